@@ -1,0 +1,193 @@
+// Package engines defines the storage seam of alkblobfs: one small [Engine]
+// interface every engine implements, the two put shapes ([KV] whole-value
+// puts, [Large] staged puts), and optional capabilities the store detects and
+// falls back from.
+//
+// Engines are opaque digest → bytes maps. They never learn about namespaces,
+// pins or liveness, and they never verify content: the store hashes on the
+// way in and verifies on the way out. An engine trusts the digest it is
+// given.
+//
+// # Errors
+//
+// A missing key is an error wrapping blob.ErrMissing (from Size, Open and
+// Delete). Medium failures are returned wrapped with the operation, engine
+// and digest (blob.Wrap). Engines never return syscall.Errno to callers as a
+// contract; fusefs maps errors to errnos in one place.
+//
+// # Concurrency
+//
+// Every method is safe for concurrent use. Puts of the same digest may race:
+// exactly one stores the value and the others observe it present (dedup);
+// no put ever fails because another put of the same digest won.
+package engines
+
+import (
+	"context"
+	"database/sql"
+	"io"
+	"iter"
+	"time"
+
+	"github.com/alkblobfs/alkblobfs/blob"
+)
+
+// Entry is one listed pool entry.
+type Entry struct {
+	Digest blob.Digest
+	Size   int64
+}
+
+// Engine is the method set every engine implements, tier-agnostic.
+type Engine interface {
+	// Name is the engine kind and location for messages, e.g. "sqlite:/x/kv.db".
+	Name() string
+	// Has reports whether d is stored. Metadata only.
+	Has(ctx context.Context, d blob.Digest) (bool, error)
+	// Size returns d's length in bytes from metadata, never by reading the
+	// content. A missing key returns an error wrapping blob.ErrMissing.
+	Size(ctx context.Context, d blob.Digest) (int64, error)
+	// Open returns a read cursor over d. A missing key returns an error
+	// wrapping blob.ErrMissing. The cursor stays valid after a concurrent
+	// Delete of d (POSIX-like: an open blob stays readable until Close)
+	// where the medium allows; see each engine's doc.
+	Open(ctx context.Context, d blob.Digest) (Cursor, error)
+	// Delete removes d. A missing key returns an error wrapping
+	// blob.ErrMissing (the store uses it to fall through tiers).
+	Delete(ctx context.Context, d blob.Digest) error
+	// List streams every entry in ascending digest order, starting after
+	// `after` (the zero digest lists from the start). It never materializes
+	// the whole listing; implementations page internally and hold no lock or
+	// transaction between yields, so the caller may write to the engine while
+	// iterating. An error ends the iteration as the last pair.
+	List(ctx context.Context, after blob.Digest) iter.Seq2[Entry, error]
+	// Close releases the engine's resources.
+	Close() error
+}
+
+// Cursor reads one blob. ReadAt follows io.ReaderAt: a read that ends at or
+// crosses Len returns the bytes available and io.EOF; a read starting past
+// Len returns 0, io.EOF. Len comes from metadata.
+type Cursor interface {
+	io.ReaderAt
+	Len() int64
+	Close() error
+}
+
+// FileCursor is a cursor backed by a plain file on a local filesystem. The
+// mount uses it for FUSE passthrough; the store uses it for zero-copy reads.
+// File is owned by the cursor: do not close it.
+type FileCursor interface {
+	Cursor
+	File() FileHandle
+}
+
+// FileHandle is the subset of *os.File that FileCursor exposes.
+type FileHandle interface {
+	Fd() uintptr
+	Name() string
+}
+
+// KV is a small-blob engine: values are stored and read whole.
+type KV interface {
+	Engine
+	// Put stores value under d unless d is already present (insert or
+	// ignore). inserted reports whether this call stored it.
+	Put(ctx context.Context, d blob.Digest, value []byte) (inserted bool, err error)
+}
+
+// Large is a streaming engine for blobs of any size.
+type Large interface {
+	Engine
+	// Stage opens a staging writer. Nothing is visible until Commit.
+	Stage(ctx context.Context) (Stage, error)
+}
+
+// Stage is a put in progress on a Large engine. Exactly one of Commit or
+// Discard ends it; Discard after Commit (or twice) is a no-op, so callers
+// `defer st.Discard()`. Every failure path, including a failed Commit,
+// leaves no residue: no stage file, no orphan object.
+type Stage interface {
+	io.Writer
+	// Commit publishes what was written under d. If d is already present
+	// the staged bytes are dropped (dedup) and Commit succeeds. The engine
+	// does not hash: the store has already verified d.
+	Commit(ctx context.Context, d blob.Digest) error
+	// Discard drops the staged bytes.
+	Discard() error
+}
+
+// RandomStage is a Stage that also allows random-access writes, reads back
+// and truncation before Commit. The local engine's stage files implement it;
+// the mount's incoming/ files write into one directly so that publishing a
+// large file is a rename, not a copy.
+type RandomStage interface {
+	Stage
+	io.WriterAt
+	io.ReaderAt
+	Truncate(size int64) error
+	Size() (int64, error)
+}
+
+// StatFS is implemented by engines that sit on a local filesystem, so the
+// mount's statfs can report real capacity.
+type StatFS interface {
+	// Root is a path on the engine's backing filesystem.
+	Root() string
+}
+
+// Candidate is one staged delete in the GC window.
+type Candidate struct {
+	Digest       blob.Digest
+	VisibleAfter time.Time
+}
+
+// WindowHost is implemented by SQL-backed engines that can hold the GC's
+// durable delete window (the gc_window table). The store picks exactly one
+// window host per instance (kv engine first, else the large engine); engines
+// without it get the in-process window.
+type WindowHost interface {
+	// WindowStage records candidates (insert or keep the earlier row).
+	WindowStage(ctx context.Context, cs []Candidate) error
+	// WindowDue lists up to limit candidates with VisibleAfter <= now,
+	// ascending by digest, after `after`.
+	WindowDue(ctx context.Context, now time.Time, after blob.Digest, limit int) ([]Candidate, error)
+	// WindowRemove drops rows for ds (executed or cancelled).
+	WindowRemove(ctx context.Context, ds []blob.Digest) error
+	// WindowLen counts staged rows.
+	WindowLen(ctx context.Context) (int, error)
+}
+
+// SQL is implemented by engines backed by database/sql. A namespace
+// registry keeps its tables in the same database, and the store can join a
+// namespace link to a kv put's transaction (see TxPutter).
+type SQL interface {
+	DB() *sql.DB
+	// Dialect is "sqlite" or "postgres".
+	Dialect() string
+}
+
+// TxPutter is a KV engine whose Put can run extra statements in the same
+// transaction as the entry's insert, so that publish-and-link is atomic.
+// also runs after the insert (or the no-op insert of a dedup) and before
+// commit; if it fails, nothing commits.
+type TxPutter interface {
+	PutTx(ctx context.Context, d blob.Digest, value []byte, also func(ctx context.Context, tx *sql.Tx) error) (inserted bool, err error)
+}
+
+// ResidueCounter is implemented by Large engines so that tests can count
+// what failed or abandoned stages leave behind: the local engine counts stage
+// files, mem counts open stages, a large-object engine counts orphan
+// objects. Every Stage path that ended (Commit or Discard) must leave the
+// count where it was before the stage began.
+type ResidueCounter interface {
+	StageResidue(ctx context.Context) (int, error)
+}
+
+// DeleteSafe is implemented by engines whose cursors stay readable after a
+// Delete of their digest (POSIX unlink semantics; see Engine.Open). The
+// conformance suite holds an engine to it when CursorsSurviveDelete reports
+// true.
+type DeleteSafe interface {
+	CursorsSurviveDelete() bool
+}

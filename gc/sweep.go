@@ -1,0 +1,258 @@
+package gc
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"iter"
+	"time"
+
+	"github.com/alkblobfs/alkblobfs/blob"
+	"github.com/alkblobfs/alkblobfs/engines"
+)
+
+// AbortCause says why a sweep deliberately did nothing. The empty cause
+// means the sweep ran.
+type AbortCause string
+
+const (
+	// AbortNoLivenessSources: no source is registered, so nothing can be
+	// proven dead. The safe default.
+	AbortNoLivenessSources AbortCause = "NoLivenessSources"
+	// AbortSweeperLock: another sweep holds the sweeper lock.
+	AbortSweeperLock AbortCause = "SweeperLock"
+	// AbortProtectFailed: the protect callback returned an error.
+	AbortProtectFailed AbortCause = "ProtectFailed"
+)
+
+// Report is what one sweep did. Counts are exact relative to the window
+// schedule: Deleted and Cancelled describe the candidates executed by this
+// sweep (staged by an earlier sweep in the durable form, or by this one in
+// the in-process form); Staged counts what this sweep's mark found dead.
+type Report struct {
+	Started    time.Time     `json:"started"`
+	Duration   time.Duration `json:"duration_ns"`
+	Aborted    AbortCause    `json:"aborted,omitempty"`
+	Detail     string        `json:"detail,omitempty"` // why ProtectFailed, for operators
+	Scanned    int64         `json:"scanned"`          // pool entries the mark enumerated
+	Live       int64         `json:"live"`             // of those, protected at mark time
+	Staged     int           `json:"candidates_staged"`
+	Deleted    int           `json:"deleted"`
+	Cancelled  int           `json:"cancelled_by_arbitration"`
+	BytesFreed int64         `json:"bytes_freed"`
+	Pending    int           `json:"window_pending"` // candidates still waiting afterwards
+	Durable    bool          `json:"durable_window"`
+	Delay      time.Duration `json:"window_delay_ns"`
+}
+
+// executeBatch is how many window rows one round trip takes.
+const executeBatch = 1000
+
+// Sweep runs one collection. See the package doc for the order of phases.
+// The error is for operational failure only (engine or source I/O); every
+// deliberate no-op is an Aborted report, and an abort deletes nothing.
+func (c *Collector) Sweep(ctx context.Context) (Report, error) {
+	r := Report{Started: c.clock.Now(), Durable: c.durable, Delay: c.delay}
+	if !c.sweeping.TryLock() {
+		r.Aborted = AbortSweeperLock
+		return r, nil // not recorded as the last report: the running sweep's will be
+	}
+	defer c.sweeping.Unlock()
+	err := c.sweep(ctx, &r)
+	r.Duration = c.clock.Now().Sub(r.Started)
+	if n, werr := c.window.WindowLen(ctx); werr == nil {
+		r.Pending = n
+	}
+	c.lastMu.Lock()
+	rr := r
+	c.last = &rr
+	c.lastMu.Unlock()
+	if err != nil {
+		c.log.Error("sweep failed", "err", err, "deleted", r.Deleted)
+		return r, err
+	}
+	c.log.Info("sweep", "aborted", string(r.Aborted), "scanned", r.Scanned, "staged", r.Staged,
+		"deleted", r.Deleted, "cancelled", r.Cancelled, "bytes_freed", r.BytesFreed, "duration", r.Duration)
+	return r, nil
+}
+
+func (c *Collector) sweep(ctx context.Context, r *Report) error {
+	sources, p := c.snapshot()
+	if len(sources) == 0 {
+		r.Aborted = AbortNoLivenessSources
+		return nil
+	}
+	protected, err := consult(ctx, p)
+	if err != nil {
+		r.Aborted = AbortProtectFailed
+		r.Detail = err.Error()
+		return nil
+	}
+	// The protect consult above covers the execution phase too: overdue
+	// candidates are re-arbitrated against pins, sources and this
+	// predicate.
+	if err := c.executeDue(ctx, r, sources, protected); err != nil {
+		return err
+	}
+	dead, err := c.mark(ctx, r, sources, protected)
+	if err != nil {
+		return err
+	}
+	visibleAfter := c.clock.Now().Add(c.delay)
+	if err := c.stage(ctx, dead, visibleAfter); err != nil {
+		return err
+	}
+	r.Staged = len(dead)
+	if c.durable || len(dead) == 0 {
+		return nil
+	}
+	// In-process window: wait out the delay, then execute inline.
+	if c.delay > 0 {
+		select {
+		case <-c.clock.After(c.delay):
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+	}
+	return c.executeDue(ctx, r, sources, protected)
+}
+
+func (c *Collector) stage(ctx context.Context, dead []blob.Digest, at time.Time) error {
+	for len(dead) > 0 {
+		n := min(len(dead), executeBatch)
+		cs := make([]engines.Candidate, n)
+		for i, d := range dead[:n] {
+			cs[i] = engines.Candidate{Digest: d, VisibleAfter: at}
+		}
+		if err := c.window.WindowStage(ctx, cs); err != nil {
+			return fmt.Errorf("stage delete candidates: %w", err)
+		}
+		dead = dead[n:]
+	}
+	return nil
+}
+
+// executeDue deletes every window candidate whose time has come, each
+// re-arbitrated now. Protected or vanished candidates are cancelled; both
+// leave the window (a still-dead one is staged again by a later mark).
+func (c *Collector) executeDue(ctx context.Context, r *Report, sources []Source, protected func(blob.Digest) bool) error {
+	now := c.clock.Now()
+	var after blob.Digest
+	for {
+		due, err := c.window.WindowDue(ctx, now, after, executeBatch)
+		if err != nil {
+			return fmt.Errorf("read delete window: %w", err)
+		}
+		if len(due) == 0 {
+			return nil
+		}
+		done := make([]blob.Digest, 0, len(due))
+		for _, cand := range due {
+			if err := ctx.Err(); err != nil {
+				c.removeDone(ctx, done)
+				return err
+			}
+			size, err := c.arbitratedDelete(ctx, cand.Digest, sources, protected)
+			switch {
+			case err == nil:
+				r.Deleted++
+				r.BytesFreed += size
+			case errors.Is(err, errProtected), errors.Is(err, blob.ErrMissing):
+				r.Cancelled++
+			default:
+				c.removeDone(ctx, done)
+				return err
+			}
+			done = append(done, cand.Digest)
+		}
+		if err := c.window.WindowRemove(ctx, done); err != nil {
+			return fmt.Errorf("clear delete window: %w", err)
+		}
+		after = due[len(due)-1].Digest
+	}
+}
+
+// removeDone clears executed rows on an early exit so that counts stay
+// exact: an executed candidate must not be executed (and counted) twice.
+func (c *Collector) removeDone(ctx context.Context, done []blob.Digest) {
+	if len(done) == 0 {
+		return
+	}
+	if err := c.window.WindowRemove(context.WithoutCancel(ctx), done); err != nil {
+		c.log.Warn("clear delete window after failed sweep", "err", err)
+	}
+}
+
+// mark merges the pool listing (ascending) with every source's ascending
+// enumeration and a snapshot of the pins, and returns the digests nothing
+// protects. Memory is O(dead + pins), never O(pool).
+func (c *Collector) mark(ctx context.Context, r *Report, sources []Source, protected func(blob.Digest) bool) ([]blob.Digest, error) {
+	cursors := make([]*cursor, 0, len(sources))
+	defer func() {
+		for _, cur := range cursors {
+			cur.stop()
+		}
+	}()
+	for _, s := range sources {
+		cursors = append(cursors, newCursor(s.Live(ctx)))
+	}
+	pinned := c.pins.sorted()
+	var dead []blob.Digest
+	for e, err := range c.pool.List(ctx) {
+		if err != nil {
+			return nil, fmt.Errorf("list pool: %w", err)
+		}
+		r.Scanned++
+		for len(pinned) > 0 && pinned[0].Compare(e.Digest) < 0 {
+			pinned = pinned[1:]
+		}
+		live := len(pinned) > 0 && pinned[0] == e.Digest || protected(e.Digest)
+		for _, cur := range cursors {
+			hit, err := cur.seek(e.Digest)
+			if err != nil {
+				return nil, fmt.Errorf("enumerate liveness: %w", err)
+			}
+			live = live || hit
+		}
+		if live {
+			r.Live++
+			continue
+		}
+		dead = append(dead, e.Digest)
+	}
+	return dead, ctx.Err()
+}
+
+// cursor walks one source's ascending enumeration for the merge.
+type cursor struct {
+	next func() (blob.Digest, error, bool)
+	stop func()
+	cur  blob.Digest
+	ok   bool // cur is valid
+	done bool
+	prev blob.Digest
+}
+
+func newCursor(seq iter.Seq2[blob.Digest, error]) *cursor {
+	next, stop := iter.Pull2(seq)
+	return &cursor{next: next, stop: stop}
+}
+
+// seek advances to the first digest >= d and reports whether it equals d.
+func (c *cursor) seek(d blob.Digest) (bool, error) {
+	for !c.done && (!c.ok || c.cur.Compare(d) < 0) {
+		v, err, more := c.next()
+		if !more {
+			c.done, c.ok = true, false
+			break
+		}
+		if err != nil {
+			return false, err
+		}
+		if c.ok && v.Compare(c.prev) < 0 {
+			return false, fmt.Errorf("liveness source enumerated %s after %s: not ascending", v, c.prev)
+		}
+		c.cur, c.prev, c.ok = v, v, true
+	}
+	return c.ok && c.cur == d, nil
+}

@@ -1,0 +1,247 @@
+package store
+
+import (
+	"context"
+	"crypto/sha256"
+	"database/sql"
+	"errors"
+	"fmt"
+	"hash"
+	"io"
+	"sync"
+
+	"github.com/alkblobfs/alkblobfs/blob"
+	"github.com/alkblobfs/alkblobfs/engines"
+	"github.com/alkblobfs/alkblobfs/gc"
+)
+
+// Pin is an in-process reference that keeps a blob from being swept.
+type Pin = gc.Pin
+
+// LinkFunc runs when a put publishes. When the kv engine supports it
+// (engines.TxPutter), it runs inside the transaction that inserts the
+// entry, with tx set, so publish and link commit together. Otherwise it
+// runs right after publish with tx nil, while the put's pin protects the
+// entry. If it fails, the put fails (and, in the joint form, nothing
+// commits).
+type LinkFunc func(ctx context.Context, tx *sql.Tx, d Digest) error
+
+// PutOption adjusts one put.
+type PutOption func(*putOptions)
+
+type putOptions struct {
+	link LinkFunc
+}
+
+// WithLink runs link at publish (see LinkFunc).
+func WithLink(link LinkFunc) PutOption { return func(o *putOptions) { o.link = link } }
+
+// copyBufSize is the unit of streaming I/O: large enough to amortize
+// syscalls and hashing setup, small enough not to matter per goroutine.
+const copyBufSize = 1 << 20
+
+var copyBufs = sync.Pool{New: func() any { b := make([]byte, copyBufSize); return &b }}
+
+// Put stores the content of r and returns its digest and a pin on it. size
+// is the content length, or -1 if unknown. With a known size, r must yield
+// exactly size bytes. The caller releases the pin.
+func (s *Store) Put(ctx context.Context, r io.Reader, size int64, opts ...PutOption) (Digest, *Pin, error) {
+	return s.put(ctx, r, size, nil, opts)
+}
+
+// PutVerified is Put for content claimed to hash to want: on mismatch it
+// stores nothing and returns ErrVerification.
+func (s *Store) PutVerified(ctx context.Context, want Digest, r io.Reader, size int64, opts ...PutOption) (*Pin, error) {
+	_, pin, err := s.put(ctx, r, size, &want, opts)
+	return pin, err
+}
+
+// PutBytes stores b (a convenience over Put).
+func (s *Store) PutBytes(ctx context.Context, b []byte, opts ...PutOption) (Digest, *Pin, error) {
+	if s.kv != nil && int64(len(b)) <= s.threshold {
+		return s.putSmall(ctx, b, nil, applyOpts(opts))
+	}
+	return s.put(ctx, bytesReader(b), int64(len(b)), nil, opts)
+}
+
+func applyOpts(opts []PutOption) putOptions {
+	var o putOptions
+	for _, f := range opts {
+		f(&o)
+	}
+	return o
+}
+
+func (s *Store) put(ctx context.Context, r io.Reader, size int64, want *Digest, opts []PutOption) (Digest, *Pin, error) {
+	if s.closed.Load() {
+		return Digest{}, nil, ErrClosed
+	}
+	if size < -1 {
+		return Digest{}, nil, fmt.Errorf("put: invalid size %d", size)
+	}
+	o := applyOpts(opts)
+	switch {
+	case size >= 0 && size <= s.threshold && s.kv != nil:
+		buf := make([]byte, size)
+		if _, err := io.ReadFull(r, buf); err != nil {
+			return Digest{}, nil, readErr(err, size)
+		}
+		if err := expectEOF(r, size); err != nil {
+			return Digest{}, nil, err
+		}
+		return s.putSmall(ctx, buf, want, o)
+	case size > s.threshold && s.large == nil:
+		return Digest{}, nil, fmt.Errorf("put: %d bytes over the %s limit of %d bytes: %w", size, s.mode, s.threshold, ErrTooLarge)
+	case size >= 0 || s.kv == nil:
+		return s.putLarge(ctx, nil, r, size, want, o)
+	}
+	// Unknown length: buffer up to the threshold; spill into a stage only
+	// if the content turns out larger, handing it what was buffered.
+	buf := make([]byte, s.threshold+1)
+	n, err := io.ReadFull(r, buf)
+	switch {
+	case errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF):
+		return s.putSmall(ctx, buf[:n], want, o)
+	case err != nil:
+		return Digest{}, nil, fmt.Errorf("put: read: %w", err)
+	case s.large == nil:
+		return Digest{}, nil, fmt.Errorf("put: content over the %s limit of %d bytes: %w", s.mode, s.threshold, ErrTooLarge)
+	}
+	return s.putLarge(ctx, buf, r, -1, want, o)
+}
+
+func readErr(err error, size int64) error {
+	if errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) {
+		return fmt.Errorf("put: content shorter than the declared %d bytes", size)
+	}
+	return fmt.Errorf("put: read: %w", err)
+}
+
+// expectEOF fails a known-size put whose reader has more to give: the
+// declared size and the content disagree, so neither can be trusted.
+func expectEOF(r io.Reader, size int64) error {
+	var one [1]byte
+	n, err := io.ReadFull(r, one[:])
+	if n > 0 {
+		return fmt.Errorf("put: content longer than the declared %d bytes", size)
+	}
+	if err != nil && !errors.Is(err, io.EOF) {
+		return fmt.Errorf("put: read: %w", err)
+	}
+	return nil
+}
+
+func (s *Store) putSmall(ctx context.Context, b []byte, want *Digest, o putOptions) (Digest, *Pin, error) {
+	d := blob.Sum(b)
+	if want != nil && d != *want {
+		return Digest{}, nil, blob.Wrap("put", s.kv.Name(), *want, fmt.Errorf("%w: content hashes to %s", ErrVerification, d))
+	}
+	pin := s.gc.Pin(d) // before the entry is visible
+	var inserted bool
+	var err error
+	if tp, ok := s.kv.(engines.TxPutter); ok && o.link != nil {
+		inserted, err = tp.PutTx(ctx, d, b, func(ctx context.Context, tx *sql.Tx) error { return o.link(ctx, tx, d) })
+	} else {
+		inserted, err = s.kv.Put(ctx, d, b)
+		if err == nil && o.link != nil {
+			err = o.link(ctx, nil, d)
+		}
+	}
+	if err != nil {
+		pin.Release()
+		return Digest{}, nil, blob.Wrap("put", s.kv.Name(), d, err)
+	}
+	s.count(inserted, int64(len(b)))
+	return d, pin, nil
+}
+
+func (s *Store) count(inserted bool, n int64) {
+	s.stats.puts.Add(1)
+	if inserted {
+		s.stats.bytesIn.Add(n)
+	} else {
+		s.stats.dedups.Add(1)
+	}
+}
+
+// putLarge streams prefix then r into a stage, hashing once as it goes.
+// size -1 means unknown. Every exit before Commit discards the stage.
+func (s *Store) putLarge(ctx context.Context, prefix []byte, r io.Reader, size int64, want *Digest, o putOptions) (Digest, *Pin, error) {
+	st, err := s.large.Stage(ctx)
+	if err != nil {
+		return Digest{}, nil, blob.Wrap("stage", s.large.Name(), Digest{}, err)
+	}
+	defer st.Discard()
+	h := sha256.New()
+	n, err := s.copyInto(ctx, st, h, prefix, r, size)
+	if err != nil {
+		return Digest{}, nil, err
+	}
+	var d Digest
+	h.Sum(d[:0])
+	if want != nil && d != *want {
+		return Digest{}, nil, blob.Wrap("put", s.large.Name(), *want, fmt.Errorf("%w: content hashes to %s", ErrVerification, d))
+	}
+	pin := s.gc.Pin(d) // before the entry is visible
+	if err := st.Commit(ctx, d); err != nil {
+		pin.Release()
+		return Digest{}, nil, blob.Wrap("commit", s.large.Name(), d, err)
+	}
+	if o.link != nil {
+		if err := o.link(ctx, nil, d); err != nil {
+			pin.Release()
+			return Digest{}, nil, blob.Wrap("link", s.large.Name(), d, err)
+		}
+	}
+	s.count(true, n)
+	return d, pin, nil
+}
+
+// copyInto writes prefix and then r into w, hashing with h, and enforces a
+// known size exactly.
+func (s *Store) copyInto(ctx context.Context, w io.Writer, h hash.Hash, prefix []byte, r io.Reader, size int64) (int64, error) {
+	var n int64
+	write := func(p []byte) error {
+		h.Write(p)
+		if _, err := w.Write(p); err != nil {
+			return blob.Wrap("stage", s.large.Name(), Digest{}, err)
+		}
+		n += int64(len(p))
+		return nil
+	}
+	if len(prefix) > 0 {
+		if err := write(prefix); err != nil {
+			return n, err
+		}
+	}
+	bp := copyBufs.Get().(*[]byte)
+	defer copyBufs.Put(bp)
+	buf := *bp
+	for {
+		if err := ctx.Err(); err != nil {
+			return n, err
+		}
+		want := len(buf)
+		if size >= 0 && size-n < int64(want) {
+			want = int(size - n)
+			if want == 0 {
+				return n, expectEOF(r, size)
+			}
+		}
+		k, err := r.Read(buf[:want])
+		if k > 0 {
+			if werr := write(buf[:k]); werr != nil {
+				return n, werr
+			}
+		}
+		if errors.Is(err, io.EOF) {
+			if size >= 0 && n != size {
+				return n, fmt.Errorf("put: content shorter than the declared %d bytes (got %d)", size, n)
+			}
+			return n, nil
+		}
+		if err != nil {
+			return n, fmt.Errorf("put: read: %w", err)
+		}
+	}
+}

@@ -1,0 +1,220 @@
+package store
+
+import (
+	"bytes"
+	"context"
+	"crypto/sha256"
+	"errors"
+	"fmt"
+	"hash"
+	"io"
+
+	"github.com/alkblobfs/alkblobfs/blob"
+	"github.com/alkblobfs/alkblobfs/engines"
+)
+
+func bytesReader(b []byte) io.Reader { return bytes.NewReader(b) }
+
+// Reader reads one blob. Read streams from offset 0 and verifies: at EOF,
+// if the content does not hash to the digest, Read returns an error
+// wrapping ErrVerification instead of io.EOF. ReadAt is verified for kv
+// blobs (materialized and checked at open); for large blobs ReadAt returns
+// the stored bytes as they are and callers that must not see unverified
+// bytes use Read or VerifyAll. Close releases the cursor.
+type Reader struct {
+	s      *Store
+	d      Digest
+	tier   Tier
+	engine string
+	cur    engines.Cursor
+	size   int64
+
+	pos  int64     // next Read offset
+	h    hash.Hash // nil once verified (kv) or once EOF checked
+	err  error     // sticky result after EOF
+}
+
+// Get opens d for reading. A miss is ok=false.
+func (s *Store) Get(ctx context.Context, d Digest) (*Reader, bool, error) {
+	if s.closed.Load() {
+		return nil, false, ErrClosed
+	}
+	for _, t := range s.tiers() {
+		cur, err := t.e.Open(ctx, d)
+		if errors.Is(err, ErrMissing) {
+			continue
+		}
+		if err != nil {
+			return nil, false, err
+		}
+		r := &Reader{s: s, d: d, tier: t.tier, engine: t.e.Name(), cur: cur, size: cur.Len(), h: sha256.New()}
+		if t.tier == TierKV {
+			if err := r.materialize(); err != nil {
+				cur.Close()
+				return nil, false, err
+			}
+		}
+		s.stats.reads.Add(1)
+		return r, true, nil
+	}
+	return nil, false, nil
+}
+
+// materialize reads a kv blob whole and verifies it.
+func (r *Reader) materialize() error {
+	buf := make([]byte, r.size)
+	n, err := r.cur.ReadAt(buf, 0)
+	if int64(n) != r.size {
+		if err == nil || errors.Is(err, io.EOF) {
+			err = io.ErrUnexpectedEOF
+		}
+		return blob.Wrap("read", r.engine, r.d, err)
+	}
+	if blob.Sum(buf) != r.d {
+		return blob.Wrap("read", r.engine, r.d, ErrVerification)
+	}
+	r.cur.Close()
+	r.cur = memCursor(buf)
+	r.h = nil
+	return nil
+}
+
+// Digest is the blob's key.
+func (r *Reader) Digest() Digest { return r.d }
+
+// Tier is the tier that holds the blob.
+func (r *Reader) Tier() Tier { return r.tier }
+
+// Len is the blob's size.
+func (r *Reader) Len() int64 { return r.size }
+
+// Cursor exposes the engine cursor for optional fast paths (FUSE
+// passthrough of an engines.FileCursor). Bytes read from it are not
+// verified.
+func (r *Reader) Cursor() engines.Cursor { return r.cur }
+
+// Read implements io.Reader with verification at EOF.
+func (r *Reader) Read(p []byte) (int, error) {
+	if r.pos >= r.size {
+		return 0, r.eof()
+	}
+	if int64(len(p)) > r.size-r.pos {
+		p = p[:r.size-r.pos]
+	}
+	n, err := r.cur.ReadAt(p, r.pos)
+	if r.h != nil {
+		r.h.Write(p[:n])
+	}
+	r.pos += int64(n)
+	r.s.stats.bytesOut.Add(int64(n))
+	if err != nil && !errors.Is(err, io.EOF) {
+		return n, blob.Wrap("read", r.engine, r.d, err)
+	}
+	if r.pos >= r.size {
+		if err := r.eof(); err != io.EOF {
+			return n, err
+		}
+		return n, nil
+	}
+	if n == 0 {
+		return 0, blob.Wrap("read", r.engine, r.d, fmt.Errorf("blob ends at %d, want %d: %w", r.pos, r.size, io.ErrUnexpectedEOF))
+	}
+	return n, nil
+}
+
+func (r *Reader) eof() error {
+	if r.h != nil {
+		var got Digest
+		r.h.Sum(got[:0])
+		r.h = nil
+		if got != r.d {
+			r.err = blob.Wrap("read", r.engine, r.d, fmt.Errorf("%w: content hashes to %s", ErrVerification, got))
+		}
+	}
+	if r.err != nil {
+		return r.err
+	}
+	return io.EOF
+}
+
+// WriteTo streams the rest of the blob to w with large reads; it returns the
+// verification error at the end, if any.
+func (r *Reader) WriteTo(w io.Writer) (int64, error) {
+	bp := copyBufs.Get().(*[]byte)
+	defer copyBufs.Put(bp)
+	var total int64
+	for {
+		n, err := r.Read(*bp)
+		if n > 0 {
+			m, werr := w.Write((*bp)[:n])
+			total += int64(m)
+			if werr != nil {
+				return total, werr
+			}
+		}
+		if errors.Is(err, io.EOF) {
+			return total, nil
+		}
+		if err != nil {
+			return total, err
+		}
+	}
+}
+
+// ReadAt reads stored bytes at off (see the type doc on verification).
+func (r *Reader) ReadAt(p []byte, off int64) (int, error) {
+	n, err := r.cur.ReadAt(p, off)
+	r.s.stats.bytesOut.Add(int64(n))
+	if err != nil && !errors.Is(err, io.EOF) {
+		err = blob.Wrap("read", r.engine, r.d, err)
+	}
+	return n, err
+}
+
+// Close releases the cursor.
+func (r *Reader) Close() error { return r.cur.Close() }
+
+// ReadRange returns n bytes of d from off (fewer at EOF) and the sha256 of
+// the returned slice. An absent key returns ErrMissing.
+func (s *Store) ReadRange(ctx context.Context, d Digest, off, n int64) ([]byte, Digest, error) {
+	if off < 0 || n < 0 {
+		return nil, Digest{}, fmt.Errorf("read range %s: negative offset or length (%d, %d)", d, off, n)
+	}
+	r, ok, err := s.Get(ctx, d)
+	if err != nil {
+		return nil, Digest{}, err
+	}
+	if !ok {
+		return nil, Digest{}, blob.Wrap("read", "", d, ErrMissing)
+	}
+	defer r.Close()
+	if off >= r.size {
+		return []byte{}, blob.Sum(nil), nil
+	}
+	n = min(n, r.size-off)
+	buf := make([]byte, n)
+	k, err := r.ReadAt(buf, off)
+	if int64(k) != n {
+		if err == nil || errors.Is(err, io.EOF) {
+			err = blob.Wrap("read", r.engine, d, io.ErrUnexpectedEOF)
+		}
+		return nil, Digest{}, err
+	}
+	return buf, blob.Sum(buf), nil
+}
+
+// memCursor is a verified, materialized kv value.
+type memCursor []byte
+
+func (m memCursor) Len() int64   { return int64(len(m)) }
+func (m memCursor) Close() error { return nil }
+func (m memCursor) ReadAt(p []byte, off int64) (int, error) {
+	if off >= int64(len(m)) {
+		return 0, io.EOF
+	}
+	n := copy(p, m[off:])
+	if n < len(p) {
+		return n, io.EOF
+	}
+	return n, nil
+}

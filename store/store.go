@@ -1,0 +1,329 @@
+package store
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"iter"
+	"log/slog"
+	"sync/atomic"
+	"time"
+
+	"github.com/alkblobfs/alkblobfs/blob"
+	"github.com/alkblobfs/alkblobfs/engines"
+	"github.com/alkblobfs/alkblobfs/gc"
+)
+
+// DefaultThreshold is the largest blob the kv tier holds whole. 128 KiB
+// keeps kv rows small enough to materialize on every read while sending
+// anything worth streaming to the large tier.
+const DefaultThreshold = 128 << 10
+
+// Mode names a tier layout.
+type Mode string
+
+const (
+	// ModeMemOnly: one mem kv engine, no large tier. Ephemeral.
+	ModeMemOnly Mode = "mem-only"
+	// ModeKVOnly: a kv engine alone; puts over the threshold are rejected
+	// with ErrTooLarge at put time.
+	ModeKVOnly Mode = "kv-only"
+	// ModeDualTier: kv engine for blobs ≤ threshold, large engine above.
+	ModeDualTier Mode = "dual-tier"
+	// ModeLargeOnly: a large engine alone holds every blob.
+	ModeLargeOnly Mode = "large-only"
+)
+
+// Tier says which tier holds a blob.
+type Tier string
+
+const (
+	TierKV    Tier = "kv"
+	TierLarge Tier = "large"
+)
+
+// Config configures Open. The store takes ownership of the engines and
+// closes them in Close.
+type Config struct {
+	KV    engines.KV    // nil: no kv tier
+	Large engines.Large // nil: no large tier
+	// Mode, if set, must agree with the engines given; it is derived
+	// otherwise.
+	Mode Mode
+	// Threshold is the kv tier's size limit; 0 means DefaultThreshold.
+	Threshold int64
+	// GCDelay is the delete window (see package gc).
+	GCDelay time.Duration
+	// Clock is injected into the GC; nil means the wall clock.
+	Clock  gc.Clock
+	Logger *slog.Logger
+}
+
+// Store is the facade. It is safe for concurrent use.
+type Store struct {
+	kv        engines.KV
+	large     engines.Large
+	mode      Mode
+	threshold int64
+	gc        *gc.Collector
+	log       *slog.Logger
+	closed    atomic.Bool
+	stats     counters
+}
+
+type counters struct {
+	puts, dedups, bytesIn, reads, bytesOut atomic.Int64
+}
+
+// Open validates cfg and returns a store over its engines.
+func Open(ctx context.Context, cfg Config) (*Store, error) {
+	s := &Store{kv: cfg.KV, large: cfg.Large, threshold: cfg.Threshold, log: cfg.Logger}
+	if s.log == nil {
+		s.log = slog.Default()
+	}
+	if s.threshold == 0 {
+		s.threshold = DefaultThreshold
+	}
+	if s.threshold < 0 {
+		return nil, fmt.Errorf("store: threshold %d: must not be negative", s.threshold)
+	}
+	mode, err := deriveMode(cfg)
+	if err != nil {
+		return nil, err
+	}
+	s.mode = mode
+	// One window host per instance: the kv engine when it is SQL-backed,
+	// otherwise the large engine, otherwise the in-process window.
+	var window engines.WindowHost
+	if w, ok := cfg.KV.(engines.WindowHost); ok {
+		window = w
+	} else if w, ok := cfg.Large.(engines.WindowHost); ok {
+		window = w
+	}
+	s.gc = gc.New(pool{s}, gc.Options{Window: window, Delay: cfg.GCDelay, Clock: cfg.Clock, Logger: s.log})
+	return s, nil
+}
+
+func deriveMode(cfg Config) (Mode, error) {
+	var m Mode
+	switch {
+	case cfg.KV == nil && cfg.Large == nil:
+		return "", errors.New("store: no engine configured: need a kv engine, a large engine or both")
+	case cfg.KV != nil && cfg.Large != nil:
+		m = ModeDualTier
+	case cfg.KV != nil:
+		m = ModeKVOnly
+		if cfg.Mode == ModeMemOnly {
+			m = ModeMemOnly
+		}
+	default:
+		m = ModeLargeOnly
+	}
+	if cfg.Mode != "" && cfg.Mode != m {
+		return "", fmt.Errorf("store: mode %q does not match the engines given (kv=%v, large=%v)", cfg.Mode, cfg.KV != nil, cfg.Large != nil)
+	}
+	return m, nil
+}
+
+// Mode is the tier layout.
+func (s *Store) Mode() Mode { return s.mode }
+
+// Threshold is the kv tier's size limit.
+func (s *Store) Threshold() int64 { return s.threshold }
+
+// KV returns the kv engine (nil in large-only mode). For wiring namespace
+// registries into the same database; not for reading blobs around the
+// store.
+func (s *Store) KV() engines.KV { return s.kv }
+
+// Large returns the large engine, or nil.
+func (s *Store) Large() engines.Large { return s.large }
+
+// GC exposes the collector for registering sources and the protect
+// callback.
+func (s *Store) GC() *gc.Collector { return s.gc }
+
+// Pin mints a pin on d (see gc.Collector.Pin).
+func (s *Store) Pin(d Digest) *gc.Pin { return s.gc.Pin(d) }
+
+// Sweep runs one garbage collection (see gc.Collector.Sweep).
+func (s *Store) Sweep(ctx context.Context) (gc.Report, error) {
+	if s.closed.Load() {
+		return gc.Report{}, ErrClosed
+	}
+	return s.gc.Sweep(ctx)
+}
+
+// Delete removes d unless liveness protects it (ErrGcRefuse). An absent key
+// returns ErrMissing.
+func (s *Store) Delete(ctx context.Context, d Digest) error {
+	if s.closed.Load() {
+		return ErrClosed
+	}
+	return s.gc.Delete(ctx, d)
+}
+
+// Info describes a stored blob.
+type Info struct {
+	Digest Digest `json:"digest"`
+	Size   int64  `json:"size"`
+	Tier   Tier   `json:"tier"`
+}
+
+// Stat returns d's size and tier from metadata. A miss is ok=false.
+func (s *Store) Stat(ctx context.Context, d Digest) (Info, bool, error) {
+	for _, t := range s.tiers() {
+		n, err := t.e.Size(ctx, d)
+		if err == nil {
+			return Info{Digest: d, Size: n, Tier: t.tier}, true, nil
+		}
+		if !errors.Is(err, ErrMissing) {
+			return Info{}, false, err
+		}
+	}
+	return Info{}, false, nil
+}
+
+// Has reports whether d is in the pool.
+func (s *Store) Has(ctx context.Context, d Digest) (bool, error) {
+	for _, t := range s.tiers() {
+		ok, err := t.e.Has(ctx, d)
+		if err != nil || ok {
+			return ok, err
+		}
+	}
+	return false, nil
+}
+
+type tier struct {
+	tier Tier
+	e    engines.Engine
+}
+
+// tiers lists the engines in fall-through order.
+func (s *Store) tiers() []tier {
+	ts := make([]tier, 0, 2)
+	if s.kv != nil {
+		ts = append(ts, tier{TierKV, s.kv})
+	}
+	if s.large != nil {
+		ts = append(ts, tier{TierLarge, s.large})
+	}
+	return ts
+}
+
+// List streams every digest in the pool in ascending order, merging the
+// tiers (a digest present in both is listed once).
+func (s *Store) List(ctx context.Context) iter.Seq2[engines.Entry, error] {
+	ts := s.tiers()
+	if len(ts) == 1 {
+		return ts[0].e.List(ctx, Digest{})
+	}
+	return mergeLists(ts[0].e.List(ctx, Digest{}), ts[1].e.List(ctx, Digest{}))
+}
+
+func mergeLists(a, b iter.Seq2[engines.Entry, error]) iter.Seq2[engines.Entry, error] {
+	return func(yield func(engines.Entry, error) bool) {
+		na, sa := iter.Pull2(a)
+		defer sa()
+		nb, sb := iter.Pull2(b)
+		defer sb()
+		ea, erra, oka := na()
+		eb, errb, okb := nb()
+		for oka || okb {
+			if oka && erra != nil {
+				yield(engines.Entry{}, erra)
+				return
+			}
+			if okb && errb != nil {
+				yield(engines.Entry{}, errb)
+				return
+			}
+			var e engines.Entry
+			switch {
+			case !okb || oka && ea.Digest.Compare(eb.Digest) < 0:
+				e = ea
+				ea, erra, oka = na()
+			case !oka || eb.Digest.Compare(ea.Digest) < 0:
+				e = eb
+				eb, errb, okb = nb()
+			default: // in both tiers: list once
+				e = ea
+				ea, erra, oka = na()
+				eb, errb, okb = nb()
+			}
+			if !yield(e, nil) {
+				return
+			}
+		}
+	}
+}
+
+// Stats is a snapshot of the store's counters.
+type Stats struct {
+	Mode      Mode  `json:"mode"`
+	Threshold int64 `json:"threshold"`
+	Puts      int64 `json:"puts"`
+	Dedups    int64 `json:"dedups"`
+	BytesIn   int64 `json:"bytes_in"`
+	Reads     int64 `json:"reads"`
+	BytesOut  int64 `json:"bytes_out"`
+	Pinned    int   `json:"pinned_digests"`
+	Pins      int   `json:"pins"`
+}
+
+// Stats returns the counters.
+func (s *Store) Stats() Stats {
+	pd, pn := s.gc.PinCount()
+	return Stats{
+		Mode: s.mode, Threshold: s.threshold,
+		Puts: s.stats.puts.Load(), Dedups: s.stats.dedups.Load(), BytesIn: s.stats.bytesIn.Load(),
+		Reads: s.stats.reads.Load(), BytesOut: s.stats.bytesOut.Load(),
+		Pinned: pd, Pins: pn,
+	}
+}
+
+// Close closes the engines. Further calls fail with ErrClosed.
+func (s *Store) Close() error {
+	if !s.closed.CompareAndSwap(false, true) {
+		return nil
+	}
+	var errs []error
+	for _, t := range s.tiers() {
+		errs = append(errs, t.e.Close())
+	}
+	return errors.Join(errs...)
+}
+
+// pool adapts the store to gc.Pool.
+type pool struct{ s *Store }
+
+func (p pool) List(ctx context.Context) iter.Seq2[engines.Entry, error] { return p.s.List(ctx) }
+
+// Delete removes d from every tier that holds it (a blob can sit in both
+// if the threshold changed between runs).
+func (p pool) Delete(ctx context.Context, d Digest) (int64, error) {
+	var freed int64
+	found := false
+	for _, t := range p.s.tiers() {
+		n, err := t.e.Size(ctx, d)
+		if errors.Is(err, ErrMissing) {
+			continue
+		}
+		if err != nil {
+			return freed, err
+		}
+		if err := t.e.Delete(ctx, d); err != nil {
+			if errors.Is(err, ErrMissing) {
+				continue
+			}
+			return freed, err
+		}
+		found = true
+		freed += n
+	}
+	if !found {
+		return 0, blob.Wrap("delete", "", d, ErrMissing)
+	}
+	return freed, nil
+}
