@@ -191,3 +191,18 @@ type ResidueCounter interface {
 type DeleteSafe interface {
 	CursorsSurviveDelete() bool
 }
+
+// SidecarStage is an optional capability of a Large engine's stage: a small
+// opaque value stored beside the blob at Commit. The store keeps per-chunk
+// checksums there. Because a sidecar is a pure function of the content, a
+// dedup Commit may keep or replace an existing one.
+type SidecarStage interface {
+	SetSidecar(b []byte)
+}
+
+// SidecarReader reads the value a SidecarStage stored. A blob without one
+// returns an error wrapping blob.ErrMissing; readers then fall back to
+// verifying from the start of the blob.
+type SidecarReader interface {
+	Sidecar(ctx context.Context, d blob.Digest) ([]byte, error)
+}

@@ -77,9 +77,9 @@ func (p *fakePool) Delete(ctx context.Context, d blob.Digest) (int64, error) {
 
 // setSource is a liveness source over a set.
 type setSource struct {
-	mu   sync.Mutex
-	m    map[blob.Digest]bool
-	err  error
+	mu      sync.Mutex
+	m       map[blob.Digest]bool
+	err     error
 	gate    chan struct{} // if set, Live blocks until closed
 	entered chan struct{} // if set, Live signals it has started
 }
@@ -444,7 +444,7 @@ func TestInlineWindowWithDelay(t *testing.T) {
 	c.Register(newSource())
 	done := make(chan gc.Report)
 	go func() { r, _ := c.Sweep(context.Background()); done <- r }()
-	<-clock.waiting // the sweep staged and is waiting out the delay
+	<-clock.waiting     // the sweep staged and is waiting out the delay
 	pin := c.Pin(ds[0]) // a put lands during the delay
 	clock.Advance(time.Hour)
 	r := <-done

@@ -2,11 +2,9 @@ package store
 
 import (
 	"context"
-	"crypto/sha256"
 	"database/sql"
 	"errors"
 	"fmt"
-	"hash"
 	"io"
 	"sync"
 
@@ -172,15 +170,21 @@ func (s *Store) putLarge(ctx context.Context, prefix []byte, r io.Reader, size i
 		return Digest{}, nil, blob.Wrap("stage", s.large.Name(), Digest{}, err)
 	}
 	defer st.Discard()
-	h := sha256.New()
-	n, err := s.copyInto(ctx, st, h, prefix, r, size)
-	if err != nil {
+	h := newContentHash()
+	if err := s.copyInto(ctx, st, h, prefix, r, size); err != nil {
 		return Digest{}, nil, err
 	}
-	var d Digest
-	h.Sum(d[:0])
+	return s.commitLarge(ctx, st, h, want, o)
+}
+
+// commitLarge publishes a fully written stage whose content h has hashed.
+func (s *Store) commitLarge(ctx context.Context, st engines.Stage, h *contentHash, want *Digest, o putOptions) (Digest, *Pin, error) {
+	d := h.digest()
 	if want != nil && d != *want {
 		return Digest{}, nil, blob.Wrap("put", s.large.Name(), *want, fmt.Errorf("%w: content hashes to %s", ErrVerification, d))
+	}
+	if sc, ok := st.(engines.SidecarStage); ok {
+		sc.SetSidecar(h.sidecar())
 	}
 	pin := s.gc.Pin(d) // before the entry is visible
 	if err := st.Commit(ctx, d); err != nil {
@@ -193,13 +197,13 @@ func (s *Store) putLarge(ctx context.Context, prefix []byte, r io.Reader, size i
 			return Digest{}, nil, blob.Wrap("link", s.large.Name(), d, err)
 		}
 	}
-	s.count(true, n)
+	s.count(true, h.n)
 	return d, pin, nil
 }
 
 // copyInto writes prefix and then r into w, hashing with h, and enforces a
 // known size exactly.
-func (s *Store) copyInto(ctx context.Context, w io.Writer, h hash.Hash, prefix []byte, r io.Reader, size int64) (int64, error) {
+func (s *Store) copyInto(ctx context.Context, w io.Writer, h io.Writer, prefix []byte, r io.Reader, size int64) error {
 	var n int64
 	write := func(p []byte) error {
 		h.Write(p)
@@ -211,7 +215,7 @@ func (s *Store) copyInto(ctx context.Context, w io.Writer, h hash.Hash, prefix [
 	}
 	if len(prefix) > 0 {
 		if err := write(prefix); err != nil {
-			return n, err
+			return err
 		}
 	}
 	bp := copyBufs.Get().(*[]byte)
@@ -219,29 +223,29 @@ func (s *Store) copyInto(ctx context.Context, w io.Writer, h hash.Hash, prefix [
 	buf := *bp
 	for {
 		if err := ctx.Err(); err != nil {
-			return n, err
+			return err
 		}
 		want := len(buf)
 		if size >= 0 && size-n < int64(want) {
 			want = int(size - n)
 			if want == 0 {
-				return n, expectEOF(r, size)
+				return expectEOF(r, size)
 			}
 		}
 		k, err := r.Read(buf[:want])
 		if k > 0 {
 			if werr := write(buf[:k]); werr != nil {
-				return n, werr
+				return werr
 			}
 		}
 		if errors.Is(err, io.EOF) {
 			if size >= 0 && n != size {
-				return n, fmt.Errorf("put: content shorter than the declared %d bytes (got %d)", size, n)
+				return fmt.Errorf("put: content shorter than the declared %d bytes (got %d)", size, n)
 			}
-			return n, nil
+			return nil
 		}
 		if err != nil {
-			return n, fmt.Errorf("put: read: %w", err)
+			return fmt.Errorf("put: read: %w", err)
 		}
 	}
 }

@@ -15,12 +15,16 @@ import (
 
 func bytesReader(b []byte) io.Reader { return bytes.NewReader(b) }
 
-// Reader reads one blob. Read streams from offset 0 and verifies: at EOF,
-// if the content does not hash to the digest, Read returns an error
-// wrapping ErrVerification instead of io.EOF. ReadAt is verified for kv
-// blobs (materialized and checked at open); for large blobs ReadAt returns
-// the stored bytes as they are and callers that must not see unverified
-// bytes use Read or VerifyAll. Close releases the cursor.
+// Reader reads one blob and never returns wrong bytes as good.
+//
+// Read streams from offset 0 and verifies: at EOF, if the content does not
+// hash to the digest, Read returns an error wrapping ErrVerification
+// instead of io.EOF. ReadAt verifies too: kv blobs are materialized and
+// checked at open; a large blob's range reads check the 64 KiB chunks they
+// touch against the checksums recorded at publish, or, for a blob without
+// them, hash the blob from offset 0 up to the end of the range first (see
+// verifier). Trust turns range verification off. Close releases the
+// cursor.
 type Reader struct {
 	s      *Store
 	d      Digest
@@ -29,9 +33,11 @@ type Reader struct {
 	cur    engines.Cursor
 	size   int64
 
-	pos  int64     // next Read offset
-	h    hash.Hash // nil once verified (kv) or once EOF checked
-	err  error     // sticky result after EOF
+	pos int64     // next Read offset
+	h   hash.Hash // nil once verified (kv) or once EOF checked
+	err error     // sticky result after EOF
+
+	v *verifier // range verification of large blobs; nil for kv
 }
 
 // Get opens d for reading. A miss is ok=false.
@@ -53,6 +59,8 @@ func (s *Store) Get(ctx context.Context, d Digest) (*Reader, bool, error) {
 				cur.Close()
 				return nil, false, err
 			}
+		} else {
+			r.v = newVerifier(ctx, r, t.e)
 		}
 		s.stats.reads.Add(1)
 		return r, true, nil
@@ -161,8 +169,32 @@ func (r *Reader) WriteTo(w io.Writer) (int64, error) {
 	}
 }
 
-// ReadAt reads stored bytes at off (see the type doc on verification).
+// ReadAt reads at off, verified (see the type doc).
 func (r *Reader) ReadAt(p []byte, off int64) (int, error) {
+	if r.v != nil {
+		n, err := r.v.readAt(p, off)
+		r.s.stats.bytesOut.Add(int64(n))
+		return n, err
+	}
+	return r.rawReadAt(p, off)
+}
+
+// Trust turns off range verification for this reader: ReadAt returns the
+// stored bytes as they are (the mount's --verify=publish). Sequential
+// Read still verifies at EOF.
+func (r *Reader) Trust() { r.v = nil }
+
+// FullyVerified reports whether every byte of the blob has been checked by
+// this reader (or at open, for kv blobs): from then on, serving the stored
+// bytes directly (FUSE passthrough) cannot hand out unchecked content.
+func (r *Reader) FullyVerified() bool {
+	if r.tier == TierKV {
+		return true
+	}
+	return r.v != nil && r.v.full()
+}
+
+func (r *Reader) rawReadAt(p []byte, off int64) (int, error) {
 	n, err := r.cur.ReadAt(p, off)
 	r.s.stats.bytesOut.Add(int64(n))
 	if err != nil && !errors.Is(err, io.EOF) {

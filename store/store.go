@@ -57,6 +57,9 @@ type Config struct {
 	// Clock is injected into the GC; nil means the wall clock.
 	Clock  gc.Clock
 	Logger *slog.Logger
+	// ScratchDir holds upload scratch files when the large engine cannot
+	// stage random-access writes itself; "" means os.TempDir().
+	ScratchDir string
 }
 
 // Store is the facade. It is safe for concurrent use.
@@ -67,6 +70,7 @@ type Store struct {
 	threshold int64
 	gc        *gc.Collector
 	log       *slog.Logger
+	scratch   string
 	closed    atomic.Bool
 	stats     counters
 }
@@ -77,7 +81,7 @@ type counters struct {
 
 // Open validates cfg and returns a store over its engines.
 func Open(ctx context.Context, cfg Config) (*Store, error) {
-	s := &Store{kv: cfg.KV, large: cfg.Large, threshold: cfg.Threshold, log: cfg.Logger}
+	s := &Store{kv: cfg.KV, large: cfg.Large, threshold: cfg.Threshold, log: cfg.Logger, scratch: cfg.ScratchDir}
 	if s.log == nil {
 		s.log = slog.Default()
 	}

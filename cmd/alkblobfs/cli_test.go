@@ -1,0 +1,350 @@
+package main
+
+import (
+	"bytes"
+	"encoding/json"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"testing"
+)
+
+const (
+	smallSize = 1000      // kv tier at the default 128 KiB threshold
+	largeSize = 300 << 10 // large tier
+)
+
+type statJSON struct {
+	Digest string `json:"digest"`
+	Size   int64  `json:"size"`
+	Tier   string `json:"tier"`
+}
+
+func (c *cli) stat(d string) statJSON {
+	c.t.Helper()
+	var s statJSON
+	if err := json.Unmarshal([]byte(c.ok("stat", "--json", d)), &s); err != nil {
+		c.t.Fatal(err)
+	}
+	return s
+}
+
+// roundTrip puts a small and a large blob and reads them back every way.
+// kvPersists is false for a mem: kv tier, which is gone once put exits.
+func roundTrip(t *testing.T, c *cli, kvPersists bool) {
+	dir := t.TempDir()
+	smallPath, small, smallD := writeFile(t, dir, smallSize, 1)
+	largePath, large, largeD := writeFile(t, dir, largeSize, 2)
+
+	if got := lines(c.ok("put", smallPath, largePath)); !slices.Equal(got, []string{smallD, largeD}) {
+		t.Fatalf("put printed %q, want %q", got, []string{smallD, largeD})
+	}
+	// A re-put dedups and prints the same digest.
+	if got := strings.TrimSpace(c.ok("put", largePath)); got != largeD {
+		t.Fatalf("re-put printed %q, want %s", got, largeD)
+	}
+
+	want := map[string][]byte{largeD: large}
+	if kvPersists {
+		want[smallD] = small
+	} else {
+		c.fail(1, "blob missing", "stat", smallD)
+	}
+	for d, content := range want {
+		s := c.stat(d)
+		wantTier := "large"
+		if len(content) == smallSize {
+			wantTier = "kv"
+		}
+		if s.Digest != d || s.Size != int64(len(content)) || s.Tier != wantTier {
+			t.Errorf("stat %s = %+v, want size %d tier %s", d, s, len(content), wantTier)
+		}
+		human := c.ok("stat", d)
+		if !strings.Contains(human, "tier    "+wantTier) {
+			t.Errorf("stat %s printed %q", d, human)
+		}
+		if got := c.ok("cat", d); got != string(content) {
+			t.Errorf("cat %s: %d bytes differ from the %d put", d, len(got), len(content))
+		}
+		if got := c.ok("get", d); got != string(content) {
+			t.Errorf("get %s to stdout: wrong content", d)
+		}
+		out := filepath.Join(dir, "out-"+d[:8])
+		if got := c.ok("get", d, "-o", out); got != "" {
+			t.Errorf("get -o printed %q on stdout", got)
+		}
+		if b, err := os.ReadFile(out); err != nil || !bytes.Equal(b, content) {
+			t.Errorf("get -o %s: wrong content (err %v)", d, err)
+		}
+	}
+
+	listed := lines(c.ok("ls"))
+	wantList := slices.Sorted(func(yield func(string) bool) {
+		for d := range want {
+			if !yield(d) {
+				return
+			}
+		}
+	})
+	if !slices.Equal(listed, wantList) {
+		t.Fatalf("ls = %q, want %q", listed, wantList)
+	}
+	if got := c.ok("ls", "-l"); !strings.Contains(got, largeD+" 307200\n") {
+		t.Errorf("ls -l = %q", got)
+	}
+
+	c.ok("rm", largeD)
+	c.fail(1, "blob missing", "rm", largeD)
+	c.fail(1, "blob missing", "get", largeD, "-o", filepath.Join(dir, "gone"))
+	if _, err := os.Stat(filepath.Join(dir, "gone")); !os.IsNotExist(err) {
+		t.Errorf("get -o of a missing blob left a file: %v", err)
+	}
+	if kvPersists {
+		if got := lines(c.ok("ls")); !slices.Equal(got, []string{smallD}) {
+			t.Fatalf("ls after rm = %q, want [%s]", got, smallD)
+		}
+	}
+}
+
+func TestRoundTripDefault(t *testing.T) {
+	c := newCLI(t)
+	roundTrip(t, c, true)
+	// The defaults put the engines under --data.
+	for _, p := range []string{"kv.db", "large"} {
+		if _, err := os.Stat(filepath.Join(c.data, p)); err != nil {
+			t.Errorf("default engines: %v", err)
+		}
+	}
+}
+
+func TestRoundTripMemKV(t *testing.T) {
+	c := newCLI(t, "--kv", "mem:")
+	roundTrip(t, c, false)
+}
+
+func TestMemOnly(t *testing.T) {
+	c := newCLI(t, "--kv", "mem:", "--large", "none")
+	_, small, d := writeFile(t, t.TempDir(), smallSize, 3)
+	r := c.run(bytes.NewReader(small), "put", "-")
+	if r.code != 0 || strings.TrimSpace(r.stdout) != d {
+		t.Fatalf("put - = %q exit %d (stderr %q), want %s", r.stdout, r.code, r.stderr, d)
+	}
+	if entries, _ := os.ReadDir(c.data); len(entries) != 0 {
+		t.Errorf("mem-only store wrote to --data: %v", entries)
+	}
+}
+
+// putStdin pipes content to put - : exec hands the child a pipe, so the
+// size is unknown to the store.
+func putStdin(t *testing.T, c *cli, content []byte) string {
+	t.Helper()
+	r := c.run(bytes.NewReader(content), "put", "-")
+	if r.code != 0 || r.stderr != "" {
+		t.Fatalf("put -: exit %d, stderr %q", r.code, r.stderr)
+	}
+	return strings.TrimSpace(r.stdout)
+}
+
+func TestPutStdinUnknownSize(t *testing.T) {
+	for _, tc := range []struct {
+		name  string
+		flags []string
+		size  int
+		tier  string
+	}{
+		{"small", nil, smallSize, "kv"},
+		{"at threshold", nil, 128 << 10, "kv"},
+		{"over threshold", nil, largeSize, "large"},
+		{"over a 4KiB threshold", []string{"--threshold", "4KiB"}, 10 << 10, "large"},
+		{"empty", nil, 0, "kv"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			c := newCLI(t, tc.flags...)
+			content := randomBytes(tc.size, 4)
+			d := putStdin(t, c, content)
+			if d != sum(content) {
+				t.Fatalf("put - printed %q, want %s", d, sum(content))
+			}
+			if s := c.stat(d); s.Tier != tc.tier || s.Size != int64(tc.size) {
+				t.Errorf("stat = %+v, want tier %s size %d", s, tc.tier, tc.size)
+			}
+			if got := c.ok("cat", d); got != string(content) {
+				t.Errorf("cat: wrong content")
+			}
+		})
+	}
+}
+
+func TestPutStdinRedirectedFile(t *testing.T) {
+	// stdin that is a regular file has a known size.
+	c := newCLI(t)
+	p, content, d := writeFile(t, t.TempDir(), largeSize, 5)
+	f, err := os.Open(p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	r := c.run(f, "put", "-")
+	if r.code != 0 || strings.TrimSpace(r.stdout) != d {
+		t.Fatalf("put - < file: %q exit %d stderr %q", r.stdout, r.code, r.stderr)
+	}
+	if got := c.ok("cat", d); got != string(content) {
+		t.Errorf("cat: wrong content")
+	}
+}
+
+func TestPutStopsAtFirstFailure(t *testing.T) {
+	c := newCLI(t)
+	p, _, d := writeFile(t, t.TempDir(), smallSize, 6)
+	r := c.run(nil, "put", p, filepath.Join(c.data, "no-such-file"), p)
+	checkFail(t, r, 1, "no-such-file", []string{"put"})
+	if got := lines(r.stdout); !slices.Equal(got, []string{d}) {
+		t.Errorf("stdout = %q, want the first digest only", got)
+	}
+}
+
+func TestKVOnlyRejectsLarge(t *testing.T) {
+	c := newCLI(t, "--large", "none")
+	p, content, _ := writeFile(t, t.TempDir(), largeSize, 7)
+	c.fail(1, "too large", "put", p)
+	r := c.run(bytes.NewReader(content), "put", "-")
+	checkFail(t, r, 1, "too large", []string{"put", "-"})
+	if got := c.ok("ls"); got != "" {
+		t.Fatalf("a rejected put stored something: ls = %q", got)
+	}
+	if _, err := os.Stat(filepath.Join(c.data, "large")); !os.IsNotExist(err) {
+		t.Errorf("kv-only store created a large tier: %v", err)
+	}
+	// Below the threshold it works.
+	_, small, d := writeFile(t, t.TempDir(), smallSize, 8)
+	if got := putStdin(t, c, small); got != d {
+		t.Fatalf("put - = %q, want %s", got, d)
+	}
+}
+
+func TestCorruptLargeBlob(t *testing.T) {
+	c := newCLI(t)
+	dir := t.TempDir()
+	p, content, d := writeFile(t, dir, largeSize, 9)
+	c.ok("put", p)
+
+	blobPath := filepath.Join(c.data, "large", "blobs", d[:2], d)
+	if _, err := os.Stat(blobPath); err != nil {
+		t.Fatalf("large blob not where expected: %v", err)
+	}
+	if err := os.Chmod(blobPath, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	b, err := os.ReadFile(blobPath)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !bytes.Equal(b, content) {
+		t.Fatal("stored file does not hold the blob's bytes")
+	}
+	b[len(b)/2] ^= 0x01
+	if err := os.WriteFile(blobPath, b, 0o644); err != nil {
+		t.Fatal(err)
+	}
+
+	outDir := t.TempDir()
+	out := filepath.Join(outDir, "out")
+	c.fail(1, "does not match", "get", d, "-o", out)
+	if entries, _ := os.ReadDir(outDir); len(entries) != 0 {
+		t.Fatalf("failed get -o left %v", entries)
+	}
+	// An existing output file is left as it was.
+	if err := os.WriteFile(out, []byte("old"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	c.fail(1, "does not match", "get", d, "-o", out)
+	if got, _ := os.ReadFile(out); string(got) != "old" {
+		t.Fatalf("failed get -o replaced the existing file: %q", got)
+	}
+	if entries, _ := os.ReadDir(outDir); len(entries) != 1 {
+		t.Fatalf("failed get -o left %v", entries)
+	}
+	c.fail(1, "does not match", "cat", d)
+}
+
+func TestExitCodes(t *testing.T) {
+	c := newCLI(t)
+	absent := strings.Repeat("ab", 32)
+	for _, tc := range []struct {
+		args []string
+		code int
+		want string
+	}{
+		{[]string{"frobnicate"}, 2, `unknown command "frobnicate"`},
+		{[]string{"pt"}, 2, `did you mean "put"`},
+		{[]string{"ls", "--bogus"}, 2, "unknown flag: --bogus"},
+		{[]string{"get"}, 2, "want one DIGEST, got 0"},
+		{[]string{"stat", absent, absent}, 2, "want one DIGEST, got 2"},
+		{[]string{"put"}, 2, "at least one FILE"},
+		{[]string{"put", "-", "-"}, 2, "standard input (-) given 2 times"},
+		{[]string{"ls", "x"}, 2, "want no arguments"},
+		{[]string{"get", "xyz"}, 2, "invalid digest"},
+		{[]string{"cat", strings.Repeat("zz", 32)}, 2, "invalid digest"},
+		{[]string{"stat", absent[:63]}, 2, "invalid digest"},
+		{[]string{"rm", absent, "nothex"}, 2, "invalid digest"},
+		{[]string{"--threshold", "12MB", "ls"}, 2, "ambiguous unit"},
+		{[]string{"--threshold", "0", "ls"}, 2, "at least 1 byte"},
+		{[]string{"--log-level", "loud", "ls"}, 2, "want debug, info, warn or error"},
+		{[]string{"--kv", "bogus:x", "ls"}, 2, "unknown engine"},
+		{[]string{"--kv", "local:/tmp/x", "ls"}, 2, "local is a large-tier engine"},
+		{[]string{"--large", "sqlite:/tmp/x.db", "ls"}, 2, "sqlite is a kv-tier engine"},
+		{[]string{"--kv", "postgres://localhost/blobs", "ls"}, 2, "not supported yet"},
+		{[]string{"--large", "pglo:postgres://localhost/blobs", "ls"}, 2, "not supported yet"},
+		{[]string{"--kv", "none", "--large", "none", "ls"}, 2, "at least one engine"},
+		{[]string{"get", absent}, 1, absent + ": blob missing"},
+		{[]string{"cat", absent}, 1, "blob missing"},
+		{[]string{"stat", absent}, 1, "blob missing"},
+		{[]string{"rm", absent}, 1, "blob missing"},
+		{[]string{"put", "/no/such/file"}, 1, "no such file"},
+	} {
+		t.Run(strings.Join(tc.args, " "), func(t *testing.T) {
+			c.fail(tc.code, tc.want, tc.args...)
+		})
+	}
+	// Bare alkblobfs is a usage error too; it prints the usage first.
+	r := c.run(nil)
+	if r.code != 2 || !strings.Contains(r.stderr, "Available Commands") || !strings.HasSuffix(r.stderr, "alkblobfs: no command given (see 'alkblobfs --help')\n") {
+		t.Errorf("bare alkblobfs: exit %d, stderr %q", r.code, r.stderr)
+	}
+}
+
+func TestHelpEveryCommand(t *testing.T) {
+	c := newCLI(t)
+	for _, cmd := range []string{"", "put", "get", "cat", "stat", "ls", "rm", "sweep"} {
+		t.Run("help "+cmd, func(t *testing.T) {
+			args := []string{"--help"}
+			if cmd != "" {
+				args = []string{cmd, "--help"}
+			}
+			out := c.ok(args...)
+			if !strings.Contains(out, "Examples:\n  alkblobfs ") || !strings.Contains(out, "Usage:") {
+				t.Errorf("alkblobfs %s --help shows no example:\n%s", cmd, out)
+			}
+		})
+	}
+}
+
+func TestSweepWithoutSourcesAborts(t *testing.T) {
+	c := newCLI(t)
+	p, _, d := writeFile(t, t.TempDir(), smallSize, 10)
+	c.ok("put", p)
+	if out := c.ok("sweep"); !strings.Contains(out, "sweep aborted: NoLivenessSources") {
+		t.Errorf("sweep printed %q", out)
+	}
+	var rep map[string]any
+	if err := json.Unmarshal([]byte(c.ok("sweep", "--json")), &rep); err != nil {
+		t.Fatal(err)
+	}
+	if rep["aborted"] != "NoLivenessSources" || rep["deleted"] != float64(0) {
+		t.Errorf("sweep --json = %v", rep)
+	}
+	if got := lines(c.ok("ls")); !slices.Equal(got, []string{d}) {
+		t.Errorf("an aborted sweep changed the store: ls = %q", got)
+	}
+}

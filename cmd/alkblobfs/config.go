@@ -1,0 +1,204 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"strings"
+
+	"github.com/spf13/cobra"
+
+	"github.com/alkblobfs/alkblobfs/engines"
+	"github.com/alkblobfs/alkblobfs/engines/local"
+	"github.com/alkblobfs/alkblobfs/engines/mem"
+	"github.com/alkblobfs/alkblobfs/engines/sqlite"
+	"github.com/alkblobfs/alkblobfs/store"
+)
+
+// defaultDataDir is $XDG_DATA_HOME/alkblobfs, else ~/.local/share/alkblobfs.
+// It is "" when neither can be found; opening a store then asks for --data.
+func defaultDataDir() string {
+	if x := os.Getenv("XDG_DATA_HOME"); filepath.IsAbs(x) {
+		return filepath.Join(x, "alkblobfs")
+	}
+	home, err := os.UserHomeDir()
+	if err != nil {
+		return ""
+	}
+	return filepath.Join(home, ".local", "share", "alkblobfs")
+}
+
+// open builds the store from the global flags and registers the liveness
+// sources. The caller closes it.
+func (a *app) open(cmd *cobra.Command) (*store.Store, error) {
+	ctx := cmd.Context()
+	cfg, err := a.storeConfig(cmd)
+	if err != nil {
+		return nil, err
+	}
+	st, err := store.Open(ctx, cfg)
+	if err != nil {
+		closeEngines(cfg)
+		return nil, err
+	}
+	if err := registerSources(st); err != nil {
+		st.Close()
+		return nil, err
+	}
+	a.log.Debug("store open", "mode", st.Mode(), "threshold", st.Threshold(), "kv", engineName(cfg.KV), "large", engineName(cfg.Large))
+	return st, nil
+}
+
+func closeEngines(cfg store.Config) {
+	if cfg.KV != nil {
+		cfg.KV.Close()
+	}
+	if cfg.Large != nil {
+		cfg.Large.Close()
+	}
+}
+
+func engineName(e engines.Engine) string {
+	if e == nil {
+		return "none"
+	}
+	return e.Name()
+}
+
+// tierRole says which tier an engine URL is for.
+type tierRole string
+
+const (
+	roleKV    tierRole = "kv"
+	roleLarge tierRole = "large"
+)
+
+// storeConfig turns --kv, --large, --threshold and --gc-window into a
+// store.Config with its engines open. Mistakes in the URLs are usage
+// errors; failures opening an engine are not.
+func (a *app) storeConfig(cmd *cobra.Command) (store.Config, error) {
+	ctx := cmd.Context()
+	cfg := store.Config{Threshold: int64(a.threshold), GCDelay: a.gcWindow, Logger: a.log}
+	kvURL, largeURL := a.kv, a.large
+	if kvURL == "" || largeURL == "" {
+		if a.data == "" {
+			return cfg, usagef(cmd, "no data directory: set --data, $XDG_DATA_HOME or $HOME")
+		}
+		if kvURL == "" {
+			kvURL = "sqlite:" + filepath.Join(a.data, "kv.db")
+		}
+		if largeURL == "" {
+			largeURL = "local:" + filepath.Join(a.data, "large")
+		}
+	}
+	if kvURL == "none" && largeURL == "none" {
+		return cfg, usagef(cmd, "--kv and --large are both none: a store needs at least one engine")
+	}
+	kv, err := openEngine(ctx, roleKV, kvURL, a.log)
+	if err != nil {
+		return cfg, a.urlError(cmd, "--kv", err)
+	}
+	large, err := openEngine(ctx, roleLarge, largeURL, a.log)
+	if err != nil {
+		if kv != nil {
+			kv.Close()
+		}
+		return cfg, a.urlError(cmd, "--large", err)
+	}
+	if kv != nil {
+		cfg.KV = kv.(engines.KV) // openEngine checked the role
+	}
+	if large != nil {
+		cfg.Large = large.(engines.Large)
+	}
+	if large == nil && strings.HasPrefix(kvURL, "mem:") {
+		cfg.Mode = store.ModeMemOnly
+	}
+	if strings.HasPrefix(kvURL, "mem:") || strings.HasPrefix(largeURL, "mem:") {
+		a.log.Info("a mem: engine keeps blobs only until this command exits")
+	}
+	return cfg, nil
+}
+
+func (a *app) urlError(cmd *cobra.Command, flag string, err error) error {
+	var bad *badURLError
+	if errors.As(err, &bad) {
+		return usagef(cmd, "%s %q: %s", flag, bad.url, bad.msg)
+	}
+	return err
+}
+
+// badURLError is a malformed or unsupported engine URL: the user's mistake,
+// so a usage error, unlike a failure to open a well-formed one.
+type badURLError struct{ url, msg string }
+
+func (e *badURLError) Error() string { return fmt.Sprintf("engine URL %q: %s", e.url, e.msg) }
+
+// openEngine is the one place that maps an engine URL to an engine:
+//
+//	none          no engine for this tier (returns nil, nil)
+//	mem:          in-memory, either tier (gone when the process exits)
+//	sqlite:PATH   SQLite database file, kv tier
+//	local:DIR     files under DIR, large tier
+//
+// postgres:// and pglo: are reserved for the PostgreSQL engines.
+func openEngine(ctx context.Context, role tierRole, url string, log *slog.Logger) (engines.Engine, error) {
+	scheme, rest, _ := strings.Cut(url, ":")
+	var e engines.Engine
+	switch scheme {
+	case "none":
+		if rest != "" || strings.Contains(url, ":") {
+			return nil, &badURLError{url, "none takes no argument"}
+		}
+		return nil, nil
+	case "mem":
+		if rest != "" {
+			return nil, &badURLError{url, "mem: takes no argument"}
+		}
+		e = mem.New()
+	case "sqlite":
+		if rest == "" {
+			return nil, &badURLError{url, "want sqlite:PATH"}
+		}
+		if role != roleKV {
+			return nil, &badURLError{url, "sqlite is a kv-tier engine; for --large use local:DIR or mem:"}
+		}
+		if err := os.MkdirAll(filepath.Dir(rest), 0o700); err != nil {
+			return nil, err
+		}
+		s, err := sqlite.Open(ctx, rest)
+		if err != nil {
+			return nil, err
+		}
+		e = s
+	case "local":
+		if rest == "" {
+			return nil, &badURLError{url, "want local:DIR"}
+		}
+		if role != roleLarge {
+			return nil, &badURLError{url, "local is a large-tier engine; for --kv use sqlite:PATH or mem:"}
+		}
+		if err := os.MkdirAll(rest, 0o700); err != nil {
+			return nil, err
+		}
+		l, err := local.Open(ctx, rest, log)
+		if err != nil {
+			return nil, err
+		}
+		e = l
+	case "postgres", "postgresql", "pglo":
+		return nil, &badURLError{url, "PostgreSQL engines are not supported yet"}
+	default:
+		return nil, &badURLError{url, "unknown engine; want mem:, sqlite:PATH, local:DIR or none"}
+	}
+	_, isKV := e.(engines.KV)
+	_, isLarge := e.(engines.Large)
+	if role == roleKV && !isKV || role == roleLarge && !isLarge {
+		e.Close()
+		return nil, &badURLError{url, fmt.Sprintf("engine %s cannot serve the %s tier", e.Name(), role)}
+	}
+	return e, nil
+}

@@ -1,0 +1,181 @@
+package main
+
+import (
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"io"
+	"io/fs"
+	"os"
+	"path/filepath"
+
+	"github.com/spf13/cobra"
+
+	"github.com/alkblobfs/alkblobfs/store"
+)
+
+func newGetCmd(a *app) *cobra.Command {
+	var out string
+	cmd := &cobra.Command{
+		Use:   "get DIGEST [-o FILE]",
+		Short: "Write a blob to a file or to standard output, verified",
+		Long: `get reads the blob DIGEST, checking that its content hashes to DIGEST.
+
+With -o FILE it writes to a temporary file beside FILE and renames it to FILE
+only once the whole blob has been read and verified: FILE is never left
+holding wrong or partial content, and on failure the temporary file is
+removed. Without -o it streams to standard output like cat.`,
+		Example: `  alkblobfs get 3f0a…e91c -o app.tar
+  alkblobfs get 3f0a…e91c > app.tar`,
+		Args: argsRange(1, 1, "one DIGEST"),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			d, err := parseDigest(cmd, args[0])
+			if err != nil {
+				return err
+			}
+			st, err := a.open(cmd)
+			if err != nil {
+				return err
+			}
+			defer st.Close()
+			if out == "" || out == "-" {
+				err = a.stream(cmd, st, d, a.stdout, true)
+			} else {
+				err = a.getToFile(cmd, st, d, out)
+			}
+			if err != nil {
+				return err
+			}
+			return st.Close()
+		},
+	}
+	cmd.Flags().StringVarP(&out, "output", "o", "", "write to `FILE` (replaced atomically once verified)")
+	return cmd
+}
+
+func newCatCmd(a *app) *cobra.Command {
+	return &cobra.Command{
+		Use:   "cat DIGEST",
+		Short: "Stream a blob to standard output",
+		Long: `cat streams the blob DIGEST to standard output as it reads it. The content
+is verified as it flows and the verdict comes at the end: if it does not hash
+to DIGEST, cat exits with status 1 after the bytes have been written, so a
+pipeline must check the exit status. Use get -o to never see unverified bytes
+in a file.`,
+		Example: `  alkblobfs cat 3f0a…e91c | tar -t
+  alkblobfs cat 3f0a…e91c | sha256sum`,
+		Args: argsRange(1, 1, "one DIGEST"),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			d, err := parseDigest(cmd, args[0])
+			if err != nil {
+				return err
+			}
+			st, err := a.open(cmd)
+			if err != nil {
+				return err
+			}
+			defer st.Close()
+			if err := a.stream(cmd, st, d, a.stdout, false); err != nil {
+				return err
+			}
+			return st.Close()
+		},
+	}
+}
+
+// parseDigest parses a DIGEST argument; a malformed one is a usage error
+// (it wraps store.ErrKeyInvalid, which main maps to exit status 2).
+func parseDigest(cmd *cobra.Command, s string) (store.Digest, error) {
+	d, err := store.ParseDigest(s)
+	if err != nil {
+		return d, usage(cmd, err)
+	}
+	return d, nil
+}
+
+// stream copies blob d to w, verifying at the end; progress is drawn on a
+// terminal only when asked (get, not cat).
+func (a *app) stream(cmd *cobra.Command, st *store.Store, d store.Digest, w io.Writer, progress bool) error {
+	r, err := openBlob(cmd, st, d)
+	if err != nil {
+		return err
+	}
+	defer r.Close()
+	return a.copyBlob(cmd, r, w, progress)
+}
+
+// openBlob opens d for reading; a miss is an error wrapping ErrMissing.
+func openBlob(cmd *cobra.Command, st *store.Store, d store.Digest) (*store.Reader, error) {
+	r, ok, err := st.Get(cmd.Context(), d)
+	if err != nil {
+		return nil, err
+	}
+	if !ok {
+		return nil, fmt.Errorf("%s: %w", d, store.ErrMissing)
+	}
+	return r, nil
+}
+
+func (a *app) copyBlob(cmd *cobra.Command, r *store.Reader, w io.Writer, progress bool) error {
+	t := newTransfer(cmd.Context(), a.stderr, progress && a.stderrTerm, r.Len(), "get "+r.Digest().Short())
+	// WriteTo, not io.Copy: the store reader streams in large reads and
+	// returns the verification verdict at the end.
+	_, err := r.WriteTo(t.writer(w))
+	t.done(err)
+	return err
+}
+
+// getToFile writes blob d to a temporary file beside path and renames it
+// over path only after the verified read has completed.
+func (a *app) getToFile(cmd *cobra.Command, st *store.Store, d store.Digest, path string) (err error) {
+	if fi, err := os.Stat(path); err == nil && fi.IsDir() {
+		return fmt.Errorf("%s: is a directory", path)
+	}
+	// Open before creating anything, so a missing blob leaves no trace.
+	r, err := openBlob(cmd, st, d)
+	if err != nil {
+		return err
+	}
+	defer r.Close()
+	tmp, err := createTemp(path)
+	if err != nil {
+		return err
+	}
+	defer func() {
+		if err != nil {
+			tmp.Close()
+			if rerr := os.Remove(tmp.Name()); rerr != nil && !errors.Is(rerr, fs.ErrNotExist) {
+				a.log.Warn("remove temporary file", "path", tmp.Name(), "err", rerr)
+			}
+		}
+	}()
+	if err := a.copyBlob(cmd, r, tmp, true); err != nil {
+		return err
+	}
+	if err := tmp.Sync(); err != nil {
+		return err
+	}
+	if err := tmp.Close(); err != nil {
+		return err
+	}
+	return os.Rename(tmp.Name(), path)
+}
+
+// createTemp creates ".<base>.<random>.alkblobfs-tmp" beside path. Unlike
+// os.CreateTemp it asks for mode 0666 so that the umask decides the final
+// file's permissions, as for any file a user creates.
+func createTemp(path string) (*os.File, error) {
+	dir, base := filepath.Split(path)
+	for range 10 {
+		var b [6]byte
+		rand.Read(b[:])
+		name := filepath.Join(dir, "."+base+"."+hex.EncodeToString(b[:])+".alkblobfs-tmp")
+		f, err := os.OpenFile(name, os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o666)
+		if errors.Is(err, fs.ErrExist) {
+			continue
+		}
+		return f, err
+	}
+	return nil, fmt.Errorf("%s: could not create a temporary file beside it", path)
+}

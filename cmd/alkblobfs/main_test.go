@@ -1,0 +1,138 @@
+package main
+
+import (
+	"bytes"
+	"crypto/sha256"
+	"encoding/hex"
+	"fmt"
+	"io"
+	"math/rand/v2"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+)
+
+// The CLI is tested as a user runs it: TestMain builds the binary once and
+// every test execs it against its own t.TempDir() store.
+var (
+	bin      string
+	buildErr error
+)
+
+func TestMain(m *testing.M) {
+	dir, err := os.MkdirTemp("", "alkblobfs-cli-test-")
+	if err != nil {
+		buildErr = err
+	} else {
+		defer os.RemoveAll(dir)
+		bin = filepath.Join(dir, "alkblobfs")
+		if out, err := exec.Command("go", "build", "-o", bin, ".").CombinedOutput(); err != nil {
+			buildErr = fmt.Errorf("go build: %v\n%s", err, out)
+		}
+	}
+	m.Run() // a TestMain that returns exits with m.Run's status
+}
+
+// cli runs the binary with a private data directory and fixed global flags.
+type cli struct {
+	t     *testing.T
+	data  string
+	flags []string
+}
+
+func newCLI(t *testing.T, flags ...string) *cli {
+	t.Helper()
+	if buildErr != nil {
+		t.Fatal(buildErr)
+	}
+	return &cli{t: t, data: t.TempDir(), flags: flags}
+}
+
+type result struct {
+	stdout, stderr string
+	code           int
+	state          *os.ProcessState
+}
+
+// run executes alkblobfs --data <dir> <flags> args with stdin (nil: none).
+func (c *cli) run(stdin io.Reader, args ...string) result {
+	c.t.Helper()
+	cmd := exec.Command(bin, append(append([]string{"--data", c.data}, c.flags...), args...)...)
+	home := c.t.TempDir() // never touch the real ~/.local/share
+	cmd.Env = append(os.Environ(), "HOME="+home, "XDG_DATA_HOME=")
+	cmd.Stdin = stdin
+	var stdout, stderr bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &stdout, &stderr
+	err := cmd.Run()
+	if _, isExit := err.(*exec.ExitError); err != nil && !isExit {
+		c.t.Fatalf("alkblobfs %s: %v", strings.Join(args, " "), err)
+	}
+	return result{stdout.String(), stderr.String(), cmd.ProcessState.ExitCode(), cmd.ProcessState}
+}
+
+// ok runs args, requires exit 0 and a quiet stderr, and returns stdout.
+func (c *cli) ok(args ...string) string {
+	c.t.Helper()
+	r := c.run(nil, args...)
+	if r.code != 0 || r.stderr != "" {
+		c.t.Fatalf("alkblobfs %s: exit %d, stderr %q", strings.Join(args, " "), r.code, r.stderr)
+	}
+	return r.stdout
+}
+
+// fail runs args and requires exit status code with exactly one stderr
+// line "alkblobfs: …" containing want.
+func (c *cli) fail(code int, want string, args ...string) result {
+	c.t.Helper()
+	r := c.run(nil, args...)
+	checkFail(c.t, r, code, want, args)
+	return r
+}
+
+func checkFail(t *testing.T, r result, code int, want string, args []string) {
+	t.Helper()
+	if r.code != code {
+		t.Fatalf("alkblobfs %s: exit %d, want %d (stderr %q)", strings.Join(args, " "), r.code, code, r.stderr)
+	}
+	lines := strings.Split(strings.TrimSuffix(r.stderr, "\n"), "\n")
+	if len(lines) != 1 || !strings.HasPrefix(lines[0], "alkblobfs: ") || !strings.Contains(lines[0], want) {
+		t.Fatalf("alkblobfs %s: stderr %q, want one line \"alkblobfs: …%s…\"", strings.Join(args, " "), r.stderr, want)
+	}
+}
+
+// lines splits output into its lines.
+func lines(s string) []string {
+	s = strings.TrimSuffix(s, "\n")
+	if s == "" {
+		return nil
+	}
+	return strings.Split(s, "\n")
+}
+
+// writeFile writes n pseudo-random bytes (seeded, so reproducible) and
+// returns the path and their digest.
+func writeFile(t *testing.T, dir string, n int, seed uint64) (string, []byte, string) {
+	t.Helper()
+	b := randomBytes(n, seed)
+	p := filepath.Join(dir, fmt.Sprintf("blob-%d-%d", n, seed))
+	if err := os.WriteFile(p, b, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	return p, b, sum(b)
+}
+
+func randomBytes(n int, seed uint64) []byte {
+	r := rand.New(rand.NewPCG(seed, 0xa1b))
+	b := make([]byte, n)
+	for i := range b {
+		b[i] = byte(r.Uint32())
+	}
+	return b
+}
+
+func sum(b []byte) string {
+	s := sha256.Sum256(b)
+	return hex.EncodeToString(s[:])
+}

@@ -1,0 +1,131 @@
+package main
+
+import (
+	"fmt"
+	"io"
+	"log/slog"
+	"strings"
+	"time"
+
+	"github.com/spf13/cobra"
+	"github.com/spf13/pflag"
+
+	"github.com/alkblobfs/alkblobfs/store"
+)
+
+// app is what every command shares: the process's streams and the global
+// flags. Commands write only through these streams, so they behave the same
+// under test.
+type app struct {
+	stdin      io.Reader
+	stdout     io.Writer
+	stderr     io.Writer
+	stderrTerm bool // progress bars are drawn only on a terminal
+
+	data      string
+	kv, large string
+	threshold sizeValue
+	gcWindow  time.Duration
+	logLevel  levelValue
+
+	log *slog.Logger
+}
+
+func newRoot(a *app) *cobra.Command {
+	a.threshold = sizeValue(store.DefaultThreshold)
+	a.logLevel = levelValue(slog.LevelWarn)
+	root := &cobra.Command{
+		Use:   "alkblobfs",
+		Short: "A content-addressed blob store with garbage collection",
+		Long: `alkblobfs stores blobs under the sha256 of their content and collects
+unreferenced ones in sweeps. With no flags it uses the embedded default store:
+SQLite for small blobs and a local directory for large ones, under --data.`,
+		Example: `  alkblobfs put app.tar
+  alkblobfs --kv mem: --large none put notes.txt
+  alkblobfs --data /srv/blobs ls`,
+		// Bare "alkblobfs" and "alkblobfs typo" are usage errors, not
+		// help requests that exit 0.
+		Args: func(cmd *cobra.Command, args []string) error {
+			if len(args) == 0 {
+				return nil
+			}
+			hint := ""
+			if s := cmd.SuggestionsFor(args[0]); len(s) > 0 {
+				hint = fmt.Sprintf("; did you mean %q?", s[0])
+			}
+			return usagef(cmd, "unknown command %q%s", args[0], hint)
+		},
+		RunE: func(cmd *cobra.Command, args []string) error {
+			cmd.SetOut(a.stderr)
+			cmd.Usage()
+			return usage(cmd, fmt.Errorf("no command given"))
+		},
+		PersistentPreRunE: func(cmd *cobra.Command, args []string) error {
+			a.log = slog.New(slog.NewTextHandler(a.stderr, &slog.HandlerOptions{Level: slog.Level(a.logLevel)}))
+			return nil
+		},
+		SuggestionsMinimumDistance: 2,
+		SilenceErrors:              true, // main prints the one error line
+		SilenceUsage:               true,
+		CompletionOptions:          cobra.CompletionOptions{DisableDefaultCmd: true},
+	}
+	root.SetIn(a.stdin)
+	root.SetOut(a.stdout)
+	root.SetErr(a.stderr)
+	root.SetFlagErrorFunc(func(cmd *cobra.Command, err error) error { return usage(cmd, err) })
+
+	f := root.PersistentFlags()
+	f.StringVar(&a.data, "data", defaultDataDir(), "data directory of the default engines")
+	f.StringVar(&a.kv, "kv", "", "kv-tier engine URL: mem:, sqlite:PATH or none (default sqlite:<data>/kv.db)")
+	f.StringVar(&a.large, "large", "", "large-tier engine URL: mem:, local:DIR or none (default local:<data>/large)")
+	f.Var(&a.threshold, "threshold", "largest blob the kv tier holds, e.g. 128KiB, 1MiB or plain bytes")
+	f.DurationVar(&a.gcWindow, "gc-window", 0, "delay between a sweep staging a dead blob and deleting it")
+	f.Var(&a.logLevel, "log-level", "log level on stderr: debug, info, warn or error")
+
+	root.AddCommand(
+		newPutCmd(a),
+		newGetCmd(a),
+		newCatCmd(a),
+		newStatCmd(a),
+		newLsCmd(a),
+		newRmCmd(a),
+		newSweepCmd(a),
+	)
+	return root
+}
+
+// sizeValue is a byte count flag that accepts IEC units.
+type sizeValue int64
+
+func (s *sizeValue) String() string { return formatSize(int64(*s)) }
+func (s *sizeValue) Type() string   { return "size" }
+func (s *sizeValue) Set(v string) error {
+	n, err := parseSize(v)
+	if err != nil {
+		return err
+	}
+	if n <= 0 {
+		return fmt.Errorf("%q: must be at least 1 byte", v)
+	}
+	*s = sizeValue(n)
+	return nil
+}
+
+// levelValue is a slog level flag.
+type levelValue slog.Level
+
+func (l *levelValue) String() string { return strings.ToLower(slog.Level(*l).String()) }
+func (l *levelValue) Type() string   { return "level" }
+func (l *levelValue) Set(v string) error {
+	var lv slog.Level
+	if err := lv.UnmarshalText([]byte(v)); err != nil {
+		return fmt.Errorf("%q: want debug, info, warn or error", v)
+	}
+	*l = levelValue(lv)
+	return nil
+}
+
+var (
+	_ pflag.Value = (*sizeValue)(nil)
+	_ pflag.Value = (*levelValue)(nil)
+)

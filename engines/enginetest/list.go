@@ -1,0 +1,270 @@
+package enginetest
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"runtime"
+	"testing"
+	"time"
+	"unsafe"
+
+	"github.com/alkblobfs/alkblobfs/blob"
+	"github.com/alkblobfs/alkblobfs/engines"
+)
+
+func (s *suite) testList(t *testing.T) {
+	t.Run("Order", s.testListOrder)
+	t.Run("After", s.testListAfter)
+	t.Run("ZeroDigest", s.testListZeroDigest)
+	t.Run("EarlyStop", s.testListEarlyStop)
+	t.Run("Canceled", s.testListCanceled)
+	t.Run("Paged", s.testListPaged)
+	t.Run("DeleteWhileListing", s.testListDeleteWhileListing)
+}
+
+// list collects a listing; fine for small ones only.
+func list(t *testing.T, e engines.Engine, after blob.Digest) []engines.Entry {
+	t.Helper()
+	var out []engines.Entry
+	for en, err := range e.List(t.Context(), after) {
+		if err != nil {
+			t.Fatalf("List after %s: %v", after.Short(), err)
+		}
+		out = append(out, en)
+	}
+	return out
+}
+
+// checkOnly asserts the engine lists exactly ds (ascending).
+func checkOnly(t *testing.T, e engines.Engine, ds ...blob.Digest) {
+	t.Helper()
+	got := list(t, e, blob.Digest{})
+	if len(got) != len(ds) {
+		t.Fatalf("List has %d entries; want %d", len(got), len(ds))
+	}
+	for i, en := range got {
+		if en.Digest != ds[i] {
+			t.Fatalf("List entry %d = %s; want %s", i, en.Digest.Short(), ds[i].Short())
+		}
+	}
+}
+
+func (s *suite) testListOrder(t *testing.T) {
+	e := s.engine(t)
+	if got := list(t, e, blob.Digest{}); len(got) != 0 {
+		t.Fatalf("empty engine lists %d entries", len(got))
+	}
+	sizes := map[blob.Digest]int64{}
+	for i := range 50 {
+		v := value(i*37, uint64(i))
+		sizes[put(t, e, v)] = int64(len(v))
+	}
+	got := list(t, e, blob.Digest{})
+	if len(got) != len(sizes) {
+		t.Fatalf("listed %d entries; want %d", len(got), len(sizes))
+	}
+	for i, en := range got {
+		if i > 0 && got[i-1].Digest.Compare(en.Digest) >= 0 {
+			t.Fatalf("entry %d (%s) is not above entry %d (%s)", i, en.Digest.Short(), i-1, got[i-1].Digest.Short())
+		}
+		want, ok := sizes[en.Digest]
+		if !ok {
+			t.Fatalf("listed %s, which was never put", en.Digest.Short())
+		}
+		if en.Size != want {
+			t.Fatalf("entry %s: Size %d; want %d", en.Digest.Short(), en.Size, want)
+		}
+	}
+}
+
+func (s *suite) testListAfter(t *testing.T) {
+	e := s.engine(t)
+	ds := putMany(t, e, 40)
+	for _, k := range []int{0, 1, 17, 38, 39} {
+		got := list(t, e, ds[k])
+		if len(got) != len(ds)-k-1 {
+			t.Fatalf("after entry %d: %d entries; want %d", k, len(got), len(ds)-k-1)
+		}
+		for i, en := range got {
+			if en.Digest != ds[k+1+i] {
+				t.Fatalf("after entry %d: entry %d = %s; want %s", k, i, en.Digest.Short(), ds[k+1+i].Short())
+			}
+		}
+	}
+	// A cursor that is not a key resumes at the next key above it.
+	mid := ds[20]
+	mid[blob.Size-1]++ // not a key: adjacent keys differ long before the last byte
+	if got := list(t, e, mid); len(got) != 19 || got[0].Digest != ds[21] {
+		t.Fatalf("after a non-key between entries 20 and 21: %d entries; want 19 starting at entry 21", len(got))
+	}
+	var top blob.Digest
+	for i := range top {
+		top[i] = 0xff
+	}
+	if got := list(t, e, top); len(got) != 0 {
+		t.Fatalf("after ff…ff: %d entries; want none", len(got))
+	}
+}
+
+// testListZeroDigest: the zero cursor means "from the start", so an entry
+// whose key is the zero digest is listed too.
+func (s *suite) testListZeroDigest(t *testing.T) {
+	e := s.engine(t)
+	var zero blob.Digest
+	putAs(t, e, zero, []byte("zero"))
+	d := put(t, e, []byte("other"))
+	checkOnly(t, e, zero, d)
+}
+
+func (s *suite) testListEarlyStop(t *testing.T) {
+	e := s.engine(t)
+	ds := putMany(t, e, 1500) // more than one page of any sensible engine
+	n := 0
+	// Breaking out must stop the engine: a yield after a false return
+	// panics in the range-over-func machinery.
+	for _, err := range e.List(t.Context(), blob.Digest{}) {
+		if err != nil {
+			t.Fatal(err)
+		}
+		if n++; n == 5 {
+			break
+		}
+	}
+	checkSQLIdle(t, e, "after breaking out of List")
+	// The engine is still usable, and a resumed listing starts where the
+	// loop stopped.
+	if got := list(t, e, ds[4]); len(got) != len(ds)-5 {
+		t.Fatalf("resumed listing: %d entries; want %d", len(got), len(ds)-5)
+	}
+}
+
+// checkSQLIdle asserts a database/sql engine holds no connection: List
+// must not keep a cursor or transaction open between yields.
+func checkSQLIdle(t *testing.T, e engines.Engine, when string) {
+	t.Helper()
+	if db, ok := e.(engines.SQL); ok {
+		if n := db.DB().Stats().InUse; n != 0 {
+			t.Fatalf("%s: %d database connections in use; want 0", when, n)
+		}
+	}
+}
+
+func (s *suite) testListCanceled(t *testing.T) {
+	e := s.engine(t)
+	putMany(t, e, 10)
+	ctx, cancel := context.WithCancel(t.Context())
+	cancel()
+	var last error
+	n := 0
+	for _, err := range e.List(ctx, blob.Digest{}) {
+		if last != nil {
+			t.Fatalf("List yielded after its error %v", last)
+		}
+		last = err
+		n++
+	}
+	if !errors.Is(last, context.Canceled) {
+		t.Fatalf("List with a canceled context ended with %v after %d pairs; want an error wrapping context.Canceled", last, n)
+	}
+}
+
+// testListPaged lists 10 000 entries and measures the live heap halfway
+// through. An engine that materializes the listing holds at least
+// 10 000 Entry values (40 bytes each) at that point; a paging one holds a
+// page. The check allows half of the materialized size, which a page of up
+// to ~5 000 entries fits in and a full listing cannot.
+func (s *suite) testListPaged(t *testing.T) {
+	e := s.engine(t)
+	const n = 10_000
+	ds := putMany(t, e, n)
+	budget := int64(n * unsafe.Sizeof(engines.Entry{}) / 2)
+
+	var before, mid runtime.MemStats
+	runtime.GC()
+	runtime.ReadMemStats(&before)
+	i := 0
+	for en, err := range e.List(t.Context(), blob.Digest{}) {
+		if err != nil {
+			t.Fatalf("List: %v", err)
+		}
+		if i >= n || en.Digest != ds[i] {
+			t.Fatalf("entry %d = %s; want the %d-th smallest digest", i, en.Digest.Short(), i)
+		}
+		if i == n/2 {
+			runtime.GC()
+			runtime.ReadMemStats(&mid)
+		}
+		if i%997 == 0 {
+			checkSQLIdle(t, e, fmt.Sprintf("while yielding entry %d", i))
+		}
+		i++
+	}
+	if i != n {
+		t.Fatalf("listed %d entries; want %d", i, n)
+	}
+	growth := int64(mid.HeapAlloc) - int64(before.HeapAlloc)
+	t.Logf("live heap growth halfway through a %d-entry listing: %d bytes (budget %d)", n, growth, budget)
+	if growth > budget {
+		t.Fatalf("live heap grew by %d bytes halfway through listing %d entries; materializing them takes ~%d, budget is %d: List must page",
+			growth, n, 2*budget, budget)
+	}
+}
+
+// testListDeleteWhileListing deletes each entry from inside the loop. An
+// engine that holds a lock across yields deadlocks here; the deadline turns
+// that into a failure.
+func (s *suite) testListDeleteWhileListing(t *testing.T) {
+	// Not s.engine: a deadlocked engine's Close may block forever, so it is
+	// closed only once the loop is known to have finished.
+	e := s.open(t)
+	finished := false
+	t.Cleanup(func() {
+		if !finished {
+			t.Log("not closing the engine: its List loop may still hold a lock")
+			return
+		}
+		if err := e.Close(); err != nil {
+			t.Errorf("Close: %v", err)
+		}
+	})
+	ds := putMany(t, e, 1500)
+	done := make(chan error, 1)
+	go func() {
+		i := 0
+		for en, err := range e.List(t.Context(), blob.Digest{}) {
+			if err != nil {
+				done <- err
+				return
+			}
+			if i >= len(ds) || en.Digest != ds[i] {
+				done <- fmt.Errorf("entry %d = %s; want %s", i, en.Digest.Short(), ds[min(i, len(ds)-1)].Short())
+				return
+			}
+			if err := e.Delete(t.Context(), en.Digest); err != nil {
+				done <- fmt.Errorf("Delete inside the loop: %w", err)
+				return
+			}
+			i++
+		}
+		if i != len(ds) {
+			done <- fmt.Errorf("listed %d entries while deleting; want %d", i, len(ds))
+			return
+		}
+		done <- nil
+	}()
+	deadline := time.NewTimer(time.Minute)
+	defer deadline.Stop()
+	select {
+	case err := <-done:
+		finished = true
+		if err != nil {
+			t.Fatal(err)
+		}
+	case <-deadline.C:
+		buf := make([]byte, 1<<20)
+		buf = buf[:runtime.Stack(buf, true)]
+		t.Fatalf("List with a Delete inside the loop did not finish in a minute: deadlock. Goroutines:\n%s", buf)
+	}
+	checkOnly(t, e)
+}

@@ -1,0 +1,49 @@
+package local
+
+import (
+	"errors"
+	"os"
+
+	"golang.org/x/sys/unix"
+)
+
+// renameNoReplace renames oldpath to newpath unless newpath exists, in which
+// case it returns an error matching fs.ErrExist and leaves both alone. It
+// never replaces newpath, so a blob a reader has just opened is never swapped
+// under it.
+func renameNoReplace(oldpath, newpath string) error {
+	err := unix.Renameat2(unix.AT_FDCWD, oldpath, unix.AT_FDCWD, newpath, unix.RENAME_NOREPLACE)
+	if err == nil {
+		return nil
+	}
+	if !errors.Is(err, unix.EINVAL) && !errors.Is(err, unix.ENOSYS) && !errors.Is(err, unix.ENOTSUP) {
+		return &os.LinkError{Op: "renameat2", Old: oldpath, New: newpath, Err: err}
+	}
+	// The filesystem has no RENAME_NOREPLACE (older kernels, some network
+	// and FUSE filesystems).
+	return linkUnlink(oldpath, newpath)
+}
+
+// lock takes the stage lock on a new stage file.
+func lock(f *os.File) error {
+	return unix.Flock(int(f.Fd()), unix.LOCK_EX|unix.LOCK_NB)
+}
+
+// removeIfUnlocked removes a stage file unless a live stage holds its lock.
+func removeIfUnlocked(path string) (bool, error) {
+	f, err := os.Open(path)
+	if err != nil {
+		return false, err
+	}
+	defer f.Close()
+	switch err := unix.Flock(int(f.Fd()), unix.LOCK_EX|unix.LOCK_NB); {
+	case errors.Is(err, unix.EWOULDBLOCK):
+		return false, nil
+	case err != nil:
+		return false, err
+	}
+	if err := os.Remove(path); err != nil {
+		return false, err
+	}
+	return true, nil
+}

@@ -1,0 +1,172 @@
+package sqlite
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"fmt"
+	"iter"
+
+	"github.com/alkblobfs/alkblobfs/blob"
+	"github.com/alkblobfs/alkblobfs/engines"
+)
+
+// Has implements engines.Engine.
+func (e *Engine) Has(ctx context.Context, d blob.Digest) (bool, error) {
+	var one int
+	switch err := e.has.QueryRowContext(ctx, d[:]).Scan(&one); {
+	case errors.Is(err, sql.ErrNoRows):
+		return false, nil
+	case err != nil:
+		return false, blob.Wrap("has", e.name, d, err)
+	}
+	return true, nil
+}
+
+// Size implements engines.Engine from the size column.
+func (e *Engine) Size(ctx context.Context, d blob.Digest) (int64, error) {
+	var n int64
+	if err := e.size.QueryRowContext(ctx, d[:]).Scan(&n); err != nil {
+		return 0, blob.Wrap("size", e.name, d, missing(err))
+	}
+	return n, nil
+}
+
+// Open implements engines.Engine: the value is read whole into the cursor.
+func (e *Engine) Open(ctx context.Context, d blob.Digest) (engines.Cursor, error) {
+	var n int64
+	var v []byte
+	if err := e.get.QueryRowContext(ctx, d[:]).Scan(&n, &v); err != nil {
+		return nil, blob.Wrap("open", e.name, d, missing(err))
+	}
+	if n != int64(len(v)) {
+		return nil, blob.Wrap("open", e.name, d, fmt.Errorf("row is damaged: size column says %d bytes, value has %d", n, len(v)))
+	}
+	return &cursor{b: v}, nil
+}
+
+func missing(err error) error {
+	if errors.Is(err, sql.ErrNoRows) {
+		return blob.ErrMissing
+	}
+	return err
+}
+
+// Put implements engines.KV.
+func (e *Engine) Put(ctx context.Context, d blob.Digest, value []byte) (bool, error) {
+	res, err := e.put.ExecContext(ctx, d[:], len(value), value)
+	if err != nil {
+		return false, blob.Wrap("put", e.name, d, err)
+	}
+	return inserted(res, e.name, d)
+}
+
+// PutTx implements engines.TxPutter: the insert (or the no-op insert of a
+// dedup) and also commit together or not at all.
+func (e *Engine) PutTx(ctx context.Context, d blob.Digest, value []byte, also func(ctx context.Context, tx *sql.Tx) error) (ok bool, err error) {
+	tx, err := e.db.BeginTx(ctx, nil)
+	if err != nil {
+		return false, blob.Wrap("put", e.name, d, err)
+	}
+	defer func() {
+		if err != nil {
+			tx.Rollback() // the error that matters is err
+		}
+	}()
+	res, err := tx.StmtContext(ctx, e.put).ExecContext(ctx, d[:], len(value), value)
+	if err != nil {
+		return false, blob.Wrap("put", e.name, d, err)
+	}
+	if ok, err = inserted(res, e.name, d); err != nil {
+		return false, err
+	}
+	if also != nil {
+		if err = also(ctx, tx); err != nil {
+			return false, blob.Wrap("put", e.name, d, err)
+		}
+	}
+	if err = tx.Commit(); err != nil {
+		return false, blob.Wrap("put", e.name, d, err)
+	}
+	return ok, nil
+}
+
+func inserted(res sql.Result, name string, d blob.Digest) (bool, error) {
+	n, err := res.RowsAffected()
+	if err != nil {
+		return false, blob.Wrap("put", name, d, err)
+	}
+	return n == 1, nil
+}
+
+// Delete implements engines.Engine.
+func (e *Engine) Delete(ctx context.Context, d blob.Digest) error {
+	res, err := e.del.ExecContext(ctx, d[:])
+	if err != nil {
+		return blob.Wrap("delete", e.name, d, err)
+	}
+	n, err := res.RowsAffected()
+	if err != nil {
+		return blob.Wrap("delete", e.name, d, err)
+	}
+	if n == 0 {
+		return blob.Wrap("delete", e.name, d, blob.ErrMissing)
+	}
+	return nil
+}
+
+// List implements engines.Engine with keyset pagination. Each page is read
+// whole and its rows closed before the first yield, so the caller's loop
+// body runs with no connection held: it may write to this database.
+func (e *Engine) List(ctx context.Context, after blob.Digest) iter.Seq2[engines.Entry, error] {
+	return func(yield func(engines.Entry, error) bool) {
+		cur := after
+		page := make([]engines.Entry, 0, listPage)
+		for {
+			var err error
+			if page, err = e.page(ctx, cur, page[:0]); err != nil {
+				yield(engines.Entry{}, blob.Wrap("list", e.name, cur, err))
+				return
+			}
+			for _, en := range page {
+				if !yield(en, nil) {
+					return
+				}
+			}
+			if len(page) < listPage {
+				return
+			}
+			cur = page[len(page)-1].Digest
+		}
+	}
+}
+
+func (e *Engine) page(ctx context.Context, after blob.Digest, page []engines.Entry) ([]engines.Entry, error) {
+	rows, err := e.list.QueryContext(ctx, cursorArg(after), listPage)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	for rows.Next() {
+		var en engines.Entry
+		var raw sql.RawBytes
+		if err := rows.Scan(&raw, &en.Size); err != nil {
+			return nil, err
+		}
+		if en.Digest, err = digest(raw); err != nil {
+			return nil, err
+		}
+		page = append(page, en)
+	}
+	return page, rows.Err()
+}
+
+// digest converts a key column, refusing rows that are not 32 bytes.
+func digest(raw []byte) (blob.Digest, error) {
+	var d blob.Digest
+	if len(raw) != blob.Size {
+		return d, fmt.Errorf("row with a %d-byte key: want %d", len(raw), blob.Size)
+	}
+	copy(d[:], raw)
+	return d, nil
+}

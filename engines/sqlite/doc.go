@@ -1,0 +1,38 @@
+// Package sqlite is the embedded kv engine: small blobs stored whole in one
+// SQLite database file (modernc.org/sqlite, no cgo).
+//
+// # Schema
+//
+//	blobs(digest BLOB PRIMARY KEY, size INTEGER NOT NULL, value BLOB NOT NULL) WITHOUT ROWID
+//	gc_window(digest BLOB PRIMARY KEY, visible_after INTEGER NOT NULL) WITHOUT ROWID
+//
+// size precedes value in the record, so Size and List read the size column
+// without touching the value's overflow pages. visible_after is unix
+// nanoseconds.
+//
+// # Contract
+//
+//   - Put is insert-or-ignore: inserted is true for exactly one of any
+//     number of racing puts of a digest.
+//   - Open materializes the value; the cursor reads memory and survives a
+//     Delete ([engines.DeleteSafe]).
+//   - List pages by key (digest > last LIMIT 1000) and reads each page whole
+//     before yielding it, so it holds no connection, cursor or transaction
+//     while the caller's loop body runs.
+//   - [engines.SQL]: DB is the engine's pool; namespace registries keep
+//     their tables in the same file. [engines.TxPutter]: PutTx runs the
+//     caller's statements in the insert's transaction.
+//   - [engines.WindowHost]: the GC's delete window lives in gc_window and
+//     survives restarts; staging a digest that is already staged keeps the
+//     existing row.
+//
+// # Concurrency
+//
+// The database runs in WAL mode with synchronous=NORMAL (a crash may lose
+// the last commits, never corrupt the file) and a 10 s busy timeout. Readers
+// run in parallel on the pool's connections; writers serialize on SQLite's
+// write lock. Every transaction begins IMMEDIATE (_txlock=immediate), taking
+// the write lock up front: a deferred transaction that reads and then writes
+// can fail with SQLITE_BUSY without waiting when another writer committed
+// in between.
+package sqlite

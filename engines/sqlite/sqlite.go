@@ -1,0 +1,147 @@
+package sqlite
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"fmt"
+	"net/url"
+	"path/filepath"
+	"runtime"
+
+	_ "modernc.org/sqlite" // registers the "sqlite" driver
+
+	"github.com/alkblobfs/alkblobfs/blob"
+	"github.com/alkblobfs/alkblobfs/engines"
+)
+
+// Engine is a kv engine over one SQLite database file.
+type Engine struct {
+	name string
+	db   *sql.DB
+
+	has, size, get, put, del, list *sql.Stmt
+	wStage, wDue, wRemove, wLen    *sql.Stmt
+}
+
+var (
+	_ engines.KV         = (*Engine)(nil)
+	_ engines.SQL        = (*Engine)(nil)
+	_ engines.TxPutter   = (*Engine)(nil)
+	_ engines.WindowHost = (*Engine)(nil)
+	_ engines.DeleteSafe = (*Engine)(nil)
+)
+
+const schema = `
+CREATE TABLE IF NOT EXISTS blobs (
+	digest BLOB PRIMARY KEY,
+	size   INTEGER NOT NULL,
+	value  BLOB NOT NULL
+) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS gc_window (
+	digest        BLOB PRIMARY KEY,
+	visible_after INTEGER NOT NULL
+) WITHOUT ROWID;
+`
+
+// listPage is how many rows one List query reads.
+const listPage = 1000
+
+// Open opens (creating if needed) the database at path. The directory must
+// exist.
+func Open(ctx context.Context, path string) (*Engine, error) {
+	e := &Engine{name: "sqlite:" + path}
+	abs, err := filepath.Abs(path)
+	if err != nil {
+		return nil, e.wrap("open", err)
+	}
+	// A URI filename, so that the path is escaped ('?', '#', '%' are legal
+	// in file names) and the parameters reach the driver.
+	dsn := "file:" + (&url.URL{Path: abs}).EscapedPath() + "?" +
+		"_pragma=busy_timeout(10000)&_pragma=journal_mode(WAL)&_pragma=synchronous(NORMAL)&_txlock=immediate"
+	db, err := sql.Open("sqlite", dsn)
+	if err != nil {
+		return nil, e.wrap("open", err)
+	}
+	// Each connection is a reader in WAL mode; writers queue on the write
+	// lock (busy_timeout), so more connections than CPUs buys nothing.
+	conns := max(4, runtime.GOMAXPROCS(0))
+	db.SetMaxOpenConns(conns)
+	db.SetMaxIdleConns(conns)
+	e.db = db
+	if err := e.init(ctx); err != nil {
+		db.Close()
+		return nil, err
+	}
+	return e, nil
+}
+
+func (e *Engine) init(ctx context.Context) error {
+	if _, err := e.db.ExecContext(ctx, schema); err != nil {
+		return e.wrap("open", fmt.Errorf("create schema: %w", err))
+	}
+	for _, s := range []struct {
+		stmt **sql.Stmt
+		sql  string
+	}{
+		{&e.has, `SELECT 1 FROM blobs WHERE digest = ?`},
+		{&e.size, `SELECT size FROM blobs WHERE digest = ?`},
+		{&e.get, `SELECT size, value FROM blobs WHERE digest = ?`},
+		// ON CONFLICT (digest) DO NOTHING is INSERT OR IGNORE narrowed to
+		// the key: OR IGNORE would also swallow constraint failures. A nil
+		// value binds as NULL; coalesce stores it as the empty blob.
+		{&e.put, `INSERT INTO blobs (digest, size, value) VALUES (?, ?, coalesce(?, x'')) ON CONFLICT (digest) DO NOTHING`},
+		{&e.del, `DELETE FROM blobs WHERE digest = ?`},
+		{&e.list, `SELECT digest, size FROM blobs WHERE digest > coalesce(?, x'') ORDER BY digest LIMIT ?`},
+		{&e.wStage, `INSERT INTO gc_window (digest, visible_after) VALUES (?, ?) ON CONFLICT (digest) DO NOTHING`},
+		{&e.wDue, `SELECT digest, visible_after FROM gc_window WHERE digest > coalesce(?, x'') AND visible_after <= ? ORDER BY digest LIMIT ?`},
+		{&e.wRemove, `DELETE FROM gc_window WHERE digest = ?`},
+		{&e.wLen, `SELECT count(*) FROM gc_window`},
+	} {
+		st, err := e.db.PrepareContext(ctx, s.sql)
+		if err != nil {
+			return e.wrap("open", fmt.Errorf("prepare %q: %w", s.sql, err))
+		}
+		*s.stmt = st
+	}
+	return nil
+}
+
+// Name implements engines.Engine: "sqlite:" and the path given to Open.
+func (e *Engine) Name() string { return e.name }
+
+// DB implements engines.SQL.
+func (e *Engine) DB() *sql.DB { return e.db }
+
+// Dialect implements engines.SQL.
+func (e *Engine) Dialect() string { return "sqlite" }
+
+// CursorsSurviveDelete implements engines.DeleteSafe: cursors hold a copy.
+func (e *Engine) CursorsSurviveDelete() bool { return true }
+
+// Close closes the statements and the pool.
+func (e *Engine) Close() error {
+	var errs []error
+	for _, st := range []*sql.Stmt{e.has, e.size, e.get, e.put, e.del, e.list, e.wStage, e.wDue, e.wRemove, e.wLen} {
+		if st != nil {
+			errs = append(errs, st.Close())
+		}
+	}
+	errs = append(errs, e.db.Close())
+	return e.wrap("close", errors.Join(errs...))
+}
+
+func (e *Engine) wrap(op string, err error) error {
+	return blob.Wrap(op, e.name, blob.Digest{}, err)
+}
+
+// cursorArg is a listing cursor as the bind argument of
+// "digest > coalesce(?, <empty blob>)". The zero digest binds as NULL, hence
+// the empty blob, which sorts below every 32-byte key: the zero cursor lists
+// from the start, the zero digest included, as engines.Engine.List requires.
+func cursorArg(d blob.Digest) any {
+	if d.IsZero() {
+		return nil
+	}
+	return d[:]
+}

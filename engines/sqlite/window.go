@@ -1,0 +1,97 @@
+package sqlite
+
+import (
+	"context"
+	"database/sql"
+	"time"
+
+	"github.com/alkblobfs/alkblobfs/blob"
+	"github.com/alkblobfs/alkblobfs/engines"
+)
+
+// WindowStage implements engines.WindowHost in one transaction. A digest
+// already staged keeps its row (and its time).
+func (e *Engine) WindowStage(ctx context.Context, cs []engines.Candidate) error {
+	if len(cs) == 0 {
+		return nil
+	}
+	return e.inTx(ctx, "window stage", func(tx *sql.Tx) error {
+		st := tx.StmtContext(ctx, e.wStage)
+		for _, c := range cs {
+			if _, err := st.ExecContext(ctx, c.Digest[:], c.VisibleAfter.UnixNano()); err != nil {
+				return blob.Wrap("window stage", e.name, c.Digest, err)
+			}
+		}
+		return nil
+	})
+}
+
+// WindowDue implements engines.WindowHost.
+func (e *Engine) WindowDue(ctx context.Context, now time.Time, after blob.Digest, limit int) ([]engines.Candidate, error) {
+	if limit <= 0 {
+		return nil, nil
+	}
+	rows, err := e.wDue.QueryContext(ctx, cursorArg(after), now.UnixNano(), limit)
+	if err != nil {
+		return nil, e.wrap("window due", err)
+	}
+	defer rows.Close()
+	var cs []engines.Candidate
+	for rows.Next() {
+		var raw sql.RawBytes
+		var ns int64
+		if err := rows.Scan(&raw, &ns); err != nil {
+			return nil, e.wrap("window due", err)
+		}
+		d, err := digest(raw)
+		if err != nil {
+			return nil, e.wrap("window due", err)
+		}
+		cs = append(cs, engines.Candidate{Digest: d, VisibleAfter: time.Unix(0, ns)})
+	}
+	if err := rows.Err(); err != nil {
+		return nil, e.wrap("window due", err)
+	}
+	return cs, nil
+}
+
+// WindowRemove implements engines.WindowHost; absent digests are ignored.
+func (e *Engine) WindowRemove(ctx context.Context, ds []blob.Digest) error {
+	if len(ds) == 0 {
+		return nil
+	}
+	return e.inTx(ctx, "window remove", func(tx *sql.Tx) error {
+		st := tx.StmtContext(ctx, e.wRemove)
+		for _, d := range ds {
+			if _, err := st.ExecContext(ctx, d[:]); err != nil {
+				return blob.Wrap("window remove", e.name, d, err)
+			}
+		}
+		return nil
+	})
+}
+
+// WindowLen implements engines.WindowHost.
+func (e *Engine) WindowLen(ctx context.Context) (int, error) {
+	var n int
+	if err := e.wLen.QueryRowContext(ctx).Scan(&n); err != nil {
+		return 0, e.wrap("window len", err)
+	}
+	return n, nil
+}
+
+// inTx runs fn in a transaction and commits it, rolling back on any error.
+func (e *Engine) inTx(ctx context.Context, op string, fn func(tx *sql.Tx) error) error {
+	tx, err := e.db.BeginTx(ctx, nil)
+	if err != nil {
+		return e.wrap(op, err)
+	}
+	if err := fn(tx); err != nil {
+		tx.Rollback() // fn's error is the one to report
+		return err
+	}
+	if err := tx.Commit(); err != nil {
+		return e.wrap(op, err)
+	}
+	return nil
+}

@@ -1,0 +1,57 @@
+// Package namespaces keeps named sets of digest references — the
+// directories at the mount root — and is a GC liveness source: a digest is
+// live while any namespace references it.
+//
+// A [Registry] creates, lists and removes namespaces and links, unlinks,
+// looks up, counts and lists references (namespace, digest, linked_at).
+// Two implementations run one conformance suite (namespaces/nstest):
+// [Mem] for stores without a SQL kv engine, and [SQL], two tables in the
+// kv engine's own database (SQLite now, PostgreSQL later). [Open] picks the
+// one that belongs with a kv engine.
+//
+// # Contract
+//
+//   - Names follow [ValidName] (1–255 bytes of [A-Za-z0-9._-], not starting
+//     with '.'), checked first by every entry point.
+//   - A failed call changes nothing: a bad name, Create of an existing
+//     namespace, Remove of a non-empty or absent one, Unlink of an absent
+//     reference, Link into an absent namespace.
+//   - Link is idempotent and reports whether it added the reference;
+//     linked_at comes from the injected [Clock] at the first link and is
+//     kept by re-links.
+//   - Names, Entries and Live stream in ascending byte order, a page at a
+//     time by key (WHERE key > last ORDER BY key LIMIT n). Memory is one
+//     page whatever the size of the namespace; between pages no lock,
+//     connection or transaction is held, so the caller may write while
+//     iterating. A listing is not a snapshot: references added or removed
+//     ahead of the cursor show or vanish, none is reported twice.
+//   - Count on SQL counts the namespace's key range: O(references), about
+//     0.1 s at a million on SQLite. Callers on hot paths (stat of a
+//     namespace directory) should not call it per lookup.
+//
+// # Errors
+//
+// ErrExists, ErrNotEmpty, ErrNotFound and ErrBadName are defined here once;
+// an absent reference is blob.ErrMissing. Each comes wrapped in an [*Error]
+// naming the operation, namespace and digest; match with errors.Is.
+//
+// # Links and the pool
+//
+// A Registry does not see the pool, so its Link accepts any digest. A
+// [Service] wraps a Registry with a [Pool] (*store.Store) and refuses
+// digests the pool does not hold (blob.ErrMissing). It pins the digest
+// before checking, so that a concurrent sweep cannot delete it between the
+// check and the link: the sweep's delete-time arbitration sees the pin, and
+// after the link the registry itself reports the digest live.
+// [Service.LinkFunc] is the publish hook for store.WithLink: inside a kv
+// put's transaction it links with [SQL.LinkTx], so publish and link commit
+// together.
+//
+// # Concurrency
+//
+// Every method is safe for concurrent use. Mem serializes writers on one
+// lock. SQL relies on the database: on SQLite, writers serialize on the
+// write lock and each statement is atomic; on PostgreSQL a foreign key from
+// ns_refs to ns keeps a concurrent Link and Remove from leaving a reference
+// in a removed namespace.
+package namespaces

@@ -1,0 +1,419 @@
+package namespaces_test
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"iter"
+	"log/slog"
+	"maps"
+	"slices"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/alkblobfs/alkblobfs/blob"
+	"github.com/alkblobfs/alkblobfs/engines"
+	"github.com/alkblobfs/alkblobfs/gc"
+	"github.com/alkblobfs/alkblobfs/namespaces"
+)
+
+// testPool is a map-backed gc.Pool and namespaces.Pool: the pool a
+// Collector sweeps, and that a Service checks and pins through.
+type testPool struct {
+	mu sync.Mutex
+	m  map[blob.Digest]int64
+	c  *gc.Collector
+	// afterHas, if set, runs inside Has after the answer is decided and
+	// before it is returned: the window between a link's check and its
+	// link.
+	afterHas func(d blob.Digest)
+}
+
+var (
+	_ gc.Pool         = (*testPool)(nil)
+	_ namespaces.Pool = (*testPool)(nil)
+)
+
+func newTestPool(o gc.Options, ds ...blob.Digest) *testPool {
+	p := &testPool{m: map[blob.Digest]int64{}}
+	o.Logger = slog.New(slog.DiscardHandler)
+	for _, d := range ds {
+		p.m[d] = 1
+	}
+	p.c = gc.New(p, o)
+	return p
+}
+
+func (p *testPool) List(ctx context.Context) iter.Seq2[engines.Entry, error] {
+	return func(yield func(engines.Entry, error) bool) {
+		p.mu.Lock()
+		keys := slices.SortedFunc(maps.Keys(p.m), blob.Digest.Compare)
+		p.mu.Unlock()
+		for _, d := range keys {
+			if !yield(engines.Entry{Digest: d, Size: 1}, nil) {
+				return
+			}
+		}
+	}
+}
+
+func (p *testPool) Delete(ctx context.Context, d blob.Digest) (int64, error) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	n, ok := p.m[d]
+	if !ok {
+		return 0, blob.Wrap("delete", "test", d, blob.ErrMissing)
+	}
+	delete(p.m, d)
+	return n, nil
+}
+
+func (p *testPool) Has(ctx context.Context, d blob.Digest) (bool, error) {
+	p.mu.Lock()
+	_, ok := p.m[d]
+	p.mu.Unlock()
+	if p.afterHas != nil {
+		p.afterHas(d)
+	}
+	return ok, nil
+}
+
+func (p *testPool) Pin(d blob.Digest) *gc.Pin { return p.c.Pin(d) }
+
+func (p *testPool) holds(d blob.Digest) bool {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	_, ok := p.m[d]
+	return ok
+}
+
+// window is a durable-style engines.WindowHost: candidates staged by one
+// sweep wait for the next, as with a gc_window table.
+type window struct {
+	mu sync.Mutex
+	m  map[blob.Digest]time.Time
+}
+
+func newWindow() *window { return &window{m: map[blob.Digest]time.Time{}} }
+
+func (w *window) WindowStage(_ context.Context, cs []engines.Candidate) error {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	for _, c := range cs {
+		if _, ok := w.m[c.Digest]; !ok {
+			w.m[c.Digest] = c.VisibleAfter
+		}
+	}
+	return nil
+}
+
+func (w *window) WindowDue(_ context.Context, now time.Time, after blob.Digest, limit int) ([]engines.Candidate, error) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	var out []engines.Candidate
+	for _, d := range slices.SortedFunc(maps.Keys(w.m), blob.Digest.Compare) {
+		if d.Compare(after) > 0 && !w.m[d].After(now) && len(out) < limit {
+			out = append(out, engines.Candidate{Digest: d, VisibleAfter: w.m[d]})
+		}
+	}
+	return out, nil
+}
+
+func (w *window) WindowRemove(_ context.Context, ds []blob.Digest) error {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	for _, d := range ds {
+		delete(w.m, d)
+	}
+	return nil
+}
+
+func (w *window) WindowLen(context.Context) (int, error) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return len(w.m), nil
+}
+
+// gcClock is a gc.Clock whose After parks the sweep until the test fires
+// it, announcing on waiting that the delete window is open.
+type gcClock struct {
+	mu      sync.Mutex
+	now     time.Time
+	waiting chan time.Duration
+	fire    chan time.Time
+}
+
+func newGCClock() *gcClock {
+	return &gcClock{now: time.Unix(1_800_000_000, 0), waiting: make(chan time.Duration, 1), fire: make(chan time.Time)}
+}
+
+func (c *gcClock) Now() time.Time {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.now
+}
+
+func (c *gcClock) After(d time.Duration) <-chan time.Time {
+	c.waiting <- d
+	return c.fire
+}
+
+// elapse advances the clock by the awaited delay and wakes the sweep.
+func (c *gcClock) elapse(d time.Duration) {
+	c.mu.Lock()
+	c.now = c.now.Add(d)
+	now := c.now
+	c.mu.Unlock()
+	c.fire <- now
+}
+
+// registries lists the implementations every composition test runs over.
+var registries = []struct {
+	name string
+	open func(t *testing.T) namespaces.Registry
+}{
+	{"mem", func(t *testing.T) namespaces.Registry { return namespaces.NewMem(nil) }},
+	{"sqlite", func(t *testing.T) namespaces.Registry { return openSQLite(t, nil) }},
+}
+
+func forEachRegistry(t *testing.T, f func(t *testing.T, r namespaces.Registry)) {
+	for _, rc := range registries {
+		t.Run(rc.name, func(t *testing.T) { f(t, rc.open(t)) })
+	}
+}
+
+func sweep(t *testing.T, p *testPool) gc.Report {
+	t.Helper()
+	r, err := p.c.Sweep(context.Background())
+	if err != nil || r.Aborted != "" {
+		t.Fatalf("sweep: %+v, %v", r, err)
+	}
+	return r
+}
+
+func mustDo(t *testing.T, err error) {
+	t.Helper()
+	if err != nil {
+		t.Fatal(err)
+	}
+}
+
+func survives(t *testing.T, p *testPool, d blob.Digest, want bool, when string) {
+	t.Helper()
+	if got := p.holds(d); got != want {
+		t.Fatalf("%s: pool holds %s = %v, want %v", when, d.Short(), got, want)
+	}
+}
+
+// TestGCDurableWindow: the registry as the collector's liveness source, with
+// a durable window (staged by one sweep, executed by the next).
+func TestGCDurableWindow(t *testing.T) {
+	forEachRegistry(t, func(t *testing.T, r namespaces.Registry) {
+		ctx := t.Context()
+		d, junk, late := blob.Sum([]byte("shared")), blob.Sum([]byte("junk")), blob.Sum([]byte("late"))
+		p := newTestPool(gc.Options{Window: newWindow()}, d, junk, late)
+		p.c.Register(r)
+		svc := namespaces.NewService(r, p)
+		mustDo(t, r.Create(ctx, "a"))
+		mustDo(t, r.Create(ctx, "b"))
+		for _, ns := range []string{"a", "b"} {
+			if _, err := svc.Link(ctx, ns, d); err != nil {
+				t.Fatal(err)
+			}
+		}
+
+		// Unlinked from a, still referenced by b: survives.
+		mustDo(t, r.Unlink(ctx, "a", d))
+		rep := sweep(t, p) // stages junk and late
+		if rep.Staged != 2 || rep.Live != 1 {
+			t.Fatalf("first sweep: %+v; want 2 staged, 1 live", rep)
+		}
+
+		// late is linked while the window is open: after the sweep that
+		// staged it, before the one that executes it.
+		if _, err := svc.Link(ctx, "a", late); err != nil {
+			t.Fatal(err)
+		}
+		rep = sweep(t, p) // executes: junk deleted, late cancelled by arbitration
+		if rep.Deleted != 1 || rep.Cancelled != 1 {
+			t.Fatalf("second sweep: %+v; want 1 deleted, 1 cancelled", rep)
+		}
+		survives(t, p, junk, false, "unreferenced after two sweeps")
+		survives(t, p, late, true, "linked while its delete was staged")
+		survives(t, p, d, true, "still referenced by b")
+
+		// Unlinked from b too: staged by one sweep, gone after the next.
+		mustDo(t, r.Unlink(ctx, "b", d))
+		rep = sweep(t, p)
+		if rep.Staged != 1 || rep.Deleted != 0 {
+			t.Fatalf("sweep after the last unlink: %+v; want 1 staged, 0 deleted", rep)
+		}
+		survives(t, p, d, true, "staged, not yet executed")
+		rep = sweep(t, p)
+		if rep.Deleted != 1 {
+			t.Fatalf("executing sweep: %+v; want 1 deleted", rep)
+		}
+		survives(t, p, d, false, "unreferenced after two sweeps")
+		survives(t, p, late, true, "still referenced by a")
+	})
+}
+
+// TestGCInProcessWindow: with the in-process window (Options.Window nil),
+// a sweep executes what it staged once the delay has passed.
+func TestGCInProcessWindow(t *testing.T) {
+	forEachRegistry(t, func(t *testing.T, r namespaces.Registry) {
+		ctx := t.Context()
+		d := blob.Sum([]byte("shared"))
+		p := newTestPool(gc.Options{}, d) // delay 0: staged and executed by one sweep
+		p.c.Register(r)
+		mustDo(t, r.Create(ctx, "a"))
+		mustDo(t, r.Create(ctx, "b"))
+		for _, ns := range []string{"a", "b"} {
+			if _, err := r.Link(ctx, ns, d); err != nil {
+				t.Fatal(err)
+			}
+		}
+		mustDo(t, r.Unlink(ctx, "a", d))
+		sweep(t, p)
+		survives(t, p, d, true, "referenced by b")
+		mustDo(t, r.Unlink(ctx, "b", d))
+		if rep := sweep(t, p); rep.Deleted != 1 {
+			t.Fatalf("sweep: %+v; want 1 deleted", rep)
+		}
+		survives(t, p, d, false, "unreferenced after a sweep")
+	})
+}
+
+// TestGCLinkDuringInProcessWindow: a sweep with a delay stages, waits, and
+// executes; a link made while it waits keeps the digest.
+func TestGCLinkDuringInProcessWindow(t *testing.T) {
+	forEachRegistry(t, func(t *testing.T, r namespaces.Registry) {
+		ctx := t.Context()
+		d := blob.Sum([]byte("late"))
+		clock := newGCClock()
+		p := newTestPool(gc.Options{Delay: time.Minute, Clock: clock}, d)
+		p.c.Register(r)
+		mustDo(t, r.Create(ctx, "a"))
+		svc := namespaces.NewService(r, p)
+
+		done := make(chan gc.Report)
+		go func() {
+			rep, err := p.c.Sweep(ctx)
+			if err != nil {
+				t.Error(err)
+			}
+			done <- rep
+		}()
+		var delay time.Duration
+		select {
+		case delay = <-clock.waiting: // d is staged; the window is open
+		case <-time.After(10 * time.Second):
+			t.Fatal("sweep never reached its delete window")
+		}
+		if _, err := svc.Link(ctx, "a", d); err != nil {
+			t.Fatal(err)
+		}
+		clock.elapse(delay)
+		rep := <-done
+		if rep.Staged != 1 || rep.Cancelled != 1 || rep.Deleted != 0 {
+			t.Fatalf("sweep: %+v; want 1 staged, 1 cancelled, 0 deleted", rep)
+		}
+		survives(t, p, d, true, "linked inside the delete window")
+	})
+}
+
+// TestServiceLinkPinsAcrossCheck: a sweep that runs between a Service link's
+// pool check and its link — with d staged and due — must not delete d, or
+// the namespace would reference nothing.
+func TestServiceLinkPinsAcrossCheck(t *testing.T) {
+	forEachRegistry(t, func(t *testing.T, r namespaces.Registry) {
+		ctx := t.Context()
+		d := blob.Sum([]byte("raced"))
+		p := newTestPool(gc.Options{Window: newWindow()}, d)
+		p.c.Register(r)
+		mustDo(t, r.Create(ctx, "a"))
+		sweep(t, p) // stages d: due at the next sweep
+
+		var rep gc.Report
+		p.afterHas = func(blob.Digest) {
+			p.afterHas = nil
+			rep = sweep(t, p)
+		}
+		if _, err := namespaces.NewService(r, p).Link(ctx, "a", d); err != nil {
+			t.Fatal(err)
+		}
+		if rep.Cancelled != 1 || rep.Deleted != 0 {
+			t.Fatalf("sweep between check and link: %+v; want the candidate cancelled", rep)
+		}
+		survives(t, p, d, true, "linked while a sweep ran between check and link")
+		if n, pins := p.c.PinCount(); n != 0 || pins != 0 {
+			t.Fatalf("Link left %d pins behind", pins)
+		}
+		sweep(t, p)
+		sweep(t, p)
+		survives(t, p, d, true, "linked, after two more sweeps")
+	})
+}
+
+// TestServiceRefusesAbsent: a Service links only what the pool holds, and a
+// refusal changes nothing and leaks no pin.
+func TestServiceRefusesAbsent(t *testing.T) {
+	forEachRegistry(t, func(t *testing.T, r namespaces.Registry) {
+		ctx := t.Context()
+		in, out := blob.Sum([]byte("in")), blob.Sum([]byte("out"))
+		p := newTestPool(gc.Options{}, in)
+		svc := namespaces.NewService(r, p)
+		mustDo(t, r.Create(ctx, "a"))
+
+		if _, err := svc.Link(ctx, "a", out); !errors.Is(err, blob.ErrMissing) {
+			t.Fatalf("Link of a digest not in the pool = %v, want ErrMissing", err)
+		}
+		if _, err := svc.LinkMany(ctx, "a", []blob.Digest{in, out}); !errors.Is(err, blob.ErrMissing) {
+			t.Fatalf("LinkMany with a digest not in the pool = %v, want ErrMissing", err)
+		}
+		if err := svc.LinkFunc("a")(ctx, nil, out); !errors.Is(err, blob.ErrMissing) {
+			t.Fatalf("LinkFunc(nil tx) of a digest not in the pool = %v, want ErrMissing", err)
+		}
+		if _, err := svc.Link(ctx, "bad/name", in); !errors.Is(err, namespaces.ErrBadName) {
+			t.Fatalf("Link with a bad name = %v", err)
+		}
+		if n, err := r.Count(ctx, "a"); err != nil || n != 0 {
+			t.Fatalf("refused links changed the registry: Count = %d, %v", n, err)
+		}
+		if _, pins := p.c.PinCount(); pins != 0 {
+			t.Fatalf("refused links leaked %d pins", pins)
+		}
+
+		if linked, err := svc.Link(ctx, "a", in); err != nil || !linked {
+			t.Fatalf("Link of a pooled digest = %v, %v", linked, err)
+		}
+		mustDo(t, svc.LinkFunc("a")(ctx, nil, in))
+		if n, err := svc.LinkMany(ctx, "a", []blob.Digest{in}); err != nil || n != 0 {
+			t.Fatalf("LinkMany of a linked digest = %d, %v", n, err)
+		}
+		if _, pins := p.c.PinCount(); pins != 0 {
+			t.Fatalf("links leaked %d pins", pins)
+		}
+	})
+}
+
+// TestLinkFuncNeedsTxLinker: a registry that cannot join the put's
+// transaction fails the put instead of linking outside it.
+func TestLinkFuncNeedsTxLinker(t *testing.T) {
+	ctx := t.Context()
+	_, e := openSQLiteEngine(t, t.TempDir()+"/kv.db", nil)
+	r := namespaces.NewMem(nil)
+	mustDo(t, r.Create(ctx, "a"))
+	svc := namespaces.NewService(r, newTestPool(gc.Options{}))
+	v := []byte("v")
+	_, err := e.PutTx(ctx, blob.Sum(v), v, func(ctx context.Context, tx *sql.Tx) error {
+		return svc.LinkFunc("a")(ctx, tx, blob.Sum(v))
+	})
+	if err == nil {
+		t.Fatal("LinkFunc with a tx and a Mem registry succeeded")
+	}
+	if n, _ := r.Count(ctx, "a"); n != 0 {
+		t.Fatal("linked outside the transaction")
+	}
+}

@@ -1,0 +1,243 @@
+package namespaces
+
+import (
+	"context"
+	"iter"
+	"slices"
+	"sync"
+	"time"
+
+	"github.com/alkblobfs/alkblobfs/blob"
+)
+
+// Mem is an in-memory Registry, for stores whose kv engine is not
+// SQL-backed. Its state dies with the process. The zero value is not
+// usable; call NewMem.
+type Mem struct {
+	clock Clock
+
+	mu    sync.RWMutex
+	ns    map[string]*ordered // namespace → digest → linked_at (unix ns)
+	names []string            // the keys of ns, sorted
+	live  ordered             // digest → number of namespaces referencing it
+}
+
+var _ Registry = (*Mem)(nil)
+
+// NewMem returns an empty in-memory registry. clock stamps LinkedAt; nil
+// means the wall clock.
+func NewMem(clock Clock) *Mem {
+	return &Mem{clock: orWall(clock), ns: make(map[string]*ordered)}
+}
+
+// Create implements Registry.
+func (m *Mem) Create(ctx context.Context, name string) error {
+	if err := check(ctx, name); err != nil {
+		return wrap("create", name, blob.Digest{}, err)
+	}
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if _, ok := m.ns[name]; ok {
+		return wrap("create", name, blob.Digest{}, ErrExists)
+	}
+	m.ns[name] = &ordered{}
+	i, _ := slices.BinarySearch(m.names, name)
+	m.names = slices.Insert(m.names, i, name)
+	return nil
+}
+
+// Remove implements Registry.
+func (m *Mem) Remove(ctx context.Context, name string) error {
+	if err := check(ctx, name); err != nil {
+		return wrap("remove", name, blob.Digest{}, err)
+	}
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	refs, ok := m.ns[name]
+	switch {
+	case !ok:
+		return wrap("remove", name, blob.Digest{}, ErrNotFound)
+	case refs.len() > 0:
+		return wrap("remove", name, blob.Digest{}, ErrNotEmpty)
+	}
+	delete(m.ns, name)
+	i, _ := slices.BinarySearch(m.names, name)
+	m.names = slices.Delete(m.names, i, i+1)
+	return nil
+}
+
+// Exists implements Registry.
+func (m *Mem) Exists(ctx context.Context, name string) (bool, error) {
+	if err := check(ctx, name); err != nil {
+		return false, wrap("exists", name, blob.Digest{}, err)
+	}
+	m.mu.RLock()
+	defer m.mu.RUnlock()
+	_, ok := m.ns[name]
+	return ok, nil
+}
+
+// Names implements Registry.
+func (m *Mem) Names(ctx context.Context, after string) iter.Seq2[string, error] {
+	return paged(ctx, "names", "", func(first bool, last string) ([]string, error) {
+		from := after
+		if !first {
+			from = last
+		}
+		m.mu.RLock()
+		defer m.mu.RUnlock()
+		i, found := slices.BinarySearch(m.names, from)
+		if found {
+			i++
+		}
+		return slices.Clone(m.names[i:min(len(m.names), i+pageSize)]), nil
+	})
+}
+
+// Link implements Registry.
+func (m *Mem) Link(ctx context.Context, name string, d blob.Digest) (bool, error) {
+	n, err := m.link(ctx, "link", name, []blob.Digest{d})
+	return n == 1, err
+}
+
+// LinkMany implements Registry.
+func (m *Mem) LinkMany(ctx context.Context, name string, ds []blob.Digest) (int, error) {
+	return m.link(ctx, "linkmany", name, ds)
+}
+
+func (m *Mem) link(ctx context.Context, op, name string, ds []blob.Digest) (int, error) {
+	var d0 blob.Digest
+	if len(ds) == 1 {
+		d0 = ds[0]
+	}
+	if err := check(ctx, name); err != nil {
+		return 0, wrap(op, name, d0, err)
+	}
+	now := m.clock.Now().UnixNano()
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	refs, ok := m.ns[name]
+	if !ok {
+		return 0, wrap(op, name, d0, ErrNotFound)
+	}
+	n := 0
+	for _, d := range ds {
+		if refs.insert(d, now) {
+			m.live.add(d, 1)
+			n++
+		}
+	}
+	return n, nil
+}
+
+// Unlink implements Registry.
+func (m *Mem) Unlink(ctx context.Context, name string, d blob.Digest) error {
+	if err := check(ctx, name); err != nil {
+		return wrap("unlink", name, d, err)
+	}
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	refs, ok := m.ns[name]
+	switch {
+	case !ok:
+		return wrap("unlink", name, d, ErrNotFound)
+	case !refs.delete(d):
+		return wrap("unlink", name, d, blob.ErrMissing)
+	}
+	m.live.add(d, -1)
+	return nil
+}
+
+// Has implements Registry.
+func (m *Mem) Has(ctx context.Context, name string, d blob.Digest) (Ref, bool, error) {
+	if err := check(ctx, name); err != nil {
+		return Ref{}, false, wrap("has", name, d, err)
+	}
+	m.mu.RLock()
+	defer m.mu.RUnlock()
+	refs, ok := m.ns[name]
+	if !ok {
+		return Ref{}, false, wrap("has", name, d, ErrNotFound)
+	}
+	at, ok := refs.get(d)
+	if !ok {
+		return Ref{}, false, nil
+	}
+	return Ref{Digest: d, LinkedAt: time.Unix(0, at)}, true, nil
+}
+
+// Count implements Registry.
+func (m *Mem) Count(ctx context.Context, name string) (int64, error) {
+	if err := check(ctx, name); err != nil {
+		return 0, wrap("count", name, blob.Digest{}, err)
+	}
+	m.mu.RLock()
+	defer m.mu.RUnlock()
+	refs, ok := m.ns[name]
+	if !ok {
+		return 0, wrap("count", name, blob.Digest{}, ErrNotFound)
+	}
+	return int64(refs.len()), nil
+}
+
+// Entries implements Registry.
+func (m *Mem) Entries(ctx context.Context, name string, after blob.Digest) iter.Seq2[Ref, error] {
+	if err := ValidName(name); err != nil {
+		return fail[Ref](wrap("entries", name, blob.Digest{}, err))
+	}
+	return paged(ctx, "entries", name, func(first bool, last Ref) ([]Ref, error) {
+		m.mu.RLock()
+		defer m.mu.RUnlock()
+		refs, ok := m.ns[name]
+		switch {
+		case !ok && first:
+			return nil, ErrNotFound
+		case !ok: // removed (so emptied) since the last page
+			return nil, nil
+		}
+		var items []item
+		if first {
+			items = refs.page(after, after.IsZero(), pageSize, make([]item, 0, pageSize))
+		} else {
+			items = refs.page(last.Digest, false, pageSize, make([]item, 0, pageSize))
+		}
+		out := make([]Ref, len(items))
+		for i, it := range items {
+			out[i] = Ref{Digest: it.d, LinkedAt: time.Unix(0, it.v)}
+		}
+		return out, nil
+	})
+}
+
+// IsLive implements gc.Source: d is live while any namespace references it.
+func (m *Mem) IsLive(ctx context.Context, d blob.Digest) (bool, error) {
+	if err := ctx.Err(); err != nil {
+		return false, wrap("islive", "", d, err)
+	}
+	m.mu.RLock()
+	defer m.mu.RUnlock()
+	_, ok := m.live.get(d)
+	return ok, nil
+}
+
+// Live implements gc.Source: every referenced digest once, ascending.
+func (m *Mem) Live(ctx context.Context) iter.Seq2[blob.Digest, error] {
+	return paged(ctx, "live", "", func(first bool, last blob.Digest) ([]blob.Digest, error) {
+		m.mu.RLock()
+		items := m.live.page(last, first, pageSize, make([]item, 0, pageSize))
+		m.mu.RUnlock()
+		out := make([]blob.Digest, len(items))
+		for i, it := range items {
+			out[i] = it.d
+		}
+		return out, nil
+	})
+}
+
+// check is the preamble of every namespace-specific entry point.
+func check(ctx context.Context, name string) error {
+	if err := ValidName(name); err != nil {
+		return err
+	}
+	return ctx.Err()
+}

@@ -1,0 +1,114 @@
+package namespaces
+
+import (
+	"context"
+	"database/sql"
+	"iter"
+	"time"
+
+	"github.com/alkblobfs/alkblobfs/blob"
+	"github.com/alkblobfs/alkblobfs/engines"
+	"github.com/alkblobfs/alkblobfs/gc"
+)
+
+// Ref is one reference of a namespace to a digest.
+type Ref struct {
+	Digest blob.Digest
+	// LinkedAt is when the digest was first linked into the namespace (the
+	// file's mtime on the mount). Re-linking keeps it.
+	LinkedAt time.Time
+}
+
+// Registry is a set of named namespaces, each a set of digest references.
+// Every method validates the namespace name first (ValidName); a bad name
+// returns ErrBadName and changes nothing. A failed call changes nothing.
+//
+// A Registry is a gc.Source: a digest is live while any namespace
+// references it.
+//
+// Linking at this level does not check that the digest is in the pool; use
+// a Service for that.
+type Registry interface {
+	gc.Source
+
+	// Create adds an empty namespace; ErrExists if it is there.
+	Create(ctx context.Context, name string) error
+	// Remove deletes an empty namespace; ErrNotEmpty while it holds
+	// references, ErrNotFound if it is absent.
+	Remove(ctx context.Context, name string) error
+	// Exists reports whether the namespace exists.
+	Exists(ctx context.Context, name string) (bool, error)
+	// Names streams namespace names in ascending byte order, starting after
+	// `after` ("" lists from the start). Like Entries, it pages and holds no
+	// lock or transaction while the caller's loop body runs.
+	Names(ctx context.Context, after string) iter.Seq2[string, error]
+
+	// Link adds a reference to d, stamping LinkedAt from the registry's
+	// clock. It is idempotent: linked reports whether this call added the
+	// reference, and a re-link keeps the first LinkedAt. ErrNotFound if the
+	// namespace is absent.
+	Link(ctx context.Context, name string, d blob.Digest) (linked bool, err error)
+	// LinkMany links every digest in ds atomically (all or nothing), all
+	// stamped with one clock reading, and returns how many references it
+	// added. Duplicates in ds are allowed. It is the bulk path (imports,
+	// restores, tests): one transaction, not len(ds).
+	LinkMany(ctx context.Context, name string, ds []blob.Digest) (linked int, err error)
+	// Unlink drops the reference to d. An absent reference returns an error
+	// wrapping blob.ErrMissing; an absent namespace ErrNotFound.
+	Unlink(ctx context.Context, name string, d blob.Digest) error
+	// Has returns the reference to d if there is one. ErrNotFound if the
+	// namespace is absent.
+	Has(ctx context.Context, name string, d blob.Digest) (Ref, bool, error)
+	// Count returns the number of references. ErrNotFound if the namespace
+	// is absent.
+	Count(ctx context.Context, name string) (int64, error)
+	// Entries streams the namespace's references in ascending digest order,
+	// starting after `after` (the zero digest lists from the start, itself
+	// included). It reads a page at a time by key (digest > last) and holds
+	// no lock, connection or transaction while the caller's loop body runs,
+	// so the caller may link and unlink while iterating; a reference added
+	// or removed behind the cursor is not revisited. Memory is one page,
+	// whatever the namespace's size. An absent namespace yields ErrNotFound;
+	// any error ends the iteration as the last pair.
+	Entries(ctx context.Context, name string, after blob.Digest) iter.Seq2[Ref, error]
+}
+
+// TxLinker is a registry that can link inside a caller's database
+// transaction, so that a kv put and its link commit together (see
+// engines.TxPutter and store.WithLink). *SQL implements it.
+type TxLinker interface {
+	LinkTx(ctx context.Context, tx *sql.Tx, name string, d blob.Digest) (linked bool, err error)
+}
+
+// Clock stamps LinkedAt and created_at. gc.Clock satisfies it, so a store's
+// clock can be shared.
+type Clock interface{ Now() time.Time }
+
+// ClockFunc adapts a function to Clock.
+type ClockFunc func() time.Time
+
+func (f ClockFunc) Now() time.Time { return f() }
+
+func orWall(c Clock) Clock {
+	if c == nil {
+		return ClockFunc(time.Now)
+	}
+	return c
+}
+
+// pageSize is how many rows one page of Entries, Names or Live reads: big
+// enough that a million-reference listing is a thousand round trips, small
+// enough that a page is ~40 KiB.
+const pageSize = 1000
+
+// Open returns the registry that belongs with kv: tables in kv's database
+// when kv is SQL-backed (engines.SQL), so links can join puts' transactions
+// and survive restarts; otherwise an in-memory registry, which lives and
+// dies with the process like a mem pool. A nil kv (large-only stores) also
+// gets the in-memory registry.
+func Open(ctx context.Context, kv engines.Engine, clock Clock) (Registry, error) {
+	if s, ok := kv.(engines.SQL); ok {
+		return OpenSQL(ctx, s.DB(), s.Dialect(), clock)
+	}
+	return NewMem(clock), nil
+}

@@ -1,0 +1,101 @@
+package namespaces
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+
+	"github.com/alkblobfs/alkblobfs/blob"
+	"github.com/alkblobfs/alkblobfs/gc"
+)
+
+// Pool is what a Service needs of the blob pool. *store.Store satisfies it.
+type Pool interface {
+	// Has reports whether d is in the pool.
+	Has(ctx context.Context, d blob.Digest) (bool, error)
+	// Pin protects d from deletion until the pin is released.
+	Pin(d blob.Digest) *gc.Pin
+}
+
+// Service is a Registry whose Link and LinkMany refuse digests that are not
+// in the pool, so that a namespace never names bytes it cannot serve. Every
+// other method is the Registry's. The mount and the CLI link through a
+// Service; a bare Registry is for wiring and tests.
+type Service struct {
+	Registry
+	pool Pool
+}
+
+var _ Registry = (*Service)(nil)
+
+// NewService returns a Service linking into r after checking p.
+func NewService(r Registry, p Pool) *Service { return &Service{Registry: r, pool: p} }
+
+// Link links d into the namespace if d is in the pool; otherwise it returns
+// an error wrapping blob.ErrMissing and changes nothing.
+//
+// It pins d before checking, and releases the pin once the reference is
+// committed: a sweep that deletes d between the check and the link would
+// leave a reference to nothing, and the pin makes that sweep's arbitration
+// keep d instead. After the link, the registry itself keeps d live.
+func (s *Service) Link(ctx context.Context, name string, d blob.Digest) (bool, error) {
+	if err := check(ctx, name); err != nil {
+		return false, wrap("link", name, d, err)
+	}
+	pin := s.pool.Pin(d)
+	defer pin.Release()
+	if err := s.present(ctx, d); err != nil {
+		return false, wrap("link", name, d, err)
+	}
+	return s.Registry.Link(ctx, name, d)
+}
+
+// LinkMany is Link for many digests, all or nothing: one missing digest
+// fails the call and links none.
+func (s *Service) LinkMany(ctx context.Context, name string, ds []blob.Digest) (int, error) {
+	if err := check(ctx, name); err != nil {
+		return 0, wrap("linkmany", name, blob.Digest{}, err)
+	}
+	pins := make([]*gc.Pin, 0, len(ds))
+	defer func() { gc.ReleaseAll(pins) }()
+	for _, d := range ds {
+		pins = append(pins, s.pool.Pin(d))
+		if err := s.present(ctx, d); err != nil {
+			return 0, wrap("linkmany", name, d, err)
+		}
+	}
+	return s.Registry.LinkMany(ctx, name, ds)
+}
+
+func (s *Service) present(ctx context.Context, d blob.Digest) error {
+	ok, err := s.pool.Has(ctx, d)
+	if err == nil && !ok {
+		err = blob.ErrMissing
+	}
+	return err
+}
+
+// LinkFunc returns a publish hook that links the put's digest into name,
+// shaped as store.LinkFunc so that store.WithLink(svc.LinkFunc(ns)) needs no
+// conversion (this package does not import store).
+//
+// With tx set, the put is inserting d in that very transaction, so the
+// registry links in it (TxLinker) and skips the pool check: the reference
+// commits exactly when the entry does, and the put's own pin protects d
+// until then. A registry that cannot join a transaction fails the put
+// rather than link outside it. With tx nil (engines that cannot join), the
+// entry is already published and Link runs with its pool check.
+func (s *Service) LinkFunc(name string) func(ctx context.Context, tx *sql.Tx, d blob.Digest) error {
+	return func(ctx context.Context, tx *sql.Tx, d blob.Digest) error {
+		if tx == nil {
+			_, err := s.Link(ctx, name, d)
+			return err
+		}
+		tl, ok := s.Registry.(TxLinker)
+		if !ok {
+			return wrap("link", name, d, errors.New("registry cannot link inside a database transaction (open it with namespaces.Open on the kv engine)"))
+		}
+		_, err := tl.LinkTx(ctx, tx, name, d)
+		return err
+	}
+}

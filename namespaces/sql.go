@@ -1,0 +1,551 @@
+package namespaces
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"fmt"
+	"iter"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/alkblobfs/alkblobfs/blob"
+)
+
+// SQL is a Registry kept in two tables of a database/sql database, normally
+// the kv engine's own (see Open), so that links survive restarts and can
+// commit in the same transaction as a put (LinkTx):
+//
+//	ns(name TEXT PRIMARY KEY, created_at INTEGER)
+//	ns_refs(ns TEXT REFERENCES ns, digest BLOB, linked_at INTEGER, PRIMARY KEY (ns, digest))
+//	index ns_refs_digest on ns_refs(digest), for IsLive and Live
+//
+// Times are unix nanoseconds. The DDL is per dialect (BLOB/BYTEA, BIGINT,
+// byte-order collation on PostgreSQL); every DML statement is shared, with
+// `?` placeholders rebound to `$n` for PostgreSQL.
+//
+// On SQLite the pool must begin transactions IMMEDIATE (_txlock=immediate,
+// as engines/sqlite does): Link reads and then writes in one transaction.
+type SQL struct {
+	db      *sql.DB
+	dialect string
+	clock   Clock
+	q       queries
+}
+
+var (
+	_ Registry = (*SQL)(nil)
+	_ TxLinker = (*SQL)(nil)
+)
+
+var ddl = map[string][]string{
+	"sqlite": {
+		`CREATE TABLE IF NOT EXISTS ns (
+			name       TEXT PRIMARY KEY,
+			created_at INTEGER NOT NULL
+		) WITHOUT ROWID`,
+		// WITHOUT ROWID clusters the rows by (ns, digest): a namespace's
+		// listing reads consecutive pages.
+		`CREATE TABLE IF NOT EXISTS ns_refs (
+			ns        TEXT NOT NULL REFERENCES ns (name),
+			digest    BLOB NOT NULL,
+			linked_at INTEGER NOT NULL,
+			PRIMARY KEY (ns, digest)
+		) WITHOUT ROWID`,
+		`CREATE INDEX IF NOT EXISTS ns_refs_digest ON ns_refs (digest)`,
+	},
+	"postgres": {
+		// COLLATE "C": names list in byte order whatever the database's
+		// locale. BIGINT: INTEGER is 32-bit in PostgreSQL.
+		`CREATE TABLE IF NOT EXISTS ns (
+			name       TEXT COLLATE "C" PRIMARY KEY,
+			created_at BIGINT NOT NULL
+		)`,
+		// The foreign key closes the Link/Remove race under READ COMMITTED
+		// (SQLite serializes writers, so it needs no enforcement there).
+		`CREATE TABLE IF NOT EXISTS ns_refs (
+			ns        TEXT COLLATE "C" NOT NULL REFERENCES ns (name),
+			digest    BYTEA NOT NULL,
+			linked_at BIGINT NOT NULL,
+			PRIMARY KEY (ns, digest)
+		)`,
+		`CREATE INDEX IF NOT EXISTS ns_refs_digest ON ns_refs (digest)`,
+	},
+}
+
+type queries struct {
+	create, remove, exists, names     string
+	link, unlink, has, count, entries string
+	isLive, live                      string
+	linkRows                          string // linkBatch rows per INSERT
+}
+
+// linkBatch is how many rows one LinkMany INSERT carries: 768 bind
+// parameters, far under SQLite's 32 766 and PostgreSQL's 65 535, and
+// enough to amortize per-statement cost.
+const linkBatch = 256
+
+func newQueries(dialect string) queries {
+	r := func(q string) string { return rebind(dialect, q) }
+	q := queries{
+		create: r(`INSERT INTO ns (name, created_at) VALUES (?, ?) ON CONFLICT (name) DO NOTHING`),
+		remove: r(`DELETE FROM ns WHERE name = ? AND NOT EXISTS (SELECT 1 FROM ns_refs WHERE ns = ?)`),
+		exists: r(`SELECT 1 FROM ns WHERE name = ?`),
+		names:  r(`SELECT name FROM ns WHERE name > ? ORDER BY name LIMIT ?`),
+
+		link:    r(`INSERT INTO ns_refs (ns, digest, linked_at) VALUES (?, ?, ?) ON CONFLICT (ns, digest) DO NOTHING`),
+		unlink:  r(`DELETE FROM ns_refs WHERE ns = ? AND digest = ?`),
+		has:     r(`SELECT linked_at FROM ns_refs WHERE ns = ? AND digest = ?`),
+		count:   r(`SELECT COUNT(*) FROM ns_refs WHERE ns = ?`),
+		entries: r(`SELECT digest, linked_at FROM ns_refs WHERE ns = ? AND digest > ? ORDER BY digest LIMIT ?`),
+
+		isLive: r(`SELECT 1 FROM ns_refs WHERE digest = ? LIMIT 1`),
+		live:   r(`SELECT DISTINCT digest FROM ns_refs WHERE digest > ? ORDER BY digest LIMIT ?`),
+	}
+	q.linkRows = linkRowsQuery(dialect, linkBatch)
+	return q
+}
+
+func linkRowsQuery(dialect string, rows int) string {
+	var b strings.Builder
+	b.WriteString(`INSERT INTO ns_refs (ns, digest, linked_at) VALUES `)
+	for i := range rows {
+		if i > 0 {
+			b.WriteString(", ")
+		}
+		b.WriteString("(?, ?, ?)")
+	}
+	b.WriteString(` ON CONFLICT (ns, digest) DO NOTHING`)
+	return rebind(dialect, b.String())
+}
+
+// rebind rewrites `?` placeholders as `$1, $2, …` for PostgreSQL. The
+// statements above hold no `?` inside literals, so a plain scan suffices.
+func rebind(dialect, q string) string {
+	if dialect != "postgres" {
+		return q
+	}
+	var b strings.Builder
+	b.Grow(len(q) + 16)
+	n := 0
+	for i := 0; i < len(q); i++ {
+		if q[i] == '?' {
+			n++
+			b.WriteByte('$')
+			b.WriteString(strconv.Itoa(n))
+			continue
+		}
+		b.WriteByte(q[i])
+	}
+	return b.String()
+}
+
+// OpenSQL creates the registry's tables in db if needed and returns the
+// registry. dialect is "sqlite" or "postgres" (engines.SQL.Dialect). clock
+// stamps LinkedAt; nil means the wall clock. The registry does not own db:
+// closing the engine closes it.
+func OpenSQL(ctx context.Context, db *sql.DB, dialect string, clock Clock) (*SQL, error) {
+	stmts, ok := ddl[dialect]
+	if !ok {
+		return nil, fmt.Errorf("namespaces: open: unknown SQL dialect %q (want sqlite or postgres)", dialect)
+	}
+	for _, s := range stmts {
+		if _, err := db.ExecContext(ctx, s); err != nil {
+			return nil, fmt.Errorf("namespaces: open %s: create schema: %w", dialect, err)
+		}
+	}
+	return &SQL{db: db, dialect: dialect, clock: orWall(clock), q: newQueries(dialect)}, nil
+}
+
+// Dialect is "sqlite" or "postgres".
+func (r *SQL) Dialect() string { return r.dialect }
+
+// querier is what *sql.DB and *sql.Tx share.
+type querier interface {
+	ExecContext(ctx context.Context, query string, args ...any) (sql.Result, error)
+	QueryContext(ctx context.Context, query string, args ...any) (*sql.Rows, error)
+	QueryRowContext(ctx context.Context, query string, args ...any) *sql.Row
+}
+
+func (r *SQL) exists(ctx context.Context, q querier, name string) (bool, error) {
+	var one int
+	err := q.QueryRowContext(ctx, r.q.exists, name).Scan(&one)
+	if errors.Is(err, sql.ErrNoRows) {
+		return false, nil
+	}
+	return err == nil, err
+}
+
+// Create implements Registry.
+func (r *SQL) Create(ctx context.Context, name string) error {
+	if err := check(ctx, name); err != nil {
+		return wrap("create", name, blob.Digest{}, err)
+	}
+	res, err := r.db.ExecContext(ctx, r.q.create, name, r.clock.Now().UnixNano())
+	if err != nil {
+		return wrap("create", name, blob.Digest{}, err)
+	}
+	if n, err := res.RowsAffected(); err != nil {
+		return wrap("create", name, blob.Digest{}, err)
+	} else if n == 0 {
+		return wrap("create", name, blob.Digest{}, ErrExists)
+	}
+	return nil
+}
+
+// Remove implements Registry.
+func (r *SQL) Remove(ctx context.Context, name string) error {
+	if err := check(ctx, name); err != nil {
+		return wrap("remove", name, blob.Digest{}, err)
+	}
+	res, err := r.db.ExecContext(ctx, r.q.remove, name, name)
+	var n int64
+	if err == nil {
+		n, err = res.RowsAffected()
+	}
+	if err == nil && n == 1 {
+		return nil
+	}
+	// Say why nothing was deleted.
+	ok, cerr := r.exists(ctx, r.db, name)
+	switch {
+	case cerr != nil:
+		return wrap("remove", name, blob.Digest{}, errors.Join(err, cerr))
+	case !ok:
+		return wrap("remove", name, blob.Digest{}, ErrNotFound)
+	case err == nil:
+		return wrap("remove", name, blob.Digest{}, ErrNotEmpty)
+	}
+	// The delete failed. On PostgreSQL a foreign-key violation means a
+	// concurrent Link committed a reference first: not empty after all.
+	var refs int64
+	if qerr := r.db.QueryRowContext(ctx, r.q.count, name).Scan(&refs); qerr == nil && refs > 0 {
+		return wrap("remove", name, blob.Digest{}, ErrNotEmpty)
+	}
+	return wrap("remove", name, blob.Digest{}, err)
+}
+
+// Exists implements Registry.
+func (r *SQL) Exists(ctx context.Context, name string) (bool, error) {
+	if err := check(ctx, name); err != nil {
+		return false, wrap("exists", name, blob.Digest{}, err)
+	}
+	ok, err := r.exists(ctx, r.db, name)
+	return ok, wrap("exists", name, blob.Digest{}, err)
+}
+
+// Names implements Registry.
+func (r *SQL) Names(ctx context.Context, after string) iter.Seq2[string, error] {
+	return paged(ctx, "names", "", func(first bool, last string) ([]string, error) {
+		from := after
+		if !first {
+			from = last
+		}
+		rows, err := r.db.QueryContext(ctx, r.q.names, from, pageSize)
+		if err != nil {
+			return nil, err
+		}
+		defer rows.Close()
+		out := make([]string, 0, pageSize)
+		for rows.Next() {
+			var s string
+			if err := rows.Scan(&s); err != nil {
+				return nil, err
+			}
+			out = append(out, s)
+		}
+		return out, rows.Err()
+	})
+}
+
+// Link implements Registry. It runs in its own transaction; see LinkTx.
+func (r *SQL) Link(ctx context.Context, name string, d blob.Digest) (bool, error) {
+	if err := check(ctx, name); err != nil {
+		return false, wrap("link", name, d, err)
+	}
+	var linked bool
+	err := r.inTx(ctx, func(tx *sql.Tx) error {
+		var err error
+		linked, err = r.linkTx(ctx, tx, name, d)
+		return err
+	})
+	return linked && err == nil, wrap("link", name, d, err)
+}
+
+// LinkTx is Link inside the caller's transaction tx, which must belong to
+// the registry's database: the reference commits or rolls back with tx.
+// This is how a kv put and its link become one (store.WithLink with
+// Service.LinkFunc).
+func (r *SQL) LinkTx(ctx context.Context, tx *sql.Tx, name string, d blob.Digest) (bool, error) {
+	if err := check(ctx, name); err != nil {
+		return false, wrap("link", name, d, err)
+	}
+	linked, err := r.linkTx(ctx, tx, name, d)
+	return linked, wrap("link", name, d, err)
+}
+
+func (r *SQL) linkTx(ctx context.Context, tx *sql.Tx, name string, d blob.Digest) (bool, error) {
+	if err := r.mustExist(ctx, tx, name); err != nil {
+		return false, err
+	}
+	res, err := tx.ExecContext(ctx, r.q.link, name, d[:], r.clock.Now().UnixNano())
+	if err != nil {
+		return false, r.linkFailed(ctx, name, err)
+	}
+	n, err := res.RowsAffected()
+	return n == 1, err
+}
+
+// mustExist returns ErrNotFound unless the namespace exists, read in tx:
+// with SQLite's IMMEDIATE transactions nothing can remove it before the
+// insert that follows; on PostgreSQL the foreign key catches a concurrent
+// Remove (see linkFailed).
+func (r *SQL) mustExist(ctx context.Context, tx *sql.Tx, name string) error {
+	ok, err := r.exists(ctx, tx, name)
+	if err == nil && !ok {
+		err = ErrNotFound
+	}
+	return err
+}
+
+// linkFailed turns an insert's foreign-key violation (the namespace was
+// removed after mustExist, PostgreSQL only) into ErrNotFound. It re-checks
+// outside the transaction, which a failed statement may have aborted.
+func (r *SQL) linkFailed(ctx context.Context, name string, err error) error {
+	if ok, cerr := r.exists(ctx, r.db, name); cerr == nil && !ok {
+		return ErrNotFound
+	}
+	return err
+}
+
+// LinkMany implements Registry: one transaction, linkBatch rows per INSERT.
+func (r *SQL) LinkMany(ctx context.Context, name string, ds []blob.Digest) (int, error) {
+	if err := check(ctx, name); err != nil {
+		return 0, wrap("linkmany", name, blob.Digest{}, err)
+	}
+	now := r.clock.Now().UnixNano()
+	// Inserting in key order turns random B-tree inserts into near-appends
+	// on both the primary key and the digest index: 2.5× faster for random
+	// batches on SQLite, 10× when the caller's batches are ordered too.
+	ds = slices.Clone(ds)
+	slices.SortFunc(ds, blob.Digest.Compare)
+	ds = slices.Compact(ds)
+	total := 0
+	err := r.inTx(ctx, func(tx *sql.Tx) error {
+		total = 0
+		if err := r.mustExist(ctx, tx, name); err != nil {
+			return err
+		}
+		var full *sql.Stmt
+		if len(ds) >= linkBatch {
+			st, err := tx.PrepareContext(ctx, r.q.linkRows)
+			if err != nil {
+				return err
+			}
+			defer st.Close()
+			full = st
+		}
+		args := make([]any, 0, 3*linkBatch)
+		for rest := ds; len(rest) > 0; {
+			k := min(len(rest), linkBatch)
+			args = args[:0]
+			for i := range rest[:k] {
+				args = append(args, name, rest[i][:], now)
+			}
+			var res sql.Result
+			var err error
+			if k == linkBatch {
+				res, err = full.ExecContext(ctx, args...)
+			} else {
+				res, err = tx.ExecContext(ctx, linkRowsQuery(r.dialect, k), args...)
+			}
+			if err != nil {
+				return r.linkFailed(ctx, name, err)
+			}
+			n, err := res.RowsAffected()
+			if err != nil {
+				return err
+			}
+			total += int(n)
+			rest = rest[k:]
+		}
+		return nil
+	})
+	if err != nil {
+		return 0, wrap("linkmany", name, blob.Digest{}, err)
+	}
+	return total, nil
+}
+
+func (r *SQL) inTx(ctx context.Context, f func(tx *sql.Tx) error) error {
+	tx, err := r.db.BeginTx(ctx, nil)
+	if err != nil {
+		return err
+	}
+	if err := f(tx); err != nil {
+		tx.Rollback()
+		return err
+	}
+	return tx.Commit()
+}
+
+// Unlink implements Registry.
+func (r *SQL) Unlink(ctx context.Context, name string, d blob.Digest) error {
+	if err := check(ctx, name); err != nil {
+		return wrap("unlink", name, d, err)
+	}
+	res, err := r.db.ExecContext(ctx, r.q.unlink, name, d[:])
+	var n int64
+	if err == nil {
+		n, err = res.RowsAffected()
+	}
+	if err != nil || n == 1 {
+		return wrap("unlink", name, d, err)
+	}
+	return wrap("unlink", name, d, r.absent(ctx, name, blob.ErrMissing))
+}
+
+// absent explains a miss: ErrNotFound if the namespace is gone, else miss.
+func (r *SQL) absent(ctx context.Context, name string, miss error) error {
+	ok, err := r.exists(ctx, r.db, name)
+	switch {
+	case err != nil:
+		return err
+	case !ok:
+		return ErrNotFound
+	}
+	return miss
+}
+
+// Has implements Registry.
+func (r *SQL) Has(ctx context.Context, name string, d blob.Digest) (Ref, bool, error) {
+	if err := check(ctx, name); err != nil {
+		return Ref{}, false, wrap("has", name, d, err)
+	}
+	var at int64
+	err := r.db.QueryRowContext(ctx, r.q.has, name, d[:]).Scan(&at)
+	switch {
+	case errors.Is(err, sql.ErrNoRows):
+		return Ref{}, false, wrap("has", name, d, r.absent(ctx, name, nil))
+	case err != nil:
+		return Ref{}, false, wrap("has", name, d, err)
+	}
+	return Ref{Digest: d, LinkedAt: time.Unix(0, at)}, true, nil
+}
+
+// Count implements Registry. It counts the namespace's primary-key range,
+// O(references); see the package doc.
+func (r *SQL) Count(ctx context.Context, name string) (int64, error) {
+	if err := check(ctx, name); err != nil {
+		return 0, wrap("count", name, blob.Digest{}, err)
+	}
+	var n int64
+	if err := r.db.QueryRowContext(ctx, r.q.count, name).Scan(&n); err != nil {
+		return 0, wrap("count", name, blob.Digest{}, err)
+	}
+	if n == 0 {
+		return 0, wrap("count", name, blob.Digest{}, r.absent(ctx, name, nil))
+	}
+	return n, nil
+}
+
+// Entries implements Registry.
+func (r *SQL) Entries(ctx context.Context, name string, after blob.Digest) iter.Seq2[Ref, error] {
+	if err := ValidName(name); err != nil {
+		return fail[Ref](wrap("entries", name, blob.Digest{}, err))
+	}
+	return paged(ctx, "entries", name, func(first bool, last Ref) ([]Ref, error) {
+		from := last.Digest[:]
+		if first {
+			from = key(after)
+		}
+		rows, err := r.db.QueryContext(ctx, r.q.entries, name, from, pageSize)
+		if err != nil {
+			return nil, err
+		}
+		defer rows.Close()
+		out := make([]Ref, 0, pageSize)
+		for rows.Next() {
+			var b []byte
+			var at int64
+			if err := rows.Scan(&b, &at); err != nil {
+				return nil, err
+			}
+			d, err := digestCol(b)
+			if err != nil {
+				return nil, err
+			}
+			out = append(out, Ref{Digest: d, LinkedAt: time.Unix(0, at)})
+		}
+		if err := rows.Err(); err != nil {
+			return nil, err
+		}
+		if first && len(out) == 0 {
+			return nil, r.absent(ctx, name, nil)
+		}
+		return out, nil
+	})
+}
+
+// IsLive implements gc.Source with one index probe on ns_refs(digest).
+func (r *SQL) IsLive(ctx context.Context, d blob.Digest) (bool, error) {
+	var one int
+	err := r.db.QueryRowContext(ctx, r.q.isLive, d[:]).Scan(&one)
+	switch {
+	case errors.Is(err, sql.ErrNoRows):
+		return false, nil
+	case err != nil:
+		return false, wrap("islive", "", d, err)
+	}
+	return true, nil
+}
+
+// Live implements gc.Source: DISTINCT over the ns_refs(digest) index, paged
+// by key.
+func (r *SQL) Live(ctx context.Context) iter.Seq2[blob.Digest, error] {
+	return paged(ctx, "live", "", func(first bool, last blob.Digest) ([]blob.Digest, error) {
+		from := last[:]
+		if first {
+			from = key(blob.Digest{})
+		}
+		rows, err := r.db.QueryContext(ctx, r.q.live, from, pageSize)
+		if err != nil {
+			return nil, err
+		}
+		defer rows.Close()
+		out := make([]blob.Digest, 0, pageSize)
+		for rows.Next() {
+			var b []byte
+			if err := rows.Scan(&b); err != nil {
+				return nil, err
+			}
+			d, err := digestCol(b)
+			if err != nil {
+				return nil, err
+			}
+			out = append(out, d)
+		}
+		return out, rows.Err()
+	})
+}
+
+// key is the lower bound of a listing that starts after d. The zero digest
+// binds as the empty blob, which sorts below every 32-byte key in both
+// dialects, so a listing from zero includes the zero digest itself.
+func key(d blob.Digest) []byte {
+	if d.IsZero() {
+		return []byte{}
+	}
+	return d[:]
+}
+
+func digestCol(b []byte) (blob.Digest, error) {
+	var d blob.Digest
+	if len(b) != blob.Size {
+		return d, fmt.Errorf("corrupt ns_refs row: digest of %d bytes", len(b))
+	}
+	copy(d[:], b)
+	return d, nil
+}

@@ -1,0 +1,74 @@
+package namespaces
+
+import (
+	"context"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/alkblobfs/alkblobfs/engines/sqlite"
+)
+
+func TestRebind(t *testing.T) {
+	q := `SELECT a FROM t WHERE x = ? AND y > ? LIMIT ?`
+	if got := rebind("sqlite", q); got != q {
+		t.Fatalf("sqlite rebind changed the query: %s", got)
+	}
+	if got, want := rebind("postgres", q), `SELECT a FROM t WHERE x = $1 AND y > $2 LIMIT $3`; got != want {
+		t.Fatalf("postgres rebind = %s, want %s", got, want)
+	}
+	pg := newQueries("postgres")
+	if strings.Contains(pg.linkRows, "?") || !strings.Contains(pg.linkRows, "$768") || strings.Contains(pg.linkRows, "$769") {
+		t.Fatalf("postgres batch insert placeholders wrong: ...%s", pg.linkRows[len(pg.linkRows)-60:])
+	}
+	if _, ok := ddl["postgres"]; !ok {
+		t.Fatal("no postgres DDL")
+	}
+}
+
+// TestSQLiteQueryPlans: the hot queries use the indexes rather than a scan
+// and a sort — what keeps IsLive a probe and Live and Entries streaming at
+// millions of rows.
+func TestSQLiteQueryPlans(t *testing.T) {
+	ctx := context.Background()
+	e, err := sqlite.Open(ctx, filepath.Join(t.TempDir(), "kv.db"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer e.Close()
+	r, err := OpenSQL(ctx, e.DB(), "sqlite", nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	k := make([]byte, 32)
+	for _, tc := range []struct {
+		name, q string
+		args    []any
+	}{
+		{"isLive", r.q.isLive, []any{k}},
+		{"live", r.q.live, []any{k, 10}},
+		{"entries", r.q.entries, []any{"a", k, 10}},
+		{"names", r.q.names, []any{"a", 10}},
+		{"count", r.q.count, []any{"a"}},
+	} {
+		rows, err := e.DB().QueryContext(ctx, "EXPLAIN QUERY PLAN "+tc.q, tc.args...)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var plan []string
+		for rows.Next() {
+			var id, parent, notused int
+			var detail string
+			if err := rows.Scan(&id, &parent, &notused, &detail); err != nil {
+				t.Fatal(err)
+			}
+			plan = append(plan, detail)
+		}
+		rows.Close()
+		p := strings.Join(plan, "; ")
+		t.Logf("%s: %s", tc.name, p)
+		if strings.Contains(p, "TEMP B-TREE") || (strings.HasPrefix(p, "SCAN") && !strings.Contains(p, "INDEX")) {
+			t.Errorf("%s plan sorts or scans without an index: %s", tc.name, p)
+		}
+	}
+}

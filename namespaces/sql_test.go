@@ -1,0 +1,174 @@
+package namespaces_test
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"path/filepath"
+	"testing"
+	"time"
+
+	"github.com/alkblobfs/alkblobfs/blob"
+	"github.com/alkblobfs/alkblobfs/engines/mem"
+	"github.com/alkblobfs/alkblobfs/engines/sqlite"
+	"github.com/alkblobfs/alkblobfs/namespaces"
+	"github.com/alkblobfs/alkblobfs/namespaces/nstest"
+)
+
+func TestSQLite(t *testing.T) {
+	nstest.Run(t, func(t *testing.T, c namespaces.Clock) namespaces.Registry { return openSQLite(t, c) })
+}
+
+// openSQLite returns a registry in a fresh engines/sqlite database, as Open
+// wires it for a store.
+func openSQLite(t testing.TB, c namespaces.Clock) *namespaces.SQL {
+	t.Helper()
+	r, _ := openSQLiteEngine(t, filepath.Join(t.TempDir(), "kv.db"), c)
+	return r
+}
+
+func openSQLiteEngine(t testing.TB, path string, c namespaces.Clock) (*namespaces.SQL, *sqlite.Engine) {
+	t.Helper()
+	e, err := sqlite.Open(context.Background(), path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { e.Close() })
+	r, err := namespaces.Open(context.Background(), e, c)
+	if err != nil {
+		t.Fatal(err)
+	}
+	s, ok := r.(*namespaces.SQL)
+	if !ok {
+		t.Fatalf("Open(sqlite engine) = %T, want *namespaces.SQL", r)
+	}
+	return s, e
+}
+
+func TestOpenPicksImplementation(t *testing.T) {
+	ctx := t.Context()
+	if r, err := namespaces.Open(ctx, mem.New(), nil); err != nil {
+		t.Fatal(err)
+	} else if _, ok := r.(*namespaces.Mem); !ok {
+		t.Fatalf("Open(mem engine) = %T, want *namespaces.Mem", r)
+	}
+	if r, err := namespaces.Open(ctx, nil, nil); err != nil {
+		t.Fatal(err)
+	} else if _, ok := r.(*namespaces.Mem); !ok {
+		t.Fatalf("Open(nil) = %T, want *namespaces.Mem", r)
+	}
+	openSQLite(t, nil) // asserts *SQL
+	if _, err := namespaces.OpenSQL(ctx, &sql.DB{}, "oracle", nil); err == nil {
+		t.Fatal("OpenSQL accepted an unknown dialect")
+	}
+}
+
+// TestSQLitePersists: namespaces and references survive closing and
+// reopening the database, and opening twice is harmless.
+func TestSQLitePersists(t *testing.T) {
+	ctx := t.Context()
+	path := filepath.Join(t.TempDir(), "kv.db")
+	clock := nstest.NewClock(time.Unix(1_700_000_000, 123456789))
+	r, e := openSQLiteEngine(t, path, clock)
+	if err := r.Create(ctx, "keep"); err != nil {
+		t.Fatal(err)
+	}
+	d := blob.Sum([]byte("persisted"))
+	if _, err := r.Link(ctx, "keep", d); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := namespaces.OpenSQL(ctx, e.DB(), e.Dialect(), clock); err != nil {
+		t.Fatalf("second OpenSQL on the same database: %v", err)
+	}
+	if err := e.Close(); err != nil {
+		t.Fatal(err)
+	}
+	r, _ = openSQLiteEngine(t, path, nil)
+	ref, ok, err := r.Has(ctx, "keep", d)
+	if err != nil || !ok || !ref.LinkedAt.Equal(clock.Now()) {
+		t.Fatalf("after reopen: Has = %v, %v, %v; want linked at %v", ref, ok, err, clock.Now())
+	}
+}
+
+// TestSQLiteLinkTx: a link made in a put's transaction commits and rolls
+// back with the put.
+func TestSQLiteLinkTx(t *testing.T) {
+	ctx := t.Context()
+	r, e := openSQLiteEngine(t, filepath.Join(t.TempDir(), "kv.db"), nil)
+	if err := r.Create(ctx, "a"); err != nil {
+		t.Fatal(err)
+	}
+
+	// The put fails after the link: neither the entry nor the link remain.
+	v := []byte("rolled back")
+	d := blob.Sum(v)
+	boom := errors.New("boom")
+	_, err := e.PutTx(ctx, d, v, func(ctx context.Context, tx *sql.Tx) error {
+		if linked, err := r.LinkTx(ctx, tx, "a", d); err != nil || !linked {
+			t.Fatalf("LinkTx = %v, %v", linked, err)
+		}
+		return boom
+	})
+	if !errors.Is(err, boom) {
+		t.Fatalf("PutTx = %v, want boom", err)
+	}
+	if _, ok, _ := r.Has(ctx, "a", d); ok {
+		t.Fatal("link survived the rolled-back put")
+	}
+	if ok, _ := e.Has(ctx, d); ok {
+		t.Fatal("entry survived the rolled-back put")
+	}
+
+	// A link into an absent namespace fails the put as a whole.
+	_, err = e.PutTx(ctx, d, v, func(ctx context.Context, tx *sql.Tx) error {
+		_, err := r.LinkTx(ctx, tx, "nope", d)
+		return err
+	})
+	if !errors.Is(err, namespaces.ErrNotFound) {
+		t.Fatalf("PutTx linking into an absent namespace = %v, want ErrNotFound", err)
+	}
+	if ok, _ := e.Has(ctx, d); ok {
+		t.Fatal("entry committed although its link failed")
+	}
+
+	// Success: both commit.
+	if _, err := e.PutTx(ctx, d, v, func(ctx context.Context, tx *sql.Tx) error {
+		_, err := r.LinkTx(ctx, tx, "a", d)
+		return err
+	}); err != nil {
+		t.Fatal(err)
+	}
+	if _, ok, _ := r.Has(ctx, "a", d); !ok {
+		t.Fatal("link missing after a committed put")
+	}
+	if ok, _ := e.Has(ctx, d); !ok {
+		t.Fatal("entry missing after a committed put")
+	}
+}
+
+// TestSQLiteCorruptRow: a malformed digest in the table is an error, not a
+// wrong digest.
+func TestSQLiteCorruptRow(t *testing.T) {
+	ctx := t.Context()
+	r, e := openSQLiteEngine(t, filepath.Join(t.TempDir(), "kv.db"), nil)
+	if err := r.Create(ctx, "a"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := e.DB().ExecContext(ctx, `INSERT INTO ns_refs (ns, digest, linked_at) VALUES ('a', x'0102', 0)`); err != nil {
+		t.Fatal(err)
+	}
+	var errs []error
+	for _, err := range r.Entries(ctx, "a", blob.Digest{}) {
+		errs = append(errs, err)
+	}
+	if len(errs) != 1 || errs[0] == nil {
+		t.Fatalf("Entries over a corrupt row yielded %v, want one error", errs)
+	}
+	var live []error
+	for _, err := range r.Live(ctx) {
+		live = append(live, err)
+	}
+	if len(live) != 1 || live[0] == nil {
+		t.Fatalf("Live over a corrupt row yielded %v, want one error", live)
+	}
+}

@@ -1,0 +1,61 @@
+#!/usr/bin/env bash
+# ci-deps.sh installs the Debian packages that the test suite calls:
+# rsync, fuse3, attr, bindfs, psmisc and the PostgreSQL server binaries.
+#
+# Idempotent: each package is checked by a command it provides, and apt-get
+# (update included) runs only when something is missing. Needs root (or
+# sudo) only in that case.
+set -euo pipefail
+
+need=()
+
+# want COMMAND PACKAGE: PACKAGE is needed unless COMMAND is on PATH.
+want() {
+	command -v "$1" >/dev/null 2>&1 || need+=("$2")
+}
+
+want rsync rsync
+want fusermount3 fuse3
+want getfattr attr
+want bindfs bindfs
+want fuser psmisc
+
+# Debian keeps the server binaries off PATH, in /usr/lib/postgresql/N/bin.
+pg_bindir() {
+	local d
+	d=$(ls -d /usr/lib/postgresql/*/bin 2>/dev/null | sort -V | tail -n 1)
+	[[ -n $d && -x $d/initdb ]] && echo "$d"
+}
+if ! command -v initdb >/dev/null 2>&1 && ! pg_bindir >/dev/null; then
+	need+=(postgresql)
+fi
+
+# as_root runs a command as root: directly, or through sudo.
+as_root() {
+	if [[ $(id -u) == 0 ]]; then
+		"$@"
+	elif command -v sudo >/dev/null 2>&1; then
+		sudo "$@"
+	else
+		echo "ci-deps: need root (or sudo) to run: $*" >&2
+		exit 1
+	fi
+}
+
+if ((${#need[@]} > 0)); then
+	echo "ci-deps: installing ${need[*]}"
+	as_root env DEBIAN_FRONTEND=noninteractive apt-get update -qq
+	as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${need[@]}"
+fi
+
+# Put initdb, pg_ctl and postgres on PATH, as test scripts look them up with
+# command -v.
+if ! command -v initdb >/dev/null 2>&1; then
+	bindir=$(pg_bindir) || { echo "ci-deps: no initdb after installing postgresql" >&2; exit 1; }
+	for b in initdb pg_ctl postgres; do
+		as_root ln -sf "$bindir/$b" "/usr/local/bin/$b"
+	done
+	echo "ci-deps: linked $bindir/{initdb,pg_ctl,postgres} into /usr/local/bin"
+fi
+
+echo "ci-deps: ok"

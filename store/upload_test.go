@@ -1,0 +1,139 @@
+package store_test
+
+import (
+	"bytes"
+	"crypto/sha256"
+	"errors"
+	"io"
+	"testing"
+
+	"github.com/alkblobfs/alkblobfs/blob"
+	"github.com/alkblobfs/alkblobfs/store"
+)
+
+func TestUpload(t *testing.T) {
+	for _, l := range layouts {
+		t.Run(l.name, func(t *testing.T) {
+			s := openStore(t, l, t.TempDir())
+			sizes := []int{0, 100, threshold}
+			if l.large {
+				sizes = append(sizes, threshold*3, 300_000)
+			}
+			for _, n := range sizes {
+				data := randBytes(n)
+				// Sequential in odd-sized writes (hashed incrementally),
+				// then random: the tail first, then the head, with a
+				// rewrite in the middle (re-read at commit).
+				for _, pattern := range []string{"sequential", "random"} {
+					u, err := s.NewUpload(t.Context())
+					if err != nil {
+						t.Fatal(err)
+					}
+					switch pattern {
+					case "sequential":
+						for off := 0; off < n; off += 777 {
+							u.WriteAt(data[off:min(n, off+777)], int64(off))
+						}
+					case "random":
+						h := n / 2
+						u.WriteAt(data[h:], int64(h))
+						u.WriteAt(bytes.Repeat([]byte{'x'}, h), 0)
+						u.WriteAt(data[:h], 0)
+					}
+					if u.Size() != int64(n) {
+						t.Fatalf("size %d, want %d", u.Size(), n)
+					}
+					back := make([]byte, n)
+					if _, err := u.ReadAt(back, 0); err != nil && !errors.Is(err, io.EOF) || !bytes.Equal(back, data) {
+						t.Fatalf("read back before commit: %v", err)
+					}
+					d, pin, err := u.Commit(t.Context(), nil)
+					if err != nil {
+						t.Fatalf("%s commit of %d bytes: %v", pattern, n, err)
+					}
+					pin.Release()
+					if d != sha256.Sum256(data) {
+						t.Fatalf("%s: wrong digest", pattern)
+					}
+					if !bytes.Equal(readAll(t, s, d), data) {
+						t.Fatalf("%s: content differs", pattern)
+					}
+					if err := u.Discard(); err != nil {
+						t.Fatalf("discard after commit: %v", err)
+					}
+				}
+			}
+			assertClean(t, s)
+		})
+	}
+}
+
+func TestUploadTruncateAndSparse(t *testing.T) {
+	s := openStore(t, layouts[2], t.TempDir())
+	u, _ := s.NewUpload(t.Context())
+	u.WriteAt(randBytes(threshold*4), 0)
+	if err := u.Truncate(0); err != nil { // O_TRUNC after a first attempt
+		t.Fatal(err)
+	}
+	data := randBytes(threshold * 2)
+	u.WriteAt(data, 0)
+	u.Truncate(threshold*3 + 10) // extend: a zero tail
+	want := append(data, make([]byte, threshold+10)...)
+	d, pin, err := u.Commit(t.Context(), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	pin.Release()
+	if d != sha256.Sum256(want) {
+		t.Fatal("truncate/extend: wrong digest")
+	}
+	// A sparse file: a hole before the only write.
+	u, _ = s.NewUpload(t.Context())
+	u.WriteAt([]byte("tail"), 1<<20)
+	d, pin, err = u.Commit(t.Context(), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	pin.Release()
+	if d != sha256.Sum256(append(make([]byte, 1<<20), "tail"...)) {
+		t.Fatal("sparse: wrong digest")
+	}
+	assertClean(t, s)
+}
+
+func TestUploadVerifiedAndDiscard(t *testing.T) {
+	for _, l := range layouts {
+		t.Run(l.name, func(t *testing.T) {
+			s := openStore(t, l, t.TempDir())
+			for _, n := range []int{10, threshold * 3} {
+				if n > threshold && !l.large {
+					continue
+				}
+				data := randBytes(n)
+				u, _ := s.NewUpload(t.Context())
+				u.WriteAt(data, 0)
+				wrong := blob.Sum([]byte("nope"))
+				if _, _, err := u.Commit(t.Context(), &wrong); !errors.Is(err, store.ErrVerification) {
+					t.Fatalf("verified upload mismatch: %v", err)
+				}
+				u, _ = s.NewUpload(t.Context())
+				u.WriteAt(data, 0)
+				if err := u.Discard(); err != nil {
+					t.Fatal(err)
+				}
+				if _, _, err := u.Commit(t.Context(), nil); err == nil {
+					t.Fatal("commit after discard succeeded")
+				}
+				right := blob.Sum(data)
+				u, _ = s.NewUpload(t.Context())
+				u.WriteAt(data, 0)
+				if _, pin, err := u.Commit(t.Context(), &right); err != nil {
+					t.Fatal(err)
+				} else {
+					pin.Release()
+				}
+			}
+			assertClean(t, s)
+		})
+	}
+}

@@ -1,0 +1,187 @@
+package store
+
+import (
+	"context"
+	"crypto/sha256"
+	"errors"
+	"fmt"
+	"hash"
+	"io"
+	"sync"
+	"sync/atomic"
+
+	"github.com/alkblobfs/alkblobfs/blob"
+	"github.com/alkblobfs/alkblobfs/engines"
+)
+
+// verifier checks a large blob's range reads. With chunk checksums it
+// reads whole chunks and checks each one it touches; without them (no
+// sidecar: an engine that keeps none, or a sidecar lost in a crash) it
+// hashes the blob from offset 0 up to the end of each range, so a read is
+// served only from a prefix already hashed, and the blob is known good once
+// the hash reaches EOF and matches. The prefix form costs one sequential
+// pass in all, and a far-end first read waits for it.
+type verifier struct {
+	r    *Reader
+	sums chunkSums // nil: prefix form
+
+	// chunk form: which chunks have been checked, for full().
+	checked []atomic.Uint64
+	left    atomic.Int64
+
+	// prefix form.
+	mu     sync.Mutex
+	h      hash.Hash
+	hashed int64
+	bad    error // sticky verification failure
+	good   atomic.Bool
+}
+
+func newVerifier(ctx context.Context, r *Reader, e engines.Engine) *verifier {
+	v := &verifier{r: r}
+	if sr, ok := e.(engines.SidecarReader); ok {
+		b, err := sr.Sidecar(ctx, r.d)
+		switch {
+		case err == nil:
+			sums, perr := parseSums(b, r.size)
+			if perr == nil {
+				v.sums = sums
+			} else {
+				r.s.log.Warn("ignoring chunk checksums; verifying from offset 0", "digest", r.d, "engine", r.engine, "err", perr)
+			}
+		case !errors.Is(err, ErrMissing):
+			r.s.log.Warn("reading chunk checksums; verifying from offset 0", "digest", r.d, "engine", r.engine, "err", err)
+		}
+	}
+	if v.sums != nil {
+		v.checked = make([]atomic.Uint64, (len(v.sums)+63)/64)
+		v.left.Store(int64(len(v.sums)))
+	} else {
+		v.h = sha256.New()
+	}
+	if r.size == 0 {
+		v.good.Store(true)
+	}
+	return v
+}
+
+func (v *verifier) full() bool {
+	if v.sums != nil {
+		return v.left.Load() == 0
+	}
+	return v.good.Load()
+}
+
+func (v *verifier) readAt(p []byte, off int64) (int, error) {
+	if off >= v.r.size {
+		return 0, io.EOF
+	}
+	if v.sums == nil {
+		if err := v.hashTo(min(v.r.size, off+int64(len(p)))); err != nil {
+			return 0, err
+		}
+		return v.r.rawReadAt(p, off)
+	}
+	return v.readChunks(p, off)
+}
+
+// readChunks reads the chunk-aligned span covering [off, off+len(p)) and
+// checks every chunk in it before copying out.
+func (v *verifier) readChunks(p []byte, off int64) (int, error) {
+	r := v.r
+	end := min(r.size, off+int64(len(p)))
+	first, last := off/chunkSize, (end-1)/chunkSize
+	spanOff := first * chunkSize
+	spanEnd := min(r.size, (last+1)*chunkSize)
+	span := p
+	aligned := spanOff == off && spanEnd == end
+	if !aligned {
+		bp := spanBufs.Get().(*[]byte)
+		defer spanBufs.Put(bp)
+		if int64(cap(*bp)) < spanEnd-spanOff {
+			*bp = make([]byte, spanEnd-spanOff)
+		}
+		span = (*bp)[:spanEnd-spanOff]
+	} else {
+		span = p[:end-off]
+	}
+	n, err := r.cur.ReadAt(span, spanOff)
+	if int64(n) < spanEnd-spanOff {
+		if err == nil || errors.Is(err, io.EOF) {
+			err = io.ErrUnexpectedEOF
+		}
+		return 0, blob.Wrap("read", r.engine, r.d, fmt.Errorf("at %d: %w", spanOff, err))
+	}
+	for i := first; i <= last; i++ {
+		lo := (i - first) * chunkSize
+		hi := min(lo+chunkSize, int64(len(span)))
+		if !v.sums.check(i, span[lo:hi]) {
+			return 0, blob.Wrap("read", r.engine, r.d, fmt.Errorf("%w: chunk at offset %d fails its checksum", ErrVerification, i*chunkSize))
+		}
+		v.mark(i)
+	}
+	if !aligned {
+		copy(p, span[off-spanOff:end-spanOff])
+	}
+	if end-off < int64(len(p)) {
+		return int(end - off), io.EOF
+	}
+	return int(end - off), nil
+}
+
+func (v *verifier) mark(i int64) {
+	w, bit := &v.checked[i/64], uint64(1)<<(i%64)
+	for {
+		old := w.Load()
+		if old&bit != 0 {
+			return
+		}
+		if w.CompareAndSwap(old, old|bit) {
+			v.left.Add(-1)
+			return
+		}
+	}
+}
+
+// hashTo extends the verified prefix to at least end; at EOF it compares.
+func (v *verifier) hashTo(end int64) error {
+	if v.good.Load() {
+		return nil
+	}
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	if v.bad != nil {
+		return v.bad
+	}
+	r := v.r
+	if v.hashed < end {
+		bp := copyBufs.Get().(*[]byte)
+		defer copyBufs.Put(bp)
+		// Hash to EOF once started far enough: a reader that needs most of
+		// the blob will need the rest, and only EOF proves it good.
+		for v.hashed < end || (v.hashed < r.size && end == r.size) {
+			k := min(int64(len(*bp)), r.size-v.hashed)
+			n, err := r.cur.ReadAt((*bp)[:k], v.hashed)
+			v.h.Write((*bp)[:n])
+			v.hashed += int64(n)
+			if int64(n) < k {
+				if err == nil || errors.Is(err, io.EOF) {
+					err = io.ErrUnexpectedEOF
+				}
+				return blob.Wrap("read", r.engine, r.d, fmt.Errorf("at %d: %w", v.hashed, err))
+			}
+		}
+	}
+	if v.hashed == r.size {
+		var got Digest
+		v.h.Sum(got[:0])
+		if got != r.d {
+			v.bad = blob.Wrap("read", r.engine, r.d, fmt.Errorf("%w: content hashes to %s", ErrVerification, got))
+			return v.bad
+		}
+		v.good.Store(true)
+	}
+	return nil
+}
+
+var spanBufs = sync.Pool{New: func() any { b := make([]byte, 0, 2*chunkSize); return &b }}
