@@ -24,12 +24,12 @@ const threshold = 4 << 10 // small, so tests exercise both tiers cheaply
 
 type layout struct {
 	name  string
-	open  func(t *testing.T, dir string) store.Config
+	open  func(t testing.TB, dir string) store.Config
 	large bool // has a large tier
 	kv    bool
 }
 
-func sqliteKV(t *testing.T, dir string) engines.KV {
+func sqliteKV(t testing.TB, dir string) engines.KV {
 	t.Helper()
 	e, err := sqlite.Open(t.Context(), filepath.Join(dir, "kv.db"))
 	if err != nil {
@@ -38,7 +38,7 @@ func sqliteKV(t *testing.T, dir string) engines.KV {
 	return e
 }
 
-func localLarge(t *testing.T, dir string) engines.Large {
+func localLarge(t testing.TB, dir string) engines.Large {
 	t.Helper()
 	e, err := local.Open(t.Context(), filepath.Join(dir, "large"), nil)
 	if err != nil {
@@ -48,27 +48,27 @@ func localLarge(t *testing.T, dir string) engines.Large {
 }
 
 var layouts = []layout{
-	{"mem-only", func(t *testing.T, dir string) store.Config {
+	{"mem-only", func(t testing.TB, dir string) store.Config {
 		return store.Config{KV: mem.New(), Mode: store.ModeMemOnly}
 	}, false, true},
-	{"kv-only-sqlite", func(t *testing.T, dir string) store.Config {
+	{"kv-only-sqlite", func(t testing.TB, dir string) store.Config {
 		return store.Config{KV: sqliteKV(t, dir)}
 	}, false, true},
-	{"sqlite+local", func(t *testing.T, dir string) store.Config {
+	{"sqlite+local", func(t testing.TB, dir string) store.Config {
 		return store.Config{KV: sqliteKV(t, dir), Large: localLarge(t, dir)}
 	}, true, true},
-	{"mem+local", func(t *testing.T, dir string) store.Config {
+	{"mem+local", func(t testing.TB, dir string) store.Config {
 		return store.Config{KV: mem.New(), Large: localLarge(t, dir)}
 	}, true, true},
-	{"mem+mem", func(t *testing.T, dir string) store.Config {
+	{"mem+mem", func(t testing.TB, dir string) store.Config {
 		return store.Config{KV: mem.New(), Large: mem.New()}
 	}, true, true},
-	{"large-only-local", func(t *testing.T, dir string) store.Config {
+	{"large-only-local", func(t testing.TB, dir string) store.Config {
 		return store.Config{Large: localLarge(t, dir)}
 	}, true, false},
 }
 
-func openStore(t *testing.T, l layout, dir string) *store.Store {
+func openStore(t testing.TB, l layout, dir string) *store.Store {
 	t.Helper()
 	cfg := l.open(t, dir)
 	cfg.Threshold = threshold

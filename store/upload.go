@@ -29,7 +29,7 @@ type Upload struct {
 	// in place); false for a scratch file.
 	own  bool
 	size int64
-	h    *contentHash // nil once writes stopped being sequential
+	h    *pipeHash // nil once writes stopped being sequential
 	done bool
 }
 
@@ -38,7 +38,7 @@ func (s *Store) NewUpload(ctx context.Context) (*Upload, error) {
 	if s.closed.Load() {
 		return nil, ErrClosed
 	}
-	u := &Upload{s: s, h: newContentHash()}
+	u := &Upload{s: s, h: newPipeHash()}
 	if s.large != nil {
 		st, err := s.large.Stage(ctx)
 		if err != nil {
@@ -76,7 +76,7 @@ func (u *Upload) WriteAt(p []byte, off int64) (int, error) {
 		if off == u.h.n && off == u.size {
 			u.h.Write(p[:n])
 		} else {
-			u.h = nil // rewritten or sparse: re-read at Commit
+			u.stopHash() // rewritten or sparse: re-read at Commit
 		}
 	}
 	u.size = max(u.size, off+int64(n))
@@ -111,10 +111,11 @@ func (u *Upload) Truncate(size int64) error {
 		return err
 	}
 	switch {
-	case size == 0:
-		u.h = newContentHash()
+	case size == 0 && (u.h == nil || u.h.n > 0):
+		u.stopHash()
+		u.h = newPipeHash()
 	case u.h != nil && size != u.h.n:
-		u.h = nil
+		u.stopHash()
 	}
 	u.size = size
 	return nil
@@ -138,6 +139,11 @@ func (u *Upload) Commit(ctx context.Context, want *Digest, opts ...PutOption) (D
 	}
 	u.done = true
 	defer u.st.Discard()
+	var h *contentHash
+	if u.h != nil && u.h.n == u.size {
+		h = u.h.finish()
+	}
+	u.stopHash()
 	s, o := u.s, applyOpts(opts)
 	if s.kv != nil && u.size <= s.threshold {
 		b := make([]byte, u.size)
@@ -152,8 +158,7 @@ func (u *Upload) Commit(ctx context.Context, want *Digest, opts ...PutOption) (D
 	if !u.own {
 		return s.putLarge(ctx, nil, io.NewSectionReader(u.st, 0, u.size), u.size, want, o)
 	}
-	h := u.h
-	if h == nil || h.n != u.size {
+	if h == nil {
 		h = newContentHash()
 		if err := s.copyInto(ctx, io.Discard, h, nil, io.NewSectionReader(u.st, 0, u.size), u.size); err != nil {
 			return Digest{}, nil, err
@@ -170,7 +175,17 @@ func (u *Upload) Discard() error {
 		return nil
 	}
 	u.done = true
+	u.stopHash()
 	return u.st.Discard()
+}
+
+// stopHash ends the incremental hash, if any, without leaking its
+// goroutine.
+func (u *Upload) stopHash() {
+	if u.h != nil {
+		u.h.finish()
+		u.h = nil
+	}
 }
 
 // scratchFile stages an upload outside the engines, for stores whose large
