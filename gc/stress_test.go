@@ -10,6 +10,7 @@ import (
 
 	"github.com/alkblobfs/alkblobfs/blob"
 	"github.com/alkblobfs/alkblobfs/gc"
+	"github.com/alkblobfs/alkblobfs/gc/gctest"
 )
 
 // TestStress drives puts, pins, links, unlinks and sweeps concurrently and
@@ -32,13 +33,13 @@ func TestStress(t *testing.T) {
 
 func stress(t *testing.T, durable bool, rounds int) {
 	const keys, workers = 64, 6
-	p := newPool()
-	src := newSource()
+	src := gctest.NewSource()
 	opts := gc.Options{}
 	if durable {
-		opts.Window = newWindow()
+		opts.Window = gc.NewMemWindow()
 	}
-	c := gc.New(p, opts)
+	p := gctest.NewPool(opts)
+	c := p.C
 	c.Register(src)
 
 	// held counts pins the test holds: incremented after Pin returns,
@@ -49,7 +50,7 @@ func stress(t *testing.T, durable bool, rounds int) {
 		idx[dg(i)] = i
 	}
 	var violations atomic.Int32
-	p.onDelete = func(d blob.Digest) {
+	p.OnDelete = func(d blob.Digest) {
 		if held[idx[d]].Load() > 0 {
 			t.Errorf("deleted %s while pinned", d.Short())
 			violations.Add(1)
@@ -74,7 +75,7 @@ func stress(t *testing.T, durable bool, rounds int) {
 				case 0: // put: pin before publish, keep the pin a while
 					pin := c.Pin(d)
 					held[i].Add(1)
-					p.add(d)
+					p.Add(d)
 					mine = append(mine, pin)
 				case 1: // release an older pin
 					if len(mine) > 0 {
@@ -86,13 +87,13 @@ func stress(t *testing.T, durable bool, rounds int) {
 				case 2: // link, as the namespaces service does: pin, check, link, release
 					pin := c.Pin(d)
 					held[i].Add(1)
-					if p.has(d) {
-						src.set(d, true)
+					if p.Holds(d) {
+						src.Set(d, true)
 					}
 					held[i].Add(-1)
 					pin.Release()
 				case 3:
-					src.set(d, false)
+					src.Set(d, false)
 				case 4:
 					_ = c.Delete(context.Background(), d)
 				}
@@ -127,17 +128,17 @@ func stress(t *testing.T, durable bool, rounds int) {
 	for range 2 {
 		mustSweep(t, c)
 	}
-	for d := range p.m {
+	for _, d := range p.Digests() {
 		if live, _ := src.IsLive(t.Context(), d); !live {
 			t.Errorf("%s unreferenced and unpinned, but survived", d.Short())
 		}
 	}
-	for d := range src.m {
-		if !p.has(d) {
+	for _, d := range src.Digests() {
+		if !p.Holds(d) {
 			t.Errorf("%s referenced but deleted", d.Short())
 		}
 	}
-	t.Logf("%d sweeps, %d entries left, all referenced", sweeps.Load(), p.len())
+	t.Logf("%d sweeps, %d entries left, all referenced", sweeps.Load(), p.Len())
 }
 
 // allDone reports whether wg has reached zero, without blocking.

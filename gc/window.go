@@ -21,6 +21,12 @@ type memWindow struct {
 
 func newMemWindow() *memWindow { return &memWindow{m: make(map[blob.Digest]time.Time)} }
 
+// NewMemWindow returns an in-process window. A collector uses one by
+// default; passing one as Options.Window instead gives the durable
+// schedule (a later sweep executes what one stages) without durability,
+// which is how tests exercise that schedule without a database.
+func NewMemWindow() engines.WindowHost { return newMemWindow() }
+
 var _ engines.WindowHost = (*memWindow)(nil)
 
 func (w *memWindow) WindowStage(_ context.Context, cs []engines.Candidate) error {
@@ -62,6 +68,9 @@ func (w *memWindow) WindowRemove(_ context.Context, ds []blob.Digest) error {
 	defer w.mu.Unlock()
 	for _, d := range ds {
 		delete(w.m, d)
+	}
+	if len(w.m) == 0 {
+		w.sorted, w.dirty = nil, false
 	}
 	return nil
 }

@@ -4,169 +4,14 @@ import (
 	"context"
 	"database/sql"
 	"errors"
-	"iter"
-	"log/slog"
-	"maps"
-	"slices"
-	"sync"
 	"testing"
 	"time"
 
 	"github.com/alkblobfs/alkblobfs/blob"
-	"github.com/alkblobfs/alkblobfs/engines"
 	"github.com/alkblobfs/alkblobfs/gc"
+	"github.com/alkblobfs/alkblobfs/gc/gctest"
 	"github.com/alkblobfs/alkblobfs/namespaces"
 )
-
-// testPool is a map-backed gc.Pool and namespaces.Pool: the pool a
-// Collector sweeps, and that a Service checks and pins through.
-type testPool struct {
-	mu sync.Mutex
-	m  map[blob.Digest]int64
-	c  *gc.Collector
-	// afterHas, if set, runs inside Has after the answer is decided and
-	// before it is returned: the window between a link's check and its
-	// link.
-	afterHas func(d blob.Digest)
-}
-
-var (
-	_ gc.Pool         = (*testPool)(nil)
-	_ namespaces.Pool = (*testPool)(nil)
-)
-
-func newTestPool(o gc.Options, ds ...blob.Digest) *testPool {
-	p := &testPool{m: map[blob.Digest]int64{}}
-	o.Logger = slog.New(slog.DiscardHandler)
-	for _, d := range ds {
-		p.m[d] = 1
-	}
-	p.c = gc.New(p, o)
-	return p
-}
-
-func (p *testPool) List(ctx context.Context) iter.Seq2[engines.Entry, error] {
-	return func(yield func(engines.Entry, error) bool) {
-		p.mu.Lock()
-		keys := slices.SortedFunc(maps.Keys(p.m), blob.Digest.Compare)
-		p.mu.Unlock()
-		for _, d := range keys {
-			if !yield(engines.Entry{Digest: d, Size: 1}, nil) {
-				return
-			}
-		}
-	}
-}
-
-func (p *testPool) Delete(ctx context.Context, d blob.Digest) (int64, error) {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	n, ok := p.m[d]
-	if !ok {
-		return 0, blob.Wrap("delete", "test", d, blob.ErrMissing)
-	}
-	delete(p.m, d)
-	return n, nil
-}
-
-func (p *testPool) Has(ctx context.Context, d blob.Digest) (bool, error) {
-	p.mu.Lock()
-	_, ok := p.m[d]
-	p.mu.Unlock()
-	if p.afterHas != nil {
-		p.afterHas(d)
-	}
-	return ok, nil
-}
-
-func (p *testPool) Pin(d blob.Digest) *gc.Pin { return p.c.Pin(d) }
-
-func (p *testPool) holds(d blob.Digest) bool {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	_, ok := p.m[d]
-	return ok
-}
-
-// window is a durable-style engines.WindowHost: candidates staged by one
-// sweep wait for the next, as with a gc_window table.
-type window struct {
-	mu sync.Mutex
-	m  map[blob.Digest]time.Time
-}
-
-func newWindow() *window { return &window{m: map[blob.Digest]time.Time{}} }
-
-func (w *window) WindowStage(_ context.Context, cs []engines.Candidate) error {
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	for _, c := range cs {
-		if _, ok := w.m[c.Digest]; !ok {
-			w.m[c.Digest] = c.VisibleAfter
-		}
-	}
-	return nil
-}
-
-func (w *window) WindowDue(_ context.Context, now time.Time, after blob.Digest, limit int) ([]engines.Candidate, error) {
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	var out []engines.Candidate
-	for _, d := range slices.SortedFunc(maps.Keys(w.m), blob.Digest.Compare) {
-		if d.Compare(after) > 0 && !w.m[d].After(now) && len(out) < limit {
-			out = append(out, engines.Candidate{Digest: d, VisibleAfter: w.m[d]})
-		}
-	}
-	return out, nil
-}
-
-func (w *window) WindowRemove(_ context.Context, ds []blob.Digest) error {
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	for _, d := range ds {
-		delete(w.m, d)
-	}
-	return nil
-}
-
-func (w *window) WindowLen(context.Context) (int, error) {
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	return len(w.m), nil
-}
-
-// gcClock is a gc.Clock whose After parks the sweep until the test fires
-// it, announcing on waiting that the delete window is open.
-type gcClock struct {
-	mu      sync.Mutex
-	now     time.Time
-	waiting chan time.Duration
-	fire    chan time.Time
-}
-
-func newGCClock() *gcClock {
-	return &gcClock{now: time.Unix(1_800_000_000, 0), waiting: make(chan time.Duration, 1), fire: make(chan time.Time)}
-}
-
-func (c *gcClock) Now() time.Time {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return c.now
-}
-
-func (c *gcClock) After(d time.Duration) <-chan time.Time {
-	c.waiting <- d
-	return c.fire
-}
-
-// elapse advances the clock by the awaited delay and wakes the sweep.
-func (c *gcClock) elapse(d time.Duration) {
-	c.mu.Lock()
-	c.now = c.now.Add(d)
-	now := c.now
-	c.mu.Unlock()
-	c.fire <- now
-}
 
 // registries lists the implementations every composition test runs over.
 var registries = []struct {
@@ -183,9 +28,9 @@ func forEachRegistry(t *testing.T, f func(t *testing.T, r namespaces.Registry)) 
 	}
 }
 
-func sweep(t *testing.T, p *testPool) gc.Report {
+func sweep(t *testing.T, p *gctest.Pool) gc.Report {
 	t.Helper()
-	r, err := p.c.Sweep(context.Background())
+	r, err := p.C.Sweep(context.Background())
 	if err != nil || r.Aborted != "" {
 		t.Fatalf("sweep: %+v, %v", r, err)
 	}
@@ -199,9 +44,9 @@ func mustDo(t *testing.T, err error) {
 	}
 }
 
-func survives(t *testing.T, p *testPool, d blob.Digest, want bool, when string) {
+func survives(t *testing.T, p *gctest.Pool, d blob.Digest, want bool, when string) {
 	t.Helper()
-	if got := p.holds(d); got != want {
+	if got := p.Holds(d); got != want {
 		t.Fatalf("%s: pool holds %s = %v, want %v", when, d.Short(), got, want)
 	}
 }
@@ -212,8 +57,8 @@ func TestGCDurableWindow(t *testing.T) {
 	forEachRegistry(t, func(t *testing.T, r namespaces.Registry) {
 		ctx := t.Context()
 		d, junk, late := blob.Sum([]byte("shared")), blob.Sum([]byte("junk")), blob.Sum([]byte("late"))
-		p := newTestPool(gc.Options{Window: newWindow()}, d, junk, late)
-		p.c.Register(r)
+		p := gctest.NewPool(gc.Options{Window: gc.NewMemWindow()}, d, junk, late)
+		p.C.Register(r)
 		svc := namespaces.NewService(r, p)
 		mustDo(t, r.Create(ctx, "a"))
 		mustDo(t, r.Create(ctx, "b"))
@@ -265,8 +110,8 @@ func TestGCInProcessWindow(t *testing.T) {
 	forEachRegistry(t, func(t *testing.T, r namespaces.Registry) {
 		ctx := t.Context()
 		d := blob.Sum([]byte("shared"))
-		p := newTestPool(gc.Options{}, d) // delay 0: staged and executed by one sweep
-		p.c.Register(r)
+		p := gctest.NewPool(gc.Options{}, d) // delay 0: staged and executed by one sweep
+		p.C.Register(r)
 		mustDo(t, r.Create(ctx, "a"))
 		mustDo(t, r.Create(ctx, "b"))
 		for _, ns := range []string{"a", "b"} {
@@ -291,15 +136,15 @@ func TestGCLinkDuringInProcessWindow(t *testing.T) {
 	forEachRegistry(t, func(t *testing.T, r namespaces.Registry) {
 		ctx := t.Context()
 		d := blob.Sum([]byte("late"))
-		clock := newGCClock()
-		p := newTestPool(gc.Options{Delay: time.Minute, Clock: clock}, d)
-		p.c.Register(r)
+		clock := gctest.NewClock()
+		p := gctest.NewPool(gc.Options{Delay: time.Minute, Clock: clock}, d)
+		p.C.Register(r)
 		mustDo(t, r.Create(ctx, "a"))
 		svc := namespaces.NewService(r, p)
 
 		done := make(chan gc.Report)
 		go func() {
-			rep, err := p.c.Sweep(ctx)
+			rep, err := p.C.Sweep(ctx)
 			if err != nil {
 				t.Error(err)
 			}
@@ -307,14 +152,14 @@ func TestGCLinkDuringInProcessWindow(t *testing.T) {
 		}()
 		var delay time.Duration
 		select {
-		case delay = <-clock.waiting: // d is staged; the window is open
+		case delay = <-clock.Waiting: // d is staged; the window is open
 		case <-time.After(10 * time.Second):
 			t.Fatal("sweep never reached its delete window")
 		}
 		if _, err := svc.Link(ctx, "a", d); err != nil {
 			t.Fatal(err)
 		}
-		clock.elapse(delay)
+		clock.Advance(delay)
 		rep := <-done
 		if rep.Staged != 1 || rep.Cancelled != 1 || rep.Deleted != 0 {
 			t.Fatalf("sweep: %+v; want 1 staged, 1 cancelled, 0 deleted", rep)
@@ -330,14 +175,14 @@ func TestServiceLinkPinsAcrossCheck(t *testing.T) {
 	forEachRegistry(t, func(t *testing.T, r namespaces.Registry) {
 		ctx := t.Context()
 		d := blob.Sum([]byte("raced"))
-		p := newTestPool(gc.Options{Window: newWindow()}, d)
-		p.c.Register(r)
+		p := gctest.NewPool(gc.Options{Window: gc.NewMemWindow()}, d)
+		p.C.Register(r)
 		mustDo(t, r.Create(ctx, "a"))
 		sweep(t, p) // stages d: due at the next sweep
 
 		var rep gc.Report
-		p.afterHas = func(blob.Digest) {
-			p.afterHas = nil
+		p.AfterHas = func(blob.Digest) {
+			p.AfterHas = nil
 			rep = sweep(t, p)
 		}
 		if _, err := namespaces.NewService(r, p).Link(ctx, "a", d); err != nil {
@@ -347,7 +192,7 @@ func TestServiceLinkPinsAcrossCheck(t *testing.T) {
 			t.Fatalf("sweep between check and link: %+v; want the candidate cancelled", rep)
 		}
 		survives(t, p, d, true, "linked while a sweep ran between check and link")
-		if n, pins := p.c.PinCount(); n != 0 || pins != 0 {
+		if n, pins := p.C.PinCount(); n != 0 || pins != 0 {
 			t.Fatalf("Link left %d pins behind", pins)
 		}
 		sweep(t, p)
@@ -362,7 +207,7 @@ func TestServiceRefusesAbsent(t *testing.T) {
 	forEachRegistry(t, func(t *testing.T, r namespaces.Registry) {
 		ctx := t.Context()
 		in, out := blob.Sum([]byte("in")), blob.Sum([]byte("out"))
-		p := newTestPool(gc.Options{}, in)
+		p := gctest.NewPool(gc.Options{}, in)
 		svc := namespaces.NewService(r, p)
 		mustDo(t, r.Create(ctx, "a"))
 
@@ -381,7 +226,7 @@ func TestServiceRefusesAbsent(t *testing.T) {
 		if n, err := r.Count(ctx, "a"); err != nil || n != 0 {
 			t.Fatalf("refused links changed the registry: Count = %d, %v", n, err)
 		}
-		if _, pins := p.c.PinCount(); pins != 0 {
+		if _, pins := p.C.PinCount(); pins != 0 {
 			t.Fatalf("refused links leaked %d pins", pins)
 		}
 
@@ -392,7 +237,7 @@ func TestServiceRefusesAbsent(t *testing.T) {
 		if n, err := svc.LinkMany(ctx, "a", []blob.Digest{in}); err != nil || n != 0 {
 			t.Fatalf("LinkMany of a linked digest = %d, %v", n, err)
 		}
-		if _, pins := p.c.PinCount(); pins != 0 {
+		if _, pins := p.C.PinCount(); pins != 0 {
 			t.Fatalf("links leaked %d pins", pins)
 		}
 	})
@@ -405,7 +250,7 @@ func TestLinkFuncNeedsTxLinker(t *testing.T) {
 	_, e := openSQLiteEngine(t, t.TempDir()+"/kv.db", nil)
 	r := namespaces.NewMem(nil)
 	mustDo(t, r.Create(ctx, "a"))
-	svc := namespaces.NewService(r, newTestPool(gc.Options{}))
+	svc := namespaces.NewService(r, gctest.NewPool(gc.Options{}))
 	v := []byte("v")
 	_, err := e.PutTx(ctx, blob.Sum(v), v, func(ctx context.Context, tx *sql.Tx) error {
 		return svc.LinkFunc("a")(ctx, tx, blob.Sum(v))
