@@ -82,7 +82,7 @@ func (r *Reader) materialize() error {
 		return blob.Wrap("read", r.engine, r.d, ErrVerification)
 	}
 	r.cur.Close()
-	r.cur = memCursor(buf)
+	r.cur = engines.BytesCursor(buf)
 	r.h = nil
 	return nil
 }
@@ -233,20 +233,4 @@ func (s *Store) ReadRange(ctx context.Context, d Digest, off, n int64) ([]byte, 
 		return nil, Digest{}, err
 	}
 	return buf, blob.Sum(buf), nil
-}
-
-// memCursor is a verified, materialized kv value.
-type memCursor []byte
-
-func (m memCursor) Len() int64   { return int64(len(m)) }
-func (m memCursor) Close() error { return nil }
-func (m memCursor) ReadAt(p []byte, off int64) (int, error) {
-	if off >= int64(len(m)) {
-		return 0, io.EOF
-	}
-	n := copy(p, m[off:])
-	if n < len(p) {
-		return n, io.EOF
-	}
-	return n, nil
 }

@@ -66,7 +66,7 @@ func (e *Engine) Open(ctx context.Context, d blob.Digest) (engines.Cursor, error
 	if err != nil {
 		return nil, err
 	}
-	return &cursor{b: v}, nil
+	return engines.BytesCursor(v), nil
 }
 
 func (e *Engine) value(op string, d blob.Digest) ([]byte, error) {

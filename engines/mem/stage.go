@@ -67,7 +67,7 @@ func (s *stage) writeAt(p []byte, off int64) (int, error) {
 		return 0, s.errf("stage write", fs.ErrClosed)
 	}
 	if off < 0 {
-		return 0, s.errf("stage write", errNegativeOffset)
+		return 0, s.errf("stage write", errors.New("negative offset"))
 	}
 	if err := s.grow(off + int64(len(p))); err != nil {
 		return 0, err
@@ -93,7 +93,7 @@ func (s *stage) ReadAt(p []byte, off int64) (int, error) {
 	if s.done {
 		return 0, s.errf("stage read", fs.ErrClosed)
 	}
-	return readAt(s.buf, p, off)
+	return engines.BytesCursor(s.buf).ReadAt(p, off)
 }
 
 func (s *stage) Truncate(size int64) error {

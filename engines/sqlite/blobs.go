@@ -42,7 +42,7 @@ func (e *Engine) Open(ctx context.Context, d blob.Digest) (engines.Cursor, error
 	if n != int64(len(v)) {
 		return nil, blob.Wrap("open", e.name, d, fmt.Errorf("row is damaged: size column says %d bytes, value has %d", n, len(v)))
 	}
-	return &cursor{b: v}, nil
+	return engines.BytesCursor(v), nil
 }
 
 func missing(err error) error {
