@@ -171,7 +171,10 @@ func (s *Store) putLarge(ctx context.Context, prefix []byte, r io.Reader, size i
 	}
 	defer st.Discard()
 	h := newContentHash()
-	if err := s.copyInto(ctx, st, h, prefix, r, size); err != nil {
+	pipe := newHashPipe(h)
+	err = s.copyInto(ctx, st, pipe, prefix, r, size)
+	pipe.wait()
+	if err != nil {
 		return Digest{}, nil, err
 	}
 	return s.commitLarge(ctx, st, h, want, o)

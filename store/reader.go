@@ -33,9 +33,10 @@ type Reader struct {
 	cur    engines.Cursor
 	size   int64
 
-	pos int64     // next Read offset
-	h   hash.Hash // nil once verified (kv) or once EOF checked
-	err error     // sticky result after EOF
+	pos  int64     // next Read offset
+	h    hash.Hash // nil once verified (kv) or once EOF checked
+	pipe *hashPipe // feeds h off the reading goroutine; started by Read
+	err  error     // sticky result after EOF
 
 	v *verifier // range verification of large blobs; nil for kv
 }
@@ -111,7 +112,10 @@ func (r *Reader) Read(p []byte) (int, error) {
 	}
 	n, err := r.cur.ReadAt(p, r.pos)
 	if r.h != nil {
-		r.h.Write(p[:n])
+		if r.pipe == nil {
+			r.pipe = newHashPipe(r.h)
+		}
+		r.pipe.Write(p[:n])
 	}
 	r.pos += int64(n)
 	r.s.stats.bytesOut.Add(int64(n))
@@ -132,6 +136,9 @@ func (r *Reader) Read(p []byte) (int, error) {
 
 func (r *Reader) eof() error {
 	if r.h != nil {
+		if r.pipe != nil {
+			r.pipe.wait()
+		}
 		var got Digest
 		r.h.Sum(got[:0])
 		r.h = nil
@@ -203,8 +210,14 @@ func (r *Reader) rawReadAt(p []byte, off int64) (int, error) {
 	return n, err
 }
 
-// Close releases the cursor.
-func (r *Reader) Close() error { return r.cur.Close() }
+// Close releases the cursor (and the hashing goroutine of a Read that
+// stopped before EOF).
+func (r *Reader) Close() error {
+	if r.pipe != nil {
+		r.pipe.wait()
+	}
+	return r.cur.Close()
+}
 
 // ReadRange returns n bytes of d from off (fewer at EOF) and the sha256 of
 // the returned slice. An absent key returns ErrMissing.

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"hash"
 	"hash/crc32"
+	"io"
 	"sync"
 )
 
@@ -99,12 +100,12 @@ func (s chunkSums) check(i int64, data []byte) bool {
 	return crc32.Checksum(data, castagnoli) == s[i]
 }
 
-// pipeHash runs a contentHash on its own goroutine, so that hashing a large
-// put overlaps with writing it: on two cores a 1 GiB put then costs about
-// max(write, hash) instead of their sum. Write copies p (callers reuse
-// their buffers), so it never blocks on hashing unless the queue is full.
-type pipeHash struct {
-	h    *contentHash
+// hashPipe feeds a hash on its own goroutine, so that hashing a large put
+// or read overlaps with its I/O: on two cores a 1 GiB put then costs about
+// max(I/O, hash) instead of their sum. Write copies p (callers reuse their
+// buffers), so it blocks only when the hash falls pipeDepth MiB behind.
+type hashPipe struct {
+	w    io.Writer
 	ch   chan *[]byte
 	done chan struct{}
 	n    int64 // bytes handed over
@@ -115,12 +116,12 @@ const pipeDepth = 8
 
 var pipeBufs = sync.Pool{New: func() any { b := make([]byte, 0, copyBufSize); return &b }}
 
-func newPipeHash() *pipeHash {
-	p := &pipeHash{h: newContentHash(), ch: make(chan *[]byte, pipeDepth), done: make(chan struct{})}
+func newHashPipe(w io.Writer) *hashPipe {
+	p := &hashPipe{w: w, ch: make(chan *[]byte, pipeDepth), done: make(chan struct{})}
 	go func() {
 		defer close(p.done)
 		for bp := range p.ch {
-			p.h.Write(*bp)
+			p.w.Write(*bp)
 			*bp = (*bp)[:0]
 			pipeBufs.Put(bp)
 		}
@@ -128,8 +129,9 @@ func newPipeHash() *pipeHash {
 	return p
 }
 
-func (p *pipeHash) Write(b []byte) (int, error) {
-	p.n += int64(len(b))
+func (p *hashPipe) Write(b []byte) (int, error) {
+	n := len(b)
+	p.n += int64(n)
 	for len(b) > 0 {
 		bp := pipeBufs.Get().(*[]byte)
 		k := min(len(b), cap(*bp))
@@ -137,15 +139,15 @@ func (p *pipeHash) Write(b []byte) (int, error) {
 		p.ch <- bp
 		b = b[k:]
 	}
-	return 0, nil
+	return n, nil
 }
 
-// finish waits for the hash to catch up and returns it. Idempotent.
-func (p *pipeHash) finish() *contentHash {
+// wait lets the hash catch up and stops the goroutine. Idempotent; no
+// Write may follow.
+func (p *hashPipe) wait() {
 	if !p.shut {
 		p.shut = true
 		close(p.ch)
 	}
 	<-p.done
-	return p.h
 }

@@ -29,7 +29,10 @@ type Upload struct {
 	// in place); false for a scratch file.
 	own  bool
 	size int64
-	h    *pipeHash // nil once writes stopped being sequential
+	// h hashes sequential writes as they arrive, through pipe; both are
+	// nil once the writes stop being sequential.
+	h    *contentHash
+	pipe *hashPipe
 	done bool
 }
 
@@ -38,7 +41,8 @@ func (s *Store) NewUpload(ctx context.Context) (*Upload, error) {
 	if s.closed.Load() {
 		return nil, ErrClosed
 	}
-	u := &Upload{s: s, h: newPipeHash()}
+	u := &Upload{s: s}
+	u.startHash()
 	if s.large != nil {
 		st, err := s.large.Stage(ctx)
 		if err != nil {
@@ -72,9 +76,9 @@ func (u *Upload) WriteAt(p []byte, off int64) (int, error) {
 		return 0, fmt.Errorf("upload: %d bytes over the %s limit of %d bytes: %w", off+int64(len(p)), u.s.mode, u.s.threshold, ErrTooLarge)
 	}
 	n, err := u.st.WriteAt(p, off)
-	if u.h != nil {
-		if off == u.h.n && off == u.size {
-			u.h.Write(p[:n])
+	if u.pipe != nil {
+		if off == u.pipe.n && off == u.size {
+			u.pipe.Write(p[:n])
 		} else {
 			u.stopHash() // rewritten or sparse: re-read at Commit
 		}
@@ -111,10 +115,10 @@ func (u *Upload) Truncate(size int64) error {
 		return err
 	}
 	switch {
-	case size == 0 && (u.h == nil || u.h.n > 0):
+	case size == 0 && (u.pipe == nil || u.pipe.n > 0):
 		u.stopHash()
-		u.h = newPipeHash()
-	case u.h != nil && size != u.h.n:
+		u.startHash()
+	case u.pipe != nil && size != u.pipe.n:
 		u.stopHash()
 	}
 	u.size = size
@@ -140,8 +144,9 @@ func (u *Upload) Commit(ctx context.Context, want *Digest, opts ...PutOption) (D
 	u.done = true
 	defer u.st.Discard()
 	var h *contentHash
-	if u.h != nil && u.h.n == u.size {
-		h = u.h.finish()
+	if u.pipe != nil && u.pipe.n == u.size {
+		u.pipe.wait()
+		h = u.h
 	}
 	u.stopHash()
 	s, o := u.s, applyOpts(opts)
@@ -179,12 +184,17 @@ func (u *Upload) Discard() error {
 	return u.st.Discard()
 }
 
+func (u *Upload) startHash() {
+	u.h = newContentHash()
+	u.pipe = newHashPipe(u.h)
+}
+
 // stopHash ends the incremental hash, if any, without leaking its
 // goroutine.
 func (u *Upload) stopHash() {
-	if u.h != nil {
-		u.h.finish()
-		u.h = nil
+	if u.pipe != nil {
+		u.pipe.wait()
+		u.h, u.pipe = nil, nil
 	}
 }
 
