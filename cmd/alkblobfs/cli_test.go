@@ -283,7 +283,7 @@ func TestExitCodes(t *testing.T) {
 		{[]string{"stat", absent, absent}, 2, "want one DIGEST, got 2"},
 		{[]string{"put"}, 2, "at least one FILE"},
 		{[]string{"put", "-", "-"}, 2, "standard input (-) given 2 times"},
-		{[]string{"ls", "x"}, 2, "want no arguments"},
+		{[]string{"ls", "x", "y"}, 2, "want no arguments or one NAME, got 2"},
 		{[]string{"get", "xyz"}, 2, "invalid digest"},
 		{[]string{"cat", strings.Repeat("zz", 32)}, 2, "invalid digest"},
 		{[]string{"stat", absent[:63]}, 2, "invalid digest"},
@@ -316,12 +316,10 @@ func TestExitCodes(t *testing.T) {
 
 func TestHelpEveryCommand(t *testing.T) {
 	c := newCLI(t)
-	for _, cmd := range []string{"", "put", "get", "cat", "stat", "ls", "rm", "sweep"} {
+	for _, cmd := range []string{"", "put", "get", "cat", "stat", "ls", "rm", "sweep", "verify",
+		"ns", "ns create", "ns rm", "ns ls", "link", "unlink"} {
 		t.Run("help "+cmd, func(t *testing.T) {
-			args := []string{"--help"}
-			if cmd != "" {
-				args = []string{cmd, "--help"}
-			}
+			args := append(strings.Fields(cmd), "--help")
 			out := c.ok(args...)
 			if !strings.Contains(out, "Examples:\n  alkblobfs ") || !strings.Contains(out, "Usage:") {
 				t.Errorf("alkblobfs %s --help shows no example:\n%s", cmd, out)
@@ -330,21 +328,32 @@ func TestHelpEveryCommand(t *testing.T) {
 	}
 }
 
+// A store that keeps no namespaces (no kv tier, or a mem: kv tier beside a
+// durable large tier) registers no liveness source: its sweeps abort and
+// delete nothing.
 func TestSweepWithoutSourcesAborts(t *testing.T) {
-	c := newCLI(t)
-	p, _, d := writeFile(t, t.TempDir(), smallSize, 10)
-	c.ok("put", p)
-	if out := c.ok("sweep"); !strings.Contains(out, "sweep aborted: NoLivenessSources") {
-		t.Errorf("sweep printed %q", out)
-	}
-	var rep map[string]any
-	if err := json.Unmarshal([]byte(c.ok("sweep", "--json")), &rep); err != nil {
-		t.Fatal(err)
-	}
-	if rep["aborted"] != "NoLivenessSources" || rep["deleted"] != float64(0) {
-		t.Errorf("sweep --json = %v", rep)
-	}
-	if got := lines(c.ok("ls")); !slices.Equal(got, []string{d}) {
-		t.Errorf("an aborted sweep changed the store: ls = %q", got)
+	for _, flags := range [][]string{{"--kv", "none"}, {"--kv", "mem:"}} {
+		t.Run(strings.Join(flags, " "), func(t *testing.T) {
+			c := newCLI(t, flags...)
+			p, _, d := writeFile(t, t.TempDir(), largeSize, 10)
+			c.ok("put", p)
+			if out := c.ok("sweep"); !strings.Contains(out, "sweep aborted: NoLivenessSources") {
+				t.Errorf("sweep printed %q", out)
+			}
+			var rep map[string]any
+			if err := json.Unmarshal([]byte(c.ok("sweep", "--json")), &rep); err != nil {
+				t.Fatal(err)
+			}
+			if rep["aborted"] != "NoLivenessSources" || rep["deleted"] != float64(0) {
+				t.Errorf("sweep --json = %v", rep)
+			}
+			if got := lines(c.ok("ls")); !slices.Equal(got, []string{d}) {
+				t.Errorf("an aborted sweep changed the store: ls = %q", got)
+			}
+			// Namespace commands say why they cannot work here.
+			c.fail(2, "this store keeps no namespaces", "ns", "create", "builds")
+			c.fail(2, "this store keeps no namespaces", "put", "--ns", "builds", p)
+			c.fail(2, "use --kv sqlite:PATH", "ls", "builds")
+		})
 	}
 }

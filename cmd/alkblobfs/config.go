@@ -15,6 +15,7 @@ import (
 	"github.com/alkblobfs/alkblobfs/engines/local"
 	"github.com/alkblobfs/alkblobfs/engines/mem"
 	"github.com/alkblobfs/alkblobfs/engines/sqlite"
+	"github.com/alkblobfs/alkblobfs/namespaces"
 	"github.com/alkblobfs/alkblobfs/store"
 )
 
@@ -34,22 +35,31 @@ func defaultDataDir() string {
 // open builds the store from the global flags and registers the liveness
 // sources. The caller closes it.
 func (a *app) open(cmd *cobra.Command) (*store.Store, error) {
+	st, _, err := a.openNS(cmd)
+	return st, err
+}
+
+// openNS is open that also returns the namespaces service registered as a
+// liveness source, or nil when the store keeps no namespaces (see
+// registerSources).
+func (a *app) openNS(cmd *cobra.Command) (*store.Store, *namespaces.Service, error) {
 	ctx := cmd.Context()
 	cfg, err := a.storeConfig(cmd)
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	st, err := store.Open(ctx, cfg)
 	if err != nil {
 		closeEngines(cfg)
-		return nil, err
+		return nil, nil, err
 	}
-	if err := registerSources(st); err != nil {
+	svc, err := registerSources(ctx, st)
+	if err != nil {
 		st.Close()
-		return nil, err
+		return nil, nil, err
 	}
-	a.log.Debug("store open", "mode", st.Mode(), "threshold", st.Threshold(), "kv", engineName(cfg.KV), "large", engineName(cfg.Large))
-	return st, nil
+	a.log.Debug("store open", "mode", st.Mode(), "threshold", st.Threshold(), "kv", engineName(cfg.KV), "large", engineName(cfg.Large), "namespaces", svc != nil)
+	return st, svc, nil
 }
 
 func closeEngines(cfg store.Config) {

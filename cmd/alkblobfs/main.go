@@ -1,10 +1,10 @@
 // Command alkblobfs is the command-line front end of the alkblobfs blob
-// store: put, get, cat, stat, ls, rm and sweep over a store opened from
-// --kv/--large engine URLs (see README.md).
+// store: put, get, cat, stat, ls, rm, ns, link, unlink, sweep and verify
+// over a store opened from --kv/--large engine URLs (see README.md).
 //
 // main only parses, executes and maps the result to an exit code: 0 on
 // success, 2 for usage errors (bad flags, wrong argument count, malformed
-// digest), 1 for everything else, with one line "alkblobfs: <error>" on
+// digest or namespace name), 1 for everything else, with one line "alkblobfs: <error>" on
 // stderr. No other file calls os.Exit.
 package main
 
@@ -20,6 +20,7 @@ import (
 
 	"golang.org/x/term"
 
+	"github.com/alkblobfs/alkblobfs/namespaces"
 	"github.com/alkblobfs/alkblobfs/store"
 )
 
@@ -54,7 +55,7 @@ func exitCode(stderr io.Writer, err error) int {
 	msg := strings.ReplaceAll(strings.TrimSpace(err.Error()), "\n", "; ")
 	fmt.Fprintf(stderr, "alkblobfs: %s\n", msg)
 	var ue *usageError
-	if errors.As(err, &ue) || errors.Is(err, store.ErrKeyInvalid) {
+	if errors.As(err, &ue) || errors.Is(err, store.ErrKeyInvalid) || errors.Is(err, namespaces.ErrBadName) {
 		return 2
 	}
 	return 1

@@ -13,16 +13,28 @@ import (
 )
 
 func newPutCmd(a *app) *cobra.Command {
-	return &cobra.Command{
-		Use:   "put FILE|- [FILE...]",
+	var ns string
+	cmd := &cobra.Command{
+		Use:   "put [--ns NAME] FILE|- [FILE...]",
 		Short: "Store files and print their digests",
 		Long: `put stores each FILE ("-" is standard input) and prints its digest, the
 sha256 of its content, one per line in argument order. Content already in the
 store is not written again. put stops at the first failure; the digests printed
-before it were stored.`,
-		Example: `  alkblobfs put app.tar
-  alkblobfs put a.bin b.bin c.bin
-  tar -c src | alkblobfs put -`,
+before it were stored.
+
+With --ns NAME each blob is also linked into namespace NAME as it is
+published (for kv-tier blobs in the same database transaction), so sweeps
+keep it. NAME must exist (alkblobfs ns create NAME); an absent NAME fails
+before any file is read.
+
+Without --ns nothing references the blobs once put exits: the next sweeps
+collect them (the first stages them, the next deletes them; on a store
+without a durable window, one sweep does both). Use --ns, or link them
+later with "alkblobfs link NAME DIGEST", to keep them.`,
+		Example: `  alkblobfs put --ns builds app.tar
+  alkblobfs put --ns builds a.bin b.bin c.bin
+  tar -c src | alkblobfs put --ns builds -
+  alkblobfs put scratch.bin            # unreferenced: gone after the next sweeps`,
 		Args: argsRange(1, -1, "at least one FILE or -"),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			stdin := 0
@@ -34,13 +46,35 @@ before it were stored.`,
 			if stdin > 1 {
 				return usagef(cmd, "put: standard input (-) given %d times", stdin)
 			}
-			st, err := a.open(cmd)
-			if err != nil {
-				return err
+			nsSet := cmd.Flags().Changed("ns")
+			if nsSet {
+				if err := checkName(cmd, ns); err != nil {
+					return err
+				}
 			}
-			defer st.Close()
+			var st *store.Store
+			var opts []store.PutOption
+			if nsSet {
+				s, svc, err := a.openNamespaces(cmd)
+				if err != nil {
+					return err
+				}
+				st = s
+				defer st.Close()
+				if err := mustExist(cmd.Context(), svc, ns); err != nil {
+					return err
+				}
+				opts = append(opts, store.WithLink(svc.LinkFunc(ns)))
+			} else {
+				s, err := a.open(cmd)
+				if err != nil {
+					return err
+				}
+				st = s
+				defer st.Close()
+			}
 			for _, name := range args {
-				d, err := a.putOne(cmd, st, name)
+				d, err := a.putOne(cmd, st, name, opts...)
 				if err != nil {
 					return err
 				}
@@ -49,10 +83,12 @@ before it were stored.`,
 			return st.Close()
 		},
 	}
+	cmd.Flags().StringVar(&ns, "ns", "", "link each blob into namespace `NAME` as it is published")
+	return cmd
 }
 
 // putOne stores one file or standard input.
-func (a *app) putOne(cmd *cobra.Command, st *store.Store, name string) (store.Digest, error) {
+func (a *app) putOne(cmd *cobra.Command, st *store.Store, name string, opts ...store.PutOption) (store.Digest, error) {
 	label := name
 	var in io.Reader
 	size := int64(-1)
@@ -72,7 +108,7 @@ func (a *app) putOne(cmd *cobra.Command, st *store.Store, name string) (store.Di
 		size = regularRemaining(f)
 	}
 	t := newTransfer(cmd.Context(), a.stderr, a.stderrTerm, size, "put "+filepath.Base(label))
-	d, pin, err := st.Put(cmd.Context(), t.reader(in), size)
+	d, pin, err := st.Put(cmd.Context(), t.reader(in), size, opts...)
 	t.done(err)
 	if err != nil {
 		if errors.Is(err, store.ErrTooLarge) && st.Large() == nil {
@@ -81,7 +117,8 @@ func (a *app) putOne(cmd *cobra.Command, st *store.Store, name string) (store.Di
 		return d, fmt.Errorf("%s: %w", label, err)
 	}
 	// The pin only guards the put against a concurrent sweep until this
-	// returns; a blob stays because a namespace links it, not because of it.
+	// returns; a blob stays because a namespace links it (--ns), not
+	// because of the pin.
 	pin.Release()
 	return d, nil
 }

@@ -1,8 +1,14 @@
 package main
 
 import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+
 	"github.com/spf13/cobra"
 
+	"github.com/alkblobfs/alkblobfs/namespaces"
 	"github.com/alkblobfs/alkblobfs/store"
 )
 
@@ -11,8 +17,9 @@ func newRmCmd(a *app) *cobra.Command {
 		Use:   "rm DIGEST [DIGEST...]",
 		Short: "Delete blobs now",
 		Long: `rm deletes each blob DIGEST from the store at once, without waiting for a
-sweep. It refuses a blob that liveness protects (store.ErrGcRefuse). Every
-DIGEST is checked before anything is deleted; rm stops at the first failure.`,
+sweep. It refuses a blob that a namespace still links (exit status 1, naming
+the namespaces): unlink it first. Every DIGEST is checked before anything is
+deleted; rm stops at the first failure.`,
 		Example: `  alkblobfs rm 3f0a…e91c
   alkblobfs ls | grep ^3f | xargs -r alkblobfs rm`,
 		Args: argsRange(1, -1, "at least one DIGEST"),
@@ -25,17 +32,54 @@ DIGEST is checked before anything is deleted; rm stops at the first failure.`,
 				}
 				ds[i] = d
 			}
-			st, err := a.open(cmd)
+			st, svc, err := a.openNS(cmd)
 			if err != nil {
 				return err
 			}
 			defer st.Close()
 			for _, d := range ds {
-				if err := st.Delete(cmd.Context(), d); err != nil {
+				err := st.Delete(cmd.Context(), d)
+				if errors.Is(err, store.ErrGcRefuse) && svc != nil {
+					err = explainRefusal(cmd.Context(), svc, d, err)
+				}
+				if err != nil {
 					return err
 				}
 			}
 			return st.Close()
 		},
 	}
+}
+
+// maxLinkers bounds how many linking namespaces a refusal names.
+const maxLinkers = 5
+
+// explainRefusal adds to a refused delete the namespaces that link d and
+// how to unlink it. Finding them asks every namespace (Has): cheap next to
+// a person reading the message.
+func explainRefusal(ctx context.Context, svc *namespaces.Service, d store.Digest, refused error) error {
+	var linkers []string
+	more := false
+	for name, err := range svc.Names(ctx, "") {
+		if err != nil {
+			return refused
+		}
+		_, ok, err := svc.Has(ctx, name, d)
+		if err != nil || !ok {
+			continue
+		}
+		if len(linkers) == maxLinkers {
+			more = true
+			break
+		}
+		linkers = append(linkers, name)
+	}
+	if len(linkers) == 0 {
+		return refused
+	}
+	list := strings.Join(linkers, ", ")
+	if more {
+		list += ", …"
+	}
+	return fmt.Errorf("%w: linked in namespace %s; unlink it first: alkblobfs unlink %s %s", refused, list, linkers[0], d)
 }

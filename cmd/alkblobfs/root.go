@@ -40,7 +40,7 @@ func newRoot(a *app) *cobra.Command {
 		Long: `alkblobfs stores blobs under the sha256 of their content and collects
 unreferenced ones in sweeps. With no flags it uses the embedded default store:
 SQLite for small blobs and a local directory for large ones, under --data.`,
-		Example: `  alkblobfs put app.tar
+		Example: `  alkblobfs ns create builds && alkblobfs put --ns builds app.tar
   alkblobfs --kv mem: --large none put notes.txt
   alkblobfs --data /srv/blobs ls`,
 		// Bare "alkblobfs" and "alkblobfs typo" are usage errors, not
@@ -89,7 +89,11 @@ SQLite for small blobs and a local directory for large ones, under --data.`,
 		newStatCmd(a),
 		newLsCmd(a),
 		newRmCmd(a),
+		newNsCmd(a),
+		newLinkCmd(a),
+		newUnlinkCmd(a),
 		newSweepCmd(a),
+		newVerifyCmd(a),
 	)
 	return root
 }

@@ -1,18 +1,105 @@
 package main
 
-import "github.com/alkblobfs/alkblobfs/store"
+import (
+	"context"
+	"fmt"
+
+	"github.com/spf13/cobra"
+
+	"github.com/alkblobfs/alkblobfs/engines"
+	"github.com/alkblobfs/alkblobfs/engines/mem"
+	"github.com/alkblobfs/alkblobfs/namespaces"
+	"github.com/alkblobfs/alkblobfs/store"
+)
 
 // registerSources registers every liveness source with a freshly opened
 // store, for every command: sweep needs them to prove anything dead, and rm
 // needs them to refuse a referenced blob (store.ErrGcRefuse).
 //
-// Today there is none, so `alkblobfs sweep` reports the safe abort
-// NoLivenessSources and deletes nothing.
-//
-// TODO(namespaces): open the namespaces registry over st.KV() (same
-// database) and register it: st.GC().Register(registry). Keep the
-// registration handle alive as long as st.
-func registerSources(st *store.Store) error {
-	_ = st
+// The one source today is the namespaces registry, opened in the kv
+// engine's own database (namespaces.Open) so that put --ns links in the
+// put's transaction. It returns the service the commands link through, or
+// nil when the store keeps no namespaces (see namespacesUnavailable): then
+// no source is registered and a sweep aborts with NoLivenessSources,
+// deleting nothing. The registration lives as long as st; nothing
+// deregisters it because the process ends with the store.
+func registerSources(ctx context.Context, st *store.Store) (*namespaces.Service, error) {
+	if namespacesUnavailable(st) != "" {
+		return nil, nil
+	}
+	reg, err := namespaces.Open(ctx, st.KV(), nil)
+	if err != nil {
+		return nil, err
+	}
+	st.GC().Register(reg)
+	return namespaces.NewService(reg, st), nil
+}
+
+// namespacesUnavailable says why st cannot keep namespaces, or "" when it
+// can. Namespaces must last as long as the blobs they protect: a SQL kv
+// engine keeps them in its database; a store that is all mem: dies with the
+// process anyway, so an in-memory registry is as durable as its blobs. Any
+// other store would hold durable blobs under references that vanish when
+// the command exits: every sweep would then collect everything, so it gets
+// no registry at all and its sweeps abort with NoLivenessSources.
+func namespacesUnavailable(st *store.Store) string {
+	kv := st.KV()
+	if _, ok := kv.(engines.SQL); ok {
+		return ""
+	}
+	_, kvMem := kv.(*mem.Engine)
+	_, largeMem := st.Large().(*mem.Engine)
+	switch {
+	case kvMem && (st.Large() == nil || largeMem):
+		return ""
+	case kv == nil:
+		return "it has no kv tier (--kv none), and namespaces live in the kv engine's database; use --kv sqlite:PATH"
+	default:
+		return fmt.Sprintf("its kv engine %s keeps nothing after this command exits, while the large tier's blobs stay; use --kv sqlite:PATH", kv.Name())
+	}
+}
+
+// openNamespaces opens the store for a namespaces command. A store that
+// keeps no namespaces is a usage error: the flags chose engines that cannot
+// hold them.
+func (a *app) openNamespaces(cmd *cobra.Command) (*store.Store, *namespaces.Service, error) {
+	st, svc, err := a.openNS(cmd)
+	if err != nil {
+		return nil, nil, err
+	}
+	if svc == nil {
+		why := namespacesUnavailable(st)
+		st.Close()
+		return nil, nil, usagef(cmd, "this store keeps no namespaces: %s", why)
+	}
+	return st, svc, nil
+}
+
+// nameRule is the namespace name rule, for error messages.
+const nameRule = "a namespace name is 1-255 bytes of A-Z a-z 0-9 . _ -, not starting with '.'"
+
+// checkName validates a NAME argument before anything is opened, so that a
+// bad name changes nothing. The error is a usage error (exit status 2) that
+// states the rule and wraps namespaces.ErrBadName.
+func checkName(cmd *cobra.Command, name string) error {
+	if err := namespaces.ValidName(name); err != nil {
+		shown := name
+		if len(shown) > 80 {
+			shown = shown[:80] + "…"
+		}
+		return usagef(cmd, "namespace %q: %w; %s", shown, err, nameRule)
+	}
+	return nil
+}
+
+// mustExist fails with ErrNotFound and a hint unless namespace name exists.
+func mustExist(ctx context.Context, svc *namespaces.Service, name string) error {
+	ok, err := svc.Exists(ctx, name)
+	if err != nil {
+		return err
+	}
+	if !ok {
+		return fmt.Errorf("namespace %q: %w (create it with 'alkblobfs ns create %s')", name, namespaces.ErrNotFound, name)
+	}
 	return nil
 }

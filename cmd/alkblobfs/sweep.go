@@ -17,17 +17,22 @@ func newSweepCmd(a *app) *cobra.Command {
 		Use:   "sweep",
 		Short: "Run one garbage-collection sweep and print its report",
 		Long: `sweep deletes the blobs that nothing keeps alive and prints what it did.
+A blob is alive while a namespace links it (see "alkblobfs ns"); a blob put
+without --ns and never linked is not, and goes.
 
 Blobs found dead are staged in the delete window (--gc-window) and deleted
-once it has passed: with the SQLite kv engine the window is durable and a later
-sweep deletes them; otherwise this sweep waits the window out and deletes them
-itself.
+once it has passed. With the SQLite kv engine the window is durable: a sweep
+deletes what an earlier sweep staged, so a dead blob goes at the second sweep
+after it died (run sweep twice to collect at once with --gc-window 0). Otherwise
+this sweep waits the window out and deletes them itself. Every candidate is
+checked again just before its delete, so a blob linked in the meantime stays.
 
 A sweep that deliberately does nothing is a result, not a failure: it exits 0
 with the reason in "aborted". NoLivenessSources means no liveness source is
-registered, so nothing can be proven dead; that is the case until namespaces
-arrive. The exit status is non-zero only when the sweep itself failed.`,
-		Example: `  alkblobfs sweep
+registered, so nothing can be proven dead: the case for stores that keep no
+namespaces (--kv none, or a mem: kv tier beside a durable large tier). The
+exit status is non-zero only when the sweep itself failed.`,
+		Example: `  alkblobfs sweep && alkblobfs sweep     # stage, then delete (SQLite)
   alkblobfs --gc-window 10m sweep --json`,
 		Args: argsRange(0, 0, "no arguments"),
 		RunE: func(cmd *cobra.Command, args []string) error {

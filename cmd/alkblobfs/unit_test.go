@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/alkblobfs/alkblobfs/gc"
+	"github.com/alkblobfs/alkblobfs/namespaces"
 	"github.com/alkblobfs/alkblobfs/store"
 )
 
@@ -97,6 +98,8 @@ func TestExitCodeMapping(t *testing.T) {
 		{fmt.Errorf("x: %w", store.ErrVerification), 1},
 		{&usageError{err: errors.New("bad")}, 2},
 		{fmt.Errorf("parse: %w", store.ErrKeyInvalid), 2},
+		{fmt.Errorf("ns: %w", namespaces.ErrBadName), 2},
+		{fmt.Errorf("ns: %w", namespaces.ErrNotFound), 1},
 		{errors.Join(errors.New("a"), errors.New("b")), 1},
 	} {
 		var buf bytes.Buffer

@@ -1,0 +1,130 @@
+// Command mkpool fills the default store under a data directory with many
+// tiny distinct blobs, fast, and links a fraction of them into a namespace:
+// the fixture of scripts/measure-sweep.sh.
+//
+//	go run ./scripts/mkpool -data DIR -n 1000000 -link 0.1 -ns keep
+//
+// Blob i holds the 16 bytes "mkpool" + i, so its digest is sha256 of that.
+// Puts one by one would each be a transaction; instead the rows go into the
+// SQLite kv engine's blobs table through its DB() in transactions of
+// -batch rows, in digest order (near-appends to the B-tree). That writes
+// the table the engine's own Put writes, bypassing only the store facade
+// (no pins: nothing else runs). The links go through the namespaces
+// registry's LinkMany. Opening the engine creates the schema first.
+package main
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/binary"
+	"flag"
+	"fmt"
+	"log"
+	"os"
+	"path/filepath"
+	"slices"
+	"time"
+
+	"github.com/alkblobfs/alkblobfs/blob"
+	"github.com/alkblobfs/alkblobfs/engines/sqlite"
+	"github.com/alkblobfs/alkblobfs/namespaces"
+)
+
+func main() {
+	data := flag.String("data", "", "data directory of the store (required)")
+	n := flag.Int("n", 1_000_000, "number of blobs")
+	frac := flag.Float64("link", 0.1, "fraction of the blobs linked into -ns")
+	ns := flag.String("ns", "keep", "namespace the linked blobs go into")
+	batch := flag.Int("batch", 100_000, "rows per transaction")
+	flag.Parse()
+	if *data == "" || *n < 1 || *frac < 0 || *frac > 1 || *batch < 1 {
+		flag.Usage()
+		os.Exit(2)
+	}
+	if err := run(context.Background(), *data, *n, *frac, *ns, *batch); err != nil {
+		log.Fatal(err)
+	}
+}
+
+type entry struct {
+	d blob.Digest
+	i uint64
+}
+
+func content(i uint64) []byte {
+	b := make([]byte, 16)
+	copy(b, "mkpool")
+	binary.BigEndian.PutUint64(b[8:], i)
+	return b
+}
+
+func run(ctx context.Context, data string, n int, frac float64, ns string, batch int) error {
+	start := time.Now()
+	if err := os.MkdirAll(data, 0o700); err != nil {
+		return err
+	}
+	e, err := sqlite.Open(ctx, filepath.Join(data, "kv.db"))
+	if err != nil {
+		return err
+	}
+	defer e.Close()
+
+	es := make([]entry, n)
+	for i := range es {
+		es[i] = entry{sha256.Sum256(content(uint64(i))), uint64(i)}
+	}
+	slices.SortFunc(es, func(a, b entry) int { return a.d.Compare(b.d) })
+
+	db := e.DB()
+	for rest := es; len(rest) > 0; {
+		k := min(len(rest), batch)
+		tx, err := db.BeginTx(ctx, nil)
+		if err != nil {
+			return err
+		}
+		st, err := tx.PrepareContext(ctx, `INSERT INTO blobs (digest, size, value) VALUES (?, ?, ?) ON CONFLICT (digest) DO NOTHING`)
+		if err != nil {
+			tx.Rollback()
+			return err
+		}
+		for _, x := range rest[:k] {
+			v := content(x.i)
+			if _, err := st.ExecContext(ctx, x.d[:], len(v), v); err != nil {
+				tx.Rollback()
+				return err
+			}
+		}
+		st.Close()
+		if err := tx.Commit(); err != nil {
+			return err
+		}
+		rest = rest[k:]
+	}
+	inserted := time.Since(start)
+
+	reg, err := namespaces.OpenSQL(ctx, db, e.Dialect(), nil)
+	if err != nil {
+		return err
+	}
+	if err := reg.Create(ctx, ns); err != nil {
+		return err
+	}
+	// Every step-th blob in digest order: spread over the whole key range.
+	var linked []blob.Digest
+	if m := int(float64(n) * frac); m > 0 {
+		step := float64(n) / float64(m)
+		for j := range m {
+			linked = append(linked, es[int(float64(j)*step)].d)
+		}
+	}
+	for rest := linked; len(rest) > 0; {
+		k := min(len(rest), batch)
+		if _, err := reg.LinkMany(ctx, ns, rest[:k]); err != nil {
+			return err
+		}
+		rest = rest[k:]
+	}
+	fmt.Printf("mkpool: %d blobs in %s, %d linked into %q, total %s\n",
+		n, inserted.Round(time.Millisecond), len(linked), ns, time.Since(start).Round(time.Millisecond))
+	return nil
+}
