@@ -206,3 +206,11 @@ type SidecarStage interface {
 type SidecarReader interface {
 	Sidecar(ctx context.Context, d blob.Digest) ([]byte, error)
 }
+
+// BatchDeleter is an optional capability for engines where one round trip
+// per delete dominates a sweep (SQL engines): DeleteMany removes every
+// digest of ds it holds, in one transaction, and reports each one's size,
+// or -1 for a digest it does not hold.
+type BatchDeleter interface {
+	DeleteMany(ctx context.Context, ds []blob.Digest) ([]int64, error)
+}

@@ -25,6 +25,14 @@ type Source interface {
 	Live(ctx context.Context) iter.Seq2[blob.Digest, error]
 }
 
+// BatchSource is an optional Source capability: the point query for many
+// digests in one round trip, used when a sweep executes its window.
+type BatchSource interface {
+	Source
+	// LiveAmong returns the digests of ds that are live.
+	LiveAmong(ctx context.Context, ds []blob.Digest) (map[blob.Digest]bool, error)
+}
+
 // Protect is the embedder's protect callback, consulted once per sweep (and
 // once per direct Delete). It returns a predicate naming protected keys; an
 // error aborts the sweep with AbortProtectFailed.
@@ -38,6 +46,13 @@ type Pool interface {
 	// Delete removes d from whichever tier holds it and returns its size.
 	// A vanished key returns an error wrapping blob.ErrMissing.
 	Delete(ctx context.Context, d blob.Digest) (int64, error)
+}
+
+// BatchPool is an optional Pool capability: DeleteMany deletes every
+// digest of ds and returns each one's size, or -1 for a vanished one.
+type BatchPool interface {
+	Pool
+	DeleteMany(ctx context.Context, ds []blob.Digest) ([]int64, error)
 }
 
 // Clock is injected so that window logic is tested without sleeping.
@@ -212,6 +227,98 @@ func (c *Collector) arbitratedDelete(ctx context.Context, d blob.Digest, sources
 		}
 	}
 	return c.pool.Delete(ctx, d)
+}
+
+// Outcomes of arbitratedDeleteMany besides a size.
+const (
+	outcomeMissing   = -1
+	outcomeProtected = -2
+)
+
+// arbitratedDeleteMany is arbitratedDelete for a batch, under one hold of
+// the arbitration lock, with one liveness query per BatchSource and one
+// DeleteMany on a BatchPool. out[i] is ds[i]'s size, outcomeMissing or
+// outcomeProtected.
+func (c *Collector) arbitratedDeleteMany(ctx context.Context, ds []blob.Digest, sources []Source, protected func(blob.Digest) bool) ([]int64, error) {
+	out := make([]int64, len(ds))
+	c.arb.Lock()
+	defer c.arb.Unlock()
+	var idx []int // candidates still unprotected
+	for i, d := range ds {
+		if c.pins.has(d) || protected(d) {
+			out[i] = outcomeProtected
+		} else {
+			idx = append(idx, i)
+		}
+	}
+	for _, s := range sources {
+		if len(idx) == 0 {
+			break
+		}
+		live, err := liveAmong(ctx, s, ds, idx)
+		if err != nil {
+			return nil, fmt.Errorf("liveness query: %w", err)
+		}
+		kept := idx[:0]
+		for _, i := range idx {
+			if live[ds[i]] {
+				out[i] = outcomeProtected
+			} else {
+				kept = append(kept, i)
+			}
+		}
+		idx = kept
+	}
+	if len(idx) == 0 {
+		return out, nil
+	}
+	if bp, ok := c.pool.(BatchPool); ok {
+		batch := make([]blob.Digest, len(idx))
+		for k, i := range idx {
+			batch[k] = ds[i]
+		}
+		sizes, err := bp.DeleteMany(ctx, batch)
+		if err != nil {
+			return nil, err
+		}
+		for k, i := range idx {
+			out[i] = sizes[k]
+		}
+		return out, nil
+	}
+	for _, i := range idx {
+		n, err := c.pool.Delete(ctx, ds[i])
+		switch {
+		case errors.Is(err, blob.ErrMissing):
+			out[i] = outcomeMissing
+		case err != nil:
+			return nil, err
+		default:
+			out[i] = n
+		}
+	}
+	return out, nil
+}
+
+func liveAmong(ctx context.Context, s Source, ds []blob.Digest, idx []int) (map[blob.Digest]bool, error) {
+	if bs, ok := s.(BatchSource); ok {
+		batch := make([]blob.Digest, len(idx))
+		for k, i := range idx {
+			batch[k] = ds[i]
+		}
+		return bs.LiveAmong(ctx, batch)
+	}
+	live := make(map[blob.Digest]bool)
+	for _, i := range idx {
+		ok, err := s.IsLive(ctx, ds[i])
+		if err != nil {
+			return nil, err
+		}
+		if ok {
+			live[ds[i]] = true
+		}
+	}
+	return live, nil
 }
 
 // Delete is the direct delete: it refuses (blob.ErrGcRefuse) any key that

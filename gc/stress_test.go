@@ -23,15 +23,20 @@ func TestStress(t *testing.T) {
 		rounds = 50_000
 	}
 	for _, durable := range []bool{false, true} {
-		name := "inline"
-		if durable {
-			name = "durable"
+		for _, batch := range []bool{false, true} {
+			name := "inline"
+			if durable {
+				name = "durable"
+			}
+			if batch {
+				name += "-batch"
+			}
+			t.Run(name, func(t *testing.T) { stress(t, durable, batch, rounds) })
 		}
-		t.Run(name, func(t *testing.T) { stress(t, durable, rounds) })
 	}
 }
 
-func stress(t *testing.T, durable bool, rounds int) {
+func stress(t *testing.T, durable, batch bool, rounds int) {
 	const keys, workers = 64, 6
 	src := gctest.NewSource()
 	opts := gc.Options{}
@@ -39,6 +44,9 @@ func stress(t *testing.T, durable bool, rounds int) {
 		opts.Window = gc.NewMemWindow()
 	}
 	p := gctest.NewPool(opts)
+	if batch {
+		p = gctest.NewBatchPool(opts).Pool
+	}
 	c := p.C
 	c.Register(src)
 

@@ -2,7 +2,6 @@ package gc
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"iter"
 	"time"
@@ -45,8 +44,13 @@ type Report struct {
 	Delay      time.Duration `json:"window_delay_ns"`
 }
 
-// executeBatch is how many window rows one round trip takes.
-const executeBatch = 1000
+// executeBatch is how many window rows one round trip takes;
+// arbitrateBatch how many candidates one hold of the arbitration lock
+// decides (Pin waits for it: keep it short).
+const (
+	executeBatch   = 1000
+	arbitrateBatch = 128
+)
 
 // Sweep runs one collection. See the package doc for the order of phases.
 // The error is for operational failure only (engine or source I/O); every
@@ -145,23 +149,29 @@ func (c *Collector) executeDue(ctx context.Context, r *Report, sources []Source,
 			return nil
 		}
 		done := make([]blob.Digest, 0, len(due))
-		for _, cand := range due {
+		for lo := 0; lo < len(due); lo += arbitrateBatch {
 			if err := ctx.Err(); err != nil {
 				c.removeDone(ctx, done)
 				return err
 			}
-			size, err := c.arbitratedDelete(ctx, cand.Digest, sources, protected)
-			switch {
-			case err == nil:
-				r.Deleted++
-				r.BytesFreed += size
-			case errors.Is(err, errProtected), errors.Is(err, blob.ErrMissing):
-				r.Cancelled++
-			default:
+			ds := make([]blob.Digest, 0, arbitrateBatch)
+			for _, cand := range due[lo:min(len(due), lo+arbitrateBatch)] {
+				ds = append(ds, cand.Digest)
+			}
+			out, err := c.arbitratedDeleteMany(ctx, ds, sources, protected)
+			if err != nil {
 				c.removeDone(ctx, done)
 				return err
 			}
-			done = append(done, cand.Digest)
+			for _, n := range out {
+				if n >= 0 {
+					r.Deleted++
+					r.BytesFreed += n
+				} else {
+					r.Cancelled++ // protected now, or vanished meanwhile
+				}
+			}
+			done = append(done, ds...)
 		}
 		if err := c.window.WindowRemove(ctx, done); err != nil {
 			return fmt.Errorf("clear delete window: %w", err)

@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/alkblobfs/alkblobfs/blob"
+	"github.com/alkblobfs/alkblobfs/gc"
 )
 
 // SQL is a Registry kept in two tables of a database/sql database, normally
@@ -36,8 +37,9 @@ type SQL struct {
 }
 
 var (
-	_ Registry = (*SQL)(nil)
-	_ TxLinker = (*SQL)(nil)
+	_ Registry       = (*SQL)(nil)
+	_ gc.BatchSource = (*SQL)(nil)
+	_ TxLinker       = (*SQL)(nil)
 )
 
 var ddl = map[string][]string{
@@ -500,6 +502,40 @@ func (r *SQL) IsLive(ctx context.Context, d blob.Digest) (bool, error) {
 		return false, wrap("islive", "", d, err)
 	}
 	return true, nil
+}
+
+// LiveAmong implements gc.BatchSource: which of ds any namespace
+// references, in one query.
+func (r *SQL) LiveAmong(ctx context.Context, ds []blob.Digest) (map[blob.Digest]bool, error) {
+	live := make(map[blob.Digest]bool)
+	if len(ds) == 0 {
+		return live, nil
+	}
+	args := make([]any, len(ds))
+	for i, d := range ds {
+		args[i] = d[:]
+	}
+	q := rebind(r.dialect, "SELECT DISTINCT digest FROM ns_refs WHERE digest IN (?"+strings.Repeat(", ?", len(ds)-1)+")")
+	rows, err := r.db.QueryContext(ctx, q, args...)
+	if err != nil {
+		return nil, wrap("islive", "", blob.Digest{}, err)
+	}
+	defer rows.Close()
+	for rows.Next() {
+		var b []byte
+		if err := rows.Scan(&b); err != nil {
+			return nil, wrap("islive", "", blob.Digest{}, err)
+		}
+		var d blob.Digest
+		if copy(d[:], b) != len(d) || len(b) != len(d) {
+			return nil, wrap("islive", "", blob.Digest{}, fmt.Errorf("malformed digest of %d bytes in ns_refs", len(b)))
+		}
+		live[d] = true
+	}
+	if err := rows.Err(); err != nil {
+		return nil, wrap("islive", "", blob.Digest{}, err)
+	}
+	return live, nil
 }
 
 // Live implements gc.Source: DISTINCT over the ns_refs(digest) index, paged

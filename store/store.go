@@ -299,8 +299,10 @@ func (s *Store) Close() error {
 	return errors.Join(errs...)
 }
 
-// pool adapts the store to gc.Pool.
+// pool adapts the store to gc.Pool and gc.BatchPool.
 type pool struct{ s *Store }
+
+var _ gc.BatchPool = pool{}
 
 func (p pool) List(ctx context.Context) iter.Seq2[engines.Entry, error] { return p.s.List(ctx) }
 
@@ -330,4 +332,51 @@ func (p pool) Delete(ctx context.Context, d Digest) (int64, error) {
 		return 0, blob.Wrap("delete", "", d, ErrMissing)
 	}
 	return freed, nil
+}
+
+// DeleteMany removes each of ds from every tier that holds it, with one
+// transaction per tier whose engine is an engines.BatchDeleter. sizes[i]
+// is -1 for a digest no tier held.
+func (p pool) DeleteMany(ctx context.Context, ds []Digest) ([]int64, error) {
+	sizes := make([]int64, len(ds))
+	for i := range sizes {
+		sizes[i] = -1
+	}
+	add := func(i int, n int64) {
+		if sizes[i] < 0 {
+			sizes[i] = 0
+		}
+		sizes[i] += n
+	}
+	for _, t := range p.s.tiers() {
+		if bd, ok := t.e.(engines.BatchDeleter); ok {
+			got, err := bd.DeleteMany(ctx, ds)
+			if err != nil {
+				return nil, err
+			}
+			for i, n := range got {
+				if n >= 0 {
+					add(i, n)
+				}
+			}
+			continue
+		}
+		for i, d := range ds {
+			n, err := t.e.Size(ctx, d)
+			if errors.Is(err, ErrMissing) {
+				continue
+			}
+			if err == nil {
+				err = t.e.Delete(ctx, d)
+			}
+			switch {
+			case errors.Is(err, ErrMissing):
+			case err != nil:
+				return nil, err
+			default:
+				add(i, n)
+			}
+		}
+	}
+	return sizes, nil
 }

@@ -53,6 +53,9 @@ func Run(t *testing.T, open func(t *testing.T) engines.Engine) {
 	if isTx && isSQL {
 		t.Run("TxPutter", s.testTxPutter)
 	}
+	if _, ok := probe.(engines.BatchDeleter); ok {
+		t.Run("DeleteMany", s.testDeleteMany)
+	}
 }
 
 type suite struct {

@@ -170,3 +170,31 @@ func digest(raw []byte) (blob.Digest, error) {
 	copy(d[:], raw)
 	return d, nil
 }
+
+// DeleteMany implements engines.BatchDeleter: one transaction, one
+// DELETE … RETURNING size per digest.
+func (e *Engine) DeleteMany(ctx context.Context, ds []blob.Digest) (sizes []int64, err error) {
+	tx, err := e.db.BeginTx(ctx, nil)
+	if err != nil {
+		return nil, blob.Wrap("delete", e.name, blob.Digest{}, err)
+	}
+	defer func() {
+		if err != nil {
+			tx.Rollback()
+		}
+	}()
+	del := tx.StmtContext(ctx, e.delRet)
+	sizes = make([]int64, len(ds))
+	for i, d := range ds {
+		switch err := del.QueryRowContext(ctx, d[:]).Scan(&sizes[i]); {
+		case errors.Is(err, sql.ErrNoRows):
+			sizes[i] = -1
+		case err != nil:
+			return nil, blob.Wrap("delete", e.name, d, err)
+		}
+	}
+	if err := tx.Commit(); err != nil {
+		return nil, blob.Wrap("delete", e.name, blob.Digest{}, err)
+	}
+	return sizes, nil
+}

@@ -20,16 +20,17 @@ type Engine struct {
 	name string
 	db   *sql.DB
 
-	has, size, get, put, del, list *sql.Stmt
-	wStage, wDue, wRemove, wLen    *sql.Stmt
+	has, size, get, put, del, delRet, list *sql.Stmt
+	wStage, wDue, wRemove, wLen            *sql.Stmt
 }
 
 var (
-	_ engines.KV         = (*Engine)(nil)
-	_ engines.SQL        = (*Engine)(nil)
-	_ engines.TxPutter   = (*Engine)(nil)
-	_ engines.WindowHost = (*Engine)(nil)
-	_ engines.DeleteSafe = (*Engine)(nil)
+	_ engines.KV           = (*Engine)(nil)
+	_ engines.SQL          = (*Engine)(nil)
+	_ engines.TxPutter     = (*Engine)(nil)
+	_ engines.WindowHost   = (*Engine)(nil)
+	_ engines.DeleteSafe   = (*Engine)(nil)
+	_ engines.BatchDeleter = (*Engine)(nil)
 )
 
 const schema = `
@@ -86,6 +87,7 @@ func (e *Engine) init(ctx context.Context) error {
 	}{
 		{&e.has, `SELECT 1 FROM blobs WHERE digest = ?`},
 		{&e.size, `SELECT size FROM blobs WHERE digest = ?`},
+		{&e.delRet, `DELETE FROM blobs WHERE digest = ? RETURNING size`},
 		{&e.get, `SELECT size, value FROM blobs WHERE digest = ?`},
 		// ON CONFLICT (digest) DO NOTHING is INSERT OR IGNORE narrowed to
 		// the key: OR IGNORE would also swallow constraint failures. A nil
@@ -122,7 +124,7 @@ func (e *Engine) CursorsSurviveDelete() bool { return true }
 // Close closes the statements and the pool.
 func (e *Engine) Close() error {
 	var errs []error
-	for _, st := range []*sql.Stmt{e.has, e.size, e.get, e.put, e.del, e.list, e.wStage, e.wDue, e.wRemove, e.wLen} {
+	for _, st := range []*sql.Stmt{e.has, e.size, e.delRet, e.get, e.put, e.del, e.list, e.wStage, e.wDue, e.wRemove, e.wLen} {
 		if st != nil {
 			errs = append(errs, st.Close())
 		}

@@ -5,6 +5,7 @@ package gctest
 
 import (
 	"context"
+	"errors"
 	"iter"
 	"log/slog"
 	"maps"
@@ -238,4 +239,37 @@ func (c *Clock) Advance(d time.Duration) {
 		}
 	}
 	c.waiters = kept
+}
+
+// BatchPool is a Pool with gc.BatchPool's DeleteMany, so tests can run the
+// sweep's batched delete path as well as the per-key one.
+type BatchPool struct{ *Pool }
+
+var _ gc.BatchPool = BatchPool{}
+
+// NewBatchPool is NewPool with a collector that deletes in batches.
+func NewBatchPool(o gc.Options, ds ...blob.Digest) BatchPool {
+	p := NewPool(o, ds...)
+	bp := BatchPool{p}
+	if o.Logger == nil {
+		o.Logger = slog.New(slog.DiscardHandler)
+	}
+	p.C = gc.New(bp, o)
+	return bp
+}
+
+func (p BatchPool) DeleteMany(ctx context.Context, ds []blob.Digest) ([]int64, error) {
+	out := make([]int64, len(ds))
+	for i, d := range ds {
+		n, err := p.Delete(ctx, d)
+		switch {
+		case err == nil:
+			out[i] = n
+		case errors.Is(err, blob.ErrMissing):
+			out[i] = -1
+		default:
+			return nil, err
+		}
+	}
+	return out, nil
 }

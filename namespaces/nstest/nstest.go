@@ -23,6 +23,7 @@ import (
 	"unsafe"
 
 	"github.com/alkblobfs/alkblobfs/blob"
+	"github.com/alkblobfs/alkblobfs/gc"
 	"github.com/alkblobfs/alkblobfs/namespaces"
 )
 
@@ -55,6 +56,7 @@ func Run(t *testing.T, open Opener) {
 		{"EntriesBoundedMemory", testBoundedMemory},
 		{"Liveness", testLiveness},
 		{"LiveDistinctPaged", testLiveDistinctPaged},
+		{"LiveAmong", testLiveAmong},
 		{"ConcurrentLink", testConcurrentLink},
 		{"LinkRemoveRace", testLinkRemoveRace},
 		{"Canceled", testCanceled},
@@ -781,4 +783,27 @@ func testCanceled(t *testing.T, open Opener) {
 		}
 	}
 	unchanged(t, r, before, "calls with a canceled context", D(1), D(2))
+}
+
+// testLiveAmong: a registry that answers batched liveness queries answers
+// them exactly as IsLive would, across namespaces and duplicates.
+func testLiveAmong(t *testing.T, open Opener) {
+	r, _ := fresh(t, open)
+	bs, ok := r.(gc.BatchSource)
+	if !ok {
+		t.Skip("registry has no batched liveness query (gc.BatchSource)")
+	}
+	create(t, r, "a", "b")
+	link(t, r, "a", D(1), D(2))
+	link(t, r, "b", D(2), D(3))
+	must(t, r.Unlink(context.Background(), "a", D(1)))
+	live, err := bs.LiveAmong(context.Background(), []blob.Digest{D(1), D(2), D(3), D(4), D(2)})
+	must(t, err)
+	want := map[blob.Digest]bool{D(2): true, D(3): true}
+	if len(live) != len(want) || !live[D(2)] || !live[D(3)] {
+		t.Fatalf("LiveAmong = %v, want %v", live, want)
+	}
+	if live, err := bs.LiveAmong(context.Background(), nil); err != nil || len(live) != 0 {
+		t.Fatalf("LiveAmong(nil) = %v, %v", live, err)
+	}
 }
