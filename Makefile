@@ -14,12 +14,15 @@ build:
 deps:
 	scripts/ci-deps.sh
 
+# The tests run under scripts/pg.sh, which starts throw-away PostgreSQL
+# servers for them and sets ALKBLOBFS_REQUIRE_PG=1: a PostgreSQL test that
+# cannot reach its server fails here instead of skipping.
 test: deps
-	$(GO) test $(TEST_FLAGS) ./...
+	scripts/pg.sh $(GO) test $(TEST_FLAGS) ./...
 
 # test-long also runs the slow tests (those that check ALKBLOBFS_LONG).
 test-long: deps
-	ALKBLOBFS_LONG=1 $(GO) test $(TEST_FLAGS) ./...
+	ALKBLOBFS_LONG=1 scripts/pg.sh $(GO) test $(TEST_FLAGS) ./...
 
 lint:
 	@out="$$(gofmt -l .)"; \

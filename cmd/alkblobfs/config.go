@@ -14,6 +14,8 @@ import (
 	"github.com/alkblobfs/alkblobfs/engines"
 	"github.com/alkblobfs/alkblobfs/engines/local"
 	"github.com/alkblobfs/alkblobfs/engines/mem"
+	"github.com/alkblobfs/alkblobfs/engines/pglo"
+	"github.com/alkblobfs/alkblobfs/engines/postgres"
 	"github.com/alkblobfs/alkblobfs/engines/sqlite"
 	"github.com/alkblobfs/alkblobfs/namespaces"
 	"github.com/alkblobfs/alkblobfs/store"
@@ -104,6 +106,13 @@ func (a *app) storeConfig(cmd *cobra.Command) (store.Config, error) {
 			largeURL = "local:" + filepath.Join(a.data, "large")
 		}
 	}
+	if largeURL == "pglo" || largeURL == "pglo:" {
+		// Large objects in the kv engine's database (ADR-012 §4).
+		if !strings.HasPrefix(kvURL, "postgres://") && !strings.HasPrefix(kvURL, "postgresql://") {
+			return cfg, usagef(cmd, "--large pglo shares the kv engine's database, so it needs --kv postgres://…; or use --large pglo:postgres://…")
+		}
+		largeURL = "pglo:" + kvURL
+	}
 	if kvURL == "none" && largeURL == "none" {
 		return cfg, usagef(cmd, "--kv and --large are both none: a store needs at least one engine")
 	}
@@ -153,8 +162,10 @@ func (e *badURLError) Error() string { return fmt.Sprintf("engine URL %q: %s", e
 //	mem:          in-memory, either tier (gone when the process exits)
 //	sqlite:PATH   SQLite database file, kv tier
 //	local:DIR     files under DIR, large tier
+//	postgres://…  PostgreSQL database (URL or key=value DSN after "postgres:"), kv tier
+//	pglo:DSN      PostgreSQL large objects in the database DSN names, large tier
 //
-// postgres:// and pglo: are reserved for the PostgreSQL engines.
+// storeConfig turns a plain "pglo" into pglo:<the --kv URL>.
 func openEngine(ctx context.Context, role tierRole, url string, log *slog.Logger) (engines.Engine, error) {
 	scheme, rest, _ := strings.Cut(url, ":")
 	var e engines.Engine
@@ -199,10 +210,30 @@ func openEngine(ctx context.Context, role tierRole, url string, log *slog.Logger
 			return nil, err
 		}
 		e = l
-	case "postgres", "postgresql", "pglo":
-		return nil, &badURLError{url, "PostgreSQL engines are not supported yet"}
+	case "postgres", "postgresql":
+		if role != roleKV {
+			return nil, &badURLError{postgres.Redact(url, url), "postgres is a kv-tier engine; for --large use pglo (same database as --kv) or pglo:postgres://…"}
+		}
+		p, err := postgres.Open(ctx, url)
+		if err != nil {
+			return nil, pgOpenError(url, err)
+		}
+		e = p
+	case "pglo":
+		if role != roleLarge {
+			return nil, &badURLError{postgres.Redact(url, url), "pglo is a large-tier engine; for --kv use postgres://…"}
+		}
+		if rest == "" {
+			return nil, &badURLError{url, "want pglo:postgres://USER@HOST:PORT/DB, or pglo alone with --kv postgres://…"}
+		}
+		l, err := pglo.Open(ctx, rest)
+		if err != nil {
+			return nil, pgOpenError(rest, err)
+		}
+		e = l
 	default:
-		return nil, &badURLError{url, "unknown engine; want mem:, sqlite:PATH, local:DIR or none"}
+		// Redacted: a libpq key=value DSN lands here, password and all.
+		return nil, &badURLError{postgres.Redact(url, url), "unknown engine; want mem:, sqlite:PATH, local:DIR, postgres://…, pglo[:postgres://…] or none"}
 	}
 	_, isKV := e.(engines.KV)
 	_, isLarge := e.(engines.Large)
@@ -211,4 +242,14 @@ func openEngine(ctx context.Context, role tierRole, url string, log *slog.Logger
 		return nil, &badURLError{url, fmt.Sprintf("engine %s cannot serve the %s tier", e.Name(), role)}
 	}
 	return e, nil
+}
+
+// pgOpenError makes a DSN that does not parse a usage error (exit 2); a
+// server that cannot be reached stays an operational one (exit 1). Both
+// messages name the server and never the password.
+func pgOpenError(dsn string, err error) error {
+	if errors.Is(err, postgres.ErrBadDSN) {
+		return &badURLError{postgres.Redact(dsn, dsn), err.Error()}
+	}
+	return err
 }

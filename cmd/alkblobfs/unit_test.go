@@ -67,9 +67,10 @@ func TestOpenEngineURLs(t *testing.T) {
 		{roleLarge, "local:", "want local:DIR"},
 		{roleLarge, "sqlite:/x", "kv-tier engine"},
 		{roleKV, "local:/x", "large-tier engine"},
-		{roleKV, "postgres://h/db", "not supported yet"},
-		{roleKV, "postgresql://h/db", "not supported yet"},
-		{roleLarge, "pglo:postgres://h/db", "not supported yet"},
+		{roleLarge, "postgres://h/db", "kv-tier engine"},
+		{roleKV, "postgresql://h:notaport/db", "invalid PostgreSQL DSN"},
+		{roleKV, "pglo:postgres://h/db", "large-tier engine"},
+		{roleLarge, "pglo:", "want pglo:postgres://"},
 		{roleKV, "s3://bucket", "unknown engine"},
 		{roleKV, "/some/path", "unknown engine"},
 	} {

@@ -1,0 +1,174 @@
+package postgres
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"fmt"
+	"iter"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/alkblobfs/alkblobfs/blob"
+	"github.com/alkblobfs/alkblobfs/engines"
+)
+
+const putSQL = `INSERT INTO blobs (digest, size, value) VALUES ($1, $2, $3) ON CONFLICT (digest) DO NOTHING`
+
+// Has implements engines.Engine.
+func (e *Engine) Has(ctx context.Context, d blob.Digest) (bool, error) {
+	var one int
+	switch err := e.pool.QueryRow(ctx, `SELECT 1 FROM blobs WHERE digest = $1`, d[:]).Scan(&one); {
+	case errors.Is(err, pgx.ErrNoRows):
+		return false, nil
+	case err != nil:
+		return false, blob.Wrap("has", e.name, d, err)
+	}
+	return true, nil
+}
+
+// Size implements engines.Engine from the size column.
+func (e *Engine) Size(ctx context.Context, d blob.Digest) (int64, error) {
+	var n int64
+	if err := e.pool.QueryRow(ctx, `SELECT size FROM blobs WHERE digest = $1`, d[:]).Scan(&n); err != nil {
+		return 0, blob.Wrap("size", e.name, d, Missing(err))
+	}
+	return n, nil
+}
+
+// Open implements engines.Engine: the value is read whole into the cursor.
+func (e *Engine) Open(ctx context.Context, d blob.Digest) (engines.Cursor, error) {
+	var n int64
+	var v []byte
+	if err := e.pool.QueryRow(ctx, `SELECT size, value FROM blobs WHERE digest = $1`, d[:]).Scan(&n, &v); err != nil {
+		return nil, blob.Wrap("open", e.name, d, Missing(err))
+	}
+	if n != int64(len(v)) {
+		return nil, blob.Wrap("open", e.name, d, fmt.Errorf("row is damaged: size column says %d bytes, value has %d", n, len(v)))
+	}
+	return &cursor{b: v}, nil
+}
+
+// Missing maps pgx.ErrNoRows to blob.ErrMissing.
+func Missing(err error) error {
+	if errors.Is(err, pgx.ErrNoRows) {
+		return blob.ErrMissing
+	}
+	return err
+}
+
+// Put implements engines.KV.
+func (e *Engine) Put(ctx context.Context, d blob.Digest, value []byte) (bool, error) {
+	tag, err := e.pool.Exec(ctx, putSQL, d[:], len(value), notNil(value))
+	if err != nil {
+		return false, blob.Wrap("put", e.name, d, err)
+	}
+	return tag.RowsAffected() == 1, nil
+}
+
+// notNil: a nil slice binds as NULL; the empty blob is an empty bytea.
+func notNil(b []byte) []byte {
+	if b == nil {
+		return []byte{}
+	}
+	return b
+}
+
+// PutTx implements engines.TxPutter on the database/sql handle: the insert
+// (or the no-op insert of a dedup) and also commit together or not at all.
+func (e *Engine) PutTx(ctx context.Context, d blob.Digest, value []byte, also func(ctx context.Context, tx *sql.Tx) error) (ok bool, err error) {
+	tx, err := e.db.BeginTx(ctx, nil)
+	if err != nil {
+		return false, blob.Wrap("put", e.name, d, err)
+	}
+	defer func() {
+		if err != nil {
+			tx.Rollback() // the error that matters is err
+		}
+	}()
+	res, err := tx.ExecContext(ctx, putSQL, d[:], len(value), notNil(value))
+	if err != nil {
+		return false, blob.Wrap("put", e.name, d, err)
+	}
+	n, err := res.RowsAffected()
+	if err != nil {
+		return false, blob.Wrap("put", e.name, d, err)
+	}
+	if also != nil {
+		if err = also(ctx, tx); err != nil {
+			return false, blob.Wrap("put", e.name, d, err)
+		}
+	}
+	if err = tx.Commit(); err != nil {
+		return false, blob.Wrap("put", e.name, d, err)
+	}
+	return n == 1, nil
+}
+
+// Delete implements engines.Engine.
+func (e *Engine) Delete(ctx context.Context, d blob.Digest) error {
+	tag, err := e.pool.Exec(ctx, `DELETE FROM blobs WHERE digest = $1`, d[:])
+	if err != nil {
+		return blob.Wrap("delete", e.name, d, err)
+	}
+	if tag.RowsAffected() == 0 {
+		return blob.Wrap("delete", e.name, d, blob.ErrMissing)
+	}
+	return nil
+}
+
+// List implements engines.Engine with keyset pagination. Each page is read
+// whole and its rows closed before the first yield, so the caller's loop
+// body runs with no connection held.
+func (e *Engine) List(ctx context.Context, after blob.Digest) iter.Seq2[engines.Entry, error] {
+	return ListPages(ctx, e.name, after, func(ctx context.Context, after blob.Digest) (pgx.Rows, error) {
+		return e.pool.Query(ctx, `SELECT digest, size FROM blobs WHERE digest > $1 ORDER BY digest LIMIT $2`, Key(after), listPage)
+	})
+}
+
+// ListPages streams (digest, size) rows page by page: query returns up to
+// listPage rows after a cursor, in ascending digest order. The pglo engine
+// lists its companion table with it.
+func ListPages(ctx context.Context, name string, after blob.Digest, query func(ctx context.Context, after blob.Digest) (pgx.Rows, error)) iter.Seq2[engines.Entry, error] {
+	return func(yield func(engines.Entry, error) bool) {
+		cur := after
+		page := make([]engines.Entry, 0, listPage)
+		for {
+			var err error
+			if page, err = readPage(ctx, cur, page[:0], query); err != nil {
+				yield(engines.Entry{}, blob.Wrap("list", name, cur, err))
+				return
+			}
+			for _, en := range page {
+				if !yield(en, nil) {
+					return
+				}
+			}
+			if len(page) < listPage {
+				return
+			}
+			cur = page[len(page)-1].Digest
+		}
+	}
+}
+
+func readPage(ctx context.Context, after blob.Digest, page []engines.Entry, query func(ctx context.Context, after blob.Digest) (pgx.Rows, error)) ([]engines.Entry, error) {
+	rows, err := query(ctx, after)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	for rows.Next() {
+		var en engines.Entry
+		var raw []byte
+		if err := rows.Scan(&raw, &en.Size); err != nil {
+			return nil, err
+		}
+		var err error
+		if en.Digest, err = Digest(raw); err != nil {
+			return nil, err
+		}
+		page = append(page, en)
+	}
+	return page, rows.Err()
+}

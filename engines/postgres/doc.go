@@ -1,0 +1,47 @@
+// Package postgres is the PostgreSQL kv engine: small blobs stored whole in
+// one table, over a pgx/v5 pool. It also holds what both PostgreSQL engines
+// share: [Connect], the durable GC [Window], schema creation and keyset
+// listing; engines/pglo builds on them.
+//
+// # Schema
+//
+//	blobs(digest BYTEA PRIMARY KEY, size BIGINT NOT NULL, value BYTEA NOT NULL)
+//	gc_window(digest BYTEA PRIMARY KEY, visible_after BIGINT NOT NULL)
+//
+// Tables are created at Open (IF NOT EXISTS, under an advisory lock so
+// that engines opening one database at once do not collide). visible_after
+// is unix nanoseconds.
+//
+// # Contract
+//
+//   - Put is INSERT … ON CONFLICT (digest) DO NOTHING: inserted is true for
+//     exactly one of any number of racing puts of a digest.
+//   - Size and List read the size column only; Open materializes the value
+//     and the cursor survives a Delete ([engines.DeleteSafe]).
+//   - List pages by key (digest > last LIMIT 1000) and reads each page whole
+//     before yielding it: no connection, cursor or transaction is held
+//     while the caller's loop body runs.
+//   - [engines.SQL]: DB is a database/sql handle over the same pool
+//     (pgx stdlib), for namespace registries and [engines.TxPutter], whose
+//     PutTx runs the caller's statements in the insert's transaction.
+//   - [engines.WindowHost]: the delete window in gc_window, durable across
+//     restarts. The store uses exactly one window host (ADR-012 §5): this
+//     engine's when it is the kv engine.
+//
+// # Connections and failures
+//
+// Open parses the DSN (a postgres:// URL or a libpq key=value string) and
+// pings the server, so a wrong DSN or an unreachable server fails at once
+// with one line naming user@host:port/database — never the password. The
+// pool holds up to max(16, 4×GOMAXPROCS) connections unless the DSN says
+// pool_max_conns, and closes idle ones after 5 minutes.
+//
+// When the server restarts, operations in flight fail with the server's
+// error (e.g. SQLSTATE 57P01) wrapped with the operation, engine and digest;
+// their transactions roll back, so nothing half-written is visible. The
+// pool then drops the dead connections before reusing them: a connection
+// idle over a second is pinged (pgxpool's rule), and one the server wrote
+// to while it sat idle — the "terminating connection" message and EOF a
+// restart leaves — is pinged too, found dead and replaced. The next
+// operation succeeds on the same engine; nothing needs reopening.
+package postgres

@@ -1,0 +1,90 @@
+package postgres
+
+import (
+	"context"
+	"database/sql"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/jackc/pgx/v5/stdlib"
+
+	"github.com/alkblobfs/alkblobfs/blob"
+	"github.com/alkblobfs/alkblobfs/engines"
+)
+
+// Engine is a kv engine over one PostgreSQL database.
+type Engine struct {
+	*Window // engines.WindowHost
+	name    string
+	srv     Server
+	pool    *pgxpool.Pool
+	db      *sql.DB
+}
+
+var (
+	_ engines.KV         = (*Engine)(nil)
+	_ engines.SQL        = (*Engine)(nil)
+	_ engines.TxPutter   = (*Engine)(nil)
+	_ engines.WindowHost = (*Engine)(nil)
+	_ engines.DeleteSafe = (*Engine)(nil)
+)
+
+const blobsSchema = `CREATE TABLE IF NOT EXISTS blobs (
+	digest BYTEA PRIMARY KEY,
+	size   BIGINT NOT NULL,
+	value  BYTEA NOT NULL
+)`
+
+// listPage is how many rows one List query reads.
+const listPage = 1000
+
+// Open connects to the database dsn names (a postgres:// URL or a
+// key=value DSN) and creates the engine's tables if needed. Errors name
+// the server, never the password.
+func Open(ctx context.Context, dsn string) (*Engine, error) {
+	pool, srv, err := Connect(ctx, dsn)
+	if err != nil {
+		return nil, err
+	}
+	e := &Engine{name: srv.String(), srv: srv, pool: pool}
+	if err := CreateSchema(ctx, pool, blobsSchema); err != nil {
+		pool.Close()
+		return nil, e.wrap("open", err)
+	}
+	if e.Window, err = NewWindow(ctx, pool, e.name); err != nil {
+		pool.Close()
+		return nil, err
+	}
+	e.db = stdlib.OpenDBFromPool(pool)
+	return e, nil
+}
+
+// Name implements engines.Engine: postgres://user@host:port/database.
+func (e *Engine) Name() string { return e.name }
+
+// Server names the server and database.
+func (e *Engine) Server() Server { return e.srv }
+
+// Pool is the engine's connection pool.
+func (e *Engine) Pool() *pgxpool.Pool { return e.pool }
+
+// DB implements engines.SQL: a database/sql handle over the engine's pool.
+// It keeps no idle connections of its own, so every connection returns
+// to the pool, which checks it before reuse.
+func (e *Engine) DB() *sql.DB { return e.db }
+
+// Dialect implements engines.SQL.
+func (e *Engine) Dialect() string { return "postgres" }
+
+// CursorsSurviveDelete implements engines.DeleteSafe: cursors hold a copy.
+func (e *Engine) CursorsSurviveDelete() bool { return true }
+
+// Close closes the database/sql handle and the pool.
+func (e *Engine) Close() error {
+	err := e.db.Close()
+	e.pool.Close()
+	return e.wrap("close", err)
+}
+
+func (e *Engine) wrap(op string, err error) error {
+	return blob.Wrap(op, e.name, blob.Digest{}, err)
+}

@@ -1,0 +1,143 @@
+package postgres_test
+
+import (
+	"net"
+	"net/url"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/alkblobfs/alkblobfs/blob"
+	"github.com/alkblobfs/alkblobfs/engines"
+	"github.com/alkblobfs/alkblobfs/engines/enginetest"
+	"github.com/alkblobfs/alkblobfs/engines/postgres"
+	"github.com/alkblobfs/alkblobfs/engines/postgres/pgtest"
+)
+
+func TestEngine(t *testing.T) {
+	enginetest.Run(t, func(t *testing.T) engines.Engine { return open(t, pgtest.DSN(t)) })
+}
+
+func open(t *testing.T, dsn string) *postgres.Engine {
+	t.Helper()
+	e, err := postgres.Open(t.Context(), dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return e
+}
+
+// TestReopen: blobs and the delete window are durable across a close.
+func TestReopen(t *testing.T) {
+	ctx := t.Context()
+	dsn := pgtest.DSN(t)
+	e := open(t, dsn)
+	v := []byte("durable")
+	d := blob.Sum(v)
+	if _, err := e.Put(ctx, d, v); err != nil {
+		t.Fatal(err)
+	}
+	when := time.Unix(1_800_000_000, 42)
+	w := blob.Sum([]byte("window"))
+	if err := e.WindowStage(ctx, []engines.Candidate{{Digest: w, VisibleAfter: when}}); err != nil {
+		t.Fatal(err)
+	}
+	if err := e.Close(); err != nil {
+		t.Fatal(err)
+	}
+	e = open(t, dsn)
+	defer e.Close()
+	if n, err := e.Size(ctx, d); n != int64(len(v)) || err != nil {
+		t.Fatalf("Size after reopen = %d, %v", n, err)
+	}
+	cs, err := e.WindowDue(ctx, when, blob.Digest{}, 10)
+	if err != nil || len(cs) != 1 || cs[0].Digest != w || !cs[0].VisibleAfter.Equal(when) {
+		t.Fatalf("WindowDue after reopen = %v, %v; want the staged row", cs, err)
+	}
+	if name := e.Name(); strings.Contains(name, password(t, dsn)) || !strings.HasPrefix(name, "postgres://") {
+		t.Fatalf("Name = %q", name)
+	}
+}
+
+func password(t *testing.T, dsn string) string {
+	t.Helper()
+	u, err := url.Parse(dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	pw, ok := u.User.Password()
+	if !ok || pw == "" {
+		t.Fatal("the test DSN has no password")
+	}
+	return pw
+}
+
+// TestOpenErrors: a bad DSN, a closed port and a wrong password each give
+// one line that names the server (where there is one) and never the
+// password.
+func TestOpenErrors(t *testing.T) {
+	const secret = "s3cr%65t-pw" // "%65" decodes to "e": both forms must stay hidden
+	port := closedPort(t)
+	for _, tc := range []struct {
+		name, dsn string
+		want      []string
+	}{
+		{"closed port", "postgres://alice:" + secret + "@127.0.0.1:" + port + "/db?sslmode=disable&connect_timeout=5",
+			[]string{"127.0.0.1:" + port, "cannot connect", "refused"}},
+		{"bad port", "postgres://alice:" + secret + "@127.0.0.1:notaport/db", []string{"invalid PostgreSQL DSN"}},
+		{"bad option", "postgres://alice:" + secret + "@127.0.0.1:" + port + "/db?sslmode=sometimes", []string{"invalid PostgreSQL DSN", "sslmode"}},
+		{"key=value", "host=127.0.0.1 port=" + port + " user=alice password=" + secret + " dbname=db sslmode=disable connect_timeout=5",
+			[]string{"127.0.0.1:" + port}},
+		{"password query", "postgres://127.0.0.1:" + port + "/db?user=alice&password=" + secret + "&sslmode=disable&connect_timeout=5",
+			[]string{"127.0.0.1:" + port}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			_, err := postgres.Open(t.Context(), tc.dsn)
+			if err == nil {
+				t.Fatal("Open succeeded")
+			}
+			checkSecret(t, err, secret, tc.want...)
+		})
+	}
+	if pgtest.Available() {
+		t.Run("wrong password", func(t *testing.T) {
+			u, _ := url.Parse(pgtest.DSN(t))
+			u.User = url.UserPassword(u.User.Username(), secret)
+			_, err := postgres.Open(t.Context(), u.String())
+			if err == nil {
+				t.Fatal("Open with a wrong password succeeded")
+			}
+			checkSecret(t, err, secret, u.Host, "password authentication failed")
+		})
+	}
+}
+
+func checkSecret(t *testing.T, err error, secret string, want ...string) {
+	t.Helper()
+	msg := err.Error()
+	t.Logf("error: %s", msg)
+	dec, _ := url.PathUnescape(secret)
+	if strings.Contains(msg, secret) || strings.Contains(msg, dec) {
+		t.Errorf("error shows the password: %s", msg)
+	}
+	if strings.Contains(msg, "\n") {
+		t.Errorf("error spans lines: %q", msg)
+	}
+	for _, w := range want {
+		if !strings.Contains(msg, w) {
+			t.Errorf("error does not say %q: %s", w, msg)
+		}
+	}
+}
+
+// closedPort returns a loopback port nothing listens on.
+func closedPort(t *testing.T) string {
+	t.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, port, _ := net.SplitHostPort(l.Addr().String())
+	l.Close()
+	return port
+}

@@ -1,0 +1,155 @@
+package postgres
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/alkblobfs/alkblobfs/blob"
+	"github.com/alkblobfs/alkblobfs/engines"
+)
+
+// Window is the GC's durable delete window in a gc_window table:
+//
+//	gc_window(digest BYTEA PRIMARY KEY, visible_after BIGINT NOT NULL)
+//
+// visible_after is unix nanoseconds. Both PostgreSQL engines embed it (the
+// table is shared when they share a database); the store uses one window
+// host per instance, so with kv=postgres the pglo engine's stays dormant.
+type Window struct {
+	pool *pgxpool.Pool
+	name string // engine name, for errors
+}
+
+var _ engines.WindowHost = (*Window)(nil)
+
+const windowSchema = `CREATE TABLE IF NOT EXISTS gc_window (
+	digest        BYTEA PRIMARY KEY,
+	visible_after BIGINT NOT NULL
+)`
+
+// NewWindow creates gc_window in pool's database if needed. name is the
+// engine name errors carry.
+func NewWindow(ctx context.Context, pool *pgxpool.Pool, name string) (*Window, error) {
+	if err := CreateSchema(ctx, pool, windowSchema); err != nil {
+		return nil, blob.Wrap("open", name, blob.Digest{}, err)
+	}
+	return &Window{pool: pool, name: name}, nil
+}
+
+// schemaLock is the advisory lock key that serializes schema creation:
+// concurrent CREATE TABLE IF NOT EXISTS of one table can fail with a
+// unique violation in the catalog.
+const schemaLock = 0x616c6b626c6f62 // "alkblob"
+
+// CreateSchema runs ddl in one transaction under an advisory lock, so that
+// engines opening the same database at once do not trip over each other.
+func CreateSchema(ctx context.Context, pool *pgxpool.Pool, ddl ...string) error {
+	return pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
+		if _, err := tx.Exec(ctx, `SELECT pg_advisory_xact_lock($1)`, int64(schemaLock)); err != nil {
+			return fmt.Errorf("create schema: %w", err)
+		}
+		for _, s := range ddl {
+			if _, err := tx.Exec(ctx, s); err != nil {
+				return fmt.Errorf("create schema: %w", err)
+			}
+		}
+		return nil
+	})
+}
+
+// WindowStage implements engines.WindowHost in one statement. A digest
+// already staged keeps its row (and its time).
+func (w *Window) WindowStage(ctx context.Context, cs []engines.Candidate) error {
+	if len(cs) == 0 {
+		return nil
+	}
+	ds := make([][]byte, len(cs))
+	at := make([]int64, len(cs))
+	for i, c := range cs {
+		ds[i] = c.Digest[:]
+		at[i] = c.VisibleAfter.UnixNano()
+	}
+	_, err := w.pool.Exec(ctx, `INSERT INTO gc_window (digest, visible_after)
+		SELECT * FROM unnest($1::bytea[], $2::bigint[]) ON CONFLICT (digest) DO NOTHING`, ds, at)
+	return w.wrap("window stage", err)
+}
+
+// WindowDue implements engines.WindowHost.
+func (w *Window) WindowDue(ctx context.Context, now time.Time, after blob.Digest, limit int) ([]engines.Candidate, error) {
+	if limit <= 0 {
+		return nil, nil
+	}
+	rows, err := w.pool.Query(ctx, `SELECT digest, visible_after FROM gc_window
+		WHERE digest > $1 AND visible_after <= $2 ORDER BY digest LIMIT $3`, Key(after), now.UnixNano(), limit)
+	if err != nil {
+		return nil, w.wrap("window due", err)
+	}
+	defer rows.Close()
+	var cs []engines.Candidate
+	for rows.Next() {
+		var raw []byte
+		var ns int64
+		if err := rows.Scan(&raw, &ns); err != nil {
+			return nil, w.wrap("window due", err)
+		}
+		d, err := Digest(raw)
+		if err != nil {
+			return nil, w.wrap("window due", err)
+		}
+		cs = append(cs, engines.Candidate{Digest: d, VisibleAfter: time.Unix(0, ns)})
+	}
+	if err := rows.Err(); err != nil {
+		return nil, w.wrap("window due", err)
+	}
+	return cs, nil
+}
+
+// WindowRemove implements engines.WindowHost; absent digests are ignored.
+func (w *Window) WindowRemove(ctx context.Context, ds []blob.Digest) error {
+	if len(ds) == 0 {
+		return nil
+	}
+	keys := make([][]byte, len(ds))
+	for i := range ds {
+		keys[i] = ds[i][:]
+	}
+	_, err := w.pool.Exec(ctx, `DELETE FROM gc_window WHERE digest = ANY($1::bytea[])`, keys)
+	return w.wrap("window remove", err)
+}
+
+// WindowLen implements engines.WindowHost.
+func (w *Window) WindowLen(ctx context.Context) (int, error) {
+	var n int
+	if err := w.pool.QueryRow(ctx, `SELECT count(*) FROM gc_window`).Scan(&n); err != nil {
+		return 0, w.wrap("window len", err)
+	}
+	return n, nil
+}
+
+func (w *Window) wrap(op string, err error) error {
+	return blob.Wrap(op, w.name, blob.Digest{}, err)
+}
+
+// Key is a listing cursor as a bind argument of "digest > $n": the zero
+// digest binds as the empty bytea, which sorts below every 32-byte key, so
+// the zero cursor lists from the start, the zero digest included.
+func Key(d blob.Digest) []byte {
+	if d.IsZero() {
+		return []byte{}
+	}
+	return d[:]
+}
+
+// Digest converts a key column, refusing rows that are not 32 bytes.
+func Digest(raw []byte) (blob.Digest, error) {
+	var d blob.Digest
+	if len(raw) != blob.Size {
+		return d, fmt.Errorf("row with a %d-byte key: want %d", len(raw), blob.Size)
+	}
+	copy(d[:], raw)
+	return d, nil
+}

@@ -1,0 +1,112 @@
+package namespaces_test
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"testing"
+	"time"
+
+	"github.com/alkblobfs/alkblobfs/blob"
+	"github.com/alkblobfs/alkblobfs/engines/postgres"
+	"github.com/alkblobfs/alkblobfs/engines/postgres/pgtest"
+	"github.com/alkblobfs/alkblobfs/namespaces"
+	"github.com/alkblobfs/alkblobfs/namespaces/nstest"
+)
+
+func TestPostgres(t *testing.T) {
+	nstest.Run(t, func(t *testing.T, c namespaces.Clock) namespaces.Registry {
+		r, _ := openPostgres(t, pgtest.DSN(t), c)
+		return r
+	})
+}
+
+// openPostgres returns a registry in the postgres engine's database, as
+// namespaces.Open wires it for a store.
+func openPostgres(t *testing.T, dsn string, c namespaces.Clock) (*namespaces.SQL, *postgres.Engine) {
+	t.Helper()
+	e, err := postgres.Open(t.Context(), dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { e.Close() })
+	r, err := namespaces.OpenSQL(t.Context(), e.DB(), e.Dialect(), c)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return r, e
+}
+
+// TestPostgresPersists: references survive a reopen, with LinkedAt to the
+// nanosecond, and Open picks the SQL registry for the postgres engine.
+func TestPostgresPersists(t *testing.T) {
+	ctx := t.Context()
+	dsn := pgtest.DSN(t)
+	clock := nstest.NewClock(time.Unix(1_700_000_000, 123456789))
+	r, e := openPostgres(t, dsn, clock)
+	if err := r.Create(ctx, "keep"); err != nil {
+		t.Fatal(err)
+	}
+	d := blob.Sum([]byte("persisted"))
+	if _, err := r.Link(ctx, "keep", d); err != nil {
+		t.Fatal(err)
+	}
+	e.Close()
+
+	_, e = openPostgres(t, dsn, nil)
+	reg, err := namespaces.Open(ctx, e, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, ok := reg.(*namespaces.SQL); !ok {
+		t.Fatalf("Open(postgres engine) = %T, want *namespaces.SQL", reg)
+	}
+	ref, ok, err := reg.Has(ctx, "keep", d)
+	if err != nil || !ok || !ref.LinkedAt.Equal(clock.Now()) {
+		t.Fatalf("after reopen: Has = %v, %v, %v; want linked at %v", ref, ok, err, clock.Now())
+	}
+}
+
+// TestPostgresLinkTx: a link made in a put's transaction commits and rolls
+// back with the put.
+func TestPostgresLinkTx(t *testing.T) {
+	ctx := t.Context()
+	r, e := openPostgres(t, pgtest.DSN(t), nil)
+	if err := r.Create(ctx, "a"); err != nil {
+		t.Fatal(err)
+	}
+	v := []byte("rolled back")
+	d := blob.Sum(v)
+	boom := errors.New("boom")
+	_, err := e.PutTx(ctx, d, v, func(ctx context.Context, tx *sql.Tx) error {
+		if linked, err := r.LinkTx(ctx, tx, "a", d); err != nil || !linked {
+			t.Errorf("LinkTx = %v, %v", linked, err)
+		}
+		return boom
+	})
+	if !errors.Is(err, boom) {
+		t.Fatalf("PutTx = %v, want boom", err)
+	}
+	if _, ok, _ := r.Has(ctx, "a", d); ok {
+		t.Fatal("link survived the rolled-back put")
+	}
+	_, err = e.PutTx(ctx, d, v, func(ctx context.Context, tx *sql.Tx) error {
+		_, err := r.LinkTx(ctx, tx, "nope", d)
+		return err
+	})
+	if !errors.Is(err, namespaces.ErrNotFound) {
+		t.Fatalf("PutTx linking into an absent namespace = %v, want ErrNotFound", err)
+	}
+	if ok, _ := e.Has(ctx, d); ok {
+		t.Fatal("entry committed although its link failed")
+	}
+	if _, err := e.PutTx(ctx, d, v, func(ctx context.Context, tx *sql.Tx) error {
+		_, err := r.LinkTx(ctx, tx, "a", d)
+		return err
+	}); err != nil {
+		t.Fatal(err)
+	}
+	if _, ok, _ := r.Has(ctx, "a", d); !ok {
+		t.Fatal("link missing after a committed put")
+	}
+}
