@@ -21,11 +21,12 @@ type Engine struct {
 }
 
 var (
-	_ engines.KV         = (*Engine)(nil)
-	_ engines.SQL        = (*Engine)(nil)
-	_ engines.TxPutter   = (*Engine)(nil)
-	_ engines.WindowHost = (*Engine)(nil)
-	_ engines.DeleteSafe = (*Engine)(nil)
+	_ engines.KV           = (*Engine)(nil)
+	_ engines.SQL          = (*Engine)(nil)
+	_ engines.TxPutter     = (*Engine)(nil)
+	_ engines.BatchDeleter = (*Engine)(nil)
+	_ engines.WindowHost   = (*Engine)(nil)
+	_ engines.DeleteSafe   = (*Engine)(nil)
 )
 
 const blobsSchema = `CREATE TABLE IF NOT EXISTS blobs (
