@@ -94,6 +94,7 @@ SQLite for small blobs and a local directory for large ones, under --data.`,
 		newUnlinkCmd(a),
 		newSweepCmd(a),
 		newVerifyCmd(a),
+		newMountCmd(a),
 	)
 	return root
 }

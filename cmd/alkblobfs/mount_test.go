@@ -1,0 +1,328 @@
+//go:build linux
+
+package main
+
+import (
+	"bytes"
+	"crypto/sha256"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"io"
+	"math/rand/v2"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"slices"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+)
+
+// The mount command is tested as a daemon: the binary built by TestMain,
+// mounted on a t.TempDir(), signalled, killed and remounted.
+
+func requireFUSE(t *testing.T) {
+	t.Helper()
+	why := ""
+	if _, err := os.Stat("/dev/fuse"); err != nil {
+		why = "no /dev/fuse"
+	} else if _, err := exec.LookPath("fusermount3"); err != nil && os.Geteuid() != 0 {
+		why = "not root and no fusermount3"
+	}
+	if why == "" {
+		return
+	}
+	if os.Getenv("ALKBLOBFS_REQUIRE_FUSE") == "1" {
+		t.Fatalf("FUSE required (ALKBLOBFS_REQUIRE_FUSE=1) but unavailable: %s", why)
+	}
+	t.Skipf("FUSE unavailable (%s); set ALKBLOBFS_REQUIRE_FUSE=1 to fail instead", why)
+}
+
+type syncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
+}
+
+// daemon is one `alkblobfs mount` process.
+type daemon struct {
+	t      *testing.T
+	mnt    string
+	cmd    *exec.Cmd
+	stderr *syncBuffer
+	done   chan struct{}
+	err    error
+}
+
+func startDaemon(t *testing.T, data, mnt string, args ...string) *daemon {
+	t.Helper()
+	if buildErr != nil {
+		t.Fatal(buildErr)
+	}
+	d := &daemon{t: t, mnt: mnt, stderr: &syncBuffer{}, done: make(chan struct{})}
+	d.cmd = exec.Command(bin, append([]string{"--data", data, "mount"}, append(args, mnt)...)...)
+	d.cmd.Env = append(os.Environ(), "HOME="+t.TempDir(), "XDG_DATA_HOME=")
+	d.cmd.Stderr = d.stderr
+	if err := d.cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	go func() {
+		d.err = d.cmd.Wait()
+		close(d.done)
+	}()
+	t.Cleanup(func() {
+		select {
+		case <-d.done:
+		default:
+			d.cmd.Process.Kill()
+			<-d.done
+		}
+		syscall.Unmount(mnt, syscall.MNT_DETACH)
+	})
+	deadline := time.Now().Add(20 * time.Second)
+	for {
+		// The daemon's own word, not a stat: after a kill -9 the kernel
+		// may still answer a stat from the dead mount's caches.
+		if strings.Contains(d.stderr.String(), "msg=mounted") {
+			return d
+		}
+		select {
+		case <-d.done:
+			t.Fatalf("daemon exited before mounting: %v\n%s", d.err, d.stderr.String())
+		default:
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("daemon did not mount within 20s:\n%s", d.stderr.String())
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+// wait waits for the daemon to exit and returns its exit status.
+func (d *daemon) wait(within time.Duration) int {
+	d.t.Helper()
+	select {
+	case <-d.done:
+	case <-time.After(within):
+		d.t.Fatalf("daemon still running after %s:\n%s", within, d.stderr.String())
+	}
+	return d.cmd.ProcessState.ExitCode()
+}
+
+func isMounted(t *testing.T, dir string) bool {
+	t.Helper()
+	b, err := os.ReadFile("/proc/self/mountinfo")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, l := range strings.Split(string(b), "\n") {
+		if f := strings.Fields(l); len(f) > 4 && f[4] == dir {
+			return true
+		}
+	}
+	return false
+}
+
+func TestMountErrors(t *testing.T) {
+	requireFUSE(t)
+	c := newCLI(t)
+	missing := filepath.Join(t.TempDir(), "nope")
+	c.fail(1, "does not exist", "mount", missing)
+	c.fail(2, "verify", "mount", "--verify=fast", t.TempDir())
+	c.fail(2, "MOUNTPOINT", "mount")
+	c.fail(2, "keeps no namespaces", "--kv", "mem:", "mount", t.TempDir())
+
+	mnt := t.TempDir()
+	d := startDaemon(t, t.TempDir(), mnt)
+	c.fail(1, "busy", "mount", mnt)
+	d.cmd.Process.Signal(syscall.SIGTERM)
+	if code := d.wait(20 * time.Second); code != 0 {
+		t.Fatalf("exit %d after SIGTERM:\n%s", code, d.stderr.String())
+	}
+}
+
+// TestMountStops: SIGINT and SIGTERM unmount and exit 0; so does an
+// umount by someone else.
+func TestMountStops(t *testing.T) {
+	requireFUSE(t)
+	for _, how := range []string{"SIGINT", "SIGTERM", "umount"} {
+		t.Run(how, func(t *testing.T) {
+			mnt := t.TempDir()
+			d := startDaemon(t, t.TempDir(), mnt)
+			if err := os.Mkdir(filepath.Join(mnt, "ns"), 0o755); err != nil {
+				t.Fatal(err)
+			}
+			switch how {
+			case "SIGINT":
+				d.cmd.Process.Signal(syscall.SIGINT)
+			case "SIGTERM":
+				d.cmd.Process.Signal(syscall.SIGTERM)
+			case "umount":
+				if out, err := exec.Command("umount", mnt).CombinedOutput(); err != nil {
+					t.Fatalf("umount: %v: %s", err, out)
+				}
+			}
+			if code := d.wait(20 * time.Second); code != 0 {
+				t.Fatalf("exit %d:\n%s", code, d.stderr.String())
+			}
+			if isMounted(t, mnt) {
+				t.Fatal("still mounted")
+			}
+			if !strings.Contains(d.stderr.String(), "unmounted") {
+				t.Fatalf("no unmount log line:\n%s", d.stderr.String())
+			}
+		})
+	}
+}
+
+func fileSHA(t *testing.T, p string) string {
+	t.Helper()
+	f, err := os.Open(p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	h := sha256.New()
+	if _, err := io.Copy(h, f); err != nil {
+		t.Fatalf("read %s: %v", p, err)
+	}
+	return hex.EncodeToString(h.Sum(nil))
+}
+
+// TestKillDuringWrite: kill -9 of the daemon in the middle of a large
+// write into incoming/. The next mount clears the stale mount, start-up
+// removes the stage file, nothing of the interrupted file is published,
+// and everything published before is intact.
+func TestKillDuringWrite(t *testing.T) {
+	requireFUSE(t)
+	size := int64(256 << 20)
+	if os.Getenv("ALKBLOBFS_LONG") == "1" {
+		size = 1 << 30
+	}
+	data, mnt := t.TempDir(), t.TempDir()
+	d := startDaemon(t, data, mnt)
+	ns := filepath.Join(mnt, "ns")
+	if err := os.Mkdir(ns, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	// Published before the crash: kv tier, large tier, an empty file.
+	src := t.TempDir()
+	var want []string
+	// Small: this process's RSS at fork shows up in its children's
+	// ru_maxrss, which TestPeakRSSBounded measures.
+	for i, n := range []int{0, 1000, 200 << 10, 1 << 20} {
+		b := randomBytes(n, uint64(100+i))
+		p := filepath.Join(src, fmt.Sprintf("f%d", i))
+		if err := os.WriteFile(p, b, 0o644); err != nil {
+			t.Fatal(err)
+		}
+		want = append(want, sum(b))
+	}
+	if out, err := exec.Command("cp", "-r", src+"/.", filepath.Join(ns, "incoming")).CombinedOutput(); err != nil {
+		t.Fatalf("cp: %v: %s", err, out)
+	}
+	slices.Sort(want)
+
+	// The interrupted write.
+	f, err := os.Create(filepath.Join(ns, "incoming", "big"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var written int64
+	var werr error
+	wrote := make(chan struct{})
+	go func() {
+		defer close(wrote)
+		chunk := make([]byte, 256<<10)
+		r := rand.New(rand.NewPCG(1, 2))
+		for written < size {
+			for i := 0; i < len(chunk); i += 8 {
+				v := r.Uint64()
+				for j := range 8 {
+					chunk[i+j] = byte(v >> (8 * j))
+				}
+			}
+			n, err := f.Write(chunk)
+			written += int64(n)
+			if err != nil {
+				werr = err
+				return
+			}
+		}
+	}()
+	deadline := time.Now().Add(60 * time.Second)
+	for {
+		if fi, err := f.Stat(); err == nil && fi.Size() >= size/4 {
+			break
+		}
+		select {
+		case <-wrote:
+			t.Fatalf("writer ended before the kill: %d bytes, %v", written, werr)
+		default:
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("writer too slow")
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	d.cmd.Process.Kill()
+	d.wait(20 * time.Second)
+	<-wrote
+	f.Close()
+	if werr == nil {
+		t.Fatalf("the write of %d bytes survived the kill", written)
+	}
+	if _, err := os.Stat(mnt); !errors.Is(err, syscall.ENOTCONN) {
+		t.Fatalf("after kill -9, stat of the mountpoint: %v (want ENOTCONN)", err)
+	}
+
+	// Remount: the stale mount is detected and cleared.
+	d2 := startDaemon(t, data, mnt)
+	if !strings.Contains(d2.stderr.String(), "stale mount") {
+		t.Fatalf("no log line about the stale mount:\n%s\nfirst daemon:\n%s", d2.stderr.String(), d.stderr.String())
+	}
+	if ents, err := os.ReadDir(filepath.Join(data, "large", "stage")); err != nil || len(ents) != 0 {
+		t.Fatalf("stage files after start-up: %v %v", ents, err)
+	}
+	ents, err := os.ReadDir(ns)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var got []string
+	for _, e := range ents {
+		if e.Name() != "incoming" {
+			got = append(got, e.Name())
+			if s := fileSHA(t, filepath.Join(ns, e.Name())); s != e.Name() {
+				t.Fatalf("%s hashes to %s", e.Name(), s)
+			}
+		}
+	}
+	if !slices.Equal(got, want) {
+		t.Fatalf("namespace after the crash lists %v, want %v", got, want)
+	}
+	// Nothing half-published in the pool either.
+	c := &cli{t: t, data: data}
+	pool := lines(c.ok("ls"))
+	slices.Sort(pool)
+	if !slices.Equal(pool, want) {
+		t.Fatalf("pool after the crash holds %v, want %v", pool, want)
+	}
+	d2.cmd.Process.Signal(syscall.SIGTERM)
+	if code := d2.wait(20 * time.Second); code != 0 {
+		t.Fatalf("exit %d:\n%s", code, d2.stderr.String())
+	}
+}

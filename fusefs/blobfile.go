@@ -1,0 +1,261 @@
+package fusefs
+
+import (
+	"context"
+	"errors"
+	"io"
+	"sync"
+	"syscall"
+	"time"
+
+	"github.com/hanwen/go-fuse/v2/fs"
+	"github.com/hanwen/go-fuse/v2/fuse"
+
+	"github.com/alkblobfs/alkblobfs/blob"
+	"github.com/alkblobfs/alkblobfs/engines"
+	"github.com/alkblobfs/alkblobfs/gc"
+	"github.com/alkblobfs/alkblobfs/store"
+)
+
+// Extended attributes of blob files (and of receipts, for the digest).
+const (
+	xattrDigest = "user.alkblobfs.digest"
+	xattrTier   = "user.alkblobfs.tier"
+)
+
+// blobFile is a published blob in a namespace: read-only, immutable, one
+// inode per digest (shared by every namespace that links it).
+//
+// Open handles share one store Reader, so the chunks one handle verified
+// need not be verified again for another, and the blob's passthrough
+// backing file is that reader's descriptor.
+type blobFile struct {
+	node
+	d        blob.Digest
+	size     int64
+	tier     store.Tier
+	linkedAt time.Time
+
+	mu sync.Mutex
+	rd *store.Reader // while open > 0
+	// open handles by I/O mode. The kernel refuses (EIO at open) a
+	// passthrough open while the inode has cached-mode files open, and
+	// the reverse, so a new open takes the mode of those already open.
+	open, pt, cached int
+}
+
+var (
+	_ = (fs.NodeGetattrer)((*blobFile)(nil))
+	_ = (fs.NodeSetattrer)((*blobFile)(nil))
+	_ = (fs.NodeOpener)((*blobFile)(nil))
+	_ = (fs.NodeGetxattrer)((*blobFile)(nil))
+	_ = (fs.NodeListxattrer)((*blobFile)(nil))
+	_ = (fs.NodeSetxattrer)((*blobFile)(nil))
+	_ = (fs.NodeRemovexattrer)((*blobFile)(nil))
+	_ = (fs.NodeStatfser)((*blobFile)(nil))
+
+	_ = (fs.FileReader)((*blobHandle)(nil))
+	_ = (fs.FileReleaser)((*blobHandle)(nil))
+	_ = (fs.FilePassthroughFder)((*ptHandle)(nil))
+)
+
+func (b *blobFile) attr(out *fuse.Attr) {
+	out.Mode = syscall.S_IFREG | 0o444
+	out.Nlink = 1
+	out.Uid, out.Gid = b.fsys.uid, b.fsys.gid
+	setSize(out, b.size)
+	setTimes(out, b.linkedAt, b.linkedAt, b.linkedAt)
+}
+
+func (b *blobFile) Getattr(ctx context.Context, f fs.FileHandle, out *fuse.AttrOut) syscall.Errno {
+	b.attr(&out.Attr)
+	out.SetTimeout(blobTimeout)
+	return 0
+}
+
+// Setattr refuses everything: truncation is EACCES (as for an open for
+// writing), mode, owner and time changes EPERM.
+func (b *blobFile) Setattr(ctx context.Context, f fs.FileHandle, in *fuse.SetAttrIn, out *fuse.AttrOut) syscall.Errno {
+	if _, ok := in.GetSize(); ok {
+		return b.fsys.errno("setattr", b.d, errReadOnly)
+	}
+	return b.fsys.errno("setattr", b.d, errNotPermitted)
+}
+
+// Open pins the blob for as long as the handle lives, so that an unlink or
+// a sweep meanwhile leaves it readable (POSIX semantics for open files).
+func (b *blobFile) Open(ctx context.Context, flags uint32) (fs.FileHandle, uint32, syscall.Errno) {
+	f := b.fsys
+	if flags&syscall.O_ACCMODE != syscall.O_RDONLY || flags&syscall.O_TRUNC != 0 {
+		return nil, 0, f.errno("open", b.d, errReadOnly)
+	}
+	// Pin before opening: a sweep between the open and the pin could
+	// otherwise delete what we are about to read.
+	pin := f.st.Pin(b.d)
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.rd == nil {
+		r, ok, err := f.st.Get(ctx, b.d)
+		if err == nil && !ok {
+			err = blob.Wrap("open", "", b.d, blob.ErrMissing)
+		}
+		if err != nil {
+			pin.Release()
+			return nil, 0, f.errno("open", b.d, err)
+		}
+		if f.cfg.Verify == VerifyPublish {
+			r.Trust()
+		}
+		b.rd = r
+	}
+	b.open++
+	f.refs.add(b.d)
+	f.stats.opens.Add(1)
+	f.stats.openHandles.Add(1)
+	h := &blobHandle{b: b, rd: b.rd, pin: pin}
+	if b.pt > 0 || b.cached == 0 && b.passthroughOK() {
+		b.pt++
+		h.pt = true
+		f.stats.ptOpens.Add(1)
+		// go-fuse registers the backing file and clears KEEP_CACHE.
+		return &ptHandle{h}, 0, 0
+	}
+	b.cached++
+	f.stats.cachedOpens.Add(1)
+	// Immutable content: the kernel may keep pages across opens.
+	return h, fuse.FOPEN_KEEP_CACHE, 0
+}
+
+// passthroughOK: the kernel may read this blob from its file directly —
+// passthrough works on this mount, the blob is a local file, and the
+// verify mode allows unverified bytes or the blob has been verified end
+// to end already.
+func (b *blobFile) passthroughOK() bool {
+	f := b.fsys
+	if !f.ptAvailable.Load() || b.rd.Tier() != store.TierLarge {
+		return false
+	}
+	if _, ok := b.rd.Cursor().(engines.FileCursor); !ok {
+		return false
+	}
+	return f.cfg.Verify == VerifyPublish || b.rd.FullyVerified() || f.verified.has(b.d)
+}
+
+func (b *blobFile) release(h *blobHandle) {
+	b.mu.Lock()
+	if h.pt {
+		b.pt--
+	} else {
+		b.cached--
+	}
+	b.open--
+	if b.open == 0 {
+		b.rd.Close()
+		b.rd = nil
+	}
+	b.mu.Unlock()
+	h.pin.Release()
+	b.fsys.refs.drop(b.d)
+	b.fsys.stats.openHandles.Add(-1)
+}
+
+func (b *blobFile) Getxattr(ctx context.Context, attr string, dest []byte) (uint32, syscall.Errno) {
+	var v string
+	switch attr {
+	case xattrDigest:
+		v = b.d.String()
+	case xattrTier:
+		v = string(b.tier)
+	default:
+		return 0, b.fsys.errno("getxattr", b.d, errNoAttr)
+	}
+	return xattrValue(b.fsys, dest, v)
+}
+
+func (b *blobFile) Listxattr(ctx context.Context, dest []byte) (uint32, syscall.Errno) {
+	return xattrValue(b.fsys, dest, xattrDigest+"\x00"+xattrTier+"\x00")
+}
+
+func (b *blobFile) Setxattr(ctx context.Context, attr string, data []byte, flags uint32) syscall.Errno {
+	return b.fsys.errno("setxattr", b.d, errNotPermitted)
+}
+
+func (b *blobFile) Removexattr(ctx context.Context, attr string) syscall.Errno {
+	return b.fsys.errno("removexattr", b.d, errNotPermitted)
+}
+
+// xattrValue answers a getxattr/listxattr: the size when dest is empty,
+// ERANGE when it is too small.
+func xattrValue(f *FS, dest []byte, v string) (uint32, syscall.Errno) {
+	if len(dest) == 0 {
+		return uint32(len(v)), 0
+	}
+	if len(dest) < len(v) {
+		return uint32(len(v)), f.errno("getxattr", blob.Digest{}, errRange)
+	}
+	return uint32(copy(dest, v)), 0
+}
+
+// blobHandle is one open of a blob file, served through the daemon:
+// verified reads from the shared Reader, kept in the page cache.
+type blobHandle struct {
+	b   *blobFile
+	rd  *store.Reader
+	pin *gc.Pin
+	pt  bool // asked for passthrough (ptHandle)
+}
+
+// ptHandle asks go-fuse for passthrough. If the kernel does not take it,
+// reads arrive here as for a blobHandle.
+type ptHandle struct{ *blobHandle }
+
+// PassthroughFd hands the kernel the blob file's descriptor. go-fuse calls
+// it once per inode, right after Open, while the reader is open.
+func (h *ptHandle) PassthroughFd() (int, bool) {
+	fc, ok := h.rd.Cursor().(engines.FileCursor)
+	if !ok {
+		return 0, false
+	}
+	return int(fc.File().Fd()), true
+}
+
+func (h *blobHandle) Read(ctx context.Context, dest []byte, off int64) (fuse.ReadResult, syscall.Errno) {
+	b, f := h.b, h.b.fsys
+	if h.pt && f.ptFellBack.CompareAndSwap(false, true) {
+		// go-fuse turns passthrough off for the whole mount when a
+		// backing-file registration fails; say so once.
+		f.log.Warn("passthrough requested but the kernel sent a read: passthrough is off for this mount", "digest", b.d.String())
+		f.ptAvailable.Store(false)
+		f.ptReason.Store("backing file registration failed at open")
+	}
+	f.stats.reads.Add(1)
+	if off >= h.rd.Len() {
+		return fuse.ReadResultData(nil), 0
+	}
+	if f.cfg.Verify == VerifyPublish {
+		// Trusted and local: let go-fuse splice straight from the file.
+		if fc, ok := h.rd.Cursor().(engines.FileCursor); ok {
+			n := min(int64(len(dest)), h.rd.Len()-off)
+			f.stats.bytesRead.Add(n)
+			return fuse.ReadResultFd(fc.File().Fd(), off, int(n)), 0
+		}
+	}
+	n, err := h.rd.ReadAt(dest, off)
+	if err != nil && !errors.Is(err, io.EOF) {
+		if errors.Is(err, blob.ErrVerification) {
+			f.stats.verifyFailures.Add(1)
+			f.log.Error("blob fails verification; refusing to serve it", "digest", b.d.String(), "offset", off, "length", len(dest), "err", err)
+		}
+		return nil, f.errno("read", b.d, err)
+	}
+	f.stats.bytesRead.Add(int64(n))
+	if f.cfg.Verify == VerifyFull && h.rd.FullyVerified() && !f.verified.has(b.d) {
+		f.verified.add(b.d)
+	}
+	return fuse.ReadResultData(dest[:n]), 0
+}
+
+func (h *blobHandle) Release(ctx context.Context) syscall.Errno {
+	h.b.release(h)
+	return 0
+}

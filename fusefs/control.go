@@ -1,0 +1,429 @@
+package fusefs
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"time"
+
+	"github.com/hanwen/go-fuse/v2/fs"
+	"github.com/hanwen/go-fuse/v2/fuse"
+
+	"github.com/alkblobfs/alkblobfs/blob"
+	"github.com/alkblobfs/alkblobfs/gc"
+	"github.com/alkblobfs/alkblobfs/store"
+)
+
+// DefaultSweepInterval is what `echo on > sweep-timer` starts when no
+// interval was ever set.
+const DefaultSweepInterval = 15 * time.Minute
+
+// ctlDir is /.alkblobfs: a fixed set of control files.
+type ctlDir struct {
+	node
+}
+
+var (
+	_ = (fs.NodeGetattrer)((*ctlDir)(nil))
+	_ = (fs.NodeCreater)((*ctlDir)(nil))
+	_ = (fs.NodeMkdirer)((*ctlDir)(nil))
+	_ = (fs.NodeUnlinker)((*ctlDir)(nil))
+	_ = (fs.NodeRmdirer)((*ctlDir)(nil))
+	_ = (fs.NodeRenamer)((*ctlDir)(nil))
+	_ = (fs.NodeSymlinker)((*ctlDir)(nil))
+	_ = (fs.NodeLinker)((*ctlDir)(nil))
+	_ = (fs.NodeMknoder)((*ctlDir)(nil))
+	_ = (fs.NodeStatfser)((*ctlDir)(nil))
+
+	_ = (fs.NodeGetattrer)((*ctlFile)(nil))
+	_ = (fs.NodeSetattrer)((*ctlFile)(nil))
+	_ = (fs.NodeOpener)((*ctlFile)(nil))
+	_ = (fs.FileReader)((*ctlHandle)(nil))
+	_ = (fs.FileWriter)((*ctlHandle)(nil))
+)
+
+type ctlKind int
+
+const (
+	ctlSweep ctlKind = iota
+	ctlSweepTimer
+	ctlStats
+)
+
+func (c *ctlDir) build(ctx context.Context) {
+	for _, s := range []struct {
+		name string
+		kind ctlKind
+		ino  uint64
+	}{
+		{"sweep", ctlSweep, inoSweep},
+		{"sweep-timer", ctlSweepTimer, inoSweepTimer},
+		{"stats", ctlStats, inoStats},
+	} {
+		f := &ctlFile{node: node{fsys: c.fsys}, kind: s.kind}
+		c.AddChild(s.name, c.NewPersistentInode(ctx, f, fs.StableAttr{Mode: syscall.S_IFREG, Ino: s.ino}), false)
+	}
+}
+
+func (c *ctlDir) Getattr(ctx context.Context, f fs.FileHandle, out *fuse.AttrOut) syscall.Errno {
+	c.fsys.dirAttr(&out.Attr, 0o755, c.fsys.born)
+	return 0
+}
+
+func (c *ctlDir) refuse(op string) syscall.Errno {
+	return c.fsys.errno(op, blob.Digest{}, errNotPermitted)
+}
+
+func (c *ctlDir) Create(ctx context.Context, name string, flags, mode uint32, out *fuse.EntryOut) (*fs.Inode, fs.FileHandle, uint32, syscall.Errno) {
+	return nil, nil, 0, c.refuse("create")
+}
+func (c *ctlDir) Mkdir(ctx context.Context, name string, mode uint32, out *fuse.EntryOut) (*fs.Inode, syscall.Errno) {
+	return nil, c.refuse("mkdir")
+}
+func (c *ctlDir) Unlink(ctx context.Context, name string) syscall.Errno { return c.refuse("unlink") }
+func (c *ctlDir) Rmdir(ctx context.Context, name string) syscall.Errno  { return c.refuse("rmdir") }
+func (c *ctlDir) Rename(ctx context.Context, name string, np fs.InodeEmbedder, nn string, flags uint32) syscall.Errno {
+	return c.refuse("rename")
+}
+func (c *ctlDir) Symlink(ctx context.Context, target, name string, out *fuse.EntryOut) (*fs.Inode, syscall.Errno) {
+	return nil, c.refuse("symlink")
+}
+func (c *ctlDir) Link(ctx context.Context, t fs.InodeEmbedder, name string, out *fuse.EntryOut) (*fs.Inode, syscall.Errno) {
+	return nil, c.refuse("link")
+}
+func (c *ctlDir) Mknod(ctx context.Context, name string, mode, dev uint32, out *fuse.EntryOut) (*fs.Inode, syscall.Errno) {
+	return nil, c.refuse("mknod")
+}
+
+// ctlFile is one control file. Reads render the current state at the
+// first read of a handle (direct I/O, so the size 0 in stat does not cut
+// them short); each write is one command.
+type ctlFile struct {
+	node
+	kind ctlKind
+}
+
+func (c *ctlFile) writable() bool { return c.kind != ctlStats }
+
+func (c *ctlFile) Getattr(ctx context.Context, f fs.FileHandle, out *fuse.AttrOut) syscall.Errno {
+	mode := uint32(0o444)
+	if c.writable() {
+		mode = 0o644
+	}
+	out.Mode = syscall.S_IFREG | mode
+	out.Nlink = 1
+	out.Uid, out.Gid = c.fsys.uid, c.fsys.gid
+	setTimes(&out.Attr, c.fsys.born, c.fsys.born, c.fsys.born)
+	out.SetTimeout(0)
+	return 0
+}
+
+// Setattr accepts, and ignores, the truncation of `echo run > sweep` and
+// the time updates the kernel sends around writes; mode and owner changes
+// are EPERM.
+func (c *ctlFile) Setattr(ctx context.Context, f fs.FileHandle, in *fuse.SetAttrIn, out *fuse.AttrOut) syscall.Errno {
+	const times = fuse.FATTR_ATIME | fuse.FATTR_ATIME_NOW | fuse.FATTR_MTIME | fuse.FATTR_MTIME_NOW | fuse.FATTR_CTIME
+	if in.Valid&^(fuse.FATTR_SIZE|fuse.FATTR_FH|fuse.FATTR_LOCKOWNER|fuse.FATTR_KILL_SUIDGID|times) != 0 {
+		return c.fsys.errno("setattr", blob.Digest{}, errNotPermitted)
+	}
+	if _, ok := in.GetSize(); ok && !c.writable() {
+		return c.fsys.errno("setattr", blob.Digest{}, errReadOnly)
+	}
+	return c.Getattr(ctx, f, out)
+}
+
+func (c *ctlFile) Open(ctx context.Context, flags uint32) (fs.FileHandle, uint32, syscall.Errno) {
+	if flags&syscall.O_ACCMODE != syscall.O_RDONLY && !c.writable() {
+		return nil, 0, c.fsys.errno("open", blob.Digest{}, errReadOnly)
+	}
+	return &ctlHandle{c: c}, fuse.FOPEN_DIRECT_IO, 0
+}
+
+type ctlHandle struct {
+	c *ctlFile
+
+	mu      sync.Mutex
+	content []byte
+}
+
+func (h *ctlHandle) Read(ctx context.Context, dest []byte, off int64) (fuse.ReadResult, syscall.Errno) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if h.content == nil || off == 0 {
+		b, err := h.c.render(ctx)
+		if err != nil {
+			return nil, h.c.fsys.errno("read", blob.Digest{}, err)
+		}
+		h.content = b
+	}
+	if off >= int64(len(h.content)) {
+		return fuse.ReadResultData(nil), 0
+	}
+	return fuse.ReadResultData(h.content[off:min(int64(len(h.content)), off+int64(len(dest)))]), 0
+}
+
+// Write runs one command; bad input is EINVAL and changes nothing. A
+// sweep's write returns when the sweep has ended.
+func (h *ctlHandle) Write(ctx context.Context, data []byte, off int64) (uint32, syscall.Errno) {
+	f := h.c.fsys
+	cmd := strings.TrimSpace(string(data))
+	var err error
+	switch h.c.kind {
+	case ctlSweep:
+		if cmd != "run" {
+			f.log.Warn("bad sweep command; write run", "input", truncate(cmd))
+			err = errBadInput
+			break
+		}
+		_, err = f.sweeper.run(ctx, "control file")
+	case ctlSweepTimer:
+		if err = f.sweeper.set(cmd); err != nil {
+			f.log.Warn("bad sweep-timer command; write off, on or a duration like 15m", "input", truncate(cmd))
+		}
+	default:
+		err = errReadOnly
+	}
+	if err != nil {
+		return 0, f.errno("control", blob.Digest{}, err)
+	}
+	return uint32(len(data)), 0
+}
+
+func truncate(s string) string {
+	if len(s) > 64 {
+		return s[:64] + "…"
+	}
+	return s
+}
+
+func (c *ctlFile) render(ctx context.Context) ([]byte, error) {
+	f := c.fsys
+	switch c.kind {
+	case ctlSweep:
+		rep, ok := f.st.GC().LastReport()
+		if !ok {
+			return []byte("{}\n"), nil
+		}
+		return marshal(rep)
+	case ctlSweepTimer:
+		return []byte(f.sweeper.String() + "\n"), nil
+	default:
+		return marshal(f.Stats(ctx))
+	}
+}
+
+func marshal(v any) ([]byte, error) {
+	b, err := json.MarshalIndent(v, "", "  ")
+	if err != nil {
+		return nil, err
+	}
+	return append(b, '\n'), nil
+}
+
+// sweeper runs sweeps for the control file and the timer: one code path,
+// one sweep at a time (a control write waits for a timer sweep in
+// progress rather than getting an immediate SweeperLock abort).
+type sweeper struct {
+	f     *FS
+	runMu sync.Mutex
+	runs  atomic.Int64
+
+	mu      sync.Mutex
+	every   time.Duration // 0: off
+	lastOn  time.Duration // what "on" resumes
+	timer   *time.Timer
+	gen     uint64
+	stopped bool
+}
+
+func newSweeper(f *FS, every time.Duration) *sweeper {
+	return &sweeper{f: f, every: every, lastOn: every}
+}
+
+func (s *sweeper) run(ctx context.Context, trigger string) (gc.Report, error) {
+	s.runMu.Lock()
+	defer s.runMu.Unlock()
+	rep, err := s.f.st.Sweep(ctx)
+	s.runs.Add(1)
+	if err != nil {
+		s.f.log.Error("sweep failed", "trigger", trigger, "err", err)
+		return rep, err
+	}
+	s.f.log.Info("sweep done", "trigger", trigger, "aborted", string(rep.Aborted), "deleted", rep.Deleted,
+		"staged", rep.Staged, "bytes_freed", rep.BytesFreed, "duration", rep.Duration)
+	return rep, nil
+}
+
+// set applies a sweep-timer command: off, on, or a Go duration.
+func (s *sweeper) set(cmd string) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	switch cmd {
+	case "off":
+		s.every = 0
+	case "on":
+		if s.lastOn <= 0 {
+			s.lastOn = DefaultSweepInterval
+		}
+		s.every = s.lastOn
+	default:
+		d, err := time.ParseDuration(cmd)
+		if err != nil || d < 0 {
+			return fmt.Errorf("%w: sweep-timer %q: want off, on or a non-negative duration", errBadInput, truncate(cmd))
+		}
+		s.every = d
+		if d > 0 {
+			s.lastOn = d
+		}
+	}
+	s.armLocked()
+	return nil
+}
+
+func (s *sweeper) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.every <= 0 {
+		return "off"
+	}
+	return s.every.String()
+}
+
+func (s *sweeper) start() {
+	s.mu.Lock()
+	s.armLocked()
+	s.mu.Unlock()
+}
+
+func (s *sweeper) stop() {
+	s.mu.Lock()
+	s.stopped = true
+	s.armLocked()
+	s.mu.Unlock()
+}
+
+func (s *sweeper) armLocked() {
+	s.gen++
+	if s.timer != nil {
+		s.timer.Stop()
+		s.timer = nil
+	}
+	if s.every <= 0 || s.stopped {
+		return
+	}
+	g := s.gen
+	s.timer = time.AfterFunc(s.every, func() { s.fire(g) })
+}
+
+func (s *sweeper) fire(g uint64) {
+	s.mu.Lock()
+	live := g == s.gen && !s.stopped
+	s.mu.Unlock()
+	if !live {
+		return
+	}
+	s.run(s.f.ctx, "timer")
+	s.mu.Lock()
+	if g == s.gen {
+		s.armLocked()
+	}
+	s.mu.Unlock()
+}
+
+// Stats is what /.alkblobfs/stats shows.
+type Stats struct {
+	Mountpoint string      `json:"mountpoint,omitempty"`
+	Verify     Verify      `json:"verify"`
+	Store      store.Stats `json:"store"`
+	Namespaces int         `json:"namespaces"`
+
+	OpenHandles  int64 `json:"open_handles"`
+	OpenDigests  int   `json:"open_digests"`
+	Opens        int64 `json:"opens"`
+	Reads        int64 `json:"reads"`
+	BytesRead    int64 `json:"bytes_out"`
+	Writes       int64 `json:"writes"`
+	BytesWritten int64 `json:"bytes_in"`
+
+	Uploads         int64 `json:"uploads_started"`
+	UploadsInFlight int   `json:"uploads_in_flight"`
+	Publishes       int64 `json:"publishes"`
+	PublishFailures int64 `json:"publish_failures"`
+	Retracted       int64 `json:"retracted"`
+	Receipts        int64 `json:"receipts"`
+	VerifyFailures  int64 `json:"verify_failures"`
+
+	Passthrough PassthroughStats `json:"passthrough"`
+
+	SweepTimer string     `json:"sweep_timer"`
+	Sweeps     int64      `json:"sweeps"`
+	LastSweep  *gc.Report `json:"last_sweep,omitempty"`
+}
+
+// PassthroughStats says whether the kernel reads local blobs directly.
+type PassthroughStats struct {
+	Active       bool   `json:"active"`
+	Reason       string `json:"reason,omitempty"`
+	Opens        int64  `json:"opens"`
+	CachedOpens  int64  `json:"cached_opens"`
+	FellBackOnce bool   `json:"fell_back,omitempty"`
+}
+
+// Stats is a snapshot of the mount's counters.
+func (f *FS) Stats(ctx context.Context) Stats {
+	s := Stats{
+		Verify:       f.cfg.Verify,
+		Store:        f.st.Stats(),
+		OpenHandles:  f.stats.openHandles.Load(),
+		OpenDigests:  f.refs.len(),
+		Opens:        f.stats.opens.Load(),
+		Reads:        f.stats.reads.Load(),
+		BytesRead:    f.stats.bytesRead.Load(),
+		Writes:       f.stats.writes.Load(),
+		BytesWritten: f.stats.bytesWritten.Load(),
+
+		Uploads:         f.stats.uploads.Load(),
+		Publishes:       f.stats.publishes.Load(),
+		PublishFailures: f.stats.publishFailures.Load(),
+		Retracted:       f.stats.retracted.Load(),
+		Receipts:        f.stats.receipts.Load(),
+		VerifyFailures:  f.stats.verifyFailures.Load(),
+
+		Passthrough: PassthroughStats{
+			Active:       f.ptAvailable.Load(),
+			Opens:        f.stats.ptOpens.Load(),
+			CachedOpens:  f.stats.cachedOpens.Load(),
+			FellBackOnce: f.ptFellBack.Load(),
+		},
+		SweepTimer: f.sweeper.String(),
+		Sweeps:     f.sweeper.runs.Load(),
+	}
+	if !s.Passthrough.Active {
+		s.Passthrough.Reason, _ = f.ptReason.Load().(string)
+	}
+	if f.mount != nil {
+		s.Mountpoint = f.mount.dir
+	}
+	for _, err := range f.reg.Names(ctx, "") {
+		if err != nil {
+			break
+		}
+		s.Namespaces++
+	}
+	for _, d := range f.nsDirs() {
+		d.mu.Lock()
+		s.UploadsInFlight += len(d.pending)
+		d.mu.Unlock()
+		d.tree.mu.Lock()
+		s.UploadsInFlight += len(d.tree.live)
+		d.tree.mu.Unlock()
+	}
+	if rep, ok := f.st.GC().LastReport(); ok {
+		s.LastSweep = &rep
+	}
+	return s
+}

@@ -1,0 +1,196 @@
+//go:build linux
+
+package fusefs
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"io"
+	"io/fs"
+	"os"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+)
+
+func writeCtl(path, s string) error {
+	f, err := os.OpenFile(path, os.O_WRONLY|os.O_TRUNC, 0)
+	if err != nil {
+		return err
+	}
+	_, err = f.WriteString(s)
+	if cerr := f.Close(); err == nil {
+		err = cerr
+	}
+	return err
+}
+
+func readCtl(t *testing.T, path string) string {
+	t.Helper()
+	return string(mustRead(t, path))
+}
+
+func TestControlFiles(t *testing.T) {
+	e := mountStore(t, defaultSpec)
+	ctl := e.path(controlName)
+
+	t.Run("sweep", func(t *testing.T) {
+		if got := strings.TrimSpace(readCtl(t, ctl+"/sweep")); got != "{}" {
+			t.Fatalf("sweep before any sweep: %q", got)
+		}
+		// Through a shell, as an operator would.
+		sh(t, "echo run > "+ctl+"/sweep")
+		var rep struct {
+			Scanned *int64 `json:"scanned"`
+			Aborted string `json:"aborted"`
+		}
+		if err := json.Unmarshal(mustRead(t, ctl+"/sweep"), &rep); err != nil || rep.Scanned == nil {
+			t.Fatalf("sweep report: %v: %s", err, readCtl(t, ctl+"/sweep"))
+		}
+		if rep.Aborted != "" {
+			t.Fatalf("sweep aborted: %s", rep.Aborted)
+		}
+		wantErrno(t, "bad sweep command", writeCtl(ctl+"/sweep", "walk\n"), syscall.EINVAL)
+	})
+	t.Run("sweep-timer", func(t *testing.T) {
+		timer := ctl + "/sweep-timer"
+		read := func() string { return strings.TrimSpace(readCtl(t, timer)) }
+		if got := read(); got != "off" {
+			t.Fatalf("timer starts %q", got)
+		}
+		for _, c := range []struct{ in, want string }{
+			{"5m", "5m0s"}, {"off", "off"}, {"on", "5m0s"}, {"90s\n", "1m30s"}, {"0", "off"}, {"on", "1m30s"},
+		} {
+			if err := writeCtl(timer, c.in); err != nil {
+				t.Fatalf("write %q: %v", c.in, err)
+			}
+			if got := read(); got != c.want {
+				t.Fatalf("after %q: %q, want %q", c.in, got, c.want)
+			}
+		}
+		for _, bad := range []string{"banana", "-1s", "5", "on off"} {
+			wantErrno(t, "timer "+bad, writeCtl(timer, bad), syscall.EINVAL)
+			if got := read(); got != "1m30s" {
+				t.Fatalf("bad input %q changed the timer to %q", bad, got)
+			}
+		}
+		// The timer sweeps through the same path as the control file.
+		before := e.srv.Stats(context.Background()).Sweeps
+		if err := writeCtl(timer, "20ms"); err != nil {
+			t.Fatal(err)
+		}
+		eventually(t, 10*time.Second, "a timer sweep", func() bool {
+			return e.srv.Stats(context.Background()).Sweeps >= before+2
+		})
+		if err := writeCtl(timer, "off"); err != nil {
+			t.Fatal(err)
+		}
+	})
+	t.Run("stats", func(t *testing.T) {
+		var s Stats
+		if err := json.Unmarshal(mustRead(t, ctl+"/stats"), &s); err != nil {
+			t.Fatal(err)
+		}
+		if s.Verify != VerifyFull || s.Store.Mode == "" || s.SweepTimer != "off" || s.LastSweep == nil {
+			t.Fatalf("stats: %+v", s)
+		}
+		_, err := os.OpenFile(ctl+"/stats", os.O_WRONLY, 0)
+		wantErrno(t, "open stats for writing", err, syscall.EACCES)
+	})
+	t.Run("control directory is fixed", func(t *testing.T) {
+		_, err := os.Create(ctl + "/new")
+		wantErrno(t, "create", err, syscall.EPERM)
+		wantErrno(t, "unlink", os.Remove(ctl+"/stats"), syscall.EPERM)
+		wantErrno(t, "rmdir", syscall.Rmdir(ctl), syscall.EPERM)
+	})
+}
+
+// TestSweepWhileOpen: an open file survives a sweep after its last
+// reference went; once closed, two sweeps (stage, then execute) remove it.
+func TestSweepWhileOpen(t *testing.T) {
+	e := mountStore(t, defaultSpec)
+	e.mkns("g")
+	ctx := context.Background()
+	content := randBytes(12, 1<<20)
+	d := e.put("g", content)
+	p := e.path("g", d.String())
+	f, err := os.Open(p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Remove(p); err != nil {
+		t.Fatal(err)
+	}
+	sweep := func() {
+		t.Helper()
+		if err := writeCtl(e.path(controlName, "sweep"), "run"); err != nil {
+			t.Fatal(err)
+		}
+	}
+	sweep()
+	sweep()
+	if ok, _ := e.st.Has(ctx, d); !ok {
+		t.Fatal("open blob swept")
+	}
+	got, err := io.ReadAll(f)
+	if err != nil || sum(got) != d.String() {
+		t.Fatalf("read after sweeps: %v", err)
+	}
+	f.Close()
+	// The handle's pin and open reference go with the RELEASE, which the
+	// kernel sends after close returns.
+	eventually(t, 5*time.Second, "the handle's release", func() bool {
+		return e.srv.Stats(ctx).OpenHandles == 0
+	})
+	sweep()
+	sweep()
+	if ok, _ := e.st.Has(ctx, d); ok {
+		t.Fatal("closed, unreferenced blob survived two sweeps")
+	}
+}
+
+// TestReceipts: the incoming name stays readable after publish, takes
+// attribute changes, expires after the TTL, and rm removes it early
+// without touching the published blob.
+func TestReceipts(t *testing.T) {
+	e := mountStore(t, defaultSpec, withReceiptTTL(300*time.Millisecond))
+	e.mkns("r")
+	in := e.path("r", "incoming")
+	content := randBytes(13, 500<<10)
+	writeFile(t, in+"/keep", content)
+	writeFile(t, in+"/drop", []byte("drop me"))
+	if got := fileSum(t, in+"/keep"); got != sum(content) {
+		t.Fatalf("receipt reads %s", got)
+	}
+	if err := os.Chmod(in+"/keep", 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Chown(in+"/keep", 1234, 5678); err != nil {
+		t.Fatal(err)
+	}
+	mt := time.Date(2001, 2, 3, 4, 5, 6, 0, time.UTC)
+	if err := os.Chtimes(in+"/keep", mt, mt); err != nil {
+		t.Fatal(err)
+	}
+	fi, err := os.Stat(in + "/keep")
+	if err != nil || fi.Mode().Perm() != 0o600 || !fi.ModTime().Equal(mt) || fi.Size() != int64(len(content)) {
+		t.Fatalf("receipt attributes: %v %v %v %v", err, fi.Mode(), fi.ModTime(), fi.Size())
+	}
+	if st := fi.Sys().(*syscall.Stat_t); st.Uid != 1234 || st.Gid != 5678 {
+		t.Fatalf("chown not kept: %d:%d", st.Uid, st.Gid)
+	}
+	if err := os.Remove(in + "/drop"); err != nil {
+		t.Fatal(err)
+	}
+	e.expectNS(t, "r", []string{sum(content), sum([]byte("drop me"))})
+	eventually(t, 10*time.Second, "the receipt to expire", func() bool {
+		_, err := os.Stat(in + "/keep")
+		return errors.Is(err, fs.ErrNotExist)
+	})
+	e.expectNS(t, "r", []string{sum(content), sum([]byte("drop me"))})
+	if ents, _ := os.ReadDir(in); len(ents) != 0 {
+		t.Fatalf("incoming/ not empty after expiry: %v", ents)
+	}
+}

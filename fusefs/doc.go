@@ -1,0 +1,108 @@
+// Package fusefs is the alkblobfs mount: a go-fuse (fs API) node tree over
+// the store facade and the namespaces registry (DESIGN §1 and §6).
+//
+//	/                      rootDir   namespaces (from the registry) + .alkblobfs/
+//	/<ns>/                 nsDir     digests, listed a page at a time + incoming/
+//	/<ns>/<digest>         blobFile  read-only; one inode per digest
+//	/<ns>/incoming/...     incDir, fileNode, symNode   in memory; uploads and receipts
+//	/.alkblobfs/           ctlDir, ctlFile             sweep, sweep-timer, stats
+//
+// Mount mounts a Config (store, registry, options) and returns a Server;
+// cmd/alkblobfs's mount command is a thin shell around it.
+//
+// # Caching
+//
+// Blob files are immutable, so the kernel may keep everything about them:
+// an hour of entry and attribute timeout, FOPEN_KEEP_CACHE on opens served
+// by the daemon, kernel readahead raised to 1 MiB (the mount's max_read and
+// max_write are 1 MiB too). Links and unlinks this mount makes outside a
+// kernel request (a publish from incoming/, a retraction, an expired
+// receipt) are announced with NotifyEntry, always with no node lock held:
+// the kernel takes the directory's lock to invalidate, and a request that
+// holds it may be waiting on ours. Directories and incoming/ files keep the
+// one-second default; the kernel does not auto-invalidate data on mtime
+// changes (ExplicitDataCacheControl), since content changes only through
+// this mount's own writes.
+//
+// Local large blobs are served by FUSE passthrough where the kernel offers
+// it: the kernel reads the blob's file directly. A probe at mount (go-fuse
+// would otherwise turn passthrough off silently on the first failed
+// registration) decides, logs, and shows in stats. In --verify=full only a
+// blob verified end to end (by an earlier read through the daemon) passes
+// through; --verify=publish passes through from the first open. The kernel
+// refuses to mix passthrough and page-cached opens on one inode, so a new
+// open takes the mode of the opens already there. The writeback cache
+// would pipeline writes into incoming/, but the kernel refuses passthrough
+// with it, so it stays off.
+//
+// # Errors
+//
+// Node methods produce Go errors (store and namespace sentinels, or this
+// package's policy errors such as errReadOnly) and convert them in one
+// place, toErrno, which is the errno table of DESIGN §1 as code and is
+// table-tested. (*FS).errno wraps it: whatever maps to EIO is logged with
+// the operation, digest and engine message first. Unknown errors are EIO,
+// never ENOSYS (which would switch the operation off for the whole mount).
+// A read that fails verification is EIO and a log line naming the digest
+// and offset; wrong bytes are never served in --verify=full.
+//
+// # Write path
+//
+// Every file created under incoming/ is a store Upload: random-access
+// writes, truncation, reads back. Publishing (hash, commit into the right
+// tier, link into the namespace) happens at close, in FLUSH, so that its
+// errors (ENOSPC, EIO, a digest mismatch) reach the program's close(2).
+// FLUSH means "a descriptor was closed", not "the file is done", and the
+// rules follow from that:
+//
+//   - A FLUSH publishes when the content changed since the last publish and
+//     every other writer handle has flushed since its last write (two
+//     opens writing one file finish with the last of them). A RELEASE of
+//     the last writer publishes whatever is still unpublished; its error
+//     can only be logged.
+//   - Writes after a publish, through a descriptor still open (dup, fork,
+//     a shell's `cmd > file`, which flushes once before cmd writes), re-open
+//     the upload from the published content; the next publish retracts the
+//     superseded version from the namespace if this writer session added
+//     it and no other incoming/ file holds it. So `> file` leaves exactly
+//     the final content published, not an empty file as well.
+//   - A write or publish that fails ends the upload: nothing of it is
+//     published, every later close reports the error, and the name goes
+//     when its last handle closes. An unlinked file never publishes.
+//
+// After publish the name stays as a receipt: same size and content
+// (served from the store), the digest in xattr user.alkblobfs.digest, and
+// chmod/chown/utimes kept in memory so that cp -a, tar and a second rsync
+// pass are satisfied. Receipts expire after Config.ReceiptTTL and at
+// unmount; rm removes one early; opening one for writing starts a new
+// upload (empty with O_TRUNC, else seeded with its content: rsync
+// --inplace, dd conv=notrunc, >>). Directories and symbolic links under
+// incoming/ live in memory; files in them publish flat into the namespace.
+// Renames within one incoming/ tree move names (rsync's temp-then-rename);
+// to anywhere else they are EXDEV, so mv copies.
+//
+// A file created directly in a namespace under a digest name is a verified
+// put by path: published only if the content hashes to the name, else the
+// close fails with EIO and nothing is published. Such a put publishes at a
+// FLUSH that follows writes through the closing descriptor (a shell's
+// early flush must not try the empty content against the name), or at the
+// last RELEASE.
+//
+// # Pins
+//
+// Every open handle on a blob holds a store Pin until RELEASE, minted
+// before the blob is opened; the mount also registers a gc.Source fed by
+// the digests of its open handles. So a blob unlinked (rm) or no longer
+// referenced while open stays readable until closed, and a sweep meanwhile
+// keeps it (DESIGN §4 invariant 1). Handles on one blob share one store
+// Reader, so chunks verified for one handle are verified for all. Uploads
+// pin through the store at commit (pin before publish).
+//
+// # Deadlocks
+//
+// Nothing in this package calls into the mount it serves. Tests that do
+// (they run the server in-process) keep page faults on mount files out of
+// the serving process: a fault stalls a thread that the Go runtime's
+// stop-the-world then waits for, while the server that would resolve it
+// cannot run. Their mmap reads run in a child process.
+package fusefs

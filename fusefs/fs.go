@@ -1,0 +1,353 @@
+package fusefs
+
+import (
+	"context"
+	"database/sql"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"time"
+
+	"github.com/hanwen/go-fuse/v2/fs"
+	"github.com/hanwen/go-fuse/v2/fuse"
+
+	"github.com/alkblobfs/alkblobfs/blob"
+	"github.com/alkblobfs/alkblobfs/engines"
+	"github.com/alkblobfs/alkblobfs/gc"
+	"github.com/alkblobfs/alkblobfs/namespaces"
+	"github.com/alkblobfs/alkblobfs/store"
+)
+
+// Store is what the mount needs of the blob pool; *store.Store satisfies
+// it. The mount never sees an engine, only this facade (and the optional
+// engines.StatFS of the large tier, for df).
+type Store interface {
+	Has(ctx context.Context, d blob.Digest) (bool, error)
+	Stat(ctx context.Context, d blob.Digest) (store.Info, bool, error)
+	Get(ctx context.Context, d blob.Digest) (*store.Reader, bool, error)
+	NewUpload(ctx context.Context) (*store.Upload, error)
+	Pin(d blob.Digest) *gc.Pin
+	Sweep(ctx context.Context) (gc.Report, error)
+	Stats() store.Stats
+	GC() *gc.Collector
+	Large() engines.Large
+}
+
+var _ Store = (*store.Store)(nil)
+
+// Verify is the --verify mode.
+type Verify string
+
+const (
+	// VerifyFull never serves a byte that has not been checked: range
+	// reads verify the chunks they touch, and passthrough (which bypasses
+	// the daemon) is used only for blobs already verified end to end.
+	VerifyFull Verify = "full"
+	// VerifyPublish trusts the hashing done at publish: reads are not
+	// verified and local blobs pass through from the first open.
+	VerifyPublish Verify = "publish"
+)
+
+// ParseVerify parses a --verify value.
+func ParseVerify(s string) (Verify, error) {
+	switch v := Verify(s); v {
+	case VerifyFull, VerifyPublish:
+		return v, nil
+	}
+	return "", fmt.Errorf("verify mode %q: want full or publish", s)
+}
+
+// DefaultReceiptTTL is how long an incoming/ receipt stays after publish.
+const DefaultReceiptTTL = 10 * time.Minute
+
+// Config configures a mount.
+type Config struct {
+	Store Store
+	// Namespaces is the registry the mount's directories show. The mount
+	// links through a namespaces.Service over it and Store.
+	Namespaces namespaces.Registry
+	Verify     Verify        // "" means VerifyFull
+	ReceiptTTL time.Duration // 0 means DefaultReceiptTTL
+	SweepEvery time.Duration // 0: no timer
+	AllowOther bool
+	Debug      bool // go-fuse request tracing on the log
+	// NoPassthrough keeps every read in the daemon even where the kernel
+	// could read a local blob's file directly.
+	NoPassthrough bool
+	Logger        *slog.Logger
+}
+
+// Timeouts. Blob files are immutable and their dentries change only by
+// links and unlinks, which this mount announces to the kernel
+// (NotifyEntry); so the kernel may keep them for long. Directories and
+// incoming/ files change under the kernel's feet (other processes' links,
+// publishes), so they get the one-second default.
+const (
+	blobTimeout    = time.Hour
+	defaultTimeout = time.Second
+)
+
+// Fixed inode numbers. Digest files take the first eight bytes of the
+// digest, remapped out of this range; everything else gets go-fuse's
+// automatic numbers from 2^63.
+const (
+	inoRoot       = 1
+	inoControl    = 2
+	inoSweep      = 3
+	inoSweepTimer = 4
+	inoStats      = 5
+	inoReserved   = 64
+)
+
+// blobAttr is the StableAttr of a digest file: Ino is the first eight bytes
+// of the digest (st_ino, stable across mounts), Gen the next eight. go-fuse
+// identifies nodes by (Ino, Gen), so two digests sharing an eight-byte
+// prefix still get distinct nodes: a collision could only ever show as two
+// files with the same st_ino, never as one file's bytes under another name.
+func blobAttr(d blob.Digest) fs.StableAttr {
+	ino := binary.BigEndian.Uint64(d[:8])
+	if ino < inoReserved || ino == ^uint64(0) {
+		ino ^= 1 << 62
+	}
+	return fs.StableAttr{Mode: syscall.S_IFREG, Ino: ino, Gen: binary.BigEndian.Uint64(d[8:16])}
+}
+
+// FS is the state of one mount: the node tree's shared services.
+type FS struct {
+	st   Store
+	reg  namespaces.Registry
+	svc  *namespaces.Service
+	cfg  Config
+	log  *slog.Logger
+	uid  uint32
+	gid  uint32
+	born time.Time
+
+	// ctx ends at unmount: long-running work started by the mount (timer
+	// sweeps, seeding re-opened uploads) stops with it.
+	ctx    context.Context
+	cancel context.CancelFunc
+
+	root    *rootDir
+	mount   *Server
+	refs    *openRefs
+	reg1    *gc.Registration
+	sweeper *sweeper
+
+	nsMu sync.Mutex
+	ns   map[string]*nsDir // namespace directories the kernel has seen
+
+	verified verifiedSet
+
+	// Passthrough: available once the probe at mount succeeded; off again
+	// if go-fuse silently gave up registering a backing file (a read then
+	// reaches a handle that asked for passthrough).
+	ptAvailable atomic.Bool
+	ptReason    atomic.Value // string: why not
+	ptFellBack  atomic.Bool
+
+	stats counters
+}
+
+type counters struct {
+	opens, ptOpens, cachedOpens, openHandles atomic.Int64
+	reads, bytesRead                         atomic.Int64
+	writes, bytesWritten                     atomic.Int64
+	publishes, publishFailures, retracted    atomic.Int64
+	verifyFailures                           atomic.Int64
+	uploads, receipts                        atomic.Int64
+}
+
+// newFS builds the tree's shared state; Mount wires it to a server.
+func newFS(cfg Config) (*FS, error) {
+	if cfg.Store == nil || cfg.Namespaces == nil {
+		return nil, errors.New("fusefs: Config needs a Store and a Namespaces registry")
+	}
+	if cfg.Verify == "" {
+		cfg.Verify = VerifyFull
+	}
+	if _, err := ParseVerify(string(cfg.Verify)); err != nil {
+		return nil, err
+	}
+	if cfg.ReceiptTTL <= 0 {
+		cfg.ReceiptTTL = DefaultReceiptTTL
+	}
+	if cfg.SweepEvery < 0 {
+		return nil, fmt.Errorf("fusefs: sweep interval %s is negative", cfg.SweepEvery)
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = slog.New(slog.DiscardHandler)
+	}
+	f := &FS{
+		st:   cfg.Store,
+		reg:  cfg.Namespaces,
+		svc:  namespaces.NewService(cfg.Namespaces, cfg.Store),
+		cfg:  cfg,
+		log:  cfg.Logger,
+		uid:  uint32(os.Getuid()),
+		gid:  uint32(os.Getgid()),
+		born: time.Now(),
+		ns:   make(map[string]*nsDir),
+		refs: newOpenRefs(),
+	}
+	f.ctx, f.cancel = context.WithCancel(context.Background())
+	f.ptReason.Store("not probed")
+	f.root = &rootDir{node: node{fsys: f}}
+	f.sweeper = newSweeper(f, cfg.SweepEvery)
+	return f, nil
+}
+
+// node is embedded by every node type: the go-fuse inode, the mount, and
+// the answers every node gives alike (statfs).
+type node struct {
+	fs.Inode
+	fsys *FS
+}
+
+var _ = (fs.NodeStatfser)((*node)(nil))
+
+// Statfs reports the large tier's backing filesystem, so df shows real
+// capacity (DESIGN §6); a store without one reports zeros.
+func (n *node) Statfs(ctx context.Context, out *fuse.StatfsOut) syscall.Errno {
+	sf, ok := n.fsys.st.Large().(engines.StatFS)
+	if !ok {
+		out.NameLen = 255
+		out.Bsize = 4096
+		out.Frsize = 4096
+		return 0
+	}
+	var s syscall.Statfs_t
+	if err := syscall.Statfs(sf.Root(), &s); err != nil {
+		return n.fsys.errno("statfs", blob.Digest{}, fmt.Errorf("statfs %s: %w", sf.Root(), err))
+	}
+	out.Blocks = s.Blocks
+	out.Bfree = s.Bfree
+	out.Bavail = s.Bavail
+	out.Files = s.Files
+	out.Ffree = s.Ffree
+	out.Bsize = uint32(s.Bsize)
+	out.Frsize = uint32(s.Frsize)
+	out.NameLen = 255
+	return 0
+}
+
+// dirAttr fills attributes shared by the mount's own directories.
+func (f *FS) dirAttr(out *fuse.Attr, mode uint32, t time.Time) {
+	out.Mode = syscall.S_IFDIR | mode
+	out.Nlink = 2
+	out.Uid, out.Gid = f.uid, f.gid
+	setTimes(out, t, t, t)
+}
+
+func setTimes(out *fuse.Attr, atime, mtime, ctime time.Time) {
+	out.SetTimes(&atime, &mtime, &ctime)
+}
+
+// setSize sets size and a block count with a 1 MiB preferred I/O size: cp
+// and friends size their buffers from st_blksize, and 1 MiB matches the
+// mount's max_write, so a copy is one FUSE request per write(2).
+func setSize(out *fuse.Attr, size int64) {
+	out.Size = uint64(size)
+	out.Blksize = ioBlockSize
+	out.Blocks = (uint64(size) + 4095) / 4096 * 8
+}
+
+const ioBlockSize = 1 << 20
+
+// verifiedSet remembers digests that a reader verified end to end, so that
+// later opens can pass through in --verify=full. Bounded: when full it
+// starts over, which only costs a re-verification through the daemon.
+type verifiedSet struct {
+	mu sync.Mutex
+	m  map[blob.Digest]struct{}
+}
+
+const verifiedMax = 1 << 16
+
+func (v *verifiedSet) add(d blob.Digest) {
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	if v.m == nil || len(v.m) >= verifiedMax {
+		v.m = make(map[blob.Digest]struct{})
+	}
+	v.m[d] = struct{}{}
+}
+
+func (v *verifiedSet) has(d blob.Digest) bool {
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	_, ok := v.m[d]
+	return ok
+}
+
+// nsDirFor returns the directory node state of namespace name, creating it
+// on first sight. The map keeps one nsDir per namespace for the mount's
+// life (until rmdir), so incoming/ state survives the kernel forgetting
+// the directory's inode.
+func (f *FS) nsDirFor(name string) (*nsDir, bool) {
+	f.nsMu.Lock()
+	defer f.nsMu.Unlock()
+	d, ok := f.ns[name]
+	if !ok {
+		d = newNSDir(f, name)
+		f.ns[name] = d
+	}
+	return d, !ok
+}
+
+func (f *FS) dropNSDir(name string, d *nsDir) {
+	f.nsMu.Lock()
+	defer f.nsMu.Unlock()
+	if f.ns[name] == d {
+		delete(f.ns, name)
+	}
+}
+
+func (f *FS) nsDirs() []*nsDir {
+	f.nsMu.Lock()
+	defer f.nsMu.Unlock()
+	out := make([]*nsDir, 0, len(f.ns))
+	for _, d := range f.ns {
+		out = append(out, d)
+	}
+	return out
+}
+
+// notifyEntry tells the kernel to drop its dentry parent/name. It must run
+// with no node lock held: the kernel takes the directory's lock to
+// invalidate, and a request holding that lock may be waiting on ours.
+func notifyEntry(parent *fs.Inode, name string) {
+	if parent == nil {
+		return
+	}
+	// ENOENT: the kernel does not know the directory or the name; nothing
+	// cached, nothing to do.
+	_ = parent.NotifyEntry(name)
+}
+
+// linkFunc is the publish hook linking into namespace ns. It is what
+// namespaces.Service.LinkFunc does (in the put's own transaction when the
+// kv engine can join one, else through the Service's pool check), and it
+// also reports whether the reference was added by this publish: a
+// superseded version is only retracted if we added it.
+func (f *FS) linkFunc(ns string, linked *bool) store.LinkFunc {
+	return func(ctx context.Context, tx *sql.Tx, d blob.Digest) error {
+		if tx == nil {
+			ok, err := f.svc.Link(ctx, ns, d)
+			*linked = ok
+			return err
+		}
+		tl, ok := f.reg.(namespaces.TxLinker)
+		if !ok {
+			return fmt.Errorf("link %s into %q: registry cannot link inside a database transaction (open it with namespaces.Open on the kv engine)", d, ns)
+		}
+		ok, err := tl.LinkTx(ctx, tx, ns, d)
+		*linked = ok
+		return err
+	}
+}

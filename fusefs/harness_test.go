@@ -1,0 +1,343 @@
+//go:build linux
+
+package fusefs
+
+import (
+	"bytes"
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"io"
+	"log/slog"
+	"math/rand/v2"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"slices"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/alkblobfs/alkblobfs/blob"
+	"github.com/alkblobfs/alkblobfs/engines"
+	"github.com/alkblobfs/alkblobfs/engines/local"
+	"github.com/alkblobfs/alkblobfs/engines/mem"
+	"github.com/alkblobfs/alkblobfs/engines/sqlite"
+	"github.com/alkblobfs/alkblobfs/namespaces"
+	"github.com/alkblobfs/alkblobfs/store"
+)
+
+// Real mounts: every test mounts a store in t.TempDir() and unmounts in
+// t.Cleanup. Without /dev/fuse the tests skip, unless
+// ALKBLOBFS_REQUIRE_FUSE=1 (make test) turns the skip into a failure.
+
+// ALKBLOBFS_FUSE_DEBUG=1 traces every FUSE request into the test log (-v).
+var debugFUSE = os.Getenv("ALKBLOBFS_FUSE_DEBUG") == "1"
+
+func requireFUSE(t testing.TB) {
+	t.Helper()
+	why := ""
+	if _, err := os.Stat("/dev/fuse"); err != nil {
+		why = "no /dev/fuse"
+	} else if os.Geteuid() != 0 {
+		if _, err := exec.LookPath("fusermount3"); err != nil {
+			why = "not root and no fusermount3"
+		}
+	}
+	if why == "" {
+		return
+	}
+	if os.Getenv("ALKBLOBFS_REQUIRE_FUSE") == "1" {
+		t.Fatalf("FUSE required (ALKBLOBFS_REQUIRE_FUSE=1) but unavailable: %s", why)
+	}
+	t.Skipf("FUSE unavailable (%s); set ALKBLOBFS_REQUIRE_FUSE=1 to fail instead", why)
+}
+
+// storeSpec builds a store's engines in dir. The suite runs on the
+// embedded default; a PostgreSQL spec can be added to storeSpecs later.
+type storeSpec struct {
+	name string
+	open func(t testing.TB, dir string) store.Config
+}
+
+var defaultSpec = storeSpec{"sqlite+local", func(t testing.TB, dir string) store.Config {
+	ctx := context.Background()
+	kv, err := sqlite.Open(ctx, filepath.Join(dir, "kv.db"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	large, err := local.Open(ctx, filepath.Join(dir, "large"), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return store.Config{KV: kv, Large: large}
+}}
+
+// storeSpecs are the stores the engine-independent tests run on.
+var storeSpecs = []storeSpec{defaultSpec, memSpec}
+
+var memSpec = storeSpec{"mem", func(t testing.TB, dir string) store.Config {
+	return store.Config{KV: mem.New(), Large: mem.New(), ScratchDir: dir}
+}}
+
+// env is one mounted store.
+type env struct {
+	t    testing.TB
+	mnt  string
+	data string
+	st   *store.Store
+	reg  namespaces.Registry
+	srv  *Server
+	logs *logBuffer
+}
+
+type mountOpt func(*Config)
+
+func withVerify(v Verify) mountOpt            { return func(c *Config) { c.Verify = v } }
+func withReceiptTTL(d time.Duration) mountOpt { return func(c *Config) { c.ReceiptTTL = d } }
+
+// mountStore mounts a fresh store built by spec.
+func mountStore(t testing.TB, spec storeSpec, opts ...mountOpt) *env {
+	t.Helper()
+	requireFUSE(t)
+	data := t.TempDir()
+	return mountOn(t, data, spec.open(t, data), opts...)
+}
+
+// mountOn mounts the store of cfg (whose engines live under data).
+func mountOn(t testing.TB, data string, cfg store.Config, opts ...mountOpt) *env {
+	t.Helper()
+	requireFUSE(t)
+	ctx := context.Background()
+	logs := &logBuffer{}
+	lvl := slog.LevelInfo
+	if debugFUSE {
+		lvl = slog.LevelDebug
+	}
+	lg := slog.New(slog.NewTextHandler(io.MultiWriter(logs, testWriter{t}), &slog.HandlerOptions{Level: lvl}))
+	cfg.Logger = lg
+	st, err := store.Open(ctx, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	reg, err := namespaces.Open(ctx, st.KV(), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	h := st.GC().Register(reg)
+	c := Config{Store: st, Namespaces: reg, Logger: lg, Debug: debugFUSE}
+	for _, o := range opts {
+		o(&c)
+	}
+	mnt := t.TempDir()
+	srv, err := Mount(mnt, c)
+	if err != nil {
+		st.Close()
+		t.Fatalf("mount: %v", err)
+	}
+	e := &env{t: t, mnt: mnt, data: data, st: st, reg: reg, srv: srv, logs: logs}
+	t.Cleanup(func() {
+		// A test that failed with a file open would leave a lazy unmount
+		// waiting for it forever: give up after a while.
+		done := make(chan error, 1)
+		go func() { done <- srv.Unmount() }()
+		select {
+		case err := <-done:
+			if err != nil {
+				t.Errorf("unmount: %v", err)
+			}
+		case <-time.After(30 * time.Second):
+			t.Errorf("unmount still waiting for open files after 30s")
+			return
+		}
+		h.Deregister()
+		st.Close()
+	})
+	return e
+}
+
+func (e *env) path(p ...string) string { return filepath.Join(append([]string{e.mnt}, p...)...) }
+
+// mkns makes a namespace through the mount.
+func (e *env) mkns(name string) string {
+	e.t.Helper()
+	if err := os.Mkdir(e.path(name), 0o755); err != nil {
+		e.t.Fatal(err)
+	}
+	return e.path(name)
+}
+
+// put stores b and links it into ns without going through the mount.
+func (e *env) put(ns string, b []byte) blob.Digest {
+	e.t.Helper()
+	ctx := context.Background()
+	d, pin, err := e.st.Put(ctx, bytes.NewReader(b), int64(len(b)))
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	defer pin.Release()
+	if _, err := e.reg.Link(ctx, ns, d); err != nil {
+		e.t.Fatal(err)
+	}
+	return d
+}
+
+// listNS lists a namespace's digests through the mount (incoming/ aside).
+func (e *env) listNS(t testing.TB, ns string) []string {
+	t.Helper()
+	ents, err := os.ReadDir(e.path(ns))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var out []string
+	for _, de := range ents {
+		if de.Name() != incomingName {
+			out = append(out, de.Name())
+		}
+	}
+	return out
+}
+
+// expectNS checks that ns lists exactly want and that every file's sha256
+// is its name.
+func (e *env) expectNS(t testing.TB, ns string, want []string) {
+	t.Helper()
+	got := e.listNS(t, ns)
+	want = slices.Clone(want)
+	slices.Sort(want)
+	want = slices.Compact(want)
+	if !slices.Equal(got, want) {
+		t.Fatalf("namespace %s lists\n  %v\nwant\n  %v", ns, short(got), short(want))
+	}
+	for _, name := range got {
+		if sum := fileSum(t, e.path(ns, name)); sum != name {
+			t.Fatalf("%s/%s: sha256 is %s", ns, name, sum)
+		}
+	}
+}
+
+func short(ds []string) []string {
+	out := make([]string, len(ds))
+	for i, d := range ds {
+		out[i] = d[:min(12, len(d))]
+	}
+	return out
+}
+
+// run runs a command, failing the test on a non-zero exit.
+func run(t testing.TB, dir string, name string, args ...string) string {
+	t.Helper()
+	cmd := exec.Command(name, args...)
+	cmd.Dir = dir
+	var out bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &out, &out
+	if err := cmd.Run(); err != nil {
+		t.Fatalf("%s %s: %v\n%s", name, strings.Join(args, " "), err, out.String())
+	}
+	return out.String()
+}
+
+func sh(t testing.TB, script string) string {
+	t.Helper()
+	return run(t, "", "bash", "-ec", script)
+}
+
+func sum(b []byte) string {
+	s := sha256.Sum256(b)
+	return hex.EncodeToString(s[:])
+}
+
+func fileSum(t testing.TB, path string) string {
+	t.Helper()
+	f, err := os.Open(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	h := sha256.New()
+	if _, err := io.Copy(h, f); err != nil {
+		t.Fatalf("read %s: %v", path, err)
+	}
+	return hex.EncodeToString(h.Sum(nil))
+}
+
+// randBytes is deterministic pseudo-random content.
+func randBytes(seed uint64, n int) []byte {
+	r := rand.New(rand.NewPCG(seed, seed^0x9e3779b97f4a7c15))
+	b := make([]byte, n)
+	for i := 0; i+8 <= n; i += 8 {
+		v := r.Uint64()
+		for j := range 8 {
+			b[i+j] = byte(v >> (8 * j))
+		}
+	}
+	for i := n &^ 7; i < n; i++ {
+		b[i] = byte(r.Uint32())
+	}
+	return b
+}
+
+func writeFile(t testing.TB, path string, b []byte) {
+	t.Helper()
+	if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(path, b, 0o644); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// eventually polls cond until it holds or the deadline passes: tests wait
+// on conditions, never on sleeps.
+func eventually(t testing.TB, within time.Duration, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(within)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out after %s waiting for %s", within, what)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}
+
+// logBuffer keeps the mount's log for assertions.
+type logBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (l *logBuffer) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.Write(p)
+}
+
+func (l *logBuffer) String() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.String()
+}
+
+type testWriter struct{ t testing.TB }
+
+func (w testWriter) Write(p []byte) (int, error) {
+	if testing.Verbose() {
+		w.t.Logf("%s", bytes.TrimRight(p, "\n"))
+	}
+	return len(p), nil
+}
+
+// stageResidue counts stage files of a local large tier.
+func stageResidue(t testing.TB, large engines.Large) int {
+	t.Helper()
+	rc, ok := large.(engines.ResidueCounter)
+	if !ok {
+		return 0
+	}
+	n, err := rc.StageResidue(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	return n
+}

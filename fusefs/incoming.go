@@ -1,0 +1,1150 @@
+package fusefs
+
+import (
+	"context"
+	"errors"
+	"io"
+	"sync"
+	"syscall"
+	"time"
+
+	"github.com/hanwen/go-fuse/v2/fs"
+	"github.com/hanwen/go-fuse/v2/fuse"
+	"golang.org/x/sys/unix"
+
+	"github.com/alkblobfs/alkblobfs/blob"
+	"github.com/alkblobfs/alkblobfs/gc"
+	"github.com/alkblobfs/alkblobfs/store"
+)
+
+// incTree is the state one namespace's incoming/ tree shares: which
+// digests its receipts hold (the guard on retraction) and which files have
+// an upload in flight (rmdir of the namespace waits for none, unmount
+// discards them).
+type incTree struct {
+	ns *nsDir
+
+	mu     sync.Mutex
+	holds  map[blob.Digest]int    // files whose last publish is the digest
+	live   map[*fileNode]struct{} // files with an upload in flight
+	closed bool
+}
+
+func newIncTree(ns *nsDir) *incTree {
+	return &incTree{ns: ns, holds: make(map[blob.Digest]int), live: make(map[*fileNode]struct{})}
+}
+
+func (t *incTree) hold(d blob.Digest) {
+	t.mu.Lock()
+	t.holds[d]++
+	t.mu.Unlock()
+}
+
+func (t *incTree) release(d blob.Digest) {
+	t.mu.Lock()
+	if t.holds[d] <= 1 {
+		delete(t.holds, d)
+	} else {
+		t.holds[d]--
+	}
+	t.mu.Unlock()
+}
+
+func (t *incTree) held(d blob.Digest) int {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return t.holds[d]
+}
+
+func (t *incTree) addLive(n *fileNode) {
+	t.mu.Lock()
+	t.live[n] = struct{}{}
+	t.mu.Unlock()
+}
+
+func (t *incTree) dropLive(n *fileNode) {
+	t.mu.Lock()
+	delete(t.live, n)
+	t.mu.Unlock()
+}
+
+func (t *incTree) busy() bool {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return len(t.live) > 0
+}
+
+func (t *incTree) isClosed() bool {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return t.closed
+}
+
+// close discards every upload in flight and stops receipts from expiring
+// into a tree that is going away.
+func (t *incTree) close() {
+	t.mu.Lock()
+	t.closed = true
+	live := make([]*fileNode, 0, len(t.live))
+	for n := range t.live {
+		live = append(live, n)
+	}
+	t.mu.Unlock()
+	for _, n := range live {
+		n.discard()
+	}
+}
+
+// meta is the POSIX attributes of an incoming/ entry, kept in memory so
+// that chmod, chown and utimes by cp -a, tar and rsync stick.
+type meta struct {
+	mode                uint32 // permission bits
+	uid, gid            uint32
+	atime, mtime, ctime time.Time
+}
+
+func newMeta(mode, uid, gid uint32) meta {
+	now := time.Now()
+	return meta{mode: mode & 0o7777, uid: uid, gid: gid, atime: now, mtime: now, ctime: now}
+}
+
+func (m *meta) fill(out *fuse.Attr, typ uint32) {
+	out.Mode = typ | m.mode
+	out.Uid, out.Gid = m.uid, m.gid
+	setTimes(out, m.atime, m.mtime, m.ctime)
+}
+
+func (m *meta) set(in *fuse.SetAttrIn) {
+	if v, ok := in.GetMode(); ok {
+		m.mode = v & 0o7777
+	}
+	if v, ok := in.GetUID(); ok {
+		m.uid = v
+	}
+	if v, ok := in.GetGID(); ok {
+		m.gid = v
+	}
+	if v, ok := in.GetATime(); ok {
+		m.atime = v
+	}
+	if v, ok := in.GetMTime(); ok {
+		m.mtime = v
+	}
+	m.ctime = time.Now()
+}
+
+// caller is the uid and gid of the process behind a request.
+func caller(ctx context.Context, f *FS) (uint32, uint32) {
+	if c, ok := fuse.FromContext(ctx); ok {
+		return c.Uid, c.Gid
+	}
+	return f.uid, f.gid
+}
+
+// notice is a kernel dentry to invalidate once no lock is held.
+type notice struct {
+	parent *fs.Inode
+	name   string
+}
+
+func send(ns []notice) {
+	for _, n := range ns {
+		notifyEntry(n.parent, n.name)
+	}
+}
+
+// removeName takes a persistent node out of its directory: for expiry and
+// failed files, where no kernel request does it for us.
+func removeName(in *fs.Inode) {
+	name, parent := in.Parent()
+	if parent != nil && parent.GetChild(name) == in {
+		parent.RmChild(name)
+	}
+	in.ForgetPersistent()
+	if parent != nil {
+		notifyEntry(parent, name)
+	}
+}
+
+// incDir is incoming/ or a directory inside it: in memory only, and
+// everything below it publishes flat into the namespace.
+type incDir struct {
+	node
+	tree *incTree
+
+	mu   sync.Mutex
+	meta meta
+}
+
+var (
+	_ = (fs.NodeGetattrer)((*incDir)(nil))
+	_ = (fs.NodeSetattrer)((*incDir)(nil))
+	_ = (fs.NodeCreater)((*incDir)(nil))
+	_ = (fs.NodeMkdirer)((*incDir)(nil))
+	_ = (fs.NodeUnlinker)((*incDir)(nil))
+	_ = (fs.NodeRmdirer)((*incDir)(nil))
+	_ = (fs.NodeRenamer)((*incDir)(nil))
+	_ = (fs.NodeSymlinker)((*incDir)(nil))
+	_ = (fs.NodeLinker)((*incDir)(nil))
+	_ = (fs.NodeMknoder)((*incDir)(nil))
+	_ = (fs.NodeGetxattrer)((*incDir)(nil))
+	_ = (fs.NodeSetxattrer)((*incDir)(nil))
+	_ = (fs.NodeStatfser)((*incDir)(nil))
+)
+
+func newIncDir(f *FS, t *incTree, mode, uid, gid uint32) *incDir {
+	return &incDir{node: node{fsys: f}, tree: t, meta: newMeta(mode, uid, gid)}
+}
+
+func (d *incDir) getattr(out *fuse.Attr) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	d.meta.fill(out, syscall.S_IFDIR)
+	out.Nlink = 2
+}
+
+func (d *incDir) Getattr(ctx context.Context, f fs.FileHandle, out *fuse.AttrOut) syscall.Errno {
+	d.getattr(&out.Attr)
+	return 0
+}
+
+func (d *incDir) Setattr(ctx context.Context, f fs.FileHandle, in *fuse.SetAttrIn, out *fuse.AttrOut) syscall.Errno {
+	if _, ok := in.GetSize(); ok {
+		return d.fsys.errno("setattr", blob.Digest{}, errIsDir)
+	}
+	d.mu.Lock()
+	d.meta.set(in)
+	d.mu.Unlock()
+	d.getattr(&out.Attr)
+	return 0
+}
+
+func (d *incDir) touch() {
+	d.mu.Lock()
+	d.meta.mtime = time.Now()
+	d.meta.ctime = d.meta.mtime
+	d.mu.Unlock()
+}
+
+// Create starts an upload: every file created under incoming/ is a put.
+func (d *incDir) Create(ctx context.Context, name string, flags uint32, mode uint32, out *fuse.EntryOut) (*fs.Inode, fs.FileHandle, uint32, syscall.Errno) {
+	f := d.fsys
+	if d.tree.isClosed() {
+		return nil, nil, 0, f.errno("create", blob.Digest{}, errGone)
+	}
+	up, err := f.st.NewUpload(ctx)
+	if err != nil {
+		return nil, nil, 0, f.errno("create", blob.Digest{}, err)
+	}
+	uid, gid := caller(ctx, f)
+	n := newFileNode(f, d.tree, d.tree.ns, mode, uid, gid)
+	n.up, n.dirty = up, true
+	d.tree.addLive(n)
+	f.stats.uploads.Add(1)
+	h := n.newHandleLocked(flags)
+	n.getattr(&out.Attr)
+	d.touch()
+	return d.NewPersistentInode(ctx, n, fs.StableAttr{Mode: syscall.S_IFREG}), h, 0, 0
+}
+
+func (d *incDir) Mkdir(ctx context.Context, name string, mode uint32, out *fuse.EntryOut) (*fs.Inode, syscall.Errno) {
+	uid, gid := caller(ctx, d.fsys)
+	sub := newIncDir(d.fsys, d.tree, mode, uid, gid)
+	sub.getattr(&out.Attr)
+	d.touch()
+	return d.NewPersistentInode(ctx, sub, fs.StableAttr{Mode: syscall.S_IFDIR}), 0
+}
+
+// Unlink removes an incoming name. A receipt goes (its blob stays
+// published); a file still being written is discarded when its last
+// handle closes, and never publishes.
+func (d *incDir) Unlink(ctx context.Context, name string) syscall.Errno {
+	ch := d.GetChild(name)
+	if ch == nil {
+		return syscall.ENOENT
+	}
+	switch x := ch.Operations().(type) {
+	case *fileNode:
+		x.detach()
+	case *symNode:
+		x.detach()
+	case *incDir:
+		return d.fsys.errno("unlink", blob.Digest{}, errIsDir)
+	}
+	d.touch()
+	return 0
+}
+
+func (d *incDir) Rmdir(ctx context.Context, name string) syscall.Errno {
+	ch := d.GetChild(name)
+	if ch == nil {
+		return syscall.ENOENT
+	}
+	if _, ok := ch.Operations().(*incDir); !ok {
+		return d.fsys.errno("rmdir", blob.Digest{}, errNotDir)
+	}
+	if len(ch.Children()) > 0 {
+		return d.fsys.errno("rmdir", blob.Digest{}, errDirNotEmpty)
+	}
+	ch.ForgetPersistent()
+	d.touch()
+	return 0
+}
+
+// Rename moves names within one incoming/ tree (rsync's temp-then-rename,
+// tar's and cp's overwrites). To anywhere else it is EXDEV, so mv falls
+// back to copy and unlink: into another namespace's incoming/ that
+// publishes there, onto <ns>/<digest> it is a verified put.
+func (d *incDir) Rename(ctx context.Context, name string, newParent fs.InodeEmbedder, newName string, flags uint32) syscall.Errno {
+	f := d.fsys
+	np, ok := newParent.(*incDir)
+	if !ok || np.tree != d.tree {
+		return f.errno("rename", blob.Digest{}, errCrossDevice)
+	}
+	if flags&^(unix.RENAME_NOREPLACE|unix.RENAME_EXCHANGE) != 0 {
+		return f.errno("rename", blob.Digest{}, errBadInput)
+	}
+	src := d.GetChild(name)
+	if src == nil {
+		return syscall.ENOENT
+	}
+	dst := np.GetChild(newName)
+	if flags&unix.RENAME_EXCHANGE != 0 {
+		if dst == nil {
+			return syscall.ENOENT
+		}
+		d.touch()
+		np.touch()
+		return 0
+	}
+	if dst != nil {
+		if flags&unix.RENAME_NOREPLACE != 0 {
+			return f.errno("rename", blob.Digest{}, errExists)
+		}
+		if dst == src {
+			return 0
+		}
+		srcDir, dstDir := src.IsDir(), dst.IsDir()
+		switch {
+		case srcDir && !dstDir:
+			return f.errno("rename", blob.Digest{}, errNotDir)
+		case !srcDir && dstDir:
+			return f.errno("rename", blob.Digest{}, errIsDir)
+		case dstDir && len(dst.Children()) > 0:
+			return f.errno("rename", blob.Digest{}, errDirNotEmpty)
+		}
+		switch x := dst.Operations().(type) {
+		case *fileNode:
+			x.detach()
+		case *symNode:
+			x.detach()
+		case *incDir:
+			dst.ForgetPersistent()
+		}
+	}
+	d.touch()
+	np.touch()
+	return 0
+}
+
+// Symlink keeps a symbolic link in memory, so that cp -r, tar and rsync of
+// trees containing links exit 0. Links are not published (a blob is
+// bytes) and expire like receipts.
+func (d *incDir) Symlink(ctx context.Context, target, name string, out *fuse.EntryOut) (*fs.Inode, syscall.Errno) {
+	uid, gid := caller(ctx, d.fsys)
+	s := &symNode{node: node{fsys: d.fsys}, tree: d.tree, target: target, meta: newMeta(0o777, uid, gid)}
+	s.getattr(&out.Attr)
+	ch := d.NewPersistentInode(ctx, s, fs.StableAttr{Mode: syscall.S_IFLNK})
+	s.mu.Lock()
+	s.scheduleExpiryLocked()
+	s.mu.Unlock()
+	d.touch()
+	return ch, 0
+}
+
+// Link makes a second receipt of a published file (tar -x and cp -a
+// recreate hard links of the source tree). A file still being written
+// cannot be linked.
+func (d *incDir) Link(ctx context.Context, target fs.InodeEmbedder, name string, out *fuse.EntryOut) (*fs.Inode, syscall.Errno) {
+	f := d.fsys
+	src, ok := target.(*fileNode)
+	if !ok || src.tree != d.tree {
+		return nil, f.errno("link", blob.Digest{}, errNotPermitted)
+	}
+	src.mu.Lock()
+	pub, m, staging := src.pub, src.meta, src.up != nil
+	src.mu.Unlock()
+	if pub == nil || staging {
+		return nil, f.errno("link", blob.Digest{}, errNotPermitted)
+	}
+	n := newFileNode(f, d.tree, d.tree.ns, 0, 0, 0)
+	n.meta = m
+	n.pub = &version{d: pub.d, size: pub.size}
+	d.tree.hold(pub.d)
+	f.stats.receipts.Add(1)
+	n.mu.Lock()
+	n.scheduleExpiryLocked()
+	n.mu.Unlock()
+	n.getattr(&out.Attr)
+	d.touch()
+	return d.NewPersistentInode(ctx, n, fs.StableAttr{Mode: syscall.S_IFREG}), 0
+}
+
+func (d *incDir) Mknod(ctx context.Context, name string, mode, dev uint32, out *fuse.EntryOut) (*fs.Inode, syscall.Errno) {
+	return nil, d.fsys.errno("mknod", blob.Digest{}, errNotPermitted)
+}
+
+func (d *incDir) Getxattr(ctx context.Context, attr string, dest []byte) (uint32, syscall.Errno) {
+	return 0, d.fsys.errno("getxattr", blob.Digest{}, errNoAttr)
+}
+
+func (d *incDir) Setxattr(ctx context.Context, attr string, data []byte, flags uint32) syscall.Errno {
+	return d.fsys.errno("setxattr", blob.Digest{}, errUnsupported)
+}
+
+// version is one published state of an incoming file.
+type version struct {
+	d    blob.Digest
+	size int64
+	// added: this file's publish added the namespace reference (it was
+	// not there before), so retracting it takes nothing from anyone.
+	added bool
+	seq   uint64 // the file's publish count when this version published
+}
+
+// fileNode is a file being written (an Upload) or, after publish, its
+// receipt. The same type serves a verified put by path (tree nil, want
+// set): it lives in the namespace directory until it publishes.
+//
+// Publishing, in short (the package doc has the reasoning): a FLUSH with
+// content changed since the last publish publishes when no other writer
+// handle has unflushed writes; a RELEASE of the last writer publishes what
+// is still unpublished. Writes that arrive after a publish through a
+// handle that was already open at that publish (a dup'd descriptor) re-open
+// the upload from the published content, and the next publish retracts the
+// superseded version from the namespace if its publish added it and no
+// other receipt holds it. A handle opened after the publish is a new
+// writer: what it replaces stays published.
+type fileNode struct {
+	node
+	tree *incTree // nil for a put by path
+	ns   *nsDir
+	want *blob.Digest // put by path: the name, which the content must hash to
+	name string       // put by path: the digest name
+
+	mu       sync.Mutex
+	meta     meta
+	up       *store.Upload // nil when the content is the published version
+	dirty    bool          // up differs from pub (or pub is nil)
+	pub      *version      // last published version: the receipt
+	seq      uint64        // publishes so far
+	super    *version      // pub, superseded by writes through a handle open at its publish
+	failed   error         // a write or publish failed: nothing publishes; EIO/ENOSPC
+	detached bool          // unlinked, replaced or expired
+	writers  map[*fileHandle]struct{}
+	handles  int
+	gen      uint64 // bumped by every publish and detach: stale expiry timers do nothing
+	expiry   *time.Timer
+}
+
+var (
+	_ = (fs.NodeGetattrer)((*fileNode)(nil))
+	_ = (fs.NodeSetattrer)((*fileNode)(nil))
+	_ = (fs.NodeOpener)((*fileNode)(nil))
+	_ = (fs.NodeGetxattrer)((*fileNode)(nil))
+	_ = (fs.NodeListxattrer)((*fileNode)(nil))
+	_ = (fs.NodeSetxattrer)((*fileNode)(nil))
+	_ = (fs.NodeRemovexattrer)((*fileNode)(nil))
+	_ = (fs.NodeStatfser)((*fileNode)(nil))
+
+	_ = (fs.FileReader)((*fileHandle)(nil))
+	_ = (fs.FileWriter)((*fileHandle)(nil))
+	_ = (fs.FileFlusher)((*fileHandle)(nil))
+	_ = (fs.FileReleaser)((*fileHandle)(nil))
+	_ = (fs.FileFsyncer)((*fileHandle)(nil))
+	_ = (fs.FileAllocater)((*fileHandle)(nil))
+)
+
+func newFileNode(f *FS, t *incTree, ns *nsDir, mode, uid, gid uint32) *fileNode {
+	return &fileNode{node: node{fsys: f}, tree: t, ns: ns, meta: newMeta(mode, uid, gid)}
+}
+
+// fileHandle is one open of an incoming file.
+type fileHandle struct {
+	n     *fileNode
+	write bool
+	idle  bool   // flushed, and not written since
+	wrote bool   // written since its last flush
+	since uint64 // n.seq when the handle was opened
+
+	rmu sync.Mutex
+	rd  *store.Reader // reading a published version
+	pin *gc.Pin
+}
+
+func (n *fileNode) newHandleLocked(flags uint32) *fileHandle {
+	h := &fileHandle{n: n, write: flags&syscall.O_ACCMODE != syscall.O_RDONLY, since: n.seq}
+	if h.write {
+		if n.writers == nil {
+			n.writers = make(map[*fileHandle]struct{})
+		}
+		n.writers[h] = struct{}{}
+	}
+	n.handles++
+	n.fsys.stats.openHandles.Add(1)
+	return h
+}
+
+func (n *fileNode) logName() string {
+	if n.want != nil {
+		return n.name
+	}
+	if name, _ := n.Parent(); name != "" {
+		return incomingName + "/…/" + name
+	}
+	return "(unlinked)"
+}
+
+func (n *fileNode) getattr(out *fuse.Attr) {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	n.getattrLocked(out)
+}
+
+func (n *fileNode) getattrLocked(out *fuse.Attr) {
+	n.meta.fill(out, syscall.S_IFREG)
+	out.Nlink = 1
+	var size int64
+	switch {
+	case n.up != nil:
+		size = n.up.Size()
+	case n.pub != nil:
+		size = n.pub.size
+	}
+	setSize(out, size)
+}
+
+func (n *fileNode) Getattr(ctx context.Context, f fs.FileHandle, out *fuse.AttrOut) syscall.Errno {
+	n.getattr(&out.Attr)
+	return 0
+}
+
+// Setattr keeps chmod, chown and utimes in memory (receipts included, so
+// cp -a and rsync succeed), and truncates through the upload.
+func (n *fileNode) Setattr(ctx context.Context, fh fs.FileHandle, in *fuse.SetAttrIn, out *fuse.AttrOut) syscall.Errno {
+	h, _ := fh.(*fileHandle)
+	var notes []notice
+	var err error
+	n.mu.Lock()
+	if size, ok := in.GetSize(); ok {
+		err = n.truncateLocked(ctx, h, int64(size))
+		if err == nil && n.dirty && len(n.writers) == 0 && !n.detached {
+			// truncate(2) by path, nobody has the file open for writing:
+			// the change is complete, publish it now.
+			notes, err = n.publishLocked(ctx)
+		}
+	}
+	if err == nil {
+		n.meta.set(in)
+	}
+	n.getattrLocked(&out.Attr)
+	n.mu.Unlock()
+	send(notes)
+	return n.fsys.errno("setattr", n.digestForLog(), err)
+}
+
+func (n *fileNode) truncateLocked(ctx context.Context, h *fileHandle, size int64) error {
+	if n.failed != nil {
+		return n.failed
+	}
+	if n.up == nil && n.pub != nil && n.pub.size == size {
+		return nil // rsync --inplace and others truncate to the size it has
+	}
+	if n.up == nil {
+		n.supersedeLocked(h)
+		if err := n.reopenLocked(ctx, size > 0); err != nil {
+			return err
+		}
+	}
+	if err := n.up.Truncate(size); err != nil {
+		n.failLocked(err)
+		return err
+	}
+	n.dirty = true
+	n.meta.mtime = time.Now()
+	if h != nil {
+		h.idle, h.wrote = false, true
+	}
+	return nil
+}
+
+func (n *fileNode) digestForLog() blob.Digest {
+	if n.want != nil {
+		return *n.want
+	}
+	return blob.Digest{}
+}
+
+// Open of an incoming file for writing makes it an upload again: O_TRUNC
+// starts empty, otherwise from the published content (rsync --inplace, dd
+// conv=notrunc, >>). Reading serves the upload or the published blob.
+func (n *fileNode) Open(ctx context.Context, flags uint32) (fs.FileHandle, uint32, syscall.Errno) {
+	write := flags&syscall.O_ACCMODE != syscall.O_RDONLY
+	trunc := flags&syscall.O_TRUNC != 0
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	if n.detached {
+		return nil, 0, n.fsys.errno("open", n.digestForLog(), errGone)
+	}
+	if write {
+		// A new writer starts over from the last published version.
+		n.failed = nil
+		if n.up == nil {
+			if err := n.reopenLocked(ctx, !trunc); err != nil {
+				return nil, 0, n.fsys.errno("open", n.digestForLog(), err)
+			}
+		}
+		if trunc {
+			if err := n.up.Truncate(0); err != nil {
+				n.failLocked(err)
+				return nil, 0, n.fsys.errno("open", n.digestForLog(), err)
+			}
+			n.dirty = true
+		}
+	}
+	return n.newHandleLocked(flags), 0, 0
+}
+
+// supersedeLocked notes that handle h is about to change the published
+// version: if h was open when it was published, that version was not the
+// writer's last word, and the next publish may retract it.
+func (n *fileNode) supersedeLocked(h *fileHandle) {
+	if h != nil && n.pub != nil && h.since < n.pub.seq {
+		n.super = n.pub
+	}
+}
+
+// reopenLocked starts a new upload for a published (or failed) file,
+// seeded with the published content when keep is set.
+func (n *fileNode) reopenLocked(ctx context.Context, keep bool) error {
+	f := n.fsys
+	up, err := f.st.NewUpload(ctx)
+	if err != nil {
+		return err
+	}
+	if keep && n.pub != nil && n.pub.size > 0 {
+		if err := f.seed(ctx, up, n.pub.d); err != nil {
+			up.Discard()
+			return err
+		}
+	}
+	n.up = up
+	n.dirty = !keep || n.pub == nil
+	if n.tree != nil {
+		n.tree.addLive(n)
+	}
+	f.stats.uploads.Add(1)
+	return nil
+}
+
+// seed copies blob d into up, sequentially so that the upload keeps
+// hashing incrementally.
+func (f *FS) seed(ctx context.Context, up *store.Upload, d blob.Digest) error {
+	pin := f.st.Pin(d)
+	defer pin.Release()
+	r, ok, err := f.st.Get(ctx, d)
+	if err == nil && !ok {
+		err = blob.Wrap("seed", "", d, blob.ErrMissing)
+	}
+	if err != nil {
+		return err
+	}
+	defer r.Close()
+	if f.cfg.Verify == VerifyPublish {
+		r.Trust()
+	}
+	buf := make([]byte, min(r.Len(), ioBlockSize))
+	for off := int64(0); off < r.Len(); {
+		if err := ctx.Err(); err != nil {
+			return err
+		}
+		k, err := r.ReadAt(buf, off)
+		if k > 0 {
+			if _, werr := up.WriteAt(buf[:k], off); werr != nil {
+				return werr
+			}
+			off += int64(k)
+		}
+		if err != nil && (!errors.Is(err, io.EOF) || off < r.Len()) {
+			if errors.Is(err, io.EOF) {
+				err = io.ErrUnexpectedEOF
+			}
+			return blob.Wrap("seed", "", d, err)
+		}
+	}
+	return nil
+}
+
+// failLocked ends the upload after a failed write or publish: nothing of
+// it will be published, and every later close reports err.
+func (n *fileNode) failLocked(err error) {
+	n.failed = err
+	if n.up != nil {
+		n.up.Discard()
+		n.up = nil
+		if n.tree != nil {
+			n.tree.dropLive(n)
+		}
+	}
+	n.dirty = false
+}
+
+// publishLocked commits the upload and links it into the namespace.
+func (n *fileNode) publishLocked(ctx context.Context) ([]notice, error) {
+	f := n.fsys
+	up, super := n.up, n.super
+	n.up, n.dirty, n.super = nil, false, nil
+	if n.tree != nil {
+		n.tree.dropLive(n)
+	}
+	size := up.Size()
+	var linked bool
+	// A close waits for its publish: the client's signals must not cancel
+	// half of it (nor can the Go runtime's own SIGURG, for Go clients).
+	pctx := context.WithoutCancel(ctx)
+	d, pin, err := up.Commit(pctx, n.want, store.WithLink(f.linkFunc(n.ns.name, &linked)))
+	if err != nil {
+		n.failed = err
+		f.stats.publishFailures.Add(1)
+		if n.want != nil && errors.Is(err, blob.ErrVerification) {
+			f.log.Warn("verified put by path failed: content does not hash to the file name; nothing published",
+				"namespace", n.ns.name, "name", n.name, "err", err)
+		} else {
+			f.log.Error("publish failed; nothing published", "namespace", n.ns.name, "name", n.logName(), "err", err)
+		}
+		if n.want != nil {
+			n.ns.dropPending(n.name, n)
+			return []notice{{&n.ns.Inode, n.name}}, err
+		}
+		return nil, err
+	}
+	pin.Release() // the namespace reference keeps it now
+	f.stats.publishes.Add(1)
+	f.log.Debug("published", "namespace", n.ns.name, "name", n.logName(), "digest", d.String(), "size", size, "new_ref", linked)
+	notes := []notice{{&n.ns.Inode, d.String()}}
+	prev := n.pub
+	n.seq++
+	n.pub = &version{d: d, size: size, added: linked, seq: n.seq}
+	if n.want != nil {
+		n.ns.dropPending(n.name, n)
+		return append(notes, notice{&n.ns.Inode, n.name}), nil
+	}
+	t := n.tree
+	t.hold(d)
+	if prev != nil {
+		t.release(prev.d)
+	} else {
+		f.stats.receipts.Add(1)
+	}
+	if s := super; s != nil {
+		switch {
+		case s.d == d:
+			n.pub.added = n.pub.added || s.added
+		case s.added && t.held(s.d) == 0:
+			// Superseded by writes through the same open file (the
+			// shell's `cmd > file` flushes once before cmd writes): the
+			// earlier version was never a finished file.
+			if err := f.reg.Unlink(pctx, n.ns.name, s.d); err == nil {
+				f.stats.retracted.Add(1)
+				f.log.Info("retracted a version superseded before its writer closed", "namespace", n.ns.name,
+					"name", n.logName(), "digest", s.d.String(), "by", d.String())
+				notes = append(notes, notice{&n.ns.Inode, s.d.String()})
+			} else if !errors.Is(err, blob.ErrMissing) {
+				f.log.Warn("could not retract a superseded version", "namespace", n.ns.name, "digest", s.d.String(), "err", err)
+			}
+		}
+	}
+	n.scheduleExpiryLocked()
+	return notes, nil
+}
+
+// scheduleExpiryLocked (re)arms the receipt's expiry.
+func (n *fileNode) scheduleExpiryLocked() {
+	if n.tree == nil {
+		return
+	}
+	n.gen++
+	if n.expiry != nil {
+		n.expiry.Stop()
+	}
+	g := n.gen
+	n.expiry = time.AfterFunc(n.fsys.cfg.ReceiptTTL, func() { n.expire(g) })
+}
+
+func (n *fileNode) expire(g uint64) {
+	n.mu.Lock()
+	if n.gen != g || n.detached || n.pub == nil || n.tree.isClosed() {
+		n.mu.Unlock()
+		return
+	}
+	if n.handles > 0 || n.up != nil {
+		// In use: look again a TTL later.
+		n.expiry = time.AfterFunc(n.fsys.cfg.ReceiptTTL, func() { n.expire(g) })
+		n.mu.Unlock()
+		return
+	}
+	n.detachLocked()
+	n.mu.Unlock()
+	removeName(&n.Inode)
+}
+
+// detach takes the file out of the tree: unlink, rename over it, expiry.
+func (n *fileNode) detach() {
+	n.mu.Lock()
+	n.detachLocked()
+	n.mu.Unlock()
+	if n.tree != nil {
+		n.ForgetPersistent()
+	}
+}
+
+func (n *fileNode) detachLocked() {
+	if n.detached {
+		return
+	}
+	n.detached = true
+	n.gen++
+	if n.expiry != nil {
+		n.expiry.Stop()
+	}
+	if n.pub != nil && n.tree != nil {
+		n.tree.release(n.pub.d)
+		n.fsys.stats.receipts.Add(-1)
+	}
+	if n.up != nil && len(n.writers) == 0 {
+		n.discardUploadLocked()
+	}
+}
+
+func (n *fileNode) discardUploadLocked() {
+	if n.up == nil {
+		return
+	}
+	n.up.Discard()
+	n.up = nil
+	n.dirty = false
+	if n.tree != nil {
+		n.tree.dropLive(n)
+	}
+}
+
+// discard drops an in-flight upload at unmount or namespace removal.
+func (n *fileNode) discard() {
+	n.mu.Lock()
+	n.detachLocked()
+	n.discardUploadLocked()
+	n.mu.Unlock()
+}
+
+func (n *fileNode) Getxattr(ctx context.Context, attr string, dest []byte) (uint32, syscall.Errno) {
+	n.mu.Lock()
+	pub, staging := n.pub, n.up != nil
+	n.mu.Unlock()
+	if attr != xattrDigest || pub == nil || staging {
+		return 0, n.fsys.errno("getxattr", blob.Digest{}, errNoAttr)
+	}
+	return xattrValue(n.fsys, dest, pub.d.String())
+}
+
+func (n *fileNode) Listxattr(ctx context.Context, dest []byte) (uint32, syscall.Errno) {
+	n.mu.Lock()
+	pub, staging := n.pub, n.up != nil
+	n.mu.Unlock()
+	if pub == nil || staging {
+		return 0, 0
+	}
+	return xattrValue(n.fsys, dest, xattrDigest+"\x00")
+}
+
+// Setxattr: incoming files keep no extended attributes of their own (cp -a
+// and tar take ENOTSUP as "not preserved" and go on).
+func (n *fileNode) Setxattr(ctx context.Context, attr string, data []byte, flags uint32) syscall.Errno {
+	return n.fsys.errno("setxattr", blob.Digest{}, errUnsupported)
+}
+
+func (n *fileNode) Removexattr(ctx context.Context, attr string) syscall.Errno {
+	return n.fsys.errno("removexattr", blob.Digest{}, errNoAttr)
+}
+
+func (h *fileHandle) Write(ctx context.Context, data []byte, off int64) (uint32, syscall.Errno) {
+	n := h.n
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	if n.failed != nil {
+		return 0, n.fsys.errno("write", n.digestForLog(), n.failed)
+	}
+	if n.up == nil {
+		// Written after a publish, through a descriptor still open.
+		n.supersedeLocked(h)
+		if err := n.reopenLocked(ctx, true); err != nil {
+			return 0, n.fsys.errno("write", n.digestForLog(), err)
+		}
+	}
+	k, err := n.up.WriteAt(data, off)
+	if err != nil {
+		// ENOSPC and friends: nothing of this file will be published.
+		n.failLocked(err)
+		return 0, n.fsys.errno("write", n.digestForLog(), err)
+	}
+	n.dirty, h.idle, h.wrote = true, false, true
+	n.meta.mtime = time.Now()
+	n.meta.ctime = n.meta.mtime
+	n.fsys.stats.writes.Add(1)
+	n.fsys.stats.bytesWritten.Add(int64(k))
+	return uint32(k), 0
+}
+
+func (h *fileHandle) Read(ctx context.Context, dest []byte, off int64) (fuse.ReadResult, syscall.Errno) {
+	n, f := h.n, h.n.fsys
+	f.stats.reads.Add(1)
+	n.mu.Lock()
+	if n.up != nil {
+		k, err := n.up.ReadAt(dest, off)
+		n.mu.Unlock()
+		if err != nil && !errors.Is(err, io.EOF) {
+			return nil, f.errno("read", n.digestForLog(), err)
+		}
+		f.stats.bytesRead.Add(int64(k))
+		return fuse.ReadResultData(dest[:k]), 0
+	}
+	pub, failed := n.pub, n.failed
+	n.mu.Unlock()
+	if failed != nil {
+		return nil, f.errno("read", n.digestForLog(), errPublishFailed)
+	}
+	if pub == nil || off >= pub.size {
+		return fuse.ReadResultData(nil), 0
+	}
+	rd, err := h.reader(ctx, pub.d)
+	if err != nil {
+		return nil, f.errno("read", pub.d, err)
+	}
+	k, err := rd.ReadAt(dest, off)
+	if err != nil && !errors.Is(err, io.EOF) {
+		if errors.Is(err, blob.ErrVerification) {
+			f.stats.verifyFailures.Add(1)
+			f.log.Error("blob fails verification; refusing to serve it", "digest", pub.d.String(), "offset", off, "err", err)
+		}
+		return nil, f.errno("read", pub.d, err)
+	}
+	f.stats.bytesRead.Add(int64(k))
+	return fuse.ReadResultData(dest[:k]), 0
+}
+
+// reader opens (once per published version) a pinned store reader.
+func (h *fileHandle) reader(ctx context.Context, d blob.Digest) (*store.Reader, error) {
+	h.rmu.Lock()
+	defer h.rmu.Unlock()
+	if h.rd != nil && h.rd.Digest() == d {
+		return h.rd, nil
+	}
+	h.closeReaderLocked()
+	f := h.n.fsys
+	pin := f.st.Pin(d)
+	r, ok, err := f.st.Get(ctx, d)
+	if err == nil && !ok {
+		err = blob.Wrap("open", "", d, blob.ErrMissing)
+	}
+	if err != nil {
+		pin.Release()
+		return nil, err
+	}
+	if f.cfg.Verify == VerifyPublish {
+		r.Trust()
+	}
+	f.refs.add(d)
+	h.rd, h.pin = r, pin
+	return r, nil
+}
+
+func (h *fileHandle) closeReaderLocked() {
+	if h.rd == nil {
+		return
+	}
+	d := h.rd.Digest()
+	h.rd.Close()
+	h.pin.Release()
+	h.n.fsys.refs.drop(d)
+	h.rd, h.pin = nil, nil
+}
+
+// Flush is close(2): this is where a publish's error reaches the program.
+func (h *fileHandle) Flush(ctx context.Context) syscall.Errno {
+	n := h.n
+	n.mu.Lock()
+	wrote := h.wrote
+	if h.write {
+		h.idle, h.wrote = true, false
+	}
+	if n.failed != nil {
+		err := n.failed
+		n.mu.Unlock()
+		return n.fsys.errno("close", n.digestForLog(), err)
+	}
+	var notes []notice
+	var err error
+	if n.publishDueLocked(h, wrote) {
+		notes, err = n.publishLocked(ctx)
+	}
+	n.mu.Unlock()
+	send(notes)
+	return n.fsys.errno("close", n.digestForLog(), err)
+}
+
+// publishDueLocked decides whether this FLUSH publishes. Every writer
+// handle other than this one must have flushed since its last write: a
+// FLUSH says "one descriptor closed", not "the file is finished", and
+// two separate opens writing together finish with the last of them.
+//
+// A put by path publishes only at a FLUSH that follows writes through the
+// flushing handle: a shell's `> name` flushes once before the command
+// writes anything, and the empty content must not be tried (and fail)
+// against the name. Such a file publishes at that later FLUSH, or at the
+// last RELEASE.
+func (n *fileNode) publishDueLocked(h *fileHandle, wrote bool) bool {
+	if !n.dirty || n.detached || n.up == nil {
+		return false
+	}
+	if n.want != nil && !wrote {
+		return false
+	}
+	for o := range n.writers {
+		if o != h && !o.idle {
+			return false
+		}
+	}
+	return true
+}
+
+// Release: the last writer gone, whatever is still unpublished publishes
+// now (its error can only be logged), and a file that failed disappears.
+func (h *fileHandle) Release(ctx context.Context) syscall.Errno {
+	n, f := h.n, h.n.fsys
+	var notes []notice
+	n.mu.Lock()
+	n.handles--
+	f.stats.openHandles.Add(-1)
+	if h.write {
+		delete(n.writers, h)
+	}
+	if len(n.writers) == 0 {
+		switch {
+		case n.up == nil:
+		case n.detached:
+			n.discardUploadLocked()
+		case n.dirty:
+			notes, _ = n.publishLocked(ctx)
+		default:
+			// Re-opened for writing but nothing changed: back to the
+			// receipt.
+			n.discardUploadLocked()
+		}
+	}
+	gone := n.failed != nil && n.handles == 0 && !n.detached
+	if gone {
+		n.detachLocked()
+	}
+	n.mu.Unlock()
+	h.rmu.Lock()
+	h.closeReaderLocked()
+	h.rmu.Unlock()
+	send(notes)
+	if gone {
+		if n.want != nil {
+			n.ns.dropPending(n.name, n)
+			notifyEntry(&n.ns.Inode, n.name)
+		} else {
+			removeName(&n.Inode)
+		}
+	}
+	return 0
+}
+
+func (h *fileHandle) Fsync(ctx context.Context, flags uint32) syscall.Errno { return 0 }
+
+func (h *fileHandle) Allocate(ctx context.Context, off uint64, size uint64, mode uint32) syscall.Errno {
+	return h.n.fsys.errno("fallocate", blob.Digest{}, errUnsupported)
+}
+
+// symNode is a symbolic link under incoming/ (see incDir.Symlink).
+type symNode struct {
+	node
+	tree   *incTree
+	target string
+
+	mu       sync.Mutex
+	meta     meta
+	detached bool
+	gen      uint64
+	expiry   *time.Timer
+}
+
+var (
+	_ = (fs.NodeReadlinker)((*symNode)(nil))
+	_ = (fs.NodeGetattrer)((*symNode)(nil))
+	_ = (fs.NodeSetattrer)((*symNode)(nil))
+)
+
+func (s *symNode) getattr(out *fuse.Attr) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.meta.fill(out, syscall.S_IFLNK)
+	out.Nlink = 1
+	setSize(out, int64(len(s.target)))
+}
+
+func (s *symNode) Readlink(ctx context.Context) ([]byte, syscall.Errno) {
+	return []byte(s.target), 0
+}
+
+func (s *symNode) Getattr(ctx context.Context, f fs.FileHandle, out *fuse.AttrOut) syscall.Errno {
+	s.getattr(&out.Attr)
+	return 0
+}
+
+func (s *symNode) Setattr(ctx context.Context, f fs.FileHandle, in *fuse.SetAttrIn, out *fuse.AttrOut) syscall.Errno {
+	s.mu.Lock()
+	m := in.Valid
+	in.Valid &^= fuse.FATTR_MODE // a link's mode is fixed
+	s.meta.set(in)
+	in.Valid = m
+	s.mu.Unlock()
+	s.getattr(&out.Attr)
+	return 0
+}
+
+func (s *symNode) scheduleExpiryLocked() {
+	s.gen++
+	g := s.gen
+	s.expiry = time.AfterFunc(s.fsys.cfg.ReceiptTTL, func() {
+		s.mu.Lock()
+		stale := s.gen != g || s.detached || s.tree.isClosed()
+		if !stale {
+			s.detached = true
+		}
+		s.mu.Unlock()
+		if !stale {
+			removeName(&s.Inode)
+		}
+	})
+}
+
+func (s *symNode) detach() {
+	s.mu.Lock()
+	s.detached = true
+	if s.expiry != nil {
+		s.expiry.Stop()
+	}
+	s.mu.Unlock()
+	s.ForgetPersistent()
+}

@@ -1,0 +1,340 @@
+package fusefs
+
+import (
+	"bufio"
+	"context"
+	"errors"
+	"fmt"
+	"io/fs"
+	"log"
+	"log/slog"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"runtime/debug"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+
+	gofs "github.com/hanwen/go-fuse/v2/fs"
+	"github.com/hanwen/go-fuse/v2/fuse"
+	"golang.org/x/sys/unix"
+
+	"github.com/alkblobfs/alkblobfs/engines"
+)
+
+// Server is a mounted alkblobfs. It serves until Unmount, or until someone
+// runs umount on the mountpoint; Done is closed once it has stopped and
+// cleaned up.
+type Server struct {
+	fs     *FS
+	server *fuse.Server
+	dir    string
+
+	done      chan struct{}
+	closeOnce sync.Once
+}
+
+// Mount request sizes. 1 MiB is the kernel's largest FUSE request (256
+// pages): a sequential copy is then one request per MiB each way, and
+// readahead asks for up to 1 MiB ahead.
+const (
+	maxWrite     = 1 << 20
+	maxReadAhead = 1 << 20
+)
+
+// Mount mounts the store on dir and starts serving. It fails with one
+// clear error when dir is missing, not a directory or already mounted, or
+// when FUSE is unavailable; a stale mount left by a killed daemon
+// ("transport endpoint is not connected") is lazily unmounted first.
+func Mount(dir string, cfg Config) (*Server, error) {
+	f, err := newFS(cfg)
+	if err != nil {
+		return nil, err
+	}
+	abs, err := prepareMountpoint(dir, f.log)
+	if err != nil {
+		return nil, err
+	}
+	sec := defaultTimeout
+	opts := &gofs.Options{
+		EntryTimeout: &sec,
+		AttrTimeout:  &sec,
+		MountOptions: fuse.MountOptions{
+			AllowOther:   cfg.AllowOther,
+			MaxWrite:     maxWrite,
+			MaxReadAhead: maxReadAhead,
+			// Readahead and parallel readers issue async requests; the
+			// default of 12 in flight throttles a fast disk.
+			MaxBackground: 64,
+			FsName:        "alkblobfs",
+			Name:          "alkblobfs",
+			// As root, mount(2) directly: no fusermount3 needed.
+			DirectMount: os.Geteuid() == 0,
+			Debug:       cfg.Debug,
+			Logger:      slog.NewLogLogger(f.log.Handler(), slog.LevelDebug),
+			// O_TRUNC arrives with OPEN (one request, atomic for uploads);
+			// plain `ls` may skip READDIRPLUS's per-entry lookups. No
+			// CAP_WRITEBACK_CACHE: it pipelines writes into incoming/
+			// (a 1 GiB cp ~25% faster), but the kernel then refuses
+			// passthrough, and reads of blobs matter more.
+			ExtraCapabilities: fuse.CAP_ATOMIC_O_TRUNC | fuse.CAP_READDIRPLUS_AUTO,
+			// Content changes only through this mount's own writes, and
+			// blobs never: the kernel need not drop pages when an mtime
+			// it sees changes (a blob linked in two namespaces shows two).
+			ExplicitDataCacheControl: true,
+			// security.* xattrs (SELinux labels asked for by ls) are
+			// answered without a round trip into the tree.
+			IgnoreSecurityLabels: true,
+			// A bug must cost one request, not the daemon, and be seen.
+			PanicHandler: func(v any) fuse.Status {
+				f.log.Error("panic in a FUSE request; answered EIO", "panic", fmt.Sprint(v), "stack", string(debug.Stack()))
+				return fuse.EIO
+			},
+		},
+		Logger:         log.New(&slogWriter{f.log}, "", 0),
+		RootStableAttr: &gofs.StableAttr{Ino: inoRoot},
+	}
+	server, err := fuse.NewServer(gofs.NewNodeFS(f.root, opts), abs, &opts.MountOptions)
+	if err != nil {
+		return nil, mountError(abs, err)
+	}
+	go server.Serve()
+	if err := server.WaitMount(); err != nil {
+		server.Unmount()
+		return nil, mountError(abs, err)
+	}
+	m := &Server{fs: f, server: server, dir: abs, done: make(chan struct{})}
+	f.mount = m
+	f.probePassthrough(server)
+	if err := raiseReadahead(abs); err != nil {
+		f.log.Debug("could not raise the mount's readahead", "err", err)
+	}
+	f.reg1 = f.st.GC().Register(f.refs)
+	f.sweeper.start()
+	pt := "active"
+	if !f.ptAvailable.Load() {
+		pt = "off: " + f.ptReason.Load().(string)
+	}
+	f.log.Info("mounted", "mountpoint", abs, "verify", string(f.cfg.Verify), "passthrough", pt,
+		"sweep_every", f.cfg.SweepEvery, "receipt_ttl", f.cfg.ReceiptTTL)
+	go func() {
+		server.Wait()
+		m.cleanup()
+	}()
+	return m, nil
+}
+
+// Dir is the absolute mountpoint.
+func (m *Server) Dir() string { return m.dir }
+
+// Done is closed when the mount has stopped serving and cleaned up.
+func (m *Server) Done() <-chan struct{} { return m.done }
+
+// Wait blocks until Done.
+func (m *Server) Wait() { <-m.done }
+
+// Passthrough reports whether FUSE passthrough is in use.
+func (m *Server) Passthrough() bool { return m.fs.ptAvailable.Load() }
+
+// Stats is the mount's /.alkblobfs/stats.
+func (m *Server) Stats(ctx context.Context) Stats { return m.fs.Stats(ctx) }
+
+// Unmount unmounts and waits until serving has stopped. If files are
+// still open (EBUSY), it detaches the mount lazily: the name goes at
+// once, and the daemon serves the open files until they are closed.
+func (m *Server) Unmount() error {
+	select {
+	case <-m.done:
+		return nil
+	default:
+	}
+	if err := m.server.Unmount(); err != nil {
+		select {
+		case <-m.done: // unmounted by someone else meanwhile
+			return nil
+		default:
+		}
+		m.fs.log.Warn("mount busy; detaching lazily: the mountpoint is free now and open files are served until closed",
+			"mountpoint", m.dir, "open_handles", m.fs.stats.openHandles.Load(), "err", err)
+		if derr := detach(m.dir); derr != nil {
+			return fmt.Errorf("unmount %s: %v; lazy unmount: %w", m.dir, err, derr)
+		}
+	}
+	<-m.done
+	return nil
+}
+
+// cleanup runs once serving has stopped: in-flight uploads are
+// discarded (nothing half-published), pins of handles the kernel never
+// released are dropped, the timer stops.
+func (m *Server) cleanup() {
+	m.closeOnce.Do(func() {
+		f := m.fs
+		f.sweeper.stop()
+		f.cancel()
+		for _, d := range f.nsDirs() {
+			d.teardown()
+		}
+		if f.reg1 != nil {
+			f.reg1.Deregister()
+		}
+		f.log.Info("unmounted", "mountpoint", m.dir)
+		close(m.done)
+	})
+}
+
+// prepareMountpoint checks dir and clears a stale mount on it.
+func prepareMountpoint(dir string, lg *slog.Logger) (string, error) {
+	if _, err := os.Stat("/dev/fuse"); err != nil {
+		return "", fmt.Errorf("FUSE is not available: %w (load the fuse module, or give the container /dev/fuse)", err)
+	}
+	abs, err := filepath.Abs(dir)
+	if err != nil {
+		return "", err
+	}
+	fi, err := os.Stat(abs)
+	if errors.Is(err, syscall.ENOTCONN) || errors.Is(err, syscall.ECONNABORTED) {
+		lg.Warn("stale mount left by a daemon that died (transport endpoint is not connected); unmounting it lazily", "mountpoint", abs)
+		if derr := detach(abs); derr != nil {
+			return "", fmt.Errorf("mountpoint %s: stale mount, and lazy unmount failed: %w", abs, derr)
+		}
+		fi, err = os.Stat(abs)
+	}
+	switch {
+	case errors.Is(err, fs.ErrNotExist):
+		return "", fmt.Errorf("mountpoint %s does not exist", abs)
+	case err != nil:
+		return "", fmt.Errorf("mountpoint %s: %w", abs, err)
+	case !fi.IsDir():
+		return "", fmt.Errorf("mountpoint %s is not a directory", abs)
+	}
+	if real, err := filepath.EvalSymlinks(abs); err == nil {
+		abs = real
+	}
+	if mounted, err := isMountpoint(abs); err == nil && mounted {
+		return "", fmt.Errorf("mountpoint %s is busy: something is already mounted there", abs)
+	}
+	return abs, nil
+}
+
+// detach is umount -l: MNT_DETACH as root, fusermount3 -uz otherwise.
+func detach(dir string) error {
+	err := unix.Unmount(dir, unix.MNT_DETACH)
+	if err == nil || !errors.Is(err, unix.EPERM) {
+		return err
+	}
+	bin, lerr := exec.LookPath("fusermount3")
+	if lerr != nil {
+		return err
+	}
+	if out, err := exec.Command(bin, "-uz", dir).CombinedOutput(); err != nil {
+		return fmt.Errorf("%s -uz: %v: %s", bin, err, strings.TrimSpace(string(out)))
+	}
+	return nil
+}
+
+// isMountpoint looks dir up in /proc/self/mountinfo.
+func isMountpoint(dir string) (bool, error) {
+	f, err := os.Open("/proc/self/mountinfo")
+	if err != nil {
+		return false, err
+	}
+	defer f.Close()
+	sc := bufio.NewScanner(f)
+	sc.Buffer(make([]byte, 64<<10), 1<<20)
+	for sc.Scan() {
+		fields := strings.Fields(sc.Text())
+		if len(fields) > 4 && unescapeMountinfo(fields[4]) == dir {
+			return true, nil
+		}
+	}
+	return false, sc.Err()
+}
+
+// unescapeMountinfo undoes the kernel's octal escapes (\040 for space...).
+func unescapeMountinfo(s string) string {
+	if !strings.Contains(s, `\`) {
+		return s
+	}
+	var b strings.Builder
+	for i := 0; i < len(s); i++ {
+		if s[i] == '\\' && i+3 < len(s) {
+			if v, err := strconv.ParseUint(s[i+1:i+4], 8, 8); err == nil {
+				b.WriteByte(byte(v))
+				i += 3
+				continue
+			}
+		}
+		b.WriteByte(s[i])
+	}
+	return b.String()
+}
+
+func mountError(dir string, err error) error {
+	switch {
+	case errors.Is(err, syscall.EBUSY):
+		return fmt.Errorf("mountpoint %s is busy: %w", dir, err)
+	case errors.Is(err, syscall.EPERM), errors.Is(err, syscall.EACCES):
+		return fmt.Errorf("mount %s: permission denied (run as root, or install fusermount3): %w", dir, err)
+	}
+	return fmt.Errorf("mount %s: %w", dir, err)
+}
+
+// probePassthrough finds out whether the kernel will read local blobs
+// directly. go-fuse would turn passthrough off silently on the first
+// failed registration, so the mount tries one up front, on a file of the
+// same filesystem as the blobs, and logs the answer.
+func (f *FS) probePassthrough(srv *fuse.Server) {
+	no := func(why string) {
+		f.ptAvailable.Store(false)
+		f.ptReason.Store(why)
+	}
+	if f.cfg.NoPassthrough {
+		no("turned off (--passthrough=false)")
+		return
+	}
+	if srv.KernelSettings().Flags64()&fuse.CAP_PASSTHROUGH == 0 {
+		no("the kernel does not offer FUSE passthrough")
+		return
+	}
+	sf, ok := f.st.Large().(engines.StatFS)
+	if !ok {
+		no("no local large tier")
+		return
+	}
+	fd, err := unix.Open(sf.Root(), unix.O_TMPFILE|unix.O_RDWR|unix.O_CLOEXEC, 0o600)
+	if err != nil {
+		no(fmt.Sprintf("probe file: %v", err))
+		return
+	}
+	defer unix.Close(fd)
+	id, errno := srv.RegisterBackingFd(&fuse.BackingMap{Fd: int32(fd)})
+	if errno != 0 {
+		no(fmt.Sprintf("registering a backing file: %v (needs CAP_SYS_ADMIN)", errno))
+		return
+	}
+	srv.UnregisterBackingFd(id)
+	f.ptAvailable.Store(true)
+	f.ptReason.Store("")
+}
+
+// raiseReadahead sets the mount's readahead to 1 MiB: the kernel starts
+// FUSE mounts at 128 KiB whatever the INIT reply asks for.
+func raiseReadahead(dir string) error {
+	var st unix.Stat_t
+	if err := unix.Stat(dir, &st); err != nil {
+		return err
+	}
+	p := fmt.Sprintf("/sys/class/bdi/%d:%d/read_ahead_kb", unix.Major(st.Dev), unix.Minor(st.Dev))
+	return os.WriteFile(p, []byte(strconv.Itoa(maxReadAhead>>10)), 0)
+}
+
+// slogWriter sends go-fuse's log.Logger output to slog at debug level.
+type slogWriter struct{ l *slog.Logger }
+
+func (w *slogWriter) Write(p []byte) (int, error) {
+	w.l.Debug("go-fuse: " + strings.TrimSpace(string(p)))
+	return len(p), nil
+}

@@ -1,0 +1,386 @@
+package fusefs
+
+import (
+	"context"
+	"sync"
+	"sync/atomic"
+	"syscall"
+
+	"github.com/hanwen/go-fuse/v2/fs"
+	"github.com/hanwen/go-fuse/v2/fuse"
+
+	"github.com/alkblobfs/alkblobfs/blob"
+	"github.com/alkblobfs/alkblobfs/namespaces"
+)
+
+// incomingName is the write path inside every namespace.
+const incomingName = "incoming"
+
+// nsDir is a namespace: its blobs, looked up and listed from the registry
+// on demand, plus incoming/ and the verified puts by path in flight.
+type nsDir struct {
+	node
+	name string
+
+	once   sync.Once
+	inited atomic.Bool
+
+	tree *incTree
+	inc  *incDir
+
+	mu      sync.Mutex
+	pending map[string]*fileNode // verified puts by path, by digest name
+}
+
+var (
+	_ = (fs.NodeOnAdder)((*nsDir)(nil))
+	_ = (fs.NodeGetattrer)((*nsDir)(nil))
+	_ = (fs.NodeSetattrer)((*nsDir)(nil))
+	_ = (fs.NodeLookuper)((*nsDir)(nil))
+	_ = (fs.NodeOpendirHandler)((*nsDir)(nil))
+	_ = (fs.NodeCreater)((*nsDir)(nil))
+	_ = (fs.NodeMkdirer)((*nsDir)(nil))
+	_ = (fs.NodeUnlinker)((*nsDir)(nil))
+	_ = (fs.NodeRmdirer)((*nsDir)(nil))
+	_ = (fs.NodeRenamer)((*nsDir)(nil))
+	_ = (fs.NodeSymlinker)((*nsDir)(nil))
+	_ = (fs.NodeMknoder)((*nsDir)(nil))
+	_ = (fs.NodeLinker)((*nsDir)(nil))
+	_ = (fs.NodeStatfser)((*nsDir)(nil))
+)
+
+func newNSDir(f *FS, name string) *nsDir {
+	d := &nsDir{node: node{fsys: f}, name: name, pending: make(map[string]*fileNode)}
+	d.tree = newIncTree(d)
+	d.inc = newIncDir(f, d.tree, 0o755, f.uid, f.gid)
+	return d
+}
+
+// inode returns the directory's persistent inode, creating it under the
+// root on first use. Persistent, so that incoming/ (in-memory state) lives
+// as long as the namespace, whatever the kernel forgets.
+func (d *nsDir) inode(ctx context.Context, root *fs.Inode) *fs.Inode {
+	d.once.Do(func() {
+		root.NewPersistentInode(ctx, d, fs.StableAttr{Mode: syscall.S_IFDIR})
+		d.inited.Store(true)
+	})
+	return &d.Inode
+}
+
+// OnAdd attaches incoming/.
+func (d *nsDir) OnAdd(ctx context.Context) {
+	ch := d.NewPersistentInode(ctx, d.inc, fs.StableAttr{Mode: syscall.S_IFDIR})
+	d.AddChild(incomingName, ch, true)
+}
+
+func (d *nsDir) getattr(out *fuse.Attr) { d.fsys.dirAttr(out, 0o755, d.fsys.born) }
+
+func (d *nsDir) Getattr(ctx context.Context, f fs.FileHandle, out *fuse.AttrOut) syscall.Errno {
+	d.getattr(&out.Attr)
+	return 0
+}
+
+// Setattr accepts and ignores changes (see rootDir.Setattr).
+func (d *nsDir) Setattr(ctx context.Context, f fs.FileHandle, in *fuse.SetAttrIn, out *fuse.AttrOut) syscall.Errno {
+	d.getattr(&out.Attr)
+	return 0
+}
+
+// busy reports whether puts are in flight in the namespace.
+func (d *nsDir) busy() bool {
+	d.mu.Lock()
+	n := len(d.pending)
+	d.mu.Unlock()
+	return n > 0 || d.tree.busy()
+}
+
+// teardown ends the namespace's in-memory state: uploads are discarded,
+// receipts dropped, persistent inodes released.
+func (d *nsDir) teardown() {
+	d.mu.Lock()
+	pend := make([]*fileNode, 0, len(d.pending))
+	for _, n := range d.pending {
+		pend = append(pend, n)
+	}
+	d.pending = map[string]*fileNode{}
+	d.mu.Unlock()
+	for _, n := range pend {
+		n.discard()
+	}
+	d.tree.close()
+	if d.inited.Load() {
+		d.RmAllChildren()
+	}
+}
+
+func (d *nsDir) Lookup(ctx context.Context, name string, out *fuse.EntryOut) (*fs.Inode, syscall.Errno) {
+	if name == incomingName {
+		d.inc.getattr(&out.Attr)
+		return d.GetChild(incomingName), 0
+	}
+	d.mu.Lock()
+	p := d.pending[name]
+	d.mu.Unlock()
+	if p != nil {
+		p.getattr(&out.Attr)
+		// Revalidate every time: once the put publishes, the same name
+		// must resolve to the blob's own inode.
+		out.SetEntryTimeout(0)
+		out.SetAttrTimeout(0)
+		return &p.Inode, 0
+	}
+	if !blob.IsDigestName(name) {
+		return nil, syscall.ENOENT
+	}
+	dg, err := blob.Parse(name)
+	if err != nil {
+		return nil, syscall.ENOENT
+	}
+	ref, ok, err := d.fsys.reg.Has(ctx, d.name, dg)
+	if err != nil {
+		return nil, d.fsys.errno("lookup", dg, err)
+	}
+	if !ok {
+		return nil, syscall.ENOENT
+	}
+	return d.blobChild(ctx, ref, out)
+}
+
+// blobChild makes (or finds) the inode of a referenced blob. Size and tier
+// come from metadata; the content is not touched.
+func (d *nsDir) blobChild(ctx context.Context, ref namespaces.Ref, out *fuse.EntryOut) (*fs.Inode, syscall.Errno) {
+	// Known already (listed or opened before): size and tier are facts of
+	// the content, no need to ask the store again.
+	if ch := d.GetChild(ref.Digest.String()); ch != nil {
+		if b, ok := ch.Operations().(*blobFile); ok && b.d == ref.Digest {
+			b.attr(&out.Attr)
+			out.SetEntryTimeout(blobTimeout)
+			out.SetAttrTimeout(blobTimeout)
+			return ch, 0
+		}
+	}
+	info, ok, err := d.fsys.st.Stat(ctx, ref.Digest)
+	if err != nil {
+		return nil, d.fsys.errno("lookup", ref.Digest, err)
+	}
+	if !ok {
+		// A reference to a blob the pool does not hold: the Service never
+		// links such a thing, so something removed it behind our back.
+		d.fsys.log.Warn("namespace references a blob the pool does not hold", "namespace", d.name, "digest", ref.Digest.String())
+		return nil, syscall.ENOENT
+	}
+	b := &blobFile{node: node{fsys: d.fsys}, d: ref.Digest, size: info.Size, tier: info.Tier, linkedAt: ref.LinkedAt}
+	b.attr(&out.Attr)
+	out.SetEntryTimeout(blobTimeout)
+	out.SetAttrTimeout(blobTimeout)
+	// If the blob already has an inode (open, or linked in another
+	// namespace), go-fuse hands the kernel that one: one inode per digest.
+	return d.NewInode(ctx, b, blobAttr(ref.Digest)), 0
+}
+
+// OpendirHandle streams the listing (see nsStream).
+func (d *nsDir) OpendirHandle(ctx context.Context, flags uint32) (fs.FileHandle, uint32, syscall.Errno) {
+	return &nsStream{d: d}, 0, 0
+}
+
+// Create in a namespace is the verified put by path: the name must be a
+// digest, and the content must hash to it.
+func (d *nsDir) Create(ctx context.Context, name string, flags uint32, mode uint32, out *fuse.EntryOut) (*fs.Inode, fs.FileHandle, uint32, syscall.Errno) {
+	if !blob.IsDigestName(name) {
+		d.fsys.log.Warn("cannot create a file directly in a namespace unless its name is the sha256 of its content (lowercase hex); copy files into incoming/ instead",
+			"namespace", d.name, "name", name)
+		return nil, nil, 0, d.fsys.errno("create", blob.Digest{}, errNotPermitted)
+	}
+	want, _ := blob.Parse(name)
+	up, err := d.fsys.st.NewUpload(ctx)
+	if err != nil {
+		return nil, nil, 0, d.fsys.errno("create", want, err)
+	}
+	uid, gid := caller(ctx, d.fsys)
+	n := newFileNode(d.fsys, nil, d, mode, uid, gid)
+	n.want, n.name = &want, name
+	n.up, n.dirty = up, true
+	h := n.newHandleLocked(flags)
+	d.mu.Lock()
+	d.pending[name] = n
+	d.mu.Unlock()
+	n.getattr(&out.Attr)
+	out.SetEntryTimeout(0)
+	out.SetAttrTimeout(0)
+	return d.NewInode(ctx, n, fs.StableAttr{Mode: syscall.S_IFREG}), h, 0, 0
+}
+
+// dropPending forgets a put by path once it published or failed.
+func (d *nsDir) dropPending(name string, n *fileNode) {
+	d.mu.Lock()
+	if d.pending[name] == n {
+		delete(d.pending, name)
+	}
+	d.mu.Unlock()
+}
+
+func (d *nsDir) Unlink(ctx context.Context, name string) syscall.Errno {
+	d.mu.Lock()
+	p := d.pending[name]
+	if p != nil {
+		delete(d.pending, name)
+	}
+	d.mu.Unlock()
+	if p != nil {
+		p.detach()
+		return 0
+	}
+	if !blob.IsDigestName(name) {
+		return syscall.ENOENT
+	}
+	dg, _ := blob.Parse(name)
+	if err := d.fsys.reg.Unlink(ctx, d.name, dg); err != nil {
+		return d.fsys.errno("unlink", dg, err)
+	}
+	return 0
+}
+
+func (d *nsDir) Mkdir(ctx context.Context, name string, mode uint32, out *fuse.EntryOut) (*fs.Inode, syscall.Errno) {
+	d.fsys.log.Warn("directories cannot be made in a namespace; make them under incoming/", "namespace", d.name, "name", name)
+	return nil, d.fsys.errno("mkdir", blob.Digest{}, errNotPermitted)
+}
+
+func (d *nsDir) Rmdir(ctx context.Context, name string) syscall.Errno {
+	return d.fsys.errno("rmdir", blob.Digest{}, errNotPermitted)
+}
+
+// Rename of a blob (or of incoming/) is EPERM: a blob's name is its
+// content. Copying works and dedups.
+func (d *nsDir) Rename(ctx context.Context, name string, newParent fs.InodeEmbedder, newName string, flags uint32) syscall.Errno {
+	return d.fsys.errno("rename", blob.Digest{}, errNotPermitted)
+}
+
+func (d *nsDir) Symlink(ctx context.Context, target, name string, out *fuse.EntryOut) (*fs.Inode, syscall.Errno) {
+	return nil, d.fsys.errno("symlink", blob.Digest{}, errNotPermitted)
+}
+
+func (d *nsDir) Mknod(ctx context.Context, name string, mode, dev uint32, out *fuse.EntryOut) (*fs.Inode, syscall.Errno) {
+	return nil, d.fsys.errno("mknod", blob.Digest{}, errNotPermitted)
+}
+
+// Link (a hard link, also across namespaces) is EPERM; cp dedups.
+func (d *nsDir) Link(ctx context.Context, target fs.InodeEmbedder, name string, out *fuse.EntryOut) (*fs.Inode, syscall.Errno) {
+	return nil, d.fsys.errno("link", blob.Digest{}, errNotPermitted)
+}
+
+// streamPage is how many references one registry call reads: one
+// namespaces page, so a listing of any size holds ~40 KiB of it at a time.
+const streamPage = 1000
+
+// nsStream lists a namespace a page at a time: "incoming", then every
+// referenced digest in ascending order. Each page is a fresh Entries call
+// from the last digest seen, so no registry state (lock, transaction,
+// goroutine) is held between READDIR requests, and a million entries list
+// in constant memory.
+//
+// It also answers READDIRPLUS lookups for the entry it just produced from
+// the page (FileLookuper), sparing a registry round trip per entry.
+type nsStream struct {
+	d *nsDir
+
+	mu    sync.Mutex
+	off   uint64 // entries produced so far (the d_off of the last one)
+	page  []namespaces.Ref
+	i     int
+	after blob.Digest
+	eof   bool
+	last  namespaces.Ref
+}
+
+var (
+	_ = (fs.FileReaddirenter)((*nsStream)(nil))
+	_ = (fs.FileLookuper)((*nsStream)(nil))
+	_ = (fs.FileSeekdirer)((*nsStream)(nil))
+	_ = (fs.FileReleasedirer)((*nsStream)(nil))
+)
+
+func (s *nsStream) Readdirent(ctx context.Context) (*fuse.DirEntry, syscall.Errno) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.next()
+}
+
+func (s *nsStream) next() (*fuse.DirEntry, syscall.Errno) {
+	if s.off == 0 {
+		s.off = 1
+		return &fuse.DirEntry{Name: incomingName, Mode: syscall.S_IFDIR, Ino: s.d.inc.StableAttr().Ino, Off: 1}, 0
+	}
+	if s.i >= len(s.page) {
+		if s.eof {
+			return nil, 0
+		}
+		if errno := s.fetch(); errno != 0 {
+			return nil, errno
+		}
+		if len(s.page) == 0 {
+			return nil, 0
+		}
+	}
+	ref := s.page[s.i]
+	s.i++
+	s.off++
+	s.last = ref
+	return &fuse.DirEntry{Name: ref.Digest.String(), Mode: syscall.S_IFREG, Ino: blobAttr(ref.Digest).Ino, Off: s.off}, 0
+}
+
+func (s *nsStream) fetch() syscall.Errno {
+	f := s.d.fsys
+	page := s.page[:0]
+	if page == nil {
+		page = make([]namespaces.Ref, 0, streamPage)
+	}
+	for ref, err := range f.reg.Entries(f.ctx, s.d.name, s.after) {
+		if err != nil {
+			return f.errno("readdir", blob.Digest{}, err)
+		}
+		page = append(page, ref)
+		if len(page) == streamPage {
+			break
+		}
+	}
+	s.page, s.i = page, 0
+	s.eof = len(page) < streamPage
+	if len(page) > 0 {
+		s.after = page[len(page)-1].Digest
+	}
+	return 0
+}
+
+// Lookup serves READDIRPLUS for the entry just produced.
+func (s *nsStream) Lookup(ctx context.Context, name string, out *fuse.EntryOut) (*fs.Inode, syscall.Errno) {
+	s.mu.Lock()
+	last := s.last
+	s.mu.Unlock()
+	if !last.Digest.IsZero() && name == last.Digest.String() {
+		return s.d.blobChild(ctx, last, out)
+	}
+	return s.d.Lookup(ctx, name, out)
+}
+
+// Seekdir supports rewinddir and telldir/seekdir: offsets are entry
+// ordinals, so a seek re-lists from the start and skips (rare; O(off)).
+func (s *nsStream) Seekdir(ctx context.Context, off uint64) syscall.Errno {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if off == s.off {
+		return 0
+	}
+	s.off, s.page, s.i, s.after, s.eof, s.last = 0, s.page[:0], 0, blob.Digest{}, false, namespaces.Ref{}
+	for s.off < off {
+		de, errno := s.next()
+		if errno != 0 {
+			return errno
+		}
+		if de == nil {
+			break
+		}
+	}
+	return 0
+}
+
+func (s *nsStream) Releasedir(ctx context.Context, releaseFlags uint32) {}

@@ -1,0 +1,324 @@
+//go:build linux
+
+package fusefs
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/alkblobfs/alkblobfs/blob"
+)
+
+// TestMain doubles as a helper process: a page fault on a FUSE file must
+// not happen in the process serving it (it can stall the Go runtime's
+// stop-the-world while the server waits to run), so mmap reads run in a
+// child.
+func TestMain(m *testing.M) {
+	if p := os.Getenv("FUSEFS_TEST_MMAP"); p != "" {
+		os.Exit(mmapHelper(p))
+	}
+	os.Exit(m.Run())
+}
+
+func mmapHelper(path string) int {
+	f, err := os.Open(path)
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 1
+	}
+	defer f.Close()
+	fi, err := f.Stat()
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 1
+	}
+	b, err := syscall.Mmap(int(f.Fd()), 0, int(fi.Size()), syscall.PROT_READ, syscall.MAP_SHARED)
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 1
+	}
+	defer syscall.Munmap(b)
+	s := sha256.Sum256(b)
+	fmt.Println(hex.EncodeToString(s[:]))
+	return 0
+}
+
+func TestMmap(t *testing.T) {
+	e := mountStore(t, defaultSpec)
+	e.mkns("m")
+	for _, n := range []int{5000, 3<<20 + 123} {
+		d := e.put("m", randBytes(uint64(n), n))
+		cmd := exec.Command(os.Args[0])
+		cmd.Env = append(os.Environ(), "FUSEFS_TEST_MMAP="+e.path("m", d.String()))
+		out, err := cmd.CombinedOutput()
+		if err != nil || strings.TrimSpace(string(out)) != d.String() {
+			t.Fatalf("mmap of a %d-byte blob: %v: %s", n, err, out)
+		}
+	}
+}
+
+// TestConcurrentReaders: readers of one large blob all get its bytes.
+func TestConcurrentReaders(t *testing.T) {
+	e := mountStore(t, defaultSpec)
+	e.mkns("r")
+	size := 256 << 20
+	if testing.Short() {
+		size = 32 << 20
+	}
+	d := e.put("r", randBytes(7, size))
+	p := e.path("r", d.String())
+	const readers = 8
+	var wg sync.WaitGroup
+	errs := make([]error, readers)
+	for i := range readers {
+		wg.Go(func() {
+			f, err := os.Open(p)
+			if err != nil {
+				errs[i] = err
+				return
+			}
+			defer f.Close()
+			h := sha256.New()
+			// Different buffer sizes and a late start for half of them,
+			// so the readers are not in lockstep.
+			buf := make([]byte, (64<<10)<<(i%4))
+			if i%2 == 1 {
+				if _, err := f.Seek(int64(size/2), io.SeekStart); err != nil {
+					errs[i] = err
+					return
+				}
+				h2 := sha256.New()
+				if _, err := io.CopyBuffer(h2, f, buf); err != nil {
+					errs[i] = err
+					return
+				}
+				if _, err := f.Seek(0, io.SeekStart); err != nil {
+					errs[i] = err
+					return
+				}
+			}
+			if _, err := io.CopyBuffer(h, f, buf); err != nil {
+				errs[i] = err
+				return
+			}
+			if got := hex.EncodeToString(h.Sum(nil)); got != d.String() {
+				errs[i] = fmt.Errorf("reader %d read content hashing to %s", i, got)
+			}
+		})
+	}
+	wg.Wait()
+	for _, err := range errs {
+		if err != nil {
+			t.Error(err)
+		}
+	}
+}
+
+// TestFlippedByte: a large blob altered on disk is never served as good.
+func TestFlippedByte(t *testing.T) {
+	e := mountStore(t, defaultSpec)
+	e.mkns("f")
+	content := randBytes(8, 2<<20)
+	d := e.put("f", content)
+	onDisk := filepath.Join(e.data, "large", "blobs", d.String()[:2], d.String())
+	f, err := os.OpenFile(onDisk, os.O_RDWR, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := f.WriteAt([]byte{content[1<<20] ^ 0x01}, 1<<20); err != nil {
+		t.Fatal(err)
+	}
+	f.Close()
+	_, err = os.ReadFile(e.path("f", d.String()))
+	wantErrno(t, "read of a corrupted blob", err, syscall.EIO)
+	if !strings.Contains(e.logs.String(), d.String()) || !strings.Contains(e.logs.String(), "verification") {
+		t.Fatalf("no log line naming the digest:\n%s", e.logs.String())
+	}
+}
+
+// TestRmWhileOpen: an unlinked blob stays readable through an open handle.
+func TestRmWhileOpen(t *testing.T) {
+	e := mountStore(t, defaultSpec)
+	e.mkns("r")
+	for _, n := range []int{100, 1 << 20} { // kv and large tier
+		content := randBytes(uint64(n)+9, n)
+		d := e.put("r", content)
+		p := e.path("r", d.String())
+		f, err := os.Open(p)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := os.Remove(p); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := os.Stat(p); !errors.Is(err, os.ErrNotExist) {
+			t.Fatalf("stat after rm: %v", err)
+		}
+		got, err := io.ReadAll(f)
+		if err != nil || sum(got) != d.String() {
+			t.Fatalf("read after rm: %v", err)
+		}
+		f.Close()
+	}
+}
+
+// TestPassthrough: in --verify=publish a local blob is served by the
+// kernel from its file; in --verify=full only once verified end to end.
+func TestPassthrough(t *testing.T) {
+	for _, v := range []Verify{VerifyPublish, VerifyFull} {
+		t.Run(string(v), func(t *testing.T) {
+			e := mountStore(t, defaultSpec, withVerify(v))
+			if !e.srv.Passthrough() {
+				t.Skip("passthrough unavailable on this kernel")
+			}
+			e.mkns("p")
+			d := e.put("p", randBytes(11, 4<<20))
+			p := e.path("p", d.String())
+			ctx := context.Background()
+			if got := fileSum(t, p); got != d.String() {
+				t.Fatalf("read %s", got)
+			}
+			s1 := e.srv.Stats(ctx)
+			if got := fileSum(t, p); got != d.String() {
+				t.Fatalf("second read %s", got)
+			}
+			s2 := e.srv.Stats(ctx)
+			if s2.Passthrough.Opens == s1.Passthrough.Opens {
+				t.Fatalf("second open did not pass through: %+v", s2.Passthrough)
+			}
+			if v == VerifyPublish && s1.Passthrough.CachedOpens != 0 {
+				t.Fatalf("publish mode opened through the daemon: %+v", s1.Passthrough)
+			}
+			if v == VerifyFull && s1.Passthrough.Opens != 0 {
+				t.Fatalf("full mode passed an unverified blob through: %+v", s1.Passthrough)
+			}
+		})
+	}
+}
+
+// TestListing: a namespace larger than a registry page lists completely,
+// in order, and ls -l shows sizes.
+func TestListing(t *testing.T) {
+	e := mountStore(t, defaultSpec)
+	e.mkns("l")
+	ctx := context.Background()
+	const n = 2345
+	var want []string
+	var ds []blob.Digest
+	for i := range n {
+		d, pin, err := e.st.PutBytes(ctx, []byte(fmt.Sprintf("entry %d", i)))
+		if err != nil {
+			t.Fatal(err)
+		}
+		pin.Release()
+		ds = append(ds, d)
+		want = append(want, d.String())
+	}
+	if _, err := e.reg.LinkMany(ctx, "l", ds); err != nil {
+		t.Fatal(err)
+	}
+	got := e.listNS(t, "l")
+	if len(got) != n {
+		t.Fatalf("listed %d entries, want %d", len(got), n)
+	}
+	for i := 1; i < len(got); i++ {
+		if got[i-1] >= got[i] {
+			t.Fatalf("listing out of order at %d", i)
+		}
+	}
+	out := run(t, "", "ls", "-l", e.path("l"))
+	if lines := strings.Count(out, "\n"); lines < n {
+		t.Fatalf("ls -l printed %d lines", lines)
+	}
+	if !strings.Contains(out, " 7 ") && !strings.Contains(out, " 8 ") {
+		t.Fatalf("ls -l shows no sizes:\n%s", out[:min(len(out), 500)])
+	}
+	// Plain readdir after ls -l (cached attributes) and a rewind.
+	if got2 := e.listNS(t, "l"); len(got2) != n {
+		t.Fatalf("second listing: %d entries", len(got2))
+	}
+
+}
+
+// TestUnmountBusy: unmounting with a file open detaches lazily; the open
+// file stays readable and the unmount completes when it is closed.
+func TestUnmountBusy(t *testing.T) {
+	requireFUSE(t)
+	data := t.TempDir()
+	e := mountOn(t, data, defaultSpec.open(t, data))
+	e.mkns("u")
+	d := e.put("u", randBytes(14, 1<<20))
+	f, err := os.Open(e.path("u", d.String()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan error, 1)
+	go func() { done <- e.srv.Unmount() }()
+	eventually(t, 10*time.Second, "the lazy detach", func() bool {
+		mounted, err := isMountpoint(e.mnt)
+		return err == nil && !mounted
+	})
+	select {
+	case err := <-done:
+		t.Fatalf("Unmount returned with a file open: %v", err)
+	default:
+	}
+	got, err := io.ReadAll(f)
+	if err != nil || sum(got) != d.String() {
+		t.Fatalf("read after detach: %v", err)
+	}
+	f.Close()
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Fatal(err)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("Unmount did not return after the last close")
+	}
+}
+
+// TestXattrsAndStatfs: digest and tier xattrs on blobs; df reports the
+// large tier's filesystem.
+func TestXattrsAndStatfs(t *testing.T) {
+	e := mountStore(t, defaultSpec)
+	e.mkns("x")
+	for _, c := range []struct {
+		n    int
+		tier string
+	}{{10, "kv"}, {1 << 20, "large"}} {
+		d := e.put("x", randBytes(uint64(c.n), c.n))
+		p := e.path("x", d.String())
+		for attr, want := range map[string]string{xattrDigest: d.String(), xattrTier: c.tier} {
+			buf := make([]byte, 128)
+			n, err := syscall.Getxattr(p, attr, buf)
+			if err != nil || string(buf[:n]) != want {
+				t.Fatalf("%s of a %d-byte blob: %q, %v; want %q", attr, c.n, buf[:max(n, 0)], err, want)
+			}
+		}
+		_, err := syscall.Getxattr(p, "user.other", make([]byte, 16))
+		wantErrno(t, "absent xattr", err, syscall.ENODATA)
+	}
+	var got, want syscall.Statfs_t
+	if err := syscall.Statfs(e.mnt, &got); err != nil {
+		t.Fatal(err)
+	}
+	if err := syscall.Statfs(filepath.Join(e.data, "large"), &want); err != nil {
+		t.Fatal(err)
+	}
+	if got.Blocks != want.Blocks || got.Bsize != want.Bsize || got.Blocks == 0 {
+		t.Fatalf("statfs: %d blocks of %d, want %d of %d", got.Blocks, got.Bsize, want.Blocks, want.Bsize)
+	}
+}
