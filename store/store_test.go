@@ -451,18 +451,19 @@ func TestFlippedByteDetected(t *testing.T) {
 		t.Fatal("a corrupt blob reported fully verified")
 	}
 
-	// Without chunk sums (lost sidecar), the prefix form catches it too.
+	// Without chunk sums (lost sidecar), the first read hashes the whole
+	// blob: it fails even where the bytes it asked for are intact.
 	h := d.String()
 	if err := os.Remove(filepath.Join(dir, "large", "sums", h[:2], h)); err != nil {
 		t.Fatal(err)
 	}
 	r2, _, _ := s.Get(t.Context(), d)
 	defer r2.Close()
-	if _, err := r2.ReadAt(buf, 0); err != nil {
-		t.Fatalf("prefix form, intact prefix: %v", err)
+	if _, err := r2.ReadAt(buf, 0); !errors.Is(err, store.ErrVerification) {
+		t.Fatalf("no sums, read of an intact prefix: %v, want ErrVerification", err)
 	}
 	if _, err := r2.ReadAt(buf, int64(len(data))-4096); !errors.Is(err, store.ErrVerification) {
-		t.Fatalf("prefix form, read at the end: %v, want ErrVerification", err)
+		t.Fatalf("no sums, read at the end: %v, want ErrVerification", err)
 	}
 }
 
@@ -508,5 +509,30 @@ func TestRangeVerificationMarksFull(t *testing.T) {
 	}
 	if !bytes.Equal(got, data) || !r.FullyVerified() {
 		t.Fatalf("range reads: equal=%v full=%v", bytes.Equal(got, data), r.FullyVerified())
+	}
+}
+
+// A blob whose chunk checksums are gone (a crash between writing a blob
+// and its sidecar, or an engine that keeps none) is verified whole on the
+// first range read, then served.
+func TestRangeReadWithoutSums(t *testing.T) {
+	dir := t.TempDir()
+	s := openStore(t, layouts[2], dir)
+	data := randBytes(3<<20 + 5)
+	d, pin, _ := s.Put(t.Context(), bytes.NewReader(data), -1)
+	pin.Release()
+	h := d.String()
+	if err := os.Remove(filepath.Join(dir, "large", "sums", h[:2], h)); err != nil {
+		t.Fatal(err)
+	}
+	r, _, _ := s.Get(t.Context(), d)
+	defer r.Close()
+	buf := make([]byte, 10_000)
+	n, err := r.ReadAt(buf, 2<<20)
+	if err != nil || n != len(buf) || !bytes.Equal(buf, data[2<<20:2<<20+10_000]) {
+		t.Fatalf("range read of an intact blob without sums: %d, %v", n, err)
+	}
+	if !r.FullyVerified() {
+		t.Fatal("whole-blob verification did not mark the reader verified")
 	}
 }

@@ -5,7 +5,6 @@ import (
 	"crypto/sha256"
 	"errors"
 	"fmt"
-	"hash"
 	"io"
 	"sync"
 	"sync/atomic"
@@ -16,11 +15,10 @@ import (
 
 // verifier checks a large blob's range reads. With chunk checksums it
 // reads whole chunks and checks each one it touches; without them (no
-// sidecar: an engine that keeps none, or a sidecar lost in a crash) it
-// hashes the blob from offset 0 up to the end of each range, so a read is
-// served only from a prefix already hashed, and the blob is known good once
-// the hash reaches EOF and matches. The prefix form costs one sequential
-// pass in all, and a far-end first read waits for it.
+// sidecar: an engine that keeps none, or a sidecar lost in a crash) the
+// first read hashes the whole blob and compares before serving anything:
+// a sha256 proves nothing about a prefix until it reaches EOF. That costs
+// one sequential pass, once per reader, and only for such blobs.
 type verifier struct {
 	r    *Reader
 	sums chunkSums // nil: prefix form
@@ -29,12 +27,10 @@ type verifier struct {
 	checked []atomic.Uint64
 	left    atomic.Int64
 
-	// prefix form.
-	mu     sync.Mutex
-	h      hash.Hash
-	hashed int64
-	bad    error // sticky verification failure
-	good   atomic.Bool
+	// whole-blob form.
+	mu   sync.Mutex
+	bad  error // sticky verification failure
+	good atomic.Bool
 }
 
 func newVerifier(ctx context.Context, r *Reader, e engines.Engine) *verifier {
@@ -56,8 +52,6 @@ func newVerifier(ctx context.Context, r *Reader, e engines.Engine) *verifier {
 	if v.sums != nil {
 		v.checked = make([]atomic.Uint64, (len(v.sums)+63)/64)
 		v.left.Store(int64(len(v.sums)))
-	} else {
-		v.h = sha256.New()
 	}
 	if r.size == 0 {
 		v.good.Store(true)
@@ -77,7 +71,7 @@ func (v *verifier) readAt(p []byte, off int64) (int, error) {
 		return 0, io.EOF
 	}
 	if v.sums == nil {
-		if err := v.hashTo(min(v.r.size, off+int64(len(p)))); err != nil {
+		if err := v.hashAll(); err != nil {
 			return 0, err
 		}
 		return v.r.rawReadAt(p, off)
@@ -143,44 +137,43 @@ func (v *verifier) mark(i int64) {
 	}
 }
 
-// hashTo extends the verified prefix to at least end; at EOF it compares.
-func (v *verifier) hashTo(end int64) error {
+// hashAll hashes the blob from offset 0 to EOF and compares, once; the
+// verdict is kept for later reads.
+func (v *verifier) hashAll() error {
 	if v.good.Load() {
 		return nil
 	}
 	v.mu.Lock()
 	defer v.mu.Unlock()
+	if v.good.Load() {
+		return nil
+	}
 	if v.bad != nil {
 		return v.bad
 	}
 	r := v.r
-	if v.hashed < end {
-		bp := copyBufs.Get().(*[]byte)
-		defer copyBufs.Put(bp)
-		// Hash to EOF once started far enough: a reader that needs most of
-		// the blob will need the rest, and only EOF proves it good.
-		for v.hashed < end || (v.hashed < r.size && end == r.size) {
-			k := min(int64(len(*bp)), r.size-v.hashed)
-			n, err := r.cur.ReadAt((*bp)[:k], v.hashed)
-			v.h.Write((*bp)[:n])
-			v.hashed += int64(n)
-			if int64(n) < k {
-				if err == nil || errors.Is(err, io.EOF) {
-					err = io.ErrUnexpectedEOF
-				}
-				return blob.Wrap("read", r.engine, r.d, fmt.Errorf("at %d: %w", v.hashed, err))
+	bp := copyBufs.Get().(*[]byte)
+	defer copyBufs.Put(bp)
+	h := sha256.New()
+	for off := int64(0); off < r.size; {
+		k := min(int64(len(*bp)), r.size-off)
+		n, err := r.cur.ReadAt((*bp)[:k], off)
+		h.Write((*bp)[:n])
+		off += int64(n)
+		if int64(n) < k {
+			if err == nil || errors.Is(err, io.EOF) {
+				err = io.ErrUnexpectedEOF
 			}
+			return blob.Wrap("read", r.engine, r.d, fmt.Errorf("at %d: %w", off, err))
 		}
 	}
-	if v.hashed == r.size {
-		var got Digest
-		v.h.Sum(got[:0])
-		if got != r.d {
-			v.bad = blob.Wrap("read", r.engine, r.d, fmt.Errorf("%w: content hashes to %s", ErrVerification, got))
-			return v.bad
-		}
-		v.good.Store(true)
+	var got Digest
+	h.Sum(got[:0])
+	if got != r.d {
+		v.bad = blob.Wrap("read", r.engine, r.d, fmt.Errorf("%w: content hashes to %s", ErrVerification, got))
+		return v.bad
 	}
+	v.good.Store(true)
 	return nil
 }
 
