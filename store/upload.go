@@ -13,24 +13,31 @@ import (
 )
 
 // Upload is a put whose content arrives as random-access writes, the way a
-// program writes a file: the mount's incoming/ files are Uploads. Content
-// is staged where it will be published when the large engine allows it
+// program writes a file: the mount's incoming/ files are Uploads.
+//
+// Content stays in memory while it fits the kv tier (most files of a
+// `cp -r` never touch a stage file). Past the threshold it moves to where
+// it will be published when the large engine allows it
 // (engines.RandomStage: the local engine's stage file, published by
-// rename), else in a scratch file. Sequential writes from offset 0 are
-// hashed as they arrive; any other pattern is re-read once at Commit.
+// rename), else to a scratch file. Sequential writes from offset 0 are
+// hashed as they arrive, on their own goroutine; any other pattern is
+// re-read once at Commit.
 //
 // An Upload is safe for concurrent use. Exactly one of Commit or Discard
 // ends it; Discard after either is a no-op.
 type Upload struct {
 	s  *Store
 	mu sync.Mutex
-	st engines.RandomStage
+	// buf holds the content until it outgrows the kv tier; then st does.
+	buf []byte
+	st  engines.RandomStage
 	// own is true when st is the large engine's stage (Commit publishes it
 	// in place); false for a scratch file.
 	own  bool
 	size int64
-	// h hashes sequential writes as they arrive, through pipe; both are
-	// nil once the writes stop being sequential.
+	// seq: every write so far appended at the end, from offset 0.
+	seq bool
+	// h hashes sequential content once it lives in st, through pipe.
 	h    *contentHash
 	pipe *hashPipe
 	done bool
@@ -41,25 +48,75 @@ func (s *Store) NewUpload(ctx context.Context) (*Upload, error) {
 	if s.closed.Load() {
 		return nil, ErrClosed
 	}
-	u := &Upload{s: s}
-	u.startHash()
+	u := &Upload{s: s, seq: true}
+	if s.kv == nil { // nothing stays in memory: stage at once
+		if err := u.spill(ctx); err != nil {
+			return nil, err
+		}
+	}
+	return u, nil
+}
+
+// inMemory reports whether content of size n may stay in buf.
+func (u *Upload) inMemory(n int64) bool {
+	return u.st == nil && u.s.kv != nil && n <= u.s.threshold
+}
+
+// overLimit rejects content a kv-only store could never publish, at the
+// write that makes it so.
+func (u *Upload) overLimit(n int64) error {
+	if u.s.kv != nil && u.s.large == nil && n > u.s.threshold {
+		return fmt.Errorf("upload: %d bytes over the %s limit of %d bytes: %w", n, u.s.mode, u.s.threshold, ErrTooLarge)
+	}
+	return nil
+}
+
+// spill moves the content from memory into a stage.
+func (u *Upload) spill(ctx context.Context) error {
+	st, own, err := u.s.newStage(ctx)
+	if err != nil {
+		return err
+	}
+	if len(u.buf) > 0 {
+		if _, err := st.WriteAt(u.buf, 0); err != nil {
+			st.Discard()
+			return err
+		}
+	}
+	if int64(len(u.buf)) != u.size {
+		if err := st.Truncate(u.size); err != nil {
+			st.Discard()
+			return err
+		}
+	}
+	u.st, u.own = st, own
+	if u.seq && int64(len(u.buf)) == u.size {
+		u.h = newContentHash()
+		u.pipe = newHashPipe(u.h)
+		u.pipe.Write(u.buf)
+	}
+	u.buf = nil
+	return nil
+}
+
+// newStage returns the large engine's random-access stage if it has one,
+// else a scratch file.
+func (s *Store) newStage(ctx context.Context) (engines.RandomStage, bool, error) {
 	if s.large != nil {
 		st, err := s.large.Stage(ctx)
 		if err != nil {
-			return nil, blob.Wrap("stage", s.large.Name(), Digest{}, err)
+			return nil, false, blob.Wrap("stage", s.large.Name(), Digest{}, err)
 		}
 		if rs, ok := st.(engines.RandomStage); ok {
-			u.st, u.own = rs, true
-			return u, nil
+			return rs, true, nil
 		}
 		st.Discard()
 	}
 	f, err := os.CreateTemp(s.scratch, "upload-*")
 	if err != nil {
-		return nil, fmt.Errorf("upload: scratch file: %w", err)
+		return nil, false, fmt.Errorf("upload: scratch file: %w", err)
 	}
-	u.st = &scratchFile{f: f}
-	return u, nil
+	return &scratchFile{f: f}, false, nil
 }
 
 // WriteAt writes p at off.
@@ -72,16 +129,31 @@ func (u *Upload) WriteAt(p []byte, off int64) (int, error) {
 	if off < 0 {
 		return 0, fmt.Errorf("upload: negative offset %d", off)
 	}
-	if u.s.kv != nil && u.s.large == nil && off+int64(len(p)) > u.s.threshold {
-		return 0, fmt.Errorf("upload: %d bytes over the %s limit of %d bytes: %w", off+int64(len(p)), u.s.mode, u.s.threshold, ErrTooLarge)
+	end := off + int64(len(p))
+	if err := u.overLimit(end); err != nil {
+		return 0, err
+	}
+	appending := u.seq && off == u.size
+	if u.inMemory(end) {
+		if end > int64(len(u.buf)) {
+			u.buf = append(u.buf, make([]byte, end-int64(len(u.buf)))...)
+		}
+		copy(u.buf[off:], p)
+		u.size = max(u.size, end)
+		u.seq = appending
+		return len(p), nil
+	}
+	if u.st == nil {
+		if err := u.spill(context.Background()); err != nil {
+			return 0, err
+		}
 	}
 	n, err := u.st.WriteAt(p, off)
-	if u.pipe != nil {
-		if off == u.pipe.n && off == u.size {
-			u.pipe.Write(p[:n])
-		} else {
-			u.stopHash() // rewritten or sparse: re-read at Commit
-		}
+	if appending && u.pipe != nil {
+		u.pipe.Write(p[:n])
+	} else {
+		u.seq = false
+		u.stopHash() // rewritten or sparse: re-read at Commit
 	}
 	u.size = max(u.size, off+int64(n))
 	return n, err
@@ -90,12 +162,17 @@ func (u *Upload) WriteAt(p []byte, off int64) (int, error) {
 // ReadAt reads back what has been written (holes read as zeros).
 func (u *Upload) ReadAt(p []byte, off int64) (int, error) {
 	u.mu.Lock()
-	done := u.done
-	u.mu.Unlock()
-	if done {
+	if u.done {
+		u.mu.Unlock()
 		return 0, os.ErrClosed
 	}
-	return u.st.ReadAt(p, off)
+	if u.st == nil {
+		defer u.mu.Unlock()
+		return engines.BytesCursor(u.buf[:u.size]).ReadAt(p, off)
+	}
+	st := u.st
+	u.mu.Unlock()
+	return st.ReadAt(p, off)
 }
 
 // Truncate sets the size (O_TRUNC, ftruncate).
@@ -108,18 +185,38 @@ func (u *Upload) Truncate(size int64) error {
 	if size < 0 {
 		return fmt.Errorf("upload: negative size %d", size)
 	}
-	if u.s.kv != nil && u.s.large == nil && size > u.s.threshold {
-		return fmt.Errorf("upload: %d bytes over the %s limit of %d bytes: %w", size, u.s.mode, u.s.threshold, ErrTooLarge)
+	if err := u.overLimit(size); err != nil {
+		return err
+	}
+	switch {
+	case size == 0:
+		u.seq = true
+	case size != u.size:
+		u.seq = false
+	}
+	if u.inMemory(size) {
+		if size <= int64(len(u.buf)) {
+			clear(u.buf[size:])
+			u.buf = u.buf[:size]
+		} else {
+			u.buf = append(u.buf, make([]byte, size-int64(len(u.buf)))...)
+		}
+		u.size = size
+		return nil
+	}
+	if u.st == nil {
+		u.size = size // spill writes buf and extends to size
+		return u.spill(context.Background())
 	}
 	if err := u.st.Truncate(size); err != nil {
 		return err
 	}
-	switch {
-	case size == 0 && (u.pipe == nil || u.pipe.n > 0):
+	if size != u.size || size == 0 {
 		u.stopHash()
-		u.startHash()
-	case u.pipe != nil && size != u.pipe.n:
-		u.stopHash()
+	}
+	if size == 0 {
+		u.h = newContentHash()
+		u.pipe = newHashPipe(u.h)
 	}
 	u.size = size
 	return nil
@@ -142,6 +239,12 @@ func (u *Upload) Commit(ctx context.Context, want *Digest, opts ...PutOption) (D
 		return Digest{}, nil, os.ErrClosed
 	}
 	u.done = true
+	s, o := u.s, applyOpts(opts)
+	if u.st == nil {
+		b := u.buf[:u.size]
+		u.buf = nil
+		return s.putSmall(ctx, b, want, o)
+	}
 	defer u.st.Discard()
 	var h *contentHash
 	if u.pipe != nil && u.pipe.n == u.size {
@@ -149,7 +252,6 @@ func (u *Upload) Commit(ctx context.Context, want *Digest, opts ...PutOption) (D
 		h = u.h
 	}
 	u.stopHash()
-	s, o := u.s, applyOpts(opts)
 	if s.kv != nil && u.size <= s.threshold {
 		b := make([]byte, u.size)
 		if _, err := io.ReadFull(io.NewSectionReader(u.st, 0, u.size), b); err != nil {
@@ -180,13 +282,12 @@ func (u *Upload) Discard() error {
 		return nil
 	}
 	u.done = true
+	u.buf = nil
 	u.stopHash()
+	if u.st == nil {
+		return nil
+	}
 	return u.st.Discard()
-}
-
-func (u *Upload) startHash() {
-	u.h = newContentHash()
-	u.pipe = newHashPipe(u.h)
 }
 
 // stopHash ends the incremental hash, if any, without leaking its

@@ -137,3 +137,52 @@ func TestUploadVerifiedAndDiscard(t *testing.T) {
 		})
 	}
 }
+
+// Content that starts in memory and crosses the threshold by a write, by a
+// truncate that extends it, or shrinks back under it after spilling.
+func TestUploadCrossesThreshold(t *testing.T) {
+	s := openStore(t, layouts[2], t.TempDir())
+	head := randBytes(100)
+	cases := []struct {
+		name string
+		do   func(u *store.Upload) []byte
+	}{
+		{"append past", func(u *store.Upload) []byte {
+			tail := randBytes(threshold * 2)
+			u.WriteAt(head, 0)
+			u.WriteAt(tail, int64(len(head)))
+			return append(append([]byte{}, head...), tail...)
+		}},
+		{"truncate past", func(u *store.Upload) []byte {
+			u.WriteAt(head, 0)
+			u.Truncate(threshold * 3)
+			return append(append([]byte{}, head...), make([]byte, threshold*3-len(head))...)
+		}},
+		{"shrink back", func(u *store.Upload) []byte {
+			big := randBytes(threshold * 2)
+			u.WriteAt(big, 0)
+			u.Truncate(50)
+			return big[:50]
+		}},
+	}
+	for _, c := range cases {
+		u, err := s.NewUpload(t.Context())
+		if err != nil {
+			t.Fatal(err)
+		}
+		want := c.do(u)
+		back := make([]byte, len(want))
+		if n, err := u.ReadAt(back, 0); n != len(want) || (err != nil && !errors.Is(err, io.EOF)) || !bytes.Equal(back, want) {
+			t.Fatalf("%s: read back %d bytes, %v", c.name, n, err)
+		}
+		d, pin, err := u.Commit(t.Context(), nil)
+		if err != nil {
+			t.Fatalf("%s: %v", c.name, err)
+		}
+		pin.Release()
+		if d != sha256.Sum256(want) || !bytes.Equal(readAll(t, s, d), want) {
+			t.Fatalf("%s: wrong content", c.name)
+		}
+	}
+	assertClean(t, s)
+}
