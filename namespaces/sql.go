@@ -34,6 +34,9 @@ type SQL struct {
 	dialect string
 	clock   Clock
 	q       queries
+	// The statements of a put's joint link, prepared once: parsing them
+	// per put was a tenth of the CPU of a `cp -r` of small files.
+	existsStmt, linkStmt *sql.Stmt
 }
 
 var (
@@ -158,7 +161,16 @@ func OpenSQL(ctx context.Context, db *sql.DB, dialect string, clock Clock) (*SQL
 			return nil, fmt.Errorf("namespaces: open %s: create schema: %w", dialect, err)
 		}
 	}
-	return &SQL{db: db, dialect: dialect, clock: orWall(clock), q: newQueries(dialect)}, nil
+	r := &SQL{db: db, dialect: dialect, clock: orWall(clock), q: newQueries(dialect)}
+	var err error
+	if r.existsStmt, err = db.PrepareContext(ctx, r.q.exists); err != nil {
+		return nil, fmt.Errorf("namespaces: open %s: prepare: %w", dialect, err)
+	}
+	if r.linkStmt, err = db.PrepareContext(ctx, r.q.link); err != nil {
+		r.existsStmt.Close()
+		return nil, fmt.Errorf("namespaces: open %s: prepare: %w", dialect, err)
+	}
+	return r, nil
 }
 
 // Dialect is "sqlite" or "postgres".
@@ -292,7 +304,7 @@ func (r *SQL) linkTx(ctx context.Context, tx *sql.Tx, name string, d blob.Digest
 	if err := r.mustExist(ctx, tx, name); err != nil {
 		return false, err
 	}
-	res, err := tx.ExecContext(ctx, r.q.link, name, d[:], r.clock.Now().UnixNano())
+	res, err := tx.StmtContext(ctx, r.linkStmt).ExecContext(ctx, name, d[:], r.clock.Now().UnixNano())
 	if err != nil {
 		return false, r.linkFailed(ctx, name, err)
 	}
@@ -305,9 +317,10 @@ func (r *SQL) linkTx(ctx context.Context, tx *sql.Tx, name string, d blob.Digest
 // insert that follows; on PostgreSQL the foreign key catches a concurrent
 // Remove (see linkFailed).
 func (r *SQL) mustExist(ctx context.Context, tx *sql.Tx, name string) error {
-	ok, err := r.exists(ctx, tx, name)
-	if err == nil && !ok {
-		err = ErrNotFound
+	var one int
+	err := tx.StmtContext(ctx, r.existsStmt).QueryRowContext(ctx, name).Scan(&one)
+	if errors.Is(err, sql.ErrNoRows) {
+		return ErrNotFound
 	}
 	return err
 }
