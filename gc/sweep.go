@@ -75,7 +75,7 @@ func (c *Collector) Sweep(ctx context.Context) (Report, error) {
 		c.log.Error("sweep failed", "err", err, "deleted", r.Deleted)
 		return r, err
 	}
-	c.log.Info("sweep", "aborted", string(r.Aborted), "scanned", r.Scanned, "staged", r.Staged,
+	c.log.Debug("sweep", "aborted", string(r.Aborted), "scanned", r.Scanned, "staged", r.Staged,
 		"deleted", r.Deleted, "cancelled", r.Cancelled, "bytes_freed", r.BytesFreed, "duration", r.Duration)
 	return r, nil
 }

@@ -76,8 +76,8 @@ SQLite for small blobs and a local directory for large ones, under --data.`,
 
 	f := root.PersistentFlags()
 	f.StringVar(&a.data, "data", defaultDataDir(), "data directory of the default engines")
-	f.StringVar(&a.kv, "kv", "", "kv-tier engine URL: mem:, sqlite:PATH or none (default sqlite:<data>/kv.db)")
-	f.StringVar(&a.large, "large", "", "large-tier engine URL: mem:, local:DIR or none (default local:<data>/large)")
+	f.StringVar(&a.kv, "kv", "", "kv-tier engine URL: sqlite:PATH, postgres://…, mem: or none (default sqlite:<data>/kv.db)")
+	f.StringVar(&a.large, "large", "", "large-tier engine URL: local:DIR, pglo, pglo:postgres://…, mem: or none (default local:<data>/large)")
 	f.Var(&a.threshold, "threshold", "largest blob the kv tier holds, e.g. 128KiB, 1MiB or plain bytes")
 	f.DurationVar(&a.gcWindow, "gc-window", 0, "delay between a sweep staging a dead blob and deleting it")
 	f.Var(&a.logLevel, "log-level", "log level on stderr: debug, info, warn or error")
