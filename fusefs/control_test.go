@@ -33,7 +33,13 @@ func readCtl(t *testing.T, path string) string {
 }
 
 func TestControlFiles(t *testing.T) {
-	e := mountStore(t, defaultSpec)
+	for _, spec := range storeSpecs {
+		t.Run(spec.name, func(t *testing.T) { testControlFiles(t, spec) })
+	}
+}
+
+func testControlFiles(t *testing.T, spec storeSpec) {
+	e := mountStore(t, spec)
 	ctl := e.path(controlName)
 
 	t.Run("sweep", func(t *testing.T) {
@@ -110,7 +116,13 @@ func TestControlFiles(t *testing.T) {
 // TestSweepWhileOpen: an open file survives a sweep after its last
 // reference went; once closed, two sweeps (stage, then execute) remove it.
 func TestSweepWhileOpen(t *testing.T) {
-	e := mountStore(t, defaultSpec)
+	for _, spec := range storeSpecs {
+		t.Run(spec.name, func(t *testing.T) { testSweepWhileOpen(t, spec) })
+	}
+}
+
+func testSweepWhileOpen(t *testing.T, spec storeSpec) {
+	e := mountStore(t, spec)
 	e.mkns("g")
 	ctx := context.Background()
 	content := randBytes(12, 1<<20)

@@ -23,6 +23,9 @@ import (
 	"github.com/alkblobfs/alkblobfs/engines"
 	"github.com/alkblobfs/alkblobfs/engines/local"
 	"github.com/alkblobfs/alkblobfs/engines/mem"
+	"github.com/alkblobfs/alkblobfs/engines/pglo"
+	"github.com/alkblobfs/alkblobfs/engines/postgres"
+	"github.com/alkblobfs/alkblobfs/engines/postgres/pgtest"
 	"github.com/alkblobfs/alkblobfs/engines/sqlite"
 	"github.com/alkblobfs/alkblobfs/namespaces"
 	"github.com/alkblobfs/alkblobfs/store"
@@ -54,8 +57,7 @@ func requireFUSE(t testing.TB) {
 	t.Skipf("FUSE unavailable (%s); set ALKBLOBFS_REQUIRE_FUSE=1 to fail instead", why)
 }
 
-// storeSpec builds a store's engines in dir. The suite runs on the
-// embedded default; a PostgreSQL spec can be added to storeSpecs later.
+// storeSpec builds a store's engines in dir.
 type storeSpec struct {
 	name string
 	open func(t testing.TB, dir string) store.Config
@@ -74,8 +76,28 @@ var defaultSpec = storeSpec{"sqlite+local", func(t testing.TB, dir string) store
 	return store.Config{KV: kv, Large: large}
 }}
 
-// storeSpecs are the stores the engine-independent tests run on.
-var storeSpecs = []storeSpec{defaultSpec, memSpec}
+// storeSpecs are the stores the engine-independent tests run on: the
+// embedded default, memory, and PostgreSQL (postgres kv + pglo large) when
+// scripts/pg.sh provides a server (make test requires one).
+var storeSpecs = []storeSpec{defaultSpec, memSpec, pgSpec}
+
+var pgSpec = storeSpec{"postgres+pglo", func(t testing.TB, dir string) store.Config {
+	return pgConfig(t, pgtest.DSN(t), dir)
+}}
+
+func pgConfig(t testing.TB, dsn, dir string) store.Config {
+	ctx := context.Background()
+	kv, err := postgres.Open(ctx, dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	large, err := pglo.Open(ctx, dsn)
+	if err != nil {
+		kv.Close()
+		t.Fatal(err)
+	}
+	return store.Config{KV: kv, Large: large, ScratchDir: dir}
+}
 
 var memSpec = storeSpec{"mem", func(t testing.TB, dir string) store.Config {
 	return store.Config{KV: mem.New(), Large: mem.New(), ScratchDir: dir}

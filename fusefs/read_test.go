@@ -56,7 +56,13 @@ func mmapHelper(path string) int {
 }
 
 func TestMmap(t *testing.T) {
-	e := mountStore(t, defaultSpec)
+	for _, spec := range storeSpecs {
+		t.Run(spec.name, func(t *testing.T) { testMmap(t, spec) })
+	}
+}
+
+func testMmap(t *testing.T, spec storeSpec) {
+	e := mountStore(t, spec)
 	e.mkns("m")
 	for _, n := range []int{5000, 3<<20 + 123} {
 		d := e.put("m", randBytes(uint64(n), n))
@@ -150,7 +156,13 @@ func TestFlippedByte(t *testing.T) {
 
 // TestRmWhileOpen: an unlinked blob stays readable through an open handle.
 func TestRmWhileOpen(t *testing.T) {
-	e := mountStore(t, defaultSpec)
+	for _, spec := range storeSpecs {
+		t.Run(spec.name, func(t *testing.T) { testRmWhileOpen(t, spec) })
+	}
+}
+
+func testRmWhileOpen(t *testing.T, spec storeSpec) {
+	e := mountStore(t, spec)
 	e.mkns("r")
 	for _, n := range []int{100, 1 << 20} { // kv and large tier
 		content := randBytes(uint64(n)+9, n)
