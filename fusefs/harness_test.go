@@ -15,7 +15,6 @@ import (
 	"path/filepath"
 	"slices"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -27,6 +26,7 @@ import (
 	"github.com/alkblobfs/alkblobfs/engines/postgres"
 	"github.com/alkblobfs/alkblobfs/engines/postgres/pgtest"
 	"github.com/alkblobfs/alkblobfs/engines/sqlite"
+	"github.com/alkblobfs/alkblobfs/fusefs/fusetest"
 	"github.com/alkblobfs/alkblobfs/namespaces"
 	"github.com/alkblobfs/alkblobfs/store"
 )
@@ -38,24 +38,7 @@ import (
 // ALKBLOBFS_FUSE_DEBUG=1 traces every FUSE request into the test log (-v).
 var debugFUSE = os.Getenv("ALKBLOBFS_FUSE_DEBUG") == "1"
 
-func requireFUSE(t testing.TB) {
-	t.Helper()
-	why := ""
-	if _, err := os.Stat("/dev/fuse"); err != nil {
-		why = "no /dev/fuse"
-	} else if os.Geteuid() != 0 {
-		if _, err := exec.LookPath("fusermount3"); err != nil {
-			why = "not root and no fusermount3"
-		}
-	}
-	if why == "" {
-		return
-	}
-	if os.Getenv("ALKBLOBFS_REQUIRE_FUSE") == "1" {
-		t.Fatalf("FUSE required (ALKBLOBFS_REQUIRE_FUSE=1) but unavailable: %s", why)
-	}
-	t.Skipf("FUSE unavailable (%s); set ALKBLOBFS_REQUIRE_FUSE=1 to fail instead", why)
-}
+func requireFUSE(t testing.TB) { fusetest.RequireFUSE(t) }
 
 // storeSpec builds a store's engines in dir.
 type storeSpec struct {
@@ -324,22 +307,7 @@ func eventually(t testing.TB, within time.Duration, what string, cond func() boo
 }
 
 // logBuffer keeps the mount's log for assertions.
-type logBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (l *logBuffer) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.Write(p)
-}
-
-func (l *logBuffer) String() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.String()
-}
+type logBuffer = fusetest.Buffer
 
 type testWriter struct{ t testing.TB }
 

@@ -3,7 +3,6 @@
 package main
 
 import (
-	"bytes"
 	"crypto/sha256"
 	"encoding/hex"
 	"errors"
@@ -15,48 +14,19 @@ import (
 	"path/filepath"
 	"slices"
 	"strings"
-	"sync"
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/alkblobfs/alkblobfs/fusefs/fusetest"
 )
 
 // The mount command is tested as a daemon: the binary built by TestMain,
 // mounted on a t.TempDir(), signalled, killed and remounted.
 
-func requireFUSE(t *testing.T) {
-	t.Helper()
-	why := ""
-	if _, err := os.Stat("/dev/fuse"); err != nil {
-		why = "no /dev/fuse"
-	} else if _, err := exec.LookPath("fusermount3"); err != nil && os.Geteuid() != 0 {
-		why = "not root and no fusermount3"
-	}
-	if why == "" {
-		return
-	}
-	if os.Getenv("ALKBLOBFS_REQUIRE_FUSE") == "1" {
-		t.Fatalf("FUSE required (ALKBLOBFS_REQUIRE_FUSE=1) but unavailable: %s", why)
-	}
-	t.Skipf("FUSE unavailable (%s); set ALKBLOBFS_REQUIRE_FUSE=1 to fail instead", why)
-}
+func requireFUSE(t *testing.T) { fusetest.RequireFUSE(t) }
 
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
-}
+type syncBuffer = fusetest.Buffer
 
 // daemon is one `alkblobfs mount` process.
 type daemon struct {

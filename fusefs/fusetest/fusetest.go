@@ -1,0 +1,52 @@
+// Package fusetest holds what the mount's tests share across packages:
+// the FUSE availability gate and a concurrency-safe log buffer.
+package fusetest
+
+import (
+	"bytes"
+	"os"
+	"os/exec"
+	"sync"
+	"testing"
+)
+
+// RequireFUSE skips t when this machine cannot mount FUSE (no /dev/fuse,
+// or not root and no fusermount3), or fails it when ALKBLOBFS_REQUIRE_FUSE=1
+// (make test): CI must not go green by skipping the mount.
+func RequireFUSE(t testing.TB) {
+	t.Helper()
+	why := ""
+	if _, err := os.Stat("/dev/fuse"); err != nil {
+		why = "no /dev/fuse"
+	} else if os.Geteuid() != 0 {
+		if _, err := exec.LookPath("fusermount3"); err != nil {
+			why = "not root and no fusermount3"
+		}
+	}
+	if why == "" {
+		return
+	}
+	if os.Getenv("ALKBLOBFS_REQUIRE_FUSE") == "1" {
+		t.Fatalf("FUSE required (ALKBLOBFS_REQUIRE_FUSE=1) but unavailable: %s", why)
+	}
+	t.Skipf("FUSE unavailable (%s); set ALKBLOBFS_REQUIRE_FUSE=1 to fail instead", why)
+}
+
+// Buffer is a bytes.Buffer safe for concurrent Write and String: a
+// daemon's or a mount's log, read by the test while it is written.
+type Buffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (b *Buffer) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.b.Write(p)
+}
+
+func (b *Buffer) String() string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.b.String()
+}
