@@ -2,7 +2,6 @@ package fusefs
 
 import (
 	"context"
-	"database/sql"
 	"encoding/binary"
 	"errors"
 	"fmt"
@@ -336,18 +335,5 @@ func notifyEntry(parent *fs.Inode, name string) {
 // also reports whether the reference was added by this publish: a
 // superseded version is only retracted if we added it.
 func (f *FS) linkFunc(ns string, linked *bool) store.LinkFunc {
-	return func(ctx context.Context, tx *sql.Tx, d blob.Digest) error {
-		if tx == nil {
-			ok, err := f.svc.Link(ctx, ns, d)
-			*linked = ok
-			return err
-		}
-		tl, ok := f.reg.(namespaces.TxLinker)
-		if !ok {
-			return fmt.Errorf("link %s into %q: registry cannot link inside a database transaction (open it with namespaces.Open on the kv engine)", d, ns)
-		}
-		ok, err := tl.LinkTx(ctx, tx, ns, d)
-		*linked = ok
-		return err
-	}
+	return f.svc.LinkFuncReporting(ns, linked)
 }

@@ -86,16 +86,26 @@ func (s *Service) present(ctx context.Context, d blob.Digest) error {
 // rather than link outside it. With tx nil (engines that cannot join), the
 // entry is already published and Link runs with its pool check.
 func (s *Service) LinkFunc(name string) func(ctx context.Context, tx *sql.Tx, d blob.Digest) error {
+	return s.LinkFuncReporting(name, nil)
+}
+
+// LinkFuncReporting is LinkFunc that also sets *linked (when non-nil) to
+// whether the reference is new, for callers that must undo exactly what
+// they added.
+func (s *Service) LinkFuncReporting(name string, linked *bool) func(ctx context.Context, tx *sql.Tx, d blob.Digest) error {
 	return func(ctx context.Context, tx *sql.Tx, d blob.Digest) error {
+		var added bool
+		var err error
 		if tx == nil {
-			_, err := s.Link(ctx, name, d)
-			return err
+			added, err = s.Link(ctx, name, d)
+		} else if tl, ok := s.Registry.(TxLinker); ok {
+			added, err = tl.LinkTx(ctx, tx, name, d)
+		} else {
+			err = wrap("link", name, d, errors.New("registry cannot link inside a database transaction (open it with namespaces.Open on the kv engine)"))
 		}
-		tl, ok := s.Registry.(TxLinker)
-		if !ok {
-			return wrap("link", name, d, errors.New("registry cannot link inside a database transaction (open it with namespaces.Open on the kv engine)"))
+		if linked != nil {
+			*linked = added
 		}
-		_, err := tl.LinkTx(ctx, tx, name, d)
 		return err
 	}
 }
