@@ -19,8 +19,15 @@
 // Wrong bytes are never returned as good. kv blobs are verified when
 // materialized. A Reader streaming a large blob from 0 to EOF hashes as it
 // goes and fails at EOF with ErrVerification on mismatch; range reads of a
-// large blob are verified against its chunk sums where they exist (see
-// chunks.go).
+// large blob check the 64 KiB chunks they touch against checksums recorded
+// at publish (sums.go), and a blob without them is hashed whole before its
+// first byte is served (verify.go).
+//
+// # Uploads
+//
+// NewUpload is the put for content written at random offsets (the mount's
+// incoming/ files): in memory while it fits the kv tier, then in a stage
+// that Commit publishes in place (a rename on the local engine).
 //
 // # Errors
 //
