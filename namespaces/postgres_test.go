@@ -1,9 +1,6 @@
 package namespaces_test
 
 import (
-	"context"
-	"database/sql"
-	"errors"
 	"testing"
 	"time"
 
@@ -70,43 +67,6 @@ func TestPostgresPersists(t *testing.T) {
 // TestPostgresLinkTx: a link made in a put's transaction commits and rolls
 // back with the put.
 func TestPostgresLinkTx(t *testing.T) {
-	ctx := t.Context()
 	r, e := openPostgres(t, pgtest.DSN(t), nil)
-	if err := r.Create(ctx, "a"); err != nil {
-		t.Fatal(err)
-	}
-	v := []byte("rolled back")
-	d := blob.Sum(v)
-	boom := errors.New("boom")
-	_, err := e.PutTx(ctx, d, v, func(ctx context.Context, tx *sql.Tx) error {
-		if linked, err := r.LinkTx(ctx, tx, "a", d); err != nil || !linked {
-			t.Errorf("LinkTx = %v, %v", linked, err)
-		}
-		return boom
-	})
-	if !errors.Is(err, boom) {
-		t.Fatalf("PutTx = %v, want boom", err)
-	}
-	if _, ok, _ := r.Has(ctx, "a", d); ok {
-		t.Fatal("link survived the rolled-back put")
-	}
-	_, err = e.PutTx(ctx, d, v, func(ctx context.Context, tx *sql.Tx) error {
-		_, err := r.LinkTx(ctx, tx, "nope", d)
-		return err
-	})
-	if !errors.Is(err, namespaces.ErrNotFound) {
-		t.Fatalf("PutTx linking into an absent namespace = %v, want ErrNotFound", err)
-	}
-	if ok, _ := e.Has(ctx, d); ok {
-		t.Fatal("entry committed although its link failed")
-	}
-	if _, err := e.PutTx(ctx, d, v, func(ctx context.Context, tx *sql.Tx) error {
-		_, err := r.LinkTx(ctx, tx, "a", d)
-		return err
-	}); err != nil {
-		t.Fatal(err)
-	}
-	if _, ok, _ := r.Has(ctx, "a", d); !ok {
-		t.Fatal("link missing after a committed put")
-	}
+	testLinkTx(t, r, e)
 }

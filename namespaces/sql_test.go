@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/alkblobfs/alkblobfs/blob"
+	"github.com/alkblobfs/alkblobfs/engines"
 	"github.com/alkblobfs/alkblobfs/engines/mem"
 	"github.com/alkblobfs/alkblobfs/engines/sqlite"
 	"github.com/alkblobfs/alkblobfs/namespaces"
@@ -93,8 +94,17 @@ func TestSQLitePersists(t *testing.T) {
 // TestSQLiteLinkTx: a link made in a put's transaction commits and rolls
 // back with the put.
 func TestSQLiteLinkTx(t *testing.T) {
-	ctx := t.Context()
 	r, e := openSQLiteEngine(t, filepath.Join(t.TempDir(), "kv.db"), nil)
+	testLinkTx(t, r, e)
+}
+
+// testLinkTx is the joint put+link contract on any SQL registry and the
+// TxPutter engine whose database it shares.
+func testLinkTx(t *testing.T, r *namespaces.SQL, e interface {
+	engines.KV
+	engines.TxPutter
+}) {
+	ctx := t.Context()
 	if err := r.Create(ctx, "a"); err != nil {
 		t.Fatal(err)
 	}
