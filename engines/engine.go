@@ -214,3 +214,10 @@ type SidecarReader interface {
 type BatchDeleter interface {
 	DeleteMany(ctx context.Context, ds []blob.Digest) ([]int64, error)
 }
+
+// BatchSizer is an optional capability for engines where one round trip
+// per Size dominates a listing (SQL engines): SizeMany returns each
+// digest's size, or -1 for a digest the engine does not hold.
+type BatchSizer interface {
+	SizeMany(ctx context.Context, ds []blob.Digest) ([]int64, error)
+}

@@ -28,6 +28,7 @@ import (
 type Store interface {
 	Has(ctx context.Context, d blob.Digest) (bool, error)
 	Stat(ctx context.Context, d blob.Digest) (store.Info, bool, error)
+	StatMany(ctx context.Context, ds []blob.Digest) (map[blob.Digest]store.Info, error)
 	Get(ctx context.Context, d blob.Digest) (*store.Reader, bool, error)
 	NewUpload(ctx context.Context) (*store.Upload, error)
 	Pin(d blob.Digest) *gc.Pin

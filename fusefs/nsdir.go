@@ -11,6 +11,7 @@ import (
 
 	"github.com/alkblobfs/alkblobfs/blob"
 	"github.com/alkblobfs/alkblobfs/namespaces"
+	"github.com/alkblobfs/alkblobfs/store"
 )
 
 // incomingName is the write path inside every namespace.
@@ -143,12 +144,13 @@ func (d *nsDir) Lookup(ctx context.Context, name string, out *fuse.EntryOut) (*f
 	if !ok {
 		return nil, syscall.ENOENT
 	}
-	return d.blobChild(ctx, ref, out)
+	return d.blobChild(ctx, ref, nil, out)
 }
 
 // blobChild makes (or finds) the inode of a referenced blob. Size and tier
-// come from metadata; the content is not touched.
-func (d *nsDir) blobChild(ctx context.Context, ref namespaces.Ref, out *fuse.EntryOut) (*fs.Inode, syscall.Errno) {
+// come from metadata (info, when the caller already has it); the content is
+// not touched.
+func (d *nsDir) blobChild(ctx context.Context, ref namespaces.Ref, info *store.Info, out *fuse.EntryOut) (*fs.Inode, syscall.Errno) {
 	// Known already (listed or opened before): size and tier are facts of
 	// the content, no need to ask the store again.
 	if ch := d.GetChild(ref.Digest.String()); ch != nil {
@@ -159,11 +161,16 @@ func (d *nsDir) blobChild(ctx context.Context, ref namespaces.Ref, out *fuse.Ent
 			return ch, 0
 		}
 	}
-	info, ok, err := d.fsys.st.Stat(ctx, ref.Digest)
-	if err != nil {
-		return nil, d.fsys.errno("lookup", ref.Digest, err)
+	if info == nil {
+		i, ok, err := d.fsys.st.Stat(ctx, ref.Digest)
+		if err != nil {
+			return nil, d.fsys.errno("lookup", ref.Digest, err)
+		}
+		if ok {
+			info = &i
+		}
 	}
-	if !ok {
+	if info == nil {
 		// A reference to a blob the pool does not hold: the Service never
 		// links such a thing, so something removed it behind our back.
 		d.fsys.log.Warn("namespace references a blob the pool does not hold", "namespace", d.name, "digest", ref.Digest.String())
@@ -290,6 +297,9 @@ type nsStream struct {
 	after blob.Digest
 	eof   bool
 	last  namespaces.Ref
+	// infos holds the page's sizes and tiers, fetched in one StatMany so
+	// that READDIRPLUS (ls -l) costs no store query per entry.
+	infos map[blob.Digest]store.Info
 }
 
 var (
@@ -345,6 +355,15 @@ func (s *nsStream) fetch() syscall.Errno {
 	}
 	s.page, s.i = page, 0
 	s.eof = len(page) < streamPage
+	ds := make([]blob.Digest, len(page))
+	for i, ref := range page {
+		ds[i] = ref.Digest
+	}
+	infos, err := f.st.StatMany(f.ctx, ds)
+	if err != nil {
+		return f.errno("readdir", blob.Digest{}, err)
+	}
+	s.infos = infos
 	if len(page) > 0 {
 		s.after = page[len(page)-1].Digest
 	}
@@ -355,9 +374,13 @@ func (s *nsStream) fetch() syscall.Errno {
 func (s *nsStream) Lookup(ctx context.Context, name string, out *fuse.EntryOut) (*fs.Inode, syscall.Errno) {
 	s.mu.Lock()
 	last := s.last
+	info, known := s.infos[last.Digest]
 	s.mu.Unlock()
 	if !last.Digest.IsZero() && name == last.Digest.String() {
-		return s.d.blobChild(ctx, last, out)
+		if known {
+			return s.d.blobChild(ctx, last, &info, out)
+		}
+		return s.d.blobChild(ctx, last, nil, out)
 	}
 	return s.d.Lookup(ctx, name, out)
 }

@@ -188,6 +188,47 @@ func (s *Store) Stat(ctx context.Context, d Digest) (Info, bool, error) {
 	return Info{}, false, nil
 }
 
+// StatMany is Stat for many digests, with one query per tier whose engine
+// is an engines.BatchSizer (a listing of a namespace asks for a page at a
+// time). A digest no tier holds is absent from the map.
+func (s *Store) StatMany(ctx context.Context, ds []Digest) (map[Digest]Info, error) {
+	out := make(map[Digest]Info, len(ds))
+	rest := ds
+	for _, t := range s.tiers() {
+		if len(rest) == 0 {
+			break
+		}
+		var missing []Digest
+		if bs, ok := t.e.(engines.BatchSizer); ok {
+			sizes, err := bs.SizeMany(ctx, rest)
+			if err != nil {
+				return nil, err
+			}
+			for i, d := range rest {
+				if sizes[i] >= 0 {
+					out[d] = Info{Digest: d, Size: sizes[i], Tier: t.tier}
+				} else {
+					missing = append(missing, d)
+				}
+			}
+		} else {
+			for _, d := range rest {
+				n, err := t.e.Size(ctx, d)
+				switch {
+				case err == nil:
+					out[d] = Info{Digest: d, Size: n, Tier: t.tier}
+				case errors.Is(err, ErrMissing):
+					missing = append(missing, d)
+				default:
+					return nil, err
+				}
+			}
+		}
+		rest = missing
+	}
+	return out, nil
+}
+
 // Has reports whether d is in the pool.
 func (s *Store) Has(ctx context.Context, d Digest) (bool, error) {
 	for _, t := range s.tiers() {

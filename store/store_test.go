@@ -536,3 +536,37 @@ func TestRangeReadWithoutSums(t *testing.T) {
 		t.Fatal("whole-blob verification did not mark the reader verified")
 	}
 }
+
+func TestStatMany(t *testing.T) {
+	for _, l := range layouts {
+		t.Run(l.name, func(t *testing.T) {
+			s := openStore(t, l, t.TempDir())
+			var ds []store.Digest
+			for _, n := range []int{10, threshold * 2, 100} {
+				if n > threshold && !l.large {
+					continue
+				}
+				d, pin, err := s.Put(t.Context(), bytes.NewReader(randBytes(n)), int64(n))
+				if err != nil {
+					t.Fatal(err)
+				}
+				pin.Release()
+				ds = append(ds, d)
+			}
+			absent := blob.Sum([]byte("absent"))
+			got, err := s.StatMany(t.Context(), append(ds, absent, ds[0]))
+			if err != nil {
+				t.Fatal(err)
+			}
+			if _, ok := got[absent]; ok || len(got) != len(ds) {
+				t.Fatalf("StatMany = %v", got)
+			}
+			for _, d := range ds {
+				want, _, _ := s.Stat(t.Context(), d)
+				if got[d] != want {
+					t.Fatalf("StatMany[%s] = %+v, Stat = %+v", d.Short(), got[d], want)
+				}
+			}
+		})
+	}
+}

@@ -38,3 +38,33 @@ func (s *suite) testDeleteMany(t *testing.T) {
 		t.Fatalf("empty DeleteMany: %v, %v", sizes, err)
 	}
 }
+
+// testSizeMany: sizes in request order, duplicates answered each time, -1
+// for absent digests, across more than one internal batch.
+func (s *suite) testSizeMany(t *testing.T) {
+	e := s.engine(t)
+	bs := e.(engines.BatchSizer)
+	ds := putMany(t, e, 1200)
+	absent := blob.Sum([]byte("absent"))
+	query := append([]blob.Digest{absent}, ds...)
+	query = append(query, ds[0])
+	sizes, err := bs.SizeMany(t.Context(), query)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(sizes) != len(query) || sizes[0] != -1 {
+		t.Fatalf("SizeMany: %d sizes, first %d; want %d, -1", len(sizes), sizes[0], len(query))
+	}
+	for i, d := range query[1:] {
+		want, err := e.Size(t.Context(), d)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if sizes[i+1] != want {
+			t.Fatalf("SizeMany[%d] = %d, Size = %d", i+1, sizes[i+1], want)
+		}
+	}
+	if sizes, err := bs.SizeMany(t.Context(), nil); err != nil || len(sizes) != 0 {
+		t.Fatalf("empty SizeMany: %v, %v", sizes, err)
+	}
+}

@@ -56,6 +56,9 @@ func Run(t *testing.T, open func(t *testing.T) engines.Engine) {
 	if _, ok := probe.(engines.BatchDeleter); ok {
 		t.Run("DeleteMany", s.testDeleteMany)
 	}
+	if _, ok := probe.(engines.BatchSizer); ok {
+		t.Run("SizeMany", s.testSizeMany)
+	}
 }
 
 type suite struct {

@@ -207,3 +207,44 @@ func (e *Engine) DeleteMany(ctx context.Context, ds []blob.Digest) (sizes []int6
 	}
 	return sizes, nil
 }
+
+// SizeMany implements engines.BatchSizer: one query with digest = ANY($1).
+func (e *Engine) SizeMany(ctx context.Context, ds []blob.Digest) ([]int64, error) {
+	sizes := make([]int64, len(ds))
+	idx := make(map[blob.Digest][]int, len(ds))
+	keys := make([][]byte, 0, len(ds))
+	for i, d := range ds {
+		sizes[i] = -1
+		if _, seen := idx[d]; !seen {
+			keys = append(keys, d[:])
+		}
+		idx[d] = append(idx[d], i)
+	}
+	if len(keys) == 0 {
+		return sizes, nil
+	}
+	rows, err := e.pool.Query(ctx, `SELECT digest, size FROM blobs WHERE digest = ANY($1)`, keys)
+	if err != nil {
+		return nil, blob.Wrap("size", e.name, blob.Digest{}, err)
+	}
+	defer rows.Close()
+	for rows.Next() {
+		var b []byte
+		var n int64
+		if err := rows.Scan(&b, &n); err != nil {
+			return nil, blob.Wrap("size", e.name, blob.Digest{}, err)
+		}
+		var d blob.Digest
+		if len(b) != len(d) {
+			return nil, blob.Wrap("size", e.name, blob.Digest{}, fmt.Errorf("malformed digest of %d bytes in blobs", len(b)))
+		}
+		copy(d[:], b)
+		for _, i := range idx[d] {
+			sizes[i] = n
+		}
+	}
+	if err := rows.Err(); err != nil {
+		return nil, blob.Wrap("size", e.name, blob.Digest{}, err)
+	}
+	return sizes, nil
+}

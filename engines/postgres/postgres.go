@@ -25,6 +25,7 @@ var (
 	_ engines.SQL          = (*Engine)(nil)
 	_ engines.TxPutter     = (*Engine)(nil)
 	_ engines.BatchDeleter = (*Engine)(nil)
+	_ engines.BatchSizer   = (*Engine)(nil)
 	_ engines.WindowHost   = (*Engine)(nil)
 	_ engines.DeleteSafe   = (*Engine)(nil)
 )

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"iter"
+	"strings"
 
 	"github.com/alkblobfs/alkblobfs/blob"
 	"github.com/alkblobfs/alkblobfs/engines"
@@ -195,6 +196,56 @@ func (e *Engine) DeleteMany(ctx context.Context, ds []blob.Digest) (sizes []int6
 	}
 	if err := tx.Commit(); err != nil {
 		return nil, blob.Wrap("delete", e.name, blob.Digest{}, err)
+	}
+	return sizes, nil
+}
+
+// sizeManyBatch bounds the IN list of one SizeMany query.
+const sizeManyBatch = 500
+
+// SizeMany implements engines.BatchSizer with IN-list queries on the
+// primary key.
+func (e *Engine) SizeMany(ctx context.Context, ds []blob.Digest) ([]int64, error) {
+	sizes := make([]int64, len(ds))
+	idx := make(map[blob.Digest][]int, len(ds))
+	for i, d := range ds {
+		sizes[i] = -1
+		idx[d] = append(idx[d], i)
+	}
+	for lo := 0; lo < len(ds); lo += sizeManyBatch {
+		batch := ds[lo:min(len(ds), lo+sizeManyBatch)]
+		args := make([]any, len(batch))
+		for i, d := range batch {
+			args[i] = d[:]
+		}
+		q := "SELECT digest, size FROM blobs WHERE digest IN (?" + strings.Repeat(", ?", len(batch)-1) + ")"
+		rows, err := e.db.QueryContext(ctx, q, args...)
+		if err != nil {
+			return nil, blob.Wrap("size", e.name, blob.Digest{}, err)
+		}
+		for rows.Next() {
+			var b []byte
+			var n int64
+			if err := rows.Scan(&b, &n); err != nil {
+				rows.Close()
+				return nil, blob.Wrap("size", e.name, blob.Digest{}, err)
+			}
+			var d blob.Digest
+			if len(b) != len(d) {
+				rows.Close()
+				return nil, blob.Wrap("size", e.name, blob.Digest{}, fmt.Errorf("malformed digest of %d bytes in blobs", len(b)))
+			}
+			copy(d[:], b)
+			for _, i := range idx[d] {
+				sizes[i] = n
+			}
+		}
+		if err := rows.Close(); err != nil {
+			return nil, blob.Wrap("size", e.name, blob.Digest{}, err)
+		}
+		if err := rows.Err(); err != nil {
+			return nil, blob.Wrap("size", e.name, blob.Digest{}, err)
+		}
 	}
 	return sizes, nil
 }

@@ -31,6 +31,7 @@ var (
 	_ engines.WindowHost   = (*Engine)(nil)
 	_ engines.DeleteSafe   = (*Engine)(nil)
 	_ engines.BatchDeleter = (*Engine)(nil)
+	_ engines.BatchSizer   = (*Engine)(nil)
 )
 
 const schema = `
