@@ -25,6 +25,12 @@
 // sweep; with the in-process window they are executed by this same sweep
 // once the delay has passed on the injected Clock.
 //
+// Executing the window arbitrates candidates in batches under one hold of
+// the arbitration lock, with one liveness query per source that can answer
+// for many digests (BatchSource) and one delete transaction per engine that
+// can take many (BatchPool, engines.BatchDeleter); anything else is asked
+// per key.
+//
 // Deliberate no-ops are report data ([Report.Aborted]), never errors: no
 // source registered, another sweep running, protect failed. An abort deletes
 // nothing. Sweep's error is for operational failure only.
