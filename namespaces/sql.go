@@ -81,10 +81,10 @@ var ddl = map[string][]string{
 }
 
 type queries struct {
-	create, remove, exists, names     string
-	link, unlink, has, count, entries string
-	isLive, live                      string
-	linkRows                          string // linkBatch rows per INSERT
+	create, remove, exists, names             string
+	link, linkIf, unlink, has, count, entries string
+	isLive, live                              string
+	linkRows                                  string // linkBatch rows per INSERT
 }
 
 // linkBatch is how many rows one LinkMany INSERT carries: 768 bind
@@ -101,6 +101,7 @@ func newQueries(dialect string) queries {
 		names:  r(`SELECT name FROM ns WHERE name > ? ORDER BY name LIMIT ?`),
 
 		link:    r(`INSERT INTO ns_refs (ns, digest, linked_at) VALUES (?, ?, ?) ON CONFLICT (ns, digest) DO NOTHING`),
+		linkIf:  r(`INSERT INTO ns_refs (ns, digest, linked_at) SELECT ?, ?, ? WHERE EXISTS (SELECT 1 FROM ns WHERE name = ?) ON CONFLICT (ns, digest) DO NOTHING`),
 		unlink:  r(`DELETE FROM ns_refs WHERE ns = ? AND digest = ?`),
 		has:     r(`SELECT linked_at FROM ns_refs WHERE ns = ? AND digest = ?`),
 		count:   r(`SELECT COUNT(*) FROM ns_refs WHERE ns = ?`),
@@ -166,7 +167,7 @@ func OpenSQL(ctx context.Context, db *sql.DB, dialect string, clock Clock) (*SQL
 	if r.existsStmt, err = db.PrepareContext(ctx, r.q.exists); err != nil {
 		return nil, fmt.Errorf("namespaces: open %s: prepare: %w", dialect, err)
 	}
-	if r.linkStmt, err = db.PrepareContext(ctx, r.q.link); err != nil {
+	if r.linkStmt, err = db.PrepareContext(ctx, r.q.linkIf); err != nil {
 		r.existsStmt.Close()
 		return nil, fmt.Errorf("namespaces: open %s: prepare: %w", dialect, err)
 	}
@@ -301,15 +302,17 @@ func (r *SQL) LinkTx(ctx context.Context, tx *sql.Tx, name string, d blob.Digest
 }
 
 func (r *SQL) linkTx(ctx context.Context, tx *sql.Tx, name string, d blob.Digest) (bool, error) {
-	if err := r.mustExist(ctx, tx, name); err != nil {
-		return false, err
-	}
-	res, err := tx.StmtContext(ctx, r.linkStmt).ExecContext(ctx, name, d[:], r.clock.Now().UnixNano())
+	// One statement inserts only if the namespace exists; no row means
+	// already linked or no such namespace, told apart only in that case.
+	res, err := tx.StmtContext(ctx, r.linkStmt).ExecContext(ctx, name, d[:], r.clock.Now().UnixNano(), name)
 	if err != nil {
 		return false, r.linkFailed(ctx, name, err)
 	}
 	n, err := res.RowsAffected()
-	return n == 1, err
+	if err != nil || n == 1 {
+		return n == 1, err
+	}
+	return false, r.mustExist(ctx, tx, name)
 }
 
 // mustExist returns ErrNotFound unless the namespace exists, read in tx:
