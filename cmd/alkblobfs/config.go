@@ -113,6 +113,10 @@ func (a *app) storeConfig(cmd *cobra.Command) (store.Config, error) {
 		}
 		largeURL = "pglo:" + kvURL
 	}
+	a.leasePath = ""
+	if path, ok := strings.CutPrefix(kvURL, "sqlite:"); ok && path != "" {
+		a.leasePath = path + ".gc-lease"
+	}
 	if kvURL == "none" && largeURL == "none" {
 		return cfg, usagef(cmd, "--kv and --large are both none: a store needs at least one engine")
 	}

@@ -1,6 +1,8 @@
 package main
 
 import (
+	"errors"
+	"fmt"
 	"log/slog"
 	"os"
 	"runtime/pprof"
@@ -85,6 +87,16 @@ As root the mount uses mount(2) directly; otherwise fusermount3.`,
 				return err
 			}
 			defer st.Close()
+			// One daemon per store: its pins are the only record of what
+			// its open files hold (lease.go).
+			lease, err := acquireGCLease(a.leasePath)
+			if err != nil {
+				if errors.Is(err, errLeaseHeld) {
+					return fmt.Errorf("%w: this store is already mounted, or swept by another alkblobfs; one mount per store", err)
+				}
+				return err
+			}
+			defer lease.release()
 			srv, err := fusefs.Mount(args[0], fusefs.Config{
 				Store:         st,
 				Namespaces:    svc.Registry,

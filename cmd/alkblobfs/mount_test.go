@@ -296,3 +296,37 @@ func TestKillDuringWrite(t *testing.T) {
 		t.Fatalf("exit %d:\n%s", code, d2.stderr.String())
 	}
 }
+
+// TestOneDaemonPerStore: while a store is mounted, a second mount of it is
+// refused, `sweep` from another process aborts with SweeperLock and `rm`
+// fails, all changing nothing; once the mount is gone both work again.
+func TestOneDaemonPerStore(t *testing.T) {
+	requireFUSE(t)
+	c := newCLI(t)
+	src := filepath.Join(t.TempDir(), "f")
+	if err := os.WriteFile(src, []byte("unreferenced"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	d := strings.TrimSpace(c.ok("put", src))
+
+	mnt := t.TempDir()
+	dm := startDaemon(t, c.data, mnt)
+	c.fail(1, "one mount per store", "mount", t.TempDir())
+	r := c.run(nil, "sweep", "--json")
+	if r.code != 0 || !strings.Contains(r.stdout, `"aborted": "SweeperLock"`) {
+		t.Fatalf("sweep of a mounted store: exit %d\n%s%s", r.code, r.stdout, r.stderr)
+	}
+	c.fail(1, "while the store is mounted", "rm", d)
+	if out := c.ok("ls"); !strings.Contains(out, d) {
+		t.Fatal("a refused sweep or rm removed the blob")
+	}
+
+	dm.cmd.Process.Signal(syscall.SIGTERM)
+	if code := dm.wait(20 * time.Second); code != 0 {
+		t.Fatalf("exit %d after SIGTERM:\n%s", code, dm.stderr.String())
+	}
+	c.ok("rm", d)
+	if out := c.ok("sweep", "--json"); strings.Contains(out, "SweeperLock") {
+		t.Fatalf("sweep after unmount still locked out:\n%s", out)
+	}
+}

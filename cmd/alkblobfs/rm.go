@@ -37,6 +37,16 @@ deleted; rm stops at the first failure.`,
 				return err
 			}
 			defer st.Close()
+			// A delete from outside a mount cannot see the blobs its open
+			// files hold (lease.go).
+			lease, err := acquireGCLease(a.leasePath)
+			if err != nil {
+				if errors.Is(err, errLeaseHeld) {
+					return fmt.Errorf("rm: %w: while the store is mounted, rm NS/DIGEST on the mount drops a reference and its .alkblobfs/sweep collects", err)
+				}
+				return err
+			}
+			defer lease.release()
 			for _, d := range ds {
 				err := st.Delete(cmd.Context(), d)
 				if errors.Is(err, store.ErrGcRefuse) && svc != nil {

@@ -28,6 +28,10 @@ type app struct {
 	gcWindow  time.Duration
 	logLevel  levelValue
 
+	// leasePath is the GC lease file of the store storeConfig last built
+	// ("" when its kv engine has none; see lease.go).
+	leasePath string
+
 	log *slog.Logger
 }
 

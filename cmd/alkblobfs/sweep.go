@@ -2,6 +2,7 @@ package main
 
 import (
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"time"
@@ -41,9 +42,21 @@ exit status is non-zero only when the sweep itself failed.`,
 				return err
 			}
 			defer st.Close()
-			rep, err := st.Sweep(cmd.Context())
-			if err != nil {
-				return fmt.Errorf("sweep: %w", err)
+			var rep gc.Report
+			// A mounted store is swept by its mount, which knows what its
+			// open files hold (lease.go); here that is a SweeperLock abort.
+			lease, err := acquireGCLease(a.leasePath)
+			switch {
+			case errors.Is(err, errLeaseHeld):
+				rep = gc.Report{Started: time.Now(), Aborted: gc.AbortSweeperLock,
+					Detail: err.Error() + "; sweep a mounted store through its .alkblobfs/sweep"}
+			case err != nil:
+				return err
+			default:
+				defer lease.release()
+				if rep, err = st.Sweep(cmd.Context()); err != nil {
+					return fmt.Errorf("sweep: %w", err)
+				}
 			}
 			if asJSON {
 				b, err := json.MarshalIndent(rep, "", "  ")
