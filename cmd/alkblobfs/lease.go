@@ -1,12 +1,18 @@
 package main
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"os"
 	"strconv"
 	"strings"
 	"syscall"
+	"time"
+
+	"github.com/alkblobfs/alkblobfs/engines/postgres"
+	"github.com/alkblobfs/alkblobfs/store"
+	"github.com/jackc/pgx/v5/pgxpool"
 )
 
 // The GC lease keeps garbage collection to one process per store. Pins are
@@ -18,16 +24,69 @@ import (
 // fails). Two mounts of one store would be the same hazard, so the second
 // is refused.
 //
-// The lease is an flock(2) on a file beside the SQLite database: released
-// by the kernel when its holder exits, even by kill -9. Other kv engines
-// have no lease here: mem dies with its process, and PostgreSQL stores
-// shared by several hosts are fleet mode (DESIGN.md §7).
+// On SQLite the lease is an flock(2) on a file beside the database; on
+// PostgreSQL a session advisory lock held on one pooled connection. Both
+// are released by the kernel or the server when their holder dies, kill -9
+// included. (A PostgreSQL restart drops the advisory lock while a mount
+// runs; several hosts sharing one pool safely is fleet mode, DESIGN.md
+// §7.) A mem kv store dies with its process and needs none.
 
 // errLeaseHeld: another process holds the store's GC lease.
 var errLeaseHeld = errors.New("held by another process")
 
-// gcLease is a held lease; release is idempotent. A zero lease (no lease
-// file for this store) releases nothing.
+// lease is a held GC lease; release is idempotent.
+type lease interface{ release() }
+
+// acquireLease takes st's GC lease without waiting: an error wrapping
+// errLeaseHeld names the holder when another process has it.
+func (a *app) acquireLease(ctx context.Context, st *store.Store) (lease, error) {
+	if pg, ok := st.KV().(*postgres.Engine); ok {
+		return acquirePGLease(ctx, pg)
+	}
+	return acquireGCLease(a.leasePath)
+}
+
+// pgLeaseKey is the advisory lock key of the GC lease ("alkgcls" in ASCII;
+// the engines' schema creation holds "alkblob"). Advisory locks are per
+// database, so per store.
+const pgLeaseKey = 0x616c6b67636c73
+
+type pgLease struct{ conn *pgxpool.Conn }
+
+func acquirePGLease(ctx context.Context, pg *postgres.Engine) (lease, error) {
+	conn, err := pg.Pool().Acquire(ctx)
+	if err != nil {
+		return nil, fmt.Errorf("gc lease on %s: %w", pg.Name(), err)
+	}
+	var got bool
+	if err := conn.QueryRow(ctx, `SELECT pg_try_advisory_lock($1)`, int64(pgLeaseKey)).Scan(&got); err != nil {
+		conn.Release()
+		return nil, fmt.Errorf("gc lease on %s: %w", pg.Name(), err)
+	}
+	if !got {
+		conn.Release()
+		return nil, fmt.Errorf("the store's GC lease (advisory lock %#x on %s) is %w", pgLeaseKey, pg.Name(), errLeaseHeld)
+	}
+	return &pgLease{conn: conn}, nil
+}
+
+func (l *pgLease) release() {
+	if l.conn == nil {
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	if _, err := l.conn.Exec(ctx, `SELECT pg_advisory_unlock($1)`, int64(pgLeaseKey)); err != nil {
+		// Never hand a connection that may still hold the lock back to
+		// the pool: closing the session drops it.
+		l.conn.Conn().Close(ctx)
+	}
+	l.conn.Release()
+	l.conn = nil
+}
+
+// gcLease is a held flock lease. A zero gcLease (no lease file for this
+// store) releases nothing.
 type gcLease struct{ f *os.File }
 
 func (l *gcLease) release() {
@@ -40,7 +99,7 @@ func (l *gcLease) release() {
 // acquireGCLease takes the lease at path without waiting; "" means the
 // store has none. It fails with an error wrapping errLeaseHeld, naming the
 // holder's pid, when another process has it.
-func acquireGCLease(path string) (*gcLease, error) {
+func acquireGCLease(path string) (lease, error) {
 	if path == "" {
 		return &gcLease{}, nil
 	}

@@ -89,7 +89,7 @@ As root the mount uses mount(2) directly; otherwise fusermount3.`,
 			defer st.Close()
 			// One daemon per store: its pins are the only record of what
 			// its open files hold (lease.go).
-			lease, err := acquireGCLease(a.leasePath)
+			lease, err := a.acquireLease(cmd.Context(), st)
 			if err != nil {
 				if errors.Is(err, errLeaseHeld) {
 					return fmt.Errorf("%w: this store is already mounted, or swept by another alkblobfs; one mount per store", err)

@@ -1,12 +1,16 @@
 package main
 
 import (
+	"context"
 	"net"
 	"net/url"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 
 	"github.com/alkblobfs/alkblobfs/engines/postgres/pgtest"
+	"github.com/jackc/pgx/v5"
 )
 
 // The PostgreSQL engine URLs, end to end through the binary.
@@ -62,5 +66,43 @@ func TestPostgresURLMistakes(t *testing.T) {
 		if strings.Contains(r.stderr, secret) || strings.Contains(r.stderr, url.QueryEscape(secret)) {
 			t.Errorf("%v: stderr shows the password: %q", tc.flags, r.stderr)
 		}
+	}
+}
+
+// TestPostgresGCLease: on PostgreSQL the GC lease is an advisory lock;
+// while another session holds it (as a mount does), sweep aborts with
+// SweeperLock and rm fails, changing nothing.
+func TestPostgresGCLease(t *testing.T) {
+	dsn := pgtest.DSN(t)
+	c := newCLI(t, "--kv", dsn, "--large", "pglo")
+	src := filepath.Join(t.TempDir(), "f")
+	if err := os.WriteFile(src, []byte("unreferenced"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	d := strings.TrimSpace(c.ok("put", src))
+
+	conn, err := pgx.Connect(t.Context(), dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close(context.Background())
+	var got bool
+	if err := conn.QueryRow(t.Context(), `SELECT pg_try_advisory_lock($1)`, int64(pgLeaseKey)).Scan(&got); err != nil || !got {
+		t.Fatalf("taking the lease in the test: %v, %v", got, err)
+	}
+	r := c.run(nil, "sweep", "--json")
+	if r.code != 0 || !strings.Contains(r.stdout, `"aborted": "SweeperLock"`) {
+		t.Fatalf("sweep while the lease is held: exit %d\n%s%s", r.code, r.stdout, r.stderr)
+	}
+	c.fail(1, "while the store is mounted", "rm", d)
+	if out := c.ok("ls"); !strings.Contains(out, d) {
+		t.Fatal("a refused sweep or rm removed the blob")
+	}
+	if _, err := conn.Exec(t.Context(), `SELECT pg_advisory_unlock($1)`, int64(pgLeaseKey)); err != nil {
+		t.Fatal(err)
+	}
+	c.ok("rm", d)
+	if out := c.ok("sweep", "--json"); strings.Contains(out, "SweeperLock") {
+		t.Fatalf("sweep after release still locked out:\n%s", out)
 	}
 }

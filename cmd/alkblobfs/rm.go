@@ -39,7 +39,7 @@ deleted; rm stops at the first failure.`,
 			defer st.Close()
 			// A delete from outside a mount cannot see the blobs its open
 			// files hold (lease.go).
-			lease, err := acquireGCLease(a.leasePath)
+			lease, err := a.acquireLease(cmd.Context(), st)
 			if err != nil {
 				if errors.Is(err, errLeaseHeld) {
 					return fmt.Errorf("rm: %w: while the store is mounted, rm NS/DIGEST on the mount drops a reference and its .alkblobfs/sweep collects", err)
@@ -56,6 +56,7 @@ deleted; rm stops at the first failure.`,
 					return err
 				}
 			}
+			lease.release() // before Close: a PostgreSQL lease holds a pooled connection
 			return st.Close()
 		},
 	}

@@ -45,7 +45,7 @@ exit status is non-zero only when the sweep itself failed.`,
 			var rep gc.Report
 			// A mounted store is swept by its mount, which knows what its
 			// open files hold (lease.go); here that is a SweeperLock abort.
-			lease, err := acquireGCLease(a.leasePath)
+			lease, err := a.acquireLease(cmd.Context(), st)
 			switch {
 			case errors.Is(err, errLeaseHeld):
 				rep = gc.Report{Started: time.Now(), Aborted: gc.AbortSweeperLock,
@@ -53,8 +53,11 @@ exit status is non-zero only when the sweep itself failed.`,
 			case err != nil:
 				return err
 			default:
-				defer lease.release()
-				if rep, err = st.Sweep(cmd.Context()); err != nil {
+				rep, err = st.Sweep(cmd.Context())
+				// Released before Close: a PostgreSQL lease holds a pooled
+				// connection, which Close would wait for.
+				lease.release()
+				if err != nil {
 					return fmt.Errorf("sweep: %w", err)
 				}
 			}
