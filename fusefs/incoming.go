@@ -756,7 +756,7 @@ func (n *fileNode) publishLocked(ctx context.Context) ([]notice, error) {
 			// earlier version was never a finished file.
 			if err := f.reg.Unlink(pctx, n.ns.name, s.d); err == nil {
 				f.stats.retracted.Add(1)
-				f.log.Info("retracted a version superseded before its writer closed", "namespace", n.ns.name,
+				f.log.Debug("retracted a version superseded before its writer closed", "namespace", n.ns.name,
 					"name", n.logName(), "digest", s.d.String(), "by", d.String())
 				notes = append(notes, notice{&n.ns.Inode, s.d.String()})
 			} else if !errors.Is(err, blob.ErrMissing) {
