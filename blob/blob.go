@@ -55,6 +55,19 @@ func Parse(s string) (Digest, error) {
 	return d, nil
 }
 
+// FromBytes converts a stored 32-byte key (a database column) to a Digest.
+// Any other length is a corrupt row: an error (deliberately not
+// ErrKeyInvalid, which means bad input from a caller), never some other
+// digest.
+func FromBytes(b []byte) (Digest, error) {
+	var d Digest
+	if len(b) != Size {
+		return d, fmt.Errorf("corrupt row: stored key of %d bytes, want %d", len(b), Size)
+	}
+	copy(d[:], b)
+	return d, nil
+}
+
 // MustParse is Parse for constants in tests; it panics on a bad key.
 func MustParse(s string) Digest {
 	d, err := Parse(s)

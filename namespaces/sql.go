@@ -491,7 +491,7 @@ func (r *SQL) Entries(ctx context.Context, name string, after blob.Digest) iter.
 			if err := rows.Scan(&b, &at); err != nil {
 				return nil, err
 			}
-			d, err := digestCol(b)
+			d, err := blob.FromBytes(b)
 			if err != nil {
 				return nil, err
 			}
@@ -542,9 +542,9 @@ func (r *SQL) LiveAmong(ctx context.Context, ds []blob.Digest) (map[blob.Digest]
 		if err := rows.Scan(&b); err != nil {
 			return nil, wrap("islive", "", blob.Digest{}, err)
 		}
-		var d blob.Digest
-		if copy(d[:], b) != len(d) || len(b) != len(d) {
-			return nil, wrap("islive", "", blob.Digest{}, fmt.Errorf("malformed digest of %d bytes in ns_refs", len(b)))
+		d, err := blob.FromBytes(b)
+		if err != nil {
+			return nil, wrap("islive", "", blob.Digest{}, err)
 		}
 		live[d] = true
 	}
@@ -573,7 +573,7 @@ func (r *SQL) Live(ctx context.Context) iter.Seq2[blob.Digest, error] {
 			if err := rows.Scan(&b); err != nil {
 				return nil, err
 			}
-			d, err := digestCol(b)
+			d, err := blob.FromBytes(b)
 			if err != nil {
 				return nil, err
 			}
@@ -591,13 +591,4 @@ func key(d blob.Digest) []byte {
 		return []byte{}
 	}
 	return d[:]
-}
-
-func digestCol(b []byte) (blob.Digest, error) {
-	var d blob.Digest
-	if len(b) != blob.Size {
-		return d, fmt.Errorf("corrupt ns_refs row: digest of %d bytes", len(b))
-	}
-	copy(d[:], b)
-	return d, nil
 }

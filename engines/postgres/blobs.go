@@ -165,7 +165,7 @@ func readPage(ctx context.Context, after blob.Digest, page []engines.Entry, quer
 			return nil, err
 		}
 		var err error
-		if en.Digest, err = Digest(raw); err != nil {
+		if en.Digest, err = blob.FromBytes(raw); err != nil {
 			return nil, err
 		}
 		page = append(page, en)
@@ -234,11 +234,10 @@ func (e *Engine) SizeMany(ctx context.Context, ds []blob.Digest) ([]int64, error
 		if err := rows.Scan(&b, &n); err != nil {
 			return nil, blob.Wrap("size", e.name, blob.Digest{}, err)
 		}
-		var d blob.Digest
-		if len(b) != len(d) {
-			return nil, blob.Wrap("size", e.name, blob.Digest{}, fmt.Errorf("malformed digest of %d bytes in blobs", len(b)))
+		d, err := blob.FromBytes(b)
+		if err != nil {
+			return nil, blob.Wrap("size", e.name, blob.Digest{}, err)
 		}
-		copy(d[:], b)
 		for _, i := range idx[d] {
 			sizes[i] = n
 		}

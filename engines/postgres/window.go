@@ -96,7 +96,7 @@ func (w *Window) WindowDue(ctx context.Context, now time.Time, after blob.Digest
 		if err := rows.Scan(&raw, &ns); err != nil {
 			return nil, w.wrap("window due", err)
 		}
-		d, err := Digest(raw)
+		d, err := blob.FromBytes(raw)
 		if err != nil {
 			return nil, w.wrap("window due", err)
 		}
@@ -142,14 +142,4 @@ func Key(d blob.Digest) []byte {
 		return []byte{}
 	}
 	return d[:]
-}
-
-// Digest converts a key column, refusing rows that are not 32 bytes.
-func Digest(raw []byte) (blob.Digest, error) {
-	var d blob.Digest
-	if len(raw) != blob.Size {
-		return d, fmt.Errorf("row with a %d-byte key: want %d", len(raw), blob.Size)
-	}
-	copy(d[:], raw)
-	return d, nil
 }

@@ -154,22 +154,12 @@ func (e *Engine) page(ctx context.Context, after blob.Digest, page []engines.Ent
 		if err := rows.Scan(&raw, &en.Size); err != nil {
 			return nil, err
 		}
-		if en.Digest, err = digest(raw); err != nil {
+		if en.Digest, err = blob.FromBytes(raw); err != nil {
 			return nil, err
 		}
 		page = append(page, en)
 	}
 	return page, rows.Err()
-}
-
-// digest converts a key column, refusing rows that are not 32 bytes.
-func digest(raw []byte) (blob.Digest, error) {
-	var d blob.Digest
-	if len(raw) != blob.Size {
-		return d, fmt.Errorf("row with a %d-byte key: want %d", len(raw), blob.Size)
-	}
-	copy(d[:], raw)
-	return d, nil
 }
 
 // DeleteMany implements engines.BatchDeleter: one transaction, one
@@ -230,12 +220,11 @@ func (e *Engine) SizeMany(ctx context.Context, ds []blob.Digest) ([]int64, error
 				rows.Close()
 				return nil, blob.Wrap("size", e.name, blob.Digest{}, err)
 			}
-			var d blob.Digest
-			if len(b) != len(d) {
+			d, err := blob.FromBytes(b)
+			if err != nil {
 				rows.Close()
-				return nil, blob.Wrap("size", e.name, blob.Digest{}, fmt.Errorf("malformed digest of %d bytes in blobs", len(b)))
+				return nil, blob.Wrap("size", e.name, blob.Digest{}, err)
 			}
-			copy(d[:], b)
 			for _, i := range idx[d] {
 				sizes[i] = n
 			}

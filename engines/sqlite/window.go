@@ -43,7 +43,7 @@ func (e *Engine) WindowDue(ctx context.Context, now time.Time, after blob.Digest
 		if err := rows.Scan(&raw, &ns); err != nil {
 			return nil, e.wrap("window due", err)
 		}
-		d, err := digest(raw)
+		d, err := blob.FromBytes(raw)
 		if err != nil {
 			return nil, e.wrap("window due", err)
 		}
