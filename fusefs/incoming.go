@@ -25,36 +25,18 @@ type incTree struct {
 	ns *nsDir
 
 	mu     sync.Mutex
-	holds  map[blob.Digest]int    // files whose last publish is the digest
+	holds  refCounts              // files whose last publish is the digest
 	live   map[*fileNode]struct{} // files with an upload in flight
 	closed bool
 }
 
 func newIncTree(ns *nsDir) *incTree {
-	return &incTree{ns: ns, holds: make(map[blob.Digest]int), live: make(map[*fileNode]struct{})}
+	return &incTree{ns: ns, live: make(map[*fileNode]struct{})}
 }
 
-func (t *incTree) hold(d blob.Digest) {
-	t.mu.Lock()
-	t.holds[d]++
-	t.mu.Unlock()
-}
-
-func (t *incTree) release(d blob.Digest) {
-	t.mu.Lock()
-	if t.holds[d] <= 1 {
-		delete(t.holds, d)
-	} else {
-		t.holds[d]--
-	}
-	t.mu.Unlock()
-}
-
-func (t *incTree) held(d blob.Digest) int {
-	t.mu.Lock()
-	defer t.mu.Unlock()
-	return t.holds[d]
-}
+func (t *incTree) hold(d blob.Digest)     { t.holds.add(d) }
+func (t *incTree) release(d blob.Digest)  { t.holds.drop(d) }
+func (t *incTree) held(d blob.Digest) int { return t.holds.count(d) }
 
 func (t *incTree) addLive(n *fileNode) {
 	t.mu.Lock()

@@ -10,57 +10,73 @@ import (
 	"github.com/alkblobfs/alkblobfs/gc"
 )
 
-// openRefs is the mount's liveness source (DESIGN §6): every digest with an
-// open handle on this mount is live. Pins already protect open files in
-// this process; the source states the same fact to the collector in the
-// form that can leave the process (fleet mode turns sources into SQL).
-type openRefs struct {
+// refCounts counts references per digest behind its own lock.
+type refCounts struct {
 	mu sync.Mutex
 	m  map[blob.Digest]int
 }
 
+func (c *refCounts) add(d blob.Digest) {
+	c.mu.Lock()
+	if c.m == nil {
+		c.m = make(map[blob.Digest]int)
+	}
+	c.m[d]++
+	c.mu.Unlock()
+}
+
+func (c *refCounts) drop(d blob.Digest) {
+	c.mu.Lock()
+	if c.m[d] <= 1 {
+		delete(c.m, d)
+	} else {
+		c.m[d]--
+	}
+	c.mu.Unlock()
+}
+
+func (c *refCounts) count(d blob.Digest) int {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.m[d]
+}
+
+// len is the number of distinct digests counted.
+func (c *refCounts) len() int {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return len(c.m)
+}
+
+func (c *refCounts) sorted() []blob.Digest {
+	c.mu.Lock()
+	ds := make([]blob.Digest, 0, len(c.m))
+	for d := range c.m {
+		ds = append(ds, d)
+	}
+	c.mu.Unlock()
+	slices.SortFunc(ds, blob.Digest.Compare)
+	return ds
+}
+
+// openRefs is the mount's liveness source (DESIGN §6): every digest with an
+// open handle on this mount is live. Pins already protect open files in
+// this process; the source states the same fact to the collector in the
+// form that can leave the process (fleet mode turns sources into SQL).
+type openRefs struct{ refCounts }
+
 var _ gc.Source = (*openRefs)(nil)
 
-func newOpenRefs() *openRefs { return &openRefs{m: make(map[blob.Digest]int)} }
-
-func (o *openRefs) add(d blob.Digest) {
-	o.mu.Lock()
-	o.m[d]++
-	o.mu.Unlock()
-}
-
-func (o *openRefs) drop(d blob.Digest) {
-	o.mu.Lock()
-	if o.m[d] <= 1 {
-		delete(o.m, d)
-	} else {
-		o.m[d]--
-	}
-	o.mu.Unlock()
-}
-
-func (o *openRefs) len() int {
-	o.mu.Lock()
-	defer o.mu.Unlock()
-	return len(o.m)
-}
+func newOpenRefs() *openRefs { return &openRefs{} }
 
 // IsLive implements gc.Source.
 func (o *openRefs) IsLive(ctx context.Context, d blob.Digest) (bool, error) {
-	o.mu.Lock()
-	defer o.mu.Unlock()
-	return o.m[d] > 0, nil
+	return o.count(d) > 0, nil
 }
 
 // Live implements gc.Source: a sorted snapshot (open files are few).
 func (o *openRefs) Live(ctx context.Context) iter.Seq2[blob.Digest, error] {
-	o.mu.Lock()
-	ds := make([]blob.Digest, 0, len(o.m))
-	for d := range o.m {
-		ds = append(ds, d)
-	}
-	o.mu.Unlock()
-	slices.SortFunc(ds, blob.Digest.Compare)
+	ds := o.sorted()
 	return func(yield func(blob.Digest, error) bool) {
 		for _, d := range ds {
 			if !yield(d, nil) {
