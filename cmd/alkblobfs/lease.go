@@ -46,6 +46,16 @@ func (a *app) acquireLease(ctx context.Context, st *store.Store) (lease, error) 
 	return acquireGCLease(a.leasePath)
 }
 
+// holdLease is acquireLease for a command that must not run beside
+// another holder: a held lease becomes an error ending in hint.
+func (a *app) holdLease(ctx context.Context, st *store.Store, hint string) (lease, error) {
+	l, err := a.acquireLease(ctx, st)
+	if errors.Is(err, errLeaseHeld) {
+		return nil, fmt.Errorf("%w: %s", err, hint)
+	}
+	return l, err
+}
+
 // pgLeaseKey is the advisory lock key of the GC lease ("alkgcls" in ASCII;
 // the engines' schema creation holds "alkblob"). Advisory locks are per
 // database, so per store.

@@ -1,8 +1,6 @@
 package main
 
 import (
-	"errors"
-	"fmt"
 	"log/slog"
 	"os"
 	"runtime/pprof"
@@ -89,11 +87,8 @@ As root the mount uses mount(2) directly; otherwise fusermount3.`,
 			defer st.Close()
 			// One daemon per store: its pins are the only record of what
 			// its open files hold (lease.go).
-			lease, err := a.acquireLease(cmd.Context(), st)
+			lease, err := a.holdLease(cmd.Context(), st, "this store is already mounted, or swept by another alkblobfs; one mount per store")
 			if err != nil {
-				if errors.Is(err, errLeaseHeld) {
-					return fmt.Errorf("%w: this store is already mounted, or swept by another alkblobfs; one mount per store", err)
-				}
 				return err
 			}
 			defer lease.release()

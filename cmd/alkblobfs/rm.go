@@ -39,12 +39,9 @@ deleted; rm stops at the first failure.`,
 			defer st.Close()
 			// A delete from outside a mount cannot see the blobs its open
 			// files hold (lease.go).
-			lease, err := a.acquireLease(cmd.Context(), st)
+			lease, err := a.holdLease(cmd.Context(), st, "while the store is mounted, rm NS/DIGEST on the mount drops a reference and its .alkblobfs/sweep collects")
 			if err != nil {
-				if errors.Is(err, errLeaseHeld) {
-					return fmt.Errorf("rm: %w: while the store is mounted, rm NS/DIGEST on the mount drops a reference and its .alkblobfs/sweep collects", err)
-				}
-				return err
+				return fmt.Errorf("rm: %w", err)
 			}
 			defer lease.release()
 			for _, d := range ds {
