@@ -178,3 +178,9 @@ func put(t *testing.T, e *local.Engine, d blob.Digest, v []byte) {
 		t.Fatal(err)
 	}
 }
+
+// TestReopen: blobs are durable across a close.
+func TestReopen(t *testing.T) {
+	dir := t.TempDir()
+	enginetest.Reopen(t, func(t *testing.T) engines.Engine { return open(t, dir) })
+}

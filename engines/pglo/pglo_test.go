@@ -205,3 +205,9 @@ func TestOpenUnreachable(t *testing.T) {
 		t.Fatalf("Open of a closed port: %v; want one line naming %s without the password", err, addr)
 	}
 }
+
+// TestReopen: blobs and the delete window are durable across a close.
+func TestReopen(t *testing.T) {
+	dsn := pgtest.DSN(t)
+	enginetest.Reopen(t, func(t *testing.T) engines.Engine { return open(t, dsn) })
+}

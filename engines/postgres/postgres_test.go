@@ -5,9 +5,7 @@ import (
 	"net/url"
 	"strings"
 	"testing"
-	"time"
 
-	"github.com/alkblobfs/alkblobfs/blob"
 	"github.com/alkblobfs/alkblobfs/engines"
 	"github.com/alkblobfs/alkblobfs/engines/enginetest"
 	"github.com/alkblobfs/alkblobfs/engines/postgres"
@@ -29,34 +27,8 @@ func open(t *testing.T, dsn string) *postgres.Engine {
 
 // TestReopen: blobs and the delete window are durable across a close.
 func TestReopen(t *testing.T) {
-	ctx := t.Context()
 	dsn := pgtest.DSN(t)
-	e := open(t, dsn)
-	v := []byte("durable")
-	d := blob.Sum(v)
-	if _, err := e.Put(ctx, d, v); err != nil {
-		t.Fatal(err)
-	}
-	when := time.Unix(1_800_000_000, 42)
-	w := blob.Sum([]byte("window"))
-	if err := e.WindowStage(ctx, []engines.Candidate{{Digest: w, VisibleAfter: when}}); err != nil {
-		t.Fatal(err)
-	}
-	if err := e.Close(); err != nil {
-		t.Fatal(err)
-	}
-	e = open(t, dsn)
-	defer e.Close()
-	if n, err := e.Size(ctx, d); n != int64(len(v)) || err != nil {
-		t.Fatalf("Size after reopen = %d, %v", n, err)
-	}
-	cs, err := e.WindowDue(ctx, when, blob.Digest{}, 10)
-	if err != nil || len(cs) != 1 || cs[0].Digest != w || !cs[0].VisibleAfter.Equal(when) {
-		t.Fatalf("WindowDue after reopen = %v, %v; want the staged row", cs, err)
-	}
-	if name := e.Name(); strings.Contains(name, password(t, dsn)) || !strings.HasPrefix(name, "postgres://") {
-		t.Fatalf("Name = %q", name)
-	}
+	enginetest.Reopen(t, func(t *testing.T) engines.Engine { return open(t, dsn) })
 }
 
 func password(t *testing.T, dsn string) string {
