@@ -168,9 +168,12 @@ type SQL interface {
 }
 
 // TxPutter is a KV engine whose Put can run extra statements in the same
-// transaction as the entry's insert, so that publish-and-link is atomic.
-// also runs after the insert (or the no-op insert of a dedup) and before
-// commit; if it fails, nothing commits.
+// transaction as the entry's insert, so that publish, pin row and link
+// commit together. also runs first, before the insert: it takes the pin
+// row's arbitration lock (GCHost.PinRows), and on PostgreSQL a dedup
+// insert (ON CONFLICT DO NOTHING) does not lock the row it finds, so the
+// lock must already be held for a concurrent delete of that row to wait.
+// If also or the insert fails, nothing commits.
 type TxPutter interface {
 	PutTx(ctx context.Context, d blob.Digest, value []byte, also func(ctx context.Context, tx *sql.Tx) error) (inserted bool, err error)
 }

@@ -91,7 +91,10 @@ func (b *blobFile) Open(ctx context.Context, flags uint32) (fs.FileHandle, uint3
 	}
 	// Pin before opening: a sweep between the open and the pin could
 	// otherwise delete what we are about to read.
-	pin := f.st.Pin(b.d)
+	pin, err := f.st.Pin(ctx, b.d)
+	if err != nil {
+		return nil, 0, f.errno("open", b.d, err)
+	}
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	if b.rd == nil {

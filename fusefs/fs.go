@@ -31,7 +31,8 @@ type Store interface {
 	StatMany(ctx context.Context, ds []blob.Digest) (map[blob.Digest]store.Info, error)
 	Get(ctx context.Context, d blob.Digest) (*store.Reader, bool, error)
 	NewUpload(ctx context.Context) (*store.Upload, error)
-	Pin(d blob.Digest) *gc.Pin
+	Pin(ctx context.Context, d blob.Digest) (*gc.Pin, error)
+	PinMany(ctx context.Context, ds []blob.Digest) ([]*gc.Pin, error)
 	Sweep(ctx context.Context) (gc.Report, error)
 	Stats() store.Stats
 	GC() *gc.Collector

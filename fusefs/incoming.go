@@ -632,7 +632,10 @@ func (n *fileNode) reopenLocked(ctx context.Context, keep bool) error {
 // seed copies blob d into up, sequentially so that the upload keeps
 // hashing incrementally.
 func (f *FS) seed(ctx context.Context, up *store.Upload, d blob.Digest) error {
-	pin := f.st.Pin(d)
+	pin, err := f.st.Pin(ctx, d)
+	if err != nil {
+		return err
+	}
 	defer pin.Release()
 	r, ok, err := f.st.Get(ctx, d)
 	if err == nil && !ok {
@@ -932,7 +935,10 @@ func (h *fileHandle) reader(ctx context.Context, d blob.Digest) (*store.Reader, 
 	}
 	h.closeReaderLocked()
 	f := h.n.fsys
-	pin := f.st.Pin(d)
+	pin, err := f.st.Pin(ctx, d)
+	if err != nil {
+		return nil, err
+	}
 	r, ok, err := f.st.Get(ctx, d)
 	if err == nil && !ok {
 		err = blob.Wrap("open", "", d, blob.ErrMissing)

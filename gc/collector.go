@@ -2,12 +2,17 @@ package gc
 
 import (
 	"context"
+	"crypto/rand"
+	"database/sql"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"iter"
 	"log/slog"
+	"os"
 	"slices"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/alkblobfs/alkblobfs/blob"
@@ -33,6 +38,16 @@ type BatchSource interface {
 	LiveAmong(ctx context.Context, ds []blob.Digest) (map[blob.Digest]bool, error)
 }
 
+// TxSource is a Source kept in the host's database (namespace links, an
+// embedder's liveness table). With a host, arbitration asks it inside the
+// arbitration transaction, after the key locks are held, so a reference
+// committed before the delete is always seen.
+type TxSource interface {
+	Source
+	// LiveAmongTx returns the digests of ds that are live, read in tx.
+	LiveAmongTx(ctx context.Context, tx *sql.Tx, ds []blob.Digest) (map[blob.Digest]bool, error)
+}
+
 // Protect is the embedder's protect callback, consulted once per sweep (and
 // once per direct Delete). It returns a predicate naming protected keys; an
 // error aborts the sweep with AbortProtectFailed.
@@ -53,6 +68,14 @@ type Pool interface {
 type BatchPool interface {
 	Pool
 	DeleteMany(ctx context.Context, ds []blob.Digest) ([]int64, error)
+}
+
+// TxPool is the Pool capability a collector with a host needs:
+// DeleteManyTx deletes inside the host's arbitration transaction — kv rows
+// in tx, large-tier objects while tx (and so the lock) is still held — and
+// returns each digest's size, or -1 for one no tier held.
+type TxPool interface {
+	DeleteManyTx(ctx context.Context, tx *sql.Tx, ds []blob.Digest) ([]int64, error)
 }
 
 // Clock is injected so that window logic is tested without sleeping.
@@ -80,11 +103,31 @@ type Options struct {
 	// Delay is the delete window: candidates become executable at
 	// mark_end + Delay.
 	Delay time.Duration
+	// Host, when non-nil, holds the GC state every process and host of the
+	// pool shares: pins become gc_pins rows, deletes are arbitrated in its
+	// transactions under its arbitration lock, and sweeps take its lease.
+	// Nil keeps everything in this process (a mem store). The pool's
+	// deletes must then go through TxPool.
+	Host engines.GCHost
+	// PinTTL is how long a pin row lives unless renewed; rows are renewed
+	// every PinTTL/3. 0 means DefaultPinTTL.
+	PinTTL time.Duration
+	// Owner names this collector's pin rows; "" generates a unique one
+	// (host name, pid and a random suffix).
+	Owner string
 	// Clock defaults to RealClock.
 	Clock Clock
 	// Logger defaults to slog.Default().
 	Logger *slog.Logger
 }
+
+// DefaultPinTTL is the life of an unrenewed pin row: long enough that a
+// renewal every 20 s rides out a database failover, short enough that a
+// crashed process's pins are gone within a minute.
+const DefaultPinTTL = 60 * time.Second
+
+// closeTimeout bounds the database work of Close.
+const closeTimeout = 10 * time.Second
 
 // Collector owns all GC state of one store instance.
 type Collector struct {
@@ -95,11 +138,25 @@ type Collector struct {
 	clock   Clock
 	log     *slog.Logger
 
-	// arb is the arbitration lock. Pin takes the read side, a delete's
-	// check-then-delete takes the write side, so no pin can appear between
-	// an arbitration's check and its delete.
+	// arb is the in-process arbitration lock. Pin takes the read side to
+	// count its reference, a delete's check-then-delete takes the write
+	// side, so no in-process pin can appear between an arbitration's check
+	// and its delete. Across processes the host's arbitration lock does
+	// the same for pin rows.
 	arb  sync.RWMutex
 	pins pins
+
+	// Shared state (host non-nil).
+	host  engines.GCHost
+	owner string
+	ttl   time.Duration
+	// rowMu orders row writes (read side) against a renewal tick's drop of
+	// released rows (write side).
+	rowMu     sync.RWMutex
+	stopRenew chan struct{}
+	renewDone chan struct{}
+	lapsed    atomic.Int64
+	closed    atomic.Bool
 
 	srcMu   sync.Mutex
 	sources map[*Registration]Source
@@ -111,7 +168,8 @@ type Collector struct {
 	last   *Report
 }
 
-// New returns a collector over pool.
+// New returns a collector over pool. With o.Host set, it renews its pin
+// rows until Close.
 func New(pool Pool, o Options) *Collector {
 	c := &Collector{
 		pool:    pool,
@@ -120,6 +178,9 @@ func New(pool Pool, o Options) *Collector {
 		delay:   o.Delay,
 		clock:   o.Clock,
 		log:     o.Logger,
+		host:    o.Host,
+		owner:   o.Owner,
+		ttl:     o.PinTTL,
 		sources: make(map[*Registration]Source),
 	}
 	if c.window == nil {
@@ -131,23 +192,46 @@ func New(pool Pool, o Options) *Collector {
 	if c.log == nil {
 		c.log = slog.Default()
 	}
+	if c.ttl <= 0 {
+		c.ttl = DefaultPinTTL
+	}
+	if c.owner == "" {
+		c.owner = NewOwner()
+	}
+	if c.host != nil {
+		c.stopRenew, c.renewDone = make(chan struct{}), make(chan struct{})
+		go c.renewLoop(c.stopRenew, c.renewDone)
+	}
 	return c
 }
+
+// NewOwner returns a fresh owner id: host name, pid and 64 random bits, so
+// that an operator reading gc_pins can tell who holds what.
+func NewOwner() string {
+	host, _ := os.Hostname()
+	var b [8]byte
+	rand.Read(b[:])
+	return fmt.Sprintf("%s:%d:%s", host, os.Getpid(), hex.EncodeToString(b[:]))
+}
+
+// Owner is the owner id of this collector's pin rows.
+func (c *Collector) Owner() string { return c.owner }
+
+// Shared reports whether pins and arbitration are shared through the
+// database (see Options.Host).
+func (c *Collector) Shared() bool { return c.host != nil }
+
+// PinTTL is the life of an unrenewed pin row.
+func (c *Collector) PinTTL() time.Duration { return c.ttl }
+
+// Lapsed counts pin rows found expired at renewal (see renewLoop).
+func (c *Collector) Lapsed() int64 { return c.lapsed.Load() }
 
 // Durable reports whether staged candidates survive a restart.
 func (c *Collector) Durable() bool { return c.durable }
 
 // Delay is the configured delete window.
 func (c *Collector) Delay() time.Duration { return c.delay }
-
-// Pin mints a pin on d. Mint it before the entry it protects becomes
-// visible (pin-before-publish); pinning an absent digest is allowed.
-func (c *Collector) Pin(d blob.Digest) *Pin {
-	c.arb.RLock()
-	c.pins.add(d)
-	c.arb.RUnlock()
-	return &Pin{c: c, d: d}
-}
 
 // Pinned reports whether d has at least one live pin.
 func (c *Collector) Pinned(d blob.Digest) bool { return c.pins.has(d) }
@@ -205,40 +289,24 @@ func consult(ctx context.Context, p Protect) (func(blob.Digest) bool, error) {
 	return pred, nil
 }
 
-// errProtected is arbitrate's internal "keep it" answer.
-var errProtected = errors.New("protected")
-
-// arbitratedDelete deletes d unless something protects it right now. It
-// returns errProtected when protected, an error wrapping blob.ErrMissing
-// when d vanished, or the delete's size.
-func (c *Collector) arbitratedDelete(ctx context.Context, d blob.Digest, sources []Source, protected func(blob.Digest) bool) (int64, error) {
-	c.arb.Lock()
-	defer c.arb.Unlock()
-	if c.pins.has(d) || protected(d) {
-		return 0, errProtected
-	}
-	for _, s := range sources {
-		live, err := s.IsLive(ctx, d)
-		if err != nil {
-			return 0, fmt.Errorf("liveness query for %s: %w", d, err)
-		}
-		if live {
-			return 0, errProtected
-		}
-	}
-	return c.pool.Delete(ctx, d)
-}
-
 // Outcomes of arbitratedDeleteMany besides a size.
 const (
 	outcomeMissing   = -1
 	outcomeProtected = -2
 )
 
-// arbitratedDeleteMany is arbitratedDelete for a batch, under one hold of
-// the arbitration lock, with one liveness query per BatchSource and one
-// DeleteMany on a BatchPool. out[i] is ds[i]'s size, outcomeMissing or
-// outcomeProtected.
+// arbitratedDeleteMany deletes each digest of ds that nothing protects at
+// the moment of its delete, and returns out[i] = ds[i]'s size,
+// outcomeMissing or outcomeProtected. The two arbitration domains compose
+// in one order:
+//
+// Design point (two-domain composition): in-process first — pins, the
+// protect predicate and in-process sources, under the write side of arb,
+// cheap and without I/O — then, with a host, the shared domain inside one
+// host transaction that holds the key locks: other owners' unexpired pin
+// rows, every TxSource (namespace links, liveness tables), and the delete
+// itself, so a pin, link or put committed by any process is either seen or
+// ordered after the delete.
 func (c *Collector) arbitratedDeleteMany(ctx context.Context, ds []blob.Digest, sources []Source, protected func(blob.Digest) bool) ([]int64, error) {
 	out := make([]int64, len(ds))
 	c.arb.Lock()
@@ -251,7 +319,12 @@ func (c *Collector) arbitratedDeleteMany(ctx context.Context, ds []blob.Digest, 
 			idx = append(idx, i)
 		}
 	}
+	var txSources []TxSource
 	for _, s := range sources {
+		if ts, ok := s.(TxSource); ok && c.host != nil {
+			txSources = append(txSources, ts)
+			continue
+		}
 		if len(idx) == 0 {
 			break
 		}
@@ -259,32 +332,92 @@ func (c *Collector) arbitratedDeleteMany(ctx context.Context, ds []blob.Digest, 
 		if err != nil {
 			return nil, fmt.Errorf("liveness query: %w", err)
 		}
-		kept := idx[:0]
-		for _, i := range idx {
-			if live[ds[i]] {
-				out[i] = outcomeProtected
-			} else {
-				kept = append(kept, i)
-			}
-		}
-		idx = kept
+		idx = keep(ds, idx, out, live)
 	}
 	if len(idx) == 0 {
 		return out, nil
 	}
-	if bp, ok := c.pool.(BatchPool); ok {
-		batch := make([]blob.Digest, len(idx))
-		for k, i := range idx {
-			batch[k] = ds[i]
-		}
-		sizes, err := bp.DeleteMany(ctx, batch)
+	if c.host == nil {
+		return out, c.deleteIdx(ctx, ds, idx, out)
+	}
+	tp, ok := c.pool.(TxPool)
+	if !ok {
+		return nil, errors.New("gc: the pool cannot delete inside the host's transaction (TxPool)")
+	}
+	batch := make([]blob.Digest, len(idx))
+	for k, i := range idx {
+		batch[k] = ds[i]
+	}
+	// The outcome is decided inside the transaction; it stands only if the
+	// transaction commits, so work on a copy.
+	res := slices.Clone(out)
+	err := c.host.Arbitrate(ctx, batch, func(ctx context.Context, tx *sql.Tx) error {
+		rest := slices.Clone(idx)
+		pinned, err := c.host.PinnedAmong(ctx, tx, batch, c.clock.Now(), c.owner)
 		if err != nil {
-			return nil, err
+			return err
+		}
+		rest = keep(ds, rest, res, pinned)
+		for _, s := range txSources {
+			if len(rest) == 0 {
+				return nil
+			}
+			live, err := s.LiveAmongTx(ctx, tx, pick(ds, rest))
+			if err != nil {
+				return fmt.Errorf("liveness query: %w", err)
+			}
+			rest = keep(ds, rest, res, live)
+		}
+		if len(rest) == 0 {
+			return nil
+		}
+		sizes, err := tp.DeleteManyTx(ctx, tx, pick(ds, rest))
+		if err != nil {
+			return err
+		}
+		for k, i := range rest {
+			res[i] = sizes[k]
+		}
+		return nil
+	})
+	if err != nil {
+		return nil, err
+	}
+	return res, nil
+}
+
+// keep marks the live among idx protected in out and returns the rest.
+func keep(ds []blob.Digest, idx []int, out []int64, live map[blob.Digest]bool) []int {
+	kept := idx[:0]
+	for _, i := range idx {
+		if live[ds[i]] {
+			out[i] = outcomeProtected
+		} else {
+			kept = append(kept, i)
+		}
+	}
+	return kept
+}
+
+func pick(ds []blob.Digest, idx []int) []blob.Digest {
+	out := make([]blob.Digest, len(idx))
+	for k, i := range idx {
+		out[k] = ds[i]
+	}
+	return out
+}
+
+// deleteIdx deletes ds[idx] through the pool, in-process form.
+func (c *Collector) deleteIdx(ctx context.Context, ds []blob.Digest, idx []int, out []int64) error {
+	if bp, ok := c.pool.(BatchPool); ok {
+		sizes, err := bp.DeleteMany(ctx, pick(ds, idx))
+		if err != nil {
+			return err
 		}
 		for k, i := range idx {
 			out[i] = sizes[k]
 		}
-		return out, nil
+		return nil
 	}
 	for _, i := range idx {
 		n, err := c.pool.Delete(ctx, ds[i])
@@ -292,21 +425,17 @@ func (c *Collector) arbitratedDeleteMany(ctx context.Context, ds []blob.Digest, 
 		case errors.Is(err, blob.ErrMissing):
 			out[i] = outcomeMissing
 		case err != nil:
-			return nil, err
+			return err
 		default:
 			out[i] = n
 		}
 	}
-	return out, nil
+	return nil
 }
 
 func liveAmong(ctx context.Context, s Source, ds []blob.Digest, idx []int) (map[blob.Digest]bool, error) {
 	if bs, ok := s.(BatchSource); ok {
-		batch := make([]blob.Digest, len(idx))
-		for k, i := range idx {
-			batch[k] = ds[i]
-		}
-		return bs.LiveAmong(ctx, batch)
+		return bs.LiveAmong(ctx, pick(ds, idx))
 	}
 	live := make(map[blob.Digest]bool)
 	for _, i := range idx {
@@ -322,19 +451,43 @@ func liveAmong(ctx context.Context, s Source, ds []blob.Digest, idx []int) (map[
 }
 
 // Delete is the direct delete: it refuses (blob.ErrGcRefuse) any key that
-// is pinned, live in a registered source, or named by the protect callback,
-// and returns blob.ErrMissing for an absent key.
+// is pinned (by any process, where pins are shared), live in a registered
+// source, or named by the protect callback, and returns blob.ErrMissing for
+// an absent key. With no source registered nothing can be proven dead, so
+// it refuses everything; ForceDelete is the explicit override.
 func (c *Collector) Delete(ctx context.Context, d blob.Digest) error {
+	return c.delete(ctx, d, false)
+}
+
+// ForceDelete is Delete that does not require a liveness source: for
+// stores that keep none, where the operator vouches that nothing refers to
+// d. Pins and the protect callback still refuse it.
+func (c *Collector) ForceDelete(ctx context.Context, d blob.Digest) error {
+	return c.delete(ctx, d, true)
+}
+
+func (c *Collector) delete(ctx context.Context, d blob.Digest, force bool) error {
+	if c.closed.Load() {
+		return blob.Wrap("delete", "", d, blob.ErrClosed)
+	}
 	sources, p := c.snapshot()
+	if len(sources) == 0 && !force {
+		return blob.Wrap("delete", "", d, fmt.Errorf("%w: no liveness source is registered, so nothing can prove it unreferenced", blob.ErrGcRefuse))
+	}
 	protected, err := consult(ctx, p)
 	if err != nil {
 		return blob.Wrap("delete", "", d, fmt.Errorf("%w: protect callback failed: %v", blob.ErrGcRefuse, err))
 	}
-	_, err = c.arbitratedDelete(ctx, d, sources, protected)
-	if errors.Is(err, errProtected) {
+	out, err := c.arbitratedDeleteMany(ctx, []blob.Digest{d}, sources, protected)
+	switch {
+	case err != nil:
+		return blob.Wrap("delete", "", d, err)
+	case out[0] == outcomeProtected:
 		return blob.Wrap("delete", "", d, blob.ErrGcRefuse)
+	case out[0] < 0:
+		return blob.Wrap("delete", "", d, blob.ErrMissing)
 	}
-	return err
+	return nil
 }
 
 // LastReport returns the most recent sweep's report, if any.

@@ -36,7 +36,7 @@ func mustSweep(t *testing.T, c *gc.Collector) gc.Report {
 func TestPinReleaseIdempotent(t *testing.T) {
 	c := gctest.NewPool(gc.Options{}).C
 	d := dg(1)
-	p1, p2 := c.Pin(d), c.Pin(d)
+	p1, p2 := mustPin(t, c, d), mustPin(t, c, d)
 	p1.Release()
 	p1.Release() // must not drop p2's reference
 	if !c.Pinned(d) {
@@ -48,7 +48,7 @@ func TestPinReleaseIdempotent(t *testing.T) {
 	}
 	var nilPin *gc.Pin
 	nilPin.Release()
-	ps := []*gc.Pin{c.Pin(d), nil, c.Pin(dg(2))}
+	ps := []*gc.Pin{mustPin(t, c, d), nil, mustPin(t, c, dg(2))}
 	gc.ReleaseAll(ps)
 	gc.ReleaseAll(ps)
 	if d, n := c.PinCount(); d != 0 || n != 0 {
@@ -120,7 +120,7 @@ func TestDeleteRefusesProtected(t *testing.T) {
 	p := gctest.NewPool(gc.Options{})
 	ds := fill(p, 4)
 	c := p.C
-	pin := c.Pin(ds[0])
+	pin := mustPin(t, c, ds[0])
 	c.Register(gctest.NewSource(ds[1]))
 	c.SetProtect(func(context.Context) (func(blob.Digest) bool, error) {
 		return func(d blob.Digest) bool { return d == ds[2] }, nil
@@ -163,7 +163,7 @@ func TestTwoSweepExactCounts(t *testing.T) {
 	}
 	// Between the sweeps: one candidate is pinned, one linked, one deleted
 	// directly (vanishes).
-	pin := c.Pin(ds[10])
+	pin := mustPin(t, c, ds[10])
 	src.Set(ds[11], true)
 	if err := c.Delete(t.Context(), ds[12]); err != nil {
 		t.Fatal(err)
@@ -199,7 +199,7 @@ func TestRaceAcrossDelay(t *testing.T) {
 	}
 	// A put of a's content lands during the window: pin, then (dedup)
 	// publish.
-	pin := c.Pin(a)
+	pin := mustPin(t, c, a)
 	p.Add(a)
 	clock.Advance(time.Minute)
 	r := mustSweep(t, c)
@@ -225,7 +225,7 @@ func TestInlineWindowWithDelay(t *testing.T) {
 	done := make(chan gc.Report)
 	go func() { r, _ := c.Sweep(context.Background()); done <- r }()
 	<-clock.Waiting     // the sweep staged and is waiting out the delay
-	pin := c.Pin(ds[0]) // a put lands during the delay
+	pin := mustPin(t, c, ds[0]) // a put lands during the delay
 	clock.Advance(time.Hour)
 	r := <-done
 	if r.Staged != 3 || r.Deleted != 2 || r.Cancelled != 1 || !p.Holds(ds[0]) || r.Pending != 0 {
@@ -281,4 +281,13 @@ func (unsorted) Live(context.Context) iter.Seq2[blob.Digest, error] {
 		hi, lo := blob.Digest{0, 0, 2}, blob.Digest{0, 0, 1}
 		_ = yield(hi, nil) && yield(lo, nil)
 	}
+}
+
+func mustPin(t testing.TB, c *gc.Collector, d blob.Digest) *gc.Pin {
+	t.Helper()
+	p, err := c.Pin(context.Background(), d)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return p
 }

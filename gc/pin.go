@@ -1,35 +1,58 @@
 package gc
 
 import (
+	"context"
+	"database/sql"
+	"fmt"
 	"sync"
 	"sync/atomic"
+	"time"
 
 	"github.com/alkblobfs/alkblobfs/blob"
 )
 
-// pins counts in-process references per digest. Its lock is the
-// arbitration lock's read side: see Collector.
+// pinEntry is the state of one pinned digest in this process.
+type pinEntry struct {
+	n int // in-process references
+	// row: this collector's gc_pins row for the digest is committed. It
+	// stays committed after n falls to 0 until the next renewal tick drops
+	// it (a released row lapses instead of costing a write per release).
+	row bool
+	// writing is non-nil while a row write is in flight, and closed when
+	// it ends; pinners of the same digest wait on it instead of writing
+	// twice.
+	writing chan struct{}
+}
+
+// pins counts in-process references per digest and tracks which have a
+// committed row. Its lock is taken under the arbitration lock's read side:
+// see Collector.
 type pins struct {
 	mu sync.Mutex
-	n  map[blob.Digest]int
+	m  map[blob.Digest]*pinEntry
 }
 
 func (p *pins) add(d blob.Digest) {
 	p.mu.Lock()
-	if p.n == nil {
-		p.n = make(map[blob.Digest]int)
+	if p.m == nil {
+		p.m = make(map[blob.Digest]*pinEntry)
 	}
-	p.n[d]++
+	e := p.m[d]
+	if e == nil {
+		e = &pinEntry{}
+		p.m[d] = e
+	}
+	e.n++
 	p.mu.Unlock()
 }
 
 func (p *pins) drop(d blob.Digest) {
 	p.mu.Lock()
-	switch c := p.n[d]; {
-	case c > 1:
-		p.n[d] = c - 1
-	case c == 1:
-		delete(p.n, d)
+	if e := p.m[d]; e != nil && e.n > 0 {
+		e.n--
+		if e.n == 0 && !e.row && e.writing == nil {
+			delete(p.m, d)
+		}
 	}
 	p.mu.Unlock()
 }
@@ -37,34 +60,103 @@ func (p *pins) drop(d blob.Digest) {
 func (p *pins) has(d blob.Digest) bool {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	return p.n[d] > 0
+	e := p.m[d]
+	return e != nil && e.n > 0
 }
 
 func (p *pins) count() (digests, refs int) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	for _, c := range p.n {
-		refs += c
+	for _, e := range p.m {
+		if e.n > 0 {
+			digests++
+			refs += e.n
+		}
 	}
-	return len(p.n), refs
+	return digests, refs
 }
 
 // sorted returns the pinned digests in ascending order: a snapshot taken at
 // mark time. Pins minted after it are caught by arbitration instead.
 func (p *pins) sorted() []blob.Digest {
 	p.mu.Lock()
-	ds := make([]blob.Digest, 0, len(p.n))
-	for d := range p.n {
-		ds = append(ds, d)
+	ds := make([]blob.Digest, 0, len(p.m))
+	for d, e := range p.m {
+		if e.n > 0 {
+			ds = append(ds, d)
+		}
 	}
 	p.mu.Unlock()
 	sortDigests(ds)
 	return ds
 }
 
-// Pin is one in-process reference that protects a digest from deletion.
-// Release it exactly when the protection is no longer needed; Release is
-// idempotent and safe for concurrent use.
+// ensureRow makes sure d has a committed row, calling write to commit one
+// unless one is committed already or being written by another pinner (then
+// it waits for that write, and writes itself if it failed). wrote reports
+// whether this call's write ran. The caller holds a reference on d.
+func (p *pins) ensureRow(ctx context.Context, d blob.Digest, write func() error) (wrote bool, err error) {
+	for {
+		p.mu.Lock()
+		e := p.m[d]
+		if e.row {
+			p.mu.Unlock()
+			return false, nil
+		}
+		if ch := e.writing; ch != nil {
+			p.mu.Unlock()
+			select {
+			case <-ch:
+				continue
+			case <-ctx.Done():
+				return false, ctx.Err()
+			}
+		}
+		ch := make(chan struct{})
+		e.writing = ch
+		p.mu.Unlock()
+		err := write()
+		p.mu.Lock()
+		e.writing = nil
+		e.row = err == nil
+		close(ch)
+		p.mu.Unlock()
+		return true, err
+	}
+}
+
+// released takes the digests whose row outlived their last reference and
+// forgets their rows: the caller deletes them (under rowMu's write side).
+func (p *pins) released() []blob.Digest {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	var ds []blob.Digest
+	for d, e := range p.m {
+		if e.n == 0 && e.row && e.writing == nil {
+			ds = append(ds, d)
+			delete(p.m, d)
+		}
+	}
+	return ds
+}
+
+// withRows lists the digests that hold a committed row.
+func (p *pins) withRows() []blob.Digest {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	var ds []blob.Digest
+	for d, e := range p.m {
+		if e.row {
+			ds = append(ds, d)
+		}
+	}
+	return ds
+}
+
+// Pin is one reference that protects a digest from deletion: in this
+// process always, and in every process sharing the pool where the store
+// keeps pin rows. Release it exactly when the protection is no longer
+// needed; Release is idempotent and safe for concurrent use.
 type Pin struct {
 	c        *Collector
 	d        blob.Digest
@@ -84,12 +176,229 @@ func (p *Pin) Release() {
 }
 
 // Clone mints a second, independent pin on the same digest (for handing a
-// reference to another owner without transferring this one).
-func (p *Pin) Clone() *Pin { return p.c.Pin(p.d) }
+// reference to another owner without transferring this one). The digest is
+// pinned already, so this never touches the database.
+func (p *Pin) Clone() *Pin {
+	p.c.arb.RLock()
+	p.c.pins.add(p.d)
+	p.c.arb.RUnlock()
+	return &Pin{c: p.c, d: p.d}
+}
 
 // ReleaseAll releases every pin in ps (nil entries allowed).
 func ReleaseAll(ps []*Pin) {
 	for _, p := range ps {
 		p.Release()
 	}
+}
+
+// RowFunc writes the pin row of a put inside the put's transaction (see
+// Collector.PinPublish). It does nothing where the store keeps no rows.
+type RowFunc func(ctx context.Context, tx *sql.Tx) error
+
+// Pin mints a pin on d. Mint it before the entry it protects becomes
+// visible (pin-before-publish); pinning an absent digest is allowed. Where
+// the store keeps pin rows, the first pin of a digest in this process
+// commits a row before Pin returns, so another process's arbitration sees
+// it; later pins of a held digest cost no database write.
+func (c *Collector) Pin(ctx context.Context, d blob.Digest) (*Pin, error) {
+	return c.PinPublish(ctx, d, nil)
+}
+
+// PinPublish mints a pin on d whose row commits in the same transaction as
+// the entry it protects (the joint put): publish runs the put, and calls
+// row inside its transaction before it inserts the entry. publish runs
+// exactly once; row is a no-op when this process already holds a row for d.
+// With publish nil, the row commits in a transaction of its own. If publish
+// (or the row) fails, no pin is held and the error is returned.
+func (c *Collector) PinPublish(ctx context.Context, d blob.Digest, publish func(row RowFunc) error) (*Pin, error) {
+	if c.closed.Load() {
+		return nil, blob.Wrap("pin", "", d, blob.ErrClosed)
+	}
+	// Counted under the arbitration lock's read side: an arbitration in
+	// this process either sees the reference or finishes its delete first.
+	c.arb.RLock()
+	c.pins.add(d)
+	c.arb.RUnlock()
+	pin := &Pin{c: c, d: d}
+	if c.host == nil {
+		if publish != nil {
+			if err := publish(noRow); err != nil {
+				pin.Release()
+				return nil, err
+			}
+		}
+		return pin, nil
+	}
+	// Row writes hold rowMu's read side, so that a renewal tick dropping
+	// released rows never deletes one written meanwhile.
+	c.rowMu.RLock()
+	wrote, err := c.pins.ensureRow(ctx, d, func() error {
+		expiry := c.clock.Now().Add(c.ttl)
+		if publish == nil {
+			return c.host.PinRows(ctx, nil, c.owner, []blob.Digest{d}, expiry)
+		}
+		return publish(func(ctx context.Context, tx *sql.Tx) error {
+			return c.host.PinRows(ctx, tx, c.owner, []blob.Digest{d}, expiry)
+		})
+	})
+	c.rowMu.RUnlock()
+	if err == nil && !wrote && publish != nil {
+		err = publish(noRow)
+	}
+	if err != nil {
+		pin.Release()
+		if publish == nil {
+			err = blob.Wrap("pin", c.hostName(), d, err)
+		}
+		return nil, err
+	}
+	return pin, nil
+}
+
+func noRow(context.Context, *sql.Tx) error { return nil }
+
+// PinMany mints a pin on each digest of ds, writing the rows this process
+// lacks in one transaction. On error no pin is held.
+func (c *Collector) PinMany(ctx context.Context, ds []blob.Digest) ([]*Pin, error) {
+	if c.closed.Load() {
+		return nil, blob.Wrap("pin", "", blob.Digest{}, blob.ErrClosed)
+	}
+	ps := make([]*Pin, len(ds))
+	c.arb.RLock()
+	for i, d := range ds {
+		c.pins.add(d)
+		ps[i] = &Pin{c: c, d: d}
+	}
+	c.arb.RUnlock()
+	if c.host == nil {
+		return ps, nil
+	}
+	// One transaction for every digest without a row; a digest another
+	// pinner is writing is waited for one at a time (rare).
+	c.rowMu.RLock()
+	defer c.rowMu.RUnlock()
+	var need []blob.Digest
+	var chans []chan struct{}
+	c.pins.mu.Lock()
+	seen := make(map[blob.Digest]bool, len(ds))
+	for _, d := range ds {
+		e := c.pins.m[d]
+		if e.row || e.writing != nil || seen[d] {
+			continue
+		}
+		seen[d] = true
+		ch := make(chan struct{})
+		e.writing = ch
+		need = append(need, d)
+		chans = append(chans, ch)
+	}
+	c.pins.mu.Unlock()
+	err := c.host.PinRows(ctx, nil, c.owner, need, c.clock.Now().Add(c.ttl))
+	c.pins.mu.Lock()
+	for i, d := range need {
+		e := c.pins.m[d]
+		e.writing = nil
+		e.row = err == nil
+		close(chans[i])
+	}
+	c.pins.mu.Unlock()
+	for _, d := range ds {
+		if err != nil {
+			break
+		}
+		_, err = c.pins.ensureRow(ctx, d, func() error {
+			return c.host.PinRows(ctx, nil, c.owner, []blob.Digest{d}, c.clock.Now().Add(c.ttl))
+		})
+	}
+	if err != nil {
+		ReleaseAll(ps)
+		return nil, blob.Wrap("pin", c.hostName(), blob.Digest{}, err)
+	}
+	return ps, nil
+}
+
+func (c *Collector) hostName() string {
+	if c.host == nil {
+		return ""
+	}
+	return c.host.Name()
+}
+
+// renewLoop keeps this collector's rows alive: every TTL/3 it drops the
+// rows whose last reference was released, then renews the rest in one
+// statement (one per owner, not one per pin). It ends when stop closes.
+//
+// The cadence is wall time even under an injected Clock (which times the
+// rows): a test clock that stands still must not stop renewal. Tests tick
+// by hand with Renew.
+func (c *Collector) renewLoop(stop <-chan struct{}, done chan<- struct{}) {
+	defer close(done)
+	t := time.NewTicker(max(c.ttl/3, time.Millisecond))
+	defer t.Stop()
+	for {
+		select {
+		case <-stop:
+			return
+		case <-t.C:
+		}
+		if err := c.Renew(context.Background()); err != nil {
+			c.log.Warn("renew pin rows", "err", err, "owner", c.owner)
+		}
+	}
+}
+
+// Renew is one renewal tick (see renewLoop): drop released rows, renew the
+// held ones, and pin afresh what lapsed.
+func (c *Collector) Renew(ctx context.Context) error {
+	if c.host == nil {
+		return nil
+	}
+	c.rowMu.Lock()
+	gone := c.pins.released()
+	err := c.host.DropPins(ctx, c.owner, gone)
+	c.rowMu.Unlock()
+	if err != nil {
+		// The rows lapse at their expiry instead.
+		c.log.Warn("drop released pin rows", "err", err, "rows", len(gone))
+	}
+	held := c.pins.withRows()
+	now := c.clock.Now()
+	n, err := c.host.RenewPins(ctx, c.owner, now, now.Add(c.ttl))
+	if err != nil {
+		return err
+	}
+	if int(n) >= len(held) {
+		return nil
+	}
+	// Some rows expired before this tick (a pause or an outage longer than
+	// the TTL) and renewal never revives an expired row: another process
+	// may have swept what they protected. Pin what is still held afresh —
+	// a new pin, not a renewal — and say so.
+	c.lapsed.Add(int64(len(held)) - n)
+	c.log.Error("pin rows lapsed before renewal; re-pinning the digests still held (blobs deleted meanwhile stay deleted)",
+		"owner", c.owner, "held", len(held), "renewed", n)
+	if err := c.host.PinRows(ctx, nil, c.owner, held, now.Add(c.ttl)); err != nil {
+		return fmt.Errorf("re-pin %d digests: %w", len(held), err)
+	}
+	return nil
+}
+
+// Close stops renewing and deletes this collector's pin rows: nothing it
+// pinned stays protected by it. Pins minted after Close fail. Idempotent.
+func (c *Collector) Close() error {
+	if !c.closed.CompareAndSwap(false, true) {
+		return nil
+	}
+	if c.host == nil {
+		return nil
+	}
+	close(c.stopRenew)
+	<-c.renewDone
+	ctx, cancel := context.WithTimeout(context.Background(), closeTimeout)
+	defer cancel()
+	if err := c.host.DropPins(ctx, c.owner, nil); err != nil {
+		return fmt.Errorf("drop pin rows of %s (they lapse in %s): %w", c.owner, c.ttl, err)
+	}
+	return nil
 }

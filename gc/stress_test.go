@@ -81,7 +81,7 @@ func stress(t *testing.T, durable, batch bool, rounds int) {
 				d := dg(i)
 				switch rng.IntN(5) {
 				case 0: // put: pin before publish, keep the pin a while
-					pin := c.Pin(d)
+					pin, _ := c.Pin(context.Background(), d)
 					held[i].Add(1)
 					p.Add(d)
 					mine = append(mine, pin)
@@ -93,7 +93,7 @@ func stress(t *testing.T, durable, batch bool, rounds int) {
 						mine = append(mine[:k], mine[k+1:]...)
 					}
 				case 2: // link, as the namespaces service does: pin, check, link, release
-					pin := c.Pin(d)
+					pin, _ := c.Pin(context.Background(), d)
 					held[i].Add(1)
 					if p.Holds(d) {
 						src.Set(d, true)

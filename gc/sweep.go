@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"iter"
+	"math"
 	"time"
 
 	"github.com/alkblobfs/alkblobfs/blob"
@@ -40,6 +41,7 @@ type Report struct {
 	Cancelled  int           `json:"cancelled_by_arbitration"`
 	BytesFreed int64         `json:"bytes_freed"`
 	Pending    int           `json:"window_pending"` // candidates still waiting afterwards
+	Reaped     int64         `json:"pins_reaped"`    // expired pin rows removed
 	Durable    bool          `json:"durable_window"`
 	Delay      time.Duration `json:"window_delay_ns"`
 }
@@ -57,12 +59,32 @@ const (
 // deliberate no-op is an Aborted report, and an abort deletes nothing.
 func (c *Collector) Sweep(ctx context.Context) (Report, error) {
 	r := Report{Started: c.clock.Now(), Durable: c.durable, Delay: c.delay}
+	if c.closed.Load() {
+		return r, blob.ErrClosed
+	}
+	// Design point (lease composition): the in-process flag first (cheap,
+	// and it keeps this process's sweeps off the database lease), then the
+	// host's lease, pool-wide, held for this sweep only.
 	if !c.sweeping.TryLock() {
 		r.Aborted = AbortSweeperLock
 		return r, nil // not recorded as the last report: the running sweep's will be
 	}
 	defer c.sweeping.Unlock()
-	err := c.sweep(ctx, &r)
+	var lease engines.Lease
+	if c.host != nil {
+		l, held, err := c.host.SweepLease(ctx)
+		if err != nil {
+			return r, fmt.Errorf("sweep lease: %w", err)
+		}
+		if !held {
+			r.Aborted = AbortSweeperLock
+			r.Detail = "another process is sweeping this pool"
+			return r, nil
+		}
+		lease = l
+		defer lease.Release()
+	}
+	err := c.sweep(ctx, &r, lease)
 	r.Duration = c.clock.Now().Sub(r.Started)
 	if n, werr := c.window.WindowLen(ctx); werr == nil {
 		r.Pending = n
@@ -80,7 +102,7 @@ func (c *Collector) Sweep(ctx context.Context) (Report, error) {
 	return r, nil
 }
 
-func (c *Collector) sweep(ctx context.Context, r *Report) error {
+func (c *Collector) sweep(ctx context.Context, r *Report, lease engines.Lease) error {
 	sources, p := c.snapshot()
 	if len(sources) == 0 {
 		r.Aborted = AbortNoLivenessSources
@@ -92,17 +114,30 @@ func (c *Collector) sweep(ctx context.Context, r *Report) error {
 		r.Detail = err.Error()
 		return nil
 	}
+	// Design point (reap ordering): expired pin rows are reaped before the
+	// overdue execution, as hygiene only — arbitration already ignores
+	// expired rows, so the answers are the same either way.
+	if c.host != nil {
+		n, err := c.host.ReapPins(ctx, c.clock.Now())
+		if err != nil {
+			return fmt.Errorf("reap expired pin rows: %w", err)
+		}
+		r.Reaped = n
+	}
 	// The protect consult above covers the execution phase too: overdue
 	// candidates are re-arbitrated against pins, sources and this
 	// predicate.
-	if err := c.executeDue(ctx, r, sources, protected); err != nil {
+	if err := c.executeDue(ctx, r, sources, protected, lease); err != nil {
 		return err
 	}
 	dead, err := c.mark(ctx, r, sources, protected)
 	if err != nil {
 		return err
 	}
-	visibleAfter := c.clock.Now().Add(c.delay)
+	visibleAfter, err := VisibleAfter(c.clock.Now(), c.delay)
+	if err != nil {
+		return err
+	}
 	for _, batch := range dead.chunks {
 		if err := c.stage(ctx, batch, visibleAfter); err != nil {
 			return err
@@ -120,7 +155,22 @@ func (c *Collector) sweep(ctx context.Context, r *Report) error {
 			return ctx.Err()
 		}
 	}
-	return c.executeDue(ctx, r, sources, protected)
+	return c.executeDue(ctx, r, sources, protected, lease)
+}
+
+// maxTime is the last instant a window row can hold: visible_after is
+// stored as int64 unix nanoseconds.
+var maxTime = time.Unix(0, math.MaxInt64)
+
+// VisibleAfter is now + delay, checked: a delay that would carry the
+// window past what the window table can store is an error, never a wrapped
+// time in the past (which would make a candidate due at once).
+func VisibleAfter(now time.Time, delay time.Duration) (time.Time, error) {
+	at := now.Add(delay)
+	if delay < 0 || at.After(maxTime) {
+		return time.Time{}, fmt.Errorf("gc window %s from %s ends after %s, the last time the window can record", delay, now.Format(time.RFC3339), maxTime.UTC().Format(time.RFC3339))
+	}
+	return at, nil
 }
 
 func (c *Collector) stage(ctx context.Context, batch []blob.Digest, at time.Time) error {
@@ -137,7 +187,7 @@ func (c *Collector) stage(ctx context.Context, batch []blob.Digest, at time.Time
 // executeDue deletes every window candidate whose time has come, each
 // re-arbitrated now. Protected or vanished candidates are cancelled; both
 // leave the window (a still-dead one is staged again by a later mark).
-func (c *Collector) executeDue(ctx context.Context, r *Report, sources []Source, protected func(blob.Digest) bool) error {
+func (c *Collector) executeDue(ctx context.Context, r *Report, sources []Source, protected func(blob.Digest) bool, lease engines.Lease) error {
 	now := c.clock.Now()
 	var after blob.Digest
 	for {
@@ -153,6 +203,15 @@ func (c *Collector) executeDue(ctx context.Context, r *Report, sources []Source,
 			if err := ctx.Err(); err != nil {
 				c.removeDone(ctx, done)
 				return err
+			}
+			// Design point (lease hold): the lease is re-checked before
+			// each delete batch; a lost one (a database restart drops a
+			// session lock) ends the sweep with nothing more deleted.
+			if lease != nil {
+				if err := lease.Check(ctx); err != nil {
+					c.removeDone(ctx, done)
+					return err
+				}
 			}
 			ds := make([]blob.Digest, 0, arbitrateBatch)
 			for _, cand := range due[lo:min(len(due), lo+arbitrateBatch)] {

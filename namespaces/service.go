@@ -13,8 +13,11 @@ import (
 type Pool interface {
 	// Has reports whether d is in the pool.
 	Has(ctx context.Context, d blob.Digest) (bool, error)
-	// Pin protects d from deletion until the pin is released.
-	Pin(d blob.Digest) *gc.Pin
+	// Pin protects d from deletion, in every process that shares the
+	// pool, until the pin is released.
+	Pin(ctx context.Context, d blob.Digest) (*gc.Pin, error)
+	// PinMany is Pin for many digests at once.
+	PinMany(ctx context.Context, ds []blob.Digest) ([]*gc.Pin, error)
 }
 
 // Service is a Registry whose Link and LinkMany refuse digests that are not
@@ -37,12 +40,17 @@ func NewService(r Registry, p Pool) *Service { return &Service{Registry: r, pool
 // It pins d before checking, and releases the pin once the reference is
 // committed: a sweep that deletes d between the check and the link would
 // leave a reference to nothing, and the pin makes that sweep's arbitration
-// keep d instead. After the link, the registry itself keeps d live.
+// keep d instead. Where pins are rows, the pin commits before the check, so
+// this holds for a sweep in any process. After the link, the registry
+// itself keeps d live.
 func (s *Service) Link(ctx context.Context, name string, d blob.Digest) (bool, error) {
 	if err := check(ctx, name); err != nil {
 		return false, wrap("link", name, d, err)
 	}
-	pin := s.pool.Pin(d)
+	pin, err := s.pool.Pin(ctx, d)
+	if err != nil {
+		return false, wrap("link", name, d, err)
+	}
 	defer pin.Release()
 	if err := s.present(ctx, d); err != nil {
 		return false, wrap("link", name, d, err)
@@ -56,10 +64,12 @@ func (s *Service) LinkMany(ctx context.Context, name string, ds []blob.Digest) (
 	if err := check(ctx, name); err != nil {
 		return 0, wrap("linkmany", name, blob.Digest{}, err)
 	}
-	pins := make([]*gc.Pin, 0, len(ds))
-	defer func() { gc.ReleaseAll(pins) }()
+	pins, err := s.pool.PinMany(ctx, ds)
+	if err != nil {
+		return 0, wrap("linkmany", name, blob.Digest{}, err)
+	}
+	defer gc.ReleaseAll(pins)
 	for _, d := range ds {
-		pins = append(pins, s.pool.Pin(d))
 		if err := s.present(ctx, d); err != nil {
 			return 0, wrap("linkmany", name, d, err)
 		}

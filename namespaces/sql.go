@@ -42,6 +42,7 @@ type SQL struct {
 var (
 	_ Registry       = (*SQL)(nil)
 	_ gc.BatchSource = (*SQL)(nil)
+	_ gc.TxSource    = (*SQL)(nil)
 	_ TxLinker       = (*SQL)(nil)
 )
 
@@ -523,6 +524,17 @@ func (r *SQL) IsLive(ctx context.Context, d blob.Digest) (bool, error) {
 // LiveAmong implements gc.BatchSource: which of ds any namespace
 // references, in one query.
 func (r *SQL) LiveAmong(ctx context.Context, ds []blob.Digest) (map[blob.Digest]bool, error) {
+	return r.liveAmong(ctx, r.db, ds)
+}
+
+// LiveAmongTx implements gc.TxSource: the same query inside the
+// collector's arbitration transaction, so that a link committed by any
+// process before the arbitration's key locks were granted is seen.
+func (r *SQL) LiveAmongTx(ctx context.Context, tx *sql.Tx, ds []blob.Digest) (map[blob.Digest]bool, error) {
+	return r.liveAmong(ctx, tx, ds)
+}
+
+func (r *SQL) liveAmong(ctx context.Context, q querier, ds []blob.Digest) (map[blob.Digest]bool, error) {
 	live := make(map[blob.Digest]bool)
 	if len(ds) == 0 {
 		return live, nil
@@ -531,8 +543,8 @@ func (r *SQL) LiveAmong(ctx context.Context, ds []blob.Digest) (map[blob.Digest]
 	for i, d := range ds {
 		args[i] = d[:]
 	}
-	q := rebind(r.dialect, "SELECT DISTINCT digest FROM ns_refs WHERE digest IN (?"+strings.Repeat(", ?", len(ds)-1)+")")
-	rows, err := r.db.QueryContext(ctx, q, args...)
+	query := rebind(r.dialect, "SELECT DISTINCT digest FROM ns_refs WHERE digest IN (?"+strings.Repeat(", ?", len(ds)-1)+")")
+	rows, err := q.QueryContext(ctx, query, args...)
 	if err != nil {
 		return nil, wrap("islive", "", blob.Digest{}, err)
 	}

@@ -164,7 +164,10 @@ func testTwoSweepExactCounts(t *testing.T, o durable) {
 	if r1.Staged != 30 || r1.Deleted != 0 || r1.Scanned != 40 {
 		t.Fatalf("sweep 1: %+v", r1)
 	}
-	pin := s.Pin(ds[20])
+	pin, err := s.Pin(context.Background(), ds[20])
+	if err != nil {
+		t.Fatal(err)
+	}
 	r2 := sweep(t, s)
 	if r2.Deleted+r2.Cancelled != 30 || r2.Cancelled != 1 || r2.BytesFreed == 0 {
 		t.Fatalf("sweep 2: %+v", r2)

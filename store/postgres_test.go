@@ -94,6 +94,7 @@ func TestPostgresOneWindowHost(t *testing.T) {
 func TestPostgresRoundTrip(t *testing.T) {
 	dsn := pgtest.DSN(t)
 	s := openWith(t, store.Config{KV: pgKV(t, dsn), Large: pgLarge(t, dsn)})
+	s.GC().Register(&refs{m: map[blob.Digest]bool{}}) // deletes need a source
 	ctx := t.Context()
 	for _, n := range []int{0, 1, threshold, threshold + 1, 512<<10 - 1, 512 << 10, 512<<10 + 1, 3<<20 + 17} {
 		for _, known := range []bool{true, false} {

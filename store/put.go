@@ -134,19 +134,31 @@ func (s *Store) putSmall(ctx context.Context, b []byte, want *Digest, o putOptio
 	if want != nil && d != *want {
 		return Digest{}, nil, blob.Wrap("put", s.kv.Name(), *want, fmt.Errorf("%w: content hashes to %s", ErrVerification, d))
 	}
-	pin := s.gc.Pin(d) // before the entry is visible
+	// Design point (joint put): the pin row, the entry and the link commit
+	// in one transaction where the kv engine can join them; the row is
+	// written first in it, under its key lock (engines.TxPutter).
 	var inserted bool
-	var err error
-	if tp, ok := s.kv.(engines.TxPutter); ok && o.link != nil {
-		inserted, err = tp.PutTx(ctx, d, b, func(ctx context.Context, tx *sql.Tx) error { return o.link(ctx, tx, d) })
-	} else {
-		inserted, err = s.kv.Put(ctx, d, b)
-		if err == nil && o.link != nil {
-			err = o.link(ctx, nil, d)
+	pin, err := s.gc.PinPublish(ctx, d, func(row gc.RowFunc) error {
+		var err error
+		if tp, ok := s.kv.(engines.TxPutter); ok && (o.link != nil || s.gc.Shared()) {
+			inserted, err = tp.PutTx(ctx, d, b, func(ctx context.Context, tx *sql.Tx) error {
+				if err := row(ctx, tx); err != nil {
+					return err
+				}
+				if o.link != nil {
+					return o.link(ctx, tx, d)
+				}
+				return nil
+			})
+		} else {
+			inserted, err = s.kv.Put(ctx, d, b)
+			if err == nil && o.link != nil {
+				err = o.link(ctx, nil, d)
+			}
 		}
-	}
+		return err
+	})
 	if err != nil {
-		pin.Release()
 		return Digest{}, nil, blob.Wrap("put", s.kv.Name(), d, err)
 	}
 	s.count(inserted, int64(len(b)))
@@ -189,7 +201,15 @@ func (s *Store) commitLarge(ctx context.Context, st engines.Stage, h *contentHas
 	if sc, ok := st.(engines.SidecarStage); ok {
 		sc.SetSidecar(h.sidecar())
 	}
-	pin := s.gc.Pin(d) // before the entry is visible
+	// Design point (large put ordering): pin first, publish second — the
+	// pin row commits before the commit-rename (or the large object's
+	// commit) makes the entry visible, so no arbitration can see it
+	// visible and unpinned; a crash in between leaves only an orphan row,
+	// which expires and is reaped. Never the reverse.
+	pin, err := s.gc.Pin(ctx, d)
+	if err != nil {
+		return Digest{}, nil, err
+	}
 	if err := st.Commit(ctx, d); err != nil {
 		pin.Release()
 		return Digest{}, nil, blob.Wrap("commit", s.large.Name(), d, err)

@@ -2,6 +2,7 @@ package store
 
 import (
 	"context"
+	"database/sql"
 	"errors"
 	"fmt"
 	"iter"
@@ -60,6 +61,17 @@ type Config struct {
 	// ScratchDir holds upload scratch files when the large engine cannot
 	// stage random-access writes itself; "" means os.TempDir().
 	ScratchDir string
+	// PinTTL is the life of an unrenewed pin row (gc.Options.PinTTL).
+	PinTTL time.Duration
+	// Owner names this instance's pin rows; "" generates one.
+	Owner string
+	// Fleet declares that several hosts share this pool (DESIGN: fleet
+	// mode). It is never inferred; Open refuses it for any configuration
+	// that cannot be shared (see checkFleet).
+	Fleet bool
+	// SharedMedia declares that a local large tier sits on storage every
+	// fleet host mounts at the same path. Required for Fleet with local.
+	SharedMedia bool
 }
 
 // Store is the facade. It is safe for concurrent use.
@@ -71,6 +83,7 @@ type Store struct {
 	gc        *gc.Collector
 	log       *slog.Logger
 	scratch   string
+	fleet     bool
 	closed    atomic.Bool
 	stats     counters
 }
@@ -96,6 +109,26 @@ func Open(ctx context.Context, cfg Config) (*Store, error) {
 		return nil, err
 	}
 	s.mode = mode
+	if cfg.Fleet {
+		if err := checkFleet(cfg); err != nil {
+			return nil, err
+		}
+	}
+	if _, err := gc.VisibleAfter(time.Now(), cfg.GCDelay); err != nil {
+		return nil, fmt.Errorf("store: %w", err)
+	}
+	// Design point (GC-state home): one per store, the kv engine when it
+	// can host it (SQLite, PostgreSQL): pin rows, the arbitration lock and
+	// the sweep lease live with the namespaces they arbitrate against.
+	// Otherwise (mem, or no kv tier) everything stays in this process.
+	var host engines.GCHost
+	if h, ok := cfg.KV.(engines.GCHost); ok {
+		if _, ok := cfg.KV.(engines.TxPutter); !ok {
+			return nil, fmt.Errorf("store: kv engine %s hosts GC state but cannot join a put's transaction", cfg.KV.Name())
+		}
+		host = h
+	}
+	s.fleet = cfg.Fleet
 	// One window host per instance: the kv engine when it is SQL-backed,
 	// otherwise the large engine, otherwise the in-process window.
 	var window engines.WindowHost
@@ -104,7 +137,8 @@ func Open(ctx context.Context, cfg Config) (*Store, error) {
 	} else if w, ok := cfg.Large.(engines.WindowHost); ok {
 		window = w
 	}
-	s.gc = gc.New(pool{s}, gc.Options{Window: window, Delay: cfg.GCDelay, Clock: cfg.Clock, Logger: s.log})
+	s.gc = gc.New(pool{s}, gc.Options{Window: window, Delay: cfg.GCDelay, Host: host, PinTTL: cfg.PinTTL,
+		Owner: cfg.Owner, Clock: cfg.Clock, Logger: s.log})
 	return s, nil
 }
 
@@ -148,7 +182,12 @@ func (s *Store) Large() engines.Large { return s.large }
 func (s *Store) GC() *gc.Collector { return s.gc }
 
 // Pin mints a pin on d (see gc.Collector.Pin).
-func (s *Store) Pin(d Digest) *gc.Pin { return s.gc.Pin(d) }
+func (s *Store) Pin(ctx context.Context, d Digest) (*gc.Pin, error) { return s.gc.Pin(ctx, d) }
+
+// PinMany mints a pin on each of ds (see gc.Collector.PinMany).
+func (s *Store) PinMany(ctx context.Context, ds []Digest) ([]*gc.Pin, error) {
+	return s.gc.PinMany(ctx, ds)
+}
 
 // Sweep runs one garbage collection (see gc.Collector.Sweep).
 func (s *Store) Sweep(ctx context.Context) (gc.Report, error) {
@@ -165,6 +204,15 @@ func (s *Store) Delete(ctx context.Context, d Digest) error {
 		return ErrClosed
 	}
 	return s.gc.Delete(ctx, d)
+}
+
+// ForceDelete is Delete for a store without liveness sources, where the
+// caller vouches that nothing refers to d (gc.Collector.ForceDelete).
+func (s *Store) ForceDelete(ctx context.Context, d Digest) error {
+	if s.closed.Load() {
+		return ErrClosed
+	}
+	return s.gc.ForceDelete(ctx, d)
 }
 
 // Info describes a stored blob.
@@ -328,12 +376,16 @@ func (s *Store) Stats() Stats {
 	}
 }
 
-// Close closes the engines. Further calls fail with ErrClosed.
+// Fleet reports whether the store was opened in fleet mode.
+func (s *Store) Fleet() bool { return s.fleet }
+
+// Close stops the collector (its pin rows are deleted) and closes the
+// engines. Further calls fail with ErrClosed.
 func (s *Store) Close() error {
 	if !s.closed.CompareAndSwap(false, true) {
 		return nil
 	}
-	var errs []error
+	errs := []error{s.gc.Close()}
 	for _, t := range s.tiers() {
 		errs = append(errs, t.e.Close())
 	}
@@ -343,7 +395,10 @@ func (s *Store) Close() error {
 // pool adapts the store to gc.Pool and gc.BatchPool.
 type pool struct{ s *Store }
 
-var _ gc.BatchPool = pool{}
+var (
+	_ gc.BatchPool = pool{}
+	_ gc.TxPool    = pool{}
+)
 
 func (p pool) List(ctx context.Context) iter.Seq2[engines.Entry, error] { return p.s.List(ctx) }
 
@@ -417,6 +472,57 @@ func (p pool) DeleteMany(ctx context.Context, ds []Digest) ([]int64, error) {
 			default:
 				add(i, n)
 			}
+		}
+	}
+	return sizes, nil
+}
+
+// DeleteManyTx implements gc.TxPool: the kv engine (the collector's host)
+// deletes its rows in tx; the large engine deletes while tx, and so the
+// arbitration lock, is still held.
+func (p pool) DeleteManyTx(ctx context.Context, tx *sql.Tx, ds []Digest) ([]int64, error) {
+	host, ok := p.s.kv.(engines.GCHost)
+	if !ok {
+		return nil, errors.New("store: DeleteManyTx without a GC host")
+	}
+	sizes, err := host.DeleteManyTx(ctx, tx, ds)
+	if err != nil {
+		return nil, err
+	}
+	if p.s.large == nil {
+		return sizes, nil
+	}
+	large, err := deleteFrom(ctx, p.s.large, ds)
+	if err != nil {
+		return nil, err
+	}
+	for i, n := range large {
+		if n >= 0 {
+			sizes[i] = max(sizes[i], 0) + n
+		}
+	}
+	return sizes, nil
+}
+
+// deleteFrom deletes ds from e, in one transaction where e is an
+// engines.BatchDeleter, and returns each size or -1.
+func deleteFrom(ctx context.Context, e engines.Engine, ds []Digest) ([]int64, error) {
+	if bd, ok := e.(engines.BatchDeleter); ok {
+		return bd.DeleteMany(ctx, ds)
+	}
+	sizes := make([]int64, len(ds))
+	for i, d := range ds {
+		sizes[i] = -1
+		n, err := e.Size(ctx, d)
+		if err == nil {
+			err = e.Delete(ctx, d)
+		}
+		switch {
+		case errors.Is(err, ErrMissing):
+		case err != nil:
+			return nil, err
+		default:
+			sizes[i] = n
 		}
 	}
 	return sizes, nil

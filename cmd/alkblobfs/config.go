@@ -8,6 +8,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"time"
 
 	"github.com/spf13/cobra"
 
@@ -17,6 +18,7 @@ import (
 	"github.com/alkblobfs/alkblobfs/engines/pglo"
 	"github.com/alkblobfs/alkblobfs/engines/postgres"
 	"github.com/alkblobfs/alkblobfs/engines/sqlite"
+	"github.com/alkblobfs/alkblobfs/gc"
 	"github.com/alkblobfs/alkblobfs/namespaces"
 	"github.com/alkblobfs/alkblobfs/store"
 )
@@ -53,6 +55,9 @@ func (a *app) openNS(cmd *cobra.Command) (*store.Store, *namespaces.Service, err
 	st, err := store.Open(ctx, cfg)
 	if err != nil {
 		closeEngines(cfg)
+		if errors.Is(err, store.ErrFleetConfig) {
+			return nil, nil, usage(cmd, err)
+		}
 		return nil, nil, err
 	}
 	svc, err := registerSources(ctx, st)
@@ -93,7 +98,17 @@ const (
 // errors; failures opening an engine are not.
 func (a *app) storeConfig(cmd *cobra.Command) (store.Config, error) {
 	ctx := cmd.Context()
-	cfg := store.Config{Threshold: int64(a.threshold), GCDelay: a.gcWindow, Logger: a.log}
+	cfg := store.Config{Threshold: int64(a.threshold), GCDelay: a.gcWindow, Logger: a.log,
+		PinTTL: a.pinTTL, Fleet: a.fleet, SharedMedia: a.shared}
+	if a.pinTTL <= 0 {
+		return cfg, usagef(cmd, "--pin-ttl %s: must be positive", a.pinTTL)
+	}
+	if a.shared && !a.fleet {
+		return cfg, usagef(cmd, "--shared-media declares a fleet's storage: use it with --fleet")
+	}
+	if _, err := gc.VisibleAfter(time.Now(), a.gcWindow); err != nil {
+		return cfg, usagef(cmd, "--gc-window %s: %v", a.gcWindow, err)
+	}
 	kvURL, largeURL := a.kv, a.large
 	if kvURL == "" || largeURL == "" {
 		if a.data == "" {
@@ -112,10 +127,6 @@ func (a *app) storeConfig(cmd *cobra.Command) (store.Config, error) {
 			return cfg, usagef(cmd, "--large pglo shares the kv engine's database, so it needs --kv postgres://…; or use --large pglo:postgres://…")
 		}
 		largeURL = "pglo:" + kvURL
-	}
-	a.leasePath = ""
-	if path, ok := strings.CutPrefix(kvURL, "sqlite:"); ok && path != "" {
-		a.leasePath = path + ".gc-lease"
 	}
 	if kvURL == "none" && largeURL == "none" {
 		return cfg, usagef(cmd, "--kv and --large are both none: a store needs at least one engine")

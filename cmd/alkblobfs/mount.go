@@ -85,13 +85,6 @@ As root the mount uses mount(2) directly; otherwise fusermount3.`,
 				return err
 			}
 			defer st.Close()
-			// One daemon per store: its pins are the only record of what
-			// its open files hold (lease.go).
-			lease, err := a.holdLease(cmd.Context(), st, "this store is already mounted, or swept by another alkblobfs; one mount per store")
-			if err != nil {
-				return err
-			}
-			defer lease.release()
 			srv, err := fusefs.Mount(args[0], fusefs.Config{
 				Store:         st,
 				Namespaces:    svc.Registry,

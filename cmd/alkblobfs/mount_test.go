@@ -297,36 +297,79 @@ func TestKillDuringWrite(t *testing.T) {
 	}
 }
 
-// TestOneDaemonPerStore: while a store is mounted, a second mount of it is
-// refused, `sweep` from another process aborts with SweeperLock and `rm`
-// fails, all changing nothing; once the mount is gone both work again.
-func TestOneDaemonPerStore(t *testing.T) {
+// TestTwoMountsOneStore: two daemons mount one embedded store, beside CLI
+// commands. A file held open through mount B survives a CLI rm, a CLI
+// sweep and sweeps through mount A's control file, and reads to its last
+// byte; once it is closed and unlinked, the next sweeps collect it. Blobs
+// put through A read back through B.
+func TestTwoMountsOneStore(t *testing.T) {
 	requireFUSE(t)
 	c := newCLI(t)
-	src := filepath.Join(t.TempDir(), "f")
-	if err := os.WriteFile(src, []byte("unreferenced"), 0o644); err != nil {
+	c.ok("ns", "create", "ns")
+	mntA, mntB := t.TempDir(), t.TempDir()
+	dmA := startDaemon(t, c.data, mntA, "--pin-ttl", "3s")
+	dmB := startDaemon(t, c.data, mntB, "--pin-ttl", "3s")
+
+	content := randomBytes(largeSize, 42)
+	d := sum(content)
+	if err := os.WriteFile(filepath.Join(mntA, "ns", "incoming", "f"), content, 0o644); err != nil {
 		t.Fatal(err)
 	}
-	d := strings.TrimSpace(c.ok("put", src))
-
-	mnt := t.TempDir()
-	dm := startDaemon(t, c.data, mnt)
-	c.fail(1, "one mount per store", "mount", t.TempDir())
-	r := c.run(nil, "sweep", "--json")
-	if r.code != 0 || !strings.Contains(r.stdout, `"aborted": "SweeperLock"`) {
-		t.Fatalf("sweep of a mounted store: exit %d\n%s%s", r.code, r.stdout, r.stderr)
+	pathB := filepath.Join(mntB, "ns", d)
+	var f *os.File
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		var err error
+		if f, err = os.Open(pathB); err == nil {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("blob put through A not readable through B: %v", err)
+		}
+		time.Sleep(50 * time.Millisecond)
 	}
-	c.fail(1, "while the store is mounted", "rm", d)
+	defer f.Close()
+	head := make([]byte, 4096)
+	if _, err := io.ReadFull(f, head); err != nil {
+		t.Fatal(err)
+	}
+	// Drop the only reference, then try every way to delete it.
+	c.ok("unlink", "ns", d)
+	c.fail(1, "protected", "rm", d)
+	sweepA := filepath.Join(mntA, ".alkblobfs", "sweep")
+	for range 2 {
+		c.ok("sweep")
+		if err := os.WriteFile(sweepA, []byte("run\n"), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	rest, err := io.ReadAll(f)
+	if err != nil {
+		t.Fatalf("the open file on B failed after sweeps elsewhere: %v", err)
+	}
+	if got := sum(append(head, rest...)); got != d {
+		t.Fatalf("the open file on B read back as %s", got)
+	}
 	if out := c.ok("ls"); !strings.Contains(out, d) {
-		t.Fatal("a refused sweep or rm removed the blob")
+		t.Fatal("a blob open on mount B was deleted")
 	}
-
-	dm.cmd.Process.Signal(syscall.SIGTERM)
-	if code := dm.wait(20 * time.Second); code != 0 {
-		t.Fatalf("exit %d after SIGTERM:\n%s", code, dm.stderr.String())
+	f.Close()
+	// Closed: B's row is dropped at its next renewal tick (TTL/3 = 1 s),
+	// and sweeps then collect the blob.
+	deadline = time.Now().Add(15 * time.Second)
+	for strings.Contains(c.ok("ls"), d) {
+		if time.Now().After(deadline) {
+			t.Fatal("the closed, unlinked blob was never collected")
+		}
+		if err := os.WriteFile(sweepA, []byte("run\n"), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		time.Sleep(200 * time.Millisecond)
 	}
-	c.ok("rm", d)
-	if out := c.ok("sweep", "--json"); strings.Contains(out, "SweeperLock") {
-		t.Fatalf("sweep after unmount still locked out:\n%s", out)
+	for _, dm := range []*daemon{dmA, dmB} {
+		dm.cmd.Process.Signal(syscall.SIGTERM)
+		if code := dm.wait(20 * time.Second); code != 0 {
+			t.Fatalf("exit %d after SIGTERM:\n%s", code, dm.stderr.String())
+		}
 	}
 }

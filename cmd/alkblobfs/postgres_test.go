@@ -2,12 +2,14 @@ package main
 
 import (
 	"context"
+	"encoding/hex"
 	"net"
 	"net/url"
 	"os"
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/alkblobfs/alkblobfs/engines/postgres/pgtest"
 	"github.com/jackc/pgx/v5"
@@ -69,10 +71,12 @@ func TestPostgresURLMistakes(t *testing.T) {
 	}
 }
 
-// TestPostgresGCLease: on PostgreSQL the GC lease is an advisory lock;
-// while another session holds it (as a mount does), sweep aborts with
-// SweeperLock and rm fails, changing nothing.
-func TestPostgresGCLease(t *testing.T) {
+// TestPostgresSweepLease: the sweep lease is a session advisory lock held
+// for one sweep. While another session holds it, sweep aborts with
+// SweeperLock and deletes nothing; rm does not need it (each delete is
+// arbitrated in its own transaction) and still refuses what a pin row of
+// another process protects.
+func TestPostgresSweepLease(t *testing.T) {
 	dsn := pgtest.DSN(t)
 	c := newCLI(t, "--kv", dsn, "--large", "pglo")
 	src := filepath.Join(t.TempDir(), "f")
@@ -80,6 +84,7 @@ func TestPostgresGCLease(t *testing.T) {
 		t.Fatal(err)
 	}
 	d := strings.TrimSpace(c.ok("put", src))
+	c.ok("sweep") // stages d
 
 	conn, err := pgx.Connect(t.Context(), dsn)
 	if err != nil {
@@ -87,21 +92,33 @@ func TestPostgresGCLease(t *testing.T) {
 	}
 	defer conn.Close(context.Background())
 	var got bool
-	if err := conn.QueryRow(t.Context(), `SELECT pg_try_advisory_lock($1)`, int64(pgLeaseKey)).Scan(&got); err != nil || !got {
+	if err := conn.QueryRow(t.Context(), `SELECT pg_try_advisory_lock($1, $2)`, int32(0x616c6b73), int32(0x77656570)).Scan(&got); err != nil || !got {
 		t.Fatalf("taking the lease in the test: %v, %v", got, err)
 	}
 	r := c.run(nil, "sweep", "--json")
 	if r.code != 0 || !strings.Contains(r.stdout, `"aborted": "SweeperLock"`) {
 		t.Fatalf("sweep while the lease is held: exit %d\n%s%s", r.code, r.stdout, r.stderr)
 	}
-	c.fail(1, "while the store is mounted", "rm", d)
 	if out := c.ok("ls"); !strings.Contains(out, d) {
-		t.Fatal("a refused sweep or rm removed the blob")
+		t.Fatal("a refused sweep removed the blob")
 	}
-	if _, err := conn.Exec(t.Context(), `SELECT pg_advisory_unlock($1)`, int64(pgLeaseKey)); err != nil {
+	// A foreign process's unexpired pin row refuses rm.
+	key, _ := hex.DecodeString(d)
+	if _, err := conn.Exec(t.Context(), `INSERT INTO gc_pins (digest, owner, expiry) VALUES ($1, 'other-host:1:x', $2)`,
+		key, time.Now().Add(time.Hour).UnixNano()); err != nil {
+		t.Fatal(err)
+	}
+	c.fail(1, "protected", "rm", d)
+	if _, err := conn.Exec(t.Context(), `DELETE FROM gc_pins`); err != nil {
 		t.Fatal(err)
 	}
 	c.ok("rm", d)
+	if out := c.ok("ls"); strings.Contains(out, d) {
+		t.Fatal("rm left the blob")
+	}
+	if _, err := conn.Exec(t.Context(), `SELECT pg_advisory_unlock($1, $2)`, int32(0x616c6b73), int32(0x77656570)); err != nil {
+		t.Fatal(err)
+	}
 	if out := c.ok("sweep", "--json"); strings.Contains(out, "SweeperLock") {
 		t.Fatalf("sweep after release still locked out:\n%s", out)
 	}

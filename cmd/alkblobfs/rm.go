@@ -13,15 +13,23 @@ import (
 )
 
 func newRmCmd(a *app) *cobra.Command {
-	return &cobra.Command{
+	var force bool
+	cmd := &cobra.Command{
 		Use:   "rm DIGEST [DIGEST...]",
 		Short: "Delete blobs now",
 		Long: `rm deletes each blob DIGEST from the store at once, without waiting for a
 sweep. It refuses a blob that a namespace still links (exit status 1, naming
-the namespaces): unlink it first. Every DIGEST is checked before anything is
-deleted; rm stops at the first failure.`,
+the namespaces): unlink it first. It also refuses a blob that any process
+holds open or is putting (a mount beside it, another command), checked in the
+same transaction as the delete. rm stops at the first failure.
+
+A store that keeps no namespaces (--kv none, or a mem: kv tier beside a
+durable large tier) cannot prove that nothing refers to a blob, so rm refuses
+every blob there unless --force says that you know nothing does. --force
+never overrides a blob held open or being put.`,
 		Example: `  alkblobfs rm 3f0a…e91c
-  alkblobfs ls | grep ^3f | xargs -r alkblobfs rm`,
+  alkblobfs ls | grep ^3f | xargs -r alkblobfs rm
+  alkblobfs --kv none --large local:/srv/large rm --force 3f0a…e91c`,
 		Args: argsRange(1, -1, "at least one DIGEST"),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			ds := make([]store.Digest, len(args))
@@ -37,15 +45,12 @@ deleted; rm stops at the first failure.`,
 				return err
 			}
 			defer st.Close()
-			// A delete from outside a mount cannot see the blobs its open
-			// files hold (lease.go).
-			lease, err := a.holdLease(cmd.Context(), st, "while the store is mounted, rm NS/DIGEST on the mount drops a reference and its .alkblobfs/sweep collects")
-			if err != nil {
-				return fmt.Errorf("rm: %w", err)
-			}
-			defer lease.release()
 			for _, d := range ds {
-				err := st.Delete(cmd.Context(), d)
+				del := st.Delete
+				if force {
+					del = st.ForceDelete
+				}
+				err := del(cmd.Context(), d)
 				if errors.Is(err, store.ErrGcRefuse) && svc != nil {
 					err = explainRefusal(cmd.Context(), svc, d, err)
 				}
@@ -53,10 +58,11 @@ deleted; rm stops at the first failure.`,
 					return err
 				}
 			}
-			lease.release() // before Close: a PostgreSQL lease holds a pooled connection
 			return st.Close()
 		},
 	}
+	cmd.Flags().BoolVar(&force, "force", false, "delete even where no liveness source can prove the blob unreferenced (stores without namespaces)")
+	return cmd
 }
 
 // maxLinkers bounds how many linking namespaces a refusal names.

@@ -10,6 +10,7 @@ import (
 	"github.com/spf13/cobra"
 	"github.com/spf13/pflag"
 
+	"github.com/alkblobfs/alkblobfs/gc"
 	"github.com/alkblobfs/alkblobfs/store"
 )
 
@@ -26,11 +27,10 @@ type app struct {
 	kv, large string
 	threshold sizeValue
 	gcWindow  time.Duration
+	pinTTL    time.Duration
+	fleet     bool
+	shared    bool
 	logLevel  levelValue
-
-	// leasePath is the GC lease file of the store storeConfig last built
-	// ("" when its kv engine has none; see lease.go).
-	leasePath string
 
 	log *slog.Logger
 }
@@ -84,6 +84,9 @@ SQLite for small blobs and a local directory for large ones, under --data.`,
 	f.StringVar(&a.large, "large", "", "large-tier engine URL: local:DIR, pglo, pglo:postgres://…, mem: or none (default local:<data>/large)")
 	f.Var(&a.threshold, "threshold", "largest blob the kv tier holds, e.g. 128KiB, 1MiB or plain bytes")
 	f.DurationVar(&a.gcWindow, "gc-window", 0, "delay between a sweep staging a dead blob and deleting it")
+	f.DurationVar(&a.pinTTL, "pin-ttl", gc.DefaultPinTTL, "life of a pin row that its process stops renewing (renewed every third of it)")
+	f.BoolVar(&a.fleet, "fleet", false, "declare that several hosts share this PostgreSQL pool (checked: see 'Fleet mode' in the README)")
+	f.BoolVar(&a.shared, "shared-media", false, "with --fleet: the local large tier is on storage every host mounts at the same path")
 	f.Var(&a.logLevel, "log-level", "log level on stderr: debug, info, warn or error")
 
 	root.AddCommand(

@@ -2,7 +2,6 @@ package main
 
 import (
 	"encoding/json"
-	"errors"
 	"fmt"
 	"io"
 	"time"
@@ -42,24 +41,11 @@ exit status is non-zero only when the sweep itself failed.`,
 				return err
 			}
 			defer st.Close()
-			var rep gc.Report
-			// A mounted store is swept by its mount, which knows what its
-			// open files hold (lease.go); here that is a SweeperLock abort.
-			lease, err := a.acquireLease(cmd.Context(), st)
-			switch {
-			case errors.Is(err, errLeaseHeld):
-				rep = gc.Report{Started: time.Now(), Aborted: gc.AbortSweeperLock,
-					Detail: err.Error() + "; sweep a mounted store through its .alkblobfs/sweep"}
-			case err != nil:
-				return err
-			default:
-				rep, err = st.Sweep(cmd.Context())
-				// Released before Close: a PostgreSQL lease holds a pooled
-				// connection, which Close would wait for.
-				lease.release()
-				if err != nil {
-					return fmt.Errorf("sweep: %w", err)
-				}
+			// Another process sweeping the same pool (a mount, another
+			// sweep) holds the pool's sweep lease: a SweeperLock report.
+			rep, err := st.Sweep(cmd.Context())
+			if err != nil {
+				return fmt.Errorf("sweep: %w", err)
 			}
 			if asJSON {
 				b, err := json.MarshalIndent(rep, "", "  ")

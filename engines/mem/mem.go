@@ -134,3 +134,7 @@ func (e *Engine) Close() error {
 	e.m = nil
 	return nil
 }
+
+// Ephemeral implements engines.Ephemeral: everything is gone when the
+// process exits.
+func (e *Engine) Ephemeral() bool { return true }

@@ -225,3 +225,11 @@ func missingObject(err error) error {
 	}
 	return err
 }
+
+// Instance implements engines.Locator: host:port/database, the same form
+// as the postgres kv engine's, so a fleet can check that both tiers share
+// one database.
+func (e *Engine) Instance() string { return e.srv.Addr() + "/" + e.srv.Database }
+
+// PoolSize implements engines.Locator.
+func (e *Engine) PoolSize() int { return int(e.pool.Config().MaxConns) }

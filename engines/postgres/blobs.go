@@ -86,6 +86,11 @@ func (e *Engine) PutTx(ctx context.Context, d blob.Digest, value []byte, also fu
 			tx.Rollback() // the error that matters is err
 		}
 	}()
+	if also != nil {
+		if err = also(ctx, tx); err != nil {
+			return false, blob.Wrap("put", e.name, d, err)
+		}
+	}
 	res, err := tx.ExecContext(ctx, putSQL, d[:], len(value), notNil(value))
 	if err != nil {
 		return false, blob.Wrap("put", e.name, d, err)
@@ -93,11 +98,6 @@ func (e *Engine) PutTx(ctx context.Context, d blob.Digest, value []byte, also fu
 	n, err := res.RowsAffected()
 	if err != nil {
 		return false, blob.Wrap("put", e.name, d, err)
-	}
-	if also != nil {
-		if err = also(ctx, tx); err != nil {
-			return false, blob.Wrap("put", e.name, d, err)
-		}
 	}
 	if err = tx.Commit(); err != nil {
 		return false, blob.Wrap("put", e.name, d, err)

@@ -28,6 +28,8 @@ var (
 	_ engines.BatchSizer   = (*Engine)(nil)
 	_ engines.WindowHost   = (*Engine)(nil)
 	_ engines.DeleteSafe   = (*Engine)(nil)
+	_ engines.GCHost       = (*Engine)(nil)
+	_ engines.Locator      = (*Engine)(nil)
 )
 
 const blobsSchema = `CREATE TABLE IF NOT EXISTS blobs (
@@ -48,7 +50,7 @@ func Open(ctx context.Context, dsn string) (*Engine, error) {
 		return nil, err
 	}
 	e := &Engine{name: srv.String(), srv: srv, pool: pool}
-	if err := CreateSchema(ctx, pool, blobsSchema); err != nil {
+	if err := CreateSchema(ctx, pool, blobsSchema, pinsSchema, pinsOwnerIndex); err != nil {
 		pool.Close()
 		return nil, e.wrap("open", err)
 	}

@@ -113,3 +113,8 @@ func closedPort(t *testing.T) string {
 	l.Close()
 	return port
 }
+
+func TestGCHost(t *testing.T) {
+	dsn := pgtest.DSN(t)
+	enginetest.GCHost(t, func(t *testing.T) engines.Engine { return open(t, dsn) })
+}

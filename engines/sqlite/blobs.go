@@ -74,17 +74,17 @@ func (e *Engine) PutTx(ctx context.Context, d blob.Digest, value []byte, also fu
 			tx.Rollback() // the error that matters is err
 		}
 	}()
+	if also != nil {
+		if err = also(ctx, tx); err != nil {
+			return false, blob.Wrap("put", e.name, d, err)
+		}
+	}
 	res, err := tx.StmtContext(ctx, e.put).ExecContext(ctx, d[:], len(value), value)
 	if err != nil {
 		return false, blob.Wrap("put", e.name, d, err)
 	}
 	if ok, err = inserted(res, e.name, d); err != nil {
 		return false, err
-	}
-	if also != nil {
-		if err = also(ctx, tx); err != nil {
-			return false, blob.Wrap("put", e.name, d, err)
-		}
 	}
 	if err = tx.Commit(); err != nil {
 		return false, blob.Wrap("put", e.name, d, err)
@@ -165,17 +165,17 @@ func (e *Engine) page(ctx context.Context, after blob.Digest, page []engines.Ent
 // DeleteMany implements engines.BatchDeleter: one transaction, one
 // DELETE … RETURNING size per digest.
 func (e *Engine) DeleteMany(ctx context.Context, ds []blob.Digest) (sizes []int64, err error) {
-	tx, err := e.db.BeginTx(ctx, nil)
-	if err != nil {
-		return nil, blob.Wrap("delete", e.name, blob.Digest{}, err)
-	}
-	defer func() {
-		if err != nil {
-			tx.Rollback()
-		}
-	}()
+	err = e.inTx(ctx, "delete", func(tx *sql.Tx) error {
+		sizes, err = e.DeleteManyTx(ctx, tx, ds)
+		return err
+	})
+	return sizes, err
+}
+
+// DeleteManyTx implements engines.GCHost: DeleteMany inside tx.
+func (e *Engine) DeleteManyTx(ctx context.Context, tx *sql.Tx, ds []blob.Digest) ([]int64, error) {
 	del := tx.StmtContext(ctx, e.delRet)
-	sizes = make([]int64, len(ds))
+	sizes := make([]int64, len(ds))
 	for i, d := range ds {
 		switch err := del.QueryRowContext(ctx, d[:]).Scan(&sizes[i]); {
 		case errors.Is(err, sql.ErrNoRows):
@@ -183,9 +183,6 @@ func (e *Engine) DeleteMany(ctx context.Context, ds []blob.Digest) (sizes []int6
 		case err != nil:
 			return nil, blob.Wrap("delete", e.name, d, err)
 		}
-	}
-	if err := tx.Commit(); err != nil {
-		return nil, blob.Wrap("delete", e.name, blob.Digest{}, err)
 	}
 	return sizes, nil
 }

@@ -18,10 +18,12 @@ import (
 // Engine is a kv engine over one SQLite database file.
 type Engine struct {
 	name string
+	path string // absolute path of the database file
 	db   *sql.DB
 
 	has, size, get, put, del, delRet, list *sql.Stmt
 	wStage, wDue, wRemove, wLen            *sql.Stmt
+	pinUp, pinned                          *sql.Stmt
 }
 
 var (
@@ -32,6 +34,7 @@ var (
 	_ engines.DeleteSafe   = (*Engine)(nil)
 	_ engines.BatchDeleter = (*Engine)(nil)
 	_ engines.BatchSizer   = (*Engine)(nil)
+	_ engines.GCHost       = (*Engine)(nil)
 )
 
 const schema = `
@@ -44,6 +47,13 @@ CREATE TABLE IF NOT EXISTS gc_window (
 	digest        BLOB PRIMARY KEY,
 	visible_after INTEGER NOT NULL
 ) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS gc_pins (
+	digest BLOB NOT NULL,
+	owner  TEXT NOT NULL,
+	expiry INTEGER NOT NULL,
+	PRIMARY KEY (digest, owner)
+) WITHOUT ROWID;
+CREATE INDEX IF NOT EXISTS gc_pins_owner ON gc_pins (owner);
 `
 
 // listPage is how many rows one List query reads.
@@ -70,7 +80,7 @@ func Open(ctx context.Context, path string) (*Engine, error) {
 	conns := max(4, runtime.GOMAXPROCS(0))
 	db.SetMaxOpenConns(conns)
 	db.SetMaxIdleConns(conns)
-	e.db = db
+	e.db, e.path = db, abs
 	if err := e.init(ctx); err != nil {
 		db.Close()
 		return nil, err
@@ -100,6 +110,9 @@ func (e *Engine) init(ctx context.Context) error {
 		{&e.wDue, `SELECT digest, visible_after FROM gc_window WHERE digest > coalesce(?, x'') AND visible_after <= ? ORDER BY digest LIMIT ?`},
 		{&e.wRemove, `DELETE FROM gc_window WHERE digest = ?`},
 		{&e.wLen, `SELECT count(*) FROM gc_window`},
+		{&e.pinUp, `INSERT INTO gc_pins (digest, owner, expiry) VALUES (?, ?, ?)
+			ON CONFLICT (digest, owner) DO UPDATE SET expiry = max(expiry, excluded.expiry)`},
+		{&e.pinned, `SELECT 1 FROM gc_pins WHERE digest = ? AND expiry > ? AND owner <> ? LIMIT 1`},
 	} {
 		st, err := e.db.PrepareContext(ctx, s.sql)
 		if err != nil {
@@ -125,7 +138,7 @@ func (e *Engine) CursorsSurviveDelete() bool { return true }
 // Close closes the statements and the pool.
 func (e *Engine) Close() error {
 	var errs []error
-	for _, st := range []*sql.Stmt{e.has, e.size, e.delRet, e.get, e.put, e.del, e.list, e.wStage, e.wDue, e.wRemove, e.wLen} {
+	for _, st := range []*sql.Stmt{e.has, e.size, e.delRet, e.get, e.put, e.del, e.list, e.wStage, e.wDue, e.wRemove, e.wLen, e.pinUp, e.pinned} {
 		if st != nil {
 			errs = append(errs, st.Close())
 		}

@@ -55,3 +55,8 @@ func TestPathNeedsEscaping(t *testing.T) {
 		t.Fatalf("database not created at the literal path: %v", err)
 	}
 }
+
+func TestGCHost(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "kv.db")
+	enginetest.GCHost(t, func(t *testing.T) engines.Engine { return open(t, path) })
+}

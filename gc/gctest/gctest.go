@@ -118,7 +118,12 @@ func (p *Pool) Has(ctx context.Context, d blob.Digest) (bool, error) {
 }
 
 // Pin pins d on the collector.
-func (p *Pool) Pin(d blob.Digest) *gc.Pin { return p.C.Pin(d) }
+func (p *Pool) Pin(ctx context.Context, d blob.Digest) (*gc.Pin, error) { return p.C.Pin(ctx, d) }
+
+// PinMany pins each of ds on the collector.
+func (p *Pool) PinMany(ctx context.Context, ds []blob.Digest) ([]*gc.Pin, error) {
+	return p.C.PinMany(ctx, ds)
+}
 
 // Source is a liveness source over a set.
 type Source struct {

@@ -1,0 +1,94 @@
+package engines
+
+import (
+	"context"
+	"database/sql"
+	"time"
+
+	"github.com/alkblobfs/alkblobfs/blob"
+)
+
+// GCHost is implemented by the SQL kv engines (sqlite, postgres): the one
+// home of a store's shared GC state, so that every process and host that
+// opens the pool sees it. It holds pin rows,
+//
+//	gc_pins(digest, owner, expiry)    primary key (digest, owner)
+//
+// and the arbitration lock. The engine contributes rows and locks; the
+// collector (package gc) owns what they mean — which owner, which expiry,
+// what protects a key. An engine never decides liveness.
+//
+// # The arbitration lock
+//
+// Arbitrate holds, for each digest it is given, an exclusive lock for the
+// whole of its transaction; PinRows takes the same digests' lock in shared
+// mode before it writes. So a pin row either commits before an arbitration
+// of its digest begins (and the arbitration sees it), or waits until that
+// arbitration has committed its delete (and the pinner then re-puts). On
+// SQLite the lock is the database's write lock (transactions begin
+// IMMEDIATE); on PostgreSQL a transaction-scoped advisory lock per digest.
+//
+// Times are stored as unix nanoseconds. Every method ends its transaction
+// on every path: no connection goes back to a pool inside a transaction.
+type GCHost interface {
+	Engine
+	SQL
+	// PinRows upserts a row (d, owner, expiry) for each d of ds, taking
+	// each digest's arbitration lock in shared mode first. An existing row
+	// keeps the later of its expiry and the new one. With tx nil it runs in
+	// a transaction of its own; otherwise in tx, which the caller commits.
+	PinRows(ctx context.Context, tx *sql.Tx, owner string, ds []blob.Digest, expiry time.Time) error
+	// RenewPins sets owner's rows that are unexpired at now to expiry, in
+	// one statement, and returns how many it moved. A row expired at now is
+	// never revived.
+	RenewPins(ctx context.Context, owner string, now, expiry time.Time) (int64, error)
+	// DropPins deletes owner's rows for ds; ds nil deletes all of owner's.
+	DropPins(ctx context.Context, owner string, ds []blob.Digest) error
+	// ReapPins deletes every row, of any owner, expired at now, and returns
+	// how many.
+	ReapPins(ctx context.Context, now time.Time) (int64, error)
+	// PinCount counts the rows unexpired at now, of any owner (for stats
+	// and tests).
+	PinCount(ctx context.Context, now time.Time) (int64, error)
+
+	// Arbitrate runs fn in one transaction that holds the exclusive
+	// arbitration lock of every digest of ds, and commits if fn succeeds.
+	// fn reads what protects the digests (PinnedAmong, and any table in the
+	// same database) and deletes the dead (DeleteManyTx, and the large
+	// tier's deletes, which thereby happen under the lock).
+	Arbitrate(ctx context.Context, ds []blob.Digest, fn func(ctx context.Context, tx *sql.Tx) error) error
+	// PinnedAmong returns the digests of ds that have a row unexpired at
+	// now whose owner is not except, read in tx.
+	PinnedAmong(ctx context.Context, tx *sql.Tx, ds []blob.Digest, now time.Time, except string) (map[blob.Digest]bool, error)
+	// DeleteManyTx is BatchDeleter.DeleteMany inside tx.
+	DeleteManyTx(ctx context.Context, tx *sql.Tx, ds []blob.Digest) ([]int64, error)
+
+	// SweepLease takes the pool-wide sweep lease without waiting. held is
+	// false (and the lease nil) when another process holds it.
+	SweepLease(ctx context.Context) (l Lease, held bool, err error)
+}
+
+// Lease is a held sweep lease. It ends when released or when its holder
+// dies (the lease is a lock the operating system or the server drops).
+type Lease interface {
+	// Check returns an error if the lease has been lost (a database
+	// restart drops a session lock): the holder must then stop deleting.
+	Check(ctx context.Context) error
+	// Release gives the lease back. Idempotent.
+	Release()
+}
+
+// Locator is implemented by engines whose data lives on a database server,
+// so that a fleet's configuration can be checked: Instance names the server
+// and database ("host:port/database"); PoolSize is the most connections the
+// engine's pool opens.
+type Locator interface {
+	Instance() string
+	PoolSize() int
+}
+
+// Ephemeral is implemented by engines whose content dies with the process
+// (mem). A fleet refuses them.
+type Ephemeral interface {
+	Ephemeral() bool
+}

@@ -1,0 +1,294 @@
+package postgres
+
+import (
+	"context"
+	"database/sql"
+	"encoding/binary"
+	"fmt"
+	"slices"
+	"sync"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/alkblobfs/alkblobfs/blob"
+	"github.com/alkblobfs/alkblobfs/engines"
+)
+
+// The GC host on PostgreSQL (engines.GCHost).
+//
+// The arbitration lock is a transaction-scoped advisory lock per digest,
+// keyed by the digest's first eight bytes (a collision only serializes two
+// digests needlessly). Arbitrate takes it exclusive, PinRows shared; both
+// take their keys in ascending order, so two of them never deadlock. Under
+// READ COMMITTED every statement reads a fresh snapshot, so the reads that
+// follow the lock see every pin row committed before it was granted.
+
+const pinsSchema = `CREATE TABLE IF NOT EXISTS gc_pins (
+	digest BYTEA NOT NULL,
+	owner  TEXT NOT NULL,
+	expiry BIGINT NOT NULL,
+	PRIMARY KEY (digest, owner)
+)`
+
+const pinsOwnerIndex = `CREATE INDEX IF NOT EXISTS gc_pins_owner ON gc_pins (owner)`
+
+// sweepLeaseKey is the session advisory lock of the sweep lease, in the
+// two-int4 key space, which never overlaps the one-bigint space of the
+// digest locks and the schema lock ("alks" "weep").
+const (
+	sweepLeaseClass = 0x616c6b73
+	sweepLeaseObj   = 0x77656570
+)
+
+// lockKeys returns the advisory keys of ds, ascending and without repeats.
+func lockKeys(ds []blob.Digest) []int64 {
+	ks := make([]int64, len(ds))
+	for i, d := range ds {
+		ks[i] = int64(binary.BigEndian.Uint64(d[:8]))
+	}
+	slices.Sort(ks)
+	return slices.Compact(ks)
+}
+
+// The ORDER BY sits in a subquery so that the locks are taken in key order
+// (a volatile function in the outer target list runs row by row as the
+// sorted subquery yields).
+const (
+	lockShared    = `SELECT count(pg_advisory_xact_lock_shared(k)) FROM (SELECT unnest($1::bigint[]) AS k ORDER BY 1) s`
+	lockExclusive = `SELECT count(pg_advisory_xact_lock(k)) FROM (SELECT unnest($1::bigint[]) AS k ORDER BY 1) s`
+)
+
+func byteas(ds []blob.Digest) [][]byte {
+	out := make([][]byte, len(ds))
+	for i := range ds {
+		out[i] = ds[i][:]
+	}
+	return out
+}
+
+// PinRows implements engines.GCHost.
+func (e *Engine) PinRows(ctx context.Context, tx *sql.Tx, owner string, ds []blob.Digest, expiry time.Time) error {
+	if len(ds) == 0 {
+		return nil
+	}
+	run := func(tx *sql.Tx) error {
+		var n int64
+		if err := tx.QueryRowContext(ctx, lockShared, lockKeys(ds)).Scan(&n); err != nil {
+			return e.wrap("pin", err)
+		}
+		_, err := tx.ExecContext(ctx, `INSERT INTO gc_pins (digest, owner, expiry)
+			SELECT d, $2, $3 FROM unnest($1::bytea[]) AS d
+			ON CONFLICT (digest, owner) DO UPDATE SET expiry = greatest(gc_pins.expiry, excluded.expiry)`,
+			byteas(ds), owner, expiry.UnixNano())
+		return e.wrap("pin", err)
+	}
+	if tx != nil {
+		return run(tx)
+	}
+	return e.inTx(ctx, "pin", run)
+}
+
+// inTx runs fn in a database/sql transaction and commits it; every error
+// path rolls back before the connection returns to the pool.
+func (e *Engine) inTx(ctx context.Context, op string, fn func(tx *sql.Tx) error) (err error) {
+	tx, err := e.db.BeginTx(ctx, nil)
+	if err != nil {
+		return e.wrap(op, err)
+	}
+	defer func() {
+		if err != nil {
+			tx.Rollback() // fn's error is the one to report
+		}
+	}()
+	if err = fn(tx); err != nil {
+		return err
+	}
+	if err = tx.Commit(); err != nil {
+		return e.wrap(op, err)
+	}
+	return nil
+}
+
+// RenewPins implements engines.GCHost.
+func (e *Engine) RenewPins(ctx context.Context, owner string, now, expiry time.Time) (int64, error) {
+	tag, err := e.pool.Exec(ctx, `UPDATE gc_pins SET expiry = $1 WHERE owner = $2 AND expiry > $3`,
+		expiry.UnixNano(), owner, now.UnixNano())
+	if err != nil {
+		return 0, e.wrap("renew pins", err)
+	}
+	return tag.RowsAffected(), nil
+}
+
+// DropPins implements engines.GCHost.
+func (e *Engine) DropPins(ctx context.Context, owner string, ds []blob.Digest) error {
+	var err error
+	switch {
+	case ds == nil:
+		_, err = e.pool.Exec(ctx, `DELETE FROM gc_pins WHERE owner = $1`, owner)
+	case len(ds) > 0:
+		_, err = e.pool.Exec(ctx, `DELETE FROM gc_pins WHERE owner = $1 AND digest = ANY($2::bytea[])`, owner, byteas(ds))
+	}
+	return e.wrap("drop pins", err)
+}
+
+// ReapPins implements engines.GCHost.
+func (e *Engine) ReapPins(ctx context.Context, now time.Time) (int64, error) {
+	tag, err := e.pool.Exec(ctx, `DELETE FROM gc_pins WHERE expiry <= $1`, now.UnixNano())
+	if err != nil {
+		return 0, e.wrap("reap pins", err)
+	}
+	return tag.RowsAffected(), nil
+}
+
+// PinCount implements engines.GCHost.
+func (e *Engine) PinCount(ctx context.Context, now time.Time) (int64, error) {
+	var n int64
+	err := e.pool.QueryRow(ctx, `SELECT count(*) FROM gc_pins WHERE expiry > $1`, now.UnixNano()).Scan(&n)
+	return n, e.wrap("count pins", err)
+}
+
+// Arbitrate implements engines.GCHost.
+func (e *Engine) Arbitrate(ctx context.Context, ds []blob.Digest, fn func(ctx context.Context, tx *sql.Tx) error) error {
+	return e.inTx(ctx, "arbitrate", func(tx *sql.Tx) error {
+		var n int64
+		if err := tx.QueryRowContext(ctx, lockExclusive, lockKeys(ds)).Scan(&n); err != nil {
+			return e.wrap("arbitrate", err)
+		}
+		return fn(ctx, tx)
+	})
+}
+
+// PinnedAmong implements engines.GCHost.
+func (e *Engine) PinnedAmong(ctx context.Context, tx *sql.Tx, ds []blob.Digest, now time.Time, except string) (map[blob.Digest]bool, error) {
+	out := make(map[blob.Digest]bool)
+	if len(ds) == 0 {
+		return out, nil
+	}
+	rows, err := tx.QueryContext(ctx, `SELECT DISTINCT digest FROM gc_pins
+		WHERE digest = ANY($1::bytea[]) AND expiry > $2 AND owner <> $3`, byteas(ds), now.UnixNano(), except)
+	if err != nil {
+		return nil, e.wrap("pinned", err)
+	}
+	defer rows.Close()
+	for rows.Next() {
+		var b []byte
+		if err := rows.Scan(&b); err != nil {
+			return nil, e.wrap("pinned", err)
+		}
+		d, err := blob.FromBytes(b)
+		if err != nil {
+			return nil, e.wrap("pinned", err)
+		}
+		out[d] = true
+	}
+	return out, e.wrap("pinned", rows.Err())
+}
+
+// DeleteManyTx implements engines.GCHost: one DELETE … RETURNING.
+func (e *Engine) DeleteManyTx(ctx context.Context, tx *sql.Tx, ds []blob.Digest) ([]int64, error) {
+	sizes := make([]int64, len(ds))
+	for i := range sizes {
+		sizes[i] = -1
+	}
+	if len(ds) == 0 {
+		return sizes, nil
+	}
+	rows, err := tx.QueryContext(ctx, `DELETE FROM blobs WHERE digest = ANY($1::bytea[]) RETURNING digest, size`, byteas(ds))
+	if err != nil {
+		return nil, e.wrap("delete", err)
+	}
+	defer rows.Close()
+	got := make(map[blob.Digest]int64, len(ds))
+	for rows.Next() {
+		var b []byte
+		var n int64
+		if err := rows.Scan(&b, &n); err != nil {
+			return nil, e.wrap("delete", err)
+		}
+		d, err := blob.FromBytes(b)
+		if err != nil {
+			return nil, e.wrap("delete", err)
+		}
+		got[d] = n
+	}
+	if err := rows.Err(); err != nil {
+		return nil, e.wrap("delete", err)
+	}
+	for i, d := range ds {
+		if n, ok := got[d]; ok {
+			sizes[i] = n
+			delete(got, d) // a repeated digest was deleted once
+		}
+	}
+	return sizes, nil
+}
+
+// SweepLease implements engines.GCHost with a session advisory lock held on
+// one pooled connection for the sweep. The server drops it when the holder
+// dies, and also when the server restarts: Check notices that (the
+// connection is gone, or the lock is no longer granted to it).
+func (e *Engine) SweepLease(ctx context.Context) (engines.Lease, bool, error) {
+	conn, err := e.pool.Acquire(ctx)
+	if err != nil {
+		return nil, false, e.wrap("sweep lease", err)
+	}
+	var got bool
+	if err := conn.QueryRow(ctx, `SELECT pg_try_advisory_lock($1, $2)`, int32(sweepLeaseClass), int32(sweepLeaseObj)).Scan(&got); err != nil {
+		conn.Release()
+		return nil, false, e.wrap("sweep lease", err)
+	}
+	if !got {
+		conn.Release()
+		return nil, false, nil
+	}
+	return &pgLease{conn: conn, name: e.name}, true, nil
+}
+
+type pgLease struct {
+	mu   sync.Mutex
+	conn *pgxpool.Conn
+	name string
+}
+
+func (l *pgLease) Check(ctx context.Context) error {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.conn == nil {
+		return fmt.Errorf("sweep lease on %s: released", l.name)
+	}
+	var held bool
+	err := l.conn.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM pg_locks WHERE locktype = 'advisory'
+		AND pid = pg_backend_pid() AND granted AND classid = $1 AND objid = $2 AND objsubid = 2)`,
+		uint32(sweepLeaseClass), uint32(sweepLeaseObj)).Scan(&held)
+	switch {
+	case err != nil:
+		return fmt.Errorf("sweep lease on %s lost: %w", l.name, err)
+	case !held:
+		return fmt.Errorf("sweep lease on %s lost: the server no longer holds it for this session", l.name)
+	}
+	return nil
+}
+
+func (l *pgLease) Release() {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.conn == nil {
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	if _, err := l.conn.Exec(ctx, `SELECT pg_advisory_unlock($1, $2)`, int32(sweepLeaseClass), int32(sweepLeaseObj)); err != nil {
+		// Never hand back a session that may still hold the lock: closing
+		// it drops the lock.
+		l.conn.Conn().Close(ctx)
+	}
+	l.conn.Release()
+	l.conn = nil
+}
+
+// Instance implements engines.Locator: host:port/database.
+func (e *Engine) Instance() string { return e.srv.Addr() + "/" + e.srv.Database }
+
+// PoolSize implements engines.Locator.
+func (e *Engine) PoolSize() int { return int(e.pool.Config().MaxConns) }

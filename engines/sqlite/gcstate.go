@@ -1,0 +1,157 @@
+package sqlite
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"fmt"
+	"os"
+	"syscall"
+	"time"
+
+	"github.com/alkblobfs/alkblobfs/blob"
+	"github.com/alkblobfs/alkblobfs/engines"
+)
+
+// The GC host on SQLite (engines.GCHost). Its arbitration lock is the
+// database's write lock: every transaction of this engine begins IMMEDIATE
+// (_txlock=immediate), so Arbitrate's transaction excludes every writer of
+// every process for its whole length — pin rows, links, puts alike — and
+// PinRows needs no lock of its own.
+
+// PinRows implements engines.GCHost.
+func (e *Engine) PinRows(ctx context.Context, tx *sql.Tx, owner string, ds []blob.Digest, expiry time.Time) error {
+	if len(ds) == 0 {
+		return nil
+	}
+	run := func(tx *sql.Tx) error {
+		st := tx.StmtContext(ctx, e.pinUp)
+		for _, d := range ds {
+			if _, err := st.ExecContext(ctx, d[:], owner, expiry.UnixNano()); err != nil {
+				return blob.Wrap("pin", e.name, d, err)
+			}
+		}
+		return nil
+	}
+	if tx != nil {
+		return run(tx)
+	}
+	return e.inTx(ctx, "pin", run)
+}
+
+// RenewPins implements engines.GCHost.
+func (e *Engine) RenewPins(ctx context.Context, owner string, now, expiry time.Time) (int64, error) {
+	res, err := e.db.ExecContext(ctx, `UPDATE gc_pins SET expiry = ? WHERE owner = ? AND expiry > ?`,
+		expiry.UnixNano(), owner, now.UnixNano())
+	if err != nil {
+		return 0, e.wrap("renew pins", err)
+	}
+	n, err := res.RowsAffected()
+	return n, e.wrap("renew pins", err)
+}
+
+// DropPins implements engines.GCHost.
+func (e *Engine) DropPins(ctx context.Context, owner string, ds []blob.Digest) error {
+	if ds == nil {
+		_, err := e.db.ExecContext(ctx, `DELETE FROM gc_pins WHERE owner = ?`, owner)
+		return e.wrap("drop pins", err)
+	}
+	if len(ds) == 0 {
+		return nil
+	}
+	return e.inTx(ctx, "drop pins", func(tx *sql.Tx) error {
+		st, err := tx.PrepareContext(ctx, `DELETE FROM gc_pins WHERE digest = ? AND owner = ?`)
+		if err != nil {
+			return e.wrap("drop pins", err)
+		}
+		defer st.Close()
+		for _, d := range ds {
+			if _, err := st.ExecContext(ctx, d[:], owner); err != nil {
+				return blob.Wrap("drop pins", e.name, d, err)
+			}
+		}
+		return nil
+	})
+}
+
+// ReapPins implements engines.GCHost.
+func (e *Engine) ReapPins(ctx context.Context, now time.Time) (int64, error) {
+	res, err := e.db.ExecContext(ctx, `DELETE FROM gc_pins WHERE expiry <= ?`, now.UnixNano())
+	if err != nil {
+		return 0, e.wrap("reap pins", err)
+	}
+	n, err := res.RowsAffected()
+	return n, e.wrap("reap pins", err)
+}
+
+// PinCount implements engines.GCHost.
+func (e *Engine) PinCount(ctx context.Context, now time.Time) (int64, error) {
+	var n int64
+	err := e.db.QueryRowContext(ctx, `SELECT count(*) FROM gc_pins WHERE expiry > ?`, now.UnixNano()).Scan(&n)
+	return n, e.wrap("count pins", err)
+}
+
+// Arbitrate implements engines.GCHost: the transaction begins IMMEDIATE,
+// which is the write lock of the whole database.
+func (e *Engine) Arbitrate(ctx context.Context, ds []blob.Digest, fn func(ctx context.Context, tx *sql.Tx) error) error {
+	return e.inTx(ctx, "arbitrate", func(tx *sql.Tx) error { return fn(ctx, tx) })
+}
+
+// PinnedAmong implements engines.GCHost.
+func (e *Engine) PinnedAmong(ctx context.Context, tx *sql.Tx, ds []blob.Digest, now time.Time, except string) (map[blob.Digest]bool, error) {
+	st := tx.StmtContext(ctx, e.pinned)
+	out := make(map[blob.Digest]bool)
+	for _, d := range ds {
+		var one int
+		switch err := st.QueryRowContext(ctx, d[:], now.UnixNano(), except).Scan(&one); {
+		case errors.Is(err, sql.ErrNoRows):
+		case err != nil:
+			return nil, blob.Wrap("pinned", e.name, d, err)
+		default:
+			out[d] = true
+		}
+	}
+	return out, nil
+}
+
+// SweepLease implements engines.GCHost with an flock(2) on a file beside
+// the database, DB.gc-lease: SQLite stores are on one host, and the kernel
+// drops the lock when its holder dies, kill -9 included. The file holds the
+// holder's pid, for the message another process prints.
+func (e *Engine) SweepLease(ctx context.Context) (engines.Lease, bool, error) {
+	path := e.path + ".gc-lease"
+	f, err := os.OpenFile(path, os.O_RDWR|os.O_CREATE, 0o600)
+	if err != nil {
+		return nil, false, e.wrap("sweep lease", err)
+	}
+	if err := syscall.Flock(int(f.Fd()), syscall.LOCK_EX|syscall.LOCK_NB); err != nil {
+		f.Close()
+		if errors.Is(err, syscall.EWOULDBLOCK) {
+			return nil, false, nil
+		}
+		return nil, false, e.wrap("sweep lease", fmt.Errorf("flock %s: %w", path, err))
+	}
+	if err := f.Truncate(0); err == nil {
+		fmt.Fprintf(f, "%d\n", os.Getpid())
+	}
+	return &fileLease{f: f}, true, nil
+}
+
+// fileLease is a held flock. It cannot be lost while the descriptor is
+// open.
+type fileLease struct{ f *os.File }
+
+func (l *fileLease) Check(context.Context) error { return nil }
+
+func (l *fileLease) Release() {
+	if l.f != nil {
+		l.f.Close() // closing the descriptor drops the flock
+		l.f = nil
+	}
+}
+
+// Instance implements engines.Locator for messages: the database file.
+func (e *Engine) Instance() string { return e.path }
+
+// PoolSize implements engines.Locator.
+func (e *Engine) PoolSize() int { return e.db.Stats().MaxOpenConnections }

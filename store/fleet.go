@@ -1,0 +1,67 @@
+package store
+
+import (
+	"errors"
+	"fmt"
+
+	"github.com/alkblobfs/alkblobfs/engines"
+)
+
+// ErrFleetConfig: a store declared Fleet whose engines cannot be shared by
+// several hosts.
+var ErrFleetConfig = errors.New("invalid fleet configuration")
+
+// checkFleet is the fleet-validity predicate, checked at construction
+// because a fleet cannot be detected, only declared:
+//
+//   - the kv engine is PostgreSQL: it hosts every host's pins, window,
+//     namespaces and sweep lease (one GC-state home);
+//   - no engine is ephemeral (mem): another host could not see it;
+//   - a pglo large tier is in the kv engine's database, so one server
+//     holds the pool and its GC state;
+//   - a local large tier is declared on shared media (every host mounts
+//     it at the same path): that cannot be checked, only declared;
+//   - every pool has at least 2 connections.
+//
+// Design point (pool sizing): a sweep holds its lease on one pooled
+// connection for its whole length while its other work rides further
+// checkouts; a pool of 1 would wait on itself forever.
+func checkFleet(cfg Config) error {
+	bad := func(format string, args ...any) error {
+		return fmt.Errorf("store: %w: %s", ErrFleetConfig, fmt.Sprintf(format, args...))
+	}
+	kv := cfg.KV
+	sq, ok := kv.(engines.SQL)
+	if kv == nil || !ok || sq.Dialect() != "postgres" {
+		name := "none"
+		if kv != nil {
+			name = kv.Name()
+		}
+		return bad("fleet mode needs a PostgreSQL kv engine (--kv postgres://…) to share GC state; the kv engine is %s", name)
+	}
+	for _, e := range []engines.Engine{cfg.KV, cfg.Large} {
+		if eph, ok := e.(engines.Ephemeral); ok && eph.Ephemeral() {
+			return bad("%s keeps blobs in one process's memory; no other host can see them", e.Name())
+		}
+		if loc, ok := e.(engines.Locator); ok && loc.PoolSize() < 2 {
+			return bad("%s has a pool of %d connection(s); a fleet sweep needs at least 2 (its lease holds one)", e.Name(), loc.PoolSize())
+		}
+	}
+	if cfg.Large == nil {
+		return nil
+	}
+	kvLoc, _ := kv.(engines.Locator)
+	switch large := cfg.Large.(type) {
+	case engines.Locator:
+		if kvLoc == nil || large.Instance() != kvLoc.Instance() {
+			return bad("the large tier %s is not in the kv engine's database %s; use --large pglo", cfg.Large.Name(), kvLoc.Instance())
+		}
+	case engines.StatFS:
+		if !cfg.SharedMedia {
+			return bad("the large tier %s is a local directory; declare that every host mounts it at the same path with --shared-media, or use --large pglo", cfg.Large.Name())
+		}
+	default:
+		return bad("the large tier %s cannot be shared by a fleet", cfg.Large.Name())
+	}
+	return nil
+}
