@@ -224,7 +224,7 @@ func TestInlineWindowWithDelay(t *testing.T) {
 	c.Register(gctest.NewSource())
 	done := make(chan gc.Report)
 	go func() { r, _ := c.Sweep(context.Background()); done <- r }()
-	<-clock.Waiting     // the sweep staged and is waiting out the delay
+	<-clock.Waiting             // the sweep staged and is waiting out the delay
 	pin := mustPin(t, c, ds[0]) // a put lands during the delay
 	clock.Advance(time.Hour)
 	r := <-done
