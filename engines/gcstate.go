@@ -42,8 +42,10 @@ type GCHost interface {
 	// one statement, and returns how many it moved. A row expired at now is
 	// never revived.
 	RenewPins(ctx context.Context, owner string, now, expiry time.Time) (int64, error)
-	// DropPins deletes owner's rows for ds; ds nil deletes all of owner's.
+	// DropPins deletes owner's rows for ds (none when ds is empty).
 	DropPins(ctx context.Context, owner string, ds []blob.Digest) error
+	// DropOwner deletes every row of owner.
+	DropOwner(ctx context.Context, owner string) error
 	// ReapPins deletes every row, of any owner, expired at now, and returns
 	// how many.
 	ReapPins(ctx context.Context, now time.Time) (int64, error)

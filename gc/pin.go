@@ -397,7 +397,7 @@ func (c *Collector) Close() error {
 	<-c.renewDone
 	ctx, cancel := context.WithTimeout(context.Background(), closeTimeout)
 	defer cancel()
-	if err := c.host.DropPins(ctx, c.owner, nil); err != nil {
+	if err := c.host.DropOwner(ctx, c.owner); err != nil {
 		return fmt.Errorf("drop pin rows of %s (they lapse in %s): %w", c.owner, c.ttl, err)
 	}
 	return nil

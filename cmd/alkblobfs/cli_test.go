@@ -94,8 +94,15 @@ func roundTrip(t *testing.T, c *cli, kvPersists bool) {
 		t.Errorf("ls -l = %q", got)
 	}
 
-	c.ok("rm", largeD)
-	c.fail(1, "blob missing", "rm", largeD)
+	rm := []string{"rm"}
+	if !kvPersists {
+		// No namespaces, so nothing can prove the blob unreferenced: rm
+		// refuses unless forced.
+		c.fail(1, "no liveness source", "rm", largeD)
+		rm = append(rm, "--force")
+	}
+	c.ok(append(rm, largeD)...)
+	c.fail(1, "blob missing", append(rm, largeD)...)
 	c.fail(1, "blob missing", "get", largeD, "-o", filepath.Join(dir, "gone"))
 	if _, err := os.Stat(filepath.Join(dir, "gone")); !os.IsNotExist(err) {
 		t.Errorf("get -o of a missing blob left a file: %v", err)

@@ -97,6 +97,12 @@ func testPinRows(t *testing.T, h engines.GCHost) {
 	if err := h.DropPins(ctx, "A", nil); err != nil {
 		t.Fatal(err)
 	}
+	if n, err := h.PinCount(ctx, gcAt(0)); n != 2 || err != nil {
+		t.Fatalf("PinCount after DropPins of no digests = %d, %v; want 2 (nothing dropped)", n, err)
+	}
+	if err := h.DropOwner(ctx, "A"); err != nil {
+		t.Fatal(err)
+	}
 	if n, err := h.PinCount(ctx, gcAt(0)); n != 1 || err != nil {
 		t.Fatalf("PinCount after dropping all of A = %d, %v; want B's row", n, err)
 	}

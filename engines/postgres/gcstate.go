@@ -122,13 +122,16 @@ func (e *Engine) RenewPins(ctx context.Context, owner string, now, expiry time.T
 
 // DropPins implements engines.GCHost.
 func (e *Engine) DropPins(ctx context.Context, owner string, ds []blob.Digest) error {
-	var err error
-	switch {
-	case ds == nil:
-		_, err = e.pool.Exec(ctx, `DELETE FROM gc_pins WHERE owner = $1`, owner)
-	case len(ds) > 0:
-		_, err = e.pool.Exec(ctx, `DELETE FROM gc_pins WHERE owner = $1 AND digest = ANY($2::bytea[])`, owner, byteas(ds))
+	if len(ds) == 0 {
+		return nil
 	}
+	_, err := e.pool.Exec(ctx, `DELETE FROM gc_pins WHERE owner = $1 AND digest = ANY($2::bytea[])`, owner, byteas(ds))
+	return e.wrap("drop pins", err)
+}
+
+// DropOwner implements engines.GCHost.
+func (e *Engine) DropOwner(ctx context.Context, owner string) error {
+	_, err := e.pool.Exec(ctx, `DELETE FROM gc_pins WHERE owner = $1`, owner)
 	return e.wrap("drop pins", err)
 }
 

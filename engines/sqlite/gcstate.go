@@ -52,10 +52,6 @@ func (e *Engine) RenewPins(ctx context.Context, owner string, now, expiry time.T
 
 // DropPins implements engines.GCHost.
 func (e *Engine) DropPins(ctx context.Context, owner string, ds []blob.Digest) error {
-	if ds == nil {
-		_, err := e.db.ExecContext(ctx, `DELETE FROM gc_pins WHERE owner = ?`, owner)
-		return e.wrap("drop pins", err)
-	}
 	if len(ds) == 0 {
 		return nil
 	}
@@ -72,6 +68,12 @@ func (e *Engine) DropPins(ctx context.Context, owner string, ds []blob.Digest) e
 		}
 		return nil
 	})
+}
+
+// DropOwner implements engines.GCHost.
+func (e *Engine) DropOwner(ctx context.Context, owner string) error {
+	_, err := e.db.ExecContext(ctx, `DELETE FROM gc_pins WHERE owner = ?`, owner)
+	return e.wrap("drop pins", err)
 }
 
 // ReapPins implements engines.GCHost.

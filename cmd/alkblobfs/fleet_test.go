@@ -1,0 +1,168 @@
+//go:build linux
+
+package main
+
+import (
+	"io"
+	"os"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/alkblobfs/alkblobfs/engines/postgres/pgtest"
+)
+
+// openWithin opens path, retrying until it exists or within passes.
+func openWithin(t *testing.T, path string, within time.Duration) *os.File {
+	t.Helper()
+	deadline := time.Now().Add(within)
+	for {
+		f, err := os.Open(path)
+		if err == nil {
+			return f
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%s not readable within %s: %v", path, within, err)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+func sweepVia(t *testing.T, mnt string) {
+	t.Helper()
+	if err := os.WriteFile(filepath.Join(mnt, ".alkblobfs", "sweep"), []byte("run\n"), 0o644); err != nil {
+		t.Fatalf("sweep through %s: %v", mnt, err)
+	}
+}
+
+func stopDaemon(t *testing.T, dm *daemon) {
+	t.Helper()
+	dm.cmd.Process.Signal(syscall.SIGTERM)
+	if code := dm.wait(20 * time.Second); code != 0 {
+		t.Fatalf("mount exit %d after SIGTERM:\n%s", code, dm.stderr.String())
+	}
+}
+
+// TestFleetTwoMounts: two daemons in fleet mode on one PostgreSQL pool.
+// A file written through A shows on B by digest within about a second; a
+// file open on B survives A's rm and sweeps through A's control file and
+// reads to its last byte; once B closes it, A's sweeps collect it.
+func TestFleetTwoMounts(t *testing.T) {
+	requireFUSE(t)
+	dsn := pgtest.DSN(t)
+	flags := []string{"--kv", dsn, "--large", "pglo", "--fleet", "--pin-ttl", "3s"}
+	c := newCLI(t, flags...)
+	c.ok("ns", "create", "p")
+	mntA, mntB := t.TempDir(), t.TempDir()
+	dmA := startDaemon(t, c.data, mntA, flags...)
+	dmB := startDaemon(t, t.TempDir(), mntB, flags...)
+
+	content := randomBytes(8<<20, 77)
+	d := sum(content)
+	if err := os.WriteFile(filepath.Join(mntA, "p", "incoming", "f"), content, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	start := time.Now()
+	f := openWithin(t, filepath.Join(mntB, "p", d), 5*time.Second)
+	defer f.Close()
+	t.Logf("written through A, open on B after %s", time.Since(start).Round(time.Millisecond))
+	head := make([]byte, 4096)
+	if _, err := io.ReadFull(f, head); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Remove(filepath.Join(mntA, "p", d)); err != nil {
+		t.Fatalf("rm through A: %v", err)
+	}
+	for range 2 {
+		sweepVia(t, mntA)
+	}
+	rest, err := io.ReadAll(f)
+	if err != nil {
+		t.Fatalf("reading on B after A's sweeps: %v", err)
+	}
+	if got := sum(append(head, rest...)); got != d {
+		t.Fatalf("the open file on B read back as %s", got)
+	}
+	f.Close()
+	deadline := time.Now().Add(15 * time.Second)
+	for strings.Contains(c.ok("ls"), d) {
+		if time.Now().After(deadline) {
+			t.Fatal("closed on B and unlinked, the blob was never collected by A's sweeps")
+		}
+		sweepVia(t, mntA)
+		time.Sleep(200 * time.Millisecond)
+	}
+	stopDaemon(t, dmA)
+	stopDaemon(t, dmB)
+}
+
+// TestPostgresRestartUnderMount: a file open on a mount stays readable to
+// its last byte across a PostgreSQL restart, followed by a CLI sweep and a
+// second mount's sweeps. Its pin is a row, which the restart keeps; the
+// sweep lease is per sweep, so nothing depends on a session lock the
+// restart dropped.
+func TestPostgresRestartUnderMount(t *testing.T) {
+	requireFUSE(t)
+	srv := pgtest.FaultServer(t)
+	flags := []string{"--kv", srv.DSN, "--large", "pglo", "--fleet"}
+	c := newCLI(t, flags...)
+	c.ok("ns", "create", "p")
+	src := filepath.Join(t.TempDir(), "big")
+	content := randomBytes(8<<20, 5)
+	if err := os.WriteFile(src, content, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	d := strings.TrimSpace(c.ok("put", "--ns", "p", src))
+	mntA := t.TempDir()
+	dmA := startDaemon(t, c.data, mntA, flags...)
+	f := openWithin(t, filepath.Join(mntA, "p", d), 5*time.Second)
+	defer f.Close()
+	head := make([]byte, 4096)
+	if _, err := io.ReadFull(f, head); err != nil {
+		t.Fatal(err)
+	}
+	c.ok("unlink", "p", d)
+
+	srv.Restart(t)
+
+	for range 2 {
+		if out := c.ok("sweep", "--json"); strings.Contains(out, "SweeperLock") {
+			t.Fatalf("sweep after the restart locked out:\n%s", out)
+		}
+	}
+	mntB := t.TempDir()
+	dmB := startDaemon(t, t.TempDir(), mntB, flags...)
+	for range 2 {
+		sweepVia(t, mntB)
+	}
+	if out := c.ok("ls"); !strings.Contains(out, d) {
+		t.Fatal("a blob open on mount A was deleted after the restart")
+	}
+	rest, err := io.ReadAll(f)
+	if err != nil {
+		t.Fatalf("reading the open file after the restart: %v", err)
+	}
+	if got := sum(append(head, rest...)); got != d {
+		t.Fatalf("the open file read back as %s", got)
+	}
+	f.Close()
+	stopDaemon(t, dmB)
+	stopDaemon(t, dmA)
+}
+
+// TestFleetFlags: fleet mode is declared and checked; its mistakes, and an
+// overflowing window, are usage errors that change nothing.
+func TestFleetFlags(t *testing.T) {
+	c := newCLI(t)
+	c.fail(2, "needs a PostgreSQL kv engine", "--fleet", "ls")
+	c.fail(2, "use it with --fleet", "--shared-media", "ls")
+	c.fail(2, "--gc-window", "--gc-window", "2102400h", "sweep")
+	c.fail(2, "--pin-ttl", "--pin-ttl", "0s", "ls")
+	dsn := pgtest.DSN(t)
+	newCLI(t, "--kv", dsn, "--large", "mem:", "--fleet").fail(2, "memory", "ls")
+	newCLI(t, "--kv", dsn, "--fleet").fail(2, "--shared-media", "ls")
+	newCLI(t, "--kv", dsn, "--large", "pglo", "--fleet").ok("ls")
+	newCLI(t, "--kv", dsn, "--fleet", "--shared-media").ok("ls")
+}
