@@ -61,6 +61,9 @@ func (a *app) openNS(cmd *cobra.Command) (*store.Store, *namespaces.Service, err
 		return nil, nil, err
 	}
 	svc, err := registerSources(ctx, st)
+	if err == nil {
+		err = a.registerTables(cmd, st)
+	}
 	if err != nil {
 		st.Close()
 		return nil, nil, err

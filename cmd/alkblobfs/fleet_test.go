@@ -3,6 +3,8 @@
 package main
 
 import (
+	"context"
+	"encoding/hex"
 	"io"
 	"os"
 	"path/filepath"
@@ -12,6 +14,7 @@ import (
 	"time"
 
 	"github.com/alkblobfs/alkblobfs/engines/postgres/pgtest"
+	"github.com/jackc/pgx/v5"
 )
 
 // openWithin opens path, retrying until it exists or within passes.
@@ -165,4 +168,44 @@ func TestFleetFlags(t *testing.T) {
 	newCLI(t, "--kv", dsn, "--fleet").fail(2, "--shared-media", "ls")
 	newCLI(t, "--kv", dsn, "--large", "pglo", "--fleet").ok("ls")
 	newCLI(t, "--kv", dsn, "--fleet", "--shared-media").ok("ls")
+}
+
+// TestLivenessTable: a table the embedder keeps in the shared database,
+// named with --liveness-table (quoted: any case, any character), keeps the
+// digests in its digest column alive against rm and sweeps from every
+// process; the store only reads it.
+func TestLivenessTable(t *testing.T) {
+	dsn := pgtest.DSN(t)
+	conn, err := pgx.Connect(t.Context(), dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close(context.Background())
+	if _, err := conn.Exec(t.Context(), `CREATE SCHEMA emb; CREATE TABLE emb."Live Set" (digest bytea NOT NULL)`); err != nil {
+		t.Fatal(err)
+	}
+	c := newCLI(t, "--kv", dsn, "--large", "pglo", "--fleet", "--liveness-table", "emb.Live Set")
+	src := filepath.Join(t.TempDir(), "f")
+	if err := os.WriteFile(src, randomBytes(smallSize, 9), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	d := strings.TrimSpace(c.ok("put", src))
+	key, _ := hex.DecodeString(d)
+	if _, err := conn.Exec(t.Context(), `INSERT INTO emb."Live Set" VALUES ($1)`, key); err != nil {
+		t.Fatal(err)
+	}
+	c.fail(1, "protected", "rm", d)
+	c.ok("sweep")
+	c.ok("sweep")
+	if !strings.Contains(c.ok("ls"), d) {
+		t.Fatal("a blob named by the liveness table was swept")
+	}
+	if _, err := conn.Exec(t.Context(), `DELETE FROM emb."Live Set"`); err != nil {
+		t.Fatal(err)
+	}
+	c.ok("rm", d)
+
+	newCLI(t, "--kv", dsn, "--liveness-table", "a.b.c").fail(2, "SCHEMA.TABLE", "ls")
+	newCLI(t, "--kv", dsn, "--liveness-table", "nosuch").fail(1, "liveness table", "ls")
+	newCLI(t, "--liveness-table", "x").fail(1, "liveness table", "ls") // SQLite: no such table
 }

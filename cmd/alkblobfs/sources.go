@@ -2,12 +2,14 @@ package main
 
 import (
 	"context"
+	"errors"
 	"fmt"
 
 	"github.com/spf13/cobra"
 
 	"github.com/alkblobfs/alkblobfs/engines"
 	"github.com/alkblobfs/alkblobfs/engines/mem"
+	"github.com/alkblobfs/alkblobfs/gc"
 	"github.com/alkblobfs/alkblobfs/namespaces"
 	"github.com/alkblobfs/alkblobfs/store"
 )
@@ -33,6 +35,31 @@ func registerSources(ctx context.Context, st *store.Store) (*namespaces.Service,
 	}
 	st.GC().Register(reg)
 	return namespaces.NewService(reg, st), nil
+}
+
+// registerTables registers each --liveness-table as a liveness source: an
+// embedder's table in the kv engine's database whose digest column names
+// live blobs (gc.Table). A name that does not parse is a usage error; a
+// table that is not there fails like any open.
+func (a *app) registerTables(cmd *cobra.Command, st *store.Store) error {
+	if len(a.tables) == 0 {
+		return nil
+	}
+	sq, ok := st.KV().(engines.SQL)
+	if !ok {
+		return usagef(cmd, "--liveness-table reads a table in the kv engine's database; this store's kv engine %s has none", engineName(st.KV()))
+	}
+	for _, name := range a.tables {
+		tbl, err := gc.NewTable(cmd.Context(), sq.DB(), sq.Dialect(), name)
+		if errors.Is(err, gc.ErrTableName) {
+			return usage(cmd, err)
+		}
+		if err != nil {
+			return err
+		}
+		st.GC().Register(tbl)
+	}
+	return nil
 }
 
 // namespacesUnavailable says why st cannot keep namespaces, or "" when it

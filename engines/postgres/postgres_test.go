@@ -118,3 +118,35 @@ func TestGCHost(t *testing.T) {
 	dsn := pgtest.DSN(t)
 	enginetest.GCHost(t, func(t *testing.T) engines.Engine { return open(t, dsn) })
 }
+
+// TestSweepLeaseLost: the sweep lease is a session lock; when the server
+// ends the session (as a restart does), Check reports the loss, and
+// another process can take the lease.
+func TestSweepLeaseLost(t *testing.T) {
+	dsn := pgtest.DSN(t)
+	e, other := open(t, dsn), open(t, dsn)
+	defer e.Close()
+	defer other.Close()
+	ctx := t.Context()
+	l, held, err := e.SweepLease(ctx)
+	if err != nil || !held {
+		t.Fatalf("SweepLease: %v, %v", held, err)
+	}
+	defer l.Release()
+	if err := l.Check(ctx); err != nil {
+		t.Fatal(err)
+	}
+	var n int
+	if err := other.Pool().QueryRow(ctx, `SELECT count(pg_terminate_backend(pid)) FROM pg_locks
+		WHERE locktype = 'advisory' AND objsubid = 2 AND granted`).Scan(&n); err != nil || n != 1 {
+		t.Fatalf("terminating the lease's session: %d, %v", n, err)
+	}
+	if err := l.Check(ctx); err == nil || !strings.Contains(err.Error(), "lost") {
+		t.Fatalf("Check after the session ended = %v; want the lease lost", err)
+	}
+	l2, held, err := other.SweepLease(ctx)
+	if err != nil || !held {
+		t.Fatalf("SweepLease after the loss: %v, %v", held, err)
+	}
+	l2.Release()
+}
