@@ -94,9 +94,12 @@
 // before the blob is opened; the mount also registers a gc.Source fed by
 // the digests of its open handles. So a blob unlinked (rm) or no longer
 // referenced while open stays readable until closed, and a sweep meanwhile
-// keeps it (DESIGN §4 invariant 1). Handles on one blob share one store
-// Reader, so chunks verified for one handle are verified for all. Uploads
-// pin through the store at commit (pin before publish).
+// keeps it — a sweep of this mount, of another mount of the same store, or
+// of a CLI command: where the store is SQL, the first pin of a digest
+// writes a gc_pins row that every process's arbitration reads, and further
+// opens of a held digest cost no database write. Handles on one blob share
+// one store Reader, so chunks verified for one handle are verified for
+// all. Uploads pin through the store at commit (pin before publish).
 //
 // # Deadlocks
 //

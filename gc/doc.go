@@ -16,7 +16,7 @@
 //
 // # Sweep
 //
-// Sweep runs: protect consult → execute overdue window candidates (each
+// Sweep runs: protect consult → reap expired pin rows → execute overdue window candidates (each
 // re-arbitrated now; a candidate that vanished meanwhile counts as
 // cancelled) → mark (a sorted merge of the pool's listing with every
 // source's sorted enumeration and the pins: memory does not grow with the
@@ -30,6 +30,36 @@
 // for many digests (BatchSource) and one delete transaction per engine that
 // can take many (BatchPool, engines.BatchDeleter); anything else is asked
 // per key.
+//
+// # Shared state
+//
+// With a host (engines.GCHost: the SQL kv engine), the GC state that
+// other processes and hosts must see lives in the pool's database:
+//
+//   - Pins are rows gc_pins(digest, owner, expiry). The first pin of a
+//     digest in this collector commits a row (inside the put's own
+//     transaction for a kv put; before the commit-rename for a large one)
+//     and later pins only count in process. Every TTL/3 one tick drops
+//     the rows whose last pin was released and renews the rest in one
+//     statement for the owner; an expired row is never renewed back to
+//     life. Close deletes the owner's rows.
+//   - A delete is arbitrated inside one host transaction that holds the
+//     digests' arbitration lock — SQLite's write lock, or a PostgreSQL
+//     advisory lock per digest that pin writes take in shared mode — and
+//     reads other owners' unexpired rows and every TxSource (namespace
+//     links, liveness Tables) before deleting: kv rows in the
+//     transaction, large-tier files and objects while it is still open.
+//     A pin, link or put committed by any process is seen, or ordered
+//     after the delete (and then re-puts the content).
+//   - The sweep lease is the host's (an flock beside the SQLite database,
+//     a PostgreSQL session advisory lock), held for one sweep and checked
+//     before each delete batch; contention is an AbortSweeperLock report,
+//     a lost lease an error.
+//
+// Without a host (mem stores) all of it is in-process.
+//
+// Direct deletes need a liveness source: with none registered nothing can
+// be proven unreferenced, so Delete refuses (ForceDelete overrides).
 //
 // Deliberate no-ops are report data ([Report.Aborted]), never errors: no
 // source registered, another sweep running, protect failed. An abort deletes

@@ -329,6 +329,13 @@ func (c *Collector) hostName() string {
 // rows whose last reference was released, then renews the rest in one
 // statement (one per owner, not one per pin). It ends when stop closes.
 //
+// Design point (renewal lifecycle): one loop per collector, not a task
+// per pin — a mount may hold 100 000 open files, and one UPDATE per owner
+// renews them all. It starts with the collector and stops in Close, which
+// waits for it (no leaked goroutine). Failure posture: a failed tick is
+// logged and the next one retries; the rows' expiry is the protection, so a
+// missed renewal degrades to expiry, never to an error on a put or an open.
+//
 // The cadence is wall time even under an injected Clock (which times the
 // rows): a test clock that stands still must not stop renewal. Tests tick
 // by hand with Renew.

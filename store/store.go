@@ -65,7 +65,7 @@ type Config struct {
 	PinTTL time.Duration
 	// Owner names this instance's pin rows; "" generates one.
 	Owner string
-	// Fleet declares that several hosts share this pool (DESIGN: fleet
+	// Fleet declares that several hosts share this pool (docs/gc.md, fleet
 	// mode). It is never inferred; Open refuses it for any configuration
 	// that cannot be shared (see checkFleet).
 	Fleet bool

@@ -27,6 +27,11 @@ after it died (run sweep twice to collect at once with --gc-window 0). Otherwise
 this sweep waits the window out and deletes them itself. Every candidate is
 checked again just before its delete, so a blob linked in the meantime stays.
 
+One sweep runs at a time per store: a sweep started while another runs, in
+any process (a mount's timer or control file, another sweep command), reports
+SweeperLock and deletes nothing. Blobs that any process holds open or is
+putting are never deleted, whichever process sweeps.
+
 A sweep that deliberately does nothing is a result, not a failure: it exits 0
 with the reason in "aborted". NoLivenessSources means no liveness source is
 registered, so nothing can be proven dead: the case for stores that keep no

@@ -89,8 +89,12 @@ func (e *Engine) PinRows(ctx context.Context, tx *sql.Tx, owner string, ds []blo
 	return e.inTx(ctx, "pin", run)
 }
 
-// inTx runs fn in a database/sql transaction and commits it; every error
-// path rolls back before the connection returns to the pool.
+// inTx runs fn in a database/sql transaction and commits it.
+//
+// Design point (transaction termination): catch, terminate, propagate —
+// every error path rolls the transaction back before returning, so no
+// connection goes back to the pool inside a transaction (a pooled session
+// left "idle in transaction" would hold its locks until reused).
 func (e *Engine) inTx(ctx context.Context, op string, fn func(tx *sql.Tx) error) (err error) {
 	tx, err := e.db.BeginTx(ctx, nil)
 	if err != nil {
