@@ -373,3 +373,43 @@ func TestTwoMountsOneStore(t *testing.T) {
 		}
 	}
 }
+
+// TestKilledMountPinsExpire: the pin rows of a mount killed with kill -9,
+// which never deletes them, stop protecting its blobs after --pin-ttl; a
+// later sweep from another process then collects what nothing links.
+func TestKilledMountPinsExpire(t *testing.T) {
+	requireFUSE(t)
+	c := newCLI(t)
+	c.ok("ns", "create", "ns")
+	src := filepath.Join(t.TempDir(), "f")
+	content := randomBytes(largeSize, 3)
+	if err := os.WriteFile(src, content, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	d := strings.TrimSpace(c.ok("put", "--ns", "ns", src))
+	mnt := t.TempDir()
+	dm := startDaemon(t, c.data, mnt, "--pin-ttl", "2s")
+	f, err := os.Open(filepath.Join(mnt, "ns", d))
+	if err != nil {
+		t.Fatal(err)
+	}
+	c.ok("unlink", "ns", d)
+	c.ok("sweep")
+	c.ok("sweep")
+	if !strings.Contains(c.ok("ls"), d) {
+		t.Fatal("swept while open on the mount")
+	}
+	dm.cmd.Process.Kill()
+	<-dm.done
+	f.Close()
+	syscall.Unmount(mnt, syscall.MNT_DETACH)
+	start := time.Now()
+	for strings.Contains(c.ok("ls"), d) {
+		if time.Since(start) > 15*time.Second {
+			t.Fatal("the killed mount's pin never expired")
+		}
+		c.ok("sweep")
+		time.Sleep(200 * time.Millisecond)
+	}
+	t.Logf("collected %s after the kill (pin TTL 2s)", time.Since(start).Round(100*time.Millisecond))
+}
