@@ -68,8 +68,9 @@ func TestPinRowsLifecycle(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer other.Close()
-	if n, err := other.PinCount(ctx, time.Now()); err != nil || n != 0 {
+	n, err := other.PinCount(ctx, time.Now())
+	other.Close()
+	if err != nil || n != 0 {
 		t.Fatalf("%d rows after Close (%v); want 0", n, err)
 	}
 	deadline := time.Now().Add(5 * time.Second)

@@ -11,11 +11,19 @@
 // the table the engine's own Put writes, bypassing only the store facade
 // (no pins: nothing else runs). The links go through the namespaces
 // registry's LinkMany. Opening the engine creates the schema first.
+//
+// -pins N also writes N gc_pins rows under a foreign owner
+// (pinOwner, as if another mount held them), expiring in ten years, in
+// transactions of -batch rows: the fixture of scripts/measure-pins.sh.
+// Their digests, sha256 of "mkpin" + j, are of no blob in the pool, so a
+// sweep deletes exactly what it deletes without them and only pays for
+// the bigger table (the reap scan, the arbitration lookups).
 package main
 
 import (
 	"context"
 	"crypto/sha256"
+	"database/sql"
 	"encoding/binary"
 	"flag"
 	"fmt"
@@ -36,12 +44,13 @@ func main() {
 	frac := flag.Float64("link", 0.1, "fraction of the blobs linked into -ns")
 	ns := flag.String("ns", "keep", "namespace the linked blobs go into")
 	batch := flag.Int("batch", 100_000, "rows per transaction")
+	pins := flag.Int("pins", 0, "number of foreign gc_pins rows to write (digests of no blob in the pool)")
 	flag.Parse()
-	if *data == "" || *n < 1 || *frac < 0 || *frac > 1 || *batch < 1 {
+	if *data == "" || *n < 1 || *frac < 0 || *frac > 1 || *batch < 1 || *pins < 0 {
 		flag.Usage()
 		os.Exit(2)
 	}
-	if err := run(context.Background(), *data, *n, *frac, *ns, *batch); err != nil {
+	if err := run(context.Background(), *data, *n, *frac, *ns, *batch, *pins); err != nil {
 		log.Fatal(err)
 	}
 }
@@ -58,7 +67,11 @@ func content(i uint64) []byte {
 	return b
 }
 
-func run(ctx context.Context, data string, n int, frac float64, ns string, batch int) error {
+// pinOwner owns the -pins rows: the shape of a real owner (host:pid:suffix)
+// on a host that is not this one.
+const pinOwner = "other-host:1:measure"
+
+func run(ctx context.Context, data string, n int, frac float64, ns string, batch, pins int) error {
 	start := time.Now()
 	if err := os.MkdirAll(data, 0o700); err != nil {
 		return err
@@ -124,7 +137,50 @@ func run(ctx context.Context, data string, n int, frac float64, ns string, batch
 		}
 		rest = rest[k:]
 	}
-	fmt.Printf("mkpool: %d blobs in %s, %d linked into %q, total %s\n",
-		n, inserted.Round(time.Millisecond), len(linked), ns, time.Since(start).Round(time.Millisecond))
+	if pins > 0 {
+		if err := writePins(ctx, db, pins, batch); err != nil {
+			return err
+		}
+	}
+	fmt.Printf("mkpool: %d blobs in %s, %d linked into %q, %d foreign pin rows, total %s\n",
+		n, inserted.Round(time.Millisecond), len(linked), ns, pins, time.Since(start).Round(time.Millisecond))
+	return nil
+}
+
+// writePins writes n gc_pins rows owned by pinOwner for the digests of
+// "mkpin" + j, in digest order, batch rows per transaction.
+func writePins(ctx context.Context, db *sql.DB, n, batch int) error {
+	ds := make([]blob.Digest, n)
+	for j := range ds {
+		b := make([]byte, 16)
+		copy(b, "mkpin")
+		binary.BigEndian.PutUint64(b[8:], uint64(j))
+		ds[j] = sha256.Sum256(b)
+	}
+	slices.SortFunc(ds, blob.Digest.Compare)
+	expiry := time.Now().AddDate(10, 0, 0).UnixNano()
+	for rest := ds; len(rest) > 0; {
+		k := min(len(rest), batch)
+		tx, err := db.BeginTx(ctx, nil)
+		if err != nil {
+			return err
+		}
+		st, err := tx.PrepareContext(ctx, `INSERT INTO gc_pins (digest, owner, expiry) VALUES (?, ?, ?) ON CONFLICT (digest, owner) DO NOTHING`)
+		if err != nil {
+			tx.Rollback()
+			return err
+		}
+		for _, d := range rest[:k] {
+			if _, err := st.ExecContext(ctx, d[:], pinOwner, expiry); err != nil {
+				tx.Rollback()
+				return err
+			}
+		}
+		st.Close()
+		if err := tx.Commit(); err != nil {
+			return err
+		}
+		rest = rest[k:]
+	}
 	return nil
 }
