@@ -363,17 +363,25 @@ type Stats struct {
 	BytesOut  int64 `json:"bytes_out"`
 	Pinned    int   `json:"pinned_digests"`
 	Pins      int   `json:"pins"`
+	// PinOwner names this process's gc_pins rows ("" when pins are not
+	// shared); PinsLapsed counts rows found expired at renewal.
+	PinOwner   string `json:"pin_owner,omitempty"`
+	PinsLapsed int64  `json:"pins_lapsed"`
 }
 
 // Stats returns the counters.
 func (s *Store) Stats() Stats {
 	pd, pn := s.gc.PinCount()
-	return Stats{
+	st := Stats{
 		Mode: s.mode, Threshold: s.threshold,
 		Puts: s.stats.puts.Load(), Dedups: s.stats.dedups.Load(), BytesIn: s.stats.bytesIn.Load(),
 		Reads: s.stats.reads.Load(), BytesOut: s.stats.bytesOut.Load(),
-		Pinned: pd, Pins: pn,
+		Pinned: pd, Pins: pn, PinsLapsed: s.gc.Lapsed(),
 	}
+	if s.gc.Shared() {
+		st.PinOwner = s.gc.Owner()
+	}
+	return st
 }
 
 // Fleet reports whether the store was opened in fleet mode.
