@@ -153,6 +153,7 @@ type Collector struct {
 	// rowMu orders row writes (read side) against a renewal tick's drop of
 	// released rows (write side).
 	rowMu     sync.RWMutex
+	rows      rowWriter
 	stopRenew chan struct{}
 	renewDone chan struct{}
 	lapsed    atomic.Int64
@@ -198,6 +199,7 @@ func New(pool Pool, o Options) *Collector {
 	if c.owner == "" {
 		c.owner = NewOwner()
 	}
+	c.rows.c = c
 	if c.host != nil {
 		c.stopRenew, c.renewDone = make(chan struct{}), make(chan struct{})
 		go c.renewLoop(c.stopRenew, c.renewDone)

@@ -234,12 +234,11 @@ func (c *Collector) PinPublish(ctx context.Context, d blob.Digest, publish func(
 	// released rows never deletes one written meanwhile.
 	c.rowMu.RLock()
 	wrote, err := c.pins.ensureRow(ctx, d, func() error {
-		expiry := c.clock.Now().Add(c.ttl)
 		if publish == nil {
-			return c.host.PinRows(ctx, nil, c.owner, []blob.Digest{d}, expiry)
+			return c.rows.write(ctx, d)
 		}
 		return publish(func(ctx context.Context, tx *sql.Tx) error {
-			return c.host.PinRows(ctx, tx, c.owner, []blob.Digest{d}, expiry)
+			return c.host.PinRows(ctx, tx, c.owner, []blob.Digest{d}, c.clock.Now().Add(c.ttl))
 		})
 	})
 	c.rowMu.RUnlock()
@@ -402,10 +401,69 @@ func (c *Collector) Close() error {
 	}
 	close(c.stopRenew)
 	<-c.renewDone
+	c.rows.wg.Wait()
 	ctx, cancel := context.WithTimeout(context.Background(), closeTimeout)
 	defer cancel()
 	if err := c.host.DropOwner(ctx, c.owner); err != nil {
 		return fmt.Errorf("drop pin rows of %s (they lapse in %s): %w", c.owner, c.ttl, err)
 	}
 	return nil
+}
+
+// rowWriter commits the rows of first pins (Pin without a put), coalescing
+// the pins that arrive while a commit is in flight into the next one: a
+// group commit. Readers opening many blobs at once (ls | xargs cat -P4)
+// then share transactions instead of queueing one each on the database's
+// write lock.
+type rowWriter struct {
+	c       *Collector
+	mu      sync.Mutex
+	pending []rowReq
+	busy    bool           // a flush goroutine is running
+	wg      sync.WaitGroup // flush goroutines, for Close
+}
+
+type rowReq struct {
+	d    blob.Digest
+	done chan error
+}
+
+// write returns once d's row is committed, or the commit failed.
+func (w *rowWriter) write(ctx context.Context, d blob.Digest) error {
+	r := rowReq{d: d, done: make(chan error, 1)}
+	w.mu.Lock()
+	w.pending = append(w.pending, r)
+	if !w.busy {
+		w.busy = true
+		w.wg.Add(1)
+		go w.flush(context.WithoutCancel(ctx))
+	}
+	w.mu.Unlock()
+	// Not abandoned on ctx: the row may commit regardless, and the caller
+	// must know whether it did.
+	return <-r.done
+}
+
+// flush commits what is pending, again and again, until nothing is.
+func (w *rowWriter) flush(ctx context.Context) {
+	defer w.wg.Done()
+	for {
+		w.mu.Lock()
+		batch := w.pending
+		w.pending = nil
+		if len(batch) == 0 {
+			w.busy = false
+			w.mu.Unlock()
+			return
+		}
+		w.mu.Unlock()
+		ds := make([]blob.Digest, len(batch))
+		for i, r := range batch {
+			ds[i] = r.d
+		}
+		err := w.c.host.PinRows(ctx, nil, w.c.owner, ds, w.c.clock.Now().Add(w.c.ttl))
+		for _, r := range batch {
+			r.done <- err
+		}
+	}
 }

@@ -106,6 +106,20 @@ func testPinRows(t *testing.T, h engines.GCHost) {
 	if n, err := h.PinCount(ctx, gcAt(0)); n != 1 || err != nil {
 		t.Fatalf("PinCount after dropping all of A = %d, %v; want B's row", n, err)
 	}
+	// Many digests at once, as a sweep's batches ask.
+	many := make([]blob.Digest, 1200)
+	for i := range many {
+		many[i] = blob.Sum([]byte{byte(i), byte(i >> 8), 'm'})
+	}
+	if err := h.PinRows(ctx, nil, "M", append(many[:1100:1100], many[0]), gcAt(60)); err != nil { // a repeat too
+		t.Fatal(err)
+	}
+	if got := pinned(t, h, many, gcAt(0), "nobody"); len(got) != 1100 || got[many[1150]] {
+		t.Fatalf("PinnedAmong over %d digests found %d; want the 1100 pinned", len(many), len(got))
+	}
+	if err := h.DropOwner(ctx, "M"); err != nil {
+		t.Fatal(err)
+	}
 	// Inside a caller's transaction, the row commits with it or not at all.
 	err := h.Arbitrate(ctx, []blob.Digest{c}, func(ctx context.Context, tx *sql.Tx) error {
 		if err := h.PinRows(ctx, tx, "C", []blob.Digest{c}, gcAt(60)); err != nil {

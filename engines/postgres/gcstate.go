@@ -72,6 +72,11 @@ func (e *Engine) PinRows(ctx context.Context, tx *sql.Tx, owner string, ds []blo
 	if len(ds) == 0 {
 		return nil
 	}
+	// One row per digest: ON CONFLICT cannot update a row twice in one
+	// statement.
+	ds = slices.Clone(ds)
+	slices.SortFunc(ds, blob.Digest.Compare)
+	ds = slices.Compact(ds)
 	run := func(tx *sql.Tx) error {
 		var n int64
 		if err := tx.QueryRowContext(ctx, lockShared, lockKeys(ds)).Scan(&n); err != nil {

@@ -23,7 +23,7 @@ type Engine struct {
 
 	has, size, get, put, del, delRet, list *sql.Stmt
 	wStage, wDue, wRemove, wLen            *sql.Stmt
-	pinUp, pinned                          *sql.Stmt
+	pinUp                                  *sql.Stmt
 }
 
 var (
@@ -112,7 +112,6 @@ func (e *Engine) init(ctx context.Context) error {
 		{&e.wLen, `SELECT count(*) FROM gc_window`},
 		{&e.pinUp, `INSERT INTO gc_pins (digest, owner, expiry) VALUES (?, ?, ?)
 			ON CONFLICT (digest, owner) DO UPDATE SET expiry = max(expiry, excluded.expiry)`},
-		{&e.pinned, `SELECT 1 FROM gc_pins WHERE digest = ? AND expiry > ? AND owner <> ? LIMIT 1`},
 	} {
 		st, err := e.db.PrepareContext(ctx, s.sql)
 		if err != nil {
@@ -138,7 +137,7 @@ func (e *Engine) CursorsSurviveDelete() bool { return true }
 // Close closes the statements and the pool.
 func (e *Engine) Close() error {
 	var errs []error
-	for _, st := range []*sql.Stmt{e.has, e.size, e.delRet, e.get, e.put, e.del, e.list, e.wStage, e.wDue, e.wRemove, e.wLen, e.pinUp, e.pinned} {
+	for _, st := range []*sql.Stmt{e.has, e.size, e.delRet, e.get, e.put, e.del, e.list, e.wStage, e.wDue, e.wRemove, e.wLen, e.pinUp} {
 		if st != nil {
 			errs = append(errs, st.Close())
 		}

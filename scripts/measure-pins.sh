@@ -1,0 +1,401 @@
+#!/usr/bin/env bash
+# measure-pins.sh — what keeping GC pins as gc_pins rows costs: the mount's
+# read path (each first open of a blob writes a row), puts from one mount
+# and from two mounts of one store, sweeps beside many foreign pin rows,
+# and the Go benchmarks of Pin and of a renewal tick.
+#
+#   [BASE=TREE] [REPS=3] scripts/measure-pins.sh MODE [ARGS]
+#
+#   cat [N]                 N (10000) distinct 4 KiB blobs put with the CLI
+#                           into the default store, then read through a
+#                           mount with cat: cold (fresh mount, page cache
+#                           dropped), warm (second pass), warm after the
+#                           first renewal tick (20 s after mounting, which
+#                           drops the released rows), and cold/warm with 4
+#                           parallel readers. Needs root and FUSE.
+#   puts [N]                N (4000) distinct 4 KiB files written into
+#                           incoming/ by 4 writers on one mount, then by 2
+#                           writers on each of two mounts of the same
+#                           --data; timed until every writer's last close
+#                           returned (close returns once published). With
+#                           ALKBLOBFS_PG_DSN set (run it under scripts/pg.sh)
+#                           the same on PostgreSQL fleet mode (--kv DSN
+#                           --large pglo --fleet). With BASE, BASE's one
+#                           mount too (label before-one; it refuses two).
+#   sweep [N] [FRAC] [PINS] scripts/measure-sweep.sh's two timed sweeps over
+#                           an N (1000000) entry pool, FRAC (0.1) linked,
+#                           with PINS (100000) unexpired gc_pins rows of a
+#                           foreign owner present (scripts/mkpool -pins: their
+#                           digests are of no pool blob, so the sweeps do
+#                           the same deletes and only the table differs).
+#                           With BASE, BASE's run has no pin rows (it has no
+#                           table).
+#   bench                   go test -bench 'Pin|Renew' ./store
+#                           (store/pins_bench_test.go), -count REPS,
+#                           -benchtime BENCHTIME (2s); the PostgreSQL ones
+#                           run under scripts/pg.sh and skip otherwise.
+#
+# The binaries are built from the tree this script lives in ("after") and,
+# with BASE set, from BASE ("before"; e.g. BASE=/tmp/base, a checkout of
+# an older commit with the same layout). Each measurement is repeated REPS
+# times, before and after interleaved, and every repetition is printed,
+# then the medians and the after/before ratios. Everything (data, mounts,
+# daemons) lives in a temporary directory removed on exit.
+#
+# Examples:
+#   BASE=/tmp/base scripts/measure-pins.sh cat
+#   scripts/pg.sh scripts/measure-pins.sh puts
+#   BASE=/tmp/base scripts/measure-pins.sh sweep 1000000 0.1 100000
+#   scripts/pg.sh scripts/measure-pins.sh bench
+set -euo pipefail
+
+usage() {
+	sed -n '2,/^set -euo/p' "$0" | sed '$d; s/^# \{0,1\}//' >&2
+	exit 2
+}
+
+mode=${1:-}
+[[ -n $mode ]] || usage
+shift
+reps=${REPS:-3}
+here=$(cd "$(dirname "$0")/.." && pwd)
+base=${BASE:-}
+if [[ -n $base ]]; then
+	base=$(cd "$base" && pwd)
+fi
+
+work=$(mktemp -d "${TMPDIR:-/tmp}/alkblobfs-pins.XXXXXX")
+pids=()
+mounts=()
+cleanup() {
+	local rc=$? m p
+	trap - EXIT INT TERM
+	for m in "${mounts[@]}"; do
+		if mountpoint -q "$m" 2>/dev/null; then
+			umount -l "$m" 2>/dev/null || fusermount3 -uz "$m" 2>/dev/null || true
+		fi
+	done
+	for p in "${pids[@]}"; do
+		kill -TERM "$p" 2>/dev/null || true
+	done
+	for p in "${pids[@]}"; do
+		wait "$p" 2>/dev/null || true
+	done
+	rm -rf "$work"
+	exit "$rc"
+}
+trap cleanup EXIT
+trap 'exit 130' INT
+trap 'exit 143' TERM
+
+die() {
+	echo "measure-pins: $*" >&2
+	exit 1
+}
+
+# build TREE DIR builds alkblobfs (and mkpool, for sweep) from TREE.
+build() {
+	local tree=$1 dir=$2
+	mkdir -p "$dir"
+	(cd "$tree" && go build -o "$dir/alkblobfs" ./cmd/alkblobfs)
+	if [[ $mode == sweep ]]; then
+		(cd "$tree" && go build -o "$dir/mkpool" ./scripts/mkpool)
+	fi
+}
+
+# labels: "before" (BASE) when set, then "after" (this tree); interleaved.
+labels=()
+if [[ -n $base ]]; then
+	labels+=(before)
+	build "$base" "$work/before"
+fi
+labels+=(after)
+build "$here" "$work/after"
+
+now() { date +%s%N; }
+# elapsed T0: seconds since T0 (from now), 3 decimals.
+elapsed() { awk -v a="$1" -v b="$(now)" 'BEGIN { printf "%.3f", (b - a) / 1e9 }'; }
+
+# record LABEL METRIC VALUE keeps one repetition's figure and prints it.
+record() {
+	printf '%s\t%s\t%s\n' "$1" "$2" "$3" >>"$work/results"
+	printf '  %-10s %-28s %s\n' "$1" "$2" "$3"
+}
+
+# summary prints, per label and metric, every repetition and the median;
+# then, per metric, the ratio of the medians after/before (or two/one).
+summary() {
+	echo "# medians over $reps repetitions"
+	awk -F'\t' '
+		{
+			k = $1 "\t" $2
+			if (!(k in n)) { order[++m] = k }
+			v[k, ++n[k]] = $3
+		}
+		END {
+			for (i = 1; i <= m; i++) {
+				k = order[i]; c = n[k]; list = ""
+				for (j = 1; j <= c; j++) { a[j] = v[k, j]; list = list (j > 1 ? " " : "") v[k, j] }
+				for (j = 2; j <= c; j++) { x = a[j]; for (l = j - 1; l >= 1 && a[l] > x; l--) a[l + 1] = a[l]; a[l + 1] = x }
+				med = c % 2 ? a[(c + 1) / 2] : (a[c / 2] + a[c / 2 + 1]) / 2
+				split(k, kl, "\t"); lab[i] = kl[1]; met[i] = kl[2]; md[kl[1], kl[2]] = med
+				printf "  %-10s %-28s median %10.3f   (%s)\n", kl[1], kl[2], med, list
+			}
+			for (i = 1; i <= m; i++) {
+				split("after/before two-mounts/one-mount pg-two/pg-one one-mount/before-one", pairs, " ")
+				for (p in pairs) {
+					split(pairs[p], ab, "/")
+					if (lab[i] == ab[1] && ((ab[2], met[i]) in md) && md[ab[2], met[i]] != 0)
+						printf "  ratio %s %-28s %.3f\n", pairs[p], met[i], md[ab[1], met[i]] / md[ab[2], met[i]]
+				}
+			}
+		}' "$work/results"
+}
+
+# mountfs BIN MNT GLOBALFLAGS... starts a daemon on MNT and waits until it
+# serves.
+mountfs() {
+	local bin=$1 mnt=$2 pid
+	shift 2
+	mkdir -p "$mnt"
+	"$bin" "$@" mount "$mnt" 2>"$mnt.log" &
+	pid=$!
+	pids+=("$pid")
+	mounts+=("$mnt")
+	echo "$pid" >"$mnt.pid"
+	for _ in $(seq 1 2000); do
+		grep -q 'msg=mounted' "$mnt.log" && return 0
+		kill -0 "$pid" 2>/dev/null || break
+		sleep 0.01
+	done
+	cat "$mnt.log" >&2
+	die "mount on $mnt failed"
+}
+
+# umountfs MNT unmounts and waits for its daemon to exit (its pin rows are
+# dropped by then).
+umountfs() {
+	local mnt=$1 pid p keep=()
+	pid=$(<"$mnt.pid")
+	umount "$mnt"
+	wait "$pid" || { cat "$mnt.log" >&2; die "daemon on $mnt exited with $?"; }
+	for p in "${pids[@]}"; do
+		[[ $p == "$pid" ]] || keep+=("$p")
+	done
+	pids=("${keep[@]}")
+}
+
+dropcaches() {
+	sync
+	echo 3 >/proc/sys/vm/drop_caches
+}
+
+# ---- cat ----------------------------------------------------------------
+
+# readall DIR PAR N: cat every blob of DIR with PAR readers; checks that
+# N * 4096 bytes came out.
+readall() {
+	local dir=$1 par=$2 n=$3 got
+	got=$(find "$dir" -maxdepth 1 -type f -name '[0-9a-f]*' -print0 |
+		xargs -0 -P "$par" -n "$(((n + par - 1) / par))" cat | wc -c)
+	[[ $got == $((n * 4096)) ]] || die "read $got bytes from $dir, want $((n * 4096))"
+}
+
+mode_cat() {
+	local n=${1:-10000} lab bin data mnt rep t0 start
+	[[ -w /proc/sys/vm/drop_caches ]] || die "cat needs root (drop_caches)"
+	echo "# cat of $n distinct 4 KiB blobs through the mount, default store, $(nproc) CPUs, REPS=$reps"
+	mkdir -p "$work/src"
+	head -c "$((n * 4096))" /dev/urandom | split -b 4096 -a 6 - "$work/src/f"
+	for lab in "${labels[@]}"; do
+		bin=$work/$lab/alkblobfs
+		data=$work/$lab/data
+		"$bin" --data "$data" ns create bench
+		t0=$(now)
+		find "$work/src" -type f -print0 | xargs -0 -n 1000 "$bin" --data "$data" put --ns bench >/dev/null
+		echo "  $lab: put $n files in $(elapsed "$t0") s"
+	done
+	for ((rep = 1; rep <= reps; rep++)); do
+		echo "# repetition $rep"
+		for lab in "${labels[@]}"; do
+			bin=$work/$lab/alkblobfs
+			data=$work/$lab/data
+			mnt=$work/$lab/mnt
+			# One reader.
+			mountfs "$bin" "$mnt" --data "$data"
+			start=$(now)
+			dropcaches
+			t0=$(now)
+			readall "$mnt/bench" 1 "$n"
+			record "$lab" "cat1-cold-s" "$(elapsed "$t0")"
+			t0=$(now)
+			readall "$mnt/bench" 1 "$n"
+			record "$lab" "cat1-warm-s" "$(elapsed "$t0")"
+			# After the first renewal tick (TTL/3 = 20 s after mounting with
+			# the default --pin-ttl) the released rows are gone.
+			sleep "$(awk -v s="$start" -v now="$(now)" 'BEGIN { w = 22 - (now - s) / 1e9; print (w > 0 ? w : 0) }')"
+			t0=$(now)
+			readall "$mnt/bench" 1 "$n"
+			record "$lab" "cat1-warm-after-tick-s" "$(elapsed "$t0")"
+			umountfs "$mnt"
+			# Four readers.
+			mountfs "$bin" "$mnt" --data "$data"
+			dropcaches
+			t0=$(now)
+			readall "$mnt/bench" 4 "$n"
+			record "$lab" "cat4-cold-s" "$(elapsed "$t0")"
+			t0=$(now)
+			readall "$mnt/bench" 4 "$n"
+			record "$lab" "cat4-warm-s" "$(elapsed "$t0")"
+			umountfs "$mnt"
+		done
+	done
+	summary
+}
+
+# ---- puts ---------------------------------------------------------------
+
+# writer DIR TAG COUNT writes COUNT distinct 4096-byte files into DIR with
+# bash builtins (no fork per file); each redirection's close publishes.
+writer() {
+	local dir=$1 tag=$2 count=$3 i s
+	for ((i = 0; i < count; i++)); do
+		s="$tag.$i."
+		printf '%s' "$s${pad:${#s}}" >"$dir/$tag.$i" || return 1
+	done
+}
+
+# putrun LABEL RUNID MOUNTS N GLOBALFLAGS...: MOUNTS (1 or 2) daemons, 4
+# writers spread over them, N files in all; records files/s and checks
+# that the namespace holds N blobs afterwards. Fleet (pg-*) daemons are
+# separate hosts, so each gets its own --data; the embedded store's
+# daemons share the --data in GLOBALFLAGS (that is the point).
+putrun() {
+	local lab=$1 id=$2 nm=$3 n=$4 bin=$work/after/alkblobfs i w t0 secs got
+	shift 4
+	[[ $lab == before-* ]] && bin=$work/before/alkblobfs
+	local ns="p$id" per=$((n / 4)) wpids=() mnts=() cli=("$bin" "$@")
+	[[ $lab == pg-* ]] && cli+=(--data "$work/$id.cli")
+	"${cli[@]}" ns create "$ns"
+	for ((i = 0; i < nm; i++)); do
+		mnts+=("$work/$id.m$i")
+		if [[ $lab == pg-* ]]; then
+			mountfs "$bin" "${mnts[i]}" "$@" --data "$work/$id.d$i"
+		else
+			mountfs "$bin" "${mnts[i]}" "$@"
+		fi
+	done
+	t0=$(now)
+	for ((w = 0; w < 4; w++)); do
+		writer "${mnts[w % nm]}/$ns/incoming" "$id.w$w" "$per" &
+		wpids+=("$!")
+	done
+	for w in "${wpids[@]}"; do
+		wait "$w" || die "$lab: a writer failed"
+	done
+	secs=$(elapsed "$t0")
+	for ((i = 0; i < nm; i++)); do
+		umountfs "${mnts[i]}"
+	done
+	# The empty blob is not counted: concurrent `> name` writers sometimes
+	# publish one (a FLUSH before the first write), before and after pins.
+	"${cli[@]}" ls "$ns" >"$work/ls.out"
+	got=$(grep -vc "^$empty\$" "$work/ls.out" || true)
+	[[ $got == $((per * 4)) ]] || die "$lab: $got blobs in $ns, want $((per * 4))"
+	grep -q "^$empty\$" "$work/ls.out" && echo "  ($lab: the empty blob was published too)"
+	record "$lab" "puts-per-s" "$(awk -v n="$got" -v s="$secs" 'BEGIN { printf "%.1f", n / s }')"
+}
+
+# empty is the digest of no bytes.
+empty=e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855
+
+mode_puts() {
+	local n=${1:-4000} rep data
+	((n % 4 == 0)) || die "puts: N must be a multiple of 4"
+	# 4096 bytes of text; each file's own prefix makes it distinct.
+	pad=$(head -c 3072 /dev/urandom | base64 -w0)
+	((${#pad} == 4096)) || die "pad is ${#pad} bytes"
+	echo "# puts of $n distinct 4 KiB files into incoming/, 4 writers, $(nproc) CPUs, REPS=$reps"
+	for ((rep = 1; rep <= reps; rep++)); do
+		echo "# repetition $rep"
+		if [[ -n $base ]]; then
+			putrun before-one "r${rep}z" 1 "$n" --data "$work/r$rep.before"
+		fi
+		data=$work/r$rep.one
+		putrun one-mount "r${rep}a" 1 "$n" --data "$data"
+		data=$work/r$rep.two
+		putrun two-mounts "r${rep}b" 2 "$n" --data "$data"
+		rm -rf "$work/r$rep".*
+	done
+	if [[ -n ${ALKBLOBFS_PG_DSN:-} ]]; then
+		echo "# PostgreSQL fleet mode (--kv DSN --large pglo --fleet)"
+		for ((rep = 1; rep <= reps; rep++)); do
+			echo "# repetition $rep"
+			putrun pg-one "r${rep}c" 1 "$n" --kv "$ALKBLOBFS_PG_DSN" --large pglo --fleet
+			putrun pg-two "r${rep}d" 2 "$n" --kv "$ALKBLOBFS_PG_DSN" --large pglo --fleet
+		done
+	else
+		echo "# (ALKBLOBFS_PG_DSN is empty: no PostgreSQL runs; use scripts/pg.sh $0 puts)"
+	fi
+	summary
+}
+
+# ---- sweep --------------------------------------------------------------
+
+mode_sweep() {
+	local n=${1:-1000000} frac=${2:-0.1} npins=${3:-100000} rep lab bin data p linked i secs kib left
+	local TIME=/usr/bin/time
+	for tool in "$TIME" jq; do
+		command -v "$tool" >/dev/null || die "$tool is missing"
+	done
+	echo "# two sweeps over $n entries ($frac linked), $npins foreign pin rows (after only), $(nproc) CPUs, REPS=$reps"
+	for ((rep = 1; rep <= reps; rep++)); do
+		echo "# repetition $rep"
+		for lab in "${labels[@]}"; do
+			bin=$work/$lab/alkblobfs
+			data=$work/$lab/data
+			p=()
+			[[ $lab == after && $npins -gt 0 ]] && p=(-pins "$npins")
+			"$work/$lab/mkpool" -data "$data" -n "$n" -link "$frac" -ns keep "${p[@]}"
+			linked=$("$bin" --data "$data" ns ls -l | awk '$1 == "keep" { print $2 }')
+			for i in 1 2; do
+				"$TIME" -f '%e %M' -o "$work/time.out" "$bin" --data "$data" sweep --json >"$work/rep.json"
+				read -r secs kib <"$work/time.out"
+				record "$lab" "sweep$i-wall-s" "$secs"
+				record "$lab" "sweep$i-peak-rss-MiB" "$(awk -v k="$kib" 'BEGIN { printf "%.1f", k / 1024 }')"
+				record "$lab" "sweep$i-report-s" "$(jq '.duration_ns / 1e9 * 1000 | round / 1000' "$work/rep.json")"
+				echo "  $lab sweep $i: $(jq -c '{scanned, candidates_staged, deleted, cancelled_by_arbitration, pins_reaped}' "$work/rep.json")"
+			done
+			left=$("$bin" --data "$data" ls | wc -l)
+			[[ $left == "$linked" ]] || die "$lab: $left blobs left, want the $linked linked"
+			rm -rf "$data"
+		done
+	done
+	summary
+}
+
+# ---- bench --------------------------------------------------------------
+
+mode_bench() {
+	[[ -z $base ]] || echo "# (bench: BASE ignored, the benchmarks are new)"
+	(cd "$here" && go test -run '^$' -bench "${BENCH:-Pin|Renew}" -benchtime "${BENCHTIME:-2s}" \
+		-count "$reps" ./store) | tee "$work/bench.out"
+	echo "# medians over -count $reps"
+	awk '$1 ~ /^Benchmark/ && $4 == "ns/op" { name = $1; c = ++n[name]; v[name, c] = $3; if (c == 1) order[++m] = name }
+		END {
+			for (i = 1; i <= m; i++) {
+				k = order[i]; c = n[k]
+				for (j = 1; j <= c; j++) a[j] = v[k, j]
+				for (j = 2; j <= c; j++) { x = a[j]; for (l = j - 1; l >= 1 && a[l] > x; l--) a[l + 1] = a[l]; a[l + 1] = x }
+				printf "  %-32s %14.0f ns/op\n", k, c % 2 ? a[(c + 1) / 2] : (a[c / 2] + a[c / 2 + 1]) / 2
+			}
+		}' "$work/bench.out"
+}
+
+case $mode in
+cat) mode_cat "$@" ;;
+puts) mode_puts "$@" ;;
+sweep) mode_sweep "$@" ;;
+bench) mode_bench "$@" ;;
+*) usage ;;
+esac
