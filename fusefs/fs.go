@@ -334,8 +334,9 @@ func notifyEntry(parent *fs.Inode, name string) {
 // linkFunc is the publish hook linking into namespace ns. It is what
 // namespaces.Service.LinkFunc does (in the put's own transaction when the
 // kv engine can join one, else through the Service's pool check), and it
-// also reports whether the reference was added by this publish: a
-// superseded version is only retracted if we added it.
-func (f *FS) linkFunc(ns string, linked *bool) store.LinkFunc {
-	return f.svc.LinkFuncReporting(ns, linked)
+// also reports whether the reference was added by this publish and the
+// link's claim: a superseded version is only retracted if we added it and
+// our claim is still on it.
+func (f *FS) linkFunc(ns string, linked *namespaces.Linked) store.LinkFunc {
+	return f.svc.LinkFuncClaiming(ns, linked)
 }

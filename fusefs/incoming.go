@@ -14,6 +14,7 @@ import (
 
 	"github.com/alkblobfs/alkblobfs/blob"
 	"github.com/alkblobfs/alkblobfs/gc"
+	"github.com/alkblobfs/alkblobfs/namespaces"
 	"github.com/alkblobfs/alkblobfs/store"
 )
 
@@ -391,6 +392,10 @@ type version struct {
 	// added: this file's publish added the namespace reference (it was
 	// not there before), so retracting it takes nothing from anyone.
 	added bool
+	// claim: this publish's mark on the reference; any later link of the
+	// digest, from any process, replaces it, and a retraction removes the
+	// reference only while it is still there.
+	claim namespaces.Claim
 	seq   uint64 // the file's publish count when this version published
 }
 
@@ -693,7 +698,7 @@ func (n *fileNode) publishLocked(ctx context.Context) ([]notice, error) {
 		n.tree.dropLive(n)
 	}
 	size := up.Size()
-	var linked bool
+	var linked namespaces.Linked
 	// A close waits for its publish: the client's signals must not cancel
 	// half of it (nor can the Go runtime's own SIGURG, for Go clients).
 	pctx := context.WithoutCancel(ctx)
@@ -715,11 +720,11 @@ func (n *fileNode) publishLocked(ctx context.Context) ([]notice, error) {
 	}
 	pin.Release() // the namespace reference keeps it now
 	f.stats.publishes.Add(1)
-	f.log.Debug("published", "namespace", n.ns.name, "name", n.logName(), "digest", d.String(), "size", size, "new_ref", linked)
+	f.log.Debug("published", "namespace", n.ns.name, "name", n.logName(), "digest", d.String(), "size", size, "new_ref", linked.Added)
 	notes := []notice{{&n.ns.Inode, d.String()}}
 	prev := n.pub
 	n.seq++
-	n.pub = &version{d: d, size: size, added: linked, seq: n.seq}
+	n.pub = &version{d: d, size: size, added: linked.Added, claim: linked.Claim, seq: n.seq}
 	if n.want != nil {
 		n.ns.dropPending(n.name, n)
 		return append(notes, notice{&n.ns.Inode, n.name}), nil
@@ -738,14 +743,21 @@ func (n *fileNode) publishLocked(ctx context.Context) ([]notice, error) {
 		case s.added && t.held(s.d) == 0:
 			// Superseded by writes through the same open file (the
 			// shell's `cmd > file` flushes once before cmd writes): the
-			// earlier version was never a finished file.
-			if err := f.reg.Unlink(pctx, n.ns.name, s.d); err == nil {
+			// earlier version was never a finished file. Taken back only
+			// under our claim: if anything linked the same digest since
+			// (a CLI put --ns, another mount), the reference is theirs.
+			removed, err := f.reg.Retract(pctx, n.ns.name, s.d, s.claim)
+			switch {
+			case err != nil:
+				f.log.Warn("could not retract a superseded version", "namespace", n.ns.name, "digest", s.d.String(), "err", err)
+			case removed:
 				f.stats.retracted.Add(1)
 				f.log.Debug("retracted a version superseded before its writer closed", "namespace", n.ns.name,
 					"name", n.logName(), "digest", s.d.String(), "by", d.String())
 				notes = append(notes, notice{&n.ns.Inode, s.d.String()})
-			} else if !errors.Is(err, blob.ErrMissing) {
-				f.log.Warn("could not retract a superseded version", "namespace", n.ns.name, "digest", s.d.String(), "err", err)
+			default:
+				f.log.Debug("kept a superseded version that another link relies on", "namespace", n.ns.name,
+					"name", n.logName(), "digest", s.d.String())
 			}
 		}
 	}

@@ -20,6 +20,13 @@ type Mem struct {
 	ns    map[string]*ordered // namespace → digest → linked_at (unix ns)
 	names []string            // the keys of ns, sorted
 	live  ordered             // digest → number of namespaces referencing it
+	// claims holds each reference's claim (see Claim).
+	claims map[memRef]Claim
+}
+
+type memRef struct {
+	ns string
+	d  blob.Digest
 }
 
 var _ Registry = (*Mem)(nil)
@@ -27,7 +34,7 @@ var _ Registry = (*Mem)(nil)
 // NewMem returns an empty in-memory registry. clock stamps LinkedAt; nil
 // means the wall clock.
 func NewMem(clock Clock) *Mem {
-	return &Mem{clock: orWall(clock), ns: make(map[string]*ordered)}
+	return &Mem{clock: orWall(clock), ns: make(map[string]*ordered), claims: make(map[memRef]Claim)}
 }
 
 // Create implements Registry.
@@ -96,16 +103,46 @@ func (m *Mem) Names(ctx context.Context, after string) iter.Seq2[string, error] 
 
 // Link implements Registry.
 func (m *Mem) Link(ctx context.Context, name string, d blob.Digest) (bool, error) {
-	n, err := m.link(ctx, "link", name, []blob.Digest{d})
+	n, err := m.link(ctx, "link", name, []blob.Digest{d}, newClaim())
 	return n == 1, err
+}
+
+// LinkClaim implements Registry.
+func (m *Mem) LinkClaim(ctx context.Context, name string, d blob.Digest) (bool, Claim, error) {
+	c := newClaim()
+	n, err := m.link(ctx, "link", name, []blob.Digest{d}, c)
+	if err != nil {
+		return false, 0, err
+	}
+	return n == 1, c, nil
 }
 
 // LinkMany implements Registry.
 func (m *Mem) LinkMany(ctx context.Context, name string, ds []blob.Digest) (int, error) {
-	return m.link(ctx, "linkmany", name, ds)
+	return m.link(ctx, "linkmany", name, ds, newClaim())
 }
 
-func (m *Mem) link(ctx context.Context, op, name string, ds []blob.Digest) (int, error) {
+// Retract implements Registry.
+func (m *Mem) Retract(ctx context.Context, name string, d blob.Digest, c Claim) (bool, error) {
+	if err := check(ctx, name); err != nil {
+		return false, wrap("retract", name, d, err)
+	}
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	refs, ok := m.ns[name]
+	if !ok {
+		return false, wrap("retract", name, d, ErrNotFound)
+	}
+	k := memRef{name, d}
+	if cur, ok := m.claims[k]; !ok || cur != c || !refs.delete(d) {
+		return false, nil
+	}
+	delete(m.claims, k)
+	m.live.add(d, -1)
+	return true, nil
+}
+
+func (m *Mem) link(ctx context.Context, op, name string, ds []blob.Digest, c Claim) (int, error) {
 	var d0 blob.Digest
 	if len(ds) == 1 {
 		d0 = ds[0]
@@ -126,6 +163,7 @@ func (m *Mem) link(ctx context.Context, op, name string, ds []blob.Digest) (int,
 			m.live.add(d, 1)
 			n++
 		}
+		m.claims[memRef{name, d}] = c
 	}
 	return n, nil
 }
@@ -144,6 +182,7 @@ func (m *Mem) Unlink(ctx context.Context, name string, d blob.Digest) error {
 	case !refs.delete(d):
 		return wrap("unlink", name, d, blob.ErrMissing)
 	}
+	delete(m.claims, memRef{name, d})
 	m.live.add(d, -1)
 	return nil
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"database/sql"
 	"iter"
+	"math/rand/v2"
 	"time"
 
 	"github.com/alkblobfs/alkblobfs/blob"
@@ -62,6 +63,15 @@ type Registry interface {
 	// Count returns the number of references. ErrNotFound if the namespace
 	// is absent.
 	Count(ctx context.Context, name string) (int64, error)
+	// LinkClaim is Link that also returns the claim this link put on the
+	// reference (see Claim), whether it added the reference or found it.
+	LinkClaim(ctx context.Context, name string, d blob.Digest) (linked bool, c Claim, err error)
+	// Retract removes the reference to d only if it still carries claim
+	// c: no link of d into the namespace, from any process, has happened
+	// since the one that returned c. It reports whether it removed the
+	// reference; a replaced claim or a reference already gone is not an
+	// error. ErrNotFound if the namespace is absent.
+	Retract(ctx context.Context, name string, d blob.Digest, c Claim) (bool, error)
 	// Entries streams the namespace's references in ascending digest order,
 	// starting after `after` (the zero digest lists from the start, itself
 	// included). It reads a page at a time by key (digest > last) and holds
@@ -78,6 +88,27 @@ type Registry interface {
 // engines.TxPutter and store.WithLink). *SQL implements it.
 type TxLinker interface {
 	LinkTx(ctx context.Context, tx *sql.Tx, name string, d blob.Digest) (linked bool, err error)
+	// LinkTxClaim is LinkTx that also returns the link's claim.
+	LinkTxClaim(ctx context.Context, tx *sql.Tx, name string, d blob.Digest) (linked bool, c Claim, err error)
+}
+
+// Claim is one link's mark on a reference. Every link of a digest into a
+// namespace — a put's, the link command's, a mount's — replaces the
+// reference's claim with a fresh one, whether it added the reference or
+// found it there. So a claim still in place when its linker comes back
+// means that nobody has relied on the reference since: the condition
+// under which a writer may take back (Retract) a version it published and
+// then superseded, without taking a reference someone else made.
+type Claim int64
+
+// newClaim returns a random non-zero claim (zero is the claim of rows
+// linked before claims existed, which no linker holds).
+func newClaim() Claim {
+	for {
+		if c := Claim(rand.Int64()); c != 0 {
+			return c
+		}
+	}
 }
 
 // Clock stamps LinkedAt and created_at. gc.Clock satisfies it, so a store's

@@ -44,18 +44,24 @@ func NewService(r Registry, p Pool) *Service { return &Service{Registry: r, pool
 // this holds for a sweep in any process. After the link, the registry
 // itself keeps d live.
 func (s *Service) Link(ctx context.Context, name string, d blob.Digest) (bool, error) {
+	linked, _, err := s.LinkClaim(ctx, name, d)
+	return linked, err
+}
+
+// LinkClaim is Link that also returns the link's claim (Registry.LinkClaim).
+func (s *Service) LinkClaim(ctx context.Context, name string, d blob.Digest) (bool, Claim, error) {
 	if err := check(ctx, name); err != nil {
-		return false, wrap("link", name, d, err)
+		return false, 0, wrap("link", name, d, err)
 	}
 	pin, err := s.pool.Pin(ctx, d)
 	if err != nil {
-		return false, wrap("link", name, d, err)
+		return false, 0, wrap("link", name, d, err)
 	}
 	defer pin.Release()
 	if err := s.present(ctx, d); err != nil {
-		return false, wrap("link", name, d, err)
+		return false, 0, wrap("link", name, d, err)
 	}
-	return s.Registry.Link(ctx, name, d)
+	return s.Registry.LinkClaim(ctx, name, d)
 }
 
 // LinkMany is Link for many digests, all or nothing: one missing digest
@@ -96,25 +102,32 @@ func (s *Service) present(ctx context.Context, d blob.Digest) error {
 // rather than link outside it. With tx nil (engines that cannot join), the
 // entry is already published and Link runs with its pool check.
 func (s *Service) LinkFunc(name string) func(ctx context.Context, tx *sql.Tx, d blob.Digest) error {
-	return s.LinkFuncReporting(name, nil)
+	return s.LinkFuncClaiming(name, nil)
 }
 
-// LinkFuncReporting is LinkFunc that also sets *linked (when non-nil) to
-// whether the reference is new, for callers that must undo exactly what
-// they added.
-func (s *Service) LinkFuncReporting(name string, linked *bool) func(ctx context.Context, tx *sql.Tx, d blob.Digest) error {
+// Linked is what a publish hook's link did: whether it added the
+// reference, and the claim it put on it.
+type Linked struct {
+	Added bool
+	Claim Claim
+}
+
+// LinkFuncClaiming is LinkFunc that also fills *out (when non-nil), for
+// callers that may later take back exactly what they added, and only if
+// nobody has relied on it since (Registry.Retract).
+func (s *Service) LinkFuncClaiming(name string, out *Linked) func(ctx context.Context, tx *sql.Tx, d blob.Digest) error {
 	return func(ctx context.Context, tx *sql.Tx, d blob.Digest) error {
-		var added bool
+		var l Linked
 		var err error
 		if tx == nil {
-			added, err = s.Link(ctx, name, d)
+			l.Added, l.Claim, err = s.LinkClaim(ctx, name, d)
 		} else if tl, ok := s.Registry.(TxLinker); ok {
-			added, err = tl.LinkTx(ctx, tx, name, d)
+			l.Added, l.Claim, err = tl.LinkTxClaim(ctx, tx, name, d)
 		} else {
 			err = wrap("link", name, d, errors.New("registry cannot link inside a database transaction (open it with namespaces.Open on the kv engine)"))
 		}
-		if linked != nil {
-			*linked = added
+		if out != nil {
+			*out = l
 		}
 		return err
 	}

@@ -58,6 +58,7 @@ var ddl = map[string][]string{
 			ns        TEXT NOT NULL REFERENCES ns (name),
 			digest    BLOB NOT NULL,
 			linked_at INTEGER NOT NULL,
+			claim     INTEGER NOT NULL DEFAULT 0,
 			PRIMARY KEY (ns, digest)
 		) WITHOUT ROWID`,
 		`CREATE INDEX IF NOT EXISTS ns_refs_digest ON ns_refs (digest)`,
@@ -75,20 +76,24 @@ var ddl = map[string][]string{
 			ns        TEXT COLLATE "C" NOT NULL REFERENCES ns (name),
 			digest    BYTEA NOT NULL,
 			linked_at BIGINT NOT NULL,
+			claim     BIGINT NOT NULL DEFAULT 0,
 			PRIMARY KEY (ns, digest)
 		)`,
 		`CREATE INDEX IF NOT EXISTS ns_refs_digest ON ns_refs (digest)`,
+		// Stores made before claims existed.
+		`ALTER TABLE ns_refs ADD COLUMN IF NOT EXISTS claim BIGINT NOT NULL DEFAULT 0`,
 	},
 }
 
 type queries struct {
 	create, remove, exists, names             string
 	link, linkIf, unlink, has, count, entries string
+	reclaim, retract                          string
 	isLive, live                              string
 	linkRows                                  string // linkBatch rows per INSERT
 }
 
-// linkBatch is how many rows one LinkMany INSERT carries: 768 bind
+// linkBatch is how many rows one LinkMany INSERT carries: 1024 bind
 // parameters, far under SQLite's 32 766 and PostgreSQL's 65 535, and
 // enough to amortize per-statement cost.
 const linkBatch = 256
@@ -102,7 +107,9 @@ func newQueries(dialect string) queries {
 		names:  r(`SELECT name FROM ns WHERE name > ? ORDER BY name LIMIT ?`),
 
 		link:    r(`INSERT INTO ns_refs (ns, digest, linked_at) VALUES (?, ?, ?) ON CONFLICT (ns, digest) DO NOTHING`),
-		linkIf:  r(`INSERT INTO ns_refs (ns, digest, linked_at) SELECT ?, ?, ? WHERE EXISTS (SELECT 1 FROM ns WHERE name = ?) ON CONFLICT (ns, digest) DO NOTHING`),
+		linkIf:  r(`INSERT INTO ns_refs (ns, digest, linked_at, claim) SELECT ?, ?, ?, ? WHERE EXISTS (SELECT 1 FROM ns WHERE name = ?) ON CONFLICT (ns, digest) DO NOTHING`),
+		reclaim: r(`UPDATE ns_refs SET claim = ? WHERE ns = ? AND digest = ?`),
+		retract: r(`DELETE FROM ns_refs WHERE ns = ? AND digest = ? AND claim = ?`),
 		unlink:  r(`DELETE FROM ns_refs WHERE ns = ? AND digest = ?`),
 		has:     r(`SELECT linked_at FROM ns_refs WHERE ns = ? AND digest = ?`),
 		count:   r(`SELECT COUNT(*) FROM ns_refs WHERE ns = ?`),
@@ -117,12 +124,12 @@ func newQueries(dialect string) queries {
 
 func linkRowsQuery(dialect string, rows int) string {
 	var b strings.Builder
-	b.WriteString(`INSERT INTO ns_refs (ns, digest, linked_at) VALUES `)
+	b.WriteString(`INSERT INTO ns_refs (ns, digest, linked_at, claim) VALUES `)
 	for i := range rows {
 		if i > 0 {
 			b.WriteString(", ")
 		}
-		b.WriteString("(?, ?, ?)")
+		b.WriteString("(?, ?, ?, ?)")
 	}
 	b.WriteString(` ON CONFLICT (ns, digest) DO NOTHING`)
 	return rebind(dialect, b.String())
@@ -163,6 +170,11 @@ func OpenSQL(ctx context.Context, db *sql.DB, dialect string, clock Clock) (*SQL
 			return nil, fmt.Errorf("namespaces: open %s: create schema: %w", dialect, err)
 		}
 	}
+	if dialect == "sqlite" {
+		if err := addClaimSQLite(ctx, db); err != nil {
+			return nil, fmt.Errorf("namespaces: open %s: %w", dialect, err)
+		}
+	}
 	r := &SQL{db: db, dialect: dialect, clock: orWall(clock), q: newQueries(dialect)}
 	var err error
 	if r.existsStmt, err = db.PrepareContext(ctx, r.q.exists); err != nil {
@@ -173,6 +185,23 @@ func OpenSQL(ctx context.Context, db *sql.DB, dialect string, clock Clock) (*SQL
 		return nil, fmt.Errorf("namespaces: open %s: prepare: %w", dialect, err)
 	}
 	return r, nil
+}
+
+// addClaimSQLite adds ns_refs.claim to a database made before claims
+// existed (SQLite has no ADD COLUMN IF NOT EXISTS).
+func addClaimSQLite(ctx context.Context, db *sql.DB) error {
+	var n int
+	if err := db.QueryRowContext(ctx, `SELECT count(*) FROM pragma_table_info('ns_refs') WHERE name = 'claim'`).Scan(&n); err != nil {
+		return fmt.Errorf("read ns_refs columns: %w", err)
+	}
+	if n == 1 {
+		return nil
+	}
+	_, err := db.ExecContext(ctx, `ALTER TABLE ns_refs ADD COLUMN claim INTEGER NOT NULL DEFAULT 0`)
+	if err != nil {
+		return fmt.Errorf("add ns_refs.claim: %w", err)
+	}
+	return nil
 }
 
 // Dialect is "sqlite" or "postgres".
@@ -278,16 +307,47 @@ func (r *SQL) Names(ctx context.Context, after string) iter.Seq2[string, error] 
 
 // Link implements Registry. It runs in its own transaction; see LinkTx.
 func (r *SQL) Link(ctx context.Context, name string, d blob.Digest) (bool, error) {
+	linked, _, err := r.LinkClaim(ctx, name, d)
+	return linked, err
+}
+
+// LinkClaim implements Registry.
+func (r *SQL) LinkClaim(ctx context.Context, name string, d blob.Digest) (bool, Claim, error) {
 	if err := check(ctx, name); err != nil {
-		return false, wrap("link", name, d, err)
+		return false, 0, wrap("link", name, d, err)
 	}
 	var linked bool
+	c := newClaim()
 	err := r.inTx(ctx, func(tx *sql.Tx) error {
 		var err error
-		linked, err = r.linkTx(ctx, tx, name, d)
+		linked, err = r.linkTx(ctx, tx, name, d, c)
 		return err
 	})
-	return linked && err == nil, wrap("link", name, d, err)
+	if err != nil {
+		return false, 0, wrap("link", name, d, err)
+	}
+	return linked, c, nil
+}
+
+// Retract implements Registry: one DELETE conditional on the claim.
+func (r *SQL) Retract(ctx context.Context, name string, d blob.Digest, c Claim) (bool, error) {
+	if err := check(ctx, name); err != nil {
+		return false, wrap("retract", name, d, err)
+	}
+	res, err := r.db.ExecContext(ctx, r.q.retract, name, d[:], int64(c))
+	var n int64
+	if err == nil {
+		n, err = res.RowsAffected()
+	}
+	if err != nil {
+		return false, wrap("retract", name, d, err)
+	}
+	if n == 0 {
+		if err := r.absent(ctx, name, nil); err != nil {
+			return false, wrap("retract", name, d, err)
+		}
+	}
+	return n == 1, nil
 }
 
 // LinkTx is Link inside the caller's transaction tx, which must belong to
@@ -295,23 +355,42 @@ func (r *SQL) Link(ctx context.Context, name string, d blob.Digest) (bool, error
 // This is how a kv put and its link become one (store.WithLink with
 // Service.LinkFunc).
 func (r *SQL) LinkTx(ctx context.Context, tx *sql.Tx, name string, d blob.Digest) (bool, error) {
-	if err := check(ctx, name); err != nil {
-		return false, wrap("link", name, d, err)
-	}
-	linked, err := r.linkTx(ctx, tx, name, d)
-	return linked, wrap("link", name, d, err)
+	linked, _, err := r.LinkTxClaim(ctx, tx, name, d)
+	return linked, err
 }
 
-func (r *SQL) linkTx(ctx context.Context, tx *sql.Tx, name string, d blob.Digest) (bool, error) {
+// LinkTxClaim implements TxLinker.
+func (r *SQL) LinkTxClaim(ctx context.Context, tx *sql.Tx, name string, d blob.Digest) (bool, Claim, error) {
+	if err := check(ctx, name); err != nil {
+		return false, 0, wrap("link", name, d, err)
+	}
+	c := newClaim()
+	linked, err := r.linkTx(ctx, tx, name, d, c)
+	if err != nil {
+		return false, 0, wrap("link", name, d, err)
+	}
+	return linked, c, nil
+}
+
+func (r *SQL) linkTx(ctx context.Context, tx *sql.Tx, name string, d blob.Digest, c Claim) (bool, error) {
 	// One statement inserts only if the namespace exists; no row means
-	// already linked or no such namespace, told apart only in that case.
-	res, err := tx.StmtContext(ctx, r.linkStmt).ExecContext(ctx, name, d[:], r.clock.Now().UnixNano(), name)
+	// already linked or no such namespace. A reference already there is
+	// claimed anew (this link relies on it too); no row to claim means no
+	// such namespace.
+	res, err := tx.StmtContext(ctx, r.linkStmt).ExecContext(ctx, name, d[:], r.clock.Now().UnixNano(), int64(c), name)
 	if err != nil {
 		return false, r.linkFailed(ctx, name, err)
 	}
 	n, err := res.RowsAffected()
 	if err != nil || n == 1 {
 		return n == 1, err
+	}
+	res, err = tx.ExecContext(ctx, r.q.reclaim, int64(c), name, d[:])
+	if err == nil {
+		n, err = res.RowsAffected()
+	}
+	if err != nil || n == 1 {
+		return false, err
 	}
 	return false, r.mustExist(ctx, tx, name)
 }
@@ -345,6 +424,7 @@ func (r *SQL) LinkMany(ctx context.Context, name string, ds []blob.Digest) (int,
 		return 0, wrap("linkmany", name, blob.Digest{}, err)
 	}
 	now := r.clock.Now().UnixNano()
+	c := int64(newClaim())
 	// Inserting in key order turns random B-tree inserts into near-appends
 	// on both the primary key and the digest index: 2.5× faster for random
 	// batches on SQLite, 10× when the caller's batches are ordered too.
@@ -371,7 +451,7 @@ func (r *SQL) LinkMany(ctx context.Context, name string, ds []blob.Digest) (int,
 			k := min(len(rest), linkBatch)
 			args = args[:0]
 			for i := range rest[:k] {
-				args = append(args, name, rest[i][:], now)
+				args = append(args, name, rest[i][:], now, c)
 			}
 			var res sql.Result
 			var err error
@@ -388,6 +468,12 @@ func (r *SQL) LinkMany(ctx context.Context, name string, ds []blob.Digest) (int,
 				return err
 			}
 			total += int(n)
+			// The references that were there already are claimed anew.
+			if int(n) < k {
+				if err := r.reclaimBatch(ctx, tx, name, rest[:k], c); err != nil {
+					return err
+				}
+			}
 			rest = rest[k:]
 		}
 		return nil
@@ -396,6 +482,18 @@ func (r *SQL) LinkMany(ctx context.Context, name string, ds []blob.Digest) (int,
 		return 0, wrap("linkmany", name, blob.Digest{}, err)
 	}
 	return total, nil
+}
+
+// reclaimBatch sets claim c on name's references to ds.
+func (r *SQL) reclaimBatch(ctx context.Context, tx *sql.Tx, name string, ds []blob.Digest, c int64) error {
+	args := make([]any, 0, len(ds)+2)
+	args = append(args, c, name)
+	for _, d := range ds {
+		args = append(args, d[:])
+	}
+	q := rebind(r.dialect, "UPDATE ns_refs SET claim = ? WHERE ns = ? AND digest IN (?"+strings.Repeat(", ?", len(ds)-1)+")")
+	_, err := tx.ExecContext(ctx, q, args...)
+	return err
 }
 
 func (r *SQL) inTx(ctx context.Context, f func(tx *sql.Tx) error) error {

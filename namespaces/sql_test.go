@@ -182,3 +182,46 @@ func TestSQLiteCorruptRow(t *testing.T) {
 		t.Fatalf("Live over a corrupt row yielded %v, want one error", live)
 	}
 }
+
+// TestSQLiteAddsClaims: a store whose ns_refs predates claims gains the
+// column at open; its existing references stay, and retract under no
+// claim of theirs.
+func TestSQLiteAddsClaims(t *testing.T) {
+	ctx := t.Context()
+	e, err := sqlite.Open(ctx, filepath.Join(t.TempDir(), "kv.db"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer e.Close()
+	d := blob.Sum([]byte("old"))
+	for _, q := range []string{
+		`CREATE TABLE ns (name TEXT PRIMARY KEY, created_at INTEGER NOT NULL) WITHOUT ROWID`,
+		`CREATE TABLE ns_refs (ns TEXT NOT NULL REFERENCES ns (name), digest BLOB NOT NULL, linked_at INTEGER NOT NULL, PRIMARY KEY (ns, digest)) WITHOUT ROWID`,
+		`INSERT INTO ns VALUES ('a', 1)`,
+	} {
+		if _, err := e.DB().ExecContext(ctx, q); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if _, err := e.DB().ExecContext(ctx, `INSERT INTO ns_refs VALUES ('a', ?, 2)`, d[:]); err != nil {
+		t.Fatal(err)
+	}
+	r, err := namespaces.Open(ctx, e, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, ok, err := r.Has(ctx, "a", d); !ok || err != nil {
+		t.Fatalf("old reference after the upgrade: %v, %v", ok, err)
+	}
+	added, c, err := r.LinkClaim(ctx, "a", d)
+	if err != nil || added || c == 0 {
+		t.Fatalf("LinkClaim of an old reference = %v, %v, %v", added, c, err)
+	}
+	if ok, err := r.Retract(ctx, "a", d, c); !ok || err != nil {
+		t.Fatalf("Retract = %v, %v", ok, err)
+	}
+	// Reopening finds the column there.
+	if _, err := namespaces.Open(ctx, e, nil); err != nil {
+		t.Fatal(err)
+	}
+}

@@ -51,6 +51,7 @@ func Run(t *testing.T, open Opener) {
 		{"LinkUnlink", testLinkUnlink},
 		{"LinkedAt", testLinkedAt},
 		{"LinkMany", testLinkMany},
+		{"ClaimRetract", testClaimRetract},
 		{"EntriesOrderAndResume", testEntriesResume},
 		{"EntriesWhileWriting", testEntriesWhileWriting},
 		{"EntriesBoundedMemory", testBoundedMemory},
@@ -805,5 +806,59 @@ func testLiveAmong(t *testing.T, open Opener) {
 	}
 	if live, err := bs.LiveAmong(context.Background(), nil); err != nil || len(live) != 0 {
 		t.Fatalf("LiveAmong(nil) = %v, %v", live, err)
+	}
+}
+
+// testClaimRetract: every link replaces the reference's claim, so Retract
+// removes a reference only while its own link is the last one that relied
+// on it.
+func testClaimRetract(t *testing.T, open Opener) {
+	r, _ := fresh(t, open)
+	ctx := t.Context()
+	create(t, r, "a", "b")
+	d := D(1)
+	added, c1, err := r.LinkClaim(ctx, "a", d)
+	if err != nil || !added || c1 == 0 {
+		t.Fatalf("LinkClaim = %v, %v, %v; want a new reference with a claim", added, c1, err)
+	}
+	// Another link of the same digest relies on the reference too.
+	added, c2, err := r.LinkClaim(ctx, "a", d)
+	if err != nil || added || c2 == 0 || c2 == c1 {
+		t.Fatalf("second LinkClaim = %v, %v, %v; want the existing reference claimed anew", added, c2, err)
+	}
+	if ok, err := r.Retract(ctx, "a", d, c1); ok || err != nil {
+		t.Fatalf("Retract under a replaced claim = %v, %v; want kept", ok, err)
+	}
+	if _, ok, _ := r.Has(ctx, "a", d); !ok {
+		t.Fatal("a retraction under a replaced claim removed the reference")
+	}
+	if ok, err := r.Retract(ctx, "a", d, c2); !ok || err != nil {
+		t.Fatalf("Retract under the current claim = %v, %v; want removed", ok, err)
+	}
+	if _, ok, _ := r.Has(ctx, "a", d); ok {
+		t.Fatal("the reference survived its own retraction")
+	}
+	if ok, err := r.Retract(ctx, "a", d, c2); ok || err != nil {
+		t.Fatalf("Retract of a reference already gone = %v, %v; want false, nil", ok, err)
+	}
+	// Plain Link and LinkMany replace claims too; claims are per namespace.
+	_, c3, _ := r.LinkClaim(ctx, "a", d)
+	_, cb, _ := r.LinkClaim(ctx, "b", d)
+	must(t, func() error { _, err := r.Link(ctx, "a", d); return err }())
+	if ok, _ := r.Retract(ctx, "a", d, c3); ok {
+		t.Fatal("Retract after a later Link removed the reference")
+	}
+	_, c4, _ := r.LinkClaim(ctx, "a", d)
+	if _, err := r.LinkMany(ctx, "a", []blob.Digest{D(2), d}); err != nil {
+		t.Fatal(err)
+	}
+	if ok, _ := r.Retract(ctx, "a", d, c4); ok {
+		t.Fatal("Retract after a later LinkMany removed the reference")
+	}
+	if ok, err := r.Retract(ctx, "b", d, cb); !ok || err != nil {
+		t.Fatalf("Retract in b under b's claim = %v, %v; links in a must not touch it", ok, err)
+	}
+	if _, err := r.Retract(ctx, "nope", d, c4); !errors.Is(err, namespaces.ErrNotFound) {
+		t.Fatalf("Retract in an absent namespace = %v; want ErrNotFound", err)
 	}
 }
