@@ -60,12 +60,18 @@
 //     opens writing one file finish with the last of them). A RELEASE of
 //     the last writer publishes whatever is still unpublished; its error
 //     can only be logged.
+//   - A FLUSH publishes nothing until something was written since the file
+//     was created or truncated: a shell's `cmd > file` flushes once before
+//     cmd writes, and that empty version is never published, not even if
+//     the daemon dies during cmd. A file left empty (`: > file`, `touch`)
+//     publishes at its last RELEASE.
 //   - Writes after a publish, through a descriptor still open (dup, fork,
-//     a shell's `cmd > file`, which flushes once before cmd writes), re-open
-//     the upload from the published content; the next publish retracts the
-//     superseded version from the namespace if this writer session added
-//     it and no other incoming/ file holds it. So `> file` leaves exactly
-//     the final content published, not an empty file as well.
+//     `{ cat a; cat b; } > file`), re-open the upload from the published
+//     content; the next publish retracts the superseded version from the
+//     namespace if this writer session added it, no other incoming/ file
+//     holds it, and no link of the same digest from anywhere (a CLI put,
+//     another mount) has relied on it since: the retraction removes the
+//     reference only under this publish's own claim (namespaces.Claim).
 //   - A write or publish that fails ends the upload: nothing of it is
 //     published, every later close reports the error, and the name goes
 //     when its last handle closes. An unlinked file never publishes.

@@ -423,6 +423,12 @@ type fileNode struct {
 	meta     meta
 	up       *store.Upload // nil when the content is the published version
 	dirty    bool          // up differs from pub (or pub is nil)
+	// written: the content was written (or extended) since the file was
+	// created or truncated to nothing. A FLUSH publishes nothing before
+	// that: a shell's `cmd > f` flushes once before cmd writes, and that
+	// empty version must never be published, not even if the daemon dies
+	// during cmd. An empty file (`: > f`) publishes at its RELEASE.
+	written  bool
 	pub      *version      // last published version: the receipt
 	seq      uint64        // publishes so far
 	super    *version      // pub, superseded by writes through a handle open at its publish
@@ -557,7 +563,7 @@ func (n *fileNode) truncateLocked(ctx context.Context, h *fileHandle, size int64
 		n.failLocked(err)
 		return err
 	}
-	n.dirty = true
+	n.dirty, n.written = true, size > 0
 	n.meta.mtime = time.Now()
 	if h != nil {
 		h.idle, h.wrote = false, true
@@ -596,7 +602,7 @@ func (n *fileNode) Open(ctx context.Context, flags uint32) (fs.FileHandle, uint3
 				n.failLocked(err)
 				return nil, 0, n.fsys.errno("open", n.digestForLog(), err)
 			}
-			n.dirty = true
+			n.dirty, n.written = true, false
 		}
 	}
 	return n.newHandleLocked(flags), 0, 0
@@ -893,7 +899,7 @@ func (h *fileHandle) Write(ctx context.Context, data []byte, off int64) (uint32,
 		n.failLocked(err)
 		return 0, n.fsys.errno("write", n.digestForLog(), err)
 	}
-	n.dirty, h.idle, h.wrote = true, false, true
+	n.dirty, n.written, h.idle, h.wrote = true, true, false, true
 	n.meta.mtime = time.Now()
 	n.meta.ctime = n.meta.mtime
 	n.fsys.stats.writes.Add(1)
@@ -1012,7 +1018,7 @@ func (h *fileHandle) Flush(ctx context.Context) syscall.Errno {
 // against the name. Such a file publishes at that later FLUSH, or at the
 // last RELEASE.
 func (n *fileNode) publishDueLocked(h *fileHandle, wrote bool) bool {
-	if !n.dirty || n.detached || n.up == nil {
+	if !n.dirty || n.detached || n.up == nil || !n.written {
 		return false
 	}
 	if n.want != nil && !wrote {

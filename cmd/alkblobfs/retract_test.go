@@ -74,3 +74,80 @@ func TestRetractionKeepsOthersReference(t *testing.T) {
 	c.ok("get", header, "-o", filepath.Join(dir, "header-back"))
 	stopDaemon(t, dm)
 }
+
+// emptyDigest is the sha256 of nothing.
+const emptyDigest = "e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855"
+
+// TestRedirectPublishesNoEmptyVersion: a shell's `(sleep; echo x) > f`
+// flushes once before anything is written; the namespace never shows the
+// empty version, neither while the command runs nor after the daemon is
+// killed during it. An explicitly empty file (`: > f`) still publishes.
+func TestRedirectPublishesNoEmptyVersion(t *testing.T) {
+	requireFUSE(t)
+	c := newCLI(t)
+	c.ok("ns", "create", "ns")
+	mnt := t.TempDir()
+	dm := startDaemon(t, c.data, mnt)
+	nsDir := filepath.Join(mnt, "ns")
+	sh := exec.Command("sh", "-c", fmt.Sprintf(`(sleep 0.5; echo x) > %q`, filepath.Join(nsDir, "incoming", "f")))
+	if err := sh.Start(); err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan error, 1)
+	go func() { done <- sh.Wait() }()
+	polls := 0
+poll:
+	for {
+		select {
+		case err := <-done:
+			if err != nil {
+				t.Fatalf("shell: %v", err)
+			}
+			break poll
+		default:
+		}
+		names, err := os.ReadDir(nsDir)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, e := range names {
+			if e.Name() == emptyDigest {
+				t.Fatal("the empty version of a redirection showed in the namespace")
+			}
+		}
+		polls++
+		time.Sleep(5 * time.Millisecond)
+	}
+	if !slices.Contains(lines(c.ok("ls", "ns")), sum([]byte("x\n"))) {
+		t.Fatal("the redirection's content was not published")
+	}
+	if polls < 10 {
+		t.Fatalf("only %d polls while the command ran", polls)
+	}
+
+	// Killed during the command: after restart, no empty blob is linked.
+	sh = exec.Command("sh", "-c", fmt.Sprintf(`(sleep 2; echo y) > %q`, filepath.Join(nsDir, "incoming", "g")))
+	if err := sh.Start(); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(500 * time.Millisecond)
+	dm.cmd.Process.Kill()
+	<-dm.done
+	sh.Process.Kill()
+	sh.Wait()
+	if slices.Contains(lines(c.ok("ls", "ns")), emptyDigest) {
+		t.Fatal("the empty version is linked after the daemon was killed during the command")
+	}
+	dm = startDaemon(t, c.data, mnt)
+	if err := exec.Command("sh", "-c", fmt.Sprintf(`: > %q`, filepath.Join(nsDir, "incoming", "empty"))).Run(); err != nil {
+		t.Fatal(err)
+	}
+	deadline := time.Now().Add(5 * time.Second)
+	for !slices.Contains(lines(c.ok("ls", "ns")), emptyDigest) {
+		if time.Now().After(deadline) {
+			t.Fatal("an explicitly empty file was never published")
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	stopDaemon(t, dm)
+}
