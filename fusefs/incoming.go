@@ -419,21 +419,21 @@ type fileNode struct {
 	want *blob.Digest // put by path: the name, which the content must hash to
 	name string       // put by path: the digest name
 
-	mu       sync.Mutex
-	meta     meta
-	up       *store.Upload // nil when the content is the published version
-	dirty    bool          // up differs from pub (or pub is nil)
+	mu    sync.Mutex
+	meta  meta
+	up    *store.Upload // nil when the content is the published version
+	dirty bool          // up differs from pub (or pub is nil)
 	// written: the content was written (or extended) since the file was
 	// created or truncated to nothing. A FLUSH publishes nothing before
 	// that: a shell's `cmd > f` flushes once before cmd writes, and that
 	// empty version must never be published, not even if the daemon dies
 	// during cmd. An empty file (`: > f`) publishes at its RELEASE.
 	written  bool
-	pub      *version      // last published version: the receipt
-	seq      uint64        // publishes so far
-	super    *version      // pub, superseded by writes through a handle open at its publish
-	failed   error         // a write or publish failed: nothing publishes; EIO/ENOSPC
-	detached bool          // unlinked, replaced or expired
+	pub      *version // last published version: the receipt
+	seq      uint64   // publishes so far
+	super    *version // pub, superseded by writes through a handle open at its publish
+	failed   error    // a write or publish failed: nothing publishes; EIO/ENOSPC
+	detached bool     // unlinked, replaced or expired
 	writers  map[*fileHandle]struct{}
 	handles  int
 	gen      uint64 // bumped by every publish and detach: stale expiry timers do nothing
