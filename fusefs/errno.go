@@ -44,7 +44,22 @@ var (
 	errPublishFailed = errors.New("publish failed")
 	// errGone: the file was removed while the request was on its way.
 	errGone = errors.New("no such file")
+	// errNameTooLong: a name over nameMax bytes, anywhere in the mount.
+	errNameTooLong = errors.New("file name too long")
 )
+
+// nameMax is the longest name the mount accepts, in bytes: NAME_MAX, what
+// statfs reports and what every Linux filesystem that programs expect
+// allows. The kernel does not enforce it for FUSE, so the mount does.
+const nameMax = 255
+
+// tooLong returns ENAMETOOLONG for a name over nameMax bytes, else 0.
+func tooLong(name string) syscall.Errno {
+	if len(name) > nameMax {
+		return toErrno(errNameTooLong)
+	}
+	return 0
+}
 
 // toErrno is the one mapping from Go errors to the errno the kernel gets
 // (DESIGN §1 "Errors a user gets"). It is pure and table-tested; callers go
@@ -88,6 +103,8 @@ func toErrno(err error) syscall.Errno {
 		return syscall.ENOENT
 	case errors.Is(err, errPublishFailed):
 		return syscall.EIO
+	case errors.Is(err, errNameTooLong):
+		return syscall.ENAMETOOLONG
 
 	case errors.Is(err, blob.ErrMissing), errors.Is(err, blob.ErrKeyInvalid):
 		return syscall.ENOENT

@@ -40,6 +40,7 @@ func TestToErrno(t *testing.T) {
 		{"no xattr", errNoAttr, syscall.ENODATA},
 		{"xattr buffer", errRange, syscall.ERANGE},
 		{"vanished", errGone, syscall.ENOENT},
+		{"name too long", errNameTooLong, syscall.ENAMETOOLONG},
 		{"failed publish", errPublishFailed, syscall.EIO},
 		{"missing blob", wrapped(blob.ErrMissing), syscall.ENOENT},
 		{"malformed digest", blob.ErrKeyInvalid, syscall.ENOENT},

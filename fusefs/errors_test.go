@@ -136,6 +136,35 @@ func TestErrnoContract(t *testing.T) {
 		_, err := os.Stat(e.path("no-such-namespace"))
 		wantErrno(t, "stat absent namespace", err, syscall.ENOENT)
 	})
+	t.Run("names over 255 bytes are ENAMETOOLONG", func(t *testing.T) {
+		e.mkns("long")
+		inc := e.path("long", "incoming")
+		if err := os.Mkdir(filepath.Join(inc, "sub"), 0o755); err != nil {
+			t.Fatal(err)
+		}
+		for _, n := range []int{256, 1100, 4000} {
+			long := strings.Repeat("n", n)
+			_, err := os.Create(filepath.Join(inc, long))
+			wantErrno(t, fmt.Sprintf("create %d bytes in incoming/", n), err, syscall.ENAMETOOLONG)
+			wantErrno(t, fmt.Sprintf("mkdir %d bytes in incoming/", n), os.Mkdir(filepath.Join(inc, "sub", long), 0o755), syscall.ENAMETOOLONG)
+			_, err = os.Stat(filepath.Join(inc, long))
+			wantErrno(t, fmt.Sprintf("lookup %d bytes in incoming/", n), err, syscall.ENAMETOOLONG)
+			_, err = os.Stat(filepath.Join(ns, long))
+			wantErrno(t, fmt.Sprintf("lookup %d bytes in a namespace", n), err, syscall.ENAMETOOLONG)
+			wantErrno(t, fmt.Sprintf("mkdir %d bytes at the root", n), os.Mkdir(e.path(long), 0o755), syscall.ENAMETOOLONG)
+		}
+		// 255 bytes is a name like any other.
+		max := filepath.Join(inc, strings.Repeat("m", 255))
+		if err := os.WriteFile(max, []byte("x"), 0o644); err != nil {
+			t.Fatalf("a 255-byte name: %v", err)
+		}
+		if _, err := os.Stat(max); err != nil {
+			t.Fatalf("lookup of a 255-byte name: %v", err)
+		}
+		if names, _ := os.ReadDir(inc); len(names) != 2 {
+			t.Fatalf("incoming/ lists %d names; want sub and the 255-byte one", len(names))
+		}
+	})
 	t.Run("mkdir and non-digest creates in a namespace are EPERM", func(t *testing.T) {
 		wantErrno(t, "mkdir", os.Mkdir(filepath.Join(ns, "dir"), 0o755), syscall.EPERM)
 		_, err := os.Create(filepath.Join(ns, "notes.txt"))

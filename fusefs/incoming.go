@@ -209,8 +209,31 @@ func (d *incDir) touch() {
 	d.mu.Unlock()
 }
 
+// Lookup resolves the names the tree holds, and refuses names no Linux
+// filesystem could hold with ENAMETOOLONG rather than ENOENT.
+func (d *incDir) Lookup(ctx context.Context, name string, out *fuse.EntryOut) (*fs.Inode, syscall.Errno) {
+	if e := tooLong(name); e != 0 {
+		return nil, e
+	}
+	child := d.GetChild(name)
+	if child == nil {
+		return nil, syscall.ENOENT
+	}
+	if ga, ok := child.Operations().(fs.NodeGetattrer); ok {
+		var a fuse.AttrOut
+		if e := ga.Getattr(ctx, nil, &a); e != 0 {
+			return nil, e
+		}
+		out.Attr = a.Attr
+	}
+	return child, 0
+}
+
 // Create starts an upload: every file created under incoming/ is a put.
 func (d *incDir) Create(ctx context.Context, name string, flags uint32, mode uint32, out *fuse.EntryOut) (*fs.Inode, fs.FileHandle, uint32, syscall.Errno) {
+	if e := tooLong(name); e != 0 {
+		return nil, nil, 0, e
+	}
 	f := d.fsys
 	if d.tree.isClosed() {
 		return nil, nil, 0, f.errno("create", blob.Digest{}, errGone)
@@ -231,6 +254,9 @@ func (d *incDir) Create(ctx context.Context, name string, flags uint32, mode uin
 }
 
 func (d *incDir) Mkdir(ctx context.Context, name string, mode uint32, out *fuse.EntryOut) (*fs.Inode, syscall.Errno) {
+	if e := tooLong(name); e != 0 {
+		return nil, e
+	}
 	uid, gid := caller(ctx, d.fsys)
 	sub := newIncDir(d.fsys, d.tree, mode, uid, gid)
 	sub.getattr(&out.Attr)
@@ -279,6 +305,9 @@ func (d *incDir) Rmdir(ctx context.Context, name string) syscall.Errno {
 // back to copy and unlink: into another namespace's incoming/ that
 // publishes there, onto <ns>/<digest> it is a verified put.
 func (d *incDir) Rename(ctx context.Context, name string, newParent fs.InodeEmbedder, newName string, flags uint32) syscall.Errno {
+	if e := tooLong(newName); e != 0 {
+		return e
+	}
 	f := d.fsys
 	np, ok := newParent.(*incDir)
 	if !ok || np.tree != d.tree {
@@ -334,6 +363,9 @@ func (d *incDir) Rename(ctx context.Context, name string, newParent fs.InodeEmbe
 // trees containing links exit 0. Links are not published (a blob is
 // bytes) and expire like receipts.
 func (d *incDir) Symlink(ctx context.Context, target, name string, out *fuse.EntryOut) (*fs.Inode, syscall.Errno) {
+	if e := tooLong(name); e != 0 {
+		return nil, e
+	}
 	uid, gid := caller(ctx, d.fsys)
 	s := &symNode{node: node{fsys: d.fsys}, tree: d.tree, target: target, meta: newMeta(0o777, uid, gid)}
 	s.getattr(&out.Attr)
@@ -349,6 +381,9 @@ func (d *incDir) Symlink(ctx context.Context, target, name string, out *fuse.Ent
 // recreate hard links of the source tree). A file still being written
 // cannot be linked.
 func (d *incDir) Link(ctx context.Context, target fs.InodeEmbedder, name string, out *fuse.EntryOut) (*fs.Inode, syscall.Errno) {
+	if e := tooLong(name); e != 0 {
+		return nil, e
+	}
 	f := d.fsys
 	src, ok := target.(*fileNode)
 	if !ok || src.tree != d.tree {
@@ -374,6 +409,9 @@ func (d *incDir) Link(ctx context.Context, target fs.InodeEmbedder, name string,
 }
 
 func (d *incDir) Mknod(ctx context.Context, name string, mode, dev uint32, out *fuse.EntryOut) (*fs.Inode, syscall.Errno) {
+	if e := tooLong(name); e != 0 {
+		return nil, e
+	}
 	return nil, d.fsys.errno("mknod", blob.Digest{}, errNotPermitted)
 }
 

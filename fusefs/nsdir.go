@@ -115,6 +115,9 @@ func (d *nsDir) teardown() {
 }
 
 func (d *nsDir) Lookup(ctx context.Context, name string, out *fuse.EntryOut) (*fs.Inode, syscall.Errno) {
+	if e := tooLong(name); e != 0 {
+		return nil, e
+	}
 	if name == incomingName {
 		d.inc.getattr(&out.Attr)
 		return d.GetChild(incomingName), 0
@@ -193,6 +196,9 @@ func (d *nsDir) OpendirHandle(ctx context.Context, flags uint32) (fs.FileHandle,
 // Create in a namespace is the verified put by path: the name must be a
 // digest, and the content must hash to it.
 func (d *nsDir) Create(ctx context.Context, name string, flags uint32, mode uint32, out *fuse.EntryOut) (*fs.Inode, fs.FileHandle, uint32, syscall.Errno) {
+	if e := tooLong(name); e != 0 {
+		return nil, nil, 0, e
+	}
 	if !blob.IsDigestName(name) {
 		d.fsys.log.Warn("cannot create a file directly in a namespace unless its name is the sha256 of its content (lowercase hex); copy files into incoming/ instead",
 			"namespace", d.name, "name", name)

@@ -60,6 +60,9 @@ func (r *rootDir) Setattr(ctx context.Context, f fs.FileHandle, in *fuse.SetAttr
 }
 
 func (r *rootDir) Lookup(ctx context.Context, name string, out *fuse.EntryOut) (*fs.Inode, syscall.Errno) {
+	if e := tooLong(name); e != 0 {
+		return nil, e
+	}
 	if name == controlName {
 		r.fsys.dirAttr(&out.Attr, 0o755, r.fsys.born)
 		return r.GetChild(controlName), 0
@@ -107,6 +110,9 @@ func nameIno(name string) uint64 {
 
 // Mkdir creates a namespace.
 func (r *rootDir) Mkdir(ctx context.Context, name string, mode uint32, out *fuse.EntryOut) (*fs.Inode, syscall.Errno) {
+	if e := tooLong(name); e != 0 {
+		return nil, e
+	}
 	if name == controlName {
 		return nil, r.fsys.errno("mkdir", blob.Digest{}, errExists)
 	}
