@@ -9,10 +9,13 @@ import (
 	"io"
 	"io/fs"
 	"os"
+	"path/filepath"
 	"strings"
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/alkblobfs/alkblobfs/blob"
 )
 
 func writeCtl(path, s string) error {
@@ -204,5 +207,42 @@ func TestReceipts(t *testing.T) {
 	e.expectNS(t, "r", []string{sum(content), sum([]byte("drop me"))})
 	if ents, _ := os.ReadDir(in); len(ents) != 0 {
 		t.Fatalf("incoming/ not empty after expiry: %v", ents)
+	}
+}
+
+// TestReceiptOfSweptBlob: a receipt whose blob a sweep has taken (after
+// its namespace dropped it) disappears from incoming/ — from a listing and
+// from a lookup — instead of listing a file that reads ENOENT.
+func TestReceiptOfSweptBlob(t *testing.T) {
+	e := mountStore(t, defaultSpec)
+	e.mkns("s")
+	in := e.path("s", "incoming")
+	for _, name := range []string{"listed", "looked-up", "kept"} {
+		writeFile(t, filepath.Join(in, name), []byte("content of "+name))
+	}
+	for _, name := range []string{"listed", "looked-up"} {
+		if err := os.Remove(e.path("s", sum([]byte("content of "+name)))); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for range 2 {
+		if err := os.WriteFile(e.path(".alkblobfs", "sweep"), []byte("run\n"), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if ok, _ := e.st.Has(t.Context(), blob.Sum([]byte("content of listed"))); ok {
+		t.Fatal("the sweeps did not take the unlinked blob")
+	}
+	// The directory's entries may be cached for its one-second timeout.
+	eventually(t, 5*time.Second, "the swept receipt to leave the lookup", func() bool {
+		_, err := os.Stat(filepath.Join(in, "looked-up"))
+		return errors.Is(err, fs.ErrNotExist)
+	})
+	eventually(t, 5*time.Second, "the swept receipts to leave the listing", func() bool {
+		ents, err := os.ReadDir(in)
+		return err == nil && len(ents) == 1 && ents[0].Name() == "kept"
+	})
+	if got := fileSum(t, filepath.Join(in, "kept")); got != sum([]byte("content of kept")) {
+		t.Fatalf("the kept receipt reads %s", got)
 	}
 }

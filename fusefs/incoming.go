@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"io"
+	"slices"
 	"sync"
 	"syscall"
 	"time"
@@ -173,6 +174,8 @@ var (
 	_ = (fs.NodeGetxattrer)((*incDir)(nil))
 	_ = (fs.NodeSetxattrer)((*incDir)(nil))
 	_ = (fs.NodeStatfser)((*incDir)(nil))
+	_ = (fs.NodeLookuper)((*incDir)(nil))
+	_ = (fs.NodeReaddirer)((*incDir)(nil))
 )
 
 func newIncDir(f *FS, t *incTree, mode, uid, gid uint32) *incDir {
@@ -219,6 +222,17 @@ func (d *incDir) Lookup(ctx context.Context, name string, out *fuse.EntryOut) (*
 	if child == nil {
 		return nil, syscall.ENOENT
 	}
+	if fn, ok := child.Operations().(*fileNode); ok {
+		if dg, check := fn.receiptToCheck(); check {
+			ok, err := d.fsys.st.Has(ctx, dg)
+			if err == nil && !ok && fn.dropIfGone(dg) {
+				return nil, syscall.ENOENT
+			}
+			if err == nil && ok {
+				fn.markSeen(dg)
+			}
+		}
+	}
 	if ga, ok := child.Operations().(fs.NodeGetattrer); ok {
 		var a fuse.AttrOut
 		if e := ga.Getattr(ctx, nil, &a); e != 0 {
@@ -227,6 +241,51 @@ func (d *incDir) Lookup(ctx context.Context, name string, out *fuse.EntryOut) (*
 		out.Attr = a.Attr
 	}
 	return child, 0
+}
+
+// Readdir lists the tree's names, less the receipts whose blob the store
+// no longer holds (one metadata query for all of them): a receipt must not
+// list what cannot be read.
+func (d *incDir) Readdir(ctx context.Context) (fs.DirStream, syscall.Errno) {
+	children := d.Children()
+	var receipts []*fileNode
+	var ds []blob.Digest
+	for _, ch := range children {
+		if fn, ok := ch.Operations().(*fileNode); ok {
+			if dg, ok := fn.receiptDigest(); ok {
+				receipts = append(receipts, fn)
+				ds = append(ds, dg)
+			}
+		}
+	}
+	gone := make(map[*fileNode]bool)
+	if len(ds) > 0 {
+		infos, err := d.fsys.st.StatMany(ctx, ds)
+		if err != nil {
+			return nil, d.fsys.errno("readdir", blob.Digest{}, err)
+		}
+		for i, fn := range receipts {
+			if _, ok := infos[ds[i]]; ok {
+				fn.markSeen(ds[i])
+			} else if fn.dropIfGone(ds[i]) {
+				gone[fn] = true
+			}
+		}
+	}
+	names := make([]string, 0, len(children))
+	for name, ch := range children {
+		if fn, ok := ch.Operations().(*fileNode); ok && gone[fn] {
+			continue
+		}
+		names = append(names, name)
+	}
+	slices.Sort(names)
+	entries := make([]fuse.DirEntry, len(names))
+	for i, name := range names {
+		ch := children[name]
+		entries[i] = fuse.DirEntry{Name: name, Mode: ch.Mode(), Ino: ch.StableAttr().Ino}
+	}
+	return fs.NewListDirStream(entries), 0
 }
 
 // Create starts an upload: every file created under incoming/ is a put.
@@ -474,7 +533,8 @@ type fileNode struct {
 	detached bool     // unlinked, replaced or expired
 	writers  map[*fileHandle]struct{}
 	handles  int
-	gen      uint64 // bumped by every publish and detach: stale expiry timers do nothing
+	seen     time.Time // a receipt's blob was last found in the store
+	gen      uint64    // bumped by every publish and detach: stale expiry timers do nothing
 	expiry   *time.Timer
 }
 
@@ -837,6 +897,61 @@ func (n *fileNode) expire(g uint64) {
 	n.detachLocked()
 	n.mu.Unlock()
 	removeName(&n.Inode)
+}
+
+// receiptDigest returns the digest of a receipt at rest: published, not
+// being written, not open.
+func (n *fileNode) receiptDigest() (blob.Digest, bool) {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	return n.receiptDigestLocked()
+}
+
+// receiptToCheck is receiptDigest for a lookup: false also when the blob
+// was seen in the store within the last second (a READDIRPLUS looks up
+// every name it just listed).
+func (n *fileNode) receiptToCheck() (blob.Digest, bool) {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	d, ok := n.receiptDigestLocked()
+	return d, ok && time.Since(n.seen) > time.Second
+}
+
+func (n *fileNode) markSeen(d blob.Digest) {
+	n.mu.Lock()
+	if n.pub != nil && n.pub.d == d {
+		n.seen = time.Now()
+	}
+	n.mu.Unlock()
+}
+
+// dropIfGone removes a receipt whose blob d the store no longer holds (a
+// sweep took it after its namespace let go of it), if it is still that
+// receipt at rest. It sends the kernel no notification: it runs inside a
+// request on the directory, whose lock the kernel holds; the name's
+// dentry lapses within the directory's one-second timeout.
+func (n *fileNode) dropIfGone(d blob.Digest) bool {
+	n.mu.Lock()
+	if got, ok := n.receiptDigestLocked(); !ok || got != d {
+		n.mu.Unlock()
+		return false
+	}
+	n.detachLocked()
+	n.mu.Unlock()
+	n.fsys.log.Info("receipt removed: its blob is no longer in the store", "namespace", n.ns.name, "digest", d.String())
+	name, parent := n.Inode.Parent()
+	if parent != nil && parent.GetChild(name) == &n.Inode {
+		parent.RmChild(name)
+	}
+	n.ForgetPersistent()
+	return true
+}
+
+func (n *fileNode) receiptDigestLocked() (blob.Digest, bool) {
+	if n.tree == nil || n.pub == nil || n.up != nil || n.handles > 0 || n.detached {
+		return blob.Digest{}, false
+	}
+	return n.pub.d, true
 }
 
 // detach takes the file out of the tree: unlink, rename over it, expiry.
