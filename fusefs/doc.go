@@ -15,11 +15,16 @@
 // Blob files are immutable, so the kernel may keep everything about them:
 // an hour of entry and attribute timeout, FOPEN_KEEP_CACHE on opens served
 // by the daemon, kernel readahead raised to 1 MiB (the mount's max_read and
-// max_write are 1 MiB too). Links and unlinks this mount makes outside a
-// kernel request (a publish from incoming/, a retraction, an expired
-// receipt) are announced with NotifyEntry, always with no node lock held:
-// the kernel takes the directory's lock to invalidate, and a request that
-// holds it may be waiting on ours. Directories and incoming/ files keep the
+// max_write are 1 MiB too). A name a publish adds needs no announcement:
+// lookups of absent names are never cached (no negative entries). Names
+// that go away outside a kernel request are announced with NotifyEntry only
+// where a cached entry would lie for long: a retracted version (blob
+// entries live an hour) and a put by path's name. That is kept off the hot
+// paths on purpose: the kernel takes the directory's lock to invalidate,
+// and a LOOKUP that holds it may be waiting on the daemon; a daemon killed
+// while a thread waits there cannot exit, and its mount hangs. Expired
+// receipts and swept ones simply leave the tree; incoming/ entries live a
+// second in the kernel's cache. Directories and incoming/ files keep the
 // one-second default; the kernel does not auto-invalidate data on mtime
 // changes (ExplicitDataCacheControl), since content changes only through
 // this mount's own writes.
@@ -64,7 +69,9 @@
 //     was created or truncated: a shell's `cmd > file` flushes once before
 //     cmd writes, and that empty version is never published, not even if
 //     the daemon dies during cmd. A file left empty (`: > file`, `touch`)
-//     publishes at its last RELEASE.
+//     publishes at its last RELEASE, which the kernel sends right after the
+//     close; lookups and listings of the namespace wait for such owed
+//     RELEASEs (at most 20 ms), so `cp empty incoming/ && ls ns` lists it.
 //   - Writes after a publish, through a descriptor still open (dup, fork,
 //     `{ cat a; cat b; } > file`), re-open the upload from the published
 //     content; the next publish retracts the superseded version from the

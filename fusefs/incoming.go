@@ -30,6 +30,54 @@ type incTree struct {
 	holds  refCounts              // files whose last publish is the digest
 	live   map[*fileNode]struct{} // files with an upload in flight
 	closed bool
+	// owed counts files whose publish waits for a RELEASE the kernel
+	// sends after the close that returned (an empty file publishes at its
+	// RELEASE); idle is closed whenever owed is 0.
+	owed int
+	idle chan struct{}
+}
+
+// releaseWait bounds how long a lookup or listing of the namespace waits
+// for RELEASEs owed: long enough for the kernel to deliver the RELEASE that
+// follows a close (microseconds), short enough that a descriptor kept open
+// elsewhere (a shell still running `cmd > f`) costs a lookup little.
+const releaseWait = 20 * time.Millisecond
+
+func (t *incTree) owe() {
+	t.mu.Lock()
+	if t.owed == 0 {
+		t.idle = make(chan struct{})
+	}
+	t.owed++
+	t.mu.Unlock()
+}
+
+func (t *incTree) paid() {
+	t.mu.Lock()
+	if t.owed > 0 {
+		t.owed--
+		if t.owed == 0 {
+			close(t.idle)
+		}
+	}
+	t.mu.Unlock()
+}
+
+// awaitReleases waits, at most releaseWait, until no publish awaits a
+// RELEASE: so that `cp empty incoming/ && ls ns` lists the file.
+func (t *incTree) awaitReleases(ctx context.Context) {
+	t.mu.Lock()
+	if t.owed == 0 {
+		t.mu.Unlock()
+		return
+	}
+	ch := t.idle
+	t.mu.Unlock()
+	select {
+	case <-ch:
+	case <-time.After(releaseWait):
+	case <-ctx.Done():
+	}
 }
 
 func newIncTree(ns *nsDir) *incTree {
@@ -138,16 +186,16 @@ func send(ns []notice) {
 }
 
 // removeName takes a persistent node out of its directory: for expiry and
-// failed files, where no kernel request does it for us.
+// failed files, where no kernel request does it for us. It does not tell
+// the kernel: incoming/ entries live one second in its cache, and a
+// notification would wait behind any LOOKUP in the directory (see
+// "Deadlocks" in the package doc).
 func removeName(in *fs.Inode) {
 	name, parent := in.Parent()
 	if parent != nil && parent.GetChild(name) == in {
 		parent.RmChild(name)
 	}
 	in.ForgetPersistent()
-	if parent != nil {
-		notifyEntry(parent, name)
-	}
 }
 
 // incDir is incoming/ or a directory inside it: in memory only, and
@@ -520,6 +568,8 @@ type fileNode struct {
 	meta  meta
 	up    *store.Upload // nil when the content is the published version
 	dirty bool          // up differs from pub (or pub is nil)
+	// owing: this file is counted in tree.owed (see incTree).
+	owing bool
 	// written: the content was written (or extended) since the file was
 	// created or truncated to nothing. A FLUSH publishes nothing before
 	// that: a shell's `cmd > f` flushes once before cmd writes, and that
@@ -825,7 +875,14 @@ func (n *fileNode) publishLocked(ctx context.Context) ([]notice, error) {
 	pin.Release() // the namespace reference keeps it now
 	f.stats.publishes.Add(1)
 	f.log.Debug("published", "namespace", n.ns.name, "name", n.logName(), "digest", d.String(), "size", size, "new_ref", linked.Added)
-	notes := []notice{{&n.ns.Inode, d.String()}}
+	// No notification for the new name from incoming/: the namespace
+	// directory answers ENOENT uncached (no negative entries), so nothing
+	// stale can hide it. Announcing names on this hot path would park the
+	// thread in the kernel behind any LOOKUP of the directory, and a
+	// daemon killed there cannot exit (see "Deadlocks" in the package
+	// doc). A put by path's own name was handed to the kernel by CREATE
+	// and must be renewed: that rarer path still notifies.
+	var notes []notice
 	prev := n.pub
 	n.seq++
 	n.pub = &version{d: d, size: size, added: linked.Added, claim: linked.Claim, seq: n.seq}
@@ -1154,6 +1211,11 @@ func (h *fileHandle) Flush(ctx context.Context) syscall.Errno {
 	var err error
 	if n.publishDueLocked(h, wrote) {
 		notes, err = n.publishLocked(ctx)
+	} else if n.dirty && !n.written && h.write && n.tree != nil && !n.owing && !n.detached {
+		// An empty file publishes at its RELEASE; until then lookups of
+		// the namespace wait briefly for it.
+		n.owing = true
+		n.tree.owe()
 	}
 	n.mu.Unlock()
 	send(notes)
@@ -1208,6 +1270,10 @@ func (h *fileHandle) Release(ctx context.Context) syscall.Errno {
 			// receipt.
 			n.discardUploadLocked()
 		}
+	}
+	if n.owing && (len(n.writers) == 0 || n.detached) {
+		n.owing = false
+		n.tree.paid()
 	}
 	gone := n.failed != nil && n.handles == 0 && !n.detached
 	if gone {

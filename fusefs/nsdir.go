@@ -140,6 +140,9 @@ func (d *nsDir) Lookup(ctx context.Context, name string, out *fuse.EntryOut) (*f
 	if err != nil {
 		return nil, syscall.ENOENT
 	}
+	if d.tree != nil {
+		d.tree.awaitReleases(ctx)
+	}
 	ref, ok, err := d.fsys.reg.Has(ctx, d.name, dg)
 	if err != nil {
 		return nil, d.fsys.errno("lookup", dg, err)
@@ -190,6 +193,9 @@ func (d *nsDir) blobChild(ctx context.Context, ref namespaces.Ref, info *store.I
 
 // OpendirHandle streams the listing (see nsStream).
 func (d *nsDir) OpendirHandle(ctx context.Context, flags uint32) (fs.FileHandle, uint32, syscall.Errno) {
+	if d.tree != nil {
+		d.tree.awaitReleases(ctx)
+	}
 	return &nsStream{d: d}, 0, 0
 }
 
