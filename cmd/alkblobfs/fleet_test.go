@@ -40,6 +40,34 @@ func sweepVia(t *testing.T, mnt string) {
 	}
 }
 
+// readsTo reads the rest of f, opened on blob d with head read already,
+// and fails unless the whole hashes to d.
+func readsTo(t *testing.T, f *os.File, head []byte, d string) {
+	t.Helper()
+	rest, err := io.ReadAll(f)
+	if err != nil {
+		t.Fatalf("reading the open file: %v", err)
+	}
+	if got := sum(append(head, rest...)); got != d {
+		t.Fatalf("the open file read back as %s, want %s", got, d)
+	}
+}
+
+// collected sweeps (with sweep) until the store no longer lists d, and
+// fails if that takes over 15 s.
+func collected(t *testing.T, c *cli, d string, sweep func()) time.Duration {
+	t.Helper()
+	start := time.Now()
+	for strings.Contains(c.ok("ls"), d) {
+		if time.Since(start) > 15*time.Second {
+			t.Fatalf("%s was never collected", d)
+		}
+		sweep()
+		time.Sleep(200 * time.Millisecond)
+	}
+	return time.Since(start)
+}
+
 func stopDaemon(t *testing.T, dm *daemon) {
 	t.Helper()
 	dm.cmd.Process.Signal(syscall.SIGTERM)
@@ -81,22 +109,9 @@ func TestFleetTwoMounts(t *testing.T) {
 	for range 2 {
 		sweepVia(t, mntA)
 	}
-	rest, err := io.ReadAll(f)
-	if err != nil {
-		t.Fatalf("reading on B after A's sweeps: %v", err)
-	}
-	if got := sum(append(head, rest...)); got != d {
-		t.Fatalf("the open file on B read back as %s", got)
-	}
+	readsTo(t, f, head, d)
 	f.Close()
-	deadline := time.Now().Add(15 * time.Second)
-	for strings.Contains(c.ok("ls"), d) {
-		if time.Now().After(deadline) {
-			t.Fatal("closed on B and unlinked, the blob was never collected by A's sweeps")
-		}
-		sweepVia(t, mntA)
-		time.Sleep(200 * time.Millisecond)
-	}
+	collected(t, c, d, func() { sweepVia(t, mntA) })
 	stopDaemon(t, dmA)
 	stopDaemon(t, dmB)
 }
@@ -143,13 +158,7 @@ func TestPostgresRestartUnderMount(t *testing.T) {
 	if out := c.ok("ls"); !strings.Contains(out, d) {
 		t.Fatal("a blob open on mount A was deleted after the restart")
 	}
-	rest, err := io.ReadAll(f)
-	if err != nil {
-		t.Fatalf("reading the open file after the restart: %v", err)
-	}
-	if got := sum(append(head, rest...)); got != d {
-		t.Fatalf("the open file read back as %s", got)
-	}
+	readsTo(t, f, head, d)
 	f.Close()
 	stopDaemon(t, dmB)
 	stopDaemon(t, dmA)

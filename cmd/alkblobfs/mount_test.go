@@ -336,42 +336,20 @@ func TestTwoMountsOneStore(t *testing.T) {
 	// Drop the only reference, then try every way to delete it.
 	c.ok("unlink", "ns", d)
 	c.fail(1, "protected", "rm", d)
-	sweepA := filepath.Join(mntA, ".alkblobfs", "sweep")
 	for range 2 {
 		c.ok("sweep")
-		if err := os.WriteFile(sweepA, []byte("run\n"), 0o644); err != nil {
-			t.Fatal(err)
-		}
+		sweepVia(t, mntA)
 	}
-	rest, err := io.ReadAll(f)
-	if err != nil {
-		t.Fatalf("the open file on B failed after sweeps elsewhere: %v", err)
-	}
-	if got := sum(append(head, rest...)); got != d {
-		t.Fatalf("the open file on B read back as %s", got)
-	}
+	readsTo(t, f, head, d)
 	if out := c.ok("ls"); !strings.Contains(out, d) {
 		t.Fatal("a blob open on mount B was deleted")
 	}
 	f.Close()
 	// Closed: B's row is dropped at its next renewal tick (TTL/3 = 1 s),
 	// and sweeps then collect the blob.
-	deadline = time.Now().Add(15 * time.Second)
-	for strings.Contains(c.ok("ls"), d) {
-		if time.Now().After(deadline) {
-			t.Fatal("the closed, unlinked blob was never collected")
-		}
-		if err := os.WriteFile(sweepA, []byte("run\n"), 0o644); err != nil {
-			t.Fatal(err)
-		}
-		time.Sleep(200 * time.Millisecond)
-	}
-	for _, dm := range []*daemon{dmA, dmB} {
-		dm.cmd.Process.Signal(syscall.SIGTERM)
-		if code := dm.wait(20 * time.Second); code != 0 {
-			t.Fatalf("exit %d after SIGTERM:\n%s", code, dm.stderr.String())
-		}
-	}
+	collected(t, c, d, func() { sweepVia(t, mntA) })
+	stopDaemon(t, dmA)
+	stopDaemon(t, dmB)
 }
 
 // TestKilledMountPinsExpire: the pin rows of a mount killed with kill -9,
@@ -403,13 +381,6 @@ func TestKilledMountPinsExpire(t *testing.T) {
 	<-dm.done
 	f.Close()
 	syscall.Unmount(mnt, syscall.MNT_DETACH)
-	start := time.Now()
-	for strings.Contains(c.ok("ls"), d) {
-		if time.Since(start) > 15*time.Second {
-			t.Fatal("the killed mount's pin never expired")
-		}
-		c.ok("sweep")
-		time.Sleep(200 * time.Millisecond)
-	}
-	t.Logf("collected %s after the kill (pin TTL 2s)", time.Since(start).Round(100*time.Millisecond))
+	took := collected(t, c, d, func() { c.ok("sweep") })
+	t.Logf("collected %s after the kill (pin TTL 2s)", took.Round(100*time.Millisecond))
 }
