@@ -1,7 +1,6 @@
 package fusefs
 
 import (
-	"bufio"
 	"context"
 	"errors"
 	"fmt"
@@ -107,6 +106,9 @@ func Mount(dir string, cfg Config) (*Server, error) {
 	}
 	m := &Server{fs: f, server: server, dir: abs, done: make(chan struct{})}
 	f.mount = m
+	if err := writePidFile(abs); err != nil {
+		f.log.Warn("could not record the daemon's pid; a later mount cannot recover this one if it dies stuck", "err", err)
+	}
 	f.probePassthrough(server)
 	if err := raiseReadahead(abs); err != nil {
 		f.log.Debug("could not raise the mount's readahead", "err", err)
@@ -180,6 +182,7 @@ func (m *Server) cleanup() {
 		if f.reg1 != nil {
 			f.reg1.Deregister()
 		}
+		removePidFile(m.dir)
 		f.log.Info("unmounted", "mountpoint", m.dir)
 		close(m.done)
 	})
@@ -192,6 +195,11 @@ func prepareMountpoint(dir string, lg *slog.Logger) (string, error) {
 	}
 	abs, err := filepath.Abs(dir)
 	if err != nil {
+		return "", err
+	}
+	// Before anything touches the mountpoint: a mount whose daemon died
+	// with a thread stuck in the kernel would put this process to sleep.
+	if err := clearDeadMount(abs, lg); err != nil {
 		return "", err
 	}
 	fi, err := os.Stat(abs)
@@ -213,7 +221,7 @@ func prepareMountpoint(dir string, lg *slog.Logger) (string, error) {
 	if real, err := filepath.EvalSymlinks(abs); err == nil {
 		abs = real
 	}
-	if mounted, err := isMountpoint(abs); err == nil && mounted {
+	if _, mounted, err := findMount(abs); err == nil && mounted {
 		return "", fmt.Errorf("mountpoint %s is busy: something is already mounted there", abs)
 	}
 	return abs, nil
@@ -225,32 +233,27 @@ func detach(dir string) error {
 	if err == nil || !errors.Is(err, unix.EPERM) {
 		return err
 	}
-	bin, lerr := exec.LookPath("fusermount3")
-	if lerr != nil {
-		return err
+	if ferr := fusermount(dir, "-uz"); !errors.Is(ferr, exec.ErrNotFound) {
+		return ferr
 	}
-	if out, err := exec.Command(bin, "-uz", dir).CombinedOutput(); err != nil {
-		return fmt.Errorf("%s -uz: %v: %s", bin, err, strings.TrimSpace(string(out)))
-	}
-	return nil
+	return err
 }
 
-// isMountpoint looks dir up in /proc/self/mountinfo.
-func isMountpoint(dir string) (bool, error) {
-	f, err := os.Open("/proc/self/mountinfo")
+// fusermount runs fusermount3 with flag on dir, for users who may not
+// call umount(2).
+func fusermount(dir, flag string) error {
+	bin, err := exec.LookPath("fusermount3")
 	if err != nil {
-		return false, err
+		return err
 	}
-	defer f.Close()
-	sc := bufio.NewScanner(f)
-	sc.Buffer(make([]byte, 64<<10), 1<<20)
-	for sc.Scan() {
-		fields := strings.Fields(sc.Text())
-		if len(fields) > 4 && unescapeMountinfo(fields[4]) == dir {
-			return true, nil
+	if out, err := exec.Command(bin, flag, dir).CombinedOutput(); err != nil {
+		msg := strings.TrimSpace(string(out))
+		if strings.Contains(msg, "Device or resource busy") {
+			return fmt.Errorf("%s %s: %s: %w", bin, flag, msg, unix.EBUSY)
 		}
+		return fmt.Errorf("%s %s: %v: %s", bin, flag, err, msg)
 	}
-	return false, sc.Err()
+	return nil
 }
 
 // unescapeMountinfo undoes the kernel's octal escapes (\040 for space...).

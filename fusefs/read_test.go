@@ -279,7 +279,7 @@ func TestUnmountBusy(t *testing.T) {
 	done := make(chan error, 1)
 	go func() { done <- e.srv.Unmount() }()
 	eventually(t, 10*time.Second, "the lazy detach", func() bool {
-		mounted, err := isMountpoint(e.mnt)
+		_, mounted, err := findMount(e.mnt)
 		return err == nil && !mounted
 	})
 	select {

@@ -17,9 +17,10 @@ import (
 
 // TestKill9Loop kills the daemon with SIGKILL while three publishers write
 // into one namespace's incoming/ and two loops stat and list it, then
-// mounts again. Every round must end: the killed daemon exits (no thread
-// left stuck in the kernel behind a LOOKUP that waits for it), the next
-// mount recovers the stale mountpoint, and at the end every file whose
+// mounts again at once. Every round must end: the killed daemon exits (no
+// thread left stuck in the kernel behind a LOOKUP that waits for it), the
+// next mount recovers the dead mountpoint (its daemon's recorded pid is
+// gone), and at the end every file whose
 // close returned 0 is published and verifies, with no stage file left.
 // 3 rounds here, 20 under ALKBLOBFS_LONG=1.
 //
@@ -84,10 +85,6 @@ func TestKill9Loop(t *testing.T) {
 			abortFUSE(t, mnt)
 			t.Fatalf("round %d: clients of the killed mount stuck", round)
 		}
-		// The kernel answers a stat of the dead mount's root from its
-		// attribute cache for up to a second; only then does the next
-		// mount see ENOTCONN and detach it.
-		time.Sleep(1100 * time.Millisecond)
 	}
 	// The recovery mount cleans up; its start-up removes stage files.
 	dm := startDaemon(t, c.data, mnt)

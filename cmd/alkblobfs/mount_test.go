@@ -384,3 +384,41 @@ func TestKilledMountPinsExpire(t *testing.T) {
 	took := collected(t, c, d, func() { c.ok("sweep") })
 	t.Logf("collected %s after the kill (pin TTL 2s)", took.Round(100*time.Millisecond))
 }
+
+// TestUmount: umount unmounts (the daemon exits 0); --force frees the
+// mountpoint of a daemon that cannot answer (stopped here), aborting its
+// connection; a directory that is not a mountpoint is an error.
+func TestUmount(t *testing.T) {
+	requireFUSE(t)
+	c := newCLI(t)
+	mnt := t.TempDir()
+	dm := startDaemon(t, c.data, mnt)
+	c.ok("umount", mnt)
+	if code := dm.wait(20 * time.Second); code != 0 {
+		t.Fatalf("daemon exit %d after umount:\n%s", code, dm.stderr.String())
+	}
+	c.fail(1, "not a mountpoint", "umount", mnt)
+
+	dm = startDaemon(t, c.data, mnt)
+	dm.cmd.Process.Signal(syscall.SIGSTOP)
+	defer dm.cmd.Process.Signal(syscall.SIGCONT)
+	done := make(chan result, 1)
+	go func() { done <- c.run(nil, "umount", "--force", mnt) }()
+	select {
+	case r := <-done:
+		if r.code != 0 {
+			t.Fatalf("umount --force: exit %d: %s", r.code, r.stderr)
+		}
+	case <-time.After(20 * time.Second):
+		abortFUSE(t, mnt)
+		t.Fatal("umount --force of a stopped daemon's mount hung")
+	}
+	if isMounted(t, mnt) {
+		t.Fatal("still mounted after umount --force")
+	}
+	dm.cmd.Process.Signal(syscall.SIGCONT)
+	dm.wait(20 * time.Second) // its connection is gone: it stops serving
+	// The mountpoint takes a new mount at once.
+	dm = startDaemon(t, c.data, mnt)
+	stopDaemon(t, dm)
+}

@@ -104,6 +104,7 @@ SQLite for small blobs and a local directory for large ones, under --data.`,
 		newSweepCmd(a),
 		newVerifyCmd(a),
 		newMountCmd(a),
+		newUmountCmd(a),
 	)
 	return root
 }

@@ -1,0 +1,209 @@
+package fusefs
+
+import (
+	"bufio"
+	"crypto/sha256"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+
+	"golang.org/x/sys/unix"
+)
+
+// Dead mounts. A daemon killed while one of its threads waits in the
+// kernel (for a directory lock that a LOOKUP holds while it waits for the
+// daemon) cannot exit: it keeps /dev/fuse open, the connection never
+// aborts, and every process that touches the mount sleeps. Only aborting
+// the connection through fusectl frees them. So a mount records its
+// daemon's pid beside the mountpoint's name (a pid file in a runtime
+// directory), and the next mount of the same mountpoint, or `umount
+// --force`, finds the mount in mountinfo — never touching it — and aborts
+// the connection of a daemon that is gone or dying before detaching it.
+
+// mountEntry is one line of /proc/self/mountinfo.
+type mountEntry struct {
+	dir    string
+	fstype string
+	minor  uint64 // the device minor: a FUSE mount's connection number
+}
+
+// findMount looks dir up in /proc/self/mountinfo (the last mount on it).
+func findMount(dir string) (mountEntry, bool, error) {
+	f, err := os.Open("/proc/self/mountinfo")
+	if err != nil {
+		return mountEntry{}, false, err
+	}
+	defer f.Close()
+	var found mountEntry
+	ok := false
+	sc := bufio.NewScanner(f)
+	sc.Buffer(make([]byte, 64<<10), 1<<20)
+	for sc.Scan() {
+		fields := strings.Fields(sc.Text())
+		if len(fields) < 5 || unescapeMountinfo(fields[4]) != dir {
+			continue
+		}
+		e := mountEntry{dir: dir}
+		if _, minor, cut := strings.Cut(fields[2], ":"); cut {
+			e.minor, _ = strconv.ParseUint(minor, 10, 32)
+		}
+		for i, fl := range fields {
+			if fl == "-" && i+1 < len(fields) {
+				e.fstype = fields[i+1]
+				break
+			}
+		}
+		found, ok = e, true
+	}
+	return found, ok, sc.Err()
+}
+
+func (e mountEntry) isFUSE() bool { return strings.HasPrefix(e.fstype, "fuse") }
+
+// pidFile is where the daemon serving mountpoint dir records its pid.
+func pidFile(dir string) string {
+	base := "/run/alkblobfs"
+	if os.Geteuid() != 0 {
+		if x := os.Getenv("XDG_RUNTIME_DIR"); filepath.IsAbs(x) {
+			base = filepath.Join(x, "alkblobfs")
+		} else {
+			base = filepath.Join(os.TempDir(), fmt.Sprintf("alkblobfs-%d", os.Geteuid()))
+		}
+	}
+	h := sha256.Sum256([]byte(dir))
+	return filepath.Join(base, hex.EncodeToString(h[:8])+".pid")
+}
+
+func writePidFile(dir string) error {
+	p := pidFile(dir)
+	if err := os.MkdirAll(filepath.Dir(p), 0o700); err != nil {
+		return err
+	}
+	return os.WriteFile(p, []byte(fmt.Sprintf("%d %s\n", os.Getpid(), dir)), 0o600)
+}
+
+func removePidFile(dir string) { os.Remove(pidFile(dir)) }
+
+// recordedPid is the pid recorded for dir, or 0.
+func recordedPid(dir string) int {
+	b, err := os.ReadFile(pidFile(dir))
+	if err != nil {
+		return 0
+	}
+	f := strings.Fields(string(b))
+	if len(f) < 2 || f[1] != dir {
+		return 0
+	}
+	pid, _ := strconv.Atoi(f[0])
+	return pid
+}
+
+// daemonGone reports whether process pid has exited, is a zombie, or has
+// SIGKILL pending (killed, but a thread is stuck in the kernel).
+func daemonGone(pid int) bool {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
+	if err != nil {
+		return true
+	}
+	for _, l := range strings.Split(string(b), "\n") {
+		k, v, _ := strings.Cut(l, ":")
+		v = strings.TrimSpace(v)
+		switch k {
+		case "State":
+			if strings.HasPrefix(v, "Z") || strings.HasPrefix(v, "X") {
+				return true
+			}
+		case "ShdPnd", "SigPnd":
+			if m, err := strconv.ParseUint(v, 16, 64); err == nil && m&(1<<(unix.SIGKILL-1)) != 0 {
+				return true
+			}
+		}
+	}
+	return false
+}
+
+// fusectlDir is where the kernel lists FUSE connections.
+const fusectlDir = "/sys/fs/fuse/connections"
+
+// abortConnection aborts FUSE connection n through fusectl, mounting
+// fusectl first if it is not: every request waiting on the connection
+// fails at once (ENOTCONN), and the mount can be detached.
+func abortConnection(n uint64) error {
+	ctl := filepath.Join(fusectlDir, strconv.FormatUint(n, 10))
+	if _, err := os.Stat(ctl); err != nil {
+		if merr := unix.Mount("fusectl", fusectlDir, "fusectl", 0, ""); merr != nil && !errors.Is(merr, unix.EBUSY) {
+			return fmt.Errorf("mount fusectl on %s: %w", fusectlDir, merr)
+		}
+	}
+	if err := os.WriteFile(filepath.Join(ctl, "abort"), []byte("1"), 0); err != nil {
+		return fmt.Errorf("abort FUSE connection %d: %w", n, err)
+	}
+	return nil
+}
+
+// clearDeadMount frees dir if an alkblobfs mount on it lost its daemon:
+// it aborts the connection and detaches the mount. A mount whose daemon is
+// alive is an error (busy); anything else is left to the caller.
+func clearDeadMount(dir string, lg *slog.Logger) error {
+	m, ok, err := findMount(dir)
+	if err != nil || !ok || !m.isFUSE() {
+		return err
+	}
+	pid := recordedPid(dir)
+	if pid == 0 {
+		return nil
+	}
+	if !daemonGone(pid) {
+		return fmt.Errorf("mountpoint %s is busy: alkblobfs (pid %d) serves it", dir, pid)
+	}
+	lg.Warn("stale mount left by a daemon that died; aborting its FUSE connection and detaching it", "mountpoint", dir, "pid", pid, "connection", m.minor)
+	if err := abortConnection(m.minor); err != nil {
+		lg.Warn("could not abort the dead mount's connection", "err", err)
+	}
+	removePidFile(dir)
+	if err := detach(dir); err != nil {
+		return fmt.Errorf("mountpoint %s: dead mount, and detaching it failed: %w", dir, err)
+	}
+	return nil
+}
+
+// Unmount unmounts the FUSE filesystem at dir from outside its daemon.
+// A mount with files open is an error (EBUSY) unless force is set. With
+// force, the FUSE connection is aborted first (a daemon that is stuck,
+// stopped or dead cannot answer an unmount; open files then fail with
+// ENOTCONN), and the mount is detached.
+func Unmount(dir string, force bool) error {
+	abs, err := filepath.Abs(dir)
+	if err != nil {
+		return err
+	}
+	m, ok, err := findMount(abs)
+	switch {
+	case err != nil:
+		return err
+	case !ok:
+		return fmt.Errorf("%s is not a mountpoint", abs)
+	case !m.isFUSE():
+		return fmt.Errorf("%s is not a FUSE mount (%s)", abs, m.fstype)
+	}
+	if force {
+		if err := abortConnection(m.minor); err != nil {
+			return err
+		}
+		removePidFile(abs)
+		return detach(abs)
+	}
+	err = unix.Unmount(abs, 0)
+	if errors.Is(err, unix.EPERM) {
+		err = fusermount(abs, "-u")
+	}
+	if errors.Is(err, unix.EBUSY) {
+		return fmt.Errorf("unmount %s: files are open (close them, or use --force, which aborts the connection): %w", abs, err)
+	}
+	return err
+}
