@@ -202,6 +202,11 @@ func TestPassthrough(t *testing.T) {
 			if got := fileSum(t, p); got != d.String() {
 				t.Fatalf("read %s", got)
 			}
+			// A new open takes the mode of the opens still there: wait for
+			// the first one's RELEASE, which the kernel sends after close.
+			eventually(t, 5*time.Second, "the first handle's release", func() bool {
+				return e.srv.Stats(ctx).OpenHandles == 0
+			})
 			s1 := e.srv.Stats(ctx)
 			if got := fileSum(t, p); got != d.String() {
 				t.Fatalf("second read %s", got)
