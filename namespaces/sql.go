@@ -118,6 +118,14 @@ func newQueries(dialect string) queries {
 		isLive: r(`SELECT 1 FROM ns_refs WHERE digest = ? LIMIT 1`),
 		live:   r(`SELECT DISTINCT digest FROM ns_refs WHERE digest > ? ORDER BY digest LIMIT ?`),
 	}
+	if dialect == "postgres" {
+		// One statement inserts or re-claims: under READ COMMITTED an
+		// INSERT … DO NOTHING followed by an UPDATE could see the row,
+		// lose it to a concurrent unlink, and update nothing, reporting a
+		// link that is not there. DO UPDATE waits for that unlink and
+		// inserts. xmax = 0 marks a row this statement inserted.
+		q.linkIf = strings.Replace(q.linkIf, "DO NOTHING", "DO UPDATE SET claim = excluded.claim RETURNING (xmax = 0)", 1)
+	}
 	q.linkRows = linkRowsQuery(dialect, linkBatch)
 	return q
 }
@@ -131,7 +139,11 @@ func linkRowsQuery(dialect string, rows int) string {
 		}
 		b.WriteString("(?, ?, ?, ?)")
 	}
-	b.WriteString(` ON CONFLICT (ns, digest) DO NOTHING`)
+	if dialect == "postgres" {
+		b.WriteString(` ON CONFLICT (ns, digest) DO UPDATE SET claim = excluded.claim RETURNING (xmax = 0)`)
+	} else {
+		b.WriteString(` ON CONFLICT (ns, digest) DO NOTHING`)
+	}
 	return rebind(dialect, b.String())
 }
 
@@ -377,6 +389,19 @@ func (r *SQL) linkTx(ctx context.Context, tx *sql.Tx, name string, d blob.Digest
 	// already linked or no such namespace. A reference already there is
 	// claimed anew (this link relies on it too); no row to claim means no
 	// such namespace.
+	if r.dialect == "postgres" {
+		var inserted bool
+		err := tx.StmtContext(ctx, r.linkStmt).QueryRowContext(ctx, name, d[:], r.clock.Now().UnixNano(), int64(c), name).Scan(&inserted)
+		switch {
+		case errors.Is(err, sql.ErrNoRows):
+			return false, r.mustExist(ctx, tx, name)
+		case err != nil:
+			return false, r.linkFailed(ctx, name, err)
+		}
+		return inserted, nil
+	}
+	// SQLite: the transaction began IMMEDIATE, so nothing can unlink
+	// between the two statements.
 	res, err := tx.StmtContext(ctx, r.linkStmt).ExecContext(ctx, name, d[:], r.clock.Now().UnixNano(), int64(c), name)
 	if err != nil {
 		return false, r.linkFailed(ctx, name, err)
@@ -453,23 +478,18 @@ func (r *SQL) LinkMany(ctx context.Context, name string, ds []blob.Digest) (int,
 			for i := range rest[:k] {
 				args = append(args, name, rest[i][:], now, c)
 			}
-			var res sql.Result
-			var err error
-			if k == linkBatch {
-				res, err = full.ExecContext(ctx, args...)
-			} else {
-				res, err = tx.ExecContext(ctx, linkRowsQuery(r.dialect, k), args...)
+			q := ""
+			if k < linkBatch {
+				q = linkRowsQuery(r.dialect, k)
 			}
+			n, err := r.linkRowsExec(ctx, tx, full, q, args)
 			if err != nil {
 				return r.linkFailed(ctx, name, err)
 			}
-			n, err := res.RowsAffected()
-			if err != nil {
-				return err
-			}
-			total += int(n)
-			// The references that were there already are claimed anew.
-			if int(n) < k {
+			total += n
+			// On SQLite the references that were there already are
+			// claimed anew here; PostgreSQL's statement did it.
+			if r.dialect != "postgres" && n < k {
 				if err := r.reclaimBatch(ctx, tx, name, rest[:k], c); err != nil {
 					return err
 				}
@@ -482,6 +502,47 @@ func (r *SQL) LinkMany(ctx context.Context, name string, ds []blob.Digest) (int,
 		return 0, wrap("linkmany", name, blob.Digest{}, err)
 	}
 	return total, nil
+}
+
+// linkRowsExec runs one multi-row link statement (st, or q when st is nil
+// or q is set) and returns how many references it added.
+func (r *SQL) linkRowsExec(ctx context.Context, tx *sql.Tx, st *sql.Stmt, q string, args []any) (int, error) {
+	if r.dialect == "postgres" {
+		var rows *sql.Rows
+		var err error
+		if q != "" {
+			rows, err = tx.QueryContext(ctx, q, args...)
+		} else {
+			rows, err = st.QueryContext(ctx, args...)
+		}
+		if err != nil {
+			return 0, err
+		}
+		defer rows.Close()
+		n := 0
+		for rows.Next() {
+			var inserted bool
+			if err := rows.Scan(&inserted); err != nil {
+				return 0, err
+			}
+			if inserted {
+				n++
+			}
+		}
+		return n, rows.Err()
+	}
+	var res sql.Result
+	var err error
+	if q != "" {
+		res, err = tx.ExecContext(ctx, q, args...)
+	} else {
+		res, err = st.ExecContext(ctx, args...)
+	}
+	if err != nil {
+		return 0, err
+	}
+	n, err := res.RowsAffected()
+	return int(n), err
 }
 
 // reclaimBatch sets claim c on name's references to ds.

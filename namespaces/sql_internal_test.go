@@ -18,7 +18,7 @@ func TestRebind(t *testing.T) {
 		t.Fatalf("postgres rebind = %s, want %s", got, want)
 	}
 	pg := newQueries("postgres")
-	if strings.Contains(pg.linkRows, "?") || !strings.Contains(pg.linkRows, "$1024") || strings.Contains(pg.linkRows, "$1025") {
+	if strings.Contains(pg.linkRows, "?") || !strings.Contains(pg.linkRows, "$1024") || strings.Contains(pg.linkRows, "$1025") || !strings.Contains(pg.linkRows, "DO UPDATE") {
 		t.Fatalf("postgres batch insert placeholders wrong: ...%s", pg.linkRows[len(pg.linkRows)-60:])
 	}
 	if _, ok := ddl["postgres"]; !ok {
