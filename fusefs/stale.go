@@ -79,24 +79,34 @@ func pidFile(dir string) string {
 	return filepath.Join(base, hex.EncodeToString(h[:8])+".pid")
 }
 
+// writePidFile records this process as the daemon of the mount on dir,
+// with the mount's FUSE connection number: a record only ever speaks for
+// that one connection.
 func writePidFile(dir string) error {
+	m, ok, err := findMount(dir)
+	if err != nil || !ok {
+		return fmt.Errorf("find the new mount on %s: %v", dir, err)
+	}
 	p := pidFile(dir)
 	if err := os.MkdirAll(filepath.Dir(p), 0o700); err != nil {
 		return err
 	}
-	return os.WriteFile(p, []byte(fmt.Sprintf("%d %s\n", os.Getpid(), dir)), 0o600)
+	return os.WriteFile(p, []byte(fmt.Sprintf("%d %d %s\n", os.Getpid(), m.minor, dir)), 0o600)
 }
 
 func removePidFile(dir string) { os.Remove(pidFile(dir)) }
 
-// recordedPid is the pid recorded for dir, or 0.
-func recordedPid(dir string) int {
+// recordedPid is the pid recorded for the mount on dir with connection
+// minor, or 0: a record of another connection (an older mount, someone
+// else's since) says nothing about this one.
+func recordedPid(dir string, minor uint64) int {
 	b, err := os.ReadFile(pidFile(dir))
 	if err != nil {
 		return 0
 	}
-	f := strings.Fields(string(b))
-	if len(f) < 2 || f[1] != dir {
+	line := strings.TrimSuffix(string(b), "\n")
+	f := strings.SplitN(line, " ", 3)
+	if len(f) < 3 || f[2] != dir || f[1] != strconv.FormatUint(minor, 10) {
 		return 0
 	}
 	pid, _ := strconv.Atoi(f[0])
@@ -151,10 +161,10 @@ func abortConnection(n uint64) error {
 // alive is an error (busy); anything else is left to the caller.
 func clearDeadMount(dir string, lg *slog.Logger) error {
 	m, ok, err := findMount(dir)
-	if err != nil || !ok || !m.isFUSE() {
+	if err != nil || !ok || m.fstype != "fuse.alkblobfs" {
 		return err
 	}
-	pid := recordedPid(dir)
+	pid := recordedPid(dir, m.minor)
 	if pid == 0 {
 		return nil
 	}
