@@ -140,6 +140,36 @@ func (p *pins) released() []blob.Digest {
 	return ds
 }
 
+// restoreRows takes back rows that released handed out but that could not
+// be deleted: they still exist, and stay this collector's until dropped.
+func (p *pins) restoreRows(ds []blob.Digest) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	for _, d := range ds {
+		e := p.m[d]
+		if e == nil {
+			p.m[d] = &pinEntry{row: true}
+		} else if e.writing == nil {
+			e.row = true
+		}
+	}
+}
+
+// forgetRows marks ds as having no committed row, so that their next pin
+// writes one.
+func (p *pins) forgetRows(ds []blob.Digest) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	for _, d := range ds {
+		if e := p.m[d]; e != nil && e.writing == nil {
+			e.row = false
+			if e.n == 0 {
+				delete(p.m, d)
+			}
+		}
+	}
+}
+
 // withRows lists the digests that hold a committed row.
 func (p *pins) withRows() []blob.Digest {
 	p.mu.Lock()
@@ -363,29 +393,47 @@ func (c *Collector) Renew(ctx context.Context) error {
 	c.rowMu.Lock()
 	gone := c.pins.released()
 	err := c.host.DropPins(ctx, c.owner, gone)
+	if err != nil {
+		// The rows are still there: keep them ours, to drop next tick.
+		c.pins.restoreRows(gone)
+	}
 	c.rowMu.Unlock()
 	if err != nil {
-		// The rows lapse at their expiry instead.
-		c.log.Warn("drop released pin rows", "err", err, "rows", len(gone))
+		c.log.Warn("drop released pin rows; retrying at the next tick", "err", err, "rows", len(gone))
 	}
 	held := c.pins.withRows()
 	now := c.clock.Now()
-	n, err := c.host.RenewPins(ctx, c.owner, now, now.Add(c.ttl))
+	renewed, err := c.host.RenewPins(ctx, c.owner, now, now.Add(c.ttl))
 	if err != nil {
 		return err
 	}
-	if int(n) >= len(held) {
+	// Compared digest by digest: rows written since withRows are renewed
+	// too and must not hide a lapse.
+	got := make(map[blob.Digest]bool, len(renewed))
+	for _, d := range renewed {
+		got[d] = true
+	}
+	var lapsed []blob.Digest
+	for _, d := range held {
+		if !got[d] {
+			lapsed = append(lapsed, d)
+		}
+	}
+	if len(lapsed) == 0 {
 		return nil
 	}
-	// Some rows expired before this tick (a pause or an outage longer than
-	// the TTL) and renewal never revives an expired row: another process
-	// may have swept what they protected. Pin what is still held afresh —
-	// a new pin, not a renewal — and say so.
-	c.lapsed.Add(int64(len(held)) - n)
+	// These rows expired before this tick (a pause or an outage longer
+	// than the TTL), and renewal never revives an expired row: another
+	// process may have swept what they protected. Pin afresh what is still
+	// held — a new pin, not a renewal — and say so.
+	c.lapsed.Add(int64(len(lapsed)))
 	c.log.Error("pin rows lapsed before renewal; re-pinning the digests still held (blobs deleted meanwhile stay deleted)",
-		"owner", c.owner, "held", len(held), "renewed", n)
-	if err := c.host.PinRows(ctx, nil, c.owner, held, now.Add(c.ttl)); err != nil {
-		return fmt.Errorf("re-pin %d digests: %w", len(held), err)
+		"owner", c.owner, "lapsed", len(lapsed), "held", len(held))
+	c.rowMu.RLock()
+	defer c.rowMu.RUnlock()
+	if err := c.host.PinRows(ctx, nil, c.owner, lapsed, now.Add(c.ttl)); err != nil {
+		c.pins.forgetRows(lapsed) // the next pin of each writes its row
+		return fmt.Errorf("re-pin %d digests: %w", len(lapsed), err)
 	}
 	return nil
 }

@@ -150,9 +150,9 @@ func testRenew(t *testing.T, h engines.GCHost) {
 		t.Fatal(err)
 	}
 	// At 20 the dead row has expired: renewal moves only the live one.
-	n, err := h.RenewPins(ctx, "A", gcAt(20), gcAt(120))
-	if n != 1 || err != nil {
-		t.Fatalf("RenewPins = %d, %v; want 1 row moved", n, err)
+	moved, err := h.RenewPins(ctx, "A", gcAt(20), gcAt(120))
+	if len(moved) != 1 || moved[0] != live || err != nil {
+		t.Fatalf("RenewPins = %v, %v; want the live row alone", moved, err)
 	}
 	if got := pinned(t, h, []blob.Digest{live, dead}, gcAt(100), "nobody"); !got[live] || got[dead] {
 		t.Fatalf("pinned at 100 = %v; want the renewed row only (an expired row is never revived)", got)

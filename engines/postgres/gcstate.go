@@ -120,13 +120,26 @@ func (e *Engine) inTx(ctx context.Context, op string, fn func(tx *sql.Tx) error)
 }
 
 // RenewPins implements engines.GCHost.
-func (e *Engine) RenewPins(ctx context.Context, owner string, now, expiry time.Time) (int64, error) {
-	tag, err := e.pool.Exec(ctx, `UPDATE gc_pins SET expiry = $1 WHERE owner = $2 AND expiry > $3`,
+func (e *Engine) RenewPins(ctx context.Context, owner string, now, expiry time.Time) ([]blob.Digest, error) {
+	rows, err := e.pool.Query(ctx, `UPDATE gc_pins SET expiry = $1 WHERE owner = $2 AND expiry > $3 RETURNING digest`,
 		expiry.UnixNano(), owner, now.UnixNano())
 	if err != nil {
-		return 0, e.wrap("renew pins", err)
+		return nil, e.wrap("renew pins", err)
 	}
-	return tag.RowsAffected(), nil
+	defer rows.Close()
+	var ds []blob.Digest
+	for rows.Next() {
+		var b []byte
+		if err := rows.Scan(&b); err != nil {
+			return nil, e.wrap("renew pins", err)
+		}
+		d, err := blob.FromBytes(b)
+		if err != nil {
+			return nil, e.wrap("renew pins", err)
+		}
+		ds = append(ds, d)
+	}
+	return ds, e.wrap("renew pins", rows.Err())
 }
 
 // DropPins implements engines.GCHost.

@@ -41,14 +41,20 @@ func (e *Engine) PinRows(ctx context.Context, tx *sql.Tx, owner string, ds []blo
 }
 
 // RenewPins implements engines.GCHost.
-func (e *Engine) RenewPins(ctx context.Context, owner string, now, expiry time.Time) (int64, error) {
-	res, err := e.db.ExecContext(ctx, `UPDATE gc_pins SET expiry = ? WHERE owner = ? AND expiry > ?`,
-		expiry.UnixNano(), owner, now.UnixNano())
-	if err != nil {
-		return 0, e.wrap("renew pins", err)
-	}
-	n, err := res.RowsAffected()
-	return n, e.wrap("renew pins", err)
+func (e *Engine) RenewPins(ctx context.Context, owner string, now, expiry time.Time) ([]blob.Digest, error) {
+	var ds []blob.Digest
+	err := e.inTx(ctx, "renew pins", func(tx *sql.Tx) error {
+		out := make(map[blob.Digest]bool)
+		if err := e.scanDigests(ctx, tx, `UPDATE gc_pins SET expiry = ? WHERE owner = ? AND expiry > ? RETURNING digest`,
+			[]any{expiry.UnixNano(), owner, now.UnixNano()}, out); err != nil {
+			return e.wrap("renew pins", err)
+		}
+		for d := range out {
+			ds = append(ds, d)
+		}
+		return nil
+	})
+	return ds, err
 }
 
 // DropPins implements engines.GCHost.
