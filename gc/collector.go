@@ -129,6 +129,10 @@ const DefaultPinTTL = 60 * time.Second
 // closeTimeout bounds the database work of Close.
 const closeTimeout = 10 * time.Second
 
+// arbitrateTimeout bounds one arbitration transaction (a batch of
+// arbitrateBatch candidates): far above its normal milliseconds.
+const arbitrateTimeout = 2 * time.Minute
+
 // Collector owns all GC state of one store instance.
 type Collector struct {
 	pool    Pool
@@ -305,14 +309,20 @@ const (
 // Design point (two-domain composition): in-process first — pins, the
 // protect predicate and in-process sources, under the write side of arb,
 // cheap and without I/O — then, with a host, the shared domain inside one
-// host transaction that holds the key locks: other owners' unexpired pin
-// rows, every TxSource (namespace links, liveness tables), and the delete
-// itself, so a pin, link or put committed by any process is either seen or
-// ordered after the delete.
+// host transaction that holds the key locks: every owner's unexpired pin
+// rows (this process's too, which it wrote before releasing arb), every
+// TxSource (namespace links, liveness tables), and the delete itself, so a
+// pin, link or put committed by any process is either seen or ordered
+// after the delete.
 func (c *Collector) arbitratedDeleteMany(ctx context.Context, ds []blob.Digest, sources []Source, protected func(blob.Digest) bool) ([]int64, error) {
 	out := make([]int64, len(ds))
 	c.arb.Lock()
-	defer c.arb.Unlock()
+	locked := true
+	defer func() {
+		if locked {
+			c.arb.Unlock()
+		}
+	}()
 	var idx []int // candidates still unprotected
 	for i, d := range ds {
 		if c.pins.has(d) || protected(d) {
@@ -350,12 +360,33 @@ func (c *Collector) arbitratedDeleteMany(ctx context.Context, ds []blob.Digest, 
 	for k, i := range idx {
 		batch[k] = ds[i]
 	}
+	// Design point (leaving the in-process lock): this process's rows of
+	// candidates it no longer pins go now, still under arb; from here on
+	// any pin of a candidate, ours included, writes a row under the key
+	// lock, and the SQL check below counts every owner's rows. So arb
+	// need not be held while the large tier deletes: a large put waiting
+	// for arb holds a pglo connection that those deletes may need.
+	c.rowMu.Lock()
+	own := c.pins.takeReleased(batch)
+	err := c.host.DropPins(ctx, c.owner, own)
+	if err != nil {
+		c.pins.restoreRows(own)
+	}
+	c.rowMu.Unlock()
+	if err != nil {
+		return nil, fmt.Errorf("drop released pin rows: %w", err)
+	}
+	c.arb.Unlock()
+	locked = false
 	// The outcome is decided inside the transaction; it stands only if the
-	// transaction commits, so work on a copy.
+	// transaction commits, so work on a copy. The timeout is a backstop:
+	// a transaction that cannot finish must not hold its key locks.
+	actx, cancel := context.WithTimeout(ctx, arbitrateTimeout)
+	defer cancel()
 	res := slices.Clone(out)
-	err := c.host.Arbitrate(ctx, batch, func(ctx context.Context, tx *sql.Tx) error {
+	err = c.host.Arbitrate(actx, batch, func(ctx context.Context, tx *sql.Tx) error {
 		rest := slices.Clone(idx)
-		pinned, err := c.host.PinnedAmong(ctx, tx, batch, c.clock.Now(), c.owner)
+		pinned, err := c.host.PinnedAmong(ctx, tx, batch, c.clock.Now(), "")
 		if err != nil {
 			return err
 		}

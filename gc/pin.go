@@ -140,6 +140,22 @@ func (p *pins) released() []blob.Digest {
 	return ds
 }
 
+// takeReleased is released for ds only: the rows of digests among ds whose
+// last pin was released, forgotten here for the caller to delete (under
+// rowMu's write side).
+func (p *pins) takeReleased(ds []blob.Digest) []blob.Digest {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	var out []blob.Digest
+	for _, d := range ds {
+		if e := p.m[d]; e != nil && e.n == 0 && e.row && e.writing == nil {
+			out = append(out, d)
+			delete(p.m, d)
+		}
+	}
+	return out
+}
+
 // restoreRows takes back rows that released handed out but that could not
 // be deleted: they still exist, and stay this collector's until dropped.
 func (p *pins) restoreRows(ds []blob.Digest) {
