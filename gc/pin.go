@@ -277,8 +277,14 @@ func (c *Collector) PinPublish(ctx context.Context, d blob.Digest, publish func(
 		return pin, nil
 	}
 	// Row writes hold rowMu's read side, so that a renewal tick dropping
-	// released rows never deletes one written meanwhile.
+	// released rows never deletes one written meanwhile (and Close waits
+	// for them).
 	c.rowMu.RLock()
+	if c.closed.Load() {
+		c.rowMu.RUnlock()
+		pin.Release()
+		return nil, blob.Wrap("pin", "", d, blob.ErrClosed)
+	}
 	wrote, err := c.pins.ensureRow(ctx, d, func() error {
 		if publish == nil {
 			return c.rows.write(ctx, d)
@@ -323,6 +329,10 @@ func (c *Collector) PinMany(ctx context.Context, ds []blob.Digest) ([]*Pin, erro
 	// pinner is writing is waited for one at a time (rare).
 	c.rowMu.RLock()
 	defer c.rowMu.RUnlock()
+	if c.closed.Load() {
+		ReleaseAll(ps)
+		return nil, blob.Wrap("pin", "", blob.Digest{}, blob.ErrClosed)
+	}
 	var need []blob.Digest
 	var chans []chan struct{}
 	c.pins.mu.Lock()
@@ -388,13 +398,19 @@ func (c *Collector) renewLoop(stop <-chan struct{}, done chan<- struct{}) {
 	defer close(done)
 	t := time.NewTicker(max(c.ttl/3, time.Millisecond))
 	defer t.Stop()
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	go func() {
+		<-stop
+		cancel() // a tick stuck on the database must not hold up Close
+	}()
 	for {
 		select {
 		case <-stop:
 			return
 		case <-t.C:
 		}
-		if err := c.Renew(context.Background()); err != nil {
+		if err := c.Renew(ctx); err != nil {
 			c.log.Warn("renew pin rows", "err", err, "owner", c.owner)
 		}
 	}
@@ -465,7 +481,10 @@ func (c *Collector) Close() error {
 	}
 	close(c.stopRenew)
 	<-c.renewDone
+	// Row writes in flight hold rowMu's read side; later ones see closed.
+	c.rowMu.Lock()
 	c.rows.wg.Wait()
+	c.rowMu.Unlock()
 	ctx, cancel := context.WithTimeout(context.Background(), closeTimeout)
 	defer cancel()
 	if err := c.host.DropOwner(ctx, c.owner); err != nil {
