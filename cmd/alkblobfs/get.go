@@ -25,7 +25,11 @@ func newGetCmd(a *app) *cobra.Command {
 With -o FILE it writes to a temporary file beside FILE and renames it to FILE
 only once the whole blob has been read and verified: FILE is never left
 holding wrong or partial content, and on failure the temporary file is
-removed. Without -o it streams to standard output like cat.`,
+removed. A symbolic link stays a link: its target is the file replaced.
+Anything that is not a regular file — a character device such as /dev/null,
+a FIFO, a socket — is never replaced: get writes into it, as cp does, and
+like cat reports a failed verification at the end with exit status 1.
+Without -o it streams to standard output like cat.`,
 		Example: `  alkblobfs get 3f0a…e91c -o app.tar
   alkblobfs get 3f0a…e91c > app.tar`,
 		Args: argsRange(1, 1, "one DIGEST"),
@@ -127,10 +131,32 @@ func (a *app) copyBlob(cmd *cobra.Command, r *store.Reader, w io.Writer, progres
 }
 
 // getToFile writes blob d to a temporary file beside path and renames it
-// over path only after the verified read has completed.
+// over path only after the verified read has completed. A symlink is
+// followed (the link stays); a path that is not a regular file is written
+// into, never replaced. Errors name path, not the temporary file.
 func (a *app) getToFile(cmd *cobra.Command, st *store.Store, d store.Digest, path string) (err error) {
-	if fi, err := os.Stat(path); err == nil && fi.IsDir() {
+	target := path
+	switch li, lerr := os.Lstat(path); {
+	case lerr != nil && !errors.Is(lerr, fs.ErrNotExist):
+		return lerr
+	case lerr == nil && li.Mode()&fs.ModeSymlink != 0:
+		fi, err := os.Stat(path)
+		if err != nil {
+			return fmt.Errorf("%s: symbolic link to nothing (%w); give the target's path", path, err)
+		}
+		if fi.Mode().IsRegular() {
+			if target, err = filepath.EvalSymlinks(path); err != nil {
+				return err
+			}
+		} else if fi.IsDir() {
+			return fmt.Errorf("%s: is a directory", path)
+		} else {
+			return a.getInto(cmd, st, d, path)
+		}
+	case lerr == nil && li.IsDir():
 		return fmt.Errorf("%s: is a directory", path)
+	case lerr == nil && !li.Mode().IsRegular():
+		return a.getInto(cmd, st, d, path)
 	}
 	// Open before creating anything, so a missing blob leaves no trace.
 	r, err := openBlob(cmd, st, d)
@@ -138,7 +164,7 @@ func (a *app) getToFile(cmd *cobra.Command, st *store.Store, d store.Digest, pat
 		return err
 	}
 	defer r.Close()
-	tmp, err := createTemp(path)
+	tmp, err := createTemp(target)
 	if err != nil {
 		return err
 	}
@@ -151,15 +177,51 @@ func (a *app) getToFile(cmd *cobra.Command, st *store.Store, d store.Digest, pat
 		}
 	}()
 	if err := a.copyBlob(cmd, r, tmp, true); err != nil {
-		return err
+		return userPath(path, tmp.Name(), err)
 	}
 	if err := tmp.Sync(); err != nil {
-		return err
+		return userPath(path, tmp.Name(), err)
 	}
 	if err := tmp.Close(); err != nil {
+		return userPath(path, tmp.Name(), err)
+	}
+	return userPath(path, tmp.Name(), os.Rename(tmp.Name(), target))
+}
+
+// getInto writes blob d into the existing non-regular file at path (a
+// device, a FIFO), as cp does: it cannot be replaced, and its type stays.
+func (a *app) getInto(cmd *cobra.Command, st *store.Store, d store.Digest, path string) error {
+	r, err := openBlob(cmd, st, d)
+	if err != nil {
 		return err
 	}
-	return os.Rename(tmp.Name(), path)
+	defer r.Close()
+	f, err := os.OpenFile(path, os.O_WRONLY, 0)
+	if err != nil {
+		return err
+	}
+	if err := a.copyBlob(cmd, r, f, true); err != nil {
+		f.Close()
+		return err
+	}
+	return f.Close()
+}
+
+// userPath states an I/O error about the temporary file tmp in terms of
+// the path the user gave; other errors pass unchanged.
+func userPath(path, tmp string, err error) error {
+	if err == nil {
+		return nil
+	}
+	var pe *fs.PathError
+	var le *os.LinkError
+	switch {
+	case errors.As(err, &pe) && pe.Path == tmp:
+		return fmt.Errorf("%s: %s: %w", path, pe.Op, pe.Err)
+	case errors.As(err, &le) && le.Old == tmp:
+		return fmt.Errorf("%s: %s: %w", path, le.Op, le.Err)
+	}
+	return err
 }
 
 // createTemp creates ".<base>.<random>.alkblobfs-tmp" beside path. Unlike
