@@ -364,3 +364,27 @@ func TestSweepWithoutSourcesAborts(t *testing.T) {
 		})
 	}
 }
+
+// TestPrivateStore: the store's files are private (kv.db 0600, large/
+// 0700) even in a data directory other users can read, which draws a
+// warning.
+func TestPrivateStore(t *testing.T) {
+	c := newCLI(t)
+	if err := os.Chmod(c.data, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	r := c.run(nil, "ls")
+	if r.code != 0 || !strings.Contains(r.stderr, "open to other users") {
+		t.Fatalf("ls in a 0755 data directory: exit %d, stderr %q; want a warning", r.code, r.stderr)
+	}
+	for p, want := range map[string]os.FileMode{"kv.db": 0o600, "large": 0o700} {
+		fi, err := os.Stat(filepath.Join(c.data, p))
+		if err != nil || fi.Mode().Perm() != want {
+			t.Errorf("%s: mode %v (%v); want %#o", p, fi.Mode().Perm(), err, want)
+		}
+	}
+	if err := os.Chmod(c.data, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	c.ok("ls") // no warning
+}

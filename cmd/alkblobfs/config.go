@@ -123,6 +123,12 @@ func (a *app) storeConfig(cmd *cobra.Command) (store.Config, error) {
 		if largeURL == "" {
 			largeURL = "local:" + filepath.Join(a.data, "large")
 		}
+		if fi, err := os.Stat(a.data); err == nil && fi.Mode().Perm()&0o077 != 0 {
+			// The store's own files are private whatever the directory is;
+			// its names (and anything else kept there) are not.
+			a.log.Warn("the data directory is open to other users; the store keeps its files private, but consider chmod 700",
+				"dir", a.data, "mode", fmt.Sprintf("%#o", fi.Mode().Perm()))
+		}
 	}
 	if largeURL == "pglo" || largeURL == "pglo:" {
 		// Large objects in the kv engine's database (ADR-012 §4).

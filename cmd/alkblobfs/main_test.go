@@ -47,7 +47,13 @@ func newCLI(t *testing.T, flags ...string) *cli {
 	if buildErr != nil {
 		t.Fatal(buildErr)
 	}
-	return &cli{t: t, data: t.TempDir(), flags: flags}
+	data := t.TempDir()
+	// A careful user's data directory: private (a readable one draws a
+	// warning on stderr, which c.ok refuses).
+	if err := os.Chmod(data, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	return &cli{t: t, data: data, flags: flags}
 }
 
 type result struct {

@@ -183,7 +183,7 @@ func TestKillDuringWrite(t *testing.T) {
 	if os.Getenv("ALKBLOBFS_LONG") == "1" {
 		size = 1 << 30
 	}
-	data, mnt := t.TempDir(), t.TempDir()
+	data, mnt := newCLI(t).data, t.TempDir()
 	d := startDaemon(t, data, mnt)
 	ns := filepath.Join(mnt, "ns")
 	if err := os.Mkdir(ns, 0o755); err != nil {

@@ -46,8 +46,15 @@ func Open(ctx context.Context, dir string, log *slog.Logger) (*Engine, error) {
 		sumsDir:  filepath.Join(dir, "sums"),
 		log:      log,
 	}
+	// Private: 0700 whatever existed before, so that no other user of the
+	// host reads a blob (the directories under these inherit the closure).
 	for _, d := range []string{e.blobDir, e.stageDir, e.sumsDir} {
-		if err := os.MkdirAll(d, 0o755); err != nil {
+		if err := os.MkdirAll(d, 0o700); err != nil {
+			return nil, e.wrap("open", blob.Digest{}, err)
+		}
+	}
+	for _, d := range []string{dir, e.blobDir, e.stageDir, e.sumsDir} {
+		if err := os.Chmod(d, 0o700); err != nil {
 			return nil, e.wrap("open", blob.Digest{}, err)
 		}
 	}

@@ -184,3 +184,27 @@ func TestReopen(t *testing.T) {
 	dir := t.TempDir()
 	enginetest.Reopen(t, func(t *testing.T) engines.Engine { return open(t, dir) })
 }
+
+// TestPrivateDirs: the store's directories are 0700 whatever existed
+// before, so no other user of the host can reach a blob.
+func TestPrivateDirs(t *testing.T) {
+	dir := filepath.Join(t.TempDir(), "large")
+	for _, d := range []string{dir, filepath.Join(dir, "blobs")} {
+		if err := os.MkdirAll(d, 0o755); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.Chmod(d, 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	open(t, dir)
+	for _, d := range []string{dir, filepath.Join(dir, "blobs"), filepath.Join(dir, "stage"), filepath.Join(dir, "sums")} {
+		fi, err := os.Stat(d)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if fi.Mode().Perm() != 0o700 {
+			t.Errorf("%s has mode %#o; want 0700", d, fi.Mode().Perm())
+		}
+	}
+}

@@ -35,7 +35,7 @@ func (e *Engine) sidecarPath(d blob.Digest) string {
 // temp file, fsync and rename.
 func (e *Engine) writeSidecar(d blob.Digest, b []byte) error {
 	dir := filepath.Dir(e.sidecarPath(d))
-	if err := os.MkdirAll(dir, 0o755); err != nil {
+	if err := os.MkdirAll(dir, 0o700); err != nil {
 		return err
 	}
 	f, err := os.CreateTemp(e.stageDir, "sums-*")

@@ -214,7 +214,7 @@ func (e *Engine) publish(ctx context.Context, f *os.File, d blob.Digest) (err er
 
 // ensureShard creates d's shard directory if needed, durably.
 func (e *Engine) ensureShard(d blob.Digest) error {
-	switch err := os.Mkdir(e.shardDir(d), 0o755); {
+	switch err := os.Mkdir(e.shardDir(d), 0o700); {
 	case err == nil:
 		if err := syncDir(e.blobDir); err != nil {
 			return fmt.Errorf("fsync blob directory: %w", err)

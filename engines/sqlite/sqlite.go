@@ -5,7 +5,9 @@ import (
 	"database/sql"
 	"errors"
 	"fmt"
+	"io/fs"
 	"net/url"
+	"os"
 	"path/filepath"
 	"runtime"
 
@@ -65,6 +67,11 @@ func Open(ctx context.Context, path string) (*Engine, error) {
 	e := &Engine{name: "sqlite:" + path}
 	abs, err := filepath.Abs(path)
 	if err != nil {
+		return nil, e.wrap("open", err)
+	}
+	// Private: the database and its WAL and shared-memory files (SQLite
+	// gives them the database's mode) are 0600 whatever existed before.
+	if err := private(abs); err != nil {
 		return nil, e.wrap("open", err)
 	}
 	// A URI filename, so that the path is escaped ('?', '#', '%' are legal
@@ -159,4 +166,20 @@ func cursorArg(d blob.Digest) any {
 		return nil
 	}
 	return d[:]
+}
+
+// private creates path if needed and makes it and its -wal and -shm files
+// readable by their owner only.
+func private(path string) error {
+	f, err := os.OpenFile(path, os.O_RDWR|os.O_CREATE, 0o600)
+	if err != nil {
+		return err
+	}
+	f.Close()
+	for _, p := range []string{path, path + "-wal", path + "-shm", path + ".gc-lease"} {
+		if err := os.Chmod(p, 0o600); err != nil && !errors.Is(err, fs.ErrNotExist) {
+			return err
+		}
+	}
+	return nil
 }

@@ -5,6 +5,7 @@ import (
 	"path/filepath"
 	"testing"
 
+	"github.com/alkblobfs/alkblobfs/blob"
 	"github.com/alkblobfs/alkblobfs/engines"
 	"github.com/alkblobfs/alkblobfs/engines/enginetest"
 	"github.com/alkblobfs/alkblobfs/engines/sqlite"
@@ -59,4 +60,27 @@ func TestPathNeedsEscaping(t *testing.T) {
 func TestGCHost(t *testing.T) {
 	path := filepath.Join(t.TempDir(), "kv.db")
 	enginetest.GCHost(t, func(t *testing.T) engines.Engine { return open(t, path) })
+}
+
+// TestPrivateFiles: the database, its WAL and shared-memory files are 0600
+// whatever existed before.
+func TestPrivateFiles(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "kv.db")
+	if err := os.WriteFile(path, nil, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	e := open(t, path)
+	defer e.Close()
+	if _, err := e.Put(t.Context(), blob.Sum([]byte("x")), []byte("x")); err != nil {
+		t.Fatal(err)
+	}
+	for _, p := range []string{path, path + "-wal", path + "-shm"} {
+		fi, err := os.Stat(p)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if fi.Mode().Perm() != 0o600 {
+			t.Errorf("%s has mode %#o; want 0600", filepath.Base(p), fi.Mode().Perm())
+		}
+	}
 }
