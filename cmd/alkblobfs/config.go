@@ -113,6 +113,19 @@ func (a *app) storeConfig(cmd *cobra.Command) (store.Config, error) {
 		return cfg, usagef(cmd, "--gc-window %s: %v", a.gcWindow, err)
 	}
 	kvURL, largeURL := a.kv, a.large
+	if a.kvFile != "" {
+		if kvURL != "" {
+			return cfg, usagef(cmd, "--kv and --kv-file both name the kv engine: give one")
+		}
+		b, err := os.ReadFile(a.kvFile)
+		if err != nil {
+			return cfg, usagef(cmd, "--kv-file: %v", err)
+		}
+		line, _, _ := strings.Cut(string(b), "\n")
+		if kvURL = strings.TrimSpace(line); kvURL == "" {
+			return cfg, usagef(cmd, "--kv-file %s: empty", a.kvFile)
+		}
+	}
 	if kvURL == "" || largeURL == "" {
 		if a.data == "" {
 			return cfg, usagef(cmd, "no data directory: set --data, $XDG_DATA_HOME or $HOME")

@@ -5,7 +5,9 @@ package main
 import (
 	"context"
 	"encoding/hex"
+	"fmt"
 	"io"
+	"net/url"
 	"os"
 	"path/filepath"
 	"strings"
@@ -217,4 +219,66 @@ func TestLivenessTable(t *testing.T) {
 	newCLI(t, "--kv", dsn, "--liveness-table", "a.b.c").fail(2, "SCHEMA.TABLE", "ls")
 	newCLI(t, "--kv", dsn, "--liveness-table", "nosuch").fail(1, "liveness table", "ls")
 	newCLI(t, "--liveness-table", "x").fail(1, "liveness table", "ls") // SQLite: no such table
+}
+
+// TestKVFile: --kv-file reads the PostgreSQL URL from a file, so that the
+// password never shows in a process list, the daemon's included.
+func TestKVFile(t *testing.T) {
+	requireFUSE(t)
+	dsn := pgtest.DSN(t)
+	u, err := url.Parse(dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	pw, ok := u.User.Password()
+	if !ok || pw == "" {
+		t.Fatal("the test server's DSN has no password")
+	}
+	file := filepath.Join(t.TempDir(), "kv-url")
+	if err := os.WriteFile(file, []byte(dsn+"\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	flags := []string{"--kv-file", file, "--large", "pglo"}
+	c := newCLI(t, flags...)
+	c.ok("ns", "create", "p")
+	mnt := t.TempDir()
+	dm := startDaemon(t, c.data, mnt, flags...)
+	cmdline, err := os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", dm.cmd.Process.Pid))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if strings.Contains(string(cmdline), pw) {
+		t.Fatal("the daemon's command line shows the password")
+	}
+	if err := os.WriteFile(filepath.Join(mnt, "p", "incoming", "f"), []byte("via kv-file"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if got := lines(c.ok("ls", "p")); len(got) != 1 || got[0] != sum([]byte("via kv-file")) {
+		t.Fatalf("ls p = %v", got)
+	}
+	stopDaemon(t, dm)
+	c.fail(2, "give one", "--kv", dsn, "ls")
+}
+
+// TestPGPassFile: a URL without its password works when PGPASSFILE names
+// a password file in PostgreSQL's format.
+func TestPGPassFile(t *testing.T) {
+	dsn := pgtest.DSN(t)
+	u, err := url.Parse(dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	pw, _ := u.User.Password()
+	pass := filepath.Join(t.TempDir(), "pgpass")
+	line := fmt.Sprintf("%s:%s:%s:%s:%s\n", u.Hostname(), u.Port(), strings.TrimPrefix(u.Path, "/"), u.User.Username(), pw)
+	if err := os.WriteFile(pass, []byte(line), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	t.Setenv("PGPASSFILE", pass)
+	u.User = url.User(u.User.Username())
+	c := newCLI(t, "--kv", u.String(), "--large", "pglo")
+	c.ok("ns", "create", "p")
+	if got := c.ok("ns", "ls"); got != "p\n" {
+		t.Fatalf("ns ls = %q", got)
+	}
 }
