@@ -1,6 +1,7 @@
 package store
 
 import (
+	"bytes"
 	"context"
 	"database/sql"
 	"errors"
@@ -94,18 +95,20 @@ func (s *Store) put(ctx context.Context, r io.Reader, size int64, want *Digest, 
 		return s.putLarge(ctx, nil, r, size, want, o)
 	}
 	// Unknown length: buffer up to the threshold; spill into a stage only
-	// if the content turns out larger, handing it what was buffered.
-	buf := make([]byte, s.threshold+1)
-	n, err := io.ReadFull(r, buf)
+	// if the content turns out larger, handing it what was buffered. The
+	// buffer grows with what arrives: a 2 GiB threshold must not cost 2 GiB
+	// for a 10-byte put.
+	var buf bytes.Buffer
+	n, err := buf.ReadFrom(io.LimitReader(r, s.threshold+1))
 	switch {
-	case errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF):
-		return s.putSmall(ctx, buf[:n], want, o)
 	case err != nil:
 		return Digest{}, nil, fmt.Errorf("put: read: %w", err)
+	case n <= s.threshold:
+		return s.putSmall(ctx, buf.Bytes(), want, o)
 	case s.large == nil:
 		return Digest{}, nil, fmt.Errorf("put: content over the %s limit of %d bytes: %w", s.mode, s.threshold, ErrTooLarge)
 	}
-	return s.putLarge(ctx, buf, r, -1, want, o)
+	return s.putLarge(ctx, buf.Bytes(), r, -1, want, o)
 }
 
 func readErr(err error, size int64) error {

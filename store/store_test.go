@@ -8,6 +8,7 @@ import (
 	"io"
 	"os"
 	"path/filepath"
+	"runtime"
 	"strings"
 	"testing"
 	"testing/iotest"
@@ -569,5 +570,27 @@ func TestStatMany(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+// TestUnknownSizePutAllocatesWhatArrives: a put of unknown length buffers
+// what it receives, not the threshold: 10 bytes under a 1 GiB threshold
+// cost kilobytes, not a gigabyte.
+func TestUnknownSizePutAllocatesWhatArrives(t *testing.T) {
+	s, err := store.Open(t.Context(), store.Config{KV: mem.New(), Mode: store.ModeMemOnly, Threshold: 1 << 30})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	var before, after runtime.MemStats
+	runtime.ReadMemStats(&before)
+	_, pin, err := s.Put(t.Context(), strings.NewReader("ten bytes!"), -1)
+	runtime.ReadMemStats(&after)
+	if err != nil {
+		t.Fatal(err)
+	}
+	pin.Release()
+	if got := after.TotalAlloc - before.TotalAlloc; got > 16<<20 {
+		t.Fatalf("a 10-byte put of unknown length allocated %d bytes", got)
 	}
 }
