@@ -18,6 +18,10 @@ import (
 	"github.com/alkblobfs/alkblobfs/store"
 )
 
+// MinSweepInterval is the shortest sweep timer: a sweep lists the whole
+// pool, and a timer of a nanosecond would run thousands a second.
+const MinSweepInterval = time.Second
+
 // DefaultSweepInterval is what `echo on > sweep-timer` starts when no
 // interval was ever set.
 const DefaultSweepInterval = 15 * time.Minute
@@ -274,6 +278,9 @@ func (s *sweeper) set(cmd string) error {
 		d, err := time.ParseDuration(cmd)
 		if err != nil || d < 0 {
 			return fmt.Errorf("%w: sweep-timer %q: want off, on or a non-negative duration", errBadInput, truncate(cmd))
+		}
+		if d > 0 && d < MinSweepInterval {
+			return fmt.Errorf("%w: sweep-timer %q: below the shortest interval, %s", errBadInput, truncate(cmd), MinSweepInterval)
 		}
 		s.every = d
 		if d > 0 {

@@ -388,3 +388,10 @@ func TestPrivateStore(t *testing.T) {
 	}
 	c.ok("ls") // no warning
 }
+
+// TestSweepEveryBound: --sweep-every takes 0 (off) or at least a second.
+func TestSweepEveryBound(t *testing.T) {
+	c := newCLI(t)
+	c.fail(2, "at least 1s", "mount", "--sweep-every", "1ms", t.TempDir())
+	c.fail(2, "at least 1s", "mount", "--sweep-every", "-1s", t.TempDir())
+}

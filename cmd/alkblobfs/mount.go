@@ -53,8 +53,8 @@ As root the mount uses mount(2) directly; otherwise fusermount3.`,
 			if err != nil {
 				return usage(cmd, err)
 			}
-			if sweepEvery < 0 {
-				return usagef(cmd, "--sweep-every %s: must not be negative (0 turns the timer off)", sweepEvery)
+			if sweepEvery < 0 || sweepEvery > 0 && sweepEvery < fusefs.MinSweepInterval {
+				return usagef(cmd, "--sweep-every %s: want 0 (off) or at least %s", sweepEvery, fusefs.MinSweepInterval)
 			}
 			if receiptTTL <= 0 {
 				return usagef(cmd, "--receipt-ttl %s: must be positive", receiptTTL)
