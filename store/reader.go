@@ -219,8 +219,13 @@ func (r *Reader) Close() error {
 	return r.cur.Close()
 }
 
+// MaxReadRange bounds one ReadRange, which returns the range in memory
+// (with its own digest): larger ranges are read in parts or streamed.
+const MaxReadRange = 64 << 20
+
 // ReadRange returns n bytes of d from off (fewer at EOF) and the sha256 of
-// the returned slice. An absent key returns ErrMissing.
+// the returned slice. An absent key returns ErrMissing; a range over
+// MaxReadRange (after clipping at EOF) returns ErrTooLarge.
 func (s *Store) ReadRange(ctx context.Context, d Digest, off, n int64) ([]byte, Digest, error) {
 	if off < 0 || n < 0 {
 		return nil, Digest{}, fmt.Errorf("read range %s: negative offset or length (%d, %d)", d, off, n)
@@ -237,6 +242,9 @@ func (s *Store) ReadRange(ctx context.Context, d Digest, off, n int64) ([]byte, 
 		return []byte{}, blob.Sum(nil), nil
 	}
 	n = min(n, r.size-off)
+	if n > MaxReadRange {
+		return nil, Digest{}, blob.Wrap("read", r.engine, d, fmt.Errorf("%w: a range of %d bytes is over the %d-byte limit of one range read; read it in parts, or stream it with Get", ErrTooLarge, n, MaxReadRange))
+	}
 	buf := make([]byte, n)
 	k, err := r.ReadAt(buf, off)
 	if int64(k) != n {

@@ -594,3 +594,22 @@ func TestUnknownSizePutAllocatesWhatArrives(t *testing.T) {
 		t.Fatalf("a 10-byte put of unknown length allocated %d bytes", got)
 	}
 }
+
+// TestReadRangeBounded: one range read returns at most MaxReadRange bytes
+// in memory; a larger range is refused, not allocated.
+func TestReadRangeBounded(t *testing.T) {
+	s := openStore(t, layouts[2], t.TempDir())
+	big := make([]byte, store.MaxReadRange+1)
+	d, pin, err := s.Put(t.Context(), bytes.NewReader(big), int64(len(big)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pin.Release()
+	if _, _, err := s.ReadRange(t.Context(), d, 0, int64(len(big))); !errors.Is(err, store.ErrTooLarge) {
+		t.Fatalf("ReadRange of %d bytes = %v; want ErrTooLarge", len(big), err)
+	}
+	got, _, err := s.ReadRange(t.Context(), d, 1, store.MaxReadRange)
+	if err != nil || len(got) != store.MaxReadRange {
+		t.Fatalf("ReadRange of MaxReadRange bytes: %d, %v", len(got), err)
+	}
+}
