@@ -29,6 +29,8 @@ type Upload struct {
 	s  *Store
 	mu sync.Mutex
 	// buf holds the content until it outgrows the kv tier; then st does.
+	// Bytes from len(buf) to size are zeros that were never written (an
+	// extending truncate): they take no memory until Commit.
 	buf []byte
 	st  engines.RandomStage
 	// own is true when st is the large engine's stage (Commit publishes it
@@ -168,7 +170,7 @@ func (u *Upload) ReadAt(p []byte, off int64) (int, error) {
 	}
 	if u.st == nil {
 		defer u.mu.Unlock()
-		return engines.BytesCursor(u.buf[:u.size]).ReadAt(p, off)
+		return readZeroTail(u.buf, u.size, p, off)
 	}
 	st := u.st
 	u.mu.Unlock()
@@ -198,9 +200,8 @@ func (u *Upload) Truncate(size int64) error {
 		if size <= int64(len(u.buf)) {
 			clear(u.buf[size:])
 			u.buf = u.buf[:size]
-		} else {
-			u.buf = append(u.buf, make([]byte, size-int64(len(u.buf)))...)
 		}
+		// Growing: the new bytes are zeros past len(buf), not allocated.
 		u.size = size
 		return nil
 	}
@@ -241,7 +242,10 @@ func (u *Upload) Commit(ctx context.Context, want *Digest, opts ...PutOption) (D
 	u.done = true
 	s, o := u.s, applyOpts(opts)
 	if u.st == nil {
-		b := u.buf[:u.size]
+		b := u.buf
+		if int64(len(b)) < u.size {
+			b = append(b, make([]byte, u.size-int64(len(b)))...)
+		}
 		u.buf = nil
 		return s.putSmall(ctx, b, want, o)
 	}
@@ -329,4 +333,25 @@ func (s *scratchFile) Discard() error {
 		err = errors.Join(s.f.Close(), os.Remove(s.f.Name()))
 	})
 	return err
+}
+
+// readZeroTail reads from content of size bytes whose first len(buf) are
+// buf and the rest zeros, following io.ReaderAt.
+func readZeroTail(buf []byte, size int64, p []byte, off int64) (int, error) {
+	if off < 0 {
+		return 0, fmt.Errorf("upload: negative offset %d", off)
+	}
+	if off >= size {
+		return 0, io.EOF
+	}
+	n := int(min(int64(len(p)), size-off))
+	k := 0
+	if off < int64(len(buf)) {
+		k = copy(p[:n], buf[off:])
+	}
+	clear(p[k:n])
+	if n < len(p) {
+		return n, io.EOF
+	}
+	return n, nil
 }

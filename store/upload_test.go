@@ -5,9 +5,11 @@ import (
 	"crypto/sha256"
 	"errors"
 	"io"
+	"runtime"
 	"testing"
 
 	"github.com/alkblobfs/alkblobfs/blob"
+	"github.com/alkblobfs/alkblobfs/engines/mem"
 	"github.com/alkblobfs/alkblobfs/store"
 )
 
@@ -185,4 +187,51 @@ func TestUploadCrossesThreshold(t *testing.T) {
 		}
 	}
 	assertClean(t, s)
+}
+
+// TestUploadTruncateAllocatesNothing: extending an in-memory upload with
+// ftruncate costs no memory until Commit; the new bytes read as zeros and
+// publish as zeros.
+func TestUploadTruncateAllocatesNothing(t *testing.T) {
+	s, err := store.Open(t.Context(), store.Config{KV: mem.New(), Mode: store.ModeMemOnly, Threshold: 1 << 30})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	u, err := s.NewUpload(t.Context())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := u.WriteAt([]byte("head"), 0); err != nil {
+		t.Fatal(err)
+	}
+	var before, after runtime.MemStats
+	runtime.ReadMemStats(&before)
+	if err := u.Truncate(512 << 20); err != nil {
+		t.Fatal(err)
+	}
+	runtime.ReadMemStats(&after)
+	if got := after.TotalAlloc - before.TotalAlloc; got > 1<<20 {
+		t.Fatalf("a truncate to 512 MiB allocated %d bytes", got)
+	}
+	p := make([]byte, 8)
+	if n, err := u.ReadAt(p, 2); n != 8 || err != nil || string(p) != "ad\x00\x00\x00\x00\x00\x00" {
+		t.Fatalf("ReadAt across the zero tail = %d, %v, %q", n, err, p)
+	}
+	if n, err := u.ReadAt(p, 512<<20-4); n != 4 || err != io.EOF {
+		t.Fatalf("ReadAt at the end = %d, %v", n, err)
+	}
+	u.Discard()
+	// A small one publishes its zeros.
+	u, _ = s.NewUpload(t.Context())
+	u.WriteAt([]byte("x"), 0)
+	u.Truncate(100)
+	d, pin, err := u.Commit(t.Context(), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	pin.Release()
+	if want := blob.Sum(append([]byte("x"), make([]byte, 99)...)); d != want {
+		t.Fatalf("published %s; want the digest of x and 99 zeros", d.Short())
+	}
 }
