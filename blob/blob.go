@@ -37,6 +37,10 @@ var (
 	ErrGcRefuse = errors.New("refused: blob is protected by liveness")
 	// ErrClosed: the store or engine has been closed.
 	ErrClosed = errors.New("store closed")
+	// ErrNoSpace: the medium under an engine is full (a database that
+	// cannot grow, a full disk). Nothing was stored; the same put works
+	// once space is freed.
+	ErrNoSpace = errors.New("no space left in the store")
 )
 
 // Sum returns the digest of b.

@@ -110,7 +110,7 @@ func toErrno(err error) syscall.Errno {
 		return syscall.ENOENT
 	case errors.Is(err, blob.ErrVerification):
 		return syscall.EIO
-	case errors.Is(err, blob.ErrTooLarge):
+	case errors.Is(err, blob.ErrTooLarge), errors.Is(err, blob.ErrNoSpace):
 		return syscall.ENOSPC
 	case errors.Is(err, blob.ErrGcRefuse):
 		return syscall.EBUSY

@@ -41,6 +41,7 @@ func TestToErrno(t *testing.T) {
 		{"xattr buffer", errRange, syscall.ERANGE},
 		{"vanished", errGone, syscall.ENOENT},
 		{"name too long", errNameTooLong, syscall.ENAMETOOLONG},
+		{"store full", wrapped(blob.ErrNoSpace), syscall.ENOSPC},
 		{"failed publish", errPublishFailed, syscall.EIO},
 		{"missing blob", wrapped(blob.ErrMissing), syscall.ENOENT},
 		{"malformed digest", blob.ErrKeyInvalid, syscall.ENOENT},

@@ -127,7 +127,7 @@ func (e *Engine) Close() error {
 }
 
 func (e *Engine) wrap(op string, d blob.Digest, err error) error {
-	return blob.Wrap(op, e.name, d, err)
+	return blob.Wrap(op, e.name, d, postgres.Full(err))
 }
 
 // Has implements engines.Engine.

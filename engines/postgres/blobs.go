@@ -8,6 +8,7 @@ import (
 	"iter"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/alkblobfs/alkblobfs/blob"
 	"github.com/alkblobfs/alkblobfs/engines"
@@ -61,7 +62,7 @@ func Missing(err error) error {
 func (e *Engine) Put(ctx context.Context, d blob.Digest, value []byte) (bool, error) {
 	tag, err := e.pool.Exec(ctx, putSQL, d[:], len(value), notNil(value))
 	if err != nil {
-		return false, blob.Wrap("put", e.name, d, err)
+		return false, blob.Wrap("put", e.name, d, Full(err))
 	}
 	return tag.RowsAffected() == 1, nil
 }
@@ -79,7 +80,7 @@ func notNil(b []byte) []byte {
 func (e *Engine) PutTx(ctx context.Context, d blob.Digest, value []byte, also func(ctx context.Context, tx *sql.Tx) error) (ok bool, err error) {
 	tx, err := e.db.BeginTx(ctx, nil)
 	if err != nil {
-		return false, blob.Wrap("put", e.name, d, err)
+		return false, blob.Wrap("put", e.name, d, Full(err))
 	}
 	defer func() {
 		if err != nil {
@@ -88,19 +89,19 @@ func (e *Engine) PutTx(ctx context.Context, d blob.Digest, value []byte, also fu
 	}()
 	if also != nil {
 		if err = also(ctx, tx); err != nil {
-			return false, blob.Wrap("put", e.name, d, err)
+			return false, blob.Wrap("put", e.name, d, Full(err))
 		}
 	}
 	res, err := tx.ExecContext(ctx, putSQL, d[:], len(value), notNil(value))
 	if err != nil {
-		return false, blob.Wrap("put", e.name, d, err)
+		return false, blob.Wrap("put", e.name, d, Full(err))
 	}
 	n, err := res.RowsAffected()
 	if err != nil {
-		return false, blob.Wrap("put", e.name, d, err)
+		return false, blob.Wrap("put", e.name, d, Full(err))
 	}
 	if err = tx.Commit(); err != nil {
-		return false, blob.Wrap("put", e.name, d, err)
+		return false, blob.Wrap("put", e.name, d, Full(err))
 	}
 	return n == 1, nil
 }
@@ -246,4 +247,14 @@ func (e *Engine) SizeMany(ctx context.Context, ds []blob.Digest) ([]int64, error
 		return nil, blob.Wrap("size", e.name, blob.Digest{}, err)
 	}
 	return sizes, nil
+}
+
+// Full marks PostgreSQL's disk_full (SQLSTATE 53100) as blob.ErrNoSpace,
+// so that a full server disk reaches users as ENOSPC.
+func Full(err error) error {
+	var pe *pgconn.PgError
+	if errors.As(err, &pe) && pe.Code == "53100" && !errors.Is(err, blob.ErrNoSpace) {
+		return fmt.Errorf("%w: %w", blob.ErrNoSpace, err)
+	}
+	return err
 }

@@ -29,7 +29,7 @@ func (e *Engine) PinRows(ctx context.Context, tx *sql.Tx, owner string, ds []blo
 		st := tx.StmtContext(ctx, e.pinUp)
 		for _, d := range ds {
 			if _, err := st.ExecContext(ctx, d[:], owner, expiry.UnixNano()); err != nil {
-				return blob.Wrap("pin", e.name, d, err)
+				return blob.Wrap("pin", e.name, d, full(err))
 			}
 		}
 		return nil

@@ -11,7 +11,7 @@ import (
 	"path/filepath"
 	"runtime"
 
-	_ "modernc.org/sqlite" // registers the "sqlite" driver
+	sqlitedrv "modernc.org/sqlite" // also registers the "sqlite" driver
 
 	"github.com/alkblobfs/alkblobfs/blob"
 	"github.com/alkblobfs/alkblobfs/engines"
@@ -154,8 +154,22 @@ func (e *Engine) Close() error {
 }
 
 func (e *Engine) wrap(op string, err error) error {
-	return blob.Wrap(op, e.name, blob.Digest{}, err)
+	return blob.Wrap(op, e.name, blob.Digest{}, full(err))
 }
+
+// full marks SQLite's "database or disk is full" (SQLITE_FULL) as
+// blob.ErrNoSpace, so that a full disk reaches users as ENOSPC.
+func full(err error) error {
+	var se *sqlitedrv.Error
+	if errors.As(err, &se) && se.Code()&0xff == sqliteFull && !errors.Is(err, blob.ErrNoSpace) {
+		return fmt.Errorf("%w: %w", blob.ErrNoSpace, err)
+	}
+	return err
+}
+
+// sqliteFull is SQLITE_FULL, the primary result code of a full database or
+// disk.
+const sqliteFull = 13
 
 // cursorArg is a listing cursor as the bind argument of
 // "digest > coalesce(?, <empty blob>)". The zero digest binds as NULL, hence

@@ -1,0 +1,84 @@
+//go:build linux
+
+package main
+
+import (
+	"errors"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"slices"
+	"strings"
+	"syscall"
+	"testing"
+)
+
+// TestDiskFull: with the embedded default store on a full filesystem (a
+// 4 MiB tmpfs), a copy into incoming/ fails with ENOSPC — a small file at
+// its close (the SQLite kv tier is full), a large one at its writes (the
+// local tier) — publishes nothing, and works again, without a restart,
+// once space is freed.
+func TestDiskFull(t *testing.T) {
+	requireFUSE(t)
+	if os.Geteuid() != 0 {
+		t.Skip("mounting a tmpfs needs root")
+	}
+	fsdir := t.TempDir()
+	if err := syscall.Mount("tmpfs", fsdir, "tmpfs", 0, "size=4m"); err != nil {
+		t.Fatalf("mount a small tmpfs: %v", err)
+	}
+	t.Cleanup(func() { syscall.Unmount(fsdir, syscall.MNT_DETACH) })
+	data := filepath.Join(fsdir, "data")
+	if err := os.Mkdir(data, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	c := newCLI(t)
+	c.data = data
+	c.ok("ns", "create", "ns")
+	mnt := t.TempDir()
+	dm := startDaemon(t, data, mnt)
+	src := t.TempDir()
+	small, _, smallD := writeFile(t, src, 100<<10, 1)
+	large, _, largeD := writeFile(t, src, 600<<10, 2)
+
+	// Fill the filesystem.
+	filler := filepath.Join(fsdir, "filler")
+	f, err := os.Create(filler)
+	if err != nil {
+		t.Fatal(err)
+	}
+	chunk := make([]byte, 64<<10)
+	for {
+		if _, err := f.Write(chunk); err != nil {
+			if !errors.Is(err, syscall.ENOSPC) {
+				t.Fatal(err)
+			}
+			break
+		}
+	}
+	f.Close()
+
+	for _, p := range []string{small, large} {
+		out, err := exec.Command("cp", p, filepath.Join(mnt, "ns", "incoming", filepath.Base(p))).CombinedOutput()
+		if err == nil || !strings.Contains(string(out), "No space left on device") {
+			t.Fatalf("cp of %s into a full store: %v: %s; want ENOSPC", filepath.Base(p), err, out)
+		}
+	}
+	if got := lines(c.ok("ls", "ns")); len(got) != 0 {
+		t.Fatalf("a failed copy published %v", got)
+	}
+
+	if err := os.Remove(filler); err != nil {
+		t.Fatal(err)
+	}
+	for _, p := range []string{small, large} {
+		if out, err := exec.Command("cp", p, filepath.Join(mnt, "ns", "incoming", filepath.Base(p)+".again")).CombinedOutput(); err != nil {
+			t.Fatalf("cp once space is freed: %v: %s", err, out)
+		}
+	}
+	got := lines(c.ok("ls", "ns"))
+	if !slices.Contains(got, smallD) || !slices.Contains(got, largeD) {
+		t.Fatalf("after freeing space the namespace lists %v; want both blobs", got)
+	}
+	stopDaemon(t, dm)
+}
