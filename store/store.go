@@ -59,7 +59,9 @@ type Config struct {
 	Clock  gc.Clock
 	Logger *slog.Logger
 	// ScratchDir holds upload scratch files when the large engine cannot
-	// stage random-access writes itself; "" means os.TempDir().
+	// stage random-access writes itself (created 0700 when first needed);
+	// "" means os.TempDir(). Scratch files have no name: a crash leaves
+	// nothing there.
 	ScratchDir string
 	// PinTTL is the life of an unrenewed pin row (gc.Options.PinTTL).
 	PinTTL time.Duration

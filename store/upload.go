@@ -114,8 +114,19 @@ func (s *Store) newStage(ctx context.Context) (engines.RandomStage, bool, error)
 		}
 		st.Discard()
 	}
+	if s.scratch != "" {
+		if err := os.MkdirAll(s.scratch, 0o700); err != nil {
+			return nil, false, fmt.Errorf("upload: scratch directory: %w", err)
+		}
+	}
 	f, err := os.CreateTemp(s.scratch, "upload-*")
 	if err != nil {
+		return nil, false, fmt.Errorf("upload: scratch file: %w", err)
+	}
+	// Nameless from the start: the descriptor is all an upload uses, and a
+	// crash then leaves nothing behind in the scratch directory.
+	if err := os.Remove(f.Name()); err != nil {
+		f.Close()
 		return nil, false, fmt.Errorf("upload: scratch file: %w", err)
 	}
 	return &scratchFile{f: f}, false, nil
@@ -330,7 +341,7 @@ func (s *scratchFile) Size() (int64, error) {
 func (s *scratchFile) Discard() error {
 	var err error
 	s.once.Do(func() {
-		err = errors.Join(s.f.Close(), os.Remove(s.f.Name()))
+		err = s.f.Close() // nameless already (newStage)
 	})
 	return err
 }

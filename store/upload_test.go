@@ -2,13 +2,17 @@ package store_test
 
 import (
 	"bytes"
+	"context"
 	"crypto/sha256"
 	"errors"
 	"io"
+	"os"
+	"path/filepath"
 	"runtime"
 	"testing"
 
 	"github.com/alkblobfs/alkblobfs/blob"
+	"github.com/alkblobfs/alkblobfs/engines"
 	"github.com/alkblobfs/alkblobfs/engines/mem"
 	"github.com/alkblobfs/alkblobfs/store"
 )
@@ -235,3 +239,46 @@ func TestUploadTruncateAllocatesNothing(t *testing.T) {
 		t.Fatalf("published %s; want the digest of x and 99 zeros", d.Short())
 	}
 }
+
+// TestScratchNameless: an upload that the large tier cannot stage itself
+// spills into the store's scratch directory (made 0700 on first use) as a
+// file with no name, so that a crash leaves nothing there.
+func TestScratchNameless(t *testing.T) {
+	scratch := filepath.Join(t.TempDir(), "scratch")
+	s, err := store.Open(t.Context(), store.Config{KV: mem.New(), Large: seqLarge{mem.New()}, Threshold: 1 << 10, ScratchDir: scratch})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	u, err := s.NewUpload(t.Context())
+	if err != nil {
+		t.Fatal(err)
+	}
+	data := bytes.Repeat([]byte("s"), 10<<10)
+	if _, err := u.WriteAt(data, 0); err != nil {
+		t.Fatal(err)
+	}
+	fi, err := os.Stat(scratch)
+	if err != nil || fi.Mode().Perm() != 0o700 {
+		t.Fatalf("scratch directory: %v, %v; want it made 0700", fi, err)
+	}
+	if ents, _ := os.ReadDir(scratch); len(ents) != 0 {
+		t.Fatalf("scratch directory lists %d names while an upload spills into it; want none", len(ents))
+	}
+	d, pin, err := u.Commit(t.Context(), nil)
+	if err != nil || d != blob.Sum(data) {
+		t.Fatalf("Commit = %s, %v", d.Short(), err)
+	}
+	pin.Release()
+}
+
+// seqLarge is a large engine whose stages take sequential writes only (as
+// pglo's): uploads into it spill into scratch files.
+type seqLarge struct{ engines.Large }
+
+func (l seqLarge) Stage(ctx context.Context) (engines.Stage, error) {
+	st, err := l.Large.Stage(ctx)
+	return seqStage{st}, err
+}
+
+type seqStage struct{ engines.Stage }

@@ -103,6 +103,11 @@ func (a *app) storeConfig(cmd *cobra.Command) (store.Config, error) {
 	ctx := cmd.Context()
 	cfg := store.Config{Threshold: int64(a.threshold), GCDelay: a.gcWindow, Logger: a.log,
 		PinTTL: a.pinTTL, Fleet: a.fleet, SharedMedia: a.shared}
+	// Scratch space for uploads (mem and pglo large tiers, or none) sits
+	// with the store, private, not in the system's shared temp directory.
+	if cfg.ScratchDir = a.scratch; cfg.ScratchDir == "" && a.data != "" {
+		cfg.ScratchDir = filepath.Join(a.data, "scratch")
+	}
 	if a.pinTTL <= 0 {
 		return cfg, usagef(cmd, "--pin-ttl %s: must be positive", a.pinTTL)
 	}

@@ -26,6 +26,7 @@ type app struct {
 	data      string
 	kv, large string
 	kvFile    string
+	scratch   string
 	threshold sizeValue
 	gcWindow  time.Duration
 	pinTTL    time.Duration
@@ -83,6 +84,7 @@ SQLite for small blobs and a local directory for large ones, under --data.`,
 	f := root.PersistentFlags()
 	f.StringVar(&a.data, "data", defaultDataDir(), "data directory of the default engines")
 	f.StringVar(&a.kv, "kv", "", "kv-tier engine URL: sqlite:PATH, postgres://…, mem: or none (default sqlite:<data>/kv.db)")
+	f.StringVar(&a.scratch, "scratch", "", "directory for uploads that the large tier cannot stage itself (default <data>/scratch)")
 	f.StringVar(&a.kvFile, "kv-file", "", "read the --kv URL from this file (first line), so that no password shows in a process list")
 	f.StringVar(&a.large, "large", "", "large-tier engine URL: local:DIR, pglo, pglo:postgres://…, mem: or none (default local:<data>/large)")
 	f.Var(&a.threshold, "threshold", "largest blob the kv tier holds, e.g. 128KiB, 1MiB or plain bytes")
