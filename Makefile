@@ -7,7 +7,7 @@ TEST_FLAGS := -race -count=1 -timeout 14m
 .PHONY: build test test-long deps lint bench clean
 
 build:
-	$(GO) build -o $(BIN) ./cmd/alkblobfs
+	$(GO) build -buildvcs=auto -o $(BIN) ./cmd/alkblobfs
 
 # deps installs the Debian packages the tests call (rsync, fuse3, bindfs,
 # PostgreSQL, …); it does nothing when they are all present.

@@ -324,7 +324,7 @@ func TestExitCodes(t *testing.T) {
 func TestHelpEveryCommand(t *testing.T) {
 	c := newCLI(t)
 	for _, cmd := range []string{"", "put", "get", "cat", "stat", "ls", "rm", "sweep", "verify",
-		"ns", "ns create", "ns rm", "ns ls", "link", "unlink", "mount", "umount"} {
+		"ns", "ns create", "ns rm", "ns ls", "link", "unlink", "mount", "umount", "version", "completion"} {
 		t.Run("help "+cmd, func(t *testing.T) {
 			args := append(strings.Fields(cmd), "--help")
 			out := c.ok(args...)
@@ -394,4 +394,19 @@ func TestSweepEveryBound(t *testing.T) {
 	c := newCLI(t)
 	c.fail(2, "at least 1s", "mount", "--sweep-every", "1ms", t.TempDir())
 	c.fail(2, "at least 1s", "mount", "--sweep-every", "-1s", t.TempDir())
+}
+
+// TestVersionAndCompletion: --version and version print the version and
+// the Go version; completion writes a shell's completion script.
+func TestVersionAndCompletion(t *testing.T) {
+	c := newCLI(t)
+	for _, args := range [][]string{{"--version"}, {"version"}} {
+		out := c.ok(args...)
+		if !strings.HasPrefix(out, "alkblobfs ") || !strings.Contains(out, " go1.") {
+			t.Errorf("alkblobfs %s = %q", args[0], out)
+		}
+	}
+	if out := c.ok("completion", "bash"); !strings.Contains(out, "bash completion") {
+		t.Errorf("completion bash wrote %.80q", out)
+	}
 }

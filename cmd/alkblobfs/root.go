@@ -74,7 +74,7 @@ SQLite for small blobs and a local directory for large ones, under --data.`,
 		SuggestionsMinimumDistance: 2,
 		SilenceErrors:              true, // main prints the one error line
 		SilenceUsage:               true,
-		CompletionOptions:          cobra.CompletionOptions{DisableDefaultCmd: true},
+		Version:                    versionString(),
 	}
 	root.SetIn(a.stdin)
 	root.SetOut(a.stdout)
@@ -109,7 +109,17 @@ SQLite for small blobs and a local directory for large ones, under --data.`,
 		newVerifyCmd(a),
 		newMountCmd(a),
 		newUmountCmd(a),
+		newVersionCmd(a),
 	)
+	root.SetVersionTemplate("{{.Version}}\n")
+	// Shell completion (cobra's): bash, zsh, fish, powershell.
+	root.InitDefaultCompletionCmd()
+	for _, c := range root.Commands() {
+		if c.Name() == "completion" {
+			c.Example = `  alkblobfs completion bash > /etc/bash_completion.d/alkblobfs
+  alkblobfs completion zsh > "${fpath[1]}/_alkblobfs"`
+		}
+	}
 	return root
 }
 
