@@ -6,10 +6,13 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"io"
 	"io/fs"
 	"os"
+	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"syscall"
 	"testing"
@@ -244,5 +247,41 @@ func TestReceiptOfSweptBlob(t *testing.T) {
 	})
 	if got := fileSum(t, filepath.Join(in, "kept")); got != sum([]byte("content of kept")) {
 		t.Fatalf("the kept receipt reads %s", got)
+	}
+}
+
+// TestRootListsManyNamespaces: the root streams its namespaces a page at a
+// time; every one of more than two pages lists, in byte order, after the
+// control directory, with ls -l's per-entry lookups answered.
+func TestRootListsManyNamespaces(t *testing.T) {
+	e := mountStore(t, defaultSpec)
+	var want []string
+	for i := range 2500 {
+		name := fmt.Sprintf("ns-%05d", i)
+		if err := e.reg.Create(t.Context(), name); err != nil {
+			t.Fatal(err)
+		}
+		want = append(want, name)
+	}
+	ents, err := os.ReadDir(e.mnt) // sorted by os.ReadDir; the order check is below
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(ents) != len(want)+1 {
+		t.Fatalf("the root lists %d names; want %d namespaces and .alkblobfs", len(ents), len(want))
+	}
+	out, err := exec.Command("ls", "-l", "-f", e.mnt).Output() // -f: directory order, no sort
+	if err != nil {
+		t.Fatal(err)
+	}
+	var got []string
+	for _, l := range strings.Split(strings.TrimSpace(string(out)), "\n") {
+		f := strings.Fields(l)
+		if len(f) > 0 && strings.HasPrefix(f[len(f)-1], "ns-") {
+			got = append(got, f[len(f)-1])
+		}
+	}
+	if !slices.Equal(got, want) {
+		t.Fatalf("ls -l -f lists %d namespaces (first %v); want %d in byte order", len(got), got[:min(3, len(got))], len(want))
 	}
 }

@@ -3,6 +3,7 @@ package fusefs
 import (
 	"context"
 	"hash/fnv"
+	"sync"
 	"syscall"
 
 	"github.com/hanwen/go-fuse/v2/fs"
@@ -27,7 +28,7 @@ var (
 	_ = (fs.NodeGetattrer)((*rootDir)(nil))
 	_ = (fs.NodeSetattrer)((*rootDir)(nil))
 	_ = (fs.NodeLookuper)((*rootDir)(nil))
-	_ = (fs.NodeReaddirer)((*rootDir)(nil))
+	_ = (fs.NodeOpendirHandler)((*rootDir)(nil))
 	_ = (fs.NodeMkdirer)((*rootDir)(nil))
 	_ = (fs.NodeRmdirer)((*rootDir)(nil))
 	_ = (fs.NodeCreater)((*rootDir)(nil))
@@ -85,19 +86,107 @@ func (r *rootDir) Lookup(ctx context.Context, name string, out *fuse.EntryOut) (
 	return d.inode(ctx, &r.Inode), 0
 }
 
-// Readdir lists the control directory and the namespaces. Namespaces are
-// few (they are directories a person made), so one list is fine; the
-// namespace directories themselves stream.
-func (r *rootDir) Readdir(ctx context.Context) (fs.DirStream, syscall.Errno) {
-	ents := []fuse.DirEntry{{Name: controlName, Mode: syscall.S_IFDIR, Ino: inoControl}}
-	for name, err := range r.fsys.reg.Names(ctx, "") {
-		if err != nil {
-			return nil, r.fsys.errno("readdir", blob.Digest{}, err)
-		}
-		ents = append(ents, fuse.DirEntry{Name: name, Mode: syscall.S_IFDIR, Ino: nameIno(name)})
-	}
-	return fs.NewListDirStream(ents), 0
+// OpendirHandle lists the control directory and the namespaces, streamed
+// (see rootStream): a million namespaces list in constant memory.
+func (r *rootDir) OpendirHandle(ctx context.Context, flags uint32) (fs.FileHandle, uint32, syscall.Errno) {
+	return &rootStream{r: r}, 0, 0
 }
+
+// rootStream lists the root a page at a time: ".alkblobfs", then every
+// namespace in byte order, each page a fresh Names call from the last name
+// seen, holding no registry state between READDIR requests.
+type rootStream struct {
+	r *rootDir
+
+	mu    sync.Mutex
+	off   uint64
+	page  []string
+	i     int
+	after string
+	eof   bool
+	last  string
+}
+
+var (
+	_ = (fs.FileReaddirenter)((*rootStream)(nil))
+	_ = (fs.FileLookuper)((*rootStream)(nil))
+	_ = (fs.FileSeekdirer)((*rootStream)(nil))
+	_ = (fs.FileReleasedirer)((*rootStream)(nil))
+)
+
+func (s *rootStream) Readdirent(ctx context.Context) (*fuse.DirEntry, syscall.Errno) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.next()
+}
+
+func (s *rootStream) next() (*fuse.DirEntry, syscall.Errno) {
+	if s.off == 0 {
+		s.off = 1
+		return &fuse.DirEntry{Name: controlName, Mode: syscall.S_IFDIR, Ino: inoControl, Off: 1}, 0
+	}
+	if s.i >= len(s.page) {
+		if s.eof {
+			return nil, 0
+		}
+		f := s.r.fsys
+		page := s.page[:0]
+		for name, err := range f.reg.Names(f.ctx, s.after) {
+			if err != nil {
+				return nil, f.errno("readdir", blob.Digest{}, err)
+			}
+			page = append(page, name)
+			if len(page) == streamPage {
+				break
+			}
+		}
+		s.page, s.i, s.eof = page, 0, len(page) < streamPage
+		if len(page) == 0 {
+			return nil, 0
+		}
+		s.after = page[len(page)-1]
+	}
+	name := s.page[s.i]
+	s.i++
+	s.off++
+	s.last = name
+	return &fuse.DirEntry{Name: name, Mode: syscall.S_IFDIR, Ino: nameIno(name), Off: s.off}, 0
+}
+
+// Lookup serves READDIRPLUS: the namespace just listed exists.
+func (s *rootStream) Lookup(ctx context.Context, name string, out *fuse.EntryOut) (*fs.Inode, syscall.Errno) {
+	s.mu.Lock()
+	last := s.last
+	s.mu.Unlock()
+	if name != "" && name == last {
+		d, _ := s.r.fsys.nsDirFor(name)
+		d.getattr(&out.Attr)
+		return d.inode(ctx, &s.r.Inode), 0
+	}
+	return s.r.Lookup(ctx, name, out)
+}
+
+// Seekdir re-lists from the start and skips (offsets are ordinals).
+func (s *rootStream) Seekdir(ctx context.Context, off uint64) syscall.Errno {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if off == s.off {
+		return 0
+	}
+	s.off, s.page, s.i, s.after, s.eof, s.last = 0, s.page[:0], 0, "", false, ""
+	for s.off < off {
+		de, errno := s.next()
+		if errno != 0 {
+			return errno
+		}
+		if de == nil {
+			break
+		}
+	}
+	return 0
+}
+
+func (s *rootStream) Releasedir(ctx context.Context, releaseFlags uint32) {}
 
 // nameIno is the d_ino a plain READDIR reports for a namespace whose
 // directory inode the kernel has not looked up yet: any stable non-zero
