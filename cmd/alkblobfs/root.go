@@ -58,7 +58,7 @@ SQLite for small blobs and a local directory for large ones, under --data.`,
 			}
 			hint := ""
 			if s := cmd.SuggestionsFor(args[0]); len(s) > 0 {
-				hint = fmt.Sprintf("; did you mean %q?", s[0])
+				hint = fmt.Sprintf("; did you mean %q?", closest(args[0], s))
 			}
 			return usagef(cmd, "unknown command %q%s", args[0], hint)
 		},
@@ -158,3 +158,36 @@ var (
 	_ pflag.Value = (*sizeValue)(nil)
 	_ pflag.Value = (*levelValue)(nil)
 )
+
+// closest is the candidate nearest to typed in edit distance (the first of
+// equals): cobra lists its suggestions in command order, not by nearness.
+func closest(typed string, candidates []string) string {
+	best, bestD := candidates[0], -1
+	for _, c := range candidates {
+		if d := editDistance(typed, c); bestD < 0 || d < bestD {
+			best, bestD = c, d
+		}
+	}
+	return best
+}
+
+// editDistance is the Levenshtein distance between a and b.
+func editDistance(a, b string) int {
+	prev := make([]int, len(b)+1)
+	cur := make([]int, len(b)+1)
+	for j := range prev {
+		prev[j] = j
+	}
+	for i := 1; i <= len(a); i++ {
+		cur[0] = i
+		for j := 1; j <= len(b); j++ {
+			cost := 1
+			if a[i-1] == b[j-1] {
+				cost = 0
+			}
+			cur[j] = min(prev[j]+1, cur[j-1]+1, prev[j-1]+cost)
+		}
+		prev, cur = cur, prev
+	}
+	return prev[len(b)]
+}
