@@ -1,9 +1,11 @@
 package main
 
 import (
+	"errors"
 	"fmt"
 	"io"
 	"log/slog"
+	"os"
 	"strings"
 	"time"
 
@@ -68,6 +70,9 @@ SQLite for small blobs and a local directory for large ones, under --data.`,
 			return usage(cmd, fmt.Errorf("no command given"))
 		},
 		PersistentPreRunE: func(cmd *cobra.Command, args []string) error {
+			if err := flagsFromEnv(cmd); err != nil {
+				return usage(cmd, err)
+			}
 			a.log = slog.New(slog.NewTextHandler(a.stderr, &slog.HandlerOptions{Level: slog.Level(a.logLevel)}))
 			return nil
 		},
@@ -190,4 +195,28 @@ func editDistance(a, b string) int {
 		prev, cur = cur, prev
 	}
 	return prev[len(b)]
+}
+
+// envName is the environment variable of global flag name: --gc-window is
+// ALKBLOBFS_GC_WINDOW.
+func envName(name string) string {
+	return "ALKBLOBFS_" + strings.ToUpper(strings.ReplaceAll(name, "-", "_"))
+}
+
+// flagsFromEnv sets every global flag not given on the command line from
+// its ALKBLOBFS_* variable, if set (a systemd EnvironmentFile, say): the
+// flag wins over the variable. A bad value names the variable.
+func flagsFromEnv(cmd *cobra.Command) error {
+	var errs []error
+	cmd.Root().PersistentFlags().VisitAll(func(f *pflag.Flag) {
+		if f.Changed {
+			return
+		}
+		if v, ok := os.LookupEnv(envName(f.Name)); ok {
+			if err := f.Value.Set(v); err != nil {
+				errs = append(errs, fmt.Errorf("%s=%q: %v", envName(f.Name), v, err))
+			}
+		}
+	})
+	return errors.Join(errs...)
 }
