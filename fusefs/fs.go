@@ -80,7 +80,11 @@ type Config struct {
 	// NoPassthrough keeps every read in the daemon even where the kernel
 	// could read a local blob's file directly.
 	NoPassthrough bool
-	Logger        *slog.Logger
+	// ReadOnly mounts read-only (MS_RDONLY): the kernel refuses every
+	// change with EROFS — puts, links, unlinks, namespaces, control
+	// writes — and the mount runs no sweep timer. Open files still pin.
+	ReadOnly bool
+	Logger   *slog.Logger
 }
 
 // Timeouts. Blob files are immutable and their dentries change only by

@@ -62,6 +62,7 @@ func Mount(dir string, cfg Config) (*Server, error) {
 		AttrTimeout:  &sec,
 		MountOptions: fuse.MountOptions{
 			AllowOther:   cfg.AllowOther,
+			Options:      readOnly(cfg.ReadOnly),
 			MaxWrite:     maxWrite,
 			MaxReadAhead: maxReadAhead,
 			// Readahead and parallel readers issue async requests; the
@@ -340,4 +341,12 @@ type slogWriter struct{ l *slog.Logger }
 func (w *slogWriter) Write(p []byte) (int, error) {
 	w.l.Debug("go-fuse: " + strings.TrimSpace(string(p)))
 	return len(p), nil
+}
+
+// readOnly is the mount option list of a read-only mount.
+func readOnly(ro bool) []string {
+	if ro {
+		return []string{"ro"}
+	}
+	return nil
 }

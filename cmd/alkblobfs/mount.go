@@ -19,6 +19,7 @@ func newMountCmd(a *app) *cobra.Command {
 		allowOther bool
 		debug      bool
 		pass       bool
+		ro         bool
 		cpuProfile string
 	)
 	cmd := &cobra.Command{
@@ -55,6 +56,9 @@ As root the mount uses mount(2) directly; otherwise fusermount3.`,
 			}
 			if sweepEvery < 0 || sweepEvery > 0 && sweepEvery < fusefs.MinSweepInterval {
 				return usagef(cmd, "--sweep-every %s: want 0 (off) or at least %s", sweepEvery, fusefs.MinSweepInterval)
+			}
+			if ro && sweepEvery > 0 {
+				return usagef(cmd, "--sweep-every and --read-only: a read-only mount does not sweep")
 			}
 			if receiptTTL <= 0 {
 				return usagef(cmd, "--receipt-ttl %s: must be positive", receiptTTL)
@@ -94,6 +98,7 @@ As root the mount uses mount(2) directly; otherwise fusermount3.`,
 				AllowOther:    allowOther,
 				Debug:         debug,
 				NoPassthrough: !pass,
+				ReadOnly:      ro,
 				Logger:        lg,
 			})
 			if err != nil {
@@ -117,6 +122,7 @@ As root the mount uses mount(2) directly; otherwise fusermount3.`,
 	f.BoolVar(&debug, "debug", false, "log every FUSE request (at debug level)")
 	f.StringVar(&verify, "verify", string(fusefs.VerifyFull), "read verification: full (never serve unverified bytes) or publish (trust publish-time hashing)")
 	f.DurationVar(&receiptTTL, "receipt-ttl", fusefs.DefaultReceiptTTL, "how long incoming/ keeps a name after its file was published")
+	f.BoolVar(&ro, "read-only", false, "mount read-only: reads and pins only, every change is EROFS (beside a read-write mount of the same store, say)")
 	f.BoolVar(&pass, "passthrough", true, "let the kernel read local blobs directly where it can (FUSE passthrough)")
 	f.StringVar(&cpuProfile, "cpuprofile", "", "write a CPU profile of the daemon to this file (for go tool pprof)")
 	f.MarkHidden("cpuprofile")

@@ -422,3 +422,39 @@ func TestUmount(t *testing.T) {
 	dm = startDaemon(t, c.data, mnt)
 	stopDaemon(t, dm)
 }
+
+// TestReadOnlyMount: --read-only serves reads beside a read-write mount of
+// the same store; every change through it is EROFS, and it does not sweep.
+func TestReadOnlyMount(t *testing.T) {
+	requireFUSE(t)
+	c := newCLI(t)
+	c.ok("ns", "create", "ns")
+	src, _, d := writeFile(t, t.TempDir(), largeSize, 4)
+	c.ok("put", "--ns", "ns", src)
+	rw, ro := t.TempDir(), t.TempDir()
+	dmRW := startDaemon(t, c.data, rw)
+	dmRO := startDaemon(t, c.data, ro, "--read-only")
+	if b, err := os.ReadFile(filepath.Join(ro, "ns", d)); err != nil || sum(b) != d {
+		t.Fatalf("read through the read-only mount: %v", err)
+	}
+	for what, err := range map[string]error{
+		"write into incoming/": os.WriteFile(filepath.Join(ro, "ns", "incoming", "f"), []byte("x"), 0o644),
+		"mkdir a namespace":    os.Mkdir(filepath.Join(ro, "other"), 0o755),
+		"rm a blob":            os.Remove(filepath.Join(ro, "ns", d)),
+		"sweep":                os.WriteFile(filepath.Join(ro, ".alkblobfs", "sweep"), []byte("run\n"), 0o644),
+	} {
+		if !errors.Is(err, syscall.EROFS) {
+			t.Errorf("%s through a read-only mount: %v; want EROFS", what, err)
+		}
+	}
+	// A put through the read-write mount shows on the read-only one.
+	if err := os.WriteFile(filepath.Join(rw, "ns", "incoming", "g"), []byte("from rw"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if b, err := os.ReadFile(filepath.Join(ro, "ns", sum([]byte("from rw")))); err != nil || string(b) != "from rw" {
+		t.Fatalf("a blob put through the read-write mount, read through the read-only one: %q, %v", b, err)
+	}
+	c.fail(2, "does not sweep", "mount", "--read-only", "--sweep-every", "1h", t.TempDir())
+	stopDaemon(t, dmRO)
+	stopDaemon(t, dmRW)
+}
