@@ -104,14 +104,19 @@ As root the mount uses mount(2) directly; otherwise fusermount3.`,
 			if err != nil {
 				return err
 			}
+			if err := sdNotify("READY=1\nSTATUS=serving " + srv.Dir()); err != nil {
+				lg.Warn("could not tell the service manager that the mount is ready", "err", err)
+			}
 			select {
 			case <-ctx.Done():
+				sdNotify("STOPPING=1")
 				lg.Info("signal received; unmounting (a second signal exits at once)", "mountpoint", srv.Dir())
 				if err := srv.Unmount(); err != nil {
 					return err
 				}
 			case <-srv.Done():
 				// umount by someone else.
+				sdNotify("STOPPING=1")
 			}
 			return st.Close()
 		},

@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"io"
 	"math/rand/v2"
+	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -457,4 +458,40 @@ func TestReadOnlyMount(t *testing.T) {
 	c.fail(2, "does not sweep", "mount", "--read-only", "--sweep-every", "1h", t.TempDir())
 	stopDaemon(t, dmRO)
 	stopDaemon(t, dmRW)
+}
+
+// TestSystemdNotify: under a service manager (NOTIFY_SOCKET set), the
+// mount says READY=1 once it serves and STOPPING=1 when it begins to stop.
+func TestSystemdNotify(t *testing.T) {
+	requireFUSE(t)
+	sock := filepath.Join(t.TempDir(), "notify")
+	conn, err := net.ListenUnixgram("unixgram", &net.UnixAddr{Name: sock, Net: "unixgram"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	t.Setenv("NOTIFY_SOCKET", sock)
+	c := newCLI(t)
+	mnt := t.TempDir()
+	dm := startDaemon(t, c.data, mnt)
+	read := func() string {
+		t.Helper()
+		conn.SetReadDeadline(time.Now().Add(10 * time.Second))
+		b := make([]byte, 512)
+		n, err := conn.Read(b)
+		if err != nil {
+			t.Fatalf("no notification: %v", err)
+		}
+		return string(b[:n])
+	}
+	if got := read(); !strings.HasPrefix(got, "READY=1\n") || !isMounted(t, mnt) {
+		t.Fatalf("first notification %q (mounted: %v); want READY=1 once serving", got, isMounted(t, mnt))
+	}
+	dm.cmd.Process.Signal(syscall.SIGTERM)
+	if got := read(); got != "STOPPING=1" {
+		t.Fatalf("second notification %q; want STOPPING=1", got)
+	}
+	if code := dm.wait(20 * time.Second); code != 0 {
+		t.Fatalf("exit %d", code)
+	}
 }
