@@ -285,3 +285,22 @@ func TestRootListsManyNamespaces(t *testing.T) {
 		t.Fatalf("ls -l -f lists %d namespaces (first %v); want %d in byte order", len(got), got[:min(3, len(got))], len(want))
 	}
 }
+
+// TestEmptyIncomingDirsExpire: directories under incoming/ go a TTL after
+// they are found empty, nested ones too (the parent once its child went),
+// like receipts.
+func TestEmptyIncomingDirsExpire(t *testing.T) {
+	e := mountStore(t, defaultSpec, withReceiptTTL(300*time.Millisecond))
+	e.mkns("d")
+	in := e.path("d", "incoming")
+	if err := os.MkdirAll(filepath.Join(in, "a", "b"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, 10*time.Second, "the empty directories to expire", func() bool {
+		_, err := os.Stat(filepath.Join(in, "a"))
+		return errors.Is(err, fs.ErrNotExist)
+	})
+	if ents, err := os.ReadDir(in); err != nil || len(ents) != 0 {
+		t.Fatalf("incoming/ after the expiry: %v, %v", ents, err)
+	}
+}

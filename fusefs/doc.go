@@ -91,6 +91,7 @@
 // upload (empty with O_TRUNC, else seeded with its content: rsync
 // --inplace, dd conv=notrunc, >>). Directories and symbolic links under
 // incoming/ live in memory; files in them publish flat into the namespace.
+// A directory goes a TTL after it is found empty, like a receipt.
 // Renames within one incoming/ tree move names (rsync's temp-then-rename);
 // to anywhere else they are EXDEV, so mv copies.
 //

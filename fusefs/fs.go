@@ -165,7 +165,7 @@ type counters struct {
 	writes, bytesWritten                     atomic.Int64
 	publishes, publishFailures, retracted    atomic.Int64
 	verifyFailures                           atomic.Int64
-	uploads, receipts                        atomic.Int64
+	uploads, receipts, dirsExpired           atomic.Int64
 }
 
 // newFS builds the tree's shared state; Mount wires it to a server.

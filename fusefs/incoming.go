@@ -368,7 +368,31 @@ func (d *incDir) Mkdir(ctx context.Context, name string, mode uint32, out *fuse.
 	sub := newIncDir(d.fsys, d.tree, mode, uid, gid)
 	sub.getattr(&out.Attr)
 	d.touch()
-	return d.NewPersistentInode(ctx, sub, fs.StableAttr{Mode: syscall.S_IFDIR}), 0
+	in := d.NewPersistentInode(ctx, sub, fs.StableAttr{Mode: syscall.S_IFDIR})
+	sub.watchEmpty()
+	return in, 0
+}
+
+// watchEmpty makes a directory under incoming/ expire like a receipt: a
+// TTL after it is found empty, it goes (cp -r and tar -x leave a tree of
+// directories whose files all publish flat; 10 000 of them must not stay
+// in memory for the mount's life). While it holds names it is looked at
+// again every TTL.
+func (d *incDir) watchEmpty() {
+	ttl := d.fsys.cfg.ReceiptTTL
+	var check func()
+	check = func() {
+		if d.tree.isClosed() {
+			return
+		}
+		if len(d.Children()) > 0 {
+			time.AfterFunc(ttl, check)
+			return
+		}
+		d.fsys.stats.dirsExpired.Add(1)
+		removeName(&d.Inode)
+	}
+	time.AfterFunc(ttl, check)
 }
 
 // Unlink removes an incoming name. A receipt goes (its blob stays
