@@ -304,3 +304,29 @@ func TestEmptyIncomingDirsExpire(t *testing.T) {
 		t.Fatalf("incoming/ after the expiry: %v, %v", ents, err)
 	}
 }
+
+// TestReceiptCap: past the cap, the oldest receipts go before their TTL;
+// every file is published all the same.
+func TestReceiptCap(t *testing.T) {
+	e := mountStore(t, defaultSpec, withMaxReceipts(5))
+	e.mkns("c")
+	in := e.path("c", "incoming")
+	var want []string
+	for i := range 20 {
+		b := []byte(fmt.Sprintf("file %d", i))
+		writeFile(t, filepath.Join(in, fmt.Sprintf("f%02d", i)), b)
+		want = append(want, sum(b))
+	}
+	eventually(t, 10*time.Second, "the receipts to fall to the cap", func() bool {
+		ents, err := os.ReadDir(in)
+		return err == nil && len(ents) <= 5
+	})
+	ents, _ := os.ReadDir(in)
+	for _, en := range ents {
+		if en.Name() < "f15" {
+			t.Errorf("an old receipt %s stayed while newer ones went", en.Name())
+		}
+	}
+	slices.Sort(want)
+	e.expectNS(t, "c", want)
+}

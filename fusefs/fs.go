@@ -74,9 +74,11 @@ type Config struct {
 	Namespaces namespaces.Registry
 	Verify     Verify        // "" means VerifyFull
 	ReceiptTTL time.Duration // 0 means DefaultReceiptTTL
-	SweepEvery time.Duration // 0: no timer
-	AllowOther bool
-	Debug      bool // go-fuse request tracing on the log
+	// MaxReceipts caps the receipts kept; 0 means DefaultMaxReceipts.
+	MaxReceipts int
+	SweepEvery  time.Duration // 0: no timer
+	AllowOther  bool
+	Debug       bool // go-fuse request tracing on the log
 	// NoPassthrough keeps every read in the daemon even where the kernel
 	// could read a local blob's file directly.
 	NoPassthrough bool
@@ -147,6 +149,8 @@ type FS struct {
 	nsMu sync.Mutex
 	ns   map[string]*nsDir // namespace directories the kernel has seen
 
+	receipts receiptList
+
 	verified verifiedSet
 
 	// Passthrough: available once the probe at mount succeeded; off again
@@ -166,6 +170,7 @@ type counters struct {
 	publishes, publishFailures, retracted    atomic.Int64
 	verifyFailures                           atomic.Int64
 	uploads, receipts, dirsExpired           atomic.Int64
+	receiptsEvicted                          atomic.Int64
 }
 
 // newFS builds the tree's shared state; Mount wires it to a server.
@@ -181,6 +186,9 @@ func newFS(cfg Config) (*FS, error) {
 	}
 	if cfg.ReceiptTTL <= 0 {
 		cfg.ReceiptTTL = DefaultReceiptTTL
+	}
+	if cfg.MaxReceipts <= 0 {
+		cfg.MaxReceipts = DefaultMaxReceipts
 	}
 	if cfg.SweepEvery < 0 {
 		return nil, fmt.Errorf("fusefs: sweep interval %s is negative", cfg.SweepEvery)

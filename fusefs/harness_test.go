@@ -101,6 +101,7 @@ type mountOpt func(*Config)
 
 func withVerify(v Verify) mountOpt            { return func(c *Config) { c.Verify = v } }
 func withReceiptTTL(d time.Duration) mountOpt { return func(c *Config) { c.ReceiptTTL = d } }
+func withMaxReceipts(n int) mountOpt          { return func(c *Config) { c.MaxReceipts = n } }
 
 // mountStore mounts a fresh store built by spec.
 func mountStore(t testing.TB, spec storeSpec, opts ...mountOpt) *env {

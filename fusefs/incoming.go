@@ -534,6 +534,7 @@ func (d *incDir) Link(ctx context.Context, target fs.InodeEmbedder, name string,
 	n.mu.Lock()
 	n.scheduleExpiryLocked()
 	n.mu.Unlock()
+	f.noteReceipt(n)
 	n.getattr(&out.Attr)
 	d.touch()
 	return d.NewPersistentInode(ctx, n, fs.StableAttr{Mode: syscall.S_IFREG}), 0
@@ -921,6 +922,7 @@ func (n *fileNode) publishLocked(ctx context.Context) ([]notice, error) {
 	} else {
 		f.stats.receipts.Add(1)
 	}
+	f.noteReceipt(n) // under n.mu: the list's lock is a leaf
 	if s := super; s != nil {
 		switch {
 		case s.d == d:
@@ -1057,6 +1059,7 @@ func (n *fileNode) detachLocked() {
 	if n.pub != nil && n.tree != nil {
 		n.tree.release(n.pub.d)
 		n.fsys.stats.receipts.Add(-1)
+		n.fsys.receipts.remove(n)
 	}
 	if n.up != nil && len(n.writers) == 0 {
 		n.discardUploadLocked()

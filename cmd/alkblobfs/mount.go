@@ -20,6 +20,7 @@ func newMountCmd(a *app) *cobra.Command {
 		debug      bool
 		pass       bool
 		ro         bool
+		maxRcpt    int
 		cpuProfile string
 	)
 	cmd := &cobra.Command{
@@ -60,6 +61,9 @@ As root the mount uses mount(2) directly; otherwise fusermount3.`,
 			if ro && sweepEvery > 0 {
 				return usagef(cmd, "--sweep-every and --read-only: a read-only mount does not sweep")
 			}
+			if maxRcpt <= 0 {
+				return usagef(cmd, "--max-receipts %d: must be positive", maxRcpt)
+			}
 			if receiptTTL <= 0 {
 				return usagef(cmd, "--receipt-ttl %s: must be positive", receiptTTL)
 			}
@@ -94,6 +98,7 @@ As root the mount uses mount(2) directly; otherwise fusermount3.`,
 				Namespaces:    svc.Registry,
 				Verify:        v,
 				ReceiptTTL:    receiptTTL,
+				MaxReceipts:   maxRcpt,
 				SweepEvery:    sweepEvery,
 				AllowOther:    allowOther,
 				Debug:         debug,
@@ -126,7 +131,8 @@ As root the mount uses mount(2) directly; otherwise fusermount3.`,
 	f.BoolVar(&allowOther, "allow-other", false, "let other users use the mount (they can then do anything the owner can)")
 	f.BoolVar(&debug, "debug", false, "log every FUSE request (at debug level)")
 	f.StringVar(&verify, "verify", string(fusefs.VerifyFull), "read verification: full (never serve unverified bytes) or publish (trust publish-time hashing)")
-	f.DurationVar(&receiptTTL, "receipt-ttl", fusefs.DefaultReceiptTTL, "how long incoming/ keeps a name after its file was published")
+	f.DurationVar(&receiptTTL, "receipt-ttl", fusefs.DefaultReceiptTTL, "how long incoming/ keeps a name after its file was published (empty directories there go after as long)")
+	f.IntVar(&maxRcpt, "max-receipts", fusefs.DefaultMaxReceipts, "most names incoming/ keeps after publish, in all namespaces; past it the oldest go first")
 	f.BoolVar(&ro, "read-only", false, "mount read-only: reads and pins only, every change is EROFS (beside a read-write mount of the same store, say)")
 	f.BoolVar(&pass, "passthrough", true, "let the kernel read local blobs directly where it can (FUSE passthrough)")
 	f.StringVar(&cpuProfile, "cpuprofile", "", "write a CPU profile of the daemon to this file (for go tool pprof)")
