@@ -31,7 +31,7 @@ lint:
 	$(GO) vet ./...
 
 # bench: the mount against the native directory and bindfs over it, side by
-# side in one run, printed as ratios (DESIGN.md §8). Needs root and FUSE.
+# side in one run, printed as ratios. Needs root and FUSE.
 # Quick run: BENCH_SIZE_MB=256 BENCH_SMALL=2000 BENCH_LS=20000 make bench
 bench: build
 	scripts/bench.sh

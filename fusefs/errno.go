@@ -62,7 +62,7 @@ func tooLong(name string) syscall.Errno {
 }
 
 // toErrno is the one mapping from Go errors to the errno the kernel gets
-// (DESIGN §1 "Errors a user gets"). It is pure and table-tested; callers go
+// (the README's "Errors"). It is pure and table-tested; callers go
 // through (*FS).errno, which logs every error that maps to EIO with its
 // operation and digest before the bare EIO goes to the kernel. Unknown
 // errors map to EIO, never to ENOSYS: ENOSYS would make the kernel stop

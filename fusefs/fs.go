@@ -225,7 +225,7 @@ type node struct {
 var _ = (fs.NodeStatfser)((*node)(nil))
 
 // Statfs reports the large tier's backing filesystem, so df shows real
-// capacity (DESIGN §6); a store without one reports zeros.
+// capacity; a store without one reports zeros.
 func (n *node) Statfs(ctx context.Context, out *fuse.StatfsOut) syscall.Errno {
 	sf, ok := n.fsys.st.Large().(engines.StatFS)
 	if !ok {

@@ -59,7 +59,7 @@ func (c *refCounts) sorted() []blob.Digest {
 	return ds
 }
 
-// openRefs is the mount's liveness source (DESIGN §6): every digest with an
+// openRefs is the mount's liveness source: every digest with an
 // open handle on this mount is live. Pins already protect open files in
 // this process; the source states the same fact to the collector in the
 // form that can leave the process (fleet mode turns sources into SQL).

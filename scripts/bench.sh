@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # bench.sh — the mount against the same work done natively, side by side in
-# one run (DESIGN §8), with bindfs over the same directory as a FUSE peer:
+# one run, with bindfs over the same directory as a FUSE peer:
 #
 #   read   dd of a 1 GiB blob through the mount (--verify=full, full without
 #          passthrough, publish) vs dd of its backing file, cold (caches
@@ -20,7 +20,7 @@
 # native targets share one filesystem. Times are the best of $BENCH_REPS
 # (default 3) runs for warm measurements, one run for cold ones and for
 # writes (a re-put would dedup). Ratios are native time / mount time: 1.0 is
-# native speed, higher is better; targets are DESIGN §8's.
+# native speed, higher is better.
 set -euo pipefail
 
 size_mb=${BENCH_SIZE_MB:-1024}

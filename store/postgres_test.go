@@ -41,7 +41,7 @@ func pgLarge(t testing.TB, dsn string) *pglo.Engine {
 
 // pgDurable opens stores over one fresh database: kv=postgres + large=pglo
 // (the postgres engine hosts the window), or kv=mem + large=pglo (pglo
-// hosts it, ADR-012 §5).
+// hosts it: one window host per store).
 func pgDurable(t *testing.T, memKV bool) durable {
 	dsn := pgtest.DSN(t)
 	return durable{open: func(t *testing.T, delay time.Duration, c gc.Clock) *store.Store {

@@ -149,7 +149,7 @@ func (a *app) storeConfig(cmd *cobra.Command) (store.Config, error) {
 		}
 	}
 	if largeURL == "pglo" || largeURL == "pglo:" {
-		// Large objects in the kv engine's database (ADR-012 §4).
+		// Large objects in the kv engine's database (one home for GC state).
 		if !strings.HasPrefix(kvURL, "postgres://") && !strings.HasPrefix(kvURL, "postgresql://") {
 			return cfg, usagef(cmd, "--large pglo shares the kv engine's database, so it needs --kv postgres://…; or use --large pglo:postgres://…")
 		}

@@ -32,7 +32,7 @@
 //   - Delete removes the row and unlinks the object in one transaction.
 //   - List pages the companion table by key, holding nothing between pages.
 //   - [engines.WindowHost]: gc_window in the same database. The store uses
-//     one window host per instance (ADR-012 §5): the kv engine's when it is
+//     one window host per instance: the kv engine's when it is
 //     SQL-backed, so with kv=postgres this one stays dormant, and with
 //     kv=mem it hosts the durable window.
 //

@@ -51,7 +51,7 @@ var schema = []string{
 
 const (
 	// chunkSize is what one write statement carries: the knee measured for
-	// large-object writes (seeds ADR-010 §1, "512 KiB per POC #7"). Smaller
+	// large-object writes (measured: 512 KiB is the knee). Smaller
 	// chunks pay a round trip per few pages; larger ones only hold more
 	// memory per stage.
 	chunkSize = 512 << 10

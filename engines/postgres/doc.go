@@ -25,7 +25,7 @@
 //     (pgx stdlib), for namespace registries and [engines.TxPutter], whose
 //     PutTx runs the caller's statements in the insert's transaction.
 //   - [engines.WindowHost]: the delete window in gc_window, durable across
-//     restarts. The store uses exactly one window host (ADR-012 §5): this
+//     restarts. The store uses exactly one window host: this
 //     engine's when it is the kv engine.
 //
 // # Connections and failures
