@@ -20,6 +20,11 @@ import (
 // anything worth streaming to the large tier.
 const DefaultThreshold = 128 << 10
 
+// DefaultUploadMemory bounds what uploads (files being written into a
+// mount's incoming/) keep in memory together before they spill to disk:
+// 2 048 uploads of 128 KiB at once.
+const DefaultUploadMemory = 256 << 20
+
 // Mode names a tier layout.
 type Mode string
 
@@ -63,6 +68,10 @@ type Config struct {
 	// "" means os.TempDir(). Scratch files have no name: a crash leaves
 	// nothing there.
 	ScratchDir string
+	// UploadMemory bounds the bytes all uploads of this store keep in
+	// memory; past it an upload spills into its stage or a scratch file.
+	// 0 means DefaultUploadMemory.
+	UploadMemory int64
 	// PinTTL is the life of an unrenewed pin row (gc.Options.PinTTL).
 	PinTTL time.Duration
 	// Owner names this instance's pin rows; "" generates one.
@@ -87,6 +96,9 @@ type Store struct {
 	scratch   string
 	fleet     bool
 	closed    atomic.Bool
+	// uploadMem is the memory uploads hold now; uploadCap bounds it.
+	uploadMem atomic.Int64
+	uploadCap int64
 	stats     counters
 }
 
@@ -102,6 +114,9 @@ func Open(ctx context.Context, cfg Config) (*Store, error) {
 	}
 	if s.threshold == 0 {
 		s.threshold = DefaultThreshold
+	}
+	if s.uploadCap = cfg.UploadMemory; s.uploadCap <= 0 {
+		s.uploadCap = DefaultUploadMemory
 	}
 	if s.threshold < 0 {
 		return nil, fmt.Errorf("store: threshold %d: must not be negative", s.threshold)

@@ -32,7 +32,9 @@ type Upload struct {
 	// Bytes from len(buf) to size are zeros that were never written (an
 	// extending truncate): they take no memory until Commit.
 	buf []byte
-	st  engines.RandomStage
+	// held is len(buf) as counted in the store's uploadMem.
+	held int64
+	st   engines.RandomStage
 	// own is true when st is the large engine's stage (Commit publishes it
 	// in place); false for a scratch file.
 	own  bool
@@ -59,9 +61,23 @@ func (s *Store) NewUpload(ctx context.Context) (*Upload, error) {
 	return u, nil
 }
 
-// inMemory reports whether content of size n may stay in buf.
+// inMemory reports whether content of size n may stay in buf: it fits
+// the kv tier, and the uploads of the whole store keep under their memory
+// budget (Config.UploadMemory) with it.
 func (u *Upload) inMemory(n int64) bool {
-	return u.st == nil && u.s.kv != nil && n <= u.s.threshold
+	if u.st != nil || u.s.kv == nil || n > u.s.threshold {
+		return false
+	}
+	grow := max(n-int64(len(u.buf)), 0)
+	return u.s.uploadMem.Load()+grow <= u.s.uploadCap
+}
+
+// account brings the store's count of upload memory up to date with
+// len(buf).
+func (u *Upload) account() {
+	n := int64(len(u.buf))
+	u.s.uploadMem.Add(n - u.held)
+	u.held = n
 }
 
 // overLimit rejects content a kv-only store could never publish, at the
@@ -98,6 +114,7 @@ func (u *Upload) spill(ctx context.Context) error {
 		u.pipe.Write(u.buf)
 	}
 	u.buf = nil
+	u.account()
 	return nil
 }
 
@@ -150,6 +167,7 @@ func (u *Upload) WriteAt(p []byte, off int64) (int, error) {
 	if u.inMemory(end) {
 		if end > int64(len(u.buf)) {
 			u.buf = append(u.buf, make([]byte, end-int64(len(u.buf)))...)
+			u.account()
 		}
 		copy(u.buf[off:], p)
 		u.size = max(u.size, end)
@@ -211,6 +229,7 @@ func (u *Upload) Truncate(size int64) error {
 		if size <= int64(len(u.buf)) {
 			clear(u.buf[size:])
 			u.buf = u.buf[:size]
+			u.account()
 		}
 		// Growing: the new bytes are zeros past len(buf), not allocated.
 		u.size = size
@@ -258,6 +277,7 @@ func (u *Upload) Commit(ctx context.Context, want *Digest, opts ...PutOption) (D
 			b = append(b, make([]byte, u.size-int64(len(b)))...)
 		}
 		u.buf = nil
+		u.account()
 		return s.putSmall(ctx, b, want, o)
 	}
 	defer u.st.Discard()
@@ -298,6 +318,7 @@ func (u *Upload) Discard() error {
 	}
 	u.done = true
 	u.buf = nil
+	u.account()
 	u.stopHash()
 	if u.st == nil {
 		return nil

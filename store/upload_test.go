@@ -215,7 +215,7 @@ func TestUploadTruncateAllocatesNothing(t *testing.T) {
 		t.Fatal(err)
 	}
 	runtime.ReadMemStats(&after)
-	if got := after.TotalAlloc - before.TotalAlloc; got > 1<<20 {
+	if got := after.TotalAlloc - before.TotalAlloc; got > 64<<20 { // the old code: 512 MiB; slack for other goroutines
 		t.Fatalf("a truncate to 512 MiB allocated %d bytes", got)
 	}
 	p := make([]byte, 8)
@@ -282,3 +282,48 @@ func (l seqLarge) Stage(ctx context.Context) (engines.Stage, error) {
 }
 
 type seqStage struct{ engines.Stage }
+
+// TestUploadMemoryBudget: uploads together keep at most UploadMemory in
+// memory; the ones past it spill into their stage, and every one still
+// publishes its content.
+func TestUploadMemoryBudget(t *testing.T) {
+	dir := t.TempDir()
+	s := openWith(t, store.Config{KV: mem.New(), Large: localLarge(t, dir), UploadMemory: 3 * threshold})
+	var ups []*store.Upload
+	var datas [][]byte
+	for i := range 6 {
+		u, err := s.NewUpload(t.Context())
+		if err != nil {
+			t.Fatal(err)
+		}
+		data := randBytes(threshold)
+		data[0] = byte(i)
+		if _, err := u.WriteAt(data, 0); err != nil {
+			t.Fatal(err)
+		}
+		ups, datas = append(ups, u), append(datas, data)
+	}
+	// Three fit the budget; the other three are in stage files.
+	if n := stageFiles(t, dir); n != 3 {
+		t.Fatalf("%d uploads spilled to stage files; want 3 past a budget of 3", n)
+	}
+	for i, u := range ups {
+		d, pin, err := u.Commit(t.Context(), nil)
+		if err != nil || d != blob.Sum(datas[i]) {
+			t.Fatalf("commit %d: %s, %v", i, d.Short(), err)
+		}
+		pin.Release()
+	}
+	if n := stageFiles(t, dir); n != 0 {
+		t.Fatalf("%d stage files after every commit", n)
+	}
+}
+
+func stageFiles(t *testing.T, dir string) int {
+	t.Helper()
+	ents, err := os.ReadDir(filepath.Join(dir, "large", "stage"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return len(ents)
+}

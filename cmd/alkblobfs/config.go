@@ -102,7 +102,7 @@ const (
 func (a *app) storeConfig(cmd *cobra.Command) (store.Config, error) {
 	ctx := cmd.Context()
 	cfg := store.Config{Threshold: int64(a.threshold), GCDelay: a.gcWindow, Logger: a.log,
-		PinTTL: a.pinTTL, Fleet: a.fleet, SharedMedia: a.shared}
+		PinTTL: a.pinTTL, Fleet: a.fleet, SharedMedia: a.shared, UploadMemory: int64(a.uploadMem)}
 	// Scratch space for uploads (mem and pglo large tiers, or none) sits
 	// with the store, private, not in the system's shared temp directory.
 	if cfg.ScratchDir = a.scratch; cfg.ScratchDir == "" && a.data != "" {

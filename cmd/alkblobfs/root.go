@@ -30,6 +30,7 @@ type app struct {
 	kvFile    string
 	scratch   string
 	threshold sizeValue
+	uploadMem sizeValue
 	gcWindow  time.Duration
 	pinTTL    time.Duration
 	fleet     bool
@@ -42,6 +43,7 @@ type app struct {
 
 func newRoot(a *app) *cobra.Command {
 	a.threshold = sizeValue(store.DefaultThreshold)
+	a.uploadMem = sizeValue(store.DefaultUploadMemory)
 	a.logLevel = levelValue(slog.LevelWarn)
 	root := &cobra.Command{
 		Use:   "alkblobfs",
@@ -93,6 +95,7 @@ SQLite for small blobs and a local directory for large ones, under --data.`,
 	f.StringVar(&a.kvFile, "kv-file", "", "read the --kv URL from this file (first line), so that no password shows in a process list")
 	f.StringVar(&a.large, "large", "", "large-tier engine URL: local:DIR, pglo, pglo:postgres://…, mem: or none (default local:<data>/large)")
 	f.Var(&a.threshold, "threshold", "largest blob the kv tier holds, e.g. 128KiB, 1MiB or plain bytes")
+	f.Var(&a.uploadMem, "upload-memory", "most memory all files being written into incoming/ keep together before they spill to disk")
 	f.DurationVar(&a.gcWindow, "gc-window", 0, "delay between a sweep staging a dead blob and deleting it")
 	f.DurationVar(&a.pinTTL, "pin-ttl", gc.DefaultPinTTL, "life of a pin row that its process stops renewing (renewed every third of it)")
 	f.BoolVar(&a.fleet, "fleet", false, "declare that several hosts share this PostgreSQL pool (checked: see 'Fleet mode' in the README)")
