@@ -330,3 +330,38 @@ func TestReceiptCap(t *testing.T) {
 	slices.Sort(want)
 	e.expectNS(t, "c", want)
 }
+
+// TestListingRewinds: a listing read part way and rewound (rewinddir)
+// lists everything again, at the root and in a namespace, whose offsets
+// are entry ordinals.
+func TestListingRewinds(t *testing.T) {
+	e := mountStore(t, defaultSpec)
+	e.mkns("w")
+	for i := range 30 {
+		e.put("w", []byte(fmt.Sprintf("blob %d", i)))
+		if err := e.reg.Create(t.Context(), fmt.Sprintf("n%02d", i)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for dir, want := range map[string]int{e.mnt: 32, e.path("w"): 31} { // .alkblobfs, w, n00…n29; incoming, 30 blobs
+		f, err := os.Open(dir)
+		if err != nil {
+			t.Fatal(err)
+		}
+		first, err := f.ReadDir(7)
+		if err != nil || len(first) != 7 {
+			t.Fatalf("%s: first 7 entries: %d, %v", dir, len(first), err)
+		}
+		if _, err := f.Seek(0, io.SeekStart); err != nil {
+			t.Fatal(err)
+		}
+		all, err := f.ReadDir(-1)
+		f.Close()
+		if err != nil || len(all) != want {
+			t.Fatalf("%s after rewinding: %d entries, %v; want %d", dir, len(all), err, want)
+		}
+		if all[0].Name() != first[0].Name() {
+			t.Fatalf("%s: the rewound listing starts at %s, not %s", dir, all[0].Name(), first[0].Name())
+		}
+	}
+}

@@ -402,12 +402,21 @@ func (s *nsStream) Lookup(ctx context.Context, name string, out *fuse.EntryOut) 
 func (s *nsStream) Seekdir(ctx context.Context, off uint64) syscall.Errno {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if off == s.off {
+	return seekOrdinal(s.off, off, func() {
+		s.off, s.page, s.i, s.after, s.eof, s.last = 0, s.page[:0], 0, blob.Digest{}, false, namespaces.Ref{}
+	}, s.next)
+}
+
+// seekOrdinal moves a listing whose offsets are entry ordinals from cur to
+// off: it resets the listing and produces entries until off (O(off); only
+// telldir/seekdir and rewinddir need it).
+func seekOrdinal(cur, off uint64, reset func(), next func() (*fuse.DirEntry, syscall.Errno)) syscall.Errno {
+	if off == cur {
 		return 0
 	}
-	s.off, s.page, s.i, s.after, s.eof, s.last = 0, s.page[:0], 0, blob.Digest{}, false, namespaces.Ref{}
-	for s.off < off {
-		de, errno := s.next()
+	reset()
+	for n := uint64(0); n < off; n++ {
+		de, errno := next()
 		if errno != 0 {
 			return errno
 		}

@@ -170,20 +170,9 @@ func (s *rootStream) Lookup(ctx context.Context, name string, out *fuse.EntryOut
 func (s *rootStream) Seekdir(ctx context.Context, off uint64) syscall.Errno {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if off == s.off {
-		return 0
-	}
-	s.off, s.page, s.i, s.after, s.eof, s.last = 0, s.page[:0], 0, "", false, ""
-	for s.off < off {
-		de, errno := s.next()
-		if errno != 0 {
-			return errno
-		}
-		if de == nil {
-			break
-		}
-	}
-	return 0
+	return seekOrdinal(s.off, off, func() {
+		s.off, s.page, s.i, s.after, s.eof, s.last = 0, s.page[:0], 0, "", false, ""
+	}, s.next)
 }
 
 func (s *rootStream) Releasedir(ctx context.Context, releaseFlags uint32) {}
