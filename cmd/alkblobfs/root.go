@@ -126,6 +126,15 @@ SQLite for small blobs and a local directory for large ones, under --data.`,
 		if c.Name() == "completion" {
 			c.Example = `  alkblobfs completion bash > /etc/bash_completion.d/alkblobfs
   alkblobfs completion zsh > "${fpath[1]}/_alkblobfs"`
+			where := map[string]string{
+				"bash":       "> /etc/bash_completion.d/alkblobfs",
+				"zsh":        `> "${fpath[1]}/_alkblobfs"`,
+				"fish":       "> ~/.config/fish/completions/alkblobfs.fish",
+				"powershell": "| Out-String | Invoke-Expression",
+			}
+			for _, sh := range c.Commands() {
+				sh.Example = "  alkblobfs completion " + sh.Name() + " " + where[sh.Name()]
+			}
 		}
 	}
 	return root
