@@ -463,43 +463,24 @@ func (p pool) DeleteMany(ctx context.Context, ds []Digest) ([]int64, error) {
 	for i := range sizes {
 		sizes[i] = -1
 	}
-	add := func(i int, n int64) {
-		if sizes[i] < 0 {
-			sizes[i] = 0
-		}
-		sizes[i] += n
-	}
 	for _, t := range p.s.tiers() {
-		if bd, ok := t.e.(engines.BatchDeleter); ok {
-			got, err := bd.DeleteMany(ctx, ds)
-			if err != nil {
-				return nil, err
-			}
-			for i, n := range got {
-				if n >= 0 {
-					add(i, n)
-				}
-			}
-			continue
+		got, err := deleteFrom(ctx, t.e, ds)
+		if err != nil {
+			return nil, err
 		}
-		for i, d := range ds {
-			n, err := t.e.Size(ctx, d)
-			if errors.Is(err, ErrMissing) {
-				continue
-			}
-			if err == nil {
-				err = t.e.Delete(ctx, d)
-			}
-			switch {
-			case errors.Is(err, ErrMissing):
-			case err != nil:
-				return nil, err
-			default:
-				add(i, n)
-			}
-		}
+		addSizes(sizes, got)
 	}
 	return sizes, nil
+}
+
+// addSizes adds a tier's delete sizes (-1: not there) into sizes (-1:
+// nowhere yet).
+func addSizes(sizes, got []int64) {
+	for i, n := range got {
+		if n >= 0 {
+			sizes[i] = max(sizes[i], 0) + n
+		}
+	}
 }
 
 // DeleteManyTx implements gc.TxPool: the kv engine (the collector's host)
@@ -521,11 +502,7 @@ func (p pool) DeleteManyTx(ctx context.Context, tx *sql.Tx, ds []Digest) ([]int6
 	if err != nil {
 		return nil, err
 	}
-	for i, n := range large {
-		if n >= 0 {
-			sizes[i] = max(sizes[i], 0) + n
-		}
-	}
+	addSizes(sizes, large)
 	return sizes, nil
 }
 

@@ -174,39 +174,14 @@ func readPage(ctx context.Context, after blob.Digest, page []engines.Entry, quer
 	return page, rows.Err()
 }
 
-// DeleteMany implements engines.BatchDeleter: one transaction, one
-// DELETE … RETURNING size per digest, sent as one batch.
+// DeleteMany implements engines.BatchDeleter: DeleteManyTx in a
+// transaction of its own.
 func (e *Engine) DeleteMany(ctx context.Context, ds []blob.Digest) (sizes []int64, err error) {
-	sizes = make([]int64, len(ds))
-	if len(ds) == 0 {
-		return sizes, nil
-	}
-	tx, err := e.pool.Begin(ctx)
-	if err != nil {
-		return nil, blob.Wrap("delete", e.name, blob.Digest{}, err)
-	}
-	defer tx.Rollback(ctx) // a no-op after Commit
-	b := &pgx.Batch{}
-	for _, d := range ds {
-		b.Queue(`DELETE FROM blobs WHERE digest = $1 RETURNING size`, d[:])
-	}
-	res := tx.SendBatch(ctx, b)
-	for i, d := range ds {
-		switch err := res.QueryRow().Scan(&sizes[i]); {
-		case errors.Is(err, pgx.ErrNoRows):
-			sizes[i] = -1
-		case err != nil:
-			res.Close()
-			return nil, blob.Wrap("delete", e.name, d, err)
-		}
-	}
-	if err := res.Close(); err != nil {
-		return nil, blob.Wrap("delete", e.name, blob.Digest{}, err)
-	}
-	if err := tx.Commit(ctx); err != nil {
-		return nil, blob.Wrap("delete", e.name, blob.Digest{}, err)
-	}
-	return sizes, nil
+	err = e.inTx(ctx, "delete", func(tx *sql.Tx) error {
+		sizes, err = e.DeleteManyTx(ctx, tx, ds)
+		return err
+	})
+	return sizes, err
 }
 
 // SizeMany implements engines.BatchSizer: one query with digest = ANY($1).
