@@ -24,6 +24,10 @@ type pinEntry struct {
 	writing chan struct{}
 }
 
+// releasedRow: the entry's row outlived its last reference, and no write
+// of it is in flight; the row may be dropped.
+func (e *pinEntry) releasedRow() bool { return e.n == 0 && e.row && e.writing == nil }
+
 // pins counts in-process references per digest and tracks which have a
 // committed row. Its lock is taken under the arbitration lock's read side:
 // see Collector.
@@ -132,7 +136,7 @@ func (p *pins) released() []blob.Digest {
 	defer p.mu.Unlock()
 	var ds []blob.Digest
 	for d, e := range p.m {
-		if e.n == 0 && e.row && e.writing == nil {
+		if e.releasedRow() {
 			ds = append(ds, d)
 			delete(p.m, d)
 		}
@@ -148,7 +152,7 @@ func (p *pins) takeReleased(ds []blob.Digest) []blob.Digest {
 	defer p.mu.Unlock()
 	var out []blob.Digest
 	for _, d := range ds {
-		if e := p.m[d]; e != nil && e.n == 0 && e.row && e.writing == nil {
+		if e := p.m[d]; e != nil && e.releasedRow() {
 			out = append(out, d)
 			delete(p.m, d)
 		}

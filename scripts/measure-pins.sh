@@ -113,6 +113,14 @@ labels+=(after)
 build "$here" "$work/after"
 
 now() { date +%s%N; }
+# timed LABEL METRIC CMD...: runs CMD and records its seconds.
+timed() {
+	local lab=$1 metric=$2 t0
+	shift 2
+	t0=$(now)
+	"$@"
+	record "$lab" "$metric" "$(elapsed "$t0")"
+}
 # elapsed T0: seconds since T0 (from now), 3 decimals.
 elapsed() { awk -v a="$1" -v b="$(now)" 'BEGIN { printf "%.3f", (b - a) / 1e9 }'; }
 
@@ -225,28 +233,18 @@ mode_cat() {
 			mountfs "$bin" "$mnt" --data "$data"
 			start=$(now)
 			dropcaches
-			t0=$(now)
-			readall "$mnt/bench" 1 "$n"
-			record "$lab" "cat1-cold-s" "$(elapsed "$t0")"
-			t0=$(now)
-			readall "$mnt/bench" 1 "$n"
-			record "$lab" "cat1-warm-s" "$(elapsed "$t0")"
+			timed "$lab" "cat1-cold-s" readall "$mnt/bench" 1 "$n"
+			timed "$lab" "cat1-warm-s" readall "$mnt/bench" 1 "$n"
 			# After the first renewal tick (TTL/3 = 20 s after mounting with
 			# the default --pin-ttl) the released rows are gone.
 			sleep "$(awk -v s="$start" -v now="$(now)" 'BEGIN { w = 22 - (now - s) / 1e9; print (w > 0 ? w : 0) }')"
-			t0=$(now)
-			readall "$mnt/bench" 1 "$n"
-			record "$lab" "cat1-warm-after-tick-s" "$(elapsed "$t0")"
+			timed "$lab" "cat1-warm-after-tick-s" readall "$mnt/bench" 1 "$n"
 			umountfs "$mnt"
 			# Four readers.
 			mountfs "$bin" "$mnt" --data "$data"
 			dropcaches
-			t0=$(now)
-			readall "$mnt/bench" 4 "$n"
-			record "$lab" "cat4-cold-s" "$(elapsed "$t0")"
-			t0=$(now)
-			readall "$mnt/bench" 4 "$n"
-			record "$lab" "cat4-warm-s" "$(elapsed "$t0")"
+			timed "$lab" "cat4-cold-s" readall "$mnt/bench" 4 "$n"
+			timed "$lab" "cat4-warm-s" readall "$mnt/bench" 4 "$n"
 			umountfs "$mnt"
 		done
 	done
