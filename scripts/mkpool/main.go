@@ -23,7 +23,6 @@ package main
 import (
 	"context"
 	"crypto/sha256"
-	"database/sql"
 	"encoding/binary"
 	"flag"
 	"fmt"
@@ -138,7 +137,7 @@ func run(ctx context.Context, data string, n int, frac float64, ns string, batch
 		rest = rest[k:]
 	}
 	if pins > 0 {
-		if err := writePins(ctx, db, pins, batch); err != nil {
+		if err := writePins(ctx, e, pins, batch); err != nil {
 			return err
 		}
 	}
@@ -148,8 +147,9 @@ func run(ctx context.Context, data string, n int, frac float64, ns string, batch
 }
 
 // writePins writes n gc_pins rows owned by pinOwner for the digests of
-// "mkpin" + j, in digest order, batch rows per transaction.
-func writePins(ctx context.Context, db *sql.DB, n, batch int) error {
+// "mkpin" + j, in digest order, batch rows per transaction, through the
+// engine's own PinRows.
+func writePins(ctx context.Context, e *sqlite.Engine, n, batch int) error {
 	ds := make([]blob.Digest, n)
 	for j := range ds {
 		b := make([]byte, 16)
@@ -158,26 +158,10 @@ func writePins(ctx context.Context, db *sql.DB, n, batch int) error {
 		ds[j] = sha256.Sum256(b)
 	}
 	slices.SortFunc(ds, blob.Digest.Compare)
-	expiry := time.Now().AddDate(10, 0, 0).UnixNano()
+	expiry := time.Now().AddDate(10, 0, 0)
 	for rest := ds; len(rest) > 0; {
 		k := min(len(rest), batch)
-		tx, err := db.BeginTx(ctx, nil)
-		if err != nil {
-			return err
-		}
-		st, err := tx.PrepareContext(ctx, `INSERT INTO gc_pins (digest, owner, expiry) VALUES (?, ?, ?) ON CONFLICT (digest, owner) DO NOTHING`)
-		if err != nil {
-			tx.Rollback()
-			return err
-		}
-		for _, d := range rest[:k] {
-			if _, err := st.ExecContext(ctx, d[:], pinOwner, expiry); err != nil {
-				tx.Rollback()
-				return err
-			}
-		}
-		st.Close()
-		if err := tx.Commit(); err != nil {
+		if err := e.PinRows(ctx, nil, pinOwner, rest[:k], expiry); err != nil {
 			return err
 		}
 		rest = rest[k:]
