@@ -360,7 +360,7 @@ type Stats struct {
 	UploadsInFlight int   `json:"uploads_in_flight"`
 	Publishes       int64 `json:"publishes"`
 	PublishFailures int64 `json:"publish_failures"`
-	Retracted       int64 `json:"retracted"`
+	Superseded      int64 `json:"superseded"`
 	Receipts        int64 `json:"receipts"`
 	VerifyFailures  int64 `json:"verify_failures"`
 
@@ -396,7 +396,7 @@ func (f *FS) Stats(ctx context.Context) Stats {
 		Uploads:         f.stats.uploads.Load(),
 		Publishes:       f.stats.publishes.Load(),
 		PublishFailures: f.stats.publishFailures.Load(),
-		Retracted:       f.stats.retracted.Load(),
+		Superseded:      f.stats.superseded.Load(),
 		Receipts:        f.stats.receipts.Load(),
 		VerifyFailures:  f.stats.verifyFailures.Load(),
 

@@ -18,8 +18,7 @@
 // max_write are 1 MiB too). A name a publish adds needs no announcement:
 // lookups of absent names are never cached (no negative entries). Names
 // that go away outside a kernel request are announced with NotifyEntry only
-// where a cached entry would lie for long: a retracted version (blob
-// entries live an hour) and a put by path's name. That is kept off the hot
+// where a cached entry would lie for long: a put by path's name. That is kept off the hot
 // paths on purpose: the kernel takes the directory's lock to invalidate,
 // and a LOOKUP that holds it may be waiting on the daemon; a daemon killed
 // while a thread waits there cannot exit, and its mount hangs. Expired
@@ -54,34 +53,33 @@
 // # Write path
 //
 // Every file created under incoming/ is a store Upload: random-access
-// writes, truncation, reads back. Publishing (hash, commit into the right
-// tier, link into the namespace) happens at close, in FLUSH, so that its
-// errors (ENOSPC, EIO, a digest mismatch) reach the program's close(2).
-// FLUSH means "a descriptor was closed", not "the file is done", and the
-// rules follow from that:
+// writes, truncation, reads back. Publishing is in two steps, so that a
+// close reports every error and yet no version but the final one is ever
+// visible (publish.go has the state machine and its reasons):
 //
-//   - A FLUSH publishes when the content changed since the last publish and
-//     every other writer handle has flushed since its last write (two
-//     opens writing one file finish with the last of them). A RELEASE of
-//     the last writer publishes whatever is still unpublished; its error
-//     can only be logged.
-//   - A FLUSH publishes nothing until something was written since the file
+//   - A FLUSH (a close) with new content commits it: hash, store in the
+//     right tier, and record an intent to link it (namespaces.Intent), in
+//     one transaction where the kv engine allows. Errors (ENOSPC, EIO, a
+//     digest mismatch) reach close(2). The intent keeps the blob from the
+//     GC and survives a crash: the next mount of the same mountpoint links
+//     it, and so does any process once it lapses (its holder never came
+//     back).
+//   - The last RELEASE (no descriptor open for writing remains) settles
+//     the newest intent into the namespace reference. A fork, a dup or a
+//     shell's `{ a; b; } > f` closes descriptors while the writer goes on;
+//     each such close's version is replaced by the next commit, never
+//     linked.
+//   - The kernel sends the RELEASE just after the last close returns, so
+//     a lookup of the digest (or a listing of the namespace) waits for a
+//     RELEASE owed by a close of the last 50 ms: `cp f incoming/ && stat
+//     ns/<digest>` finds the file.
+//   - A FLUSH commits nothing until something was written since the file
 //     was created or truncated: a shell's `cmd > file` flushes once before
-//     cmd writes, and that empty version is never published, not even if
-//     the daemon dies during cmd. A file left empty (`: > file`, `touch`)
-//     publishes at its last RELEASE, which the kernel sends right after the
-//     close; lookups and listings of the namespace wait for such owed
-//     RELEASEs (at most 20 ms), so `cp empty incoming/ && ls ns` lists it.
-//   - Writes after a publish, through a descriptor still open (dup, fork,
-//     `{ cat a; cat b; } > file`), re-open the upload from the published
-//     content; the next publish retracts the superseded version from the
-//     namespace if this writer session added it, no other incoming/ file
-//     holds it, and no link of the same digest from anywhere (a CLI put,
-//     another mount) has relied on it since: the retraction removes the
-//     reference only under this publish's own claim (namespaces.Claim).
-//   - A write or publish that fails ends the upload: nothing of it is
+//     cmd writes, and that empty version is never committed. A file left
+//     empty (`: > file`, touch) publishes at its last RELEASE.
+//   - A write or commit that fails ends the upload: nothing of it is
 //     published, every later close reports the error, and the name goes
-//     when its last handle closes. An unlinked file never publishes.
+//     when its last handle closes. An unlinked file publishes nothing more.
 //
 // After publish the name stays as a receipt: same size and content
 // (served from the store), the digest in xattr user.alkblobfs.digest, and

@@ -143,6 +143,7 @@ type FS struct {
 	root    *rootDir
 	mount   *Server
 	refs    *openRefs
+	intents *intents
 	reg1    *gc.Registration
 	sweeper *sweeper
 
@@ -167,7 +168,7 @@ type counters struct {
 	opens, ptOpens, cachedOpens, openHandles atomic.Int64
 	reads, bytesRead                         atomic.Int64
 	writes, bytesWritten                     atomic.Int64
-	publishes, publishFailures, retracted    atomic.Int64
+	publishes, publishFailures, superseded   atomic.Int64
 	verifyFailures                           atomic.Int64
 	uploads, receipts, dirsExpired           atomic.Int64
 	receiptsEvicted                          atomic.Int64
@@ -212,6 +213,7 @@ func newFS(cfg Config) (*FS, error) {
 	f.ptReason.Store("not probed")
 	f.root = &rootDir{node: node{fsys: f}}
 	f.sweeper = newSweeper(f, cfg.SweepEvery)
+	f.intents = newIntents(f)
 	return f, nil
 }
 
@@ -341,14 +343,4 @@ func notifyEntry(parent *fs.Inode, name string) {
 	// ENOENT: the kernel does not know the directory or the name; nothing
 	// cached, nothing to do.
 	_ = parent.NotifyEntry(name)
-}
-
-// linkFunc is the publish hook linking into namespace ns. It is what
-// namespaces.Service.LinkFunc does (in the put's own transaction when the
-// kv engine can join one, else through the Service's pool check), and it
-// also reports whether the reference was added by this publish and the
-// link's claim: a superseded version is only retracted if we added it and
-// our claim is still on it.
-func (f *FS) linkFunc(ns string, linked *namespaces.Linked) store.LinkFunc {
-	return f.svc.LinkFuncClaiming(ns, linked)
 }

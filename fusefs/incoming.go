@@ -19,74 +19,88 @@ import (
 	"github.com/alkblobfs/alkblobfs/store"
 )
 
-// incTree is the state one namespace's incoming/ tree shares: which
-// digests its receipts hold (the guard on retraction) and which files have
-// an upload in flight (rmdir of the namespace waits for none, unmount
-// discards them).
+// incTree is the state one namespace's incoming/ tree shares: which files
+// have an upload in flight (rmdir of the namespace waits for none, unmount
+// discards them) and which owe a RELEASE that lookups wait for.
 type incTree struct {
 	ns *nsDir
 
 	mu     sync.Mutex
-	holds  refCounts              // files whose last publish is the digest
 	live   map[*fileNode]struct{} // files with an upload in flight
 	closed bool
-	// owed counts files whose publish waits for a RELEASE the kernel
-	// sends after the close that returned (an empty file publishes at its
-	// RELEASE); idle is closed whenever owed is 0.
-	owed int
-	idle chan struct{}
+	// owed holds the files whose version is committed but linked only at
+	// the RELEASE the kernel sends after the last close (see publish.go),
+	// with the digest and when it was committed; changed is closed and
+	// replaced whenever one is paid.
+	owed    map[*fileNode]owedRelease
+	changed chan struct{}
+}
+
+type owedRelease struct {
+	d     blob.Digest
+	since time.Time
 }
 
 // releaseWait bounds how long a lookup or listing of the namespace waits
-// for RELEASEs owed: long enough for the kernel to deliver the RELEASE that
-// follows a close (microseconds), short enough that a descriptor kept open
-// elsewhere (a shell still running `cmd > f`) costs a lookup little.
-const releaseWait = 20 * time.Millisecond
-
-func (t *incTree) owe() {
-	t.mu.Lock()
-	if t.owed == 0 {
-		t.idle = make(chan struct{})
-	}
-	t.owed++
-	t.mu.Unlock()
-}
-
-func (t *incTree) paid() {
-	t.mu.Lock()
-	if t.owed > 0 {
-		t.owed--
-		if t.owed == 0 {
-			close(t.idle)
-		}
-	}
-	t.mu.Unlock()
-}
-
-// awaitReleases waits, at most releaseWait, until no publish awaits a
-// RELEASE: so that `cp empty incoming/ && ls ns` lists the file.
-func (t *incTree) awaitReleases(ctx context.Context) {
-	t.mu.Lock()
-	if t.owed == 0 {
-		t.mu.Unlock()
-		return
-	}
-	ch := t.idle
-	t.mu.Unlock()
-	select {
-	case <-ch:
-	case <-time.After(releaseWait):
-	case <-ctx.Done():
-	}
-}
+// for a RELEASE owed since a close: long enough for the kernel to deliver
+// the RELEASE that follows a last close (microseconds, milliseconds under
+// load), short enough that a descriptor kept open elsewhere (a forked
+// child closed its copy; a shell still runs `cmd > f`) costs a lookup
+// little. A close older than that is not waited for at all.
+const releaseWait = 50 * time.Millisecond
 
 func newIncTree(ns *nsDir) *incTree {
-	return &incTree{ns: ns, live: make(map[*fileNode]struct{})}
+	return &incTree{ns: ns, live: make(map[*fileNode]struct{}), owed: make(map[*fileNode]owedRelease), changed: make(chan struct{})}
 }
 
-func (t *incTree) hold(d blob.Digest)     { t.holds.add(d) }
-func (t *incTree) release(d blob.Digest)  { t.holds.drop(d) }
-func (t *incTree) held(d blob.Digest) int { return t.holds.count(d) }
+func (t *incTree) owe(n *fileNode, d blob.Digest) {
+	t.mu.Lock()
+	t.owed[n] = owedRelease{d: d, since: time.Now()}
+	t.mu.Unlock()
+}
+
+func (t *incTree) paid(n *fileNode) {
+	t.mu.Lock()
+	if _, ok := t.owed[n]; ok {
+		delete(t.owed, n)
+		close(t.changed)
+		t.changed = make(chan struct{})
+	}
+	t.mu.Unlock()
+}
+
+// awaitRelease waits until no RELEASE of a recent close is owed for
+// digest *d (any digest when d is nil), at most releaseWait after that
+// close: so that `cp f incoming/ && stat ns/<digest>` finds the file.
+func (t *incTree) awaitRelease(ctx context.Context, d *blob.Digest) {
+	for {
+		t.mu.Lock()
+		now := time.Now()
+		var until time.Time
+		for _, o := range t.owed {
+			if d != nil && o.d != *d {
+				continue
+			}
+			if end := o.since.Add(releaseWait); end.After(now) && end.After(until) {
+				until = end
+			}
+		}
+		ch := t.changed
+		t.mu.Unlock()
+		if until.IsZero() {
+			return
+		}
+		timer := time.NewTimer(until.Sub(now))
+		select {
+		case <-ch:
+		case <-timer.C:
+		case <-ctx.Done():
+			timer.Stop()
+			return
+		}
+		timer.Stop()
+	}
+}
 
 func (t *incTree) addLive(n *fileNode) {
 	t.mu.Lock()
@@ -529,7 +543,6 @@ func (d *incDir) Link(ctx context.Context, target fs.InodeEmbedder, name string,
 	n := newFileNode(f, d.tree, d.tree.ns, 0, 0, 0)
 	n.meta = m
 	n.pub = &version{d: pub.d, size: pub.size}
-	d.tree.hold(pub.d)
 	f.stats.receipts.Add(1)
 	n.mu.Lock()
 	n.scheduleExpiryLocked()
@@ -555,33 +568,21 @@ func (d *incDir) Setxattr(ctx context.Context, attr string, data []byte, flags u
 	return d.fsys.errno("setxattr", blob.Digest{}, errUnsupported)
 }
 
-// version is one published state of an incoming file.
+// version is one committed state of an incoming file.
 type version struct {
 	d    blob.Digest
 	size int64
-	// added: this file's publish added the namespace reference (it was
-	// not there before), so retracting it takes nothing from anyone.
-	added bool
-	// claim: this publish's mark on the reference; any later link of the
-	// digest, from any process, replaces it, and a retraction removes the
-	// reference only while it is still there.
-	claim namespaces.Claim
-	seq   uint64 // the file's publish count when this version published
+	// intent, while non-zero: committed at a close, linked into the
+	// namespace only at the file's last RELEASE (see publish.go).
+	intent namespaces.Intent
 }
 
 // fileNode is a file being written (an Upload) or, after publish, its
 // receipt. The same type serves a verified put by path (tree nil, want
 // set): it lives in the namespace directory until it publishes.
 //
-// Publishing, in short (the package doc has the reasoning): a FLUSH with
-// content changed since the last publish publishes when no other writer
-// handle has unflushed writes; a RELEASE of the last writer publishes what
-// is still unpublished. Writes that arrive after a publish through a
-// handle that was already open at that publish (a dup'd descriptor) re-open
-// the upload from the published content, and the next publish retracts the
-// superseded version from the namespace if its publish added it and no
-// other receipt holds it. A handle opened after the publish is a new
-// writer: what it replaces stays published.
+// What FLUSH, RELEASE, writes, unlinks and expiry do is decided in
+// publish.go; the methods here gather the state and carry the steps out.
 type fileNode struct {
 	node
 	tree *incTree // nil for a put by path
@@ -593,17 +594,12 @@ type fileNode struct {
 	meta  meta
 	up    *store.Upload // nil when the content is the published version
 	dirty bool          // up differs from pub (or pub is nil)
-	// owing: this file is counted in tree.owed (see incTree).
+	// owing: this file is in tree.owed (see incTree).
 	owing bool
 	// written: the content was written (or extended) since the file was
-	// created or truncated to nothing. A FLUSH publishes nothing before
-	// that: a shell's `cmd > f` flushes once before cmd writes, and that
-	// empty version must never be published, not even if the daemon dies
-	// during cmd. An empty file (`: > f`) publishes at its RELEASE.
+	// created or truncated to nothing (see publish.go).
 	written  bool
-	pub      *version // last published version: the receipt
-	seq      uint64   // publishes so far
-	super    *version // pub, superseded by writes through a handle open at its publish
+	pub      *version // last committed version: the receipt
 	failed   error    // a write or publish failed: nothing publishes; EIO/ENOSPC
 	detached bool     // unlinked, replaced or expired
 	writers  map[*fileHandle]struct{}
@@ -639,9 +635,8 @@ func newFileNode(f *FS, t *incTree, ns *nsDir, mode, uid, gid uint32) *fileNode 
 type fileHandle struct {
 	n     *fileNode
 	write bool
-	idle  bool   // flushed, and not written since
-	wrote bool   // written since its last flush
-	since uint64 // n.seq when the handle was opened
+	idle  bool // flushed, and not written since
+	wrote bool // written since its last flush
 
 	rmu sync.Mutex
 	rd  *store.Reader // reading a published version
@@ -649,7 +644,7 @@ type fileHandle struct {
 }
 
 func (n *fileNode) newHandleLocked(flags uint32) *fileHandle {
-	h := &fileHandle{n: n, write: flags&syscall.O_ACCMODE != syscall.O_RDONLY, since: n.seq}
+	h := &fileHandle{n: n, write: flags&syscall.O_ACCMODE != syscall.O_RDONLY}
 	if h.write {
 		if n.writers == nil {
 			n.writers = make(map[*fileHandle]struct{})
@@ -695,6 +690,20 @@ func (n *fileNode) Getattr(ctx context.Context, f fs.FileHandle, out *fuse.AttrO
 	return 0
 }
 
+// stateLocked is the file's state as publish.go's decisions see it.
+func (n *fileNode) stateLocked() fileState {
+	return fileState{
+		uploading: n.up != nil,
+		dirty:     n.dirty,
+		written:   n.written,
+		pending:   n.pub != nil && n.pub.intent != 0,
+		owing:     n.owing,
+		failed:    n.failed != nil,
+		detached:  n.detached,
+		byPath:    n.want != nil,
+	}
+}
+
 // Setattr keeps chmod, chown and utimes in memory (receipts included, so
 // cp -a and rsync succeed), and truncates through the upload.
 func (n *fileNode) Setattr(ctx context.Context, fh fs.FileHandle, in *fuse.SetAttrIn, out *fuse.AttrOut) syscall.Errno {
@@ -704,10 +713,8 @@ func (n *fileNode) Setattr(ctx context.Context, fh fs.FileHandle, in *fuse.SetAt
 	n.mu.Lock()
 	if size, ok := in.GetSize(); ok {
 		err = n.truncateLocked(ctx, h, int64(size))
-		if err == nil && n.dirty && len(n.writers) == 0 && !n.detached {
-			// truncate(2) by path, nobody has the file open for writing:
-			// the change is complete, publish it now.
-			notes, err = n.publishLocked(ctx)
+		if err == nil && len(n.writers) == 0 && decide(n.stateLocked(), event{kind: evTruncatePath}).has(stepCommitLink) {
+			notes, err = n.commitLocked(ctx, false)
 		}
 	}
 	if err == nil {
@@ -720,17 +727,11 @@ func (n *fileNode) Setattr(ctx context.Context, fh fs.FileHandle, in *fuse.SetAt
 }
 
 func (n *fileNode) truncateLocked(ctx context.Context, h *fileHandle, size int64) error {
-	if n.failed != nil {
-		return n.failed
-	}
-	if n.up == nil && n.pub != nil && n.pub.size == size {
+	if n.up == nil && n.failed == nil && n.pub != nil && n.pub.size == size {
 		return nil // rsync --inplace and others truncate to the size it has
 	}
-	if n.up == nil {
-		n.supersedeLocked(h)
-		if err := n.reopenLocked(ctx, size > 0); err != nil {
-			return err
-		}
+	if err := n.prepareWriteLocked(ctx); err != nil {
+		return err
 	}
 	if err := n.up.Truncate(size); err != nil {
 		n.failLocked(err)
@@ -740,6 +741,19 @@ func (n *fileNode) truncateLocked(ctx context.Context, h *fileHandle, size int64
 	n.meta.mtime = time.Now()
 	if h != nil {
 		h.idle, h.wrote = false, true
+	}
+	return nil
+}
+
+// prepareWriteLocked makes the upload ready for a change: the file's
+// failure, or a new upload seeded with the committed content.
+func (n *fileNode) prepareWriteLocked(ctx context.Context) error {
+	p := decide(n.stateLocked(), event{kind: evWrite})
+	switch {
+	case p.has(stepFail):
+		return n.failed
+	case p.has(stepReopen):
+		return n.reopenLocked(ctx, true)
 	}
 	return nil
 }
@@ -763,7 +777,7 @@ func (n *fileNode) Open(ctx context.Context, flags uint32) (fs.FileHandle, uint3
 		return nil, 0, n.fsys.errno("open", n.digestForLog(), errGone)
 	}
 	if write {
-		// A new writer starts over from the last published version.
+		// A new writer starts over from the last committed version.
 		n.failed = nil
 		if n.up == nil {
 			if err := n.reopenLocked(ctx, !trunc); err != nil {
@@ -779,15 +793,6 @@ func (n *fileNode) Open(ctx context.Context, flags uint32) (fs.FileHandle, uint3
 		}
 	}
 	return n.newHandleLocked(flags), 0, 0
-}
-
-// supersedeLocked notes that handle h is about to change the published
-// version: if h was open when it was published, that version was not the
-// writer's last word, and the next publish may retract it.
-func (n *fileNode) supersedeLocked(h *fileHandle) {
-	if h != nil && n.pub != nil && h.since < n.pub.seq {
-		n.super = n.pub
-	}
 }
 
 // reopenLocked starts a new upload for a published (or failed) file,
@@ -868,20 +873,31 @@ func (n *fileNode) failLocked(err error) {
 	n.dirty = false
 }
 
-// publishLocked commits the upload and links it into the namespace.
-func (n *fileNode) publishLocked(ctx context.Context) ([]notice, error) {
+// commitLocked commits the upload: with an intent (link at the last
+// RELEASE) or linked now, replacing the intent of the version before.
+func (n *fileNode) commitLocked(ctx context.Context, intent bool) ([]notice, error) {
 	f := n.fsys
-	up, super := n.up, n.super
-	n.up, n.dirty, n.super = nil, false, nil
+	up := n.up
+	n.up, n.dirty = nil, false
 	if n.tree != nil {
 		n.tree.dropLive(n)
 	}
 	size := up.Size()
-	var linked namespaces.Linked
+	var prev namespaces.Intent
+	if n.pub != nil {
+		prev = n.pub.intent
+	}
+	var rec namespaces.Intent
+	var hook store.LinkFunc
+	if intent {
+		hook = f.svc.PendFunc(n.ns.name, f.intents.pending(prev), &rec)
+	} else {
+		hook = f.svc.LinkFuncDropping(n.ns.name, prev)
+	}
 	// A close waits for its publish: the client's signals must not cancel
 	// half of it (nor can the Go runtime's own SIGURG, for Go clients).
 	pctx := context.WithoutCancel(ctx)
-	d, pin, err := up.Commit(pctx, n.want, store.WithLink(f.linkFunc(n.ns.name, &linked)))
+	d, pin, err := up.Commit(pctx, n.want, store.WithLink(hook))
 	if err != nil {
 		n.failed = err
 		f.stats.publishFailures.Add(1)
@@ -891,65 +907,72 @@ func (n *fileNode) publishLocked(ctx context.Context) ([]notice, error) {
 		} else {
 			f.log.Error("publish failed; nothing published", "namespace", n.ns.name, "name", n.logName(), "err", err)
 		}
+		if prev != 0 {
+			n.pub.intent = 0
+			n.cancelLocked(pctx, prev)
+		}
 		if n.want != nil {
 			n.ns.dropPending(n.name, n)
 			return []notice{{&n.ns.Inode, n.name}}, err
 		}
 		return nil, err
 	}
-	pin.Release() // the namespace reference keeps it now
-	f.stats.publishes.Add(1)
-	f.log.Debug("published", "namespace", n.ns.name, "name", n.logName(), "digest", d.String(), "size", size, "new_ref", linked.Added)
-	// No notification for the new name from incoming/: the namespace
-	// directory answers ENOENT uncached (no negative entries), so nothing
-	// stale can hide it. Announcing names on this hot path would park the
-	// thread in the kernel behind any LOOKUP of the directory, and a
-	// daemon killed there cannot exit (see "Deadlocks" in the package
-	// doc). A put by path's own name was handed to the kernel by CREATE
-	// and must be renewed: that rarer path still notifies.
-	var notes []notice
-	prev := n.pub
-	n.seq++
-	n.pub = &version{d: d, size: size, added: linked.Added, claim: linked.Claim, seq: n.seq}
+	pin.Release() // the intent or the namespace reference keeps it now
+	if prev != 0 {
+		f.intents.dropped()
+		if n.pub.d != d {
+			f.stats.superseded.Add(1)
+		}
+	}
+	if intent {
+		f.intents.recorded()
+	} else {
+		f.stats.publishes.Add(1)
+	}
+	f.log.Debug("committed", "namespace", n.ns.name, "name", n.logName(), "digest", d.String(), "size", size, "linked", !intent)
+	// No notification for the new name: the namespace directory answers
+	// ENOENT uncached (no negative entries), so nothing stale can hide
+	// it. Announcing names on this hot path would park the thread in the
+	// kernel behind any LOOKUP of the directory, and a daemon killed
+	// there cannot exit (see "Deadlocks" in the package doc). A put by
+	// path's own name was handed to the kernel by CREATE and must be
+	// renewed: that rarer path still notifies.
+	first := n.pub == nil
+	n.pub = &version{d: d, size: size, intent: rec}
 	if n.want != nil {
 		n.ns.dropPending(n.name, n)
-		return append(notes, notice{&n.ns.Inode, n.name}), nil
+		return []notice{{&n.ns.Inode, n.name}}, nil
 	}
-	t := n.tree
-	t.hold(d)
-	if prev != nil {
-		t.release(prev.d)
-	} else {
+	if first {
 		f.stats.receipts.Add(1)
 	}
 	f.noteReceipt(n) // under n.mu: the list's lock is a leaf
-	if s := super; s != nil {
-		switch {
-		case s.d == d:
-			n.pub.added = n.pub.added || s.added
-		case s.added && t.held(s.d) == 0:
-			// Superseded by writes through the same open file (the
-			// shell's `cmd > file` flushes once before cmd writes): the
-			// earlier version was never a finished file. Taken back only
-			// under our claim: if anything linked the same digest since
-			// (a CLI put --ns, another mount), the reference is theirs.
-			removed, err := f.reg.Retract(pctx, n.ns.name, s.d, s.claim)
-			switch {
-			case err != nil:
-				f.log.Warn("could not retract a superseded version", "namespace", n.ns.name, "digest", s.d.String(), "err", err)
-			case removed:
-				f.stats.retracted.Add(1)
-				f.log.Debug("retracted a version superseded before its writer closed", "namespace", n.ns.name,
-					"name", n.logName(), "digest", s.d.String(), "by", d.String())
-				notes = append(notes, notice{&n.ns.Inode, s.d.String()})
-			default:
-				f.log.Debug("kept a superseded version that another link relies on", "namespace", n.ns.name,
-					"name", n.logName(), "digest", s.d.String())
-			}
-		}
-	}
 	n.scheduleExpiryLocked()
-	return notes, nil
+	return nil, nil
+}
+
+// settleLocked links the pending version (the last RELEASE).
+func (n *fileNode) settleLocked(ctx context.Context) {
+	f := n.fsys
+	i := n.pub.intent
+	n.pub.intent = 0
+	linked, err := f.intents.settle(context.WithoutCancel(ctx), i)
+	if err != nil {
+		f.log.Error("could not link a closed file into its namespace; retrying", "namespace", n.ns.name, "name", n.logName(),
+			"digest", n.pub.d.String(), "err", err)
+		return
+	}
+	f.stats.publishes.Add(1)
+	f.log.Debug("published", "namespace", n.ns.name, "name", n.logName(), "digest", n.pub.d.String(), "new_ref", linked)
+}
+
+// cancelLocked drops intent i unseen: the file failed or was unlinked.
+func (n *fileNode) cancelLocked(ctx context.Context, i namespaces.Intent) {
+	f := n.fsys
+	f.stats.superseded.Add(1)
+	if err := f.intents.cancel(context.WithoutCancel(ctx), i); err != nil {
+		f.log.Warn("could not drop an unfinished version's intent; retrying", "namespace", n.ns.name, "name", n.logName(), "err", err)
+	}
 }
 
 // scheduleExpiryLocked (re)arms the receipt's expiry.
@@ -967,19 +990,21 @@ func (n *fileNode) scheduleExpiryLocked() {
 
 func (n *fileNode) expire(g uint64) {
 	n.mu.Lock()
-	if n.gen != g || n.detached || n.pub == nil || n.tree.isClosed() {
+	if n.gen != g || n.pub == nil || n.tree.isClosed() {
 		n.mu.Unlock()
 		return
 	}
-	if n.handles > 0 || n.up != nil {
-		// In use: look again a TTL later.
+	p := decide(n.stateLocked(), event{kind: evExpire, inUse: n.handles > 0 || n.up != nil})
+	if p.has(stepRearm) {
 		n.expiry = time.AfterFunc(n.fsys.cfg.ReceiptTTL, func() { n.expire(g) })
-		n.mu.Unlock()
-		return
 	}
-	n.detachLocked()
+	if p.has(stepDetach) {
+		n.detachLocked()
+	}
 	n.mu.Unlock()
-	removeName(&n.Inode)
+	if p.has(stepDetach) {
+		removeName(&n.Inode)
+	}
 }
 
 // receiptDigest returns the digest of a receipt at rest: published, not
@@ -1051,17 +1076,17 @@ func (n *fileNode) detachLocked() {
 	if n.detached {
 		return
 	}
+	p := decide(n.stateLocked(), event{kind: evUnlink, noWriters: len(n.writers) == 0})
 	n.detached = true
 	n.gen++
 	if n.expiry != nil {
 		n.expiry.Stop()
 	}
 	if n.pub != nil && n.tree != nil {
-		n.tree.release(n.pub.d)
 		n.fsys.stats.receipts.Add(-1)
 		n.fsys.receipts.remove(n)
 	}
-	if n.up != nil && len(n.writers) == 0 {
+	if p.has(stepDiscard) {
 		n.discardUploadLocked()
 	}
 }
@@ -1120,15 +1145,8 @@ func (h *fileHandle) Write(ctx context.Context, data []byte, off int64) (uint32,
 	n := h.n
 	n.mu.Lock()
 	defer n.mu.Unlock()
-	if n.failed != nil {
-		return 0, n.fsys.errno("write", n.digestForLog(), n.failed)
-	}
-	if n.up == nil {
-		// Written after a publish, through a descriptor still open.
-		n.supersedeLocked(h)
-		if err := n.reopenLocked(ctx, true); err != nil {
-			return 0, n.fsys.errno("write", n.digestForLog(), err)
-		}
+	if err := n.prepareWriteLocked(ctx); err != nil {
+		return 0, n.fsys.errno("write", n.digestForLog(), err)
 	}
 	k, err := n.up.WriteAt(data, off)
 	if err != nil {
@@ -1229,53 +1247,44 @@ func (h *fileHandle) Flush(ctx context.Context) syscall.Errno {
 	if h.write {
 		h.idle, h.wrote = true, false
 	}
-	if n.failed != nil {
-		err := n.failed
-		n.mu.Unlock()
-		return n.fsys.errno("close", n.digestForLog(), err)
-	}
+	p := decide(n.stateLocked(), event{kind: evFlush, writer: h.write, wrote: wrote, othersBusy: n.othersBusyLocked(h)})
 	var notes []notice
 	var err error
-	if n.publishDueLocked(h, wrote) {
-		notes, err = n.publishLocked(ctx)
-	} else if n.dirty && !n.written && h.write && n.tree != nil && !n.owing && !n.detached {
-		// An empty file publishes at its RELEASE; until then lookups of
-		// the namespace wait briefly for it.
+	switch {
+	case p.has(stepFail):
+		err = n.failed
+	case p.has(stepCommitIntent):
+		notes, err = n.commitLocked(ctx, true)
+	case p.has(stepCommitLink):
+		notes, err = n.commitLocked(ctx, false)
+	}
+	if p.has(stepOwe) && err == nil {
+		d := blob.Sum(nil) // an empty file publishes at its RELEASE
+		if n.pub != nil && n.pub.intent != 0 {
+			d = n.pub.d
+		}
 		n.owing = true
-		n.tree.owe()
+		n.tree.owe(n, d)
 	}
 	n.mu.Unlock()
 	send(notes)
 	return n.fsys.errno("close", n.digestForLog(), err)
 }
 
-// publishDueLocked decides whether this FLUSH publishes. Every writer
-// handle other than this one must have flushed since its last write: a
-// FLUSH says "one descriptor closed", not "the file is finished", and
-// two separate opens writing together finish with the last of them.
-//
-// A put by path publishes only at a FLUSH that follows writes through the
-// flushing handle: a shell's `> name` flushes once before the command
-// writes anything, and the empty content must not be tried (and fail)
-// against the name. Such a file publishes at that later FLUSH, or at the
-// last RELEASE.
-func (n *fileNode) publishDueLocked(h *fileHandle, wrote bool) bool {
-	if !n.dirty || n.detached || n.up == nil || !n.written {
-		return false
-	}
-	if n.want != nil && !wrote {
-		return false
-	}
+// othersBusyLocked reports whether a writer handle other than h has
+// writes it has not flushed.
+func (n *fileNode) othersBusyLocked(h *fileHandle) bool {
 	for o := range n.writers {
 		if o != h && !o.idle {
-			return false
+			return true
 		}
 	}
-	return true
+	return false
 }
 
-// Release: the last writer gone, whatever is still unpublished publishes
-// now (its error can only be logged), and a file that failed disappears.
+// Release: when the last writer goes, the pending version is linked (or
+// what is still uncommitted is committed and linked; its error can only be
+// logged), and a file that failed disappears with its last handle.
 func (h *fileHandle) Release(ctx context.Context) syscall.Errno {
 	n, f := h.n, h.n.fsys
 	var notes []notice
@@ -1285,24 +1294,26 @@ func (h *fileHandle) Release(ctx context.Context) syscall.Errno {
 	if h.write {
 		delete(n.writers, h)
 	}
-	if len(n.writers) == 0 {
-		switch {
-		case n.up == nil:
-		case n.detached:
-			n.discardUploadLocked()
-		case n.dirty:
-			notes, _ = n.publishLocked(ctx)
-		default:
-			// Re-opened for writing but nothing changed: back to the
-			// receipt.
-			n.discardUploadLocked()
-		}
+	p := decide(n.stateLocked(), event{kind: evRelease, lastWriter: len(n.writers) == 0, lastHandle: n.handles == 0})
+	if p.has(stepDiscard) {
+		n.discardUploadLocked()
 	}
-	if n.owing && (len(n.writers) == 0 || n.detached) {
+	if p.has(stepCommitLink) {
+		notes, _ = n.commitLocked(ctx, false)
+	}
+	if p.has(stepSettle) {
+		n.settleLocked(ctx)
+	}
+	if p.has(stepCancel) {
+		i := n.pub.intent
+		n.pub.intent = 0
+		n.cancelLocked(ctx, i)
+	}
+	if p.has(stepPay) {
 		n.owing = false
-		n.tree.paid()
+		n.tree.paid(n)
 	}
-	gone := n.failed != nil && n.handles == 0 && !n.detached
+	gone := p.has(stepGone)
 	if gone {
 		n.detachLocked()
 	}

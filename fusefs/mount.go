@@ -56,6 +56,9 @@ func Mount(dir string, cfg Config) (*Server, error) {
 	if err != nil {
 		return nil, err
 	}
+	// Before serving: publish what an earlier life of this mountpoint
+	// committed at a close but had not linked when it died.
+	f.intents.start(abs)
 	sec := defaultTimeout
 	opts := &gofs.Options{
 		EntryTimeout: &sec,
@@ -98,11 +101,13 @@ func Mount(dir string, cfg Config) (*Server, error) {
 	}
 	server, err := fuse.NewServer(gofs.NewNodeFS(f.root, opts), abs, &opts.MountOptions)
 	if err != nil {
+		f.intents.close()
 		return nil, mountError(abs, err)
 	}
 	go server.Serve()
 	if err := server.WaitMount(); err != nil {
 		server.Unmount()
+		f.intents.close()
 		return nil, mountError(abs, err)
 	}
 	m := &Server{fs: f, server: server, dir: abs, done: make(chan struct{})}
@@ -180,6 +185,7 @@ func (m *Server) cleanup() {
 		for _, d := range f.nsDirs() {
 			d.teardown()
 		}
+		f.intents.close()
 		if f.reg1 != nil {
 			f.reg1.Deregister()
 		}

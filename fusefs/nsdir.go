@@ -141,7 +141,7 @@ func (d *nsDir) Lookup(ctx context.Context, name string, out *fuse.EntryOut) (*f
 		return nil, syscall.ENOENT
 	}
 	if d.tree != nil {
-		d.tree.awaitReleases(ctx)
+		d.tree.awaitRelease(ctx, &dg)
 	}
 	ref, ok, err := d.fsys.reg.Has(ctx, d.name, dg)
 	if err != nil {
@@ -194,7 +194,7 @@ func (d *nsDir) blobChild(ctx context.Context, ref namespaces.Ref, info *store.I
 // OpendirHandle streams the listing (see nsStream).
 func (d *nsDir) OpendirHandle(ctx context.Context, flags uint32) (fs.FileHandle, uint32, syscall.Errno) {
 	if d.tree != nil {
-		d.tree.awaitReleases(ctx)
+		d.tree.awaitRelease(ctx, nil)
 	}
 	return &nsStream{d: d}, 0, 0
 }

@@ -2,6 +2,7 @@ package namespaces
 
 import (
 	"context"
+	"errors"
 	"iter"
 	"slices"
 	"sync"
@@ -19,14 +20,17 @@ type Mem struct {
 	mu    sync.RWMutex
 	ns    map[string]*ordered // namespace → digest → linked_at (unix ns)
 	names []string            // the keys of ns, sorted
-	live  ordered             // digest → number of namespaces referencing it
-	// claims holds each reference's claim (see Claim).
-	claims map[memRef]Claim
+	live  ordered             // digest → number of references and intents naming it
+	// pending holds the intents (Pend); pendingIn counts them per namespace.
+	pending   map[Intent]memIntent
+	pendingIn map[string]int
 }
 
-type memRef struct {
-	ns string
-	d  blob.Digest
+type memIntent struct {
+	ns     string
+	d      blob.Digest
+	holder string
+	until  time.Time
 }
 
 var _ Registry = (*Mem)(nil)
@@ -34,7 +38,8 @@ var _ Registry = (*Mem)(nil)
 // NewMem returns an empty in-memory registry. clock stamps LinkedAt; nil
 // means the wall clock.
 func NewMem(clock Clock) *Mem {
-	return &Mem{clock: orWall(clock), ns: make(map[string]*ordered), claims: make(map[memRef]Claim)}
+	return &Mem{clock: orWall(clock), ns: make(map[string]*ordered),
+		pending: make(map[Intent]memIntent), pendingIn: make(map[string]int)}
 }
 
 // Create implements Registry.
@@ -64,7 +69,7 @@ func (m *Mem) Remove(ctx context.Context, name string) error {
 	switch {
 	case !ok:
 		return wrap("remove", name, blob.Digest{}, ErrNotFound)
-	case refs.len() > 0:
+	case refs.len() > 0 || m.pendingIn[name] > 0:
 		return wrap("remove", name, blob.Digest{}, ErrNotEmpty)
 	}
 	delete(m.ns, name)
@@ -103,46 +108,117 @@ func (m *Mem) Names(ctx context.Context, after string) iter.Seq2[string, error] 
 
 // Link implements Registry.
 func (m *Mem) Link(ctx context.Context, name string, d blob.Digest) (bool, error) {
-	n, err := m.link(ctx, "link", name, []blob.Digest{d}, newClaim())
+	n, err := m.link(ctx, "link", name, []blob.Digest{d})
 	return n == 1, err
-}
-
-// LinkClaim implements Registry.
-func (m *Mem) LinkClaim(ctx context.Context, name string, d blob.Digest) (bool, Claim, error) {
-	c := newClaim()
-	n, err := m.link(ctx, "link", name, []blob.Digest{d}, c)
-	if err != nil {
-		return false, 0, err
-	}
-	return n == 1, c, nil
 }
 
 // LinkMany implements Registry.
 func (m *Mem) LinkMany(ctx context.Context, name string, ds []blob.Digest) (int, error) {
-	return m.link(ctx, "linkmany", name, ds, newClaim())
+	return m.link(ctx, "linkmany", name, ds)
 }
 
-// Retract implements Registry.
-func (m *Mem) Retract(ctx context.Context, name string, d blob.Digest, c Claim) (bool, error) {
+// Pend implements Registry.
+func (m *Mem) Pend(ctx context.Context, name string, d blob.Digest, p Pending) (Intent, error) {
 	if err := check(ctx, name); err != nil {
-		return false, wrap("retract", name, d, err)
+		return 0, wrap("pend", name, d, err)
+	}
+	if p.Holder == "" {
+		return 0, wrap("pend", name, d, errors.New("an intent needs a holder"))
 	}
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	refs, ok := m.ns[name]
-	if !ok {
-		return false, wrap("retract", name, d, ErrNotFound)
+	if _, ok := m.ns[name]; !ok {
+		return 0, wrap("pend", name, d, ErrNotFound)
 	}
-	k := memRef{name, d}
-	if cur, ok := m.claims[k]; !ok || cur != c || !refs.delete(d) {
-		return false, nil
-	}
-	delete(m.claims, k)
-	m.live.add(d, -1)
-	return true, nil
+	m.dropIntentLocked(p.Replaces)
+	i := newIntent()
+	m.pending[i] = memIntent{ns: name, d: d, holder: p.Holder, until: p.Until}
+	m.pendingIn[name]++
+	m.live.add(d, 1)
+	return i, nil
 }
 
-func (m *Mem) link(ctx context.Context, op, name string, ds []blob.Digest, c Claim) (int, error) {
+// Settle implements Registry.
+func (m *Mem) Settle(ctx context.Context, i Intent) (bool, error) {
+	if err := ctx.Err(); err != nil {
+		return false, wrap("settle", "", blob.Digest{}, err)
+	}
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return m.settleLocked(i), nil
+}
+
+func (m *Mem) settleLocked(i Intent) bool {
+	p, ok := m.pending[i]
+	if !ok {
+		return false
+	}
+	added := m.ns[p.ns].insert(p.d, m.clock.Now().UnixNano())
+	if added {
+		m.live.add(p.d, 1)
+	}
+	m.dropIntentLocked(i)
+	return added
+}
+
+func (m *Mem) dropIntentLocked(i Intent) {
+	p, ok := m.pending[i]
+	if !ok {
+		return
+	}
+	delete(m.pending, i)
+	if m.pendingIn[p.ns]--; m.pendingIn[p.ns] == 0 {
+		delete(m.pendingIn, p.ns)
+	}
+	m.live.add(p.d, -1)
+}
+
+// Cancel implements Registry.
+func (m *Mem) Cancel(ctx context.Context, i Intent) error {
+	if err := ctx.Err(); err != nil {
+		return wrap("cancel", "", blob.Digest{}, err)
+	}
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	m.dropIntentLocked(i)
+	return nil
+}
+
+// Renew implements Registry.
+func (m *Mem) Renew(ctx context.Context, holder string, until time.Time) error {
+	if err := ctx.Err(); err != nil {
+		return wrap("renew", "", blob.Digest{}, err)
+	}
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	for i, p := range m.pending {
+		if p.holder == holder {
+			p.until = until
+			m.pending[i] = p
+		}
+	}
+	return nil
+}
+
+// Recover implements Registry.
+func (m *Mem) Recover(ctx context.Context, holder string) (int, error) {
+	if err := ctx.Err(); err != nil {
+		return 0, wrap("recover", "", blob.Digest{}, err)
+	}
+	now := m.clock.Now()
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	n := 0
+	for i, p := range m.pending {
+		if p.holder == holder || p.until.Before(now) {
+			m.settleLocked(i)
+			n++
+		}
+	}
+	return n, nil
+}
+
+func (m *Mem) link(ctx context.Context, op, name string, ds []blob.Digest) (int, error) {
 	var d0 blob.Digest
 	if len(ds) == 1 {
 		d0 = ds[0]
@@ -163,7 +239,6 @@ func (m *Mem) link(ctx context.Context, op, name string, ds []blob.Digest, c Cla
 			m.live.add(d, 1)
 			n++
 		}
-		m.claims[memRef{name, d}] = c
 	}
 	return n, nil
 }
@@ -182,7 +257,6 @@ func (m *Mem) Unlink(ctx context.Context, name string, d blob.Digest) error {
 	case !refs.delete(d):
 		return wrap("unlink", name, d, blob.ErrMissing)
 	}
-	delete(m.claims, memRef{name, d})
 	m.live.add(d, -1)
 	return nil
 }
@@ -248,7 +322,8 @@ func (m *Mem) Entries(ctx context.Context, name string, after blob.Digest) iter.
 	})
 }
 
-// IsLive implements gc.Source: d is live while any namespace references it.
+// IsLive implements gc.Source: d is live while any namespace references it
+// or any intent means to.
 func (m *Mem) IsLive(ctx context.Context, d blob.Digest) (bool, error) {
 	if err := ctx.Err(); err != nil {
 		return false, wrap("islive", "", d, err)

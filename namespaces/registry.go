@@ -63,15 +63,32 @@ type Registry interface {
 	// Count returns the number of references. ErrNotFound if the namespace
 	// is absent.
 	Count(ctx context.Context, name string) (int64, error)
-	// LinkClaim is Link that also returns the claim this link put on the
-	// reference (see Claim), whether it added the reference or found it.
-	LinkClaim(ctx context.Context, name string, d blob.Digest) (linked bool, c Claim, err error)
-	// Retract removes the reference to d only if it still carries claim
-	// c: no link of d into the namespace, from any process, has happened
-	// since the one that returned c. It reports whether it removed the
-	// reference; a replaced claim or a reference already gone is not an
-	// error. ErrNotFound if the namespace is absent.
-	Retract(ctx context.Context, name string, d blob.Digest, c Claim) (bool, error)
+	// Pend records an intent to link d into the namespace once its
+	// writer has finished, and returns it. Until the intent is settled or
+	// canceled, d is live (the registry reports it to the GC) but not
+	// referenced: Has, Entries and Count do not show it. The intent is
+	// durable where the registry is (SQL): after a crash, Recover links
+	// it. holder names the writer (see Recover); until is when the intent
+	// lapses unless renewed. replaces, when non-zero, is the same writer's
+	// earlier intent, dropped atomically with this one's recording: a
+	// version superseded before its writer finished is never linked.
+	// ErrNotFound if the namespace is absent.
+	Pend(ctx context.Context, name string, d blob.Digest, p Pending) (Intent, error)
+	// Settle links the intent's digest into its namespace and drops the
+	// intent, atomically. It reports whether the reference was added. An
+	// intent already gone (canceled, or settled by Recover) is not an
+	// error: it changes nothing and reports false.
+	Settle(ctx context.Context, i Intent) (linked bool, err error)
+	// Cancel drops an intent without linking. An intent already gone is
+	// not an error.
+	Cancel(ctx context.Context, i Intent) error
+	// Renew moves the lapse time of every intent of holder to until.
+	Renew(ctx context.Context, holder string, until time.Time) error
+	// Recover settles every intent of holder (a previous life of the same
+	// writer, which crashed before settling) and every lapsed intent of
+	// any holder (a writer that died and never came back), and returns
+	// how many it settled. holder "" settles lapsed intents only.
+	Recover(ctx context.Context, holder string) (int, error)
 	// Entries streams the namespace's references in ascending digest order,
 	// starting after `after` (the zero digest lists from the start, itself
 	// included). It reads a page at a time by key (digest > last) and holds
@@ -88,27 +105,41 @@ type Registry interface {
 // engines.TxPutter and store.WithLink). *SQL implements it.
 type TxLinker interface {
 	LinkTx(ctx context.Context, tx *sql.Tx, name string, d blob.Digest) (linked bool, err error)
-	// LinkTxClaim is LinkTx that also returns the link's claim.
-	LinkTxClaim(ctx context.Context, tx *sql.Tx, name string, d blob.Digest) (linked bool, c Claim, err error)
+	// PendTx is Registry.Pend inside tx.
+	PendTx(ctx context.Context, tx *sql.Tx, name string, d blob.Digest, p Pending) (Intent, error)
+	// CancelTx is Registry.Cancel inside tx.
+	CancelTx(ctx context.Context, tx *sql.Tx, i Intent) error
 }
 
-// Claim is one link's mark on a reference. Every link of a digest into a
-// namespace — a put's, the link command's, a mount's — replaces the
-// reference's claim with a fresh one, whether it added the reference or
-// found it there. So a claim still in place when its linker comes back
-// means that nobody has relied on the reference since: the condition
-// under which a writer may take back (Retract) a version it published and
-// then superseded, without taking a reference someone else made.
-type Claim int64
+// Intent names one pending link (Registry.Pend).
+//
+// Pending links are how a file written into a namespace's incoming/
+// directory becomes visible only in its final version: every close of a
+// descriptor commits the content and records an intent, which protects it
+// from the GC and survives a crash; the last close settles the newest
+// intent into a reference, and an intent superseded before that is
+// dropped without ever having been visible.
+type Intent int64
 
-// newClaim returns a random non-zero claim (zero is the claim of rows
-// linked before claims existed, which no linker holds).
-func newClaim() Claim {
+// newIntent returns a random non-zero intent id.
+func newIntent() Intent {
 	for {
-		if c := Claim(rand.Int64()); c != 0 {
-			return c
+		if i := Intent(rand.Int64()); i != 0 {
+			return i
 		}
 	}
+}
+
+// Pending describes an intent being recorded.
+type Pending struct {
+	// Holder names the writer: stable across its restarts (a mount's host
+	// and mountpoint), so that its next life settles what it left.
+	Holder string
+	// Until is when the intent lapses unless renewed; after it, any
+	// Recover settles it.
+	Until time.Time
+	// Replaces is the writer's earlier intent for the same file, or 0.
+	Replaces Intent
 }
 
 // Clock stamps LinkedAt and created_at. gc.Clock satisfies it, so a store's

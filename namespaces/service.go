@@ -44,24 +44,38 @@ func NewService(r Registry, p Pool) *Service { return &Service{Registry: r, pool
 // this holds for a sweep in any process. After the link, the registry
 // itself keeps d live.
 func (s *Service) Link(ctx context.Context, name string, d blob.Digest) (bool, error) {
-	linked, _, err := s.LinkClaim(ctx, name, d)
+	var linked bool
+	err := s.checked(ctx, "link", name, d, func() (err error) {
+		linked, err = s.Registry.Link(ctx, name, d)
+		return err
+	})
 	return linked, err
 }
 
-// LinkClaim is Link that also returns the link's claim (Registry.LinkClaim).
-func (s *Service) LinkClaim(ctx context.Context, name string, d blob.Digest) (bool, Claim, error) {
+// Pend is Registry.Pend with Link's pool check.
+func (s *Service) Pend(ctx context.Context, name string, d blob.Digest, p Pending) (Intent, error) {
+	var i Intent
+	err := s.checked(ctx, "pend", name, d, func() (err error) {
+		i, err = s.Registry.Pend(ctx, name, d, p)
+		return err
+	})
+	return i, err
+}
+
+// checked runs f while d is pinned and known to be in the pool.
+func (s *Service) checked(ctx context.Context, op, name string, d blob.Digest, f func() error) error {
 	if err := check(ctx, name); err != nil {
-		return false, 0, wrap("link", name, d, err)
+		return wrap(op, name, d, err)
 	}
 	pin, err := s.pool.Pin(ctx, d)
 	if err != nil {
-		return false, 0, wrap("link", name, d, err)
+		return wrap(op, name, d, err)
 	}
 	defer pin.Release()
 	if err := s.present(ctx, d); err != nil {
-		return false, 0, wrap("link", name, d, err)
+		return wrap(op, name, d, err)
 	}
-	return s.Registry.LinkClaim(ctx, name, d)
+	return f()
 }
 
 // LinkMany is Link for many digests, all or nothing: one missing digest
@@ -102,33 +116,61 @@ func (s *Service) present(ctx context.Context, d blob.Digest) error {
 // rather than link outside it. With tx nil (engines that cannot join), the
 // entry is already published and Link runs with its pool check.
 func (s *Service) LinkFunc(name string) func(ctx context.Context, tx *sql.Tx, d blob.Digest) error {
-	return s.LinkFuncClaiming(name, nil)
+	return s.LinkFuncDropping(name, 0)
 }
 
-// Linked is what a publish hook's link did: whether it added the
-// reference, and the claim it put on it.
-type Linked struct {
-	Added bool
-	Claim Claim
-}
-
-// LinkFuncClaiming is LinkFunc that also fills *out (when non-nil), for
-// callers that may later take back exactly what they added, and only if
-// nobody has relied on it since (Registry.Retract).
-func (s *Service) LinkFuncClaiming(name string, out *Linked) func(ctx context.Context, tx *sql.Tx, d blob.Digest) error {
+// LinkFuncDropping is LinkFunc that also drops intent drop (when non-zero)
+// in the same transaction: a writer's final version replaces the intent
+// its earlier close recorded.
+func (s *Service) LinkFuncDropping(name string, drop Intent) func(ctx context.Context, tx *sql.Tx, d blob.Digest) error {
 	return func(ctx context.Context, tx *sql.Tx, d blob.Digest) error {
-		var l Linked
+		if tx == nil {
+			if _, err := s.Link(ctx, name, d); err != nil {
+				return err
+			}
+			if drop != 0 {
+				return s.Cancel(ctx, drop)
+			}
+			return nil
+		}
+		tl, err := s.txLinker(name, d)
+		if err != nil {
+			return err
+		}
+		if _, err := tl.LinkTx(ctx, tx, name, d); err != nil {
+			return err
+		}
+		if drop != 0 {
+			return tl.CancelTx(ctx, tx, drop)
+		}
+		return nil
+	}
+}
+
+// PendFunc is LinkFunc for an intent (Registry.Pend): the publish records
+// p, and *out receives the intent once it is recorded.
+func (s *Service) PendFunc(name string, p Pending, out *Intent) func(ctx context.Context, tx *sql.Tx, d blob.Digest) error {
+	return func(ctx context.Context, tx *sql.Tx, d blob.Digest) error {
+		var i Intent
 		var err error
 		if tx == nil {
-			l.Added, l.Claim, err = s.LinkClaim(ctx, name, d)
-		} else if tl, ok := s.Registry.(TxLinker); ok {
-			l.Added, l.Claim, err = tl.LinkTxClaim(ctx, tx, name, d)
+			i, err = s.Pend(ctx, name, d, p)
 		} else {
-			err = wrap("link", name, d, errors.New("registry cannot link inside a database transaction (open it with namespaces.Open on the kv engine)"))
+			var tl TxLinker
+			if tl, err = s.txLinker(name, d); err == nil {
+				i, err = tl.PendTx(ctx, tx, name, d, p)
+			}
 		}
-		if out != nil {
-			*out = l
+		if err == nil {
+			*out = i
 		}
 		return err
 	}
+}
+
+func (s *Service) txLinker(name string, d blob.Digest) (TxLinker, error) {
+	if tl, ok := s.Registry.(TxLinker); ok {
+		return tl, nil
+	}
+	return nil, wrap("link", name, d, errors.New("registry cannot link inside a database transaction (open it with namespaces.Open on the kv engine)"))
 }

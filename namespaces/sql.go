@@ -22,6 +22,8 @@ import (
 //	ns(name TEXT PRIMARY KEY, created_at INTEGER)
 //	ns_refs(ns TEXT REFERENCES ns, digest BLOB, linked_at INTEGER, PRIMARY KEY (ns, digest))
 //	index ns_refs_digest on ns_refs(digest), for IsLive and Live
+//	ns_pending(id INTEGER PRIMARY KEY, ns TEXT REFERENCES ns, digest BLOB, holder TEXT, expiry INTEGER)
+//	indexes ns_pending(digest) for liveness, ns_pending(holder) for Renew
 //
 // Times are unix nanoseconds. The DDL is per dialect (BLOB/BYTEA, BIGINT,
 // byte-order collation on PostgreSQL); every DML statement is shared, with
@@ -36,7 +38,7 @@ type SQL struct {
 	q       queries
 	// The statements of a put's joint link, prepared once: parsing them
 	// per put was a tenth of the CPU of a `cp -r` of small files.
-	existsStmt, linkStmt *sql.Stmt
+	existsStmt, linkStmt, pendStmt, unpendStmt *sql.Stmt
 }
 
 var (
@@ -58,10 +60,18 @@ var ddl = map[string][]string{
 			ns        TEXT NOT NULL REFERENCES ns (name),
 			digest    BLOB NOT NULL,
 			linked_at INTEGER NOT NULL,
-			claim     INTEGER NOT NULL DEFAULT 0,
 			PRIMARY KEY (ns, digest)
 		) WITHOUT ROWID`,
 		`CREATE INDEX IF NOT EXISTS ns_refs_digest ON ns_refs (digest)`,
+		`CREATE TABLE IF NOT EXISTS ns_pending (
+			id     INTEGER PRIMARY KEY,
+			ns     TEXT NOT NULL REFERENCES ns (name),
+			digest BLOB NOT NULL,
+			holder TEXT NOT NULL,
+			expiry INTEGER NOT NULL
+		)`,
+		`CREATE INDEX IF NOT EXISTS ns_pending_digest ON ns_pending (digest)`,
+		`CREATE INDEX IF NOT EXISTS ns_pending_holder ON ns_pending (holder)`,
 	},
 	"postgres": {
 		// COLLATE "C": names list in byte order whatever the database's
@@ -76,24 +86,31 @@ var ddl = map[string][]string{
 			ns        TEXT COLLATE "C" NOT NULL REFERENCES ns (name),
 			digest    BYTEA NOT NULL,
 			linked_at BIGINT NOT NULL,
-			claim     BIGINT NOT NULL DEFAULT 0,
 			PRIMARY KEY (ns, digest)
 		)`,
 		`CREATE INDEX IF NOT EXISTS ns_refs_digest ON ns_refs (digest)`,
-		// Stores made before claims existed.
-		`ALTER TABLE ns_refs ADD COLUMN IF NOT EXISTS claim BIGINT NOT NULL DEFAULT 0`,
+		`CREATE TABLE IF NOT EXISTS ns_pending (
+			id     BIGINT PRIMARY KEY,
+			ns     TEXT COLLATE "C" NOT NULL REFERENCES ns (name),
+			digest BYTEA NOT NULL,
+			holder TEXT NOT NULL,
+			expiry BIGINT NOT NULL
+		)`,
+		`CREATE INDEX IF NOT EXISTS ns_pending_digest ON ns_pending (digest)`,
+		`CREATE INDEX IF NOT EXISTS ns_pending_holder ON ns_pending (holder)`,
 	},
 }
 
 type queries struct {
-	create, remove, exists, names             string
-	link, linkIf, unlink, has, count, entries string
-	reclaim, retract                          string
-	isLive, live                              string
-	linkRows                                  string // linkBatch rows per INSERT
+	create, remove, exists, names        string
+	linkIf, unlink, has, count, entries  string
+	pend, unpend, settleTake, settleLink string
+	renew, recoverTake, recoverLink      string
+	isLive, live                         string
+	linkRows                             string // linkBatch rows per INSERT
 }
 
-// linkBatch is how many rows one LinkMany INSERT carries: 1024 bind
+// linkBatch is how many rows one LinkMany INSERT carries: 768 bind
 // parameters, far under SQLite's 32 766 and PostgreSQL's 65 535, and
 // enough to amortize per-statement cost.
 const linkBatch = 256
@@ -102,29 +119,40 @@ func newQueries(dialect string) queries {
 	r := func(q string) string { return rebind(dialect, q) }
 	q := queries{
 		create: r(`INSERT INTO ns (name, created_at) VALUES (?, ?) ON CONFLICT (name) DO NOTHING`),
-		remove: r(`DELETE FROM ns WHERE name = ? AND NOT EXISTS (SELECT 1 FROM ns_refs WHERE ns = ?)`),
+		remove: r(`DELETE FROM ns WHERE name = ? AND NOT EXISTS (SELECT 1 FROM ns_refs WHERE ns = ?)
+			AND NOT EXISTS (SELECT 1 FROM ns_pending WHERE ns = ?)`),
 		exists: r(`SELECT 1 FROM ns WHERE name = ?`),
 		names:  r(`SELECT name FROM ns WHERE name > ? ORDER BY name LIMIT ?`),
 
-		link:    r(`INSERT INTO ns_refs (ns, digest, linked_at) VALUES (?, ?, ?) ON CONFLICT (ns, digest) DO NOTHING`),
-		linkIf:  r(`INSERT INTO ns_refs (ns, digest, linked_at, claim) SELECT ?, ?, ?, ? WHERE EXISTS (SELECT 1 FROM ns WHERE name = ?) ON CONFLICT (ns, digest) DO NOTHING`),
-		reclaim: r(`UPDATE ns_refs SET claim = ? WHERE ns = ? AND digest = ?`),
-		retract: r(`DELETE FROM ns_refs WHERE ns = ? AND digest = ? AND claim = ?`),
+		linkIf:  r(`INSERT INTO ns_refs (ns, digest, linked_at) SELECT ?, ?, ? WHERE EXISTS (SELECT 1 FROM ns WHERE name = ?) ON CONFLICT (ns, digest) DO NOTHING`),
 		unlink:  r(`DELETE FROM ns_refs WHERE ns = ? AND digest = ?`),
 		has:     r(`SELECT linked_at FROM ns_refs WHERE ns = ? AND digest = ?`),
 		count:   r(`SELECT COUNT(*) FROM ns_refs WHERE ns = ?`),
 		entries: r(`SELECT digest, linked_at FROM ns_refs WHERE ns = ? AND digest > ? ORDER BY digest LIMIT ?`),
 
-		isLive: r(`SELECT 1 FROM ns_refs WHERE digest = ? LIMIT 1`),
-		live:   r(`SELECT DISTINCT digest FROM ns_refs WHERE digest > ? ORDER BY digest LIMIT ?`),
+		pend:   r(`INSERT INTO ns_pending (id, ns, digest, holder, expiry) SELECT ?, ?, ?, ?, ? WHERE EXISTS (SELECT 1 FROM ns WHERE name = ?)`),
+		unpend: r(`DELETE FROM ns_pending WHERE id = ?`),
+		renew:  r(`UPDATE ns_pending SET expiry = ? WHERE holder = ?`),
+		// Settle and Recover on SQLite: take the rows, then link them, in
+		// one IMMEDIATE transaction.
+		settleTake:  r(`DELETE FROM ns_pending WHERE id = ? RETURNING ns, digest`),
+		settleLink:  r(`INSERT INTO ns_refs (ns, digest, linked_at) VALUES (?, ?, ?) ON CONFLICT (ns, digest) DO NOTHING`),
+		recoverLink: r(`INSERT INTO ns_refs (ns, digest, linked_at) SELECT DISTINCT ns, digest, ? FROM ns_pending WHERE holder = ? OR expiry < ? ON CONFLICT (ns, digest) DO NOTHING`),
+		recoverTake: r(`DELETE FROM ns_pending WHERE holder = ? OR expiry < ?`),
+
+		// A digest is live while a namespace references it or an intent
+		// means to.
+		isLive: r(`SELECT 1 FROM ns_refs WHERE digest = ? UNION ALL SELECT 1 FROM ns_pending WHERE digest = ? LIMIT 1`),
+		live:   r(`SELECT digest FROM ns_refs WHERE digest > ? UNION SELECT digest FROM ns_pending WHERE digest > ? ORDER BY 1 LIMIT ?`),
 	}
 	if dialect == "postgres" {
-		// One statement inserts or re-claims: under READ COMMITTED an
-		// INSERT … DO NOTHING followed by an UPDATE could see the row,
-		// lose it to a concurrent unlink, and update nothing, reporting a
-		// link that is not there. DO UPDATE waits for that unlink and
-		// inserts. xmax = 0 marks a row this statement inserted.
-		q.linkIf = strings.Replace(q.linkIf, "DO NOTHING", "DO UPDATE SET claim = excluded.claim RETURNING (xmax = 0)", 1)
+		// One statement each: READ COMMITTED gives no snapshot across two.
+		q.settleTake = `WITH p AS (DELETE FROM ns_pending WHERE id = $1 RETURNING ns, digest),
+			l AS (INSERT INTO ns_refs (ns, digest, linked_at) SELECT ns, digest, $2::bigint FROM p ON CONFLICT (ns, digest) DO NOTHING RETURNING 1)
+			SELECT count(*) FROM l`
+		q.recoverTake = `WITH p AS (DELETE FROM ns_pending WHERE holder = $1 OR expiry < $2 RETURNING ns, digest),
+			l AS (INSERT INTO ns_refs (ns, digest, linked_at) SELECT DISTINCT ns, digest, $3::bigint FROM p ON CONFLICT (ns, digest) DO NOTHING)
+			SELECT count(*) FROM p`
 	}
 	q.linkRows = linkRowsQuery(dialect, linkBatch)
 	return q
@@ -132,18 +160,14 @@ func newQueries(dialect string) queries {
 
 func linkRowsQuery(dialect string, rows int) string {
 	var b strings.Builder
-	b.WriteString(`INSERT INTO ns_refs (ns, digest, linked_at, claim) VALUES `)
+	b.WriteString(`INSERT INTO ns_refs (ns, digest, linked_at) VALUES `)
 	for i := range rows {
 		if i > 0 {
 			b.WriteString(", ")
 		}
-		b.WriteString("(?, ?, ?, ?)")
+		b.WriteString("(?, ?, ?)")
 	}
-	if dialect == "postgres" {
-		b.WriteString(` ON CONFLICT (ns, digest) DO UPDATE SET claim = excluded.claim RETURNING (xmax = 0)`)
-	} else {
-		b.WriteString(` ON CONFLICT (ns, digest) DO NOTHING`)
-	}
+	b.WriteString(` ON CONFLICT (ns, digest) DO NOTHING`)
 	return rebind(dialect, b.String())
 }
 
@@ -182,38 +206,23 @@ func OpenSQL(ctx context.Context, db *sql.DB, dialect string, clock Clock) (*SQL
 			return nil, fmt.Errorf("namespaces: open %s: create schema: %w", dialect, err)
 		}
 	}
-	if dialect == "sqlite" {
-		if err := addClaimSQLite(ctx, db); err != nil {
-			return nil, fmt.Errorf("namespaces: open %s: %w", dialect, err)
-		}
-	}
 	r := &SQL{db: db, dialect: dialect, clock: orWall(clock), q: newQueries(dialect)}
-	var err error
-	if r.existsStmt, err = db.PrepareContext(ctx, r.q.exists); err != nil {
-		return nil, fmt.Errorf("namespaces: open %s: prepare: %w", dialect, err)
-	}
-	if r.linkStmt, err = db.PrepareContext(ctx, r.q.linkIf); err != nil {
-		r.existsStmt.Close()
-		return nil, fmt.Errorf("namespaces: open %s: prepare: %w", dialect, err)
+	var prepared []*sql.Stmt
+	for _, p := range []struct {
+		st **sql.Stmt
+		q  string
+	}{{&r.existsStmt, r.q.exists}, {&r.linkStmt, r.q.linkIf}, {&r.pendStmt, r.q.pend}, {&r.unpendStmt, r.q.unpend}} {
+		st, err := db.PrepareContext(ctx, p.q)
+		if err != nil {
+			for _, st := range prepared {
+				st.Close()
+			}
+			return nil, fmt.Errorf("namespaces: open %s: prepare: %w", dialect, err)
+		}
+		*p.st = st
+		prepared = append(prepared, st)
 	}
 	return r, nil
-}
-
-// addClaimSQLite adds ns_refs.claim to a database made before claims
-// existed (SQLite has no ADD COLUMN IF NOT EXISTS).
-func addClaimSQLite(ctx context.Context, db *sql.DB) error {
-	var n int
-	if err := db.QueryRowContext(ctx, `SELECT count(*) FROM pragma_table_info('ns_refs') WHERE name = 'claim'`).Scan(&n); err != nil {
-		return fmt.Errorf("read ns_refs columns: %w", err)
-	}
-	if n == 1 {
-		return nil
-	}
-	_, err := db.ExecContext(ctx, `ALTER TABLE ns_refs ADD COLUMN claim INTEGER NOT NULL DEFAULT 0`)
-	if err != nil {
-		return fmt.Errorf("add ns_refs.claim: %w", err)
-	}
-	return nil
 }
 
 // Dialect is "sqlite" or "postgres".
@@ -257,7 +266,7 @@ func (r *SQL) Remove(ctx context.Context, name string) error {
 	if err := check(ctx, name); err != nil {
 		return wrap("remove", name, blob.Digest{}, err)
 	}
-	res, err := r.db.ExecContext(ctx, r.q.remove, name, name)
+	res, err := r.db.ExecContext(ctx, r.q.remove, name, name, name)
 	var n int64
 	if err == nil {
 		n, err = res.RowsAffected()
@@ -276,9 +285,12 @@ func (r *SQL) Remove(ctx context.Context, name string) error {
 		return wrap("remove", name, blob.Digest{}, ErrNotEmpty)
 	}
 	// The delete failed. On PostgreSQL a foreign-key violation means a
-	// concurrent Link committed a reference first: not empty after all.
+	// concurrent Link or Pend committed first: not empty after all.
 	var refs int64
 	if qerr := r.db.QueryRowContext(ctx, r.q.count, name).Scan(&refs); qerr == nil && refs > 0 {
+		return wrap("remove", name, blob.Digest{}, ErrNotEmpty)
+	}
+	if ok, qerr := r.anyPending(ctx, name); qerr == nil && ok {
 		return wrap("remove", name, blob.Digest{}, ErrNotEmpty)
 	}
 	return wrap("remove", name, blob.Digest{}, err)
@@ -319,47 +331,19 @@ func (r *SQL) Names(ctx context.Context, after string) iter.Seq2[string, error] 
 
 // Link implements Registry. It runs in its own transaction; see LinkTx.
 func (r *SQL) Link(ctx context.Context, name string, d blob.Digest) (bool, error) {
-	linked, _, err := r.LinkClaim(ctx, name, d)
-	return linked, err
-}
-
-// LinkClaim implements Registry.
-func (r *SQL) LinkClaim(ctx context.Context, name string, d blob.Digest) (bool, Claim, error) {
 	if err := check(ctx, name); err != nil {
-		return false, 0, wrap("link", name, d, err)
+		return false, wrap("link", name, d, err)
 	}
 	var linked bool
-	c := newClaim()
 	err := r.inTx(ctx, func(tx *sql.Tx) error {
 		var err error
-		linked, err = r.linkTx(ctx, tx, name, d, c)
+		linked, err = r.linkTx(ctx, tx, name, d)
 		return err
 	})
 	if err != nil {
-		return false, 0, wrap("link", name, d, err)
+		return false, wrap("link", name, d, err)
 	}
-	return linked, c, nil
-}
-
-// Retract implements Registry: one DELETE conditional on the claim.
-func (r *SQL) Retract(ctx context.Context, name string, d blob.Digest, c Claim) (bool, error) {
-	if err := check(ctx, name); err != nil {
-		return false, wrap("retract", name, d, err)
-	}
-	res, err := r.db.ExecContext(ctx, r.q.retract, name, d[:], int64(c))
-	var n int64
-	if err == nil {
-		n, err = res.RowsAffected()
-	}
-	if err != nil {
-		return false, wrap("retract", name, d, err)
-	}
-	if n == 0 {
-		if err := r.absent(ctx, name, nil); err != nil {
-			return false, wrap("retract", name, d, err)
-		}
-	}
-	return n == 1, nil
+	return linked, nil
 }
 
 // LinkTx is Link inside the caller's transaction tx, which must belong to
@@ -367,42 +351,20 @@ func (r *SQL) Retract(ctx context.Context, name string, d blob.Digest, c Claim) 
 // This is how a kv put and its link become one (store.WithLink with
 // Service.LinkFunc).
 func (r *SQL) LinkTx(ctx context.Context, tx *sql.Tx, name string, d blob.Digest) (bool, error) {
-	linked, _, err := r.LinkTxClaim(ctx, tx, name, d)
-	return linked, err
-}
-
-// LinkTxClaim implements TxLinker.
-func (r *SQL) LinkTxClaim(ctx context.Context, tx *sql.Tx, name string, d blob.Digest) (bool, Claim, error) {
 	if err := check(ctx, name); err != nil {
-		return false, 0, wrap("link", name, d, err)
+		return false, wrap("link", name, d, err)
 	}
-	c := newClaim()
-	linked, err := r.linkTx(ctx, tx, name, d, c)
+	linked, err := r.linkTx(ctx, tx, name, d)
 	if err != nil {
-		return false, 0, wrap("link", name, d, err)
+		return false, wrap("link", name, d, err)
 	}
-	return linked, c, nil
+	return linked, nil
 }
 
-func (r *SQL) linkTx(ctx context.Context, tx *sql.Tx, name string, d blob.Digest, c Claim) (bool, error) {
+func (r *SQL) linkTx(ctx context.Context, tx *sql.Tx, name string, d blob.Digest) (bool, error) {
 	// One statement inserts only if the namespace exists; no row means
-	// already linked or no such namespace. A reference already there is
-	// claimed anew (this link relies on it too); no row to claim means no
-	// such namespace.
-	if r.dialect == "postgres" {
-		var inserted bool
-		err := tx.StmtContext(ctx, r.linkStmt).QueryRowContext(ctx, name, d[:], r.clock.Now().UnixNano(), int64(c), name).Scan(&inserted)
-		switch {
-		case errors.Is(err, sql.ErrNoRows):
-			return false, r.mustExist(ctx, tx, name)
-		case err != nil:
-			return false, r.linkFailed(ctx, name, err)
-		}
-		return inserted, nil
-	}
-	// SQLite: the transaction began IMMEDIATE, so nothing can unlink
-	// between the two statements.
-	res, err := tx.StmtContext(ctx, r.linkStmt).ExecContext(ctx, name, d[:], r.clock.Now().UnixNano(), int64(c), name)
+	// already linked or no such namespace.
+	res, err := tx.StmtContext(ctx, r.linkStmt).ExecContext(ctx, name, d[:], r.clock.Now().UnixNano(), name)
 	if err != nil {
 		return false, r.linkFailed(ctx, name, err)
 	}
@@ -410,14 +372,142 @@ func (r *SQL) linkTx(ctx context.Context, tx *sql.Tx, name string, d blob.Digest
 	if err != nil || n == 1 {
 		return n == 1, err
 	}
-	res, err = tx.ExecContext(ctx, r.q.reclaim, int64(c), name, d[:])
+	return false, r.mustExist(ctx, tx, name)
+}
+
+// Pend implements Registry, in its own transaction.
+func (r *SQL) Pend(ctx context.Context, name string, d blob.Digest, p Pending) (Intent, error) {
+	var i Intent
+	err := r.inTx(ctx, func(tx *sql.Tx) error {
+		var err error
+		i, err = r.PendTx(ctx, tx, name, d, p)
+		return err
+	})
+	return i, err
+}
+
+// PendTx implements TxLinker: the intent commits or rolls back with tx,
+// and so does the removal of the one it replaces.
+func (r *SQL) PendTx(ctx context.Context, tx *sql.Tx, name string, d blob.Digest, p Pending) (Intent, error) {
+	if err := check(ctx, name); err != nil {
+		return 0, wrap("pend", name, d, err)
+	}
+	if p.Holder == "" {
+		return 0, wrap("pend", name, d, errors.New("an intent needs a holder"))
+	}
+	if p.Replaces != 0 {
+		if err := r.CancelTx(ctx, tx, p.Replaces); err != nil {
+			return 0, err
+		}
+	}
+	i := newIntent()
+	res, err := tx.StmtContext(ctx, r.pendStmt).ExecContext(ctx, int64(i), name, d[:], p.Holder, p.Until.UnixNano(), name)
+	var n int64
 	if err == nil {
 		n, err = res.RowsAffected()
+	} else {
+		err = r.linkFailed(ctx, name, err)
 	}
-	if err != nil || n == 1 {
-		return false, err
+	if err == nil && n == 0 {
+		err = ErrNotFound
 	}
-	return false, r.mustExist(ctx, tx, name)
+	if err != nil {
+		return 0, wrap("pend", name, d, err)
+	}
+	return i, nil
+}
+
+// Settle implements Registry.
+func (r *SQL) Settle(ctx context.Context, i Intent) (bool, error) {
+	now := r.clock.Now().UnixNano()
+	if r.dialect == "postgres" {
+		var n int
+		if err := r.db.QueryRowContext(ctx, r.q.settleTake, int64(i), now).Scan(&n); err != nil {
+			return false, wrap("settle", "", blob.Digest{}, err)
+		}
+		return n == 1, nil
+	}
+	var linked bool
+	err := r.inTx(ctx, func(tx *sql.Tx) error {
+		var name string
+		var b []byte
+		err := tx.QueryRowContext(ctx, r.q.settleTake, int64(i)).Scan(&name, &b)
+		if errors.Is(err, sql.ErrNoRows) {
+			return nil
+		}
+		if err != nil {
+			return err
+		}
+		res, err := tx.ExecContext(ctx, r.q.settleLink, name, b, now)
+		if err != nil {
+			return err
+		}
+		n, err := res.RowsAffected()
+		linked = n == 1
+		return err
+	})
+	if err != nil {
+		return false, wrap("settle", "", blob.Digest{}, err)
+	}
+	return linked, nil
+}
+
+// Cancel implements Registry.
+func (r *SQL) Cancel(ctx context.Context, i Intent) error {
+	if _, err := r.unpendStmt.ExecContext(ctx, int64(i)); err != nil {
+		return wrap("cancel", "", blob.Digest{}, err)
+	}
+	return nil
+}
+
+// CancelTx implements TxLinker.
+func (r *SQL) CancelTx(ctx context.Context, tx *sql.Tx, i Intent) error {
+	if _, err := tx.StmtContext(ctx, r.unpendStmt).ExecContext(ctx, int64(i)); err != nil {
+		return wrap("cancel", "", blob.Digest{}, err)
+	}
+	return nil
+}
+
+// Renew implements Registry: one UPDATE over the holder's index.
+func (r *SQL) Renew(ctx context.Context, holder string, until time.Time) error {
+	if _, err := r.db.ExecContext(ctx, r.q.renew, until.UnixNano(), holder); err != nil {
+		return wrap("renew", "", blob.Digest{}, err)
+	}
+	return nil
+}
+
+// Recover implements Registry, in one transaction.
+func (r *SQL) Recover(ctx context.Context, holder string) (int, error) {
+	now := r.clock.Now().UnixNano()
+	var n int64
+	var err error
+	if r.dialect == "postgres" {
+		err = r.db.QueryRowContext(ctx, r.q.recoverTake, holder, now, now).Scan(&n)
+	} else {
+		err = r.inTx(ctx, func(tx *sql.Tx) error {
+			if _, err := tx.ExecContext(ctx, r.q.recoverLink, now, holder, now); err != nil {
+				return err
+			}
+			res, err := tx.ExecContext(ctx, r.q.recoverTake, holder, now)
+			if err == nil {
+				n, err = res.RowsAffected()
+			}
+			return err
+		})
+	}
+	if err != nil {
+		return 0, wrap("recover", "", blob.Digest{}, err)
+	}
+	return int(n), nil
+}
+
+func (r *SQL) anyPending(ctx context.Context, name string) (bool, error) {
+	var one int
+	err := r.db.QueryRowContext(ctx, rebind(r.dialect, `SELECT 1 FROM ns_pending WHERE ns = ? LIMIT 1`), name).Scan(&one)
+	if errors.Is(err, sql.ErrNoRows) {
+		return false, nil
+	}
+	return err == nil, err
 }
 
 // mustExist returns ErrNotFound unless the namespace exists, read in tx:
@@ -449,7 +539,6 @@ func (r *SQL) LinkMany(ctx context.Context, name string, ds []blob.Digest) (int,
 		return 0, wrap("linkmany", name, blob.Digest{}, err)
 	}
 	now := r.clock.Now().UnixNano()
-	c := int64(newClaim())
 	// Inserting in key order turns random B-tree inserts into near-appends
 	// on both the primary key and the digest index: 2.5× faster for random
 	// batches on SQLite, 10× when the caller's batches are ordered too.
@@ -476,7 +565,7 @@ func (r *SQL) LinkMany(ctx context.Context, name string, ds []blob.Digest) (int,
 			k := min(len(rest), linkBatch)
 			args = args[:0]
 			for i := range rest[:k] {
-				args = append(args, name, rest[i][:], now, c)
+				args = append(args, name, rest[i][:], now)
 			}
 			q := ""
 			if k < linkBatch {
@@ -487,13 +576,6 @@ func (r *SQL) LinkMany(ctx context.Context, name string, ds []blob.Digest) (int,
 				return r.linkFailed(ctx, name, err)
 			}
 			total += n
-			// On SQLite the references that were there already are
-			// claimed anew here; PostgreSQL's statement did it.
-			if r.dialect != "postgres" && n < k {
-				if err := r.reclaimBatch(ctx, tx, name, rest[:k], c); err != nil {
-					return err
-				}
-			}
 			rest = rest[k:]
 		}
 		return nil
@@ -507,30 +589,6 @@ func (r *SQL) LinkMany(ctx context.Context, name string, ds []blob.Digest) (int,
 // linkRowsExec runs one multi-row link statement (st, or q when st is nil
 // or q is set) and returns how many references it added.
 func (r *SQL) linkRowsExec(ctx context.Context, tx *sql.Tx, st *sql.Stmt, q string, args []any) (int, error) {
-	if r.dialect == "postgres" {
-		var rows *sql.Rows
-		var err error
-		if q != "" {
-			rows, err = tx.QueryContext(ctx, q, args...)
-		} else {
-			rows, err = st.QueryContext(ctx, args...)
-		}
-		if err != nil {
-			return 0, err
-		}
-		defer rows.Close()
-		n := 0
-		for rows.Next() {
-			var inserted bool
-			if err := rows.Scan(&inserted); err != nil {
-				return 0, err
-			}
-			if inserted {
-				n++
-			}
-		}
-		return n, rows.Err()
-	}
 	var res sql.Result
 	var err error
 	if q != "" {
@@ -543,18 +601,6 @@ func (r *SQL) linkRowsExec(ctx context.Context, tx *sql.Tx, st *sql.Stmt, q stri
 	}
 	n, err := res.RowsAffected()
 	return int(n), err
-}
-
-// reclaimBatch sets claim c on name's references to ds.
-func (r *SQL) reclaimBatch(ctx context.Context, tx *sql.Tx, name string, ds []blob.Digest, c int64) error {
-	args := make([]any, 0, len(ds)+2)
-	args = append(args, c, name)
-	for _, d := range ds {
-		args = append(args, d[:])
-	}
-	q := rebind(r.dialect, "UPDATE ns_refs SET claim = ? WHERE ns = ? AND digest IN (?"+strings.Repeat(", ?", len(ds)-1)+")")
-	_, err := tx.ExecContext(ctx, q, args...)
-	return err
 }
 
 func (r *SQL) inTx(ctx context.Context, f func(tx *sql.Tx) error) error {
@@ -667,10 +713,11 @@ func (r *SQL) Entries(ctx context.Context, name string, after blob.Digest) iter.
 	})
 }
 
-// IsLive implements gc.Source with one index probe on ns_refs(digest).
+// IsLive implements gc.Source with one index probe on ns_refs(digest) and,
+// if that misses, one on ns_pending(digest).
 func (r *SQL) IsLive(ctx context.Context, d blob.Digest) (bool, error) {
 	var one int
-	err := r.db.QueryRowContext(ctx, r.q.isLive, d[:]).Scan(&one)
+	err := r.db.QueryRowContext(ctx, r.q.isLive, d[:], d[:]).Scan(&one)
 	switch {
 	case errors.Is(err, sql.ErrNoRows):
 		return false, nil
@@ -698,11 +745,12 @@ func (r *SQL) liveAmong(ctx context.Context, q querier, ds []blob.Digest) (map[b
 	if len(ds) == 0 {
 		return live, nil
 	}
-	args := make([]any, len(ds))
+	args := make([]any, 2*len(ds))
 	for i, d := range ds {
-		args[i] = d[:]
+		args[i], args[len(ds)+i] = d[:], d[:]
 	}
-	query := rebind(r.dialect, "SELECT DISTINCT digest FROM ns_refs WHERE digest IN (?"+strings.Repeat(", ?", len(ds)-1)+")")
+	in := "(?" + strings.Repeat(", ?", len(ds)-1) + ")"
+	query := rebind(r.dialect, "SELECT digest FROM ns_refs WHERE digest IN "+in+" UNION SELECT digest FROM ns_pending WHERE digest IN "+in)
 	rows, err := q.QueryContext(ctx, query, args...)
 	if err != nil {
 		return nil, wrap("islive", "", blob.Digest{}, err)
@@ -725,15 +773,15 @@ func (r *SQL) liveAmong(ctx context.Context, q querier, ds []blob.Digest) (map[b
 	return live, nil
 }
 
-// Live implements gc.Source: DISTINCT over the ns_refs(digest) index, paged
-// by key.
+// Live implements gc.Source: the union of the ns_refs(digest) and
+// ns_pending(digest) indexes, paged by key.
 func (r *SQL) Live(ctx context.Context) iter.Seq2[blob.Digest, error] {
 	return paged(ctx, "live", "", func(first bool, last blob.Digest) ([]blob.Digest, error) {
 		from := last[:]
 		if first {
 			from = key(blob.Digest{})
 		}
-		rows, err := r.db.QueryContext(ctx, r.q.live, from, pageSize)
+		rows, err := r.db.QueryContext(ctx, r.q.live, from, from, pageSize)
 		if err != nil {
 			return nil, err
 		}

@@ -18,7 +18,7 @@ func TestRebind(t *testing.T) {
 		t.Fatalf("postgres rebind = %s, want %s", got, want)
 	}
 	pg := newQueries("postgres")
-	if strings.Contains(pg.linkRows, "?") || !strings.Contains(pg.linkRows, "$1024") || strings.Contains(pg.linkRows, "$1025") || !strings.Contains(pg.linkRows, "DO UPDATE") {
+	if strings.Contains(pg.linkRows, "?") || !strings.Contains(pg.linkRows, "$768") || strings.Contains(pg.linkRows, "$769") {
 		t.Fatalf("postgres batch insert placeholders wrong: ...%s", pg.linkRows[len(pg.linkRows)-60:])
 	}
 	if _, ok := ddl["postgres"]; !ok {
@@ -45,11 +45,12 @@ func TestSQLiteQueryPlans(t *testing.T) {
 		name, q string
 		args    []any
 	}{
-		{"isLive", r.q.isLive, []any{k}},
-		{"live", r.q.live, []any{k, 10}},
+		{"isLive", r.q.isLive, []any{k, k}},
+		{"live", r.q.live, []any{k, k, 10}},
 		{"entries", r.q.entries, []any{"a", k, 10}},
 		{"names", r.q.names, []any{"a", 10}},
 		{"count", r.q.count, []any{"a"}},
+		{"renew", r.q.renew, []any{1, "h"}},
 	} {
 		rows, err := e.DB().QueryContext(ctx, "EXPLAIN QUERY PLAN "+tc.q, tc.args...)
 		if err != nil {

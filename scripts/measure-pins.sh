@@ -30,6 +30,12 @@
 #                           the same deletes and only the table differs).
 #                           With BASE, BASE's run has no pin rows (it has no
 #                           table).
+#   publish [N]             what a user's `cp f incoming/ && stat ns/DIGEST`
+#                           costs: N (1000) distinct 4 KiB files, each copied
+#                           in and then stat'ed by digest, one after the
+#                           other; before and after interleaved file by
+#                           file. Prints the median and 90th percentile in
+#                           µs (REPS does not apply: every file is one).
 #   bench                   go test -bench 'Pin|Renew' ./store
 #                           (store/pins_bench_test.go), -count REPS,
 #                           -benchtime BENCHTIME (2s); the PostgreSQL ones
@@ -390,10 +396,38 @@ mode_bench() {
 		}' "$work/bench.out"
 }
 
+mode_publish() {
+	local n=${1:-1000} lab i d t0 t1
+	mkdir -p "$work/src"
+	for i in $(seq 1 "$n"); do
+		head -c 4096 /dev/urandom >"$work/src/$i"
+	done
+	local -a sums
+	mapfile -t sums < <(cd "$work/src" && for i in $(seq 1 "$n"); do sha256sum "$i"; done | cut -d' ' -f1)
+	for lab in "${labels[@]}"; do
+		"$work/$lab/alkblobfs" --data "$work/data-$lab" ns create ns >/dev/null
+		mountfs "$work/$lab/alkblobfs" "$work/mnt-$lab" --data "$work/data-$lab"
+	done
+	for i in $(seq 1 "$n"); do
+		d=${sums[i - 1]}
+		for lab in "${labels[@]}"; do
+			t0=${EPOCHREALTIME/./}
+			cp "$work/src/$i" "$work/mnt-$lab/ns/incoming/" && stat -c %s "$work/mnt-$lab/ns/$d" >/dev/null ||
+				die "$lab: file $i is not visible right after cp returned"
+			t1=${EPOCHREALTIME/./}
+			printf '%s\t%s\t%s\n' "$lab" "cp+stat µs" "$((t1 - t0))" >>"$work/results"
+		done
+	done
+	awk -F'\t' '{ v[$1] = v[$1] " " $3 } END { for (l in v) print l, v[l] }' "$work/results" | while read -r lab vals; do
+		echo "$vals" | tr ' ' '\n' | sort -n | awk -v l="$lab" '{ a[NR] = $1 } END { printf "  %-10s cp+stat µs  median %d  p90 %d  (%d files)\n", l, a[int((NR + 1) / 2)], a[int(NR * 0.9)], NR }'
+	done
+}
+
 case $mode in
 cat) mode_cat "$@" ;;
 puts) mode_puts "$@" ;;
 sweep) mode_sweep "$@" ;;
 bench) mode_bench "$@" ;;
+publish) mode_publish "$@" ;;
 *) usage ;;
 esac

@@ -448,11 +448,21 @@ func TestReadOnlyMount(t *testing.T) {
 			t.Errorf("%s through a read-only mount: %v; want EROFS", what, err)
 		}
 	}
-	// A put through the read-write mount shows on the read-only one.
+	// A put through the read-write mount shows on the read-only one (once
+	// the writer's RELEASE has reached the read-write mount: another
+	// mount does not wait for it).
 	if err := os.WriteFile(filepath.Join(rw, "ns", "incoming", "g"), []byte("from rw"), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	if b, err := os.ReadFile(filepath.Join(ro, "ns", sum([]byte("from rw")))); err != nil || string(b) != "from rw" {
+	var b []byte
+	var err error
+	for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(time.Millisecond) {
+		b, err = os.ReadFile(filepath.Join(ro, "ns", sum([]byte("from rw"))))
+		if err == nil || time.Now().After(deadline) {
+			break
+		}
+	}
+	if err != nil || string(b) != "from rw" {
 		t.Fatalf("a blob put through the read-write mount, read through the read-only one: %q, %v", b, err)
 	}
 	c.fail(2, "does not sweep", "mount", "--read-only", "--sweep-every", "1h", t.TempDir())

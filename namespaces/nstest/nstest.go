@@ -51,7 +51,7 @@ func Run(t *testing.T, open Opener) {
 		{"LinkUnlink", testLinkUnlink},
 		{"LinkedAt", testLinkedAt},
 		{"LinkMany", testLinkMany},
-		{"ClaimRetract", testClaimRetract},
+		{"Intents", testIntents},
 		{"EntriesOrderAndResume", testEntriesResume},
 		{"EntriesWhileWriting", testEntriesWhileWriting},
 		{"EntriesBoundedMemory", testBoundedMemory},
@@ -809,56 +809,105 @@ func testLiveAmong(t *testing.T, open Opener) {
 	}
 }
 
-// testClaimRetract: every link replaces the reference's claim, so Retract
-// removes a reference only while its own link is the last one that relied
-// on it.
-func testClaimRetract(t *testing.T, open Opener) {
-	r, _ := fresh(t, open)
+// testIntents: an intent keeps its digest live without showing it; Settle
+// links it once, Cancel and Replaces drop it unseen, Recover settles a
+// holder's intents and lapsed ones.
+func testIntents(t *testing.T, open Opener) {
+	r, clock := fresh(t, open)
 	ctx := t.Context()
 	create(t, r, "a", "b")
-	d := D(1)
-	added, c1, err := r.LinkClaim(ctx, "a", d)
-	if err != nil || !added || c1 == 0 {
-		t.Fatalf("LinkClaim = %v, %v, %v; want a new reference with a claim", added, c1, err)
+	d1, d2, d3 := D(1), D(2), D(3)
+	until := clock.Now().Add(time.Minute)
+	p := namespaces.Pending{Holder: "h1", Until: until}
+
+	before := state(t, r, d1)
+	if _, err := r.Pend(ctx, "nope", d1, p); !errors.Is(err, namespaces.ErrNotFound) {
+		t.Fatalf("Pend into an absent namespace = %v; want ErrNotFound", err)
 	}
-	// Another link of the same digest relies on the reference too.
-	added, c2, err := r.LinkClaim(ctx, "a", d)
-	if err != nil || added || c2 == 0 || c2 == c1 {
-		t.Fatalf("second LinkClaim = %v, %v, %v; want the existing reference claimed anew", added, c2, err)
+	unchanged(t, r, before, "Pend into an absent namespace", d1)
+
+	i1, err := r.Pend(ctx, "a", d1, p)
+	if err != nil || i1 == 0 {
+		t.Fatalf("Pend = %v, %v", i1, err)
 	}
-	if ok, err := r.Retract(ctx, "a", d, c1); ok || err != nil {
-		t.Fatalf("Retract under a replaced claim = %v, %v; want kept", ok, err)
+	if _, ok, _ := r.Has(ctx, "a", d1); ok {
+		t.Fatal("a pending digest shows in its namespace")
 	}
-	if _, ok, _ := r.Has(ctx, "a", d); !ok {
-		t.Fatal("a retraction under a replaced claim removed the reference")
+	if got := entries(t, r, "a", blob.Digest{}); len(got) != 0 {
+		t.Fatalf("Entries lists a pending digest: %v", got)
 	}
-	if ok, err := r.Retract(ctx, "a", d, c2); !ok || err != nil {
-		t.Fatalf("Retract under the current claim = %v, %v; want removed", ok, err)
+	if ok, err := r.IsLive(ctx, d1); !ok || err != nil {
+		t.Fatalf("IsLive(pending) = %v, %v; want live", ok, err)
 	}
-	if _, ok, _ := r.Has(ctx, "a", d); ok {
-		t.Fatal("the reference survived its own retraction")
+	if got := live(t, r); !slices.Equal(got, []blob.Digest{d1}) {
+		t.Fatalf("Live = %v; want the pending digest", got)
 	}
-	if ok, err := r.Retract(ctx, "a", d, c2); ok || err != nil {
-		t.Fatalf("Retract of a reference already gone = %v, %v; want false, nil", ok, err)
+	if bs, ok := r.(interface {
+		LiveAmong(context.Context, []blob.Digest) (map[blob.Digest]bool, error)
+	}); ok {
+		if live, err := bs.LiveAmong(ctx, []blob.Digest{d1, d2}); err != nil || !live[d1] || live[d2] {
+			t.Fatalf("LiveAmong = %v, %v; want the pending digest only", live, err)
+		}
 	}
-	// Plain Link and LinkMany replace claims too; claims are per namespace.
-	_, c3, _ := r.LinkClaim(ctx, "a", d)
-	_, cb, _ := r.LinkClaim(ctx, "b", d)
-	must(t, func() error { _, err := r.Link(ctx, "a", d); return err }())
-	if ok, _ := r.Retract(ctx, "a", d, c3); ok {
-		t.Fatal("Retract after a later Link removed the reference")
+	if err := r.Remove(ctx, "a"); !errors.Is(err, namespaces.ErrNotEmpty) {
+		t.Fatalf("Remove of a namespace with an intent = %v; want ErrNotEmpty", err)
 	}
-	_, c4, _ := r.LinkClaim(ctx, "a", d)
-	if _, err := r.LinkMany(ctx, "a", []blob.Digest{D(2), d}); err != nil {
-		t.Fatal(err)
+
+	// A newer version replaces the intent: the old one never shows.
+	i2, err := r.Pend(ctx, "a", d2, namespaces.Pending{Holder: "h1", Until: until, Replaces: i1})
+	must(t, err)
+	if ok, _ := r.IsLive(ctx, d1); ok {
+		t.Fatal("a replaced intent keeps its digest live")
 	}
-	if ok, _ := r.Retract(ctx, "a", d, c4); ok {
-		t.Fatal("Retract after a later LinkMany removed the reference")
+	if linked, err := r.Settle(ctx, i1); linked || err != nil {
+		t.Fatalf("Settle of a replaced intent = %v, %v; want nothing", linked, err)
 	}
-	if ok, err := r.Retract(ctx, "b", d, cb); !ok || err != nil {
-		t.Fatalf("Retract in b under b's claim = %v, %v; links in a must not touch it", ok, err)
+	if linked, err := r.Settle(ctx, i2); !linked || err != nil {
+		t.Fatalf("Settle = %v, %v; want linked", linked, err)
 	}
-	if _, err := r.Retract(ctx, "nope", d, c4); !errors.Is(err, namespaces.ErrNotFound) {
-		t.Fatalf("Retract in an absent namespace = %v; want ErrNotFound", err)
+	if got := digests(entries(t, r, "a", blob.Digest{})); !slices.Equal(got, []blob.Digest{d2}) {
+		t.Fatalf("after Settle, a lists %v; want only the final version", got)
+	}
+	if linked, err := r.Settle(ctx, i2); linked || err != nil {
+		t.Fatalf("second Settle = %v, %v; want nothing", linked, err)
+	}
+	// Settling onto a reference already there adds nothing and keeps it.
+	i3, err := r.Pend(ctx, "a", d2, p)
+	must(t, err)
+	if linked, err := r.Settle(ctx, i3); linked || err != nil {
+		t.Fatalf("Settle onto an existing reference = %v, %v", linked, err)
+	}
+	// Cancel drops without linking, twice is fine.
+	i4, err := r.Pend(ctx, "b", d3, p)
+	must(t, err)
+	must(t, r.Cancel(ctx, i4))
+	must(t, r.Cancel(ctx, i4))
+	if ok, _ := r.IsLive(ctx, d3); ok {
+		t.Fatal("a canceled intent keeps its digest live")
+	}
+	must(t, r.Remove(ctx, "b"))
+
+	// Recover: a holder's own intents at once, others' once lapsed.
+	create(t, r, "c")
+	_, err = r.Pend(ctx, "c", d1, namespaces.Pending{Holder: "h1", Until: until})
+	must(t, err)
+	_, err = r.Pend(ctx, "c", d3, namespaces.Pending{Holder: "h2", Until: until})
+	must(t, err)
+	if n, err := r.Recover(ctx, "h3"); n != 0 || err != nil {
+		t.Fatalf("Recover before any lapse = %d, %v; want 0", n, err)
+	}
+	must(t, r.Renew(ctx, "h2", until.Add(time.Hour)))
+	clock.Advance(2 * time.Minute)
+	if n, err := r.Recover(ctx, "h3"); n != 1 || err != nil {
+		t.Fatalf("Recover after h1's intent lapsed = %d, %v; want 1", n, err)
+	}
+	if got := digests(entries(t, r, "c", blob.Digest{})); !slices.Equal(got, []blob.Digest{d1}) {
+		t.Fatalf("after recovering lapsed intents, c lists %v; want d1", got)
+	}
+	if n, err := r.Recover(ctx, "h2"); n != 1 || err != nil {
+		t.Fatalf("Recover of h2's own = %d, %v; want 1", n, err)
+	}
+	if got := entries(t, r, "c", blob.Digest{}); len(got) != 2 {
+		t.Fatalf("after recovery c lists %v; want both", got)
 	}
 }

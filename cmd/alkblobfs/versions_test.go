@@ -12,13 +12,12 @@ import (
 	"time"
 )
 
-// TestRetractionKeepsOthersReference: `{ cat header; cat body; } >
-// incoming/combined` publishes the header alone when the first cat closes
-// its copy of the descriptor, and takes that version back when the final
-// content publishes. If the header's content was put and linked by the CLI
-// in between, the reference is the CLI's: it must stay, and survive two
-// sweeps. Without the CLI's put the header version is taken back.
-func TestRetractionKeepsOthersReference(t *testing.T) {
+// TestCompoundRedirectKeepsOthersReference: `{ cat header; cat body; } >
+// incoming/combined` commits the header alone when the first cat closes its
+// copy of the descriptor, and never links it: the final content replaces
+// it. If the header's content was put and linked by the CLI in between,
+// that reference is the CLI's: it must stay, and survive two sweeps.
+func TestCompoundRedirectKeepsOthersReference(t *testing.T) {
 	requireFUSE(t)
 	c := newCLI(t)
 	c.ok("ns", "create", "ns")
@@ -148,6 +147,55 @@ poll:
 			t.Fatal("an explicitly empty file was never published")
 		}
 		time.Sleep(10 * time.Millisecond)
+	}
+	stopDaemon(t, dm)
+}
+
+// TestCloseSurvivesCrash: a close that returned 0 is published even when
+// the daemon dies before the file's last descriptor is closed (its link
+// waits for that RELEASE): the next mount of the same mountpoint links
+// it. The version it superseded never shows, before or after.
+func TestCloseSurvivesCrash(t *testing.T) {
+	requireFUSE(t)
+	c := newCLI(t)
+	c.ok("ns", "create", "ns")
+	mnt := t.TempDir()
+	dm := startDaemon(t, c.data, mnt)
+	f := filepath.Join(mnt, "ns", "incoming", "f")
+	marker := filepath.Join(t.TempDir(), "closed")
+	// Two children close their copies of fd 3 after "one" and after
+	// "onetwo"; the shell keeps fd 3 open.
+	sh := exec.Command("bash", "-c", fmt.Sprintf(`exec 3>%q; printf one >&3; ( exec 3>&- ); printf two >&3; ( exec 3>&- ); touch %q; sleep 60`, f, marker))
+	if err := sh.Start(); err != nil {
+		t.Fatal(err)
+	}
+	defer sh.Process.Kill()
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(10 * time.Millisecond) {
+		if _, err := os.Stat(marker); err == nil {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the writer never closed its copies")
+		}
+	}
+	final, half := sum([]byte("onetwo")), sum([]byte("one"))
+	if listed := lines(c.ok("ls", "ns")); len(listed) != 0 {
+		t.Fatalf("the namespace lists %v while the writer still holds the file", listed)
+	}
+	dm.cmd.Process.Kill()
+	<-dm.done
+	sh.Process.Kill()
+	sh.Wait()
+	if listed := lines(c.ok("ls", "ns")); len(listed) != 0 {
+		t.Fatalf("the namespace lists %v before the mount came back", listed)
+	}
+	dm = startDaemon(t, c.data, mnt)
+	listed := lines(c.ok("ls", "ns"))
+	if !slices.Equal(listed, []string{final}) {
+		t.Fatalf("after the restart the namespace lists %v; want the last closed version %s alone (not %s)", listed, final[:12], half[:12])
+	}
+	if b, err := os.ReadFile(filepath.Join(mnt, "ns", final)); err != nil || string(b) != "onetwo" {
+		t.Fatalf("the recovered version reads as %q, %v", b, err)
 	}
 	stopDaemon(t, dm)
 }

@@ -1,0 +1,133 @@
+package fusefs
+
+import (
+	"fmt"
+	"strings"
+	"testing"
+)
+
+func (p plan) String() string {
+	names := []string{"fail", "reopen", "commit-intent", "commit-link", "settle", "cancel",
+		"discard", "owe", "pay", "detach", "gone", "rearm"}
+	var out []string
+	for i, n := range names {
+		if p.has(step(1) << i) {
+			out = append(out, n)
+		}
+	}
+	if len(out) == 0 {
+		return "-"
+	}
+	return strings.Join(out, "+")
+}
+
+// TestDecide is the publish state machine's table: per state, what each
+// event does.
+func TestDecide(t *testing.T) {
+	var (
+		// An upload with content written since creation.
+		writing = fileState{uploading: true, dirty: true, written: true}
+		// Created or truncated, nothing written yet.
+		empty = fileState{uploading: true, dirty: true}
+		// Committed at a close, a descriptor still open.
+		pending = fileState{pending: true, owing: true}
+		// Written again after that close, through a descriptor still open.
+		pendingWriting = fileState{uploading: true, dirty: true, written: true, pending: true, owing: true}
+		// Re-opened for writing, nothing changed.
+		reopened = fileState{uploading: true, written: true}
+		// A receipt at rest.
+		published = fileState{}
+		failed    = fileState{failed: true}
+		byPath    = fileState{uploading: true, dirty: true, written: true, byPath: true}
+	)
+	with := func(s fileState, f func(*fileState)) fileState { f(&s); return s }
+	flush := event{kind: evFlush, writer: true, wrote: true}
+	last := event{kind: evRelease, lastWriter: true, lastHandle: true}
+	for _, tc := range []struct {
+		name  string
+		s     fileState
+		e     event
+		want  plan
+		notes string
+	}{
+		// FLUSH
+		{"flush writing", writing, flush, plan(stepCommitIntent | stepOwe), "commit, link later"},
+		{"flush while another writer is busy", writing, event{kind: evFlush, writer: true, wrote: true, othersBusy: true}, 0, "the other finishes"},
+		{"flush empty", empty, flush, plan(stepOwe), "`cmd > f`: nothing committed"},
+		{"flush empty, already owing", with(empty, func(s *fileState) { s.owing = true }), flush, 0, ""},
+		{"flush empty from a reader", empty, event{kind: evFlush}, 0, ""},
+		{"flush pending, nothing new", pending, flush, 0, "a forked child's close"},
+		{"flush pending, written again", pendingWriting, flush, plan(stepCommitIntent | stepOwe), "replaces the intent"},
+		{"flush re-opened, unchanged", reopened, flush, 0, ""},
+		{"flush failed", failed, flush, plan(stepFail), "close reports it"},
+		{"flush detached", with(writing, func(s *fileState) { s.detached = true }), flush, 0, "unlinked: nothing more"},
+		{"flush by path after writes", byPath, flush, plan(stepCommitLink), "its name is its digest"},
+		{"flush by path, nothing written through it", byPath, event{kind: evFlush, writer: true}, 0, "a shell's early flush"},
+		{"flush by path, empty", with(byPath, func(s *fileState) { s.written = false }), flush, 0, "no owe outside incoming/"},
+
+		// RELEASE
+		{"release pending, last writer", pending, last, plan(stepSettle | stepPay), "the final version shows"},
+		{"release pending, a writer remains", pending, event{kind: evRelease}, 0, "fork: the parent writes on"},
+		{"release writing, last writer", pendingWriting, last, plan(stepCommitLink | stepPay), "written after the last flush"},
+		{"release empty, last writer", with(empty, func(s *fileState) { s.owing = true }), last, plan(stepCommitLink | stepPay), "`: > f` publishes"},
+		{"release re-opened unchanged, pending", with(reopened, func(s *fileState) { s.pending = true }), last, plan(stepSettle | stepDiscard), ""},
+		{"release re-opened unchanged", reopened, last, plan(stepDiscard), "back to the receipt"},
+		{"release receipt", published, last, 0, ""},
+		{"release failed, pending", with(failed, func(s *fileState) { s.pending = true }), last, plan(stepCancel | stepGone), "nothing of it shows"},
+		{"release failed, a reader remains", failed, event{kind: evRelease, lastWriter: true}, 0, ""},
+		{"release detached, pending", with(pendingWriting, func(s *fileState) { s.detached = true }), last, plan(stepCancel | stepDiscard | stepPay), "unlinked while written"},
+		{"release detached, another writer", with(pending, func(s *fileState) { s.detached = true }), event{kind: evRelease}, plan(stepPay), "lookups stop waiting"},
+
+		// writes
+		{"write receipt", published, event{kind: evWrite}, plan(stepReopen), "seeded with its content"},
+		{"write pending", pending, event{kind: evWrite}, plan(stepReopen), "the intent stays until replaced"},
+		{"write writing", writing, event{kind: evWrite}, 0, ""},
+		{"write failed", failed, event{kind: evWrite}, plan(stepFail), ""},
+		{"truncate by path", writing, event{kind: evTruncatePath}, plan(stepCommitLink), "nobody writes: complete"},
+		{"truncate by path to the same size", reopened, event{kind: evTruncatePath}, 0, ""},
+		{"truncate by path, failed", with(writing, func(s *fileState) { s.failed = true }), event{kind: evTruncatePath}, 0, ""},
+
+		// unlink and expiry
+		{"unlink writing, no writers", writing, event{kind: evUnlink, noWriters: true}, plan(stepDetach | stepDiscard), ""},
+		{"unlink writing, a writer open", writing, event{kind: evUnlink}, plan(stepDetach), "discarded at its release"},
+		{"unlink receipt", published, event{kind: evUnlink, noWriters: true}, plan(stepDetach), ""},
+		{"expire receipt", published, event{kind: evExpire}, plan(stepDetach), ""},
+		{"expire in use", published, event{kind: evExpire, inUse: true}, plan(stepRearm), ""},
+		{"expire detached", with(published, func(s *fileState) { s.detached = true }), event{kind: evExpire}, 0, ""},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			if got := decide(tc.s, tc.e); got != tc.want {
+				t.Fatalf("decide(%+v, %+v) = %v, want %v (%s)", tc.s, tc.e, got, tc.want, tc.notes)
+			}
+		})
+	}
+}
+
+// TestDecideNeverLinksEarly: over every state and flush, a version is
+// linked at a FLUSH only for a put by path; an incoming file's versions
+// are linked at the last RELEASE alone.
+func TestDecideNeverLinksEarly(t *testing.T) {
+	for bits := range 1 << 8 {
+		s := fileState{
+			uploading: bits&1 != 0, dirty: bits&2 != 0, written: bits&4 != 0, pending: bits&8 != 0,
+			owing: bits&16 != 0, failed: bits&32 != 0, detached: bits&64 != 0, byPath: bits&128 != 0,
+		}
+		for e := range 8 {
+			ev := event{kind: evFlush, writer: e&1 != 0, wrote: e&2 != 0, othersBusy: e&4 != 0}
+			p := decide(s, ev)
+			if p.has(stepCommitLink|stepSettle) && !s.byPath {
+				t.Fatalf("%s: an incoming file links at a FLUSH: %v", fmt.Sprintf("%+v %+v", s, ev), p)
+			}
+			if p.has(stepCommitIntent|stepCommitLink) && (s.failed || s.detached || !s.dirty) {
+				t.Fatalf("%+v %+v: commits %v", s, ev, p)
+			}
+		}
+		for e := range 4 {
+			ev := event{kind: evRelease, lastWriter: e&1 != 0, lastHandle: e&2 != 0}
+			p := decide(s, ev)
+			if !ev.lastWriter && p.has(stepSettle|stepCommitLink|stepCommitIntent) {
+				t.Fatalf("%+v %+v: links while a writer remains: %v", s, ev, p)
+			}
+		}
+	}
+}

@@ -1,0 +1,145 @@
+package fusefs
+
+import (
+	"bytes"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"slices"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+)
+
+// halfVersionScenarios write part A, let some descriptor of the file be
+// closed while the writer goes on, then write part B and close. $F is the
+// incoming file, $AF and $BF files holding the parts, $A and $B shell
+// variables holding them (printf writes with no process of its own).
+var halfVersionScenarios = []struct{ name, script string }{
+	{"fork, the child closes its descriptor",
+		`exec 3>"$F"; printf '%s' "$A" >&3; ( exec 3>&-; sleep 0.05 ); sleep 0.3; printf '%s' "$B" >&3; exec 3>&-`},
+	{"fork, the child exits",
+		`exec 3>"$F"; printf '%s' "$A" >&3; ( sleep 0.05 ); sleep 0.3; printf '%s' "$B" >&3; exec 3>&-`},
+	{"dup, the copy is closed",
+		`exec 3>"$F"; printf '%s' "$A" >&3; exec 4>&3; exec 4>&-; sleep 0.3; printf '%s' "$B" >&3; exec 3>&-`},
+	{"( echo a; cat b ) > f",
+		`( printf '%s' "$A"; sleep 0.3; cat "$BF" ) > "$F"`},
+	{"{ cat a; cat b; } > f",
+		`{ cat "$AF"; sleep 0.3; cat "$BF"; } > "$F"`},
+	{"exec 3>f, writes from subshells",
+		`exec 3>"$F"; ( printf '%s' "$A" >&3 ); sleep 0.3; ( printf '%s' "$B" >&3 ); exec 3>&-`},
+}
+
+// TestNoIntermediateVersion: while a writer runs, a poller listing the
+// namespace and looking up the intermediate digest never sees any version
+// but the final one, on both tiers; the intermediate version is not linked
+// afterwards either.
+func TestNoIntermediateVersion(t *testing.T) {
+	for _, tc := range []struct {
+		spec storeSpec
+		size int
+	}{{defaultSpec, 100}, {defaultSpec, 200 << 10}, {memSpec, 100}, {pgSpec, 100}} {
+		t.Run(fmt.Sprintf("%s/%dB", tc.spec.name, tc.size), func(t *testing.T) {
+			e := mountStore(t, tc.spec)
+			ns := e.mkns("ns")
+			dir := t.TempDir()
+			allowed := map[string]bool{incomingName: true} // earlier scenarios' final versions
+			for i, sc := range halfVersionScenarios {
+				a := textBytes(uint64(2*i+1), tc.size)
+				b := textBytes(uint64(2*i+2), tc.size)
+				af, bf := filepath.Join(dir, fmt.Sprint(i, "a")), filepath.Join(dir, fmt.Sprint(i, "b"))
+				writeFile(t, af, a)
+				writeFile(t, bf, b)
+				final := sum(append(slices.Clone(a), b...))
+				half := sum(a)
+				stop := make(chan struct{})
+				var polls atomic.Int64
+				var seen sync.Map
+				var wg sync.WaitGroup
+				wg.Go(func() {
+					for {
+						select {
+						case <-stop:
+							return
+						default:
+						}
+						ents, _ := os.ReadDir(ns)
+						for _, de := range ents {
+							if !allowed[de.Name()] && de.Name() != final {
+								seen.Store(de.Name(), "listed")
+							}
+						}
+						if _, err := os.Lstat(filepath.Join(ns, half)); err == nil {
+							seen.Store(half, "looked up")
+						}
+						polls.Add(1)
+					}
+				})
+				cmd := exec.Command("bash", "-c", `A=$(<"$AF"); B=$(<"$BF"); `+sc.script)
+				cmd.Env = append(os.Environ(), "F="+filepath.Join(ns, incomingName, fmt.Sprint("f", i)), "AF="+af, "BF="+bf)
+				out, err := cmd.CombinedOutput()
+				close(stop)
+				wg.Wait()
+				if err != nil {
+					t.Fatalf("%s: %v\n%s", sc.name, err, out)
+				}
+				seen.Range(func(k, v any) bool {
+					t.Errorf("%s: the poller saw %s (%v); only %s may show", sc.name, k.(string)[:12], v, final[:12])
+					return true
+				})
+				if polls.Load() < 10 {
+					t.Errorf("%s: only %d polls while the writer ran", sc.name, polls.Load())
+				}
+				// The final version shows once the close returned; it and
+				// the earlier scenarios' are all the namespace holds.
+				listed := e.listNS(t, "ns")
+				if !slices.Contains(listed, final) || slices.Contains(listed, half) || len(listed) != i+1 {
+					t.Fatalf("%s: the namespace lists %v; want the final %s and nothing half-written", sc.name, short(listed), final[:12])
+				}
+				if got := fileSum(t, filepath.Join(ns, final)); got != final {
+					t.Fatalf("%s: the final version reads as %s", sc.name, got)
+				}
+				allowed[final] = true
+			}
+		})
+	}
+}
+
+// textBytes is n bytes of printable text (a shell variable can hold it).
+func textBytes(seed uint64, n int) []byte {
+	b := randBytes(seed, n)
+	for i := range b {
+		b[i] = 'a' + b[i]%26
+	}
+	return bytes.Clone(b)
+}
+
+// TestCloseThenStat: what `cp f incoming/ && stat ns/<digest>` relies on —
+// the file is visible through the mount as soon as the close returns, with
+// no retry, on every store.
+func TestCloseThenStat(t *testing.T) {
+	for _, spec := range storeSpecs {
+		t.Run(spec.name, func(t *testing.T) {
+			e := mountStore(t, spec)
+			ns := e.mkns("ns")
+			for i := range 200 {
+				b := []byte(fmt.Sprint("file ", i, time.Now().UnixNano()))
+				if err := os.WriteFile(filepath.Join(ns, incomingName, fmt.Sprint(i)), b, 0o644); err != nil {
+					t.Fatal(err)
+				}
+				if _, err := os.Stat(filepath.Join(ns, sum(b))); err != nil {
+					t.Fatalf("file %d: stat right after its close: %v", i, err)
+				}
+			}
+			// Empty files publish at their RELEASE too.
+			if err := os.WriteFile(filepath.Join(ns, incomingName, "empty"), nil, 0o644); err != nil {
+				t.Fatal(err)
+			}
+			if _, err := os.Stat(filepath.Join(ns, sum(nil))); err != nil {
+				t.Fatalf("an empty file right after its close: %v", err)
+			}
+		})
+	}
+}
