@@ -5,6 +5,7 @@ import (
 	"errors"
 	"io"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -36,8 +37,9 @@ type blobFile struct {
 	tier     store.Tier
 	linkedAt time.Time
 
-	mu sync.Mutex
-	rd *store.Reader // while open > 0
+	mu   sync.Mutex
+	rd   *store.Reader // while open > 0
+	rdID fileID        // rd's backing file's identity at its open
 	// open handles by I/O mode. The kernel refuses (EIO at open) a
 	// passthrough open while the inode has cached-mode files open, and
 	// the reverse, so a new open takes the mode of those already open.
@@ -110,12 +112,16 @@ func (b *blobFile) Open(ctx context.Context, flags uint32) (fs.FileHandle, uint3
 			r.Trust()
 		}
 		b.rd = r
+		b.rdID = fileID{}
+		if fc, ok := r.Cursor().(engines.FileCursor); ok {
+			b.rdID, _ = fileIDOf(fc.File().Fd())
+		}
 	}
 	b.open++
 	f.refs.add(b.d)
 	f.stats.opens.Add(1)
 	f.stats.openHandles.Add(1)
-	h := &blobHandle{b: b, rd: b.rd, pin: pin}
+	h := &blobHandle{b: b, rd: b.rd, pin: pin, openedAs: b.rdID}
 	if b.pt > 0 || b.cached == 0 && b.passthroughOK() {
 		b.pt++
 		h.pt = true
@@ -131,17 +137,34 @@ func (b *blobFile) Open(ctx context.Context, flags uint32) (fs.FileHandle, uint3
 
 // passthroughOK: the kernel may read this blob from its file directly —
 // passthrough works on this mount, the blob is a local file, and the
-// verify mode allows unverified bytes or the blob has been verified end
-// to end already.
+// verify mode allows unverified bytes or the blob was verified end to end
+// as the file it is now (same device, inode, size, mtime and ctime). A
+// file changed on disk since its verification is verified again through
+// the daemon first: bit rot, a stray dd or a restored backup gives EIO,
+// never wrong bytes.
 func (b *blobFile) passthroughOK() bool {
 	f := b.fsys
 	if !f.ptAvailable.Load() || b.rd.Tier() != store.TierLarge {
 		return false
 	}
-	if _, ok := b.rd.Cursor().(engines.FileCursor); !ok {
+	fc, ok := b.rd.Cursor().(engines.FileCursor)
+	if !ok {
 		return false
 	}
-	return f.cfg.Verify == VerifyPublish || b.rd.FullyVerified() || f.verified.has(b.d)
+	if f.cfg.Verify == VerifyPublish {
+		return true
+	}
+	id, err := fileIDOf(fc.File().Fd())
+	if err != nil {
+		return false
+	}
+	ok, changed := f.verified.check(b.d, id)
+	if changed {
+		f.stats.changedOnDisk.Add(1)
+		f.log.Warn("blob file changed on disk since it was verified; verifying it again before serving it",
+			"digest", b.d.String(), "file", fc.File().Name())
+	}
+	return ok
 }
 
 func (b *blobFile) release(h *blobHandle) {
@@ -206,6 +229,11 @@ type blobHandle struct {
 	rd  *store.Reader
 	pin *gc.Pin
 	pt  bool // asked for passthrough (ptHandle)
+	// openedAs is the backing file's identity when the shared reader
+	// opened it (zero for kv blobs); recorded: the blob's verification
+	// was recorded in the verifiedSet.
+	openedAs fileID
+	recorded atomic.Bool
 }
 
 // ptHandle asks go-fuse for passthrough. If the kernel does not take it,
@@ -252,10 +280,26 @@ func (h *blobHandle) Read(ctx context.Context, dest []byte, off int64) (fuse.Rea
 		return nil, f.errno("read", b.d, err)
 	}
 	f.stats.bytesRead.Add(int64(n))
-	if f.cfg.Verify == VerifyFull && h.rd.FullyVerified() && !f.verified.has(b.d) {
-		f.verified.add(b.d)
+	if f.cfg.Verify == VerifyFull && h.rd.FullyVerified() {
+		h.verified()
 	}
 	return fuse.ReadResultData(dest[:n]), 0
+}
+
+// verified records, once per handle, that the blob was verified end to end
+// as its file is now. A file that changed while the reader was open (its
+// chunks were checked across the change) is not recorded.
+func (h *blobHandle) verified() {
+	if h.recorded.Swap(true) {
+		return
+	}
+	fc, ok := h.rd.Cursor().(engines.FileCursor)
+	if !ok {
+		return
+	}
+	if id, err := fileIDOf(fc.File().Fd()); err == nil && id == h.openedAs {
+		h.b.fsys.verified.add(h.b.d, id)
+	}
 }
 
 func (h *blobHandle) Release(ctx context.Context) syscall.Errno {

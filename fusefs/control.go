@@ -363,6 +363,7 @@ type Stats struct {
 	Superseded      int64 `json:"superseded"`
 	Receipts        int64 `json:"receipts"`
 	VerifyFailures  int64 `json:"verify_failures"`
+	ChangedOnDisk   int64 `json:"changed_on_disk"`
 
 	Passthrough PassthroughStats `json:"passthrough"`
 
@@ -399,6 +400,7 @@ func (f *FS) Stats(ctx context.Context) Stats {
 		Superseded:      f.stats.superseded.Load(),
 		Receipts:        f.stats.receipts.Load(),
 		VerifyFailures:  f.stats.verifyFailures.Load(),
+		ChangedOnDisk:   f.stats.changedOnDisk.Load(),
 
 		Passthrough: PassthroughStats{
 			Active:       f.ptAvailable.Load(),

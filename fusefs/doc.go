@@ -33,7 +33,9 @@
 // would otherwise turn passthrough off silently on the first failed
 // registration) decides, logs, and shows in stats. In --verify=full only a
 // blob verified end to end (by an earlier read through the daemon) passes
-// through; --verify=publish passes through from the first open. The kernel
+// through, and only while its file keeps the identity it had then (device,
+// inode, size, mtime, ctime: verifiedSet); a changed file is verified
+// again; --verify=publish passes through from the first open. The kernel
 // refuses to mix passthrough and page-cached opens on one inode, so a new
 // open takes the mode of the opens already there. The writeback cache
 // would pipeline writes into incoming/, but the kernel refuses passthrough

@@ -14,6 +14,7 @@ import (
 
 	"github.com/hanwen/go-fuse/v2/fs"
 	"github.com/hanwen/go-fuse/v2/fuse"
+	"golang.org/x/sys/unix"
 
 	"github.com/alkblobfs/alkblobfs/blob"
 	"github.com/alkblobfs/alkblobfs/engines"
@@ -169,7 +170,7 @@ type counters struct {
 	reads, bytesRead                         atomic.Int64
 	writes, bytesWritten                     atomic.Int64
 	publishes, publishFailures, superseded   atomic.Int64
-	verifyFailures                           atomic.Int64
+	verifyFailures, changedOnDisk            atomic.Int64
 	uploads, receipts, dirsExpired           atomic.Int64
 	receiptsEvicted                          atomic.Int64
 }
@@ -274,30 +275,63 @@ func setSize(out *fuse.Attr, size int64) {
 
 const ioBlockSize = 1 << 20
 
-// verifiedSet remembers digests that a reader verified end to end, so that
-// later opens can pass through in --verify=full. Bounded: when full it
-// starts over, which only costs a re-verification through the daemon.
+// verifiedSet remembers digests that a reader verified end to end, with
+// the identity their backing file had then, so that later opens can pass
+// through in --verify=full only while that file is unchanged. Bounded:
+// when full it starts over, which only costs a re-verification through
+// the daemon.
 type verifiedSet struct {
 	mu sync.Mutex
-	m  map[blob.Digest]struct{}
+	m  map[blob.Digest]fileID
 }
 
 const verifiedMax = 1 << 16
 
-func (v *verifiedSet) add(d blob.Digest) {
+// fileID identifies one version of a backing file's content: a write to
+// it changes its ctime (which no program can set), a replacement its
+// inode. Equal IDs mean the bytes verified are the bytes on disk.
+type fileID struct {
+	dev, ino     uint64
+	size         int64
+	mtime, ctime unix.Timespec
+}
+
+// fileIDOf reads fd's identity.
+func fileIDOf(fd uintptr) (fileID, error) {
+	var st unix.Stat_t
+	if err := unix.Fstat(int(fd), &st); err != nil {
+		return fileID{}, err
+	}
+	return fileID{dev: st.Dev, ino: st.Ino, size: st.Size, mtime: st.Mtim, ctime: st.Ctim}, nil
+}
+
+func (v *verifiedSet) add(d blob.Digest, id fileID) {
 	v.mu.Lock()
 	defer v.mu.Unlock()
 	if v.m == nil || len(v.m) >= verifiedMax {
-		v.m = make(map[blob.Digest]struct{})
+		v.m = make(map[blob.Digest]fileID)
 	}
-	v.m[d] = struct{}{}
+	v.m[d] = id
 }
 
-func (v *verifiedSet) has(d blob.Digest) bool {
+// check reports whether d was verified as the file id names now. A
+// digest verified as another file is forgotten (changed reports it), so
+// it is verified again before anything passes through.
+func (v *verifiedSet) check(d blob.Digest, id fileID) (ok, changed bool) {
 	v.mu.Lock()
 	defer v.mu.Unlock()
-	_, ok := v.m[d]
-	return ok
+	was, known := v.m[d]
+	if known && was != id {
+		delete(v.m, d)
+		return false, true
+	}
+	return known, false
+}
+
+func (v *verifiedSet) drop(d blob.Digest) {
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	delete(v.m, d)
 }
 
 // nsDirFor returns the directory node state of namespace name, creating it

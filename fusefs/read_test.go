@@ -154,6 +154,66 @@ func TestFlippedByte(t *testing.T) {
 	}
 }
 
+// TestChangedAfterPassthrough: in --verify=full a blob verified once and
+// then served by passthrough is verified again once its file changes on
+// disk: after a flipped byte (and dropped caches) reads give EIO, a log
+// line names the digest, and stats count the change.
+func TestChangedAfterPassthrough(t *testing.T) {
+	e := mountStore(t, defaultSpec)
+	if !e.srv.Passthrough() {
+		t.Log("passthrough unavailable on this kernel: only the daemon path is exercised")
+	}
+	e.mkns("c")
+	src := filepath.Join(t.TempDir(), "src")
+	content := randBytes(15, 8<<20)
+	writeFile(t, src, content)
+	run(t, "", "cp", src, e.path("c", incomingName, "big"))
+	d := sum(content)
+	p := e.path("c", d)
+	ctx := context.Background()
+	for i := range 2 { // the first read verifies, the second passes through
+		if got := fileSum(t, p); got != d {
+			t.Fatalf("read %d: %s", i, got)
+		}
+		eventually(t, 5*time.Second, "the release", func() bool { return e.srv.Stats(ctx).OpenHandles == 0 })
+	}
+	if e.srv.Passthrough() && e.srv.Stats(ctx).Passthrough.Opens == 0 {
+		t.Fatal("the second read of a verified blob did not pass through")
+	}
+	onDisk := filepath.Join(e.data, "large", "blobs", d[:2], d)
+	f, err := os.OpenFile(onDisk, os.O_RDWR, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := f.WriteAt([]byte{content[5<<20] ^ 0x80}, 5<<20); err != nil {
+		t.Fatal(err)
+	}
+	f.Close()
+	dropCaches(t)
+	out, err := exec.Command("sh", "-c", fmt.Sprintf("sha256sum < %q", p)).CombinedOutput()
+	if err == nil {
+		t.Fatalf("sha256sum of a blob changed on disk succeeded: %s", out)
+	}
+	_, err = os.ReadFile(p)
+	wantErrno(t, "read of a blob changed on disk", err, syscall.EIO)
+	logs := e.logs.String()
+	if !strings.Contains(logs, d) || !strings.Contains(logs, "verification") {
+		t.Fatalf("no log line naming the digest:\n%s", logs)
+	}
+	if e.srv.Passthrough() && e.srv.Stats(ctx).ChangedOnDisk == 0 {
+		t.Fatal("stats do not count the change on disk")
+	}
+}
+
+// dropCaches empties the page cache (root only), so reads reach the disk.
+func dropCaches(t testing.TB) {
+	t.Helper()
+	syscall.Sync()
+	if err := os.WriteFile("/proc/sys/vm/drop_caches", []byte("3\n"), 0o200); err != nil {
+		t.Fatalf("drop caches: %v", err)
+	}
+}
+
 // TestRmWhileOpen: an unlinked blob stays readable through an open handle.
 func TestRmWhileOpen(t *testing.T) {
 	for _, spec := range storeSpecs {
