@@ -72,13 +72,16 @@ func (t *incTree) paid(n *fileNode) {
 // awaitRelease waits until no RELEASE of a recent close is owed for
 // digest *d (any digest when d is nil), at most releaseWait after that
 // close: so that `cp f incoming/ && stat ns/<digest>` finds the file.
+// Closes after the call began are not waited for, so the wait is bounded
+// however busy the writers are.
 func (t *incTree) awaitRelease(ctx context.Context, d *blob.Digest) {
+	start := time.Now()
 	for {
 		t.mu.Lock()
 		now := time.Now()
 		var until time.Time
 		for _, o := range t.owed {
-			if d != nil && o.d != *d {
+			if (d != nil && o.d != *d) || o.since.After(start) {
 				continue
 			}
 			if end := o.since.Add(releaseWait); end.After(now) && end.After(until) {
@@ -644,7 +647,8 @@ type fileHandle struct {
 }
 
 func (n *fileNode) newHandleLocked(flags uint32) *fileHandle {
-	h := &fileHandle{n: n, write: flags&syscall.O_ACCMODE != syscall.O_RDONLY}
+	// idle: a descriptor that has not written has nothing unflushed.
+	h := &fileHandle{n: n, write: flags&syscall.O_ACCMODE != syscall.O_RDONLY, idle: true}
 	if h.write {
 		if n.writers == nil {
 			n.writers = make(map[*fileHandle]struct{})
@@ -892,7 +896,7 @@ func (n *fileNode) commitLocked(ctx context.Context, intent bool) ([]notice, err
 	if intent {
 		hook = f.svc.PendFunc(n.ns.name, f.intents.pending(prev), &rec)
 	} else {
-		hook = f.svc.LinkFuncDropping(n.ns.name, prev)
+		hook = f.svc.SettleFunc(n.ns.name, f.intents.pending(prev))
 	}
 	// A close waits for its publish: the client's signals must not cancel
 	// half of it (nor can the Go runtime's own SIGURG, for Go clients).

@@ -2,9 +2,14 @@ package fusefs
 
 import (
 	"context"
+	"crypto/rand"
+	"encoding/hex"
 	"os"
+	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"time"
 
 	"github.com/alkblobfs/alkblobfs/namespaces"
@@ -13,18 +18,20 @@ import (
 // intents keeps the mount's pending links (namespaces.Intent): the
 // versions of incoming/ files committed at a close and waiting for the
 // file's last RELEASE (see publish.go). They are durable rows where the
-// registry is SQL, held under a name stable across restarts of this mount
-// (host and mountpoint), so that:
+// registry is SQL, held under a name that tells the host, the mountpoint
+// and the daemon's pid (see newHolder), so that:
 //
 //   - the next mount of the same mountpoint settles what a crashed one
-//     left (every close that returned 0 is published);
+//     left, once its pid is gone (every close that returned 0 is
+//     published);
 //   - while this mount lives, a loop renews them, and any other process
 //     settles them only once they lapse (a host that never comes back);
 //   - a settle or cancel that fails is retried by the loop;
 //   - at unmount, every intent still open is settled: its close returned 0.
 type intents struct {
 	f      *FS
-	holder string
+	prefix string // this mountpoint's holders
+	holder string // this life's
 	ttl    time.Duration
 
 	open atomic.Int64 // intents recorded and not yet settled or canceled
@@ -41,17 +48,28 @@ func newIntents(f *FS) *intents {
 	return &intents{f: f, ttl: ttl, unfinished: make(map[namespaces.Intent]bool)}
 }
 
-// holderFor names a mount's intents: host and mountpoint.
-func holderFor(mountpoint string) string {
+// holderPrefix names the mounts of one mountpoint on one host; a holder
+// adds the daemon's pid and a random generation, so that every life of a
+// mount holds its own intents: two daemons of one mountpoint (a lazily
+// detached one still serving open files, and its successor) never settle
+// each other's live intents.
+func holderPrefix(mountpoint string) string {
 	host, _ := os.Hostname()
-	return "mount:" + host + ":" + mountpoint
+	return "mount:" + host + ":" + mountpoint + ":"
 }
 
-// start settles what an earlier life of this mountpoint left, and starts
-// the renewal loop. A read-only mount records no intents and settles
-// nothing.
+func newHolder(mountpoint string) string {
+	var b [8]byte
+	rand.Read(b[:])
+	return holderPrefix(mountpoint) + strconv.Itoa(os.Getpid()) + ":" + hex.EncodeToString(b[:])
+}
+
+// start settles what earlier, dead lives of this mountpoint left, and
+// starts the renewal loop. A read-only mount records no intents and
+// settles nothing.
 func (in *intents) start(mountpoint string) {
-	in.holder = holderFor(mountpoint)
+	in.prefix = holderPrefix(mountpoint)
+	in.holder = newHolder(mountpoint)
 	if in.f.cfg.ReadOnly {
 		return
 	}
@@ -60,18 +78,46 @@ func (in *intents) start(mountpoint string) {
 	go in.loop()
 }
 
+// recover settles the intents of earlier lives of this mountpoint whose
+// daemon is gone (its pid no longer runs). A daemon still running (a
+// lazily detached mount serving open files) keeps its own; if it never
+// settles them, they lapse and any process settles them.
 func (in *intents) recover(ctx context.Context) {
-	n, err := in.f.reg.Recover(ctx, in.holder)
+	holders, err := in.f.reg.Holders(ctx)
 	if err != nil {
-		in.f.log.Warn("could not settle the files an earlier mount closed before it died; retrying", "holder", in.holder, "err", err)
+		in.f.log.Warn("could not look for files an earlier mount closed before it died; retrying", "err", err)
 		return
+	}
+	total := 0
+	for _, h := range holders {
+		if h == in.holder || !strings.HasPrefix(h, in.prefix) || alive(strings.TrimPrefix(h, in.prefix)) {
+			continue
+		}
+		n, err := in.f.reg.Recover(ctx, h)
+		if err != nil {
+			in.f.log.Warn("could not settle the files an earlier mount closed before it died; retrying", "holder", h, "err", err)
+			return
+		}
+		total += n
 	}
 	in.mu.Lock()
 	in.recovered = true
 	in.mu.Unlock()
-	if n > 0 {
-		in.f.log.Info("published files whose close succeeded before an earlier mount stopped", "files", n)
+	if total > 0 {
+		in.f.log.Info("published files whose close succeeded before an earlier mount stopped", "files", total)
 	}
+}
+
+// alive reports whether the pid at the start of "PID:GENERATION" runs.
+func alive(rest string) bool {
+	pid, err := strconv.Atoi(strings.SplitN(rest, ":", 2)[0])
+	if err != nil || pid <= 0 {
+		return false
+	}
+	if pid == os.Getpid() {
+		return true // an earlier life in this process (a test's remount)
+	}
+	return syscall.Kill(pid, 0) != syscall.ESRCH
 }
 
 // pending returns an intent for a publish at a close.
@@ -137,10 +183,8 @@ func (in *intents) tick(ctx context.Context) {
 	if !recovered {
 		in.recover(ctx)
 	}
-	if in.open.Load() > 0 || len(work) > 0 {
-		if err := f.reg.Renew(ctx, in.holder, time.Now().Add(in.ttl)); err != nil {
-			f.log.Warn("could not renew the intents of files being written; they lapse after the pin TTL", "err", err)
-		}
+	if err := f.reg.Renew(ctx, in.holder, time.Now().Add(in.ttl)); err != nil {
+		f.log.Warn("could not renew the intents of files being written; they lapse after the pin TTL", "err", err)
 	}
 	for i, settle := range work {
 		var err error

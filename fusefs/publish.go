@@ -28,8 +28,10 @@ package fusefs
 //   - A failed write or commit ends the upload; every later close reports
 //     the error, the intent is dropped, and the name goes with the last
 //     descriptor.
-//   - An unlinked (detached) file commits nothing more, and its intent is
-//     dropped at the last RELEASE.
+//   - An unlinked (detached) file commits nothing more; a version a close
+//     committed before the unlink is still linked at the last RELEASE
+//     (that close returned 0, and `cp f incoming/ && rm incoming/f` may
+//     reach the daemon before the kernel's RELEASE does).
 
 // fileState is what the decisions depend on.
 type fileState struct {
@@ -120,7 +122,10 @@ func decide(s fileState, e event) plan {
 			case s.failed:
 				p = stepCancel
 			case s.detached:
-				p = stepCancel | stepDiscard
+				// Unlinked (or renamed over) after a close: that close
+				// returned 0, so its version is published; what was
+				// written after it is dropped.
+				p = stepSettle | stepDiscard
 			case s.uploading && s.dirty:
 				p = stepCommitLink
 			case s.uploading:

@@ -75,7 +75,8 @@ func TestDecide(t *testing.T) {
 		{"release receipt", published, last, 0, ""},
 		{"release failed, pending", with(failed, func(s *fileState) { s.pending = true }), last, plan(stepCancel | stepGone), "nothing of it shows"},
 		{"release failed, a reader remains", failed, event{kind: evRelease, lastWriter: true}, 0, ""},
-		{"release detached, pending", with(pendingWriting, func(s *fileState) { s.detached = true }), last, plan(stepCancel | stepDiscard | stepPay), "unlinked while written"},
+		{"release detached, pending", with(pendingWriting, func(s *fileState) { s.detached = true }), last, plan(stepSettle | stepDiscard | stepPay), "the close before the unlink returned 0"},
+		{"release detached after a close", with(pending, func(s *fileState) { s.detached = true }), last, plan(stepSettle | stepPay), "cp f incoming/ && rm incoming/f"},
 		{"release detached, another writer", with(pending, func(s *fileState) { s.detached = true }), event{kind: evRelease}, plan(stepPay), "lookups stop waiting"},
 
 		// writes

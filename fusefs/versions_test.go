@@ -143,3 +143,23 @@ func TestCloseThenStat(t *testing.T) {
 		})
 	}
 }
+
+// TestCloseThenRm: `cp f incoming/ && rm incoming/f` publishes f, even
+// when the unlink reaches the daemon before the close's RELEASE does.
+func TestCloseThenRm(t *testing.T) {
+	e := mountStore(t, defaultSpec)
+	ns := e.mkns("ns")
+	var want []string
+	for i := range 50 {
+		b := []byte(fmt.Sprint("rm after close ", i))
+		name := filepath.Join(ns, incomingName, fmt.Sprint(i))
+		if err := os.WriteFile(name, b, 0o644); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.Remove(name); err != nil {
+			t.Fatal(err)
+		}
+		want = append(want, sum(b))
+	}
+	e.expectNS(t, "ns", want)
+}

@@ -200,6 +200,21 @@ func (m *Mem) Renew(ctx context.Context, holder string, until time.Time) error {
 	return nil
 }
 
+// Holders implements Registry.
+func (m *Mem) Holders(ctx context.Context) ([]string, error) {
+	m.mu.RLock()
+	defer m.mu.RUnlock()
+	seen := make(map[string]bool)
+	var out []string
+	for _, p := range m.pending {
+		if !seen[p.holder] {
+			seen[p.holder] = true
+			out = append(out, p.holder)
+		}
+	}
+	return out, nil
+}
+
 // Recover implements Registry.
 func (m *Mem) Recover(ctx context.Context, holder string) (int, error) {
 	if err := ctx.Err(); err != nil {

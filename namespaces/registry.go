@@ -89,6 +89,8 @@ type Registry interface {
 	// any holder (a writer that died and never came back), and returns
 	// how many it settled. holder "" settles lapsed intents only.
 	Recover(ctx context.Context, holder string) (int, error)
+	// Holders lists the holders of intents, once each.
+	Holders(ctx context.Context) ([]string, error)
 	// Entries streams the namespace's references in ascending digest order,
 	// starting after `after` (the zero digest lists from the start, itself
 	// included). It reads a page at a time by key (digest > last) and holds

@@ -116,22 +116,37 @@ func (s *Service) present(ctx context.Context, d blob.Digest) error {
 // rather than link outside it. With tx nil (engines that cannot join), the
 // entry is already published and Link runs with its pool check.
 func (s *Service) LinkFunc(name string) func(ctx context.Context, tx *sql.Tx, d blob.Digest) error {
-	return s.LinkFuncDropping(name, 0)
-}
-
-// LinkFuncDropping is LinkFunc that also drops intent drop (when non-zero)
-// in the same transaction: a writer's final version replaces the intent
-// its earlier close recorded.
-func (s *Service) LinkFuncDropping(name string, drop Intent) func(ctx context.Context, tx *sql.Tx, d blob.Digest) error {
 	return func(ctx context.Context, tx *sql.Tx, d blob.Digest) error {
 		if tx == nil {
-			if _, err := s.Link(ctx, name, d); err != nil {
+			_, err := s.Link(ctx, name, d)
+			return err
+		}
+		tl, err := s.txLinker(name, d)
+		if err != nil {
+			return err
+		}
+		_, err = tl.LinkTx(ctx, tx, name, d)
+		return err
+	}
+}
+
+// SettleFunc is LinkFunc for a writer's final version: it links d and drops
+// the intent p.Replaces (the writer's earlier version) atomically. Inside
+// the put's transaction that is one link and one delete; without one it
+// records an intent replacing p.Replaces and settles it, two steps each
+// atomic, so a crash between them leaves only the final version pending.
+func (s *Service) SettleFunc(name string, p Pending) func(ctx context.Context, tx *sql.Tx, d blob.Digest) error {
+	if p.Replaces == 0 {
+		return s.LinkFunc(name)
+	}
+	return func(ctx context.Context, tx *sql.Tx, d blob.Digest) error {
+		if tx == nil {
+			i, err := s.Pend(ctx, name, d, p)
+			if err != nil {
 				return err
 			}
-			if drop != 0 {
-				return s.Cancel(ctx, drop)
-			}
-			return nil
+			_, err = s.Settle(ctx, i)
+			return err
 		}
 		tl, err := s.txLinker(name, d)
 		if err != nil {
@@ -140,10 +155,7 @@ func (s *Service) LinkFuncDropping(name string, drop Intent) func(ctx context.Co
 		if _, err := tl.LinkTx(ctx, tx, name, d); err != nil {
 			return err
 		}
-		if drop != 0 {
-			return tl.CancelTx(ctx, tx, drop)
-		}
-		return nil
+		return tl.CancelTx(ctx, tx, p.Replaces)
 	}
 }
 

@@ -146,6 +146,12 @@ func newQueries(dialect string) queries {
 		live:   r(`SELECT digest FROM ns_refs WHERE digest > ? UNION SELECT digest FROM ns_pending WHERE digest > ? ORDER BY 1 LIMIT ?`),
 	}
 	if dialect == "postgres" {
+		// PostgreSQL sorts a whole UNION before its LIMIT: limit each
+		// index range first (DISTINCT per branch, or one digest linked
+		// in many namespaces would fill the page).
+		q.live = `(SELECT DISTINCT digest FROM ns_refs WHERE digest > $1 ORDER BY digest LIMIT $3)
+			UNION (SELECT DISTINCT digest FROM ns_pending WHERE digest > $2 ORDER BY digest LIMIT $3)
+			ORDER BY 1 LIMIT $3`
 		// One statement each: READ COMMITTED gives no snapshot across two.
 		q.settleTake = `WITH p AS (DELETE FROM ns_pending WHERE id = $1 RETURNING ns, digest),
 			l AS (INSERT INTO ns_refs (ns, digest, linked_at) SELECT ns, digest, $2::bigint FROM p ON CONFLICT (ns, digest) DO NOTHING RETURNING 1)
@@ -499,6 +505,27 @@ func (r *SQL) Recover(ctx context.Context, holder string) (int, error) {
 		return 0, wrap("recover", "", blob.Digest{}, err)
 	}
 	return int(n), nil
+}
+
+// Holders implements Registry.
+func (r *SQL) Holders(ctx context.Context) ([]string, error) {
+	rows, err := r.db.QueryContext(ctx, `SELECT DISTINCT holder FROM ns_pending`)
+	if err != nil {
+		return nil, wrap("holders", "", blob.Digest{}, err)
+	}
+	defer rows.Close()
+	var out []string
+	for rows.Next() {
+		var h string
+		if err := rows.Scan(&h); err != nil {
+			return nil, wrap("holders", "", blob.Digest{}, err)
+		}
+		out = append(out, h)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, wrap("holders", "", blob.Digest{}, err)
+	}
+	return out, nil
 }
 
 func (r *SQL) anyPending(ctx context.Context, name string) (bool, error) {

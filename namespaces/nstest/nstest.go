@@ -893,6 +893,9 @@ func testIntents(t *testing.T, open Opener) {
 	must(t, err)
 	_, err = r.Pend(ctx, "c", d3, namespaces.Pending{Holder: "h2", Until: until})
 	must(t, err)
+	if hs, err := r.Holders(ctx); err != nil || len(hs) != 2 {
+		t.Fatalf("Holders = %v, %v; want h1 and h2", hs, err)
+	}
 	if n, err := r.Recover(ctx, "h3"); n != 0 || err != nil {
 		t.Fatalf("Recover before any lapse = %d, %v; want 0", n, err)
 	}
