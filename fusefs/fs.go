@@ -328,12 +328,6 @@ func (v *verifiedSet) check(d blob.Digest, id fileID) (ok, changed bool) {
 	return known, false
 }
 
-func (v *verifiedSet) drop(d blob.Digest) {
-	v.mu.Lock()
-	defer v.mu.Unlock()
-	delete(v.m, d)
-}
-
 // nsDirFor returns the directory node state of namespace name, creating it
 // on first sight. The map keeps one nsDir per namespace for the mount's
 // life (until rmdir), so incoming/ state survives the kernel forgetting

@@ -912,8 +912,7 @@ func (n *fileNode) commitLocked(ctx context.Context, intent bool) ([]notice, err
 			f.log.Error("publish failed; nothing published", "namespace", n.ns.name, "name", n.logName(), "err", err)
 		}
 		if prev != 0 {
-			n.pub.intent = 0
-			n.cancelLocked(pctx, prev)
+			n.cancelLocked(pctx)
 		}
 		if n.want != nil {
 			n.ns.dropPending(n.name, n)
@@ -955,7 +954,10 @@ func (n *fileNode) commitLocked(ctx context.Context, intent bool) ([]notice, err
 	return nil, nil
 }
 
-// settleLocked links the pending version (the last RELEASE).
+// settleLocked links the pending version (the last RELEASE). Like
+// cancelLocked, it takes the intent off the version first: whatever the
+// database answers, this process is done with it (a failure is retried
+// by the intents loop).
 func (n *fileNode) settleLocked(ctx context.Context) {
 	f := n.fsys
 	i := n.pub.intent
@@ -970,9 +972,11 @@ func (n *fileNode) settleLocked(ctx context.Context) {
 	f.log.Debug("published", "namespace", n.ns.name, "name", n.logName(), "digest", n.pub.d.String(), "new_ref", linked)
 }
 
-// cancelLocked drops intent i unseen: the file failed or was unlinked.
-func (n *fileNode) cancelLocked(ctx context.Context, i namespaces.Intent) {
+// cancelLocked drops the pending version unseen: the file failed.
+func (n *fileNode) cancelLocked(ctx context.Context) {
 	f := n.fsys
+	i := n.pub.intent
+	n.pub.intent = 0
 	f.stats.superseded.Add(1)
 	if err := f.intents.cancel(context.WithoutCancel(ctx), i); err != nil {
 		f.log.Warn("could not drop an unfinished version's intent; retrying", "namespace", n.ns.name, "name", n.logName(), "err", err)
@@ -1309,9 +1313,7 @@ func (h *fileHandle) Release(ctx context.Context) syscall.Errno {
 		n.settleLocked(ctx)
 	}
 	if p.has(stepCancel) {
-		i := n.pub.intent
-		n.pub.intent = 0
-		n.cancelLocked(ctx, i)
+		n.cancelLocked(ctx)
 	}
 	if p.has(stepPay) {
 		n.owing = false

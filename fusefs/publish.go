@@ -72,7 +72,7 @@ type event struct {
 	noWriters, inUse bool
 }
 
-// step is one effect a decision asks for; a plan is a set of them.
+// step is one effect a decision asks for; a decision is a set of them.
 type step uint16
 
 const (
@@ -90,12 +90,11 @@ const (
 	stepRearm                         // look again a TTL later
 )
 
-type plan step
-
-func (p plan) has(s step) bool { return step(p)&s != 0 }
+// has reports whether the set p includes any of s.
+func (p step) has(s step) bool { return p&s != 0 }
 
 // decide returns what event e does to a file in state s.
-func decide(s fileState, e event) plan {
+func decide(s fileState, e event) step {
 	var p step
 	switch e.kind {
 	case evFlush:
@@ -173,5 +172,5 @@ func decide(s fileState, e event) plan {
 			p = stepDetach
 		}
 	}
-	return plan(p)
+	return p
 }

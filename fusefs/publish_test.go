@@ -6,12 +6,12 @@ import (
 	"testing"
 )
 
-func (p plan) String() string {
+func (p step) String() string {
 	names := []string{"fail", "reopen", "commit-intent", "commit-link", "settle", "cancel",
 		"discard", "owe", "pay", "detach", "gone", "rearm"}
 	var out []string
 	for i, n := range names {
-		if p.has(step(1) << i) {
+		if p.has(1 << i) {
 			out = append(out, n)
 		}
 	}
@@ -47,53 +47,53 @@ func TestDecide(t *testing.T) {
 		name  string
 		s     fileState
 		e     event
-		want  plan
+		want  step
 		notes string
 	}{
 		// FLUSH
-		{"flush writing", writing, flush, plan(stepCommitIntent | stepOwe), "commit, link later"},
+		{"flush writing", writing, flush, stepCommitIntent | stepOwe, "commit, link later"},
 		{"flush while another writer is busy", writing, event{kind: evFlush, writer: true, wrote: true, othersBusy: true}, 0, "the other finishes"},
-		{"flush empty", empty, flush, plan(stepOwe), "`cmd > f`: nothing committed"},
+		{"flush empty", empty, flush, stepOwe, "`cmd > f`: nothing committed"},
 		{"flush empty, already owing", with(empty, func(s *fileState) { s.owing = true }), flush, 0, ""},
 		{"flush empty from a reader", empty, event{kind: evFlush}, 0, ""},
 		{"flush pending, nothing new", pending, flush, 0, "a forked child's close"},
-		{"flush pending, written again", pendingWriting, flush, plan(stepCommitIntent | stepOwe), "replaces the intent"},
+		{"flush pending, written again", pendingWriting, flush, stepCommitIntent | stepOwe, "replaces the intent"},
 		{"flush re-opened, unchanged", reopened, flush, 0, ""},
-		{"flush failed", failed, flush, plan(stepFail), "close reports it"},
+		{"flush failed", failed, flush, stepFail, "close reports it"},
 		{"flush detached", with(writing, func(s *fileState) { s.detached = true }), flush, 0, "unlinked: nothing more"},
-		{"flush by path after writes", byPath, flush, plan(stepCommitLink), "its name is its digest"},
+		{"flush by path after writes", byPath, flush, stepCommitLink, "its name is its digest"},
 		{"flush by path, nothing written through it", byPath, event{kind: evFlush, writer: true}, 0, "a shell's early flush"},
 		{"flush by path, empty", with(byPath, func(s *fileState) { s.written = false }), flush, 0, "no owe outside incoming/"},
 
 		// RELEASE
-		{"release pending, last writer", pending, last, plan(stepSettle | stepPay), "the final version shows"},
+		{"release pending, last writer", pending, last, stepSettle | stepPay, "the final version shows"},
 		{"release pending, a writer remains", pending, event{kind: evRelease}, 0, "fork: the parent writes on"},
-		{"release writing, last writer", pendingWriting, last, plan(stepCommitLink | stepPay), "written after the last flush"},
-		{"release empty, last writer", with(empty, func(s *fileState) { s.owing = true }), last, plan(stepCommitLink | stepPay), "`: > f` publishes"},
-		{"release re-opened unchanged, pending", with(reopened, func(s *fileState) { s.pending = true }), last, plan(stepSettle | stepDiscard), ""},
-		{"release re-opened unchanged", reopened, last, plan(stepDiscard), "back to the receipt"},
+		{"release writing, last writer", pendingWriting, last, stepCommitLink | stepPay, "written after the last flush"},
+		{"release empty, last writer", with(empty, func(s *fileState) { s.owing = true }), last, stepCommitLink | stepPay, "`: > f` publishes"},
+		{"release re-opened unchanged, pending", with(reopened, func(s *fileState) { s.pending = true }), last, stepSettle | stepDiscard, ""},
+		{"release re-opened unchanged", reopened, last, stepDiscard, "back to the receipt"},
 		{"release receipt", published, last, 0, ""},
-		{"release failed, pending", with(failed, func(s *fileState) { s.pending = true }), last, plan(stepCancel | stepGone), "nothing of it shows"},
+		{"release failed, pending", with(failed, func(s *fileState) { s.pending = true }), last, stepCancel | stepGone, "nothing of it shows"},
 		{"release failed, a reader remains", failed, event{kind: evRelease, lastWriter: true}, 0, ""},
-		{"release detached, pending", with(pendingWriting, func(s *fileState) { s.detached = true }), last, plan(stepSettle | stepDiscard | stepPay), "the close before the unlink returned 0"},
-		{"release detached after a close", with(pending, func(s *fileState) { s.detached = true }), last, plan(stepSettle | stepPay), "cp f incoming/ && rm incoming/f"},
-		{"release detached, another writer", with(pending, func(s *fileState) { s.detached = true }), event{kind: evRelease}, plan(stepPay), "lookups stop waiting"},
+		{"release detached, pending", with(pendingWriting, func(s *fileState) { s.detached = true }), last, stepSettle | stepDiscard | stepPay, "the close before the unlink returned 0"},
+		{"release detached after a close", with(pending, func(s *fileState) { s.detached = true }), last, stepSettle | stepPay, "cp f incoming/ && rm incoming/f"},
+		{"release detached, another writer", with(pending, func(s *fileState) { s.detached = true }), event{kind: evRelease}, stepPay, "lookups stop waiting"},
 
 		// writes
-		{"write receipt", published, event{kind: evWrite}, plan(stepReopen), "seeded with its content"},
-		{"write pending", pending, event{kind: evWrite}, plan(stepReopen), "the intent stays until replaced"},
+		{"write receipt", published, event{kind: evWrite}, stepReopen, "seeded with its content"},
+		{"write pending", pending, event{kind: evWrite}, stepReopen, "the intent stays until replaced"},
 		{"write writing", writing, event{kind: evWrite}, 0, ""},
-		{"write failed", failed, event{kind: evWrite}, plan(stepFail), ""},
-		{"truncate by path", writing, event{kind: evTruncatePath}, plan(stepCommitLink), "nobody writes: complete"},
+		{"write failed", failed, event{kind: evWrite}, stepFail, ""},
+		{"truncate by path", writing, event{kind: evTruncatePath}, stepCommitLink, "nobody writes: complete"},
 		{"truncate by path to the same size", reopened, event{kind: evTruncatePath}, 0, ""},
 		{"truncate by path, failed", with(writing, func(s *fileState) { s.failed = true }), event{kind: evTruncatePath}, 0, ""},
 
 		// unlink and expiry
-		{"unlink writing, no writers", writing, event{kind: evUnlink, noWriters: true}, plan(stepDetach | stepDiscard), ""},
-		{"unlink writing, a writer open", writing, event{kind: evUnlink}, plan(stepDetach), "discarded at its release"},
-		{"unlink receipt", published, event{kind: evUnlink, noWriters: true}, plan(stepDetach), ""},
-		{"expire receipt", published, event{kind: evExpire}, plan(stepDetach), ""},
-		{"expire in use", published, event{kind: evExpire, inUse: true}, plan(stepRearm), ""},
+		{"unlink writing, no writers", writing, event{kind: evUnlink, noWriters: true}, stepDetach | stepDiscard, ""},
+		{"unlink writing, a writer open", writing, event{kind: evUnlink}, stepDetach, "discarded at its release"},
+		{"unlink receipt", published, event{kind: evUnlink, noWriters: true}, stepDetach, ""},
+		{"expire receipt", published, event{kind: evExpire}, stepDetach, ""},
+		{"expire in use", published, event{kind: evExpire, inUse: true}, stepRearm, ""},
 		{"expire detached", with(published, func(s *fileState) { s.detached = true }), event{kind: evExpire}, 0, ""},
 	} {
 		t.Run(tc.name, func(t *testing.T) {

@@ -10,13 +10,17 @@ import (
 	"github.com/alkblobfs/alkblobfs/gc"
 )
 
-// refCounts counts references per digest behind its own lock.
-type refCounts struct {
+// openRefs is the mount's liveness source: every digest with an open
+// handle on this mount is live, counted per digest behind its own lock.
+// Pins already protect open files in this process; the source states the
+// same fact to the collector in the form that can leave the process
+// (fleet mode turns sources into SQL).
+type openRefs struct {
 	mu sync.Mutex
 	m  map[blob.Digest]int
 }
 
-func (c *refCounts) add(d blob.Digest) {
+func (c *openRefs) add(d blob.Digest) {
 	c.mu.Lock()
 	if c.m == nil {
 		c.m = make(map[blob.Digest]int)
@@ -25,7 +29,7 @@ func (c *refCounts) add(d blob.Digest) {
 	c.mu.Unlock()
 }
 
-func (c *refCounts) drop(d blob.Digest) {
+func (c *openRefs) drop(d blob.Digest) {
 	c.mu.Lock()
 	if c.m[d] <= 1 {
 		delete(c.m, d)
@@ -35,20 +39,14 @@ func (c *refCounts) drop(d blob.Digest) {
 	c.mu.Unlock()
 }
 
-func (c *refCounts) count(d blob.Digest) int {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return c.m[d]
-}
-
-// len is the number of distinct digests counted.
-func (c *refCounts) len() int {
+// len is the number of distinct digests open.
+func (c *openRefs) len() int {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	return len(c.m)
 }
 
-func (c *refCounts) sorted() []blob.Digest {
+func (c *openRefs) sorted() []blob.Digest {
 	c.mu.Lock()
 	ds := make([]blob.Digest, 0, len(c.m))
 	for d := range c.m {
@@ -59,19 +57,15 @@ func (c *refCounts) sorted() []blob.Digest {
 	return ds
 }
 
-// openRefs is the mount's liveness source: every digest with an
-// open handle on this mount is live. Pins already protect open files in
-// this process; the source states the same fact to the collector in the
-// form that can leave the process (fleet mode turns sources into SQL).
-type openRefs struct{ refCounts }
-
 var _ gc.Source = (*openRefs)(nil)
 
 func newOpenRefs() *openRefs { return &openRefs{} }
 
 // IsLive implements gc.Source.
 func (o *openRefs) IsLive(ctx context.Context, d blob.Digest) (bool, error) {
-	return o.count(d) > 0, nil
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	return o.m[d] > 0, nil
 }
 
 // Live implements gc.Source: a sorted snapshot (open files are few).

@@ -73,8 +73,8 @@ func TestIncomingWalk(t *testing.T) {
 				}
 				published = append(published, sum(want))
 			}
-			// Every final version is listed (earlier versions may have been
-			// retracted or may stay: only the last of each name must).
+			// Every final version is listed (each step's close ended a
+			// separate open, so earlier versions stay listed too).
 			listed := e.listNS(t, "w")
 			for i := range 4 {
 				model := filepath.Join(native, fmt.Sprintf("f%d", i))

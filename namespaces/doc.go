@@ -47,6 +47,16 @@
 // put's transaction it links with [SQL.LinkTx], so publish and link commit
 // together.
 //
+// # Intents
+//
+// An [Intent] (Registry.Pend) is a link not made yet: the digest is live
+// for the GC but not listed. The mount records one at each close of a file
+// in incoming/ and settles the newest into a reference at the file's last
+// close; superseded intents are dropped (Pending.Replaces), so no
+// intermediate version is ever listed. Intents are rows (ns_pending) where
+// the registry is SQL, so a crash loses none: Recover settles a dead
+// holder's intents, and lapsed ones of any holder.
+//
 // # Concurrency
 //
 // Every method is safe for concurrent use. Mem serializes writers on one
