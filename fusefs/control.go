@@ -3,6 +3,7 @@ package fusefs
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"strings"
 	"sync"
@@ -21,6 +22,18 @@ import (
 // MinSweepInterval is the shortest sweep timer: a sweep lists the whole
 // pool, and a timer of a nanosecond would run thousands a second.
 const MinSweepInterval = time.Second
+
+// CheckSweepEvery validates a sweep timer: 0 (off) or at least
+// MinSweepInterval, and off on a read-only mount, which deletes nothing.
+func CheckSweepEvery(d time.Duration, readOnly bool) error {
+	switch {
+	case d < 0 || d > 0 && d < MinSweepInterval:
+		return fmt.Errorf("sweep interval %s: want 0 (off) or at least %s", d, MinSweepInterval)
+	case d > 0 && readOnly:
+		return errors.New("a read-only mount does not sweep: no sweep interval with read-only")
+	}
+	return nil
+}
 
 // DefaultSweepInterval is what `echo on > sweep-timer` starts when no
 // interval was ever set.
@@ -276,11 +289,11 @@ func (s *sweeper) set(cmd string) error {
 		s.every = s.lastOn
 	default:
 		d, err := time.ParseDuration(cmd)
-		if err != nil || d < 0 {
-			return fmt.Errorf("%w: sweep-timer %q: want off, on or a non-negative duration", errBadInput, truncate(cmd))
+		if err != nil {
+			return fmt.Errorf("%w: sweep-timer %q: want off, on or a duration", errBadInput, truncate(cmd))
 		}
-		if d > 0 && d < MinSweepInterval {
-			return fmt.Errorf("%w: sweep-timer %q: below the shortest interval, %s", errBadInput, truncate(cmd), MinSweepInterval)
+		if err := CheckSweepEvery(d, false); err != nil {
+			return fmt.Errorf("%w: sweep-timer %q: %v", errBadInput, truncate(cmd), err)
 		}
 		s.every = d
 		if d > 0 {

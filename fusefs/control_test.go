@@ -19,6 +19,8 @@ import (
 	"time"
 
 	"github.com/alkblobfs/alkblobfs/blob"
+	"github.com/alkblobfs/alkblobfs/namespaces"
+	"github.com/alkblobfs/alkblobfs/store"
 )
 
 func writeCtl(path, s string) error {
@@ -362,6 +364,27 @@ func TestListingRewinds(t *testing.T) {
 		}
 		if all[0].Name() != first[0].Name() {
 			t.Fatalf("%s: the rewound listing starts at %s, not %s", dir, all[0].Name(), first[0].Name())
+		}
+	}
+}
+
+// TestSweepEveryChecked: the mount itself refuses a sweep timer below the
+// minimum and any timer on a read-only mount, whoever configures it.
+func TestSweepEveryChecked(t *testing.T) {
+	st, err := store.Open(context.Background(), memSpec.open(t, t.TempDir()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer st.Close()
+	for _, tc := range []struct {
+		every time.Duration
+		ro    bool
+		ok    bool
+	}{{0, false, true}, {0, true, true}, {time.Second, false, true}, {time.Hour, true, false},
+		{time.Millisecond, false, false}, {-time.Second, false, false}} {
+		_, err := newFS(Config{Store: st, Namespaces: namespaces.NewMem(nil), SweepEvery: tc.every, ReadOnly: tc.ro})
+		if (err == nil) != tc.ok {
+			t.Errorf("sweep every %s, read-only %v: %v; want ok=%v", tc.every, tc.ro, err, tc.ok)
 		}
 	}
 }

@@ -192,8 +192,8 @@ func newFS(cfg Config) (*FS, error) {
 	if cfg.MaxReceipts <= 0 {
 		cfg.MaxReceipts = DefaultMaxReceipts
 	}
-	if cfg.SweepEvery < 0 {
-		return nil, fmt.Errorf("fusefs: sweep interval %s is negative", cfg.SweepEvery)
+	if err := CheckSweepEvery(cfg.SweepEvery, cfg.ReadOnly); err != nil {
+		return nil, fmt.Errorf("fusefs: %w", err)
 	}
 	if cfg.Logger == nil {
 		cfg.Logger = slog.New(slog.DiscardHandler)

@@ -112,9 +112,6 @@ type Options struct {
 	// PinTTL is how long a pin row lives unless renewed; rows are renewed
 	// every PinTTL/3. 0 means DefaultPinTTL.
 	PinTTL time.Duration
-	// Owner names this collector's pin rows; "" generates a unique one
-	// (host name, pid and a random suffix).
-	Owner string
 	// Clock defaults to RealClock.
 	Clock Clock
 	// Logger defaults to slog.Default().
@@ -184,7 +181,7 @@ func New(pool Pool, o Options) *Collector {
 		clock:   o.Clock,
 		log:     o.Logger,
 		host:    o.Host,
-		owner:   o.Owner,
+		owner:   NewOwner(),
 		ttl:     o.PinTTL,
 		sources: make(map[*Registration]Source),
 	}
@@ -199,9 +196,6 @@ func New(pool Pool, o Options) *Collector {
 	}
 	if c.ttl <= 0 {
 		c.ttl = DefaultPinTTL
-	}
-	if c.owner == "" {
-		c.owner = NewOwner()
 	}
 	c.rows.c = c
 	if c.host != nil {

@@ -74,8 +74,6 @@ type Config struct {
 	UploadMemory int64
 	// PinTTL is the life of an unrenewed pin row (gc.Options.PinTTL).
 	PinTTL time.Duration
-	// Owner names this instance's pin rows; "" generates one.
-	Owner string
 	// Fleet declares that several hosts share this pool (docs/gc.md, fleet
 	// mode). It is never inferred; Open refuses it for any configuration
 	// that cannot be shared (see checkFleet).
@@ -94,7 +92,6 @@ type Store struct {
 	gc        *gc.Collector
 	log       *slog.Logger
 	scratch   string
-	fleet     bool
 	closed    atomic.Bool
 	// uploadMem is the memory uploads hold now; uploadCap bounds it.
 	uploadMem atomic.Int64
@@ -145,7 +142,6 @@ func Open(ctx context.Context, cfg Config) (*Store, error) {
 		}
 		host = h
 	}
-	s.fleet = cfg.Fleet
 	// One window host per instance: the kv engine when it is SQL-backed,
 	// otherwise the large engine, otherwise the in-process window.
 	var window engines.WindowHost
@@ -155,7 +151,7 @@ func Open(ctx context.Context, cfg Config) (*Store, error) {
 		window = w
 	}
 	s.gc = gc.New(pool{s}, gc.Options{Window: window, Delay: cfg.GCDelay, Host: host, PinTTL: cfg.PinTTL,
-		Owner: cfg.Owner, Clock: cfg.Clock, Logger: s.log})
+		Clock: cfg.Clock, Logger: s.log})
 	return s, nil
 }
 
@@ -400,9 +396,6 @@ func (s *Store) Stats() Stats {
 	}
 	return st
 }
-
-// Fleet reports whether the store was opened in fleet mode.
-func (s *Store) Fleet() bool { return s.fleet }
 
 // Close stops the collector (its pin rows are deleted) and closes the
 // engines. Further calls fail with ErrClosed.

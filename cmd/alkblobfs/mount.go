@@ -55,11 +55,8 @@ As root the mount uses mount(2) directly; otherwise fusermount3.`,
 			if err != nil {
 				return usage(cmd, err)
 			}
-			if sweepEvery < 0 || sweepEvery > 0 && sweepEvery < fusefs.MinSweepInterval {
-				return usagef(cmd, "--sweep-every %s: want 0 (off) or at least %s", sweepEvery, fusefs.MinSweepInterval)
-			}
-			if ro && sweepEvery > 0 {
-				return usagef(cmd, "--sweep-every and --read-only: a read-only mount does not sweep")
+			if err := fusefs.CheckSweepEvery(sweepEvery, ro); err != nil {
+				return usagef(cmd, "--sweep-every: %v", err)
 			}
 			if maxRcpt <= 0 {
 				return usagef(cmd, "--max-receipts %d: must be positive", maxRcpt)
