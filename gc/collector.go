@@ -350,10 +350,7 @@ func (c *Collector) arbitratedDeleteMany(ctx context.Context, ds []blob.Digest, 
 	if !ok {
 		return nil, errors.New("gc: the pool cannot delete inside the host's transaction (TxPool)")
 	}
-	batch := make([]blob.Digest, len(idx))
-	for k, i := range idx {
-		batch[k] = ds[i]
-	}
+	batch := pick(ds, idx)
 	// Design point (leaving the in-process lock): this process's rows of
 	// candidates it no longer pins go now, still under arb; from here on
 	// any pin of a candidate, ours included, writes a row under the key
@@ -372,19 +369,17 @@ func (c *Collector) arbitratedDeleteMany(ctx context.Context, ds []blob.Digest, 
 	}
 	c.arb.Unlock()
 	locked = false
-	// The outcome is decided inside the transaction; it stands only if the
-	// transaction commits, so work on a copy. The timeout is a backstop:
-	// a transaction that cannot finish must not hold its key locks.
+	// The outcome is decided inside the transaction (run once); if it
+	// does not commit, out is not returned. The timeout is a backstop: a
+	// transaction that cannot finish must not hold its key locks.
 	actx, cancel := context.WithTimeout(ctx, arbitrateTimeout)
 	defer cancel()
-	res := slices.Clone(out)
 	err = c.host.Arbitrate(actx, batch, func(ctx context.Context, tx *sql.Tx) error {
-		rest := slices.Clone(idx)
 		pinned, err := c.host.PinnedAmong(ctx, tx, batch, c.clock.Now(), "")
 		if err != nil {
 			return err
 		}
-		rest = keep(ds, rest, res, pinned)
+		rest := keep(ds, idx, out, pinned)
 		for _, s := range txSources {
 			if len(rest) == 0 {
 				return nil
@@ -393,7 +388,7 @@ func (c *Collector) arbitratedDeleteMany(ctx context.Context, ds []blob.Digest, 
 			if err != nil {
 				return fmt.Errorf("liveness query: %w", err)
 			}
-			rest = keep(ds, rest, res, live)
+			rest = keep(ds, rest, out, live)
 		}
 		if len(rest) == 0 {
 			return nil
@@ -403,14 +398,14 @@ func (c *Collector) arbitratedDeleteMany(ctx context.Context, ds []blob.Digest, 
 			return err
 		}
 		for k, i := range rest {
-			res[i] = sizes[k]
+			out[i] = sizes[k]
 		}
 		return nil
 	})
 	if err != nil {
 		return nil, err
 	}
-	return res, nil
+	return out, nil
 }
 
 // keep marks the live among idx protected in out and returns the rest.

@@ -95,37 +95,52 @@ func (p *pins) sorted() []blob.Digest {
 	return ds
 }
 
-// ensureRow makes sure d has a committed row, calling write to commit one
-// unless one is committed already or being written by another pinner (then
-// it waits for that write, and writes itself if it failed). wrote reports
-// whether this call's write ran. The caller holds a reference on d.
-func (p *pins) ensureRow(ctx context.Context, d blob.Digest, write func() error) (wrote bool, err error) {
+// ensureRows makes sure every digest of ds has a committed row. It claims
+// the digests with no row that no other pinner is writing and commits them
+// with one call of write; it waits for the writes of the others, and
+// claims again any whose write failed. wrote reports whether write ran.
+// The caller holds a reference on each digest.
+func (p *pins) ensureRows(ctx context.Context, ds []blob.Digest, write func([]blob.Digest) error) (wrote bool, err error) {
 	for {
+		var need []blob.Digest
+		var wait chan struct{}
+		ch := make(chan struct{})
 		p.mu.Lock()
-		e := p.m[d]
-		if e.row {
-			p.mu.Unlock()
-			return false, nil
-		}
-		if ch := e.writing; ch != nil {
-			p.mu.Unlock()
-			select {
-			case <-ch:
-				continue
-			case <-ctx.Done():
-				return false, ctx.Err()
+		for _, d := range ds {
+			switch e := p.m[d]; {
+			case e.row, e.writing == ch: // committed, or a repeat in ds
+			case e.writing != nil:
+				wait = e.writing
+			default:
+				e.writing = ch
+				need = append(need, d)
 			}
 		}
-		ch := make(chan struct{})
-		e.writing = ch
 		p.mu.Unlock()
-		err := write()
-		p.mu.Lock()
-		e.writing = nil
-		e.row = err == nil
-		close(ch)
-		p.mu.Unlock()
-		return true, err
+		if len(need) > 0 {
+			err := write(need)
+			wrote = true
+			p.mu.Lock()
+			for _, d := range need {
+				e := p.m[d]
+				e.writing = nil
+				e.row = err == nil
+			}
+			close(ch)
+			p.mu.Unlock()
+			if err != nil {
+				return wrote, err
+			}
+			continue
+		}
+		if wait == nil {
+			return wrote, nil
+		}
+		select {
+		case <-wait:
+		case <-ctx.Done():
+			return wrote, blob.Wrap("pin", "", blob.Digest{}, ctx.Err())
+		}
 	}
 }
 
@@ -289,7 +304,7 @@ func (c *Collector) PinPublish(ctx context.Context, d blob.Digest, publish func(
 		pin.Release()
 		return nil, blob.Wrap("pin", "", d, blob.ErrClosed)
 	}
-	wrote, err := c.pins.ensureRow(ctx, d, func() error {
+	wrote, err := c.pins.ensureRows(ctx, []blob.Digest{d}, func([]blob.Digest) error {
 		if publish == nil {
 			return c.rows.write(ctx, d)
 		}
@@ -303,9 +318,6 @@ func (c *Collector) PinPublish(ctx context.Context, d blob.Digest, publish func(
 	}
 	if err != nil {
 		pin.Release()
-		if publish == nil {
-			err = blob.Wrap("pin", c.hostName(), d, err)
-		}
 		return nil, err
 	}
 	return pin, nil
@@ -329,59 +341,22 @@ func (c *Collector) PinMany(ctx context.Context, ds []blob.Digest) ([]*Pin, erro
 	if c.host == nil {
 		return ps, nil
 	}
-	// One transaction for every digest without a row; a digest another
-	// pinner is writing is waited for one at a time (rare).
+	// One transaction for every digest without a row; digests another
+	// pinner is writing are waited for.
 	c.rowMu.RLock()
 	defer c.rowMu.RUnlock()
 	if c.closed.Load() {
 		ReleaseAll(ps)
 		return nil, blob.Wrap("pin", "", blob.Digest{}, blob.ErrClosed)
 	}
-	var need []blob.Digest
-	var chans []chan struct{}
-	c.pins.mu.Lock()
-	seen := make(map[blob.Digest]bool, len(ds))
-	for _, d := range ds {
-		e := c.pins.m[d]
-		if e.row || e.writing != nil || seen[d] {
-			continue
-		}
-		seen[d] = true
-		ch := make(chan struct{})
-		e.writing = ch
-		need = append(need, d)
-		chans = append(chans, ch)
-	}
-	c.pins.mu.Unlock()
-	err := c.host.PinRows(ctx, nil, c.owner, need, c.clock.Now().Add(c.ttl))
-	c.pins.mu.Lock()
-	for i, d := range need {
-		e := c.pins.m[d]
-		e.writing = nil
-		e.row = err == nil
-		close(chans[i])
-	}
-	c.pins.mu.Unlock()
-	for _, d := range ds {
-		if err != nil {
-			break
-		}
-		_, err = c.pins.ensureRow(ctx, d, func() error {
-			return c.host.PinRows(ctx, nil, c.owner, []blob.Digest{d}, c.clock.Now().Add(c.ttl))
-		})
-	}
+	_, err := c.pins.ensureRows(ctx, ds, func(need []blob.Digest) error {
+		return c.host.PinRows(ctx, nil, c.owner, need, c.clock.Now().Add(c.ttl))
+	})
 	if err != nil {
 		ReleaseAll(ps)
-		return nil, blob.Wrap("pin", c.hostName(), blob.Digest{}, err)
+		return nil, err
 	}
 	return ps, nil
-}
-
-func (c *Collector) hostName() string {
-	if c.host == nil {
-		return ""
-	}
-	return c.host.Name()
 }
 
 // renewLoop keeps this collector's rows alive: every TTL/3 it drops the

@@ -62,7 +62,7 @@ func Missing(err error) error {
 func (e *Engine) Put(ctx context.Context, d blob.Digest, value []byte) (bool, error) {
 	tag, err := e.pool.Exec(ctx, putSQL, d[:], len(value), notNil(value))
 	if err != nil {
-		return false, blob.Wrap("put", e.name, d, Full(err))
+		return false, e.wrapD("put", d, err)
 	}
 	return tag.RowsAffected() == 1, nil
 }
@@ -80,7 +80,7 @@ func notNil(b []byte) []byte {
 func (e *Engine) PutTx(ctx context.Context, d blob.Digest, value []byte, also func(ctx context.Context, tx *sql.Tx) error) (ok bool, err error) {
 	tx, err := e.db.BeginTx(ctx, nil)
 	if err != nil {
-		return false, blob.Wrap("put", e.name, d, Full(err))
+		return false, e.wrapD("put", d, err)
 	}
 	defer func() {
 		if err != nil {
@@ -89,19 +89,19 @@ func (e *Engine) PutTx(ctx context.Context, d blob.Digest, value []byte, also fu
 	}()
 	if also != nil {
 		if err = also(ctx, tx); err != nil {
-			return false, blob.Wrap("put", e.name, d, Full(err))
+			return false, e.wrapD("put", d, err)
 		}
 	}
 	res, err := tx.ExecContext(ctx, putSQL, d[:], len(value), notNil(value))
 	if err != nil {
-		return false, blob.Wrap("put", e.name, d, Full(err))
+		return false, e.wrapD("put", d, err)
 	}
 	n, err := res.RowsAffected()
 	if err != nil {
-		return false, blob.Wrap("put", e.name, d, Full(err))
+		return false, e.wrapD("put", d, err)
 	}
 	if err = tx.Commit(); err != nil {
-		return false, blob.Wrap("put", e.name, d, Full(err))
+		return false, e.wrapD("put", d, err)
 	}
 	return n == 1, nil
 }

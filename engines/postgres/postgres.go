@@ -89,6 +89,11 @@ func (e *Engine) Close() error {
 	return e.wrap("close", err)
 }
 
-func (e *Engine) wrap(op string, err error) error {
-	return blob.Wrap(op, e.name, blob.Digest{}, err)
+// wrap names the engine and operation on err, and marks a full disk as
+// blob.ErrNoSpace (ENOSPC at the mount), for every call that fails here.
+func (e *Engine) wrap(op string, err error) error { return e.wrapD(op, blob.Digest{}, err) }
+
+// wrapD is wrap for an operation on digest d.
+func (e *Engine) wrapD(op string, d blob.Digest, err error) error {
+	return blob.Wrap(op, e.name, d, Full(err))
 }

@@ -57,7 +57,7 @@ func missing(err error) error {
 func (e *Engine) Put(ctx context.Context, d blob.Digest, value []byte) (bool, error) {
 	res, err := e.put.ExecContext(ctx, d[:], len(value), value)
 	if err != nil {
-		return false, blob.Wrap("put", e.name, d, full(err))
+		return false, e.wrapD("put", d, err)
 	}
 	return inserted(res, e.name, d)
 }
@@ -67,7 +67,7 @@ func (e *Engine) Put(ctx context.Context, d blob.Digest, value []byte) (bool, er
 func (e *Engine) PutTx(ctx context.Context, d blob.Digest, value []byte, also func(ctx context.Context, tx *sql.Tx) error) (ok bool, err error) {
 	tx, err := e.db.BeginTx(ctx, nil)
 	if err != nil {
-		return false, blob.Wrap("put", e.name, d, full(err))
+		return false, e.wrapD("put", d, err)
 	}
 	defer func() {
 		if err != nil {
@@ -76,18 +76,18 @@ func (e *Engine) PutTx(ctx context.Context, d blob.Digest, value []byte, also fu
 	}()
 	if also != nil {
 		if err = also(ctx, tx); err != nil {
-			return false, blob.Wrap("put", e.name, d, full(err))
+			return false, e.wrapD("put", d, err)
 		}
 	}
 	res, err := tx.StmtContext(ctx, e.put).ExecContext(ctx, d[:], len(value), value)
 	if err != nil {
-		return false, blob.Wrap("put", e.name, d, full(err))
+		return false, e.wrapD("put", d, err)
 	}
 	if ok, err = inserted(res, e.name, d); err != nil {
 		return false, err
 	}
 	if err = tx.Commit(); err != nil {
-		return false, blob.Wrap("put", e.name, d, full(err))
+		return false, e.wrapD("put", d, err)
 	}
 	return ok, nil
 }

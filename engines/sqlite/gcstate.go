@@ -29,7 +29,7 @@ func (e *Engine) PinRows(ctx context.Context, tx *sql.Tx, owner string, ds []blo
 		st := tx.StmtContext(ctx, e.pinUp)
 		for _, d := range ds {
 			if _, err := st.ExecContext(ctx, d[:], owner, expiry.UnixNano()); err != nil {
-				return blob.Wrap("pin", e.name, d, full(err))
+				return e.wrapD("pin", d, err)
 			}
 		}
 		return nil
@@ -63,11 +63,7 @@ func (e *Engine) DropPins(ctx context.Context, owner string, ds []blob.Digest) e
 		return nil
 	}
 	return e.inTx(ctx, "drop pins", func(tx *sql.Tx) error {
-		st, err := tx.PrepareContext(ctx, `DELETE FROM gc_pins WHERE digest = ? AND owner = ?`)
-		if err != nil {
-			return e.wrap("drop pins", err)
-		}
-		defer st.Close()
+		st := tx.StmtContext(ctx, e.pinDel)
 		for _, d := range ds {
 			if _, err := st.ExecContext(ctx, d[:], owner); err != nil {
 				return blob.Wrap("drop pins", e.name, d, err)

@@ -25,7 +25,7 @@ type Engine struct {
 
 	has, size, get, put, del, delRet, list *sql.Stmt
 	wStage, wDue, wRemove, wLen            *sql.Stmt
-	pinUp                                  *sql.Stmt
+	pinUp, pinDel                          *sql.Stmt
 }
 
 var (
@@ -119,6 +119,7 @@ func (e *Engine) init(ctx context.Context) error {
 		{&e.wLen, `SELECT count(*) FROM gc_window`},
 		{&e.pinUp, `INSERT INTO gc_pins (digest, owner, expiry) VALUES (?, ?, ?)
 			ON CONFLICT (digest, owner) DO UPDATE SET expiry = max(expiry, excluded.expiry)`},
+		{&e.pinDel, `DELETE FROM gc_pins WHERE digest = ? AND owner = ?`},
 	} {
 		st, err := e.db.PrepareContext(ctx, s.sql)
 		if err != nil {
@@ -144,7 +145,7 @@ func (e *Engine) CursorsSurviveDelete() bool { return true }
 // Close closes the statements and the pool.
 func (e *Engine) Close() error {
 	var errs []error
-	for _, st := range []*sql.Stmt{e.has, e.size, e.delRet, e.get, e.put, e.del, e.list, e.wStage, e.wDue, e.wRemove, e.wLen, e.pinUp} {
+	for _, st := range []*sql.Stmt{e.has, e.size, e.delRet, e.get, e.put, e.del, e.list, e.wStage, e.wDue, e.wRemove, e.wLen, e.pinUp, e.pinDel} {
 		if st != nil {
 			errs = append(errs, st.Close())
 		}
@@ -153,8 +154,13 @@ func (e *Engine) Close() error {
 	return e.wrap("close", errors.Join(errs...))
 }
 
-func (e *Engine) wrap(op string, err error) error {
-	return blob.Wrap(op, e.name, blob.Digest{}, full(err))
+// wrap names the engine and operation on err, and marks a full disk as
+// blob.ErrNoSpace (ENOSPC at the mount), for every call that fails here.
+func (e *Engine) wrap(op string, err error) error { return e.wrapD(op, blob.Digest{}, err) }
+
+// wrapD is wrap for an operation on digest d.
+func (e *Engine) wrapD(op string, d blob.Digest, err error) error {
+	return blob.Wrap(op, e.name, d, full(err))
 }
 
 // full marks SQLite's "database or disk is full" (SQLITE_FULL) as
