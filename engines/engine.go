@@ -224,3 +224,25 @@ type BatchDeleter interface {
 type BatchSizer interface {
 	SizeMany(ctx context.Context, ds []blob.Digest) ([]int64, error)
 }
+
+// InTx runs fn in a transaction of db and commits it. An error of fn rolls
+// the transaction back and is returned as it is; an error beginning or
+// committing goes through wrap (the engine's error wrapper; nil: none)
+// first.
+func InTx(ctx context.Context, db *sql.DB, wrap func(error) error, fn func(tx *sql.Tx) error) error {
+	if wrap == nil {
+		wrap = func(err error) error { return err }
+	}
+	tx, err := db.BeginTx(ctx, nil)
+	if err != nil {
+		return wrap(err)
+	}
+	if err := fn(tx); err != nil {
+		tx.Rollback() // fn's error is the one to report
+		return err
+	}
+	if err := tx.Commit(); err != nil {
+		return wrap(err)
+	}
+	return nil
+}

@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/alkblobfs/alkblobfs/blob"
+	"github.com/alkblobfs/alkblobfs/engines"
 	"github.com/alkblobfs/alkblobfs/gc"
 )
 
@@ -631,15 +632,7 @@ func (r *SQL) linkRowsExec(ctx context.Context, tx *sql.Tx, st *sql.Stmt, q stri
 }
 
 func (r *SQL) inTx(ctx context.Context, f func(tx *sql.Tx) error) error {
-	tx, err := r.db.BeginTx(ctx, nil)
-	if err != nil {
-		return err
-	}
-	if err := f(tx); err != nil {
-		tx.Rollback()
-		return err
-	}
-	return tx.Commit()
+	return engines.InTx(ctx, r.db, nil, f)
 }
 
 // Unlink implements Registry.

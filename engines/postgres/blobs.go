@@ -77,30 +77,21 @@ func notNil(b []byte) []byte {
 
 // PutTx implements engines.TxPutter on the database/sql handle: the insert
 // (or the no-op insert of a dedup) and also commit together or not at all.
-func (e *Engine) PutTx(ctx context.Context, d blob.Digest, value []byte, also func(ctx context.Context, tx *sql.Tx) error) (ok bool, err error) {
-	tx, err := e.db.BeginTx(ctx, nil)
-	if err != nil {
-		return false, e.wrapD("put", d, err)
-	}
-	defer func() {
-		if err != nil {
-			tx.Rollback() // the error that matters is err
+func (e *Engine) PutTx(ctx context.Context, d blob.Digest, value []byte, also func(ctx context.Context, tx *sql.Tx) error) (bool, error) {
+	var n int64
+	err := engines.InTx(ctx, e.db, nil, func(tx *sql.Tx) error {
+		if also != nil {
+			if err := also(ctx, tx); err != nil {
+				return err
+			}
 		}
-	}()
-	if also != nil {
-		if err = also(ctx, tx); err != nil {
-			return false, e.wrapD("put", d, err)
+		res, err := tx.ExecContext(ctx, putSQL, d[:], len(value), notNil(value))
+		if err == nil {
+			n, err = res.RowsAffected()
 		}
-	}
-	res, err := tx.ExecContext(ctx, putSQL, d[:], len(value), notNil(value))
+		return err
+	})
 	if err != nil {
-		return false, e.wrapD("put", d, err)
-	}
-	n, err := res.RowsAffected()
-	if err != nil {
-		return false, e.wrapD("put", d, err)
-	}
-	if err = tx.Commit(); err != nil {
 		return false, e.wrapD("put", d, err)
 	}
 	return n == 1, nil

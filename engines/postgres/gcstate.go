@@ -100,23 +100,8 @@ func (e *Engine) PinRows(ctx context.Context, tx *sql.Tx, owner string, ds []blo
 // every error path rolls the transaction back before returning, so no
 // connection goes back to the pool inside a transaction (a pooled session
 // left "idle in transaction" would hold its locks until reused).
-func (e *Engine) inTx(ctx context.Context, op string, fn func(tx *sql.Tx) error) (err error) {
-	tx, err := e.db.BeginTx(ctx, nil)
-	if err != nil {
-		return e.wrap(op, err)
-	}
-	defer func() {
-		if err != nil {
-			tx.Rollback() // fn's error is the one to report
-		}
-	}()
-	if err = fn(tx); err != nil {
-		return err
-	}
-	if err = tx.Commit(); err != nil {
-		return e.wrap(op, err)
-	}
-	return nil
+func (e *Engine) inTx(ctx context.Context, op string, fn func(tx *sql.Tx) error) error {
+	return engines.InTx(ctx, e.db, func(err error) error { return e.wrap(op, err) }, fn)
 }
 
 // RenewPins implements engines.GCHost.

@@ -64,32 +64,24 @@ func (e *Engine) Put(ctx context.Context, d blob.Digest, value []byte) (bool, er
 
 // PutTx implements engines.TxPutter: the insert (or the no-op insert of a
 // dedup) and also commit together or not at all.
-func (e *Engine) PutTx(ctx context.Context, d blob.Digest, value []byte, also func(ctx context.Context, tx *sql.Tx) error) (ok bool, err error) {
-	tx, err := e.db.BeginTx(ctx, nil)
+func (e *Engine) PutTx(ctx context.Context, d blob.Digest, value []byte, also func(ctx context.Context, tx *sql.Tx) error) (bool, error) {
+	var n int64
+	err := engines.InTx(ctx, e.db, nil, func(tx *sql.Tx) error {
+		if also != nil {
+			if err := also(ctx, tx); err != nil {
+				return err
+			}
+		}
+		res, err := tx.StmtContext(ctx, e.put).ExecContext(ctx, d[:], len(value), value)
+		if err == nil {
+			n, err = res.RowsAffected()
+		}
+		return err
+	})
 	if err != nil {
 		return false, e.wrapD("put", d, err)
 	}
-	defer func() {
-		if err != nil {
-			tx.Rollback() // the error that matters is err
-		}
-	}()
-	if also != nil {
-		if err = also(ctx, tx); err != nil {
-			return false, e.wrapD("put", d, err)
-		}
-	}
-	res, err := tx.StmtContext(ctx, e.put).ExecContext(ctx, d[:], len(value), value)
-	if err != nil {
-		return false, e.wrapD("put", d, err)
-	}
-	if ok, err = inserted(res, e.name, d); err != nil {
-		return false, err
-	}
-	if err = tx.Commit(); err != nil {
-		return false, e.wrapD("put", d, err)
-	}
-	return ok, nil
+	return n == 1, nil
 }
 
 func inserted(res sql.Result, name string, d blob.Digest) (bool, error) {

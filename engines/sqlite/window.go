@@ -82,16 +82,5 @@ func (e *Engine) WindowLen(ctx context.Context) (int, error) {
 
 // inTx runs fn in a transaction and commits it, rolling back on any error.
 func (e *Engine) inTx(ctx context.Context, op string, fn func(tx *sql.Tx) error) error {
-	tx, err := e.db.BeginTx(ctx, nil)
-	if err != nil {
-		return e.wrap(op, err)
-	}
-	if err := fn(tx); err != nil {
-		tx.Rollback() // fn's error is the one to report
-		return err
-	}
-	if err := tx.Commit(); err != nil {
-		return e.wrap(op, err)
-	}
-	return nil
+	return engines.InTx(ctx, e.db, func(err error) error { return e.wrap(op, err) }, fn)
 }

@@ -23,6 +23,7 @@ package main
 import (
 	"context"
 	"crypto/sha256"
+	"database/sql"
 	"encoding/binary"
 	"flag"
 	"fmt"
@@ -33,6 +34,7 @@ import (
 	"time"
 
 	"github.com/alkblobfs/alkblobfs/blob"
+	"github.com/alkblobfs/alkblobfs/engines"
 	"github.com/alkblobfs/alkblobfs/engines/sqlite"
 	"github.com/alkblobfs/alkblobfs/namespaces"
 )
@@ -59,9 +61,12 @@ type entry struct {
 	i uint64
 }
 
-func content(i uint64) []byte {
+func content(i uint64) []byte { return key("mkpool", i) }
+
+// key is 16 bytes: prefix, zero-padded to 8, then i big-endian.
+func key(prefix string, i uint64) []byte {
 	b := make([]byte, 16)
-	copy(b, "mkpool")
+	copy(b, prefix)
 	binary.BigEndian.PutUint64(b[8:], i)
 	return b
 }
@@ -88,29 +93,24 @@ func run(ctx context.Context, data string, n int, frac float64, ns string, batch
 	slices.SortFunc(es, func(a, b entry) int { return a.d.Compare(b.d) })
 
 	db := e.DB()
-	for rest := es; len(rest) > 0; {
-		k := min(len(rest), batch)
-		tx, err := db.BeginTx(ctx, nil)
-		if err != nil {
-			return err
-		}
-		st, err := tx.PrepareContext(ctx, `INSERT INTO blobs (digest, size, value) VALUES (?, ?, ?) ON CONFLICT (digest) DO NOTHING`)
-		if err != nil {
-			tx.Rollback()
-			return err
-		}
-		for _, x := range rest[:k] {
-			v := content(x.i)
-			if _, err := st.ExecContext(ctx, x.d[:], len(v), v); err != nil {
-				tx.Rollback()
+	for chunk := range slices.Chunk(es, batch) {
+		err := engines.InTx(ctx, db, nil, func(tx *sql.Tx) error {
+			st, err := tx.PrepareContext(ctx, `INSERT INTO blobs (digest, size, value) VALUES (?, ?, ?) ON CONFLICT (digest) DO NOTHING`)
+			if err != nil {
 				return err
 			}
-		}
-		st.Close()
-		if err := tx.Commit(); err != nil {
+			defer st.Close()
+			for _, x := range chunk {
+				v := content(x.i)
+				if _, err := st.ExecContext(ctx, x.d[:], len(v), v); err != nil {
+					return err
+				}
+			}
+			return nil
+		})
+		if err != nil {
 			return err
 		}
-		rest = rest[k:]
 	}
 	inserted := time.Since(start)
 
@@ -129,12 +129,10 @@ func run(ctx context.Context, data string, n int, frac float64, ns string, batch
 			linked = append(linked, es[int(float64(j)*step)].d)
 		}
 	}
-	for rest := linked; len(rest) > 0; {
-		k := min(len(rest), batch)
-		if _, err := reg.LinkMany(ctx, ns, rest[:k]); err != nil {
+	for chunk := range slices.Chunk(linked, batch) {
+		if _, err := reg.LinkMany(ctx, ns, chunk); err != nil {
 			return err
 		}
-		rest = rest[k:]
 	}
 	if pins > 0 {
 		if err := writePins(ctx, e, pins, batch); err != nil {
@@ -152,19 +150,14 @@ func run(ctx context.Context, data string, n int, frac float64, ns string, batch
 func writePins(ctx context.Context, e *sqlite.Engine, n, batch int) error {
 	ds := make([]blob.Digest, n)
 	for j := range ds {
-		b := make([]byte, 16)
-		copy(b, "mkpin")
-		binary.BigEndian.PutUint64(b[8:], uint64(j))
-		ds[j] = sha256.Sum256(b)
+		ds[j] = sha256.Sum256(key("mkpin", uint64(j)))
 	}
 	slices.SortFunc(ds, blob.Digest.Compare)
 	expiry := time.Now().AddDate(10, 0, 0)
-	for rest := ds; len(rest) > 0; {
-		k := min(len(rest), batch)
-		if err := e.PinRows(ctx, nil, pinOwner, rest[:k], expiry); err != nil {
+	for chunk := range slices.Chunk(ds, batch) {
+		if err := e.PinRows(ctx, nil, pinOwner, chunk, expiry); err != nil {
 			return err
 		}
-		rest = rest[k:]
 	}
 	return nil
 }
