@@ -41,6 +41,8 @@ var (
 	// cannot grow, a full disk). Nothing was stored; the same put works
 	// once space is freed.
 	ErrNoSpace = errors.New("no space left in the store")
+	// ErrCorruptRow: a stored key is not 32 bytes (FromBytes).
+	ErrCorruptRow = errors.New("corrupt row")
 )
 
 // Sum returns the digest of b.
@@ -66,7 +68,7 @@ func Parse(s string) (Digest, error) {
 func FromBytes(b []byte) (Digest, error) {
 	var d Digest
 	if len(b) != Size {
-		return d, fmt.Errorf("corrupt row: stored key of %d bytes, want %d", len(b), Size)
+		return d, fmt.Errorf("%w: stored key of %d bytes, want %d", ErrCorruptRow, len(b), Size)
 	}
 	copy(d[:], b)
 	return d, nil

@@ -27,6 +27,8 @@ import (
 	"database/sql"
 	"io"
 	"iter"
+	"strconv"
+	"strings"
 	"time"
 
 	"github.com/alkblobfs/alkblobfs/blob"
@@ -245,4 +247,50 @@ func InTx(ctx context.Context, db *sql.DB, wrap func(error) error, fn func(tx *s
 		return wrap(err)
 	}
 	return nil
+}
+
+// DigestRows is what ScanDigests reads: *sql.Rows, or pgx.Rows.
+type DigestRows interface {
+	Next() bool
+	Scan(dest ...any) error
+	Err() error
+}
+
+// ScanDigests calls add with each row's single column, a 32-byte digest.
+// The caller closes rows.
+func ScanDigests(rows DigestRows, add func(blob.Digest)) error {
+	for rows.Next() {
+		var b []byte
+		if err := rows.Scan(&b); err != nil {
+			return err
+		}
+		d, err := blob.FromBytes(b)
+		if err != nil {
+			return err
+		}
+		add(d)
+	}
+	return rows.Err()
+}
+
+// Rebind rewrites `?` placeholders as `$1, $2, …` for PostgreSQL (dialect
+// "postgres"); other dialects keep them. The statements it serves hold no
+// `?` inside literals, so a plain scan suffices.
+func Rebind(dialect, q string) string {
+	if dialect != "postgres" {
+		return q
+	}
+	var b strings.Builder
+	b.Grow(len(q) + 16)
+	n := 0
+	for i := 0; i < len(q); i++ {
+		if q[i] == '?' {
+			n++
+			b.WriteByte('$')
+			b.WriteString(strconv.Itoa(n))
+			continue
+		}
+		b.WriteByte(q[i])
+	}
+	return b.String()
 }

@@ -6,10 +6,10 @@ import (
 	"errors"
 	"fmt"
 	"iter"
-	"strconv"
 	"strings"
 
 	"github.com/alkblobfs/alkblobfs/blob"
+	"github.com/alkblobfs/alkblobfs/engines"
 )
 
 // Table is a liveness source that an embedder keeps in the pool's shared
@@ -101,45 +101,27 @@ type querier interface {
 	QueryContext(ctx context.Context, query string, args ...any) (*sql.Rows, error)
 }
 
-func (t *Table) liveAmong(ctx context.Context, q querier, ds []blob.Digest) (map[blob.Digest]bool, error) {
+func (t *Table) liveAmong(ctx context.Context, q0 querier, ds []blob.Digest) (map[blob.Digest]bool, error) {
 	live := make(map[blob.Digest]bool)
 	if len(ds) == 0 {
 		return live, nil
 	}
-	var b strings.Builder
-	b.WriteString("SELECT DISTINCT digest FROM " + t.ref + " WHERE digest IN (")
 	args := make([]any, len(ds))
 	for i, d := range ds {
-		if i > 0 {
-			b.WriteString(", ")
-		}
-		if t.dialect == "postgres" {
-			b.WriteString("$" + strconv.Itoa(i+1))
-		} else {
-			b.WriteString("?")
-		}
 		args[i] = d[:]
 	}
-	b.WriteString(")")
-	rows, err := q.QueryContext(ctx, b.String(), args...)
+	q := engines.Rebind(t.dialect, "SELECT DISTINCT digest FROM "+t.ref+" WHERE digest IN (?"+strings.Repeat(", ?", len(ds)-1)+")")
+	rows, err := q0.QueryContext(ctx, q, args...)
 	if err != nil {
 		return nil, fmt.Errorf("liveness table %s: %w", t.ref, err)
 	}
 	defer rows.Close()
-	for rows.Next() {
-		var raw []byte
-		if err := rows.Scan(&raw); err != nil {
-			return nil, fmt.Errorf("liveness table %s: %w", t.ref, err)
-		}
-		d, err := blob.FromBytes(raw)
-		if err != nil {
+	if err := engines.ScanDigests(rows, func(d blob.Digest) { live[d] = true }); err != nil {
+		if errors.Is(err, blob.ErrCorruptRow) {
 			// A row that names no digest keeps nothing alive, but says the
 			// table is not what the operator thinks: fail loudly.
-			return nil, fmt.Errorf("liveness table %s: %w", t.ref, errors.Join(err, errors.New("the digest column must hold 32-byte sha256 keys")))
+			err = errors.Join(err, errors.New("the digest column must hold 32-byte sha256 keys"))
 		}
-		live[d] = true
-	}
-	if err := rows.Err(); err != nil {
 		return nil, fmt.Errorf("liveness table %s: %w", t.ref, err)
 	}
 	return live, nil

@@ -7,7 +7,6 @@ import (
 	"fmt"
 	"iter"
 	"slices"
-	"strconv"
 	"strings"
 	"time"
 
@@ -178,26 +177,8 @@ func linkRowsQuery(dialect string, rows int) string {
 	return rebind(dialect, b.String())
 }
 
-// rebind rewrites `?` placeholders as `$1, $2, …` for PostgreSQL. The
-// statements above hold no `?` inside literals, so a plain scan suffices.
-func rebind(dialect, q string) string {
-	if dialect != "postgres" {
-		return q
-	}
-	var b strings.Builder
-	b.Grow(len(q) + 16)
-	n := 0
-	for i := 0; i < len(q); i++ {
-		if q[i] == '?' {
-			n++
-			b.WriteByte('$')
-			b.WriteString(strconv.Itoa(n))
-			continue
-		}
-		b.WriteByte(q[i])
-	}
-	return b.String()
-}
+// rebind is engines.Rebind: the statements here are written once with `?`.
+func rebind(dialect, q string) string { return engines.Rebind(dialect, q) }
 
 // OpenSQL creates the registry's tables in db if needed and returns the
 // registry. dialect is "sqlite" or "postgres" (engines.SQL.Dialect). clock
@@ -776,18 +757,7 @@ func (r *SQL) liveAmong(ctx context.Context, q querier, ds []blob.Digest) (map[b
 		return nil, wrap("islive", "", blob.Digest{}, err)
 	}
 	defer rows.Close()
-	for rows.Next() {
-		var b []byte
-		if err := rows.Scan(&b); err != nil {
-			return nil, wrap("islive", "", blob.Digest{}, err)
-		}
-		d, err := blob.FromBytes(b)
-		if err != nil {
-			return nil, wrap("islive", "", blob.Digest{}, err)
-		}
-		live[d] = true
-	}
-	if err := rows.Err(); err != nil {
+	if err := engines.ScanDigests(rows, func(d blob.Digest) { live[d] = true }); err != nil {
 		return nil, wrap("islive", "", blob.Digest{}, err)
 	}
 	return live, nil
@@ -807,18 +777,8 @@ func (r *SQL) Live(ctx context.Context) iter.Seq2[blob.Digest, error] {
 		}
 		defer rows.Close()
 		out := make([]blob.Digest, 0, pageSize)
-		for rows.Next() {
-			var b []byte
-			if err := rows.Scan(&b); err != nil {
-				return nil, err
-			}
-			d, err := blob.FromBytes(b)
-			if err != nil {
-				return nil, err
-			}
-			out = append(out, d)
-		}
-		return out, rows.Err()
+		err = engines.ScanDigests(rows, func(d blob.Digest) { out = append(out, d) })
+		return out, err
 	})
 }
 

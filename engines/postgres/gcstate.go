@@ -113,18 +113,8 @@ func (e *Engine) RenewPins(ctx context.Context, owner string, now, expiry time.T
 	}
 	defer rows.Close()
 	var ds []blob.Digest
-	for rows.Next() {
-		var b []byte
-		if err := rows.Scan(&b); err != nil {
-			return nil, e.wrap("renew pins", err)
-		}
-		d, err := blob.FromBytes(b)
-		if err != nil {
-			return nil, e.wrap("renew pins", err)
-		}
-		ds = append(ds, d)
-	}
-	return ds, e.wrap("renew pins", rows.Err())
+	err = engines.ScanDigests(rows, func(d blob.Digest) { ds = append(ds, d) })
+	return ds, e.wrap("renew pins", err)
 }
 
 // DropPins implements engines.GCHost.
@@ -181,18 +171,8 @@ func (e *Engine) PinnedAmong(ctx context.Context, tx *sql.Tx, ds []blob.Digest, 
 		return nil, e.wrap("pinned", err)
 	}
 	defer rows.Close()
-	for rows.Next() {
-		var b []byte
-		if err := rows.Scan(&b); err != nil {
-			return nil, e.wrap("pinned", err)
-		}
-		d, err := blob.FromBytes(b)
-		if err != nil {
-			return nil, e.wrap("pinned", err)
-		}
-		out[d] = true
-	}
-	return out, e.wrap("pinned", rows.Err())
+	err = engines.ScanDigests(rows, func(d blob.Digest) { out[d] = true })
+	return out, e.wrap("pinned", err)
 }
 
 // DeleteManyTx implements engines.GCHost: one DELETE … RETURNING.

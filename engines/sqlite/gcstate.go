@@ -130,18 +130,7 @@ func (e *Engine) scanDigests(ctx context.Context, tx *sql.Tx, q string, args []a
 		return err
 	}
 	defer rows.Close()
-	for rows.Next() {
-		var b []byte
-		if err := rows.Scan(&b); err != nil {
-			return err
-		}
-		d, err := blob.FromBytes(b)
-		if err != nil {
-			return err
-		}
-		out[d] = true
-	}
-	return rows.Err()
+	return engines.ScanDigests(rows, func(d blob.Digest) { out[d] = true })
 }
 
 // SweepLease implements engines.GCHost with an flock(2) on a file beside
