@@ -294,18 +294,8 @@ func writeFile(t testing.TB, path string, b []byte) {
 	}
 }
 
-// eventually polls cond until it holds or the deadline passes: tests wait
-// on conditions, never on sleeps.
-func eventually(t testing.TB, within time.Duration, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(within)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out after %s waiting for %s", within, what)
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
-}
+// eventually is fusetest.Eventually.
+var eventually = fusetest.Eventually
 
 // logBuffer keeps the mount's log for assertions.
 type logBuffer = fusetest.Buffer

@@ -13,10 +13,8 @@ import (
 
 	"github.com/alkblobfs/alkblobfs/blob"
 	"github.com/alkblobfs/alkblobfs/engines"
-	"github.com/alkblobfs/alkblobfs/engines/local"
 	"github.com/alkblobfs/alkblobfs/engines/mem"
 	"github.com/alkblobfs/alkblobfs/engines/postgres/pgtest"
-	"github.com/alkblobfs/alkblobfs/engines/sqlite"
 	"github.com/alkblobfs/alkblobfs/gc"
 	"github.com/alkblobfs/alkblobfs/store"
 )
@@ -27,20 +25,6 @@ import (
 func TestFleetConstruction(t *testing.T) {
 	dsn, other := pgtest.DSN(t), pgtest.DSN(t)
 	ctx := t.Context()
-	sq := func() engines.KV {
-		e, err := sqlite.Open(ctx, t.TempDir()+"/kv.db")
-		if err != nil {
-			t.Fatal(err)
-		}
-		return e
-	}
-	loc := func() engines.Large {
-		e, err := local.Open(ctx, t.TempDir(), nil)
-		if err != nil {
-			t.Fatal(err)
-		}
-		return e
-	}
 	onePool := dsn + "&pool_max_conns=1"
 	if !strings.Contains(dsn, "?") {
 		onePool = dsn + "?pool_max_conns=1"
@@ -54,14 +38,16 @@ func TestFleetConstruction(t *testing.T) {
 		{"postgres+pglo same database", func() store.Config { return store.Config{KV: pgKV(t, dsn), Large: pgLarge(t, dsn)} }, true, ""},
 		{"postgres alone", func() store.Config { return store.Config{KV: pgKV(t, dsn)} }, true, ""},
 		{"postgres+local on shared media", func() store.Config {
-			return store.Config{KV: pgKV(t, dsn), Large: loc(), SharedMedia: true}
+			return store.Config{KV: pgKV(t, dsn), Large: localLarge(t, t.TempDir()), SharedMedia: true}
 		}, true, ""},
-		{"sqlite kv", func() store.Config { return store.Config{KV: sq(), Large: loc(), SharedMedia: true} }, false, "needs a PostgreSQL kv engine"},
+		{"sqlite kv", func() store.Config {
+			return store.Config{KV: sqliteKV(t, t.TempDir()), Large: localLarge(t, t.TempDir()), SharedMedia: true}
+		}, false, "needs a PostgreSQL kv engine"},
 		{"mem kv", func() store.Config { return store.Config{KV: mem.New(), Large: pgLarge(t, dsn)} }, false, "needs a PostgreSQL kv engine"},
 		{"no kv", func() store.Config { return store.Config{Large: pgLarge(t, dsn)} }, false, "needs a PostgreSQL kv engine"},
 		{"mem large", func() store.Config { return store.Config{KV: pgKV(t, dsn), Large: mem.New()} }, false, "memory"},
 		{"pglo in another database", func() store.Config { return store.Config{KV: pgKV(t, dsn), Large: pgLarge(t, other)} }, false, "not in the kv engine's database"},
-		{"local without shared media", func() store.Config { return store.Config{KV: pgKV(t, dsn), Large: loc()} }, false, "--shared-media"},
+		{"local without shared media", func() store.Config { return store.Config{KV: pgKV(t, dsn), Large: localLarge(t, t.TempDir())} }, false, "--shared-media"},
 		{"pool of one", func() store.Config { return store.Config{KV: pgKV(t, onePool)} }, false, "at least 2"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {

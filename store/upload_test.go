@@ -287,8 +287,7 @@ type seqStage struct{ engines.Stage }
 // memory; the ones past it spill into their stage, and every one still
 // publishes its content.
 func TestUploadMemoryBudget(t *testing.T) {
-	dir := t.TempDir()
-	s := openWith(t, store.Config{KV: mem.New(), Large: localLarge(t, dir), UploadMemory: 3 * threshold})
+	s := openWith(t, store.Config{KV: mem.New(), Large: localLarge(t, t.TempDir()), UploadMemory: 3 * threshold})
 	var ups []*store.Upload
 	var datas [][]byte
 	for i := range 6 {
@@ -304,7 +303,7 @@ func TestUploadMemoryBudget(t *testing.T) {
 		ups, datas = append(ups, u), append(datas, data)
 	}
 	// Three fit the budget; the other three are in stage files.
-	if n := stageFiles(t, dir); n != 3 {
+	if n := residue(t, s); n != 3 {
 		t.Fatalf("%d uploads spilled to stage files; want 3 past a budget of 3", n)
 	}
 	for i, u := range ups {
@@ -314,16 +313,7 @@ func TestUploadMemoryBudget(t *testing.T) {
 		}
 		pin.Release()
 	}
-	if n := stageFiles(t, dir); n != 0 {
+	if n := residue(t, s); n != 0 {
 		t.Fatalf("%d stage files after every commit", n)
 	}
-}
-
-func stageFiles(t *testing.T, dir string) int {
-	t.Helper()
-	ents, err := os.ReadDir(filepath.Join(dir, "large", "stage"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	return len(ents)
 }

@@ -11,72 +11,12 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
-	"syscall"
 	"testing"
 	"time"
 
 	"github.com/alkblobfs/alkblobfs/engines/postgres/pgtest"
 	"github.com/jackc/pgx/v5"
 )
-
-// openWithin opens path, retrying until it exists or within passes.
-func openWithin(t *testing.T, path string, within time.Duration) *os.File {
-	t.Helper()
-	deadline := time.Now().Add(within)
-	for {
-		f, err := os.Open(path)
-		if err == nil {
-			return f
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("%s not readable within %s: %v", path, within, err)
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
-}
-
-func sweepVia(t *testing.T, mnt string) {
-	t.Helper()
-	if err := os.WriteFile(filepath.Join(mnt, ".alkblobfs", "sweep"), []byte("run\n"), 0o644); err != nil {
-		t.Fatalf("sweep through %s: %v", mnt, err)
-	}
-}
-
-// readsTo reads the rest of f, opened on blob d with head read already,
-// and fails unless the whole hashes to d.
-func readsTo(t *testing.T, f *os.File, head []byte, d string) {
-	t.Helper()
-	rest, err := io.ReadAll(f)
-	if err != nil {
-		t.Fatalf("reading the open file: %v", err)
-	}
-	if got := sum(append(head, rest...)); got != d {
-		t.Fatalf("the open file read back as %s, want %s", got, d)
-	}
-}
-
-// collected sweeps (with sweep) until the store no longer lists d, and
-// fails if that takes over 15 s.
-func collected(t *testing.T, c *cli, d string, sweep func()) time.Duration {
-	t.Helper()
-	start := time.Now()
-	for strings.Contains(c.ok("ls"), d) {
-		if time.Since(start) > 15*time.Second {
-			t.Fatalf("%s was never collected", d)
-		}
-		sweep()
-		time.Sleep(200 * time.Millisecond)
-	}
-	return time.Since(start)
-}
-
-func stopDaemon(t *testing.T, dm *daemon) {
-	t.Helper()
-	dm.cmd.Process.Signal(syscall.SIGTERM)
-	if code := dm.wait(20 * time.Second); code != 0 {
-		t.Fatalf("mount exit %d after SIGTERM:\n%s", code, dm.stderr.String())
-	}
-}
 
 // TestFleetTwoMounts: two daemons in fleet mode on one PostgreSQL pool.
 // A file written through A shows on B by digest within about a second; a

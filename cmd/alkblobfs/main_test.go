@@ -39,6 +39,7 @@ func TestMain(m *testing.M) {
 type cli struct {
 	t     *testing.T
 	data  string
+	home  string // HOME of every run: never the real ~/.local/share
 	flags []string
 }
 
@@ -53,7 +54,7 @@ func newCLI(t *testing.T, flags ...string) *cli {
 	if err := os.Chmod(data, 0o700); err != nil {
 		t.Fatal(err)
 	}
-	return &cli{t: t, data: data, flags: flags}
+	return &cli{t: t, data: data, home: t.TempDir(), flags: flags}
 }
 
 type result struct {
@@ -65,17 +66,26 @@ type result struct {
 // run executes alkblobfs --data <dir> <flags> args with stdin (nil: none).
 func (c *cli) run(stdin io.Reader, args ...string) result {
 	c.t.Helper()
+	r, err := c.exec(stdin, args...)
+	if err != nil {
+		c.t.Fatal(err)
+	}
+	return r
+}
+
+// exec is run without failing the test: for goroutines, which must not
+// call t.Fatal. The error is a command that could not run at all.
+func (c *cli) exec(stdin io.Reader, args ...string) (result, error) {
 	cmd := exec.Command(bin, append(append([]string{"--data", c.data}, c.flags...), args...)...)
-	home := c.t.TempDir() // never touch the real ~/.local/share
-	cmd.Env = append(os.Environ(), "HOME="+home, "XDG_DATA_HOME=")
+	cmd.Env = append(os.Environ(), "HOME="+c.home, "XDG_DATA_HOME=")
 	cmd.Stdin = stdin
 	var stdout, stderr bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &stdout, &stderr
 	err := cmd.Run()
 	if _, isExit := err.(*exec.ExitError); err != nil && !isExit {
-		c.t.Fatalf("alkblobfs %s: %v", strings.Join(args, " "), err)
+		return result{}, fmt.Errorf("alkblobfs %s: %w", strings.Join(args, " "), err)
 	}
-	return result{stdout.String(), stderr.String(), cmd.ProcessState.ExitCode(), cmd.ProcessState}
+	return result{stdout.String(), stderr.String(), cmd.ProcessState.ExitCode(), cmd.ProcessState}, nil
 }
 
 // ok runs args, requires exit 0 and a quiet stderr, and returns stdout.

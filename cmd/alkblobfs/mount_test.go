@@ -27,6 +27,9 @@ import (
 
 func requireFUSE(t *testing.T) { fusetest.RequireFUSE(t) }
 
+// eventually is fusetest.Eventually.
+var eventually = fusetest.Eventually
+
 type syncBuffer = fusetest.Buffer
 
 // daemon is one `alkblobfs mount` process.
@@ -80,6 +83,61 @@ func startDaemon(t *testing.T, data, mnt string, args ...string) *daemon {
 			t.Fatalf("daemon did not mount within 20s:\n%s", d.stderr.String())
 		}
 		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+// openWithin opens path, retrying until it exists or within passes.
+func openWithin(t *testing.T, path string, within time.Duration) *os.File {
+	t.Helper()
+	var f *os.File
+	eventually(t, within, path+" to be readable", func() bool {
+		var err error
+		f, err = os.Open(path)
+		return err == nil
+	})
+	return f
+}
+
+func sweepVia(t *testing.T, mnt string) {
+	t.Helper()
+	if err := os.WriteFile(filepath.Join(mnt, ".alkblobfs", "sweep"), []byte("run\n"), 0o644); err != nil {
+		t.Fatalf("sweep through %s: %v", mnt, err)
+	}
+}
+
+// readsTo reads the rest of f, opened on blob d with head read already,
+// and fails unless the whole hashes to d.
+func readsTo(t *testing.T, f *os.File, head []byte, d string) {
+	t.Helper()
+	rest, err := io.ReadAll(f)
+	if err != nil {
+		t.Fatalf("reading the open file: %v", err)
+	}
+	if got := sum(append(head, rest...)); got != d {
+		t.Fatalf("the open file read back as %s, want %s", got, d)
+	}
+}
+
+// collected sweeps (with sweep) until the store no longer lists d, and
+// fails if that takes over 15 s.
+func collected(t *testing.T, c *cli, d string, sweep func()) time.Duration {
+	t.Helper()
+	start := time.Now()
+	for strings.Contains(c.ok("ls"), d) {
+		if time.Since(start) > 15*time.Second {
+			t.Fatalf("%s was never collected", d)
+		}
+		sweep()
+		time.Sleep(200 * time.Millisecond)
+	}
+	return time.Since(start)
+}
+
+func stopDaemon(t *testing.T, dm *daemon) {
+	t.Helper()
+	dm.cmd.Process.Signal(syscall.SIGTERM)
+	if code := dm.wait(20 * time.Second); code != 0 {
+		t.Fatalf("mount exit %d after SIGTERM:\n%s", code, dm.stderr.String())
 	}
 }
 
@@ -316,19 +374,7 @@ func TestTwoMountsOneStore(t *testing.T) {
 	if err := os.WriteFile(filepath.Join(mntA, "ns", "incoming", "f"), content, 0o644); err != nil {
 		t.Fatal(err)
 	}
-	pathB := filepath.Join(mntB, "ns", d)
-	var f *os.File
-	deadline := time.Now().Add(5 * time.Second)
-	for {
-		var err error
-		if f, err = os.Open(pathB); err == nil {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("blob put through A not readable through B: %v", err)
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
+	f := openWithin(t, filepath.Join(mntB, "ns", d), 5*time.Second)
 	defer f.Close()
 	head := make([]byte, 4096)
 	if _, err := io.ReadFull(f, head); err != nil {
@@ -454,14 +500,9 @@ func TestReadOnlyMount(t *testing.T) {
 	if err := os.WriteFile(filepath.Join(rw, "ns", "incoming", "g"), []byte("from rw"), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	var b []byte
-	var err error
-	for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(time.Millisecond) {
-		b, err = os.ReadFile(filepath.Join(ro, "ns", sum([]byte("from rw"))))
-		if err == nil || time.Now().After(deadline) {
-			break
-		}
-	}
+	g := openWithin(t, filepath.Join(ro, "ns", sum([]byte("from rw"))), 5*time.Second)
+	b, err := io.ReadAll(g)
+	g.Close()
 	if err != nil || string(b) != "from rw" {
 		t.Fatalf("a blob put through the read-write mount, read through the read-only one: %q, %v", b, err)
 	}

@@ -1,8 +1,6 @@
 package main
 
 import (
-	"context"
-	"encoding/hex"
 	"net"
 	"net/url"
 	"os"
@@ -11,8 +9,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/alkblobfs/alkblobfs/blob"
+	"github.com/alkblobfs/alkblobfs/engines/postgres"
 	"github.com/alkblobfs/alkblobfs/engines/postgres/pgtest"
-	"github.com/jackc/pgx/v5"
 )
 
 // The PostgreSQL engine URLs, end to end through the binary.
@@ -86,13 +85,14 @@ func TestPostgresSweepLease(t *testing.T) {
 	d := strings.TrimSpace(c.ok("put", src))
 	c.ok("sweep") // stages d
 
-	conn, err := pgx.Connect(t.Context(), dsn)
+	// Another process of the pool, through the engine's own GC state.
+	other, err := postgres.Open(t.Context(), dsn)
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer conn.Close(context.Background())
-	var got bool
-	if err := conn.QueryRow(t.Context(), `SELECT pg_try_advisory_lock($1, $2)`, int32(0x616c6b73), int32(0x77656570)).Scan(&got); err != nil || !got {
+	defer other.Close()
+	lease, got, err := other.SweepLease(t.Context())
+	if err != nil || !got {
 		t.Fatalf("taking the lease in the test: %v, %v", got, err)
 	}
 	r := c.run(nil, "sweep", "--json")
@@ -103,22 +103,19 @@ func TestPostgresSweepLease(t *testing.T) {
 		t.Fatal("a refused sweep removed the blob")
 	}
 	// A foreign process's unexpired pin row refuses rm.
-	key, _ := hex.DecodeString(d)
-	if _, err := conn.Exec(t.Context(), `INSERT INTO gc_pins (digest, owner, expiry) VALUES ($1, 'other-host:1:x', $2)`,
-		key, time.Now().Add(time.Hour).UnixNano()); err != nil {
+	dg := blob.MustParse(d)
+	if err := other.PinRows(t.Context(), nil, "other-host:1:x", []blob.Digest{dg}, time.Now().Add(time.Hour)); err != nil {
 		t.Fatal(err)
 	}
 	c.fail(1, "protected", "rm", d)
-	if _, err := conn.Exec(t.Context(), `DELETE FROM gc_pins`); err != nil {
+	if err := other.DropOwner(t.Context(), "other-host:1:x"); err != nil {
 		t.Fatal(err)
 	}
 	c.ok("rm", d)
 	if out := c.ok("ls"); strings.Contains(out, d) {
 		t.Fatal("rm left the blob")
 	}
-	if _, err := conn.Exec(t.Context(), `SELECT pg_advisory_unlock($1, $2)`, int32(0x616c6b73), int32(0x77656570)); err != nil {
-		t.Fatal(err)
-	}
+	lease.Release()
 	if out := c.ok("sweep", "--json"); strings.Contains(out, "SweeperLock") {
 		t.Fatalf("sweep after release still locked out:\n%s", out)
 	}

@@ -3,11 +3,9 @@
 package main
 
 import (
-	"bytes"
 	"fmt"
 	"math/rand/v2"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strings"
 	"sync"
@@ -44,17 +42,12 @@ func TestCrossProcessRace(t *testing.T) {
 	mnt := t.TempDir()
 	dm := startDaemon(t, c.data, mnt, "--pin-ttl", "3s")
 
-	home := t.TempDir()
 	run := func(args ...string) (int, string) {
-		cmd := exec.Command(bin, append([]string{"--data", c.data}, args...)...)
-		cmd.Env = append(os.Environ(), "HOME="+home, "XDG_DATA_HOME=")
-		var stderr bytes.Buffer
-		cmd.Stderr = &stderr
-		err := cmd.Run()
-		if _, isExit := err.(*exec.ExitError); err != nil && !isExit {
+		r, err := c.exec(nil, args...)
+		if err != nil {
 			return -1, err.Error()
 		}
-		return cmd.ProcessState.ExitCode(), stderr.String()
+		return r.code, r.stderr
 	}
 
 	stop := make(chan struct{})
@@ -154,8 +147,5 @@ func TestCrossProcessRace(t *testing.T) {
 	if lost > 0 {
 		t.Fatalf("%d linked blobs lost", lost)
 	}
-	dm.cmd.Process.Signal(os.Interrupt)
-	if code := dm.wait(20 * time.Second); code != 0 {
-		t.Fatalf("mount exit %d:\n%s", code, dm.stderr.String())
-	}
+	stopDaemon(t, dm)
 }

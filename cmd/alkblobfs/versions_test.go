@@ -37,17 +37,11 @@ func TestCompoundRedirectKeepsOthersReference(t *testing.T) {
 		if err := sh.Start(); err != nil {
 			t.Fatal(err)
 		}
-		deadline := time.Now().Add(10 * time.Second)
-		for {
-			if _, err := os.Stat(step1); err == nil {
-				break
-			}
-			if time.Now().After(deadline) {
-				sh.Process.Kill()
-				t.Fatal("the shell never reached its second command")
-			}
-			time.Sleep(10 * time.Millisecond)
-		}
+		defer sh.Process.Kill()
+		eventually(t, 10*time.Second, "the shell's second command", func() bool {
+			_, err := os.Stat(step1)
+			return err == nil
+		})
 		if cliPut {
 			if got := c.ok("put", "--ns", "ns", headerPath); got != header+"\n" {
 				t.Fatalf("put printed %q", got)
@@ -141,13 +135,9 @@ poll:
 	if err := exec.Command("sh", "-c", fmt.Sprintf(`: > %q`, filepath.Join(nsDir, "incoming", "empty"))).Run(); err != nil {
 		t.Fatal(err)
 	}
-	deadline := time.Now().Add(5 * time.Second)
-	for !slices.Contains(lines(c.ok("ls", "ns")), emptyDigest) {
-		if time.Now().After(deadline) {
-			t.Fatal("an explicitly empty file was never published")
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
+	eventually(t, 5*time.Second, "an explicitly empty file to publish", func() bool {
+		return slices.Contains(lines(c.ok("ls", "ns")), emptyDigest)
+	})
 	stopDaemon(t, dm)
 }
 
@@ -170,14 +160,10 @@ func TestCloseSurvivesCrash(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer sh.Process.Kill()
-	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(10 * time.Millisecond) {
-		if _, err := os.Stat(marker); err == nil {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatal("the writer never closed its copies")
-		}
-	}
+	eventually(t, 10*time.Second, "the writer to close its copies", func() bool {
+		_, err := os.Stat(marker)
+		return err == nil
+	})
 	final, half := sum([]byte("onetwo")), sum([]byte("one"))
 	if listed := lines(c.ok("ls", "ns")); len(listed) != 0 {
 		t.Fatalf("the namespace lists %v while the writer still holds the file", listed)

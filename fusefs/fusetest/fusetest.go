@@ -1,5 +1,5 @@
 // Package fusetest holds what the mount's tests share across packages:
-// the FUSE availability gate and a concurrency-safe log buffer.
+// the FUSE availability gate, a concurrency-safe log buffer, and polling.
 package fusetest
 
 import (
@@ -8,6 +8,7 @@ import (
 	"os/exec"
 	"sync"
 	"testing"
+	"time"
 )
 
 // RequireFUSE skips t when this machine cannot mount FUSE (no /dev/fuse,
@@ -49,4 +50,17 @@ func (b *Buffer) String() string {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	return b.b.String()
+}
+
+// Eventually polls cond until it holds, failing t after within: tests wait
+// on conditions, never on sleeps.
+func Eventually(t testing.TB, within time.Duration, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(within)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out after %s waiting for %s", within, what)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
 }
