@@ -39,7 +39,9 @@ for c in bindfs getfattr fusermount3; do
 done
 
 work=$(mktemp -d "${BENCH_DIR:-/var/tmp}/alkblobfs-bench.XXXXXX")
-declare -a pids=()
+PROG=bench.sh
+# shellcheck source=scripts/lib.sh
+. "$root/scripts/lib.sh"
 cleanup() {
 	for p in "${pids[@]}"; do kill -TERM "$p" 2>/dev/null || true; done
 	wait 2>/dev/null || true
@@ -51,8 +53,6 @@ trap cleanup EXIT
 bin=$work/alkblobfs
 (cd "$root" && go build -o "$bin" ./cmd/alkblobfs)
 [[ -n $profile ]] && mkdir -p "$profile"
-
-drop() { sync; echo 3 >/proc/sys/vm/drop_caches; }
 
 # secs CMD... runs CMD and prints its wall time in seconds.
 secs() {
@@ -72,29 +72,6 @@ best() {
 		if [[ -z $b ]] || awk -v s="$s" -v b="$b" 'BEGIN { exit !(s < b) }'; then b=$s; fi
 	done
 	echo "$b"
-}
-
-# mountfs DATA MNT [mount flags...] starts a daemon and waits until mounted.
-mountfs() {
-	local data=$1 mnt=$2
-	shift 2
-	mkdir -p "$mnt"
-	"$bin" --data "$data" mount "$@" "$mnt" 2>"$mnt.log" &
-	echo $! >"$mnt.pid"
-	pids+=("$!")
-	for _ in $(seq 1 1000); do
-		grep -q 'msg=mounted' "$mnt.log" && return 0
-		sleep 0.01
-	done
-	echo "bench.sh: mount failed:" >&2
-	cat "$mnt.log" >&2
-	exit 1
-}
-umountfs() {
-	local mnt=$1 pid
-	pid=$(cat "$mnt.pid")
-	kill -TERM "$pid"
-	wait "$pid" || { echo "bench.sh: daemon on $mnt exited with $?:" >&2; cat "$mnt.log" >&2; exit 1; }
 }
 
 rows=()
@@ -120,7 +97,7 @@ head -c "$((small_n * 4096))" /dev/urandom | split -b 4096 -a 6 - "$work/small/f
 seq -w 1 "$ls_n" | (cd "$work/lsdir" && split -l 1 -a 6 - f)
 
 echo "== read: publish the blob"
-mountfs "$data" "$mnt"
+mountfs "$bin" "$mnt" --data "$data" mount
 mkdir "$mnt/bench"
 cp "$work/read.bin" "$mnt/bench/incoming/read.bin"
 digest=$(getfattr --absolute-names --only-values -n user.alkblobfs.digest "$mnt/bench/incoming/read.bin")
@@ -129,7 +106,7 @@ backing=$data/large/blobs/${digest:0:2}/$digest
 [[ -f $backing ]] || { echo "bench.sh: no backing file $backing" >&2; exit 1; }
 
 ddread() { dd if="$1" of=/dev/null bs=1M; }
-drop
+dropcaches
 n_cold=$(secs ddread "$backing")
 n_warm=$(best "$reps" ddread "$backing")
 echo "  native dd: cold ${n_cold}s ($(mbps "$n_cold")), warm ${n_warm}s ($(mbps "$n_warm"))"
@@ -141,8 +118,8 @@ for mode in "full" "full-nopassthrough" "publish"; do
 	publish) flags=(--verify=publish) ;;
 	esac
 	[[ -n $profile && $mode == full-nopassthrough ]] && flags+=(--cpuprofile "$profile/read.pprof")
-	mountfs "$data" "$mnt" "${flags[@]}"
-	drop
+	mountfs "$bin" "$mnt" --data "$data" mount "${flags[@]}"
+	dropcaches
 	c=$(secs ddread "$mnt/bench/$digest")
 	w=$(best "$reps" ddread "$mnt/bench/$digest")
 	pt=$(awk '/"passthrough"/ { p = 1 } p && /"opens"/ { gsub(/[^0-9]/, ""); print; exit }' "$mnt/.alkblobfs/stats")
@@ -156,7 +133,7 @@ done
 
 mkdir -p "$work/bind"
 bindfs "$data/large/blobs" "$work/bind"
-drop
+dropcaches
 c=$(secs ddread "$work/bind/${digest:0:2}/$digest")
 w=$(best "$reps" ddread "$work/bind/${digest:0:2}/$digest")
 fusermount3 -u "$work/bind"
@@ -170,7 +147,7 @@ ns=$(secs sh -c "cp '$work/write.bin' '$native/write.bin' && sync '$native/write
 rm -f "$native/write.bin"
 wflags=()
 [[ -n $profile ]] && wflags=(--cpuprofile "$profile/write.pprof")
-mountfs "$data" "$mnt" "${wflags[@]}"
+mountfs "$bin" "$mnt" --data "$data" mount "${wflags[@]}"
 m=$(secs cp "$work/write.bin" "$mnt/bench/incoming/write.bin")
 row "cp $size_mb MiB into incoming/" "$n" "$m" ">=0.5" "$(mbps "$m")"
 row "cp $size_mb MiB into incoming/ vs cp + sync" "$ns" "$m" "-" "(publish fsyncs the blob)"
@@ -192,21 +169,21 @@ mkdir "$mnt/ls"
 fill=$(secs cp -r "$work/lsdir" "$mnt/ls/incoming/")
 echo "  (filled the namespace with $ls_n files through incoming/ in ${fill}s)"
 umountfs "$mnt"
-mountfs "$data" "$mnt"
+mountfs "$bin" "$mnt" --data "$data" mount
 count=$(ls "$mnt/ls" | wc -l)
 [[ $count == $((ls_n + 1)) ]] || { echo "bench.sh: namespace lists $count entries, want $((ls_n + 1))" >&2; exit 1; }
 umountfs "$mnt"
-mountfs "$data" "$mnt"
-drop
+mountfs "$bin" "$mnt" --data "$data" mount
+dropcaches
 mc=$(secs ls -l "$mnt/ls")
 mw=$(best "$reps" ls -l "$mnt/ls")
 umountfs "$mnt"
-drop
+dropcaches
 nc=$(secs ls -l "$work/lsdir")
 nw=$(best "$reps" ls -l "$work/lsdir")
 mkdir -p "$work/bindls"
 bindfs "$work/lsdir" "$work/bindls"
-drop
+dropcaches
 bc=$(secs ls -l "$work/bindls")
 bw=$(best "$reps" ls -l "$work/bindls")
 fusermount3 -u "$work/bindls"

@@ -14,7 +14,7 @@ import (
 	"github.com/alkblobfs/alkblobfs/store"
 )
 
-// The cost of pins kept as gc_pins rows (scripts/measure-pins.sh runs
+// The cost of pins kept as gc_pins rows (scripts/measure.sh runs
 // these):
 //
 //	go test -run '^$' -bench 'Pin|Renew' -count 3 ./store

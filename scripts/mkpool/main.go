@@ -1,6 +1,6 @@
 // Command mkpool fills the default store under a data directory with many
 // tiny distinct blobs, fast, and links a fraction of them into a namespace:
-// the fixture of scripts/measure-sweep.sh.
+// the fixture of scripts/measure.sh sweep.
 //
 //	go run ./scripts/mkpool -data DIR -n 1000000 -link 0.1 -ns keep
 //
@@ -14,7 +14,7 @@
 //
 // -pins N also writes N gc_pins rows under a foreign owner
 // (pinOwner, as if another mount held them), expiring in ten years, in
-// transactions of -batch rows: the fixture of scripts/measure-pins.sh.
+// transactions of -batch rows: the fixture of scripts/measure.sh.
 // Their digests, sha256 of "mkpin" + j, are of no blob in the pool, so a
 // sweep deletes exactly what it deletes without them and only pays for
 // the bigger table (the reap scan, the arbitration lookups).

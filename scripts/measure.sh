@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
-# measure-pins.sh — what keeping GC pins as gc_pins rows costs: the mount's
-# read path (each first open of a blob writes a row), puts from one mount
-# and from two mounts of one store, sweeps beside many foreign pin rows,
-# and the Go benchmarks of Pin and of a renewal tick.
+# measure.sh — before/after measurements of one workload at a time, runs
+# interleaved: the mount's read path (each first open of a blob writes a
+# pin row), puts from one mount and from two mounts of one store, sweeps
+# over a large pool (beside many foreign pin rows), the publish latency
+# of cp + stat, and the Go benchmarks of Pin and of a renewal tick.
 #
-#   [BASE=TREE] [REPS=3] scripts/measure-pins.sh MODE [ARGS]
+#   [BASE=TREE] [REPS=3] scripts/measure.sh MODE [ARGS]
 #
 #   cat [N]                 N (10000) distinct 4 KiB blobs put with the CLI
 #                           into the default store, then read through a
@@ -22,10 +23,13 @@
 #                           the same on PostgreSQL fleet mode (--kv DSN
 #                           --large pglo --fleet). With BASE, BASE's one
 #                           mount too (label before-one; it refuses two).
-#   sweep [N] [FRAC] [PINS] scripts/measure-sweep.sh's two timed sweeps over
-#                           an N (1000000) entry pool, FRAC (0.1) linked,
-#                           with PINS (100000) unexpired gc_pins rows of a
-#                           foreign owner present (scripts/mkpool -pins: their
+#   sweep [N] [FRAC] [PINS] two sweeps of `alkblobfs sweep`, wall time and
+#                           peak RSS (/usr/bin/time) and the sweep's own
+#                           report, over an N (1000000) entry pool made by
+#                           scripts/mkpool, FRAC (0.1) linked; then exactly
+#                           the linked blobs must remain. PINS (100000)
+#                           unexpired gc_pins rows of a foreign owner are
+#                           present, 0 for none (scripts/mkpool -pins: their
 #                           digests are of no pool blob, so the sweeps do
 #                           the same deletes and only the table differs).
 #                           With BASE, BASE's run has no pin rows (it has no
@@ -49,10 +53,10 @@
 # daemons) lives in a temporary directory removed on exit.
 #
 # Examples:
-#   BASE=/tmp/base scripts/measure-pins.sh cat
-#   scripts/pg.sh scripts/measure-pins.sh puts
-#   BASE=/tmp/base scripts/measure-pins.sh sweep 1000000 0.1 100000
-#   scripts/pg.sh scripts/measure-pins.sh bench
+#   BASE=/tmp/base scripts/measure.sh cat
+#   scripts/pg.sh scripts/measure.sh puts
+#   BASE=/tmp/base scripts/measure.sh sweep 1000000 0.1 100000
+#   scripts/pg.sh scripts/measure.sh bench
 set -euo pipefail
 
 usage() {
@@ -70,9 +74,10 @@ if [[ -n $base ]]; then
 	base=$(cd "$base" && pwd)
 fi
 
-work=$(mktemp -d "${TMPDIR:-/tmp}/alkblobfs-pins.XXXXXX")
-pids=()
-mounts=()
+work=$(mktemp -d "${TMPDIR:-/tmp}/alkblobfs-measure.XXXXXX")
+PROG=measure.sh
+# shellcheck source=scripts/lib.sh
+. "$here/scripts/lib.sh"
 cleanup() {
 	local rc=$? m p
 	trap - EXIT INT TERM
@@ -95,7 +100,7 @@ trap 'exit 130' INT
 trap 'exit 143' TERM
 
 die() {
-	echo "measure-pins: $*" >&2
+	echo "$PROG: $*" >&2
 	exit 1
 }
 
@@ -140,7 +145,7 @@ record() {
 # then, per metric, the ratio of the medians after/before (or two/one).
 summary() {
 	echo "# medians over $reps repetitions"
-	awk -F'\t' '
+	awk -F'\t' "$MEDIAN_AWK"'
 		{
 			k = $1 "\t" $2
 			if (!(k in n)) { order[++m] = k }
@@ -150,8 +155,7 @@ summary() {
 			for (i = 1; i <= m; i++) {
 				k = order[i]; c = n[k]; list = ""
 				for (j = 1; j <= c; j++) { a[j] = v[k, j]; list = list (j > 1 ? " " : "") v[k, j] }
-				for (j = 2; j <= c; j++) { x = a[j]; for (l = j - 1; l >= 1 && a[l] > x; l--) a[l + 1] = a[l]; a[l + 1] = x }
-				med = c % 2 ? a[(c + 1) / 2] : (a[c / 2] + a[c / 2 + 1]) / 2
+				med = median(a, c)
 				split(k, kl, "\t"); lab[i] = kl[1]; met[i] = kl[2]; md[kl[1], kl[2]] = med
 				printf "  %-10s %-28s median %10.3f   (%s)\n", kl[1], kl[2], med, list
 			}
@@ -164,44 +168,6 @@ summary() {
 				}
 			}
 		}' "$work/results"
-}
-
-# mountfs BIN MNT GLOBALFLAGS... starts a daemon on MNT and waits until it
-# serves.
-mountfs() {
-	local bin=$1 mnt=$2 pid
-	shift 2
-	mkdir -p "$mnt"
-	"$bin" "$@" mount "$mnt" 2>"$mnt.log" &
-	pid=$!
-	pids+=("$pid")
-	mounts+=("$mnt")
-	echo "$pid" >"$mnt.pid"
-	for _ in $(seq 1 2000); do
-		grep -q 'msg=mounted' "$mnt.log" && return 0
-		kill -0 "$pid" 2>/dev/null || break
-		sleep 0.01
-	done
-	cat "$mnt.log" >&2
-	die "mount on $mnt failed"
-}
-
-# umountfs MNT unmounts and waits for its daemon to exit (its pin rows are
-# dropped by then).
-umountfs() {
-	local mnt=$1 pid p keep=()
-	pid=$(<"$mnt.pid")
-	umount "$mnt"
-	wait "$pid" || { cat "$mnt.log" >&2; die "daemon on $mnt exited with $?"; }
-	for p in "${pids[@]}"; do
-		[[ $p == "$pid" ]] || keep+=("$p")
-	done
-	pids=("${keep[@]}")
-}
-
-dropcaches() {
-	sync
-	echo 3 >/proc/sys/vm/drop_caches
 }
 
 # ---- cat ----------------------------------------------------------------
@@ -236,7 +202,7 @@ mode_cat() {
 			data=$work/$lab/data
 			mnt=$work/$lab/mnt
 			# One reader.
-			mountfs "$bin" "$mnt" --data "$data"
+			mountfs "$bin" "$mnt" --data "$data" mount
 			start=$(now)
 			dropcaches
 			timed "$lab" "cat1-cold-s" readall "$mnt/bench" 1 "$n"
@@ -247,7 +213,7 @@ mode_cat() {
 			timed "$lab" "cat1-warm-after-tick-s" readall "$mnt/bench" 1 "$n"
 			umountfs "$mnt"
 			# Four readers.
-			mountfs "$bin" "$mnt" --data "$data"
+			mountfs "$bin" "$mnt" --data "$data" mount
 			dropcaches
 			timed "$lab" "cat4-cold-s" readall "$mnt/bench" 4 "$n"
 			timed "$lab" "cat4-warm-s" readall "$mnt/bench" 4 "$n"
@@ -284,9 +250,9 @@ putrun() {
 	for ((i = 0; i < nm; i++)); do
 		mnts+=("$work/$id.m$i")
 		if [[ $lab == pg-* ]]; then
-			mountfs "$bin" "${mnts[i]}" "$@" --data "$work/$id.d$i"
+			mountfs "$bin" "${mnts[i]}" "$@" --data "$work/$id.d$i" mount
 		else
-			mountfs "$bin" "${mnts[i]}" "$@"
+			mountfs "$bin" "${mnts[i]}" "$@" mount
 		fi
 	done
 	t0=$(now)
@@ -385,13 +351,12 @@ mode_bench() {
 	(cd "$here" && go test -run '^$' -bench "${BENCH:-Pin|Renew}" -benchtime "${BENCHTIME:-2s}" \
 		-count "$reps" ./store) | tee "$work/bench.out"
 	echo "# medians over -count $reps"
-	awk '$1 ~ /^Benchmark/ && $4 == "ns/op" { name = $1; c = ++n[name]; v[name, c] = $3; if (c == 1) order[++m] = name }
+	awk "$MEDIAN_AWK"'$1 ~ /^Benchmark/ && $4 == "ns/op" { name = $1; c = ++n[name]; v[name, c] = $3; if (c == 1) order[++m] = name }
 		END {
 			for (i = 1; i <= m; i++) {
 				k = order[i]; c = n[k]
 				for (j = 1; j <= c; j++) a[j] = v[k, j]
-				for (j = 2; j <= c; j++) { x = a[j]; for (l = j - 1; l >= 1 && a[l] > x; l--) a[l + 1] = a[l]; a[l + 1] = x }
-				printf "  %-32s %14.0f ns/op\n", k, c % 2 ? a[(c + 1) / 2] : (a[c / 2] + a[c / 2 + 1]) / 2
+				printf "  %-32s %14.0f ns/op\n", k, median(a, c)
 			}
 		}' "$work/bench.out"
 }
@@ -406,7 +371,7 @@ mode_publish() {
 	mapfile -t sums < <(cd "$work/src" && for i in $(seq 1 "$n"); do sha256sum "$i"; done | cut -d' ' -f1)
 	for lab in "${labels[@]}"; do
 		"$work/$lab/alkblobfs" --data "$work/data-$lab" ns create ns >/dev/null
-		mountfs "$work/$lab/alkblobfs" "$work/mnt-$lab" --data "$work/data-$lab"
+		mountfs "$work/$lab/alkblobfs" "$work/mnt-$lab" --data "$work/data-$lab" mount
 	done
 	for i in $(seq 1 "$n"); do
 		d=${sums[i - 1]}
