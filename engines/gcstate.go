@@ -39,9 +39,9 @@ type GCHost interface {
 	// a transaction of its own; otherwise in tx, which the caller commits.
 	PinRows(ctx context.Context, tx *sql.Tx, owner string, ds []blob.Digest, expiry time.Time) error
 	// RenewPins sets owner's rows that are unexpired at now to expiry, in
-	// one statement, and returns the digests it moved. A row expired at
-	// now is never revived.
-	RenewPins(ctx context.Context, owner string, now, expiry time.Time) ([]blob.Digest, error)
+	// one statement, and returns the set of digests it moved. A row
+	// expired at now is never revived.
+	RenewPins(ctx context.Context, owner string, now, expiry time.Time) (map[blob.Digest]bool, error)
 	// DropPins deletes owner's rows for ds (none when ds is empty).
 	DropPins(ctx context.Context, owner string, ds []blob.Digest) error
 	// DropOwner deletes every row of owner.

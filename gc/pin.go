@@ -414,16 +414,12 @@ func (c *Collector) Renew(ctx context.Context) error {
 	}
 	held := c.pins.withRows()
 	now := c.clock.Now()
-	renewed, err := c.host.RenewPins(ctx, c.owner, now, now.Add(c.ttl))
+	got, err := c.host.RenewPins(ctx, c.owner, now, now.Add(c.ttl))
 	if err != nil {
 		return err
 	}
 	// Compared digest by digest: rows written since withRows are renewed
 	// too and must not hide a lapse.
-	got := make(map[blob.Digest]bool, len(renewed))
-	for _, d := range renewed {
-		got[d] = true
-	}
 	var lapsed []blob.Digest
 	for _, d := range held {
 		if !got[d] {

@@ -105,16 +105,16 @@ func (e *Engine) inTx(ctx context.Context, op string, fn func(tx *sql.Tx) error)
 }
 
 // RenewPins implements engines.GCHost.
-func (e *Engine) RenewPins(ctx context.Context, owner string, now, expiry time.Time) ([]blob.Digest, error) {
+func (e *Engine) RenewPins(ctx context.Context, owner string, now, expiry time.Time) (map[blob.Digest]bool, error) {
 	rows, err := e.pool.Query(ctx, `UPDATE gc_pins SET expiry = $1 WHERE owner = $2 AND expiry > $3 RETURNING digest`,
 		expiry.UnixNano(), owner, now.UnixNano())
 	if err != nil {
 		return nil, e.wrap("renew pins", err)
 	}
 	defer rows.Close()
-	var ds []blob.Digest
-	err = engines.ScanDigests(rows, func(d blob.Digest) { ds = append(ds, d) })
-	return ds, e.wrap("renew pins", err)
+	out := make(map[blob.Digest]bool)
+	err = engines.ScanDigests(rows, func(d blob.Digest) { out[d] = true })
+	return out, e.wrap("renew pins", err)
 }
 
 // DropPins implements engines.GCHost.

@@ -41,20 +41,16 @@ func (e *Engine) PinRows(ctx context.Context, tx *sql.Tx, owner string, ds []blo
 }
 
 // RenewPins implements engines.GCHost.
-func (e *Engine) RenewPins(ctx context.Context, owner string, now, expiry time.Time) ([]blob.Digest, error) {
-	var ds []blob.Digest
+func (e *Engine) RenewPins(ctx context.Context, owner string, now, expiry time.Time) (map[blob.Digest]bool, error) {
+	out := make(map[blob.Digest]bool)
 	err := e.inTx(ctx, "renew pins", func(tx *sql.Tx) error {
-		out := make(map[blob.Digest]bool)
 		if err := e.scanDigests(ctx, tx, `UPDATE gc_pins SET expiry = ? WHERE owner = ? AND expiry > ? RETURNING digest`,
 			[]any{expiry.UnixNano(), owner, now.UnixNano()}, out); err != nil {
 			return e.wrap("renew pins", err)
 		}
-		for d := range out {
-			ds = append(ds, d)
-		}
 		return nil
 	})
-	return ds, err
+	return out, err
 }
 
 // DropPins implements engines.GCHost.
