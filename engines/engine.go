@@ -294,3 +294,20 @@ func Rebind(dialect, q string) string {
 	}
 	return b.String()
 }
+
+// ScanSizes is ScanDigests for rows of (digest, size).
+func ScanSizes(rows DigestRows, add func(blob.Digest, int64)) error {
+	for rows.Next() {
+		var b []byte
+		var n int64
+		if err := rows.Scan(&b, &n); err != nil {
+			return err
+		}
+		d, err := blob.FromBytes(b)
+		if err != nil {
+			return err
+		}
+		add(d, n)
+	}
+	return rows.Err()
+}

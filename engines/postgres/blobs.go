@@ -195,21 +195,12 @@ func (e *Engine) SizeMany(ctx context.Context, ds []blob.Digest) ([]int64, error
 		return nil, blob.Wrap("size", e.name, blob.Digest{}, err)
 	}
 	defer rows.Close()
-	for rows.Next() {
-		var b []byte
-		var n int64
-		if err := rows.Scan(&b, &n); err != nil {
-			return nil, blob.Wrap("size", e.name, blob.Digest{}, err)
-		}
-		d, err := blob.FromBytes(b)
-		if err != nil {
-			return nil, blob.Wrap("size", e.name, blob.Digest{}, err)
-		}
+	err = engines.ScanSizes(rows, func(d blob.Digest, n int64) {
 		for _, i := range idx[d] {
 			sizes[i] = n
 		}
-	}
-	if err := rows.Err(); err != nil {
+	})
+	if err != nil {
 		return nil, blob.Wrap("size", e.name, blob.Digest{}, err)
 	}
 	return sizes, nil

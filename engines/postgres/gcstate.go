@@ -190,19 +190,7 @@ func (e *Engine) DeleteManyTx(ctx context.Context, tx *sql.Tx, ds []blob.Digest)
 	}
 	defer rows.Close()
 	got := make(map[blob.Digest]int64, len(ds))
-	for rows.Next() {
-		var b []byte
-		var n int64
-		if err := rows.Scan(&b, &n); err != nil {
-			return nil, e.wrap("delete", err)
-		}
-		d, err := blob.FromBytes(b)
-		if err != nil {
-			return nil, e.wrap("delete", err)
-		}
-		got[d] = n
-	}
-	if err := rows.Err(); err != nil {
+	if err := engines.ScanSizes(rows, func(d blob.Digest, n int64) { got[d] = n }); err != nil {
 		return nil, e.wrap("delete", err)
 	}
 	for i, d := range ds {

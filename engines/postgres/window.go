@@ -113,11 +113,7 @@ func (w *Window) WindowRemove(ctx context.Context, ds []blob.Digest) error {
 	if len(ds) == 0 {
 		return nil
 	}
-	keys := make([][]byte, len(ds))
-	for i := range ds {
-		keys[i] = ds[i][:]
-	}
-	_, err := w.pool.Exec(ctx, `DELETE FROM gc_window WHERE digest = ANY($1::bytea[])`, keys)
+	_, err := w.pool.Exec(ctx, `DELETE FROM gc_window WHERE digest = ANY($1::bytea[])`, byteas(ds))
 	return w.wrap("window remove", err)
 }
 

@@ -202,26 +202,15 @@ func (e *Engine) SizeMany(ctx context.Context, ds []blob.Digest) ([]int64, error
 		if err != nil {
 			return nil, blob.Wrap("size", e.name, blob.Digest{}, err)
 		}
-		for rows.Next() {
-			var b []byte
-			var n int64
-			if err := rows.Scan(&b, &n); err != nil {
-				rows.Close()
-				return nil, blob.Wrap("size", e.name, blob.Digest{}, err)
-			}
-			d, err := blob.FromBytes(b)
-			if err != nil {
-				rows.Close()
-				return nil, blob.Wrap("size", e.name, blob.Digest{}, err)
-			}
+		err = engines.ScanSizes(rows, func(d blob.Digest, n int64) {
 			for _, i := range idx[d] {
 				sizes[i] = n
 			}
+		})
+		if cerr := rows.Close(); err == nil {
+			err = cerr
 		}
-		if err := rows.Close(); err != nil {
-			return nil, blob.Wrap("size", e.name, blob.Digest{}, err)
-		}
-		if err := rows.Err(); err != nil {
+		if err != nil {
 			return nil, blob.Wrap("size", e.name, blob.Digest{}, err)
 		}
 	}
