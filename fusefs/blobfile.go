@@ -38,8 +38,8 @@ type blobFile struct {
 	linkedAt time.Time
 
 	mu   sync.Mutex
-	rd   *store.Reader // while open > 0
-	rdID fileID        // rd's backing file's identity at its open
+	rd   *store.Reader  // while open > 0
+	rdID engines.FileID // rd's backing file's identity at its open (zero: not a file)
 	// open handles by I/O mode. The kernel refuses (EIO at open) a
 	// passthrough open while the inode has cached-mode files open, and
 	// the reverse, so a new open takes the mode of those already open.
@@ -112,17 +112,37 @@ func (b *blobFile) Open(ctx context.Context, flags uint32) (fs.FileHandle, uint3
 			r.Trust()
 		}
 		b.rd = r
-		b.rdID = fileID{}
-		if fc, ok := r.Cursor().(engines.FileCursor); ok {
-			b.rdID, _ = fileIDOf(fc.File().Fd())
+		b.rdID, _ = engines.CursorFileID(r.Cursor())
+	}
+	id, isFile := engines.CursorFileID(b.rd.Cursor())
+	good, corrupt, changed := f.verdicts.check(b.d, id)
+	if changed {
+		f.stats.changedOnDisk.Add(1)
+		f.log.Warn("blob file changed on disk since it was last verified; verifying it again before serving it",
+			"digest", b.d.String(), "file", b.fileName())
+	}
+	// A local blob found corrupt stays refused, in every verify mode,
+	// until its file changes (a restore) or a scrub finds it good. Other
+	// blobs need no such record: the daemon checks every read of them.
+	if corrupt && isFile {
+		f.log.Error("blob failed its last verification and its file has not changed since; refusing to serve it",
+			"digest", b.d.String(), "file", b.fileName())
+		if b.open == 0 {
+			b.rd.Close()
+			b.rd = nil
 		}
+		pin.Release()
+		return nil, 0, f.errno("open", b.d, blob.Wrap("open", "", b.d, blob.ErrVerification))
 	}
 	b.open++
 	f.refs.add(b.d)
 	f.stats.opens.Add(1)
 	f.stats.openHandles.Add(1)
 	h := &blobHandle{b: b, rd: b.rd, pin: pin, openedAs: b.rdID}
-	if b.pt > 0 || b.cached == 0 && b.passthroughOK() {
+	if f.cfg.Verify == VerifyStrict {
+		h.seq = newSeqCheck(b.d, b.size)
+	}
+	if b.pt > 0 || b.cached == 0 && b.passthroughOK(isFile, good) {
 		b.pt++
 		h.pt = true
 		f.stats.ptOpens.Add(1)
@@ -131,40 +151,42 @@ func (b *blobFile) Open(ctx context.Context, flags uint32) (fs.FileHandle, uint3
 	}
 	b.cached++
 	f.stats.cachedOpens.Add(1)
+	if f.cfg.Verify == VerifyStrict {
+		// Each open reads through the daemon again: the kernel drops
+		// the pages earlier opens cached.
+		return h, 0, 0
+	}
 	// Immutable content: the kernel may keep pages across opens.
 	return h, fuse.FOPEN_KEEP_CACHE, 0
 }
 
 // passthroughOK: the kernel may read this blob from its file directly —
 // passthrough works on this mount, the blob is a local file, and the
-// verify mode allows unverified bytes or the blob was verified end to end
-// as the file it is now (same device, inode, size, mtime and ctime). A
-// file changed on disk since its verification is verified again through
-// the daemon first: bit rot, a stray dd or a restored backup gives EIO,
-// never wrong bytes.
-func (b *blobFile) passthroughOK() bool {
+// verify mode allows unverified bytes or the blob is known good as the
+// file it is now (same device, inode, size, mtime and ctime as when a
+// reader or a scrub verified it end to end). A file changed on disk
+// since is verified again through the daemon first: a stray dd or a
+// restored backup gives EIO, never wrong bytes. Never in --verify=strict.
+func (b *blobFile) passthroughOK(isFile, good bool) bool {
 	f := b.fsys
-	if !f.ptAvailable.Load() || b.rd.Tier() != store.TierLarge {
+	if !f.ptAvailable.Load() || b.rd.Tier() != store.TierLarge || !isFile {
 		return false
 	}
-	fc, ok := b.rd.Cursor().(engines.FileCursor)
-	if !ok {
-		return false
-	}
-	if f.cfg.Verify == VerifyPublish {
+	switch f.cfg.Verify {
+	case VerifyPublish:
 		return true
+	case VerifyFull:
+		return good
 	}
-	id, err := fileIDOf(fc.File().Fd())
-	if err != nil {
-		return false
+	return false
+}
+
+// fileName is the blob's backing file, for logs ("" if not a file).
+func (b *blobFile) fileName() string {
+	if fc, ok := b.rd.Cursor().(engines.FileCursor); ok {
+		return fc.File().Name()
 	}
-	ok, changed := f.verified.check(b.d, id)
-	if changed {
-		f.stats.changedOnDisk.Add(1)
-		f.log.Warn("blob file changed on disk since it was verified; verifying it again before serving it",
-			"digest", b.d.String(), "file", fc.File().Name())
-	}
-	return ok
+	return ""
 }
 
 func (b *blobFile) release(h *blobHandle) {
@@ -231,9 +253,10 @@ type blobHandle struct {
 	pt  bool // asked for passthrough (ptHandle)
 	// openedAs is the backing file's identity when the shared reader
 	// opened it (zero for kv blobs); recorded: the blob's verification
-	// was recorded in the verifiedSet.
-	openedAs fileID
+	// was recorded in the verdicts.
+	openedAs engines.FileID
 	recorded atomic.Bool
+	seq      *seqCheck // --verify=strict: the sha256 of a read from 0 to the end
 }
 
 // ptHandle asks go-fuse for passthrough. If the kernel does not take it,
@@ -273,17 +296,29 @@ func (h *blobHandle) Read(ctx context.Context, dest []byte, off int64) (fuse.Rea
 	}
 	n, err := h.rd.ReadAt(dest, off)
 	if err != nil && !errors.Is(err, io.EOF) {
-		if errors.Is(err, blob.ErrVerification) {
-			f.stats.verifyFailures.Add(1)
-			f.log.Error("blob fails verification; refusing to serve it", "digest", b.d.String(), "offset", off, "length", len(dest), "err", err)
+		return nil, h.failed(off, len(dest), err)
+	}
+	if h.seq != nil {
+		if err := h.seq.add(dest[:n], off); err != nil {
+			return nil, h.failed(off, len(dest), blob.Wrap("read", "", b.d, err))
 		}
-		return nil, f.errno("read", b.d, err)
 	}
 	f.stats.bytesRead.Add(int64(n))
 	if f.cfg.Verify == VerifyFull && h.rd.FullyVerified() {
 		h.verified()
 	}
 	return fuse.ReadResultData(dest[:n]), 0
+}
+
+// failed logs a failed read (naming the digest and the range for a
+// verification failure) and returns its errno.
+func (h *blobHandle) failed(off int64, n int, err error) syscall.Errno {
+	f := h.b.fsys
+	if errors.Is(err, blob.ErrVerification) {
+		f.stats.verifyFailures.Add(1)
+		f.log.Error("blob fails verification; refusing to serve it", "digest", h.b.d.String(), "offset", off, "length", n, "err", err)
+	}
+	return f.errno("read", h.b.d, err)
 }
 
 // verified records, once per handle, that the blob was verified end to end
@@ -293,12 +328,8 @@ func (h *blobHandle) verified() {
 	if h.recorded.Swap(true) {
 		return
 	}
-	fc, ok := h.rd.Cursor().(engines.FileCursor)
-	if !ok {
-		return
-	}
-	if id, err := fileIDOf(fc.File().Fd()); err == nil && id == h.openedAs {
-		h.b.fsys.verified.add(h.b.d, id)
+	if id, ok := engines.CursorFileID(h.rd.Cursor()); ok && id == h.openedAs {
+		h.b.fsys.verdicts.record(h.b.d, id, false)
 	}
 }
 

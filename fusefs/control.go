@@ -69,6 +69,7 @@ const (
 	ctlSweep ctlKind = iota
 	ctlSweepTimer
 	ctlStats
+	ctlScrub
 )
 
 func (c *ctlDir) build(ctx context.Context) {
@@ -80,6 +81,7 @@ func (c *ctlDir) build(ctx context.Context) {
 		{"sweep", ctlSweep, inoSweep},
 		{"sweep-timer", ctlSweepTimer, inoSweepTimer},
 		{"stats", ctlStats, inoStats},
+		{"scrub", ctlScrub, inoScrub},
 	} {
 		f := &ctlFile{node: node{fsys: c.fsys}, kind: s.kind}
 		c.AddChild(s.name, c.NewPersistentInode(ctx, f, fs.StableAttr{Mode: syscall.S_IFREG, Ino: s.ino}), false)
@@ -197,6 +199,13 @@ func (h *ctlHandle) Write(ctx context.Context, data []byte, off int64) (uint32, 
 			break
 		}
 		_, err = f.sweeper.run(ctx, "control file")
+	case ctlScrub:
+		if cmd != "run" {
+			f.log.Warn("bad scrub command; write run", "input", truncate(cmd))
+			err = errBadInput
+			break
+		}
+		_, err = f.scrubber.run(ctx, "control file")
 	case ctlSweepTimer:
 		if err = f.sweeper.set(cmd); err != nil {
 			f.log.Warn("bad sweep-timer command; write off, on or a duration like 15m", "input", truncate(cmd))
@@ -228,6 +237,12 @@ func (c *ctlFile) render(ctx context.Context) ([]byte, error) {
 		return marshal(rep)
 	case ctlSweepTimer:
 		return []byte(f.sweeper.String() + "\n"), nil
+	case ctlScrub:
+		rep, ok := f.scrubber.lastReport()
+		if !ok {
+			return []byte("{}\n"), nil
+		}
+		return marshal(rep)
 	default:
 		return marshal(f.Stats(ctx))
 	}
@@ -380,9 +395,24 @@ type Stats struct {
 
 	Passthrough PassthroughStats `json:"passthrough"`
 
+	Scrub ScrubStats `json:"scrub"`
+
 	SweepTimer string     `json:"sweep_timer"`
 	Sweeps     int64      `json:"sweeps"`
 	LastSweep  *gc.Report `json:"last_sweep,omitempty"`
+}
+
+// ScrubStats describes the mount's scrubs.
+type ScrubStats struct {
+	Every string `json:"every"` // "off" or a duration
+	// Rate is the most bytes a scrub reads a second; 0 is unlimited.
+	Rate int64 `json:"rate_bytes_per_s"`
+	Runs int64 `json:"runs"`
+	// Found counts the blobs scrubs found corrupt or unreadable.
+	Found int64 `json:"found_bad"`
+	// Refused counts the local blobs refused at open now (known corrupt).
+	Refused int          `json:"refused"`
+	Last    *ScrubReport `json:"last,omitempty"`
 }
 
 // PassthroughStats says whether the kernel reads local blobs directly.
@@ -421,6 +451,13 @@ func (f *FS) Stats(ctx context.Context) Stats {
 			CachedOpens:  f.stats.cachedOpens.Load(),
 			FellBackOnce: f.ptFellBack.Load(),
 		},
+		Scrub: ScrubStats{
+			Every:   "off",
+			Rate:    f.scrubber.rate,
+			Runs:    f.scrubber.runs.Load(),
+			Found:   f.scrubber.found.Load(),
+			Refused: f.verdicts.corrupt(),
+		},
 		SweepTimer: f.sweeper.String(),
 		Sweeps:     f.sweeper.runs.Load(),
 	}
@@ -446,6 +483,12 @@ func (f *FS) Stats(ctx context.Context) Stats {
 	}
 	if rep, ok := f.st.GC().LastReport(); ok {
 		s.LastSweep = &rep
+	}
+	if f.scrubber.every > 0 {
+		s.Scrub.Every = f.scrubber.every.String()
+	}
+	if rep, ok := f.scrubber.lastReport(); ok {
+		s.Scrub.Last = &rep
 	}
 	return s
 }

@@ -5,6 +5,7 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"iter"
 	"log/slog"
 	"os"
 	"sync"
@@ -14,7 +15,6 @@ import (
 
 	"github.com/hanwen/go-fuse/v2/fs"
 	"github.com/hanwen/go-fuse/v2/fuse"
-	"golang.org/x/sys/unix"
 
 	"github.com/alkblobfs/alkblobfs/blob"
 	"github.com/alkblobfs/alkblobfs/engines"
@@ -35,6 +35,8 @@ type Store interface {
 	Pin(ctx context.Context, d blob.Digest) (*gc.Pin, error)
 	PinMany(ctx context.Context, ds []blob.Digest) ([]*gc.Pin, error)
 	Sweep(ctx context.Context) (gc.Report, error)
+	Pool(ctx context.Context) iter.Seq2[blob.Digest, error]
+	Scrub(ctx context.Context, seq iter.Seq2[blob.Digest, error], o store.ScrubOptions) (store.ScrubSummary, error)
 	Stats() store.Stats
 	GC() *gc.Collector
 	Large() engines.Large
@@ -53,15 +55,19 @@ const (
 	// VerifyPublish trusts the hashing done at publish: reads are not
 	// verified and local blobs pass through from the first open.
 	VerifyPublish Verify = "publish"
+	// VerifyStrict verifies every read through the daemon, at every open:
+	// no passthrough, no page cache kept across opens, and a handle that
+	// reads a blob from offset 0 to its end also checks the sha256.
+	VerifyStrict Verify = "strict"
 )
 
 // ParseVerify parses a --verify value.
 func ParseVerify(s string) (Verify, error) {
 	switch v := Verify(s); v {
-	case VerifyFull, VerifyPublish:
+	case VerifyFull, VerifyPublish, VerifyStrict:
 		return v, nil
 	}
-	return "", fmt.Errorf("verify mode %q: want full or publish", s)
+	return "", fmt.Errorf("verify mode %q: want full, strict or publish", s)
 }
 
 // DefaultReceiptTTL is how long an incoming/ receipt stays after publish.
@@ -78,8 +84,12 @@ type Config struct {
 	// MaxReceipts caps the receipts kept; 0 means DefaultMaxReceipts.
 	MaxReceipts int
 	SweepEvery  time.Duration // 0: no timer
-	AllowOther  bool
-	Debug       bool // go-fuse request tracing on the log
+	// ScrubEvery re-verifies the whole store on a timer (0: off); each
+	// scrub reads at most ScrubRate bytes a second (0: unlimited).
+	ScrubEvery time.Duration
+	ScrubRate  int64
+	AllowOther bool
+	Debug      bool // go-fuse request tracing on the log
 	// NoPassthrough keeps every read in the daemon even where the kernel
 	// could read a local blob's file directly.
 	NoPassthrough bool
@@ -109,6 +119,7 @@ const (
 	inoSweep      = 3
 	inoSweepTimer = 4
 	inoStats      = 5
+	inoScrub      = 6
 	inoReserved   = 64
 )
 
@@ -153,7 +164,8 @@ type FS struct {
 
 	receipts receiptList
 
-	verified verifiedSet
+	verdicts verdicts
+	scrubber *scrubber
 
 	// Passthrough: available once the probe at mount succeeded; off again
 	// if go-fuse silently gave up registering a backing file (a read then
@@ -195,6 +207,9 @@ func newFS(cfg Config) (*FS, error) {
 	if err := CheckSweepEvery(cfg.SweepEvery, cfg.ReadOnly); err != nil {
 		return nil, fmt.Errorf("fusefs: %w", err)
 	}
+	if err := CheckScrub(cfg.ScrubEvery, cfg.ScrubRate); err != nil {
+		return nil, fmt.Errorf("fusefs: %w", err)
+	}
 	if cfg.Logger == nil {
 		cfg.Logger = slog.New(slog.DiscardHandler)
 	}
@@ -214,6 +229,7 @@ func newFS(cfg Config) (*FS, error) {
 	f.ptReason.Store("not probed")
 	f.root = &rootDir{node: node{fsys: f}}
 	f.sweeper = newSweeper(f, cfg.SweepEvery)
+	f.scrubber = newScrubber(f, cfg.ScrubEvery, cfg.ScrubRate)
 	f.intents = newIntents(f)
 	return f, nil
 }
@@ -275,57 +291,63 @@ func setSize(out *fuse.Attr, size int64) {
 
 const ioBlockSize = 1 << 20
 
-// verifiedSet remembers digests that a reader verified end to end, with
-// the identity their backing file had then, so that later opens can pass
-// through in --verify=full only while that file is unchanged. Bounded:
-// when full it starts over, which only costs a re-verification through
-// the daemon.
-type verifiedSet struct {
+// verdicts remembers what the last end-to-end check of a blob found —
+// a reader that verified every chunk, or a scrub — with the identity its
+// backing file had then (zero for blobs that are not local files). In
+// --verify=full a local blob passes through only while it is known good
+// as the file it is now; a blob known corrupt is EIO at open until its
+// file changes or a scrub finds it good again. Bounded: when full it
+// starts over, which costs only a re-verification through the daemon
+// (whose reads check every chunk, so a forgotten corrupt blob is still
+// never served).
+type verdicts struct {
 	mu sync.Mutex
-	m  map[blob.Digest]fileID
+	m  map[blob.Digest]verdict
 }
 
-const verifiedMax = 1 << 16
-
-// fileID identifies one version of a backing file's content: a write to
-// it changes its ctime (which no program can set), a replacement its
-// inode. Equal IDs mean the bytes verified are the bytes on disk.
-type fileID struct {
-	dev, ino     uint64
-	size         int64
-	mtime, ctime unix.Timespec
+type verdict struct {
+	id      engines.FileID
+	corrupt bool
 }
 
-// fileIDOf reads fd's identity.
-func fileIDOf(fd uintptr) (fileID, error) {
-	var st unix.Stat_t
-	if err := unix.Fstat(int(fd), &st); err != nil {
-		return fileID{}, err
-	}
-	return fileID{dev: st.Dev, ino: st.Ino, size: st.Size, mtime: st.Mtim, ctime: st.Ctim}, nil
-}
+const verdictsMax = 1 << 16
 
-func (v *verifiedSet) add(d blob.Digest, id fileID) {
+func (v *verdicts) record(d blob.Digest, id engines.FileID, corrupt bool) {
 	v.mu.Lock()
 	defer v.mu.Unlock()
-	if v.m == nil || len(v.m) >= verifiedMax {
-		v.m = make(map[blob.Digest]fileID)
+	if v.m == nil || len(v.m) >= verdictsMax {
+		v.m = make(map[blob.Digest]verdict)
 	}
-	v.m[d] = id
+	v.m[d] = verdict{id: id, corrupt: corrupt}
 }
 
-// check reports whether d was verified as the file id names now. A
-// digest verified as another file is forgotten (changed reports it), so
-// it is verified again before anything passes through.
-func (v *verifiedSet) check(d blob.Digest, id fileID) (ok, changed bool) {
+// check reports what is known of d as the file id names now. A verdict
+// on another version of the file is forgotten (changed reports it), so
+// the blob is verified again before anything passes through.
+func (v *verdicts) check(d blob.Digest, id engines.FileID) (good, corrupt, changed bool) {
 	v.mu.Lock()
 	defer v.mu.Unlock()
 	was, known := v.m[d]
-	if known && was != id {
-		delete(v.m, d)
-		return false, true
+	if !known {
+		return false, false, false
 	}
-	return known, false
+	if was.id != id {
+		delete(v.m, d)
+		return false, false, true
+	}
+	return !was.corrupt, was.corrupt, false
+}
+
+func (v *verdicts) corrupt() int {
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	n := 0
+	for _, w := range v.m {
+		if w.corrupt {
+			n++
+		}
+	}
+	return n
 }
 
 // nsDirFor returns the directory node state of namespace name, creating it

@@ -159,6 +159,9 @@ func mountOn(t testing.TB, data string, cfg store.Config, opts ...mountOpt) *env
 		}
 		h.Deregister()
 		st.Close()
+		if strings.Contains(logs.String(), panicLog) {
+			t.Errorf("a FUSE request panicked (see the log)")
+		}
 	})
 	return e
 }

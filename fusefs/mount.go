@@ -92,7 +92,7 @@ func Mount(dir string, cfg Config) (*Server, error) {
 			IgnoreSecurityLabels: true,
 			// A bug must cost one request, not the daemon, and be seen.
 			PanicHandler: func(v any) fuse.Status {
-				f.log.Error("panic in a FUSE request; answered EIO", "panic", fmt.Sprint(v), "stack", string(debug.Stack()))
+				f.log.Error(panicLog, "panic", fmt.Sprint(v), "stack", string(debug.Stack()))
 				return fuse.EIO
 			},
 		},
@@ -121,12 +121,13 @@ func Mount(dir string, cfg Config) (*Server, error) {
 	}
 	f.reg1 = f.st.GC().Register(f.refs)
 	f.sweeper.start()
+	f.scrubber.start()
 	pt := "active"
 	if !f.ptAvailable.Load() {
 		pt = "off: " + f.ptReason.Load().(string)
 	}
 	f.log.Info("mounted", "mountpoint", abs, "verify", string(f.cfg.Verify), "passthrough", pt,
-		"sweep_every", f.cfg.SweepEvery, "receipt_ttl", f.cfg.ReceiptTTL)
+		"sweep_every", f.cfg.SweepEvery, "scrub_every", f.cfg.ScrubEvery, "receipt_ttl", f.cfg.ReceiptTTL)
 	go func() {
 		server.Wait()
 		m.cleanup()
@@ -181,6 +182,7 @@ func (m *Server) cleanup() {
 	m.closeOnce.Do(func() {
 		f := m.fs
 		f.sweeper.stop()
+		f.scrubber.stop()
 		f.cancel()
 		for _, d := range f.nsDirs() {
 			d.teardown()
@@ -194,6 +196,9 @@ func (m *Server) cleanup() {
 		close(m.done)
 	})
 }
+
+// panicLog is the message logged when a FUSE request panics.
+const panicLog = "panic in a FUSE request; answered EIO"
 
 // prepareMountpoint checks dir and clears a stale mount on it.
 func prepareMountpoint(dir string, lg *slog.Logger) (string, error) {

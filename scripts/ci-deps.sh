@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # ci-deps.sh installs the Debian packages that the test suite calls:
-# rsync, fuse3, attr, bindfs, psmisc and the PostgreSQL server binaries.
+# rsync, fuse3, attr, bindfs, psmisc, e2fsprogs (mkfs.ext4 and filefrag, for
+# the loop-mounted filesystem of the bit-rot test, with util-linux's mount)
+# and the PostgreSQL server binaries.
 #
 # Idempotent: each package is checked by a command it provides, and apt-get
 # (update included) runs only when something is missing. Needs root (or
@@ -19,6 +21,8 @@ want fusermount3 fuse3
 want getfattr attr
 want bindfs bindfs
 want fuser psmisc
+want mkfs.ext4 e2fsprogs
+want filefrag e2fsprogs
 
 # Debian keeps the server binaries off PATH, in /usr/lib/postgresql/N/bin.
 pg_bindir() {

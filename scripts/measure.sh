@@ -40,6 +40,18 @@
 #                           other; before and after interleaved file by
 #                           file. Prints the median and 90th percentile in
 #                           µs (REPS does not apply: every file is one).
+#   verify [MB]             the read cost of each --verify mode: one blob of
+#                           MB (1024) MiB read with dd through mounts in
+#                           --verify=full, strict and publish, and natively
+#                           from its backing file, interleaved; cold (page
+#                           cache dropped, fresh mount: full verifies
+#                           through the daemon) and warm (a second open:
+#                           full and publish pass through, strict reads
+#                           through the daemon again). Then the scrub: wall
+#                           time and the daemon's CPU time for
+#                           `echo run > .alkblobfs/scrub` unpaced
+#                           (--scrub-rate 0) and at --scrub-rate 100.
+#                           Ratios are native time / mount time.
 #   bench                   go test -bench 'Pin|Renew' ./store
 #                           (store/pins_bench_test.go), -count REPS,
 #                           -benchtime BENCHTIME (2s); the PostgreSQL ones
@@ -160,7 +172,7 @@ summary() {
 				printf "  %-10s %-28s median %10.3f   (%s)\n", kl[1], kl[2], med, list
 			}
 			for (i = 1; i <= m; i++) {
-				split("after/before two-mounts/one-mount pg-two/pg-one one-mount/before-one", pairs, " ")
+				split("after/before two-mounts/one-mount pg-two/pg-one one-mount/before-one native/full native/strict native/publish", pairs, " ")
 				for (p in pairs) {
 					split(pairs[p], ab, "/")
 					if (lab[i] == ab[1] && ((ab[2], met[i]) in md) && md[ab[2], met[i]] != 0)
@@ -361,6 +373,50 @@ mode_bench() {
 		}' "$work/bench.out"
 }
 
+# ---- verify ---------------------------------------------------------------
+
+# cputicks PID: the process's user+system CPU time in clock ticks.
+cputicks() { awk '{ print $14 + $15 }' "/proc/$1/stat"; }
+
+mode_verify() {
+	local mb=${1:-1024} bin=$work/after/alkblobfs data=$work/data mnt=$work/mnt d backing rep m t0 c0 c1 secs
+	[[ -z $base ]] || echo "# (verify: BASE ignored, the modes are compared with each other)"
+	head -c "$((mb << 20))" /dev/urandom >"$work/blob"
+	"$bin" --data "$data" ns create bench >/dev/null
+	d=$("$bin" --data "$data" put --ns bench "$work/blob")
+	rm "$work/blob"
+	backing=$data/large/blobs/${d:0:2}/$d
+	[[ -f $backing ]] || die "no backing file $backing"
+	ddread() { dd if="$1" of=/dev/null bs=1M status=none; }
+	for rep in $(seq 1 "$reps"); do
+		echo "# repetition $rep"
+		dropcaches
+		timed native "cold read s" ddread "$backing"
+		timed native "warm read s" ddread "$backing"
+		for m in full strict publish; do
+			mountfs "$bin" "$mnt" --data "$data" mount --verify="$m"
+			dropcaches
+			timed "$m" "cold read s" ddread "$mnt/bench/$d"
+			timed "$m" "warm read s" ddread "$mnt/bench/$d"
+			umountfs "$mnt"
+		done
+	done
+	for rate in 0 100; do
+		mountfs "$bin" "$mnt" --data "$data" mount --scrub-rate "$rate"
+		for rep in $(seq 1 "$reps"); do
+			c0=$(cputicks "$(<"$mnt.pid")")
+			t0=$(now)
+			echo run >"$mnt/.alkblobfs/scrub"
+			secs=$(elapsed "$t0")
+			c1=$(cputicks "$(<"$mnt.pid")")
+			record "scrub-rate-$rate" "MB/s" "$(awk -v s="$secs" -v mb="$mb" 'BEGIN { printf "%.1f", mb * 1.048576 / s }')"
+			record "scrub-rate-$rate" "CPU s per GiB" "$(awk -v c="$((c1 - c0))" -v hz="$(getconf CLK_TCK)" -v mb="$mb" 'BEGIN { printf "%.3f", c / hz / (mb / 1024) }')"
+			record "scrub-rate-$rate" "CPU % of one core" "$(awk -v c="$((c1 - c0))" -v hz="$(getconf CLK_TCK)" -v s="$secs" 'BEGIN { printf "%.1f", 100 * c / hz / s }')"
+		done
+		umountfs "$mnt"
+	done
+}
+
 mode_publish() {
 	local n=${1:-1000} lab i d t0 t1
 	mkdir -p "$work/src"
@@ -394,5 +450,9 @@ puts) mode_puts "$@" ;;
 sweep) mode_sweep "$@" ;;
 bench) mode_bench "$@" ;;
 publish) mode_publish "$@" ;;
+verify)
+	mode_verify "$@"
+	summary
+	;;
 *) usage ;;
 esac

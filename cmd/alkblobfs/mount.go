@@ -21,6 +21,8 @@ func newMountCmd(a *app) *cobra.Command {
 		pass       bool
 		ro         bool
 		maxRcpt    int
+		scrubEvery time.Duration
+		scrubRate  float64
 		cpuProfile string
 	)
 	cmd := &cobra.Command{
@@ -36,13 +38,31 @@ until someone runs umount on it.
                            name stays as a read-only receipt for --receipt-ttl
   /.alkblobfs/sweep        write "run" to sweep now; read the last report
   /.alkblobfs/sweep-timer  write off, on or a duration like 15m
+  /.alkblobfs/scrub        write "run" to re-verify every blob now; read the
+                           last report
   /.alkblobfs/stats        counters as JSON
 
-With --verify=full (the default) no byte is served unverified: range reads
-check what they touch, and the kernel reads a local blob directly (FUSE
-passthrough) only once it has been verified end to end. --verify=publish
-trusts the hashing done when blobs were stored and passes local blobs
-through from the first read.
+Reads are checked against the digest in one of three modes:
+
+  --verify=full     (the default) every read through the daemon checks the
+                    64 KiB chunks it touches. The kernel reads a local blob's
+                    file directly (FUSE passthrough) only after the blob was
+                    verified end to end, and only while the file keeps the
+                    device, inode, size, mtime and ctime it had then: a file
+                    written to or replaced since is verified again first.
+                    Damage that leaves the metadata alone (bit rot) is not
+                    seen by passthrough reads: a scrub finds it.
+  --verify=strict   every open reads through the daemon, which checks every
+                    chunk it serves, and a read of the whole blob also
+                    checks its sha256 before the end; no passthrough, no
+                    page cache kept between opens.
+  --verify=publish  trusts the hashing done when the blob was stored: no
+                    read is checked, and local blobs pass through at once.
+
+A blob that fails a check is EIO and a log line naming its digest, never
+wrong bytes. --scrub-every re-reads the whole store from disk on a timer, at
+most --scrub-rate MB/s; a local blob it finds corrupt is EIO at open from
+then on (in every mode), until its file is restored.
 
 A stale mount left by a daemon that was killed is unmounted lazily first.
 As root the mount uses mount(2) directly; otherwise fusermount3.`,
@@ -57,6 +77,13 @@ As root the mount uses mount(2) directly; otherwise fusermount3.`,
 			}
 			if err := fusefs.CheckSweepEvery(sweepEvery, ro); err != nil {
 				return usagef(cmd, "--sweep-every: %v", err)
+			}
+			if scrubRate < 0 {
+				return usagef(cmd, "--scrub-rate %g: want 0 (unlimited) or a positive number of MB/s", scrubRate)
+			}
+			rate := int64(scrubRate * 1e6)
+			if err := fusefs.CheckScrub(scrubEvery, rate); err != nil {
+				return usagef(cmd, "--scrub-every: %v", err)
 			}
 			if maxRcpt <= 0 {
 				return usagef(cmd, "--max-receipts %d: must be positive", maxRcpt)
@@ -97,6 +124,8 @@ As root the mount uses mount(2) directly; otherwise fusermount3.`,
 				ReceiptTTL:    receiptTTL,
 				MaxReceipts:   maxRcpt,
 				SweepEvery:    sweepEvery,
+				ScrubEvery:    scrubEvery,
+				ScrubRate:     rate,
 				AllowOther:    allowOther,
 				Debug:         debug,
 				NoPassthrough: !pass,
@@ -127,7 +156,9 @@ As root the mount uses mount(2) directly; otherwise fusermount3.`,
 	f.DurationVar(&sweepEvery, "sweep-every", 0, "sweep on a timer, e.g. 1h (0: off; change it later in .alkblobfs/sweep-timer)")
 	f.BoolVar(&allowOther, "allow-other", false, "let other users use the mount (they can then do anything the owner can)")
 	f.BoolVar(&debug, "debug", false, "log every FUSE request (at debug level)")
-	f.StringVar(&verify, "verify", string(fusefs.VerifyFull), "read verification: full (never serve unverified bytes) or publish (trust publish-time hashing)")
+	f.StringVar(&verify, "verify", string(fusefs.VerifyFull), "read verification: full, strict or publish (see above)")
+	f.DurationVar(&scrubEvery, "scrub-every", 0, "re-verify every blob from disk on a timer, e.g. 24h (0: off)")
+	f.Float64Var(&scrubRate, "scrub-rate", fusefs.DefaultScrubRate/1e6, "most MB a scrub reads per second (0: unlimited)")
 	f.DurationVar(&receiptTTL, "receipt-ttl", fusefs.DefaultReceiptTTL, "how long incoming/ keeps a name after its file was published (empty directories there go after as long)")
 	f.IntVar(&maxRcpt, "max-receipts", fusefs.DefaultMaxReceipts, "most names incoming/ keeps after publish, in all namespaces; past it the oldest go first")
 	f.BoolVar(&ro, "read-only", false, "mount read-only: reads and pins only, every change is EROFS (beside a read-write mount of the same store, say)")

@@ -1,15 +1,10 @@
 package main
 
 import (
-	"context"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"io"
-	"iter"
 	"runtime"
-	"sync"
-	"time"
 
 	"github.com/spf13/cobra"
 
@@ -67,13 +62,20 @@ With --json it prints one JSON document instead: {"bad":[{"digest","tier",
 			if asJSON {
 				out = &jsonScrub{w: a.stdout}
 			}
-			var seq iter.Seq2[store.Digest, error]
+			seq := st.Pool(cmd.Context())
 			if len(ds) > 0 {
-				seq = digestsOf(ds)
-			} else {
-				seq = poolDigests(cmd.Context(), st)
+				seq = store.Digests(ds...)
 			}
-			sum, err := scrub(cmd.Context(), st, seq, len(ds) > 0, jobs, out)
+			sum, err := st.Scrub(cmd.Context(), seq, store.ScrubOptions{
+				Jobs:     jobs,
+				Explicit: len(ds) > 0,
+				Result: func(r store.ScrubResult) error {
+					if r.Status == store.ScrubOK {
+						return nil
+					}
+					return out.bad(r) // an error (stdout gone) stops the scrub
+				},
+			})
 			if ferr := out.finish(sum, err); err == nil {
 				err = ferr
 			}
@@ -92,191 +94,20 @@ With --json it prints one JSON document instead: {"bad":[{"digest","tier",
 	return cmd
 }
 
-// Blob verdicts of a scrub.
-const (
-	verdictOK         = ""
-	verdictCorrupt    = "corrupt"
-	verdictUnreadable = "unreadable"
-	verdictMissing    = "missing"
-	verdictCancelled  = "cancelled" // not read: the scrub is stopping
-)
-
-// scrubResult is the verdict on one blob.
-type scrubResult struct {
-	Digest store.Digest `json:"digest"`
-	Tier   store.Tier   `json:"tier,omitempty"`
-	Status string       `json:"status"`
-	Error  string       `json:"error,omitempty"`
-	size   int64
-}
-
-// scrubSummary counts a scrub.
-type scrubSummary struct {
-	Checked    int64         `json:"checked"` // blobs read (intact or not)
-	Bytes      int64         `json:"bytes"`   // bytes of the intact ones
-	Corrupt    int64         `json:"corrupt"`
-	Unreadable int64         `json:"unreadable"`
-	Missing    int64         `json:"missing"`
-	Duration   time.Duration `json:"duration_ns"`
-	Error      string        `json:"error,omitempty"` // why the scrub stopped early
-}
-
-// scrub verifies the blobs of seq with jobs workers and reports each bad
-// one to out as it is found. explicit says the digests were named by the
-// user: one the store lacks is then MISSING, whereas a listed blob that
-// vanished before it was read (a concurrent sweep) is skipped. The error is
-// for failures of the scrub itself (listing, cancellation), not for bad
-// blobs.
-func scrub(ctx context.Context, st *store.Store, seq iter.Seq2[store.Digest, error], explicit bool, jobs int, out scrubOutput) (scrubSummary, error) {
-	start := time.Now()
-	parent := ctx
-	ctx, cancel := context.WithCancel(ctx)
-	defer cancel()
-	work := make(chan store.Digest, jobs)
-	results := make(chan scrubResult, jobs)
-	var listErr error
-	go func() {
-		defer close(work)
-		for d, err := range seq {
-			if err != nil {
-				listErr = err
-				return
-			}
-			select {
-			case work <- d:
-			case <-ctx.Done():
-				return
-			}
-		}
-	}()
-	var wg sync.WaitGroup
-	for range jobs {
-		wg.Go(func() {
-			for d := range work {
-				results <- verifyBlob(ctx, st, d)
-			}
-		})
-	}
-	go func() { wg.Wait(); close(results) }()
-
-	var sum scrubSummary
-	var outErr error
-	for r := range results {
-		switch r.Status {
-		case verdictCancelled:
-			continue
-		case verdictOK:
-			sum.Checked++
-			sum.Bytes += r.size
-			continue
-		case verdictCorrupt:
-			sum.Checked++
-			sum.Corrupt++
-		case verdictUnreadable:
-			sum.Checked++
-			sum.Unreadable++
-		case verdictMissing:
-			if !explicit {
-				continue
-			}
-			sum.Missing++
-		}
-		if outErr == nil {
-			if outErr = out.bad(r); outErr != nil {
-				cancel() // stdout is gone (a closed pipe): stop reading blobs
-			}
-		}
-	}
-	sum.Duration = time.Since(start)
-	// results is closed, so the lister has returned: listErr is settled.
-	if err := errors.Join(listErr, outErr); err != nil {
-		return sum, err
-	}
-	return sum, parent.Err() // interrupted: the counts are partial
-}
-
-// verifyBlob reads d to EOF through the verifying reader.
-func verifyBlob(ctx context.Context, st *store.Store, d store.Digest) scrubResult {
-	res := scrubResult{Digest: d}
-	if ctx.Err() != nil {
-		res.Status = verdictCancelled
-		return res
-	}
-	r, ok, err := st.Get(ctx, d)
-	switch {
-	case err != nil:
-		// Get verifies kv blobs as it opens them, so a corrupt kv blob
-		// fails here; find its tier from metadata.
-		if info, ok, serr := st.Stat(ctx, d); serr == nil && ok {
-			res.Tier = info.Tier
-		}
-		return verdict(res, err)
-	case !ok:
-		res.Status = verdictMissing
-		return res
-	}
-	defer r.Close()
-	res.Tier = r.Tier()
-	res.size = r.Len()
-	// A transfer stops the copy when ctx ends: the reader does not watch it.
-	t := newTransfer(ctx, nil, false, r.Len(), "")
-	_, err = r.WriteTo(t.writer(io.Discard))
-	return verdict(res, err)
-}
-
-// verdict classifies a read error: content that does not hash to its
-// digest, or that ends early, is corrupt; any other failure is reported as
-// unreadable (the bytes may be fine; the medium failed to deliver them).
-func verdict(res scrubResult, err error) scrubResult {
-	switch {
-	case err == nil:
-		res.Status = verdictOK
-	case errors.Is(err, store.ErrMissing):
-		res.Status = verdictMissing // deleted since it was listed
-	case errors.Is(err, context.Canceled), errors.Is(err, context.DeadlineExceeded):
-		res.Status = verdictCancelled
-	case errors.Is(err, store.ErrVerification), errors.Is(err, io.ErrUnexpectedEOF):
-		res.Status, res.Error = verdictCorrupt, err.Error()
-	default:
-		res.Status, res.Error = verdictUnreadable, err.Error()
-	}
-	return res
-}
-
-func digestsOf(ds []store.Digest) iter.Seq2[store.Digest, error] {
-	return func(yield func(store.Digest, error) bool) {
-		for _, d := range ds {
-			if !yield(d, nil) {
-				return
-			}
-		}
-	}
-}
-
-func poolDigests(ctx context.Context, st *store.Store) iter.Seq2[store.Digest, error] {
-	return func(yield func(store.Digest, error) bool) {
-		for e, err := range st.List(ctx) {
-			if !yield(e.Digest, err) || err != nil {
-				return
-			}
-		}
-	}
-}
-
 // scrubOutput prints a scrub as it goes.
 type scrubOutput interface {
-	bad(r scrubResult) error
-	finish(s scrubSummary, err error) error
+	bad(r store.ScrubResult) error
+	finish(s store.ScrubSummary, err error) error
 }
 
 type textScrub struct{ w io.Writer }
 
-func (o *textScrub) bad(r scrubResult) error {
+func (o *textScrub) bad(r store.ScrubResult) error {
 	var err error
 	switch r.Status {
-	case verdictMissing:
+	case store.ScrubMissing:
 		_, err = fmt.Fprintf(o.w, "MISSING %s\n", r.Digest)
-	case verdictCorrupt:
+	case store.ScrubCorrupt:
 		_, err = fmt.Fprintf(o.w, "CORRUPT %s %s: %s\n", r.Digest, tierOrUnknown(r.Tier), r.Error)
 	default:
 		_, err = fmt.Fprintf(o.w, "UNREADABLE %s %s: %s\n", r.Digest, tierOrUnknown(r.Tier), r.Error)
@@ -284,9 +115,9 @@ func (o *textScrub) bad(r scrubResult) error {
 	return err
 }
 
-func (o *textScrub) finish(s scrubSummary, err error) error {
+func (o *textScrub) finish(s store.ScrubSummary, err error) error {
 	verdict := "all intact"
-	if bad := s.Corrupt + s.Unreadable + s.Missing; bad > 0 {
+	if s.Bad() > 0 {
 		verdict = fmt.Sprintf("%d corrupt, %d unreadable, %d missing", s.Corrupt, s.Unreadable, s.Missing)
 	}
 	if err != nil {
@@ -320,7 +151,7 @@ func (o *jsonScrub) open() error {
 	return err
 }
 
-func (o *jsonScrub) bad(r scrubResult) error {
+func (o *jsonScrub) bad(r store.ScrubResult) error {
 	if err := o.open(); err != nil {
 		return err
 	}
@@ -337,7 +168,7 @@ func (o *jsonScrub) bad(r scrubResult) error {
 	return err
 }
 
-func (o *jsonScrub) finish(s scrubSummary, err error) error {
+func (o *jsonScrub) finish(s store.ScrubSummary, err error) error {
 	if err != nil {
 		s.Error = err.Error()
 	}
