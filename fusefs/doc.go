@@ -32,12 +32,15 @@
 // it: the kernel reads the blob's file directly. A probe at mount (go-fuse
 // would otherwise turn passthrough off silently on the first failed
 // registration) decides, logs, and shows in stats. In --verify=full only a
-// blob verified end to end (by an earlier read through the daemon) passes
-// through, and only while its file keeps the identity it had then (device,
-// inode, size, mtime, ctime: verifiedSet); a changed file is verified
-// again; --verify=publish passes through from the first open. The kernel
-// refuses to mix passthrough and page-cached opens on one inode, so a new
-// open takes the mode of the opens already there. The writeback cache
+// blob verified end to end (by an earlier read through the daemon, or a
+// scrub) passes through, and only while its file keeps the identity it had
+// then (device, inode, size, mtime, ctime: verdicts); a changed file is
+// verified again; --verify=publish passes through from the first open, and
+// --verify=strict never (seqCheck adds the sha256 of a handle's whole
+// read). A local blob a scrub found corrupt is EIO at open until its file
+// changes (scrub.go). The kernel refuses to mix passthrough and
+// page-cached opens on one inode, so a new open takes the mode of the
+// opens already there. The writeback cache
 // would pipeline writes into incoming/, but the kernel refuses passthrough
 // with it, so it stays off.
 //
@@ -50,7 +53,8 @@
 // the operation, digest and engine message first. Unknown errors are EIO,
 // never ENOSYS (which would switch the operation off for the whole mount).
 // A read that fails verification is EIO and a log line naming the digest
-// and offset; wrong bytes are never served in --verify=full.
+// and offset; wrong bytes are never served through the daemon in
+// --verify=full or strict.
 //
 // # Write path
 //

@@ -2,7 +2,6 @@ package fusefs
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"sync"
 	"sync/atomic"
@@ -132,10 +131,7 @@ func (s *scrubber) run(ctx context.Context, trigger string) (ScrubReport, error)
 	}
 	f.log.Info(lvl, "trigger", trigger, "checked", sum.Checked, "bytes", sum.Bytes, "corrupt", sum.Corrupt,
 		"unreadable", sum.Unreadable, "duration", sum.Duration, "err", err)
-	if err != nil && !errors.Is(err, context.Canceled) {
-		return rep, err
-	}
-	return rep, nil
+	return rep, err
 }
 
 // judge records one verdict where the mount's reads will see it.

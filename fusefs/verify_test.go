@@ -166,6 +166,33 @@ func TestScrubFindsBitRot(t *testing.T) {
 	}
 }
 
+// TestScrubInterrupted: the write of "run" to the scrub control file lasts
+// as long as the scrub, and interrupting the writer stops the scrub.
+func TestScrubInterrupted(t *testing.T) {
+	e := mountStore(t, defaultSpec, func(c *Config) { c.ScrubRate = 1e6 })
+	e.mkns("i")
+	e.put("i", randBytes(51, 8<<20)) // 8 s at 1 MB/s
+	cmd := exec.Command("sh", "-c", "echo run > "+e.path(".alkblobfs", "scrub"))
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(500 * time.Millisecond)
+	start := time.Now()
+	cmd.Process.Signal(syscall.SIGINT)
+	if err := cmd.Wait(); err == nil {
+		t.Fatal("the interrupted scrub write succeeded")
+	}
+	if d := time.Since(start); d > 3*time.Second {
+		t.Fatalf("the writer took %s to stop after SIGINT", d)
+	}
+	ctx := context.Background()
+	eventually(t, 5*time.Second, "the scrub's report", func() bool { return e.srv.Stats(ctx).Scrub.Last != nil })
+	rep := e.srv.Stats(ctx).Scrub.Last
+	if rep.Checked != 0 || !strings.Contains(rep.Error, "canceled") {
+		t.Fatalf("report of the interrupted scrub: %+v", rep)
+	}
+}
+
 // blobFile is the local engine's file of digest d.
 func (e *env) blobFile(d string) string {
 	return filepath.Join(e.data, "large", "blobs", d[:2], d)

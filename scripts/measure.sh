@@ -45,7 +45,9 @@
 #                           --verify=full, strict and publish, and natively
 #                           from its backing file, interleaved; cold (page
 #                           cache dropped, fresh mount: full verifies
-#                           through the daemon) and warm (a second open:
+#                           through the daemon), second (right after: full
+#                           may still be in page-cached mode, its first
+#                           handle's release in flight) and warm (third:
 #                           full and publish pass through, strict reads
 #                           through the daemon again). Then the scrub: wall
 #                           time and the daemon's CPU time for
@@ -392,11 +394,13 @@ mode_verify() {
 		echo "# repetition $rep"
 		dropcaches
 		timed native "cold read s" ddread "$backing"
+		timed native "second read s" ddread "$backing"
 		timed native "warm read s" ddread "$backing"
 		for m in full strict publish; do
 			mountfs "$bin" "$mnt" --data "$data" mount --verify="$m"
 			dropcaches
 			timed "$m" "cold read s" ddread "$mnt/bench/$d"
+			timed "$m" "second read s" ddread "$mnt/bench/$d"
 			timed "$m" "warm read s" ddread "$mnt/bench/$d"
 			umountfs "$mnt"
 		done
@@ -415,6 +419,7 @@ mode_verify() {
 		done
 		umountfs "$mnt"
 	done
+	summary
 }
 
 mode_publish() {
@@ -450,9 +455,6 @@ puts) mode_puts "$@" ;;
 sweep) mode_sweep "$@" ;;
 bench) mode_bench "$@" ;;
 publish) mode_publish "$@" ;;
-verify)
-	mode_verify "$@"
-	summary
-	;;
+verify) mode_verify "$@" ;;
 *) usage ;;
 esac

@@ -396,6 +396,14 @@ func TestSweepEveryBound(t *testing.T) {
 	c.fail(2, "at least 1s", "mount", "--sweep-every", "-1s", t.TempDir())
 }
 
+// TestScrubFlagsBound: --scrub-every takes 0 (off) or at least a second,
+// --scrub-rate no negative number.
+func TestScrubFlagsBound(t *testing.T) {
+	c := newCLI(t)
+	c.fail(2, "at least 1s", "mount", "--scrub-every", "10ms", t.TempDir())
+	c.fail(2, "scrub-rate", "mount", "--scrub-rate", "-1", t.TempDir())
+}
+
 // TestVersionAndCompletion: --version and version print the version and
 // the Go version; completion writes a shell's completion script.
 func TestVersionAndCompletion(t *testing.T) {

@@ -3,6 +3,7 @@
 package main
 
 import (
+	"encoding/json"
 	"crypto/sha256"
 	"encoding/hex"
 	"errors"
@@ -164,6 +165,43 @@ func isMounted(t *testing.T, dir string) bool {
 		}
 	}
 	return false
+}
+
+// TestMountScrubAndStrict: the mount flags reach the mount: its stats show
+// the verify mode and the scrub's timer and rate, and the timer scrubs.
+func TestMountScrubAndStrict(t *testing.T) {
+	requireFUSE(t)
+	c := newCLI(t)
+	src, _, _ := writeFile(t, t.TempDir(), 300<<10, 3)
+	c.ok("ns", "create", "s")
+	c.ok("put", "--ns", "s", src)
+	mnt := t.TempDir()
+	startDaemon(t, c.data, mnt, "--verify=strict", "--scrub-every", "1s", "--scrub-rate", "50")
+	type stats struct {
+		Verify string `json:"verify"`
+		Scrub  struct {
+			Every string `json:"every"`
+			Rate  int64  `json:"rate_bytes_per_s"`
+			Runs  int64  `json:"runs"`
+			Last  *struct {
+				Checked int64 `json:"checked"`
+			} `json:"last"`
+		} `json:"scrub"`
+	}
+	var st stats
+	eventually(t, 10*time.Second, "a timed scrub", func() bool {
+		b, err := os.ReadFile(filepath.Join(mnt, ".alkblobfs", "stats"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := json.Unmarshal(b, &st); err != nil {
+			t.Fatal(err)
+		}
+		return st.Scrub.Runs > 0
+	})
+	if st.Verify != "strict" || st.Scrub.Every != "1s" || st.Scrub.Rate != 50e6 || st.Scrub.Last == nil || st.Scrub.Last.Checked != 1 {
+		t.Fatalf("stats: %+v", st)
+	}
 }
 
 func TestMountErrors(t *testing.T) {
