@@ -218,6 +218,12 @@ func (s *Store) scrubOne(ctx context.Context, d Digest, p *pacer) (ScrubResult, 
 		res.File = &after
 	}
 	if rerr != nil {
+		if ok, herr := s.Has(ctx, d); herr == nil && !ok {
+			// Swept while it was read (an engine that cannot read a
+			// deleted blob through an open cursor, pglo): not a fault.
+			res.Status = ScrubMissing
+			return res, true
+		}
 		return classify(res, rerr)
 	}
 	res.Status = ScrubOK
