@@ -227,6 +227,12 @@ type BatchSizer interface {
 	SizeMany(ctx context.Context, ds []blob.Digest) ([]int64, error)
 }
 
+// PGSchemaLock is the PostgreSQL advisory lock key that serializes schema
+// creation in every package that keeps tables there: concurrent CREATE
+// TABLE IF NOT EXISTS of one table can fail with a unique violation in the
+// catalog.
+const PGSchemaLock int64 = 0x616c6b626c6f62 // "alkblob"
+
 // InTx runs fn in a transaction of db and commits it. An error of fn rolls
 // the transaction back and is returned as it is; an error beginning or
 // committing goes through wrap (the engine's error wrapper; nil: none)

@@ -24,6 +24,7 @@ type Mem struct {
 	// pending holds the intents (Pend); pendingIn counts them per namespace.
 	pending   map[Intent]memIntent
 	pendingIn map[string]int
+	perms     map[string]Perm // recorded Perms (CreatePerm, SetPerm)
 }
 
 type memIntent struct {
@@ -43,7 +44,14 @@ func NewMem(clock Clock) *Mem {
 }
 
 // Create implements Registry.
-func (m *Mem) Create(ctx context.Context, name string) error {
+func (m *Mem) Create(ctx context.Context, name string) error { return m.create(ctx, name, nil) }
+
+// CreatePerm implements Registry.
+func (m *Mem) CreatePerm(ctx context.Context, name string, p Perm) error {
+	return m.create(ctx, name, &p)
+}
+
+func (m *Mem) create(ctx context.Context, name string, p *Perm) error {
 	if err := check(ctx, name); err != nil {
 		return wrap("create", name, blob.Digest{}, err)
 	}
@@ -55,6 +63,43 @@ func (m *Mem) Create(ctx context.Context, name string) error {
 	m.ns[name] = &ordered{}
 	i, _ := slices.BinarySearch(m.names, name)
 	m.names = slices.Insert(m.names, i, name)
+	if p != nil {
+		if m.perms == nil {
+			m.perms = make(map[string]Perm)
+		}
+		m.perms[name] = p.clean()
+	}
+	return nil
+}
+
+// Perm implements Registry.
+func (m *Mem) Perm(ctx context.Context, name string) (Perm, bool, error) {
+	if err := check(ctx, name); err != nil {
+		return Perm{}, false, wrap("perm", name, blob.Digest{}, err)
+	}
+	m.mu.RLock()
+	defer m.mu.RUnlock()
+	if _, ok := m.ns[name]; !ok {
+		return Perm{}, false, wrap("perm", name, blob.Digest{}, ErrNotFound)
+	}
+	p, ok := m.perms[name]
+	return p, ok, nil
+}
+
+// SetPerm implements Registry.
+func (m *Mem) SetPerm(ctx context.Context, name string, p Perm) error {
+	if err := check(ctx, name); err != nil {
+		return wrap("set perm", name, blob.Digest{}, err)
+	}
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if _, ok := m.ns[name]; !ok {
+		return wrap("set perm", name, blob.Digest{}, ErrNotFound)
+	}
+	if m.perms == nil {
+		m.perms = make(map[string]Perm)
+	}
+	m.perms[name] = p.clean()
 	return nil
 }
 
@@ -73,6 +118,7 @@ func (m *Mem) Remove(ctx context.Context, name string) error {
 		return wrap("remove", name, blob.Digest{}, ErrNotEmpty)
 	}
 	delete(m.ns, name)
+	delete(m.perms, name)
 	i, _ := slices.BinarySearch(m.names, name)
 	m.names = slices.Delete(m.names, i, i+1)
 	return nil

@@ -20,6 +20,16 @@ type Ref struct {
 	LinkedAt time.Time
 }
 
+// Perm is who may use a namespace through a mount: the owner, group and
+// permission bits of its directory, which the kernel checks when other
+// users can reach the mount.
+type Perm struct {
+	Uid, Gid uint32
+	Mode     uint32 // permission bits: Mode & 0o7777
+}
+
+func (p Perm) clean() Perm { p.Mode &= 0o7777; return p }
+
 // Registry is a set of named namespaces, each a set of digest references.
 // Every method validates the namespace name first (ValidName); a bad name
 // returns ErrBadName and changes nothing. A failed call changes nothing.
@@ -32,8 +42,17 @@ type Ref struct {
 type Registry interface {
 	gc.Source
 
-	// Create adds an empty namespace; ErrExists if it is there.
+	// Create adds an empty namespace; ErrExists if it is there. It has no
+	// Perm: a mount shows it as its own user's, mode 0755.
 	Create(ctx context.Context, name string) error
+	// CreatePerm is Create recording p as the namespace's Perm.
+	CreatePerm(ctx context.Context, name string, p Perm) error
+	// Perm returns the namespace's Perm; ok is false if none was recorded
+	// (Create). ErrNotFound if the namespace is absent.
+	Perm(ctx context.Context, name string) (p Perm, ok bool, err error)
+	// SetPerm records p as the namespace's Perm; ErrNotFound if the
+	// namespace is absent.
+	SetPerm(ctx context.Context, name string, p Perm) error
 	// Remove deletes an empty namespace; ErrNotEmpty while it holds
 	// references, ErrNotFound if it is absent.
 	Remove(ctx context.Context, name string) error

@@ -19,7 +19,7 @@ import (
 // the kv engine's own (see Open), so that links survive restarts and can
 // commit in the same transaction as a put (LinkTx):
 //
-//	ns(name TEXT PRIMARY KEY, created_at INTEGER)
+//	ns(name TEXT PRIMARY KEY, created_at INTEGER, uid, gid, mode INTEGER NULL)
 //	ns_refs(ns TEXT REFERENCES ns, digest BLOB, linked_at INTEGER, PRIMARY KEY (ns, digest))
 //	index ns_refs_digest on ns_refs(digest), for IsLive and Live
 //	ns_pending(id INTEGER PRIMARY KEY, ns TEXT REFERENCES ns, digest BLOB, holder TEXT, expiry INTEGER)
@@ -52,7 +52,10 @@ var ddl = map[string][]string{
 	"sqlite": {
 		`CREATE TABLE IF NOT EXISTS ns (
 			name       TEXT PRIMARY KEY,
-			created_at INTEGER NOT NULL
+			created_at INTEGER NOT NULL,
+			uid        INTEGER,
+			gid        INTEGER,
+			mode       INTEGER
 		) WITHOUT ROWID`,
 		// WITHOUT ROWID clusters the rows by (ns, digest): a namespace's
 		// listing reads consecutive pages.
@@ -78,7 +81,10 @@ var ddl = map[string][]string{
 		// locale. BIGINT: INTEGER is 32-bit in PostgreSQL.
 		`CREATE TABLE IF NOT EXISTS ns (
 			name       TEXT COLLATE "C" PRIMARY KEY,
-			created_at BIGINT NOT NULL
+			created_at BIGINT NOT NULL,
+			uid        BIGINT,
+			gid        BIGINT,
+			mode       BIGINT
 		)`,
 		// The foreign key closes the Link/Remove race under READ COMMITTED
 		// (SQLite serializes writers, so it needs no enforcement there).
@@ -103,6 +109,7 @@ var ddl = map[string][]string{
 
 type queries struct {
 	create, remove, exists, names        string
+	perm, setPerm                        string
 	linkIf, unlink, has, count, entries  string
 	pend, unpend, settleTake, settleLink string
 	renew, recoverTake, recoverLink      string
@@ -118,7 +125,9 @@ const linkBatch = 256
 func newQueries(dialect string) queries {
 	r := func(q string) string { return rebind(dialect, q) }
 	q := queries{
-		create: r(`INSERT INTO ns (name, created_at) VALUES (?, ?) ON CONFLICT (name) DO NOTHING`),
+		create:  r(`INSERT INTO ns (name, created_at, uid, gid, mode) VALUES (?, ?, ?, ?, ?) ON CONFLICT (name) DO NOTHING`),
+		perm:    r(`SELECT uid, gid, mode FROM ns WHERE name = ?`),
+		setPerm: r(`UPDATE ns SET uid = ?, gid = ?, mode = ? WHERE name = ?`),
 		remove: r(`DELETE FROM ns WHERE name = ? AND NOT EXISTS (SELECT 1 FROM ns_refs WHERE ns = ?)
 			AND NOT EXISTS (SELECT 1 FROM ns_pending WHERE ns = ?)`),
 		exists: r(`SELECT 1 FROM ns WHERE name = ?`),
@@ -189,10 +198,24 @@ func OpenSQL(ctx context.Context, db *sql.DB, dialect string, clock Clock) (*SQL
 	if !ok {
 		return nil, fmt.Errorf("namespaces: open: unknown SQL dialect %q (want sqlite or postgres)", dialect)
 	}
-	for _, s := range stmts {
-		if _, err := db.ExecContext(ctx, s); err != nil {
-			return nil, fmt.Errorf("namespaces: open %s: create schema: %w", dialect, err)
+	// One transaction, under PostgreSQL's schema lock (SQLite's pool
+	// begins IMMEDIATE): hosts opening one store at once neither trip over
+	// each other's CREATE TABLE nor add a column twice.
+	err := engines.InTx(ctx, db, nil, func(tx *sql.Tx) error {
+		if dialect == "postgres" {
+			if _, err := tx.ExecContext(ctx, `SELECT pg_advisory_xact_lock($1)`, engines.PGSchemaLock); err != nil {
+				return err
+			}
 		}
+		for _, s := range stmts {
+			if _, err := tx.ExecContext(ctx, s); err != nil {
+				return err
+			}
+		}
+		return addPermColumns(ctx, tx, dialect)
+	})
+	if err != nil {
+		return nil, fmt.Errorf("namespaces: open %s: create schema: %w", dialect, err)
 	}
 	r := &SQL{db: db, dialect: dialect, clock: orWall(clock), q: newQueries(dialect)}
 	var prepared []*sql.Stmt
@@ -234,10 +257,20 @@ func (r *SQL) exists(ctx context.Context, q querier, name string) (bool, error) 
 
 // Create implements Registry.
 func (r *SQL) Create(ctx context.Context, name string) error {
+	return r.create(ctx, name, nil, nil, nil)
+}
+
+// CreatePerm implements Registry.
+func (r *SQL) CreatePerm(ctx context.Context, name string, p Perm) error {
+	p = p.clean()
+	return r.create(ctx, name, int64(p.Uid), int64(p.Gid), int64(p.Mode))
+}
+
+func (r *SQL) create(ctx context.Context, name string, uid, gid, mode any) error {
 	if err := check(ctx, name); err != nil {
 		return wrap("create", name, blob.Digest{}, err)
 	}
-	res, err := r.db.ExecContext(ctx, r.q.create, name, r.clock.Now().UnixNano())
+	res, err := r.db.ExecContext(ctx, r.q.create, name, r.clock.Now().UnixNano(), uid, gid, mode)
 	if err != nil {
 		return wrap("create", name, blob.Digest{}, err)
 	}
@@ -245,6 +278,70 @@ func (r *SQL) Create(ctx context.Context, name string) error {
 		return wrap("create", name, blob.Digest{}, err)
 	} else if n == 0 {
 		return wrap("create", name, blob.Digest{}, ErrExists)
+	}
+	return nil
+}
+
+// Perm implements Registry.
+func (r *SQL) Perm(ctx context.Context, name string) (Perm, bool, error) {
+	if err := check(ctx, name); err != nil {
+		return Perm{}, false, wrap("perm", name, blob.Digest{}, err)
+	}
+	var uid, gid, mode sql.NullInt64
+	err := r.db.QueryRowContext(ctx, r.q.perm, name).Scan(&uid, &gid, &mode)
+	switch {
+	case errors.Is(err, sql.ErrNoRows):
+		return Perm{}, false, wrap("perm", name, blob.Digest{}, ErrNotFound)
+	case err != nil:
+		return Perm{}, false, wrap("perm", name, blob.Digest{}, err)
+	case !uid.Valid || !gid.Valid || !mode.Valid:
+		return Perm{}, false, nil
+	}
+	return Perm{Uid: uint32(uid.Int64), Gid: uint32(gid.Int64), Mode: uint32(mode.Int64)}.clean(), true, nil
+}
+
+// SetPerm implements Registry.
+func (r *SQL) SetPerm(ctx context.Context, name string, p Perm) error {
+	if err := check(ctx, name); err != nil {
+		return wrap("set perm", name, blob.Digest{}, err)
+	}
+	p = p.clean()
+	res, err := r.db.ExecContext(ctx, r.q.setPerm, int64(p.Uid), int64(p.Gid), int64(p.Mode), name)
+	var n int64
+	if err == nil {
+		n, err = res.RowsAffected()
+	}
+	if err != nil {
+		return wrap("set perm", name, blob.Digest{}, err)
+	}
+	if n == 0 {
+		return wrap("set perm", name, blob.Digest{}, ErrNotFound)
+	}
+	return nil
+}
+
+// addPermColumns adds ns.uid, gid and mode to a table made before they
+// existed.
+func addPermColumns(ctx context.Context, db *sql.Tx, dialect string) error {
+	q := `SELECT COUNT(*) FROM pragma_table_info('ns') WHERE name IN ('uid', 'gid', 'mode')`
+	typ := "INTEGER"
+	if dialect == "postgres" {
+		q = `SELECT COUNT(*) FROM information_schema.columns
+			WHERE table_schema = current_schema() AND table_name = 'ns' AND column_name IN ('uid', 'gid', 'mode')`
+		typ = "BIGINT"
+	}
+	var n int
+	if err := db.QueryRowContext(ctx, q).Scan(&n); err != nil || n == 3 {
+		return err
+	}
+	for _, col := range []string{"uid", "gid", "mode"} {
+		ifNot := ""
+		if dialect == "postgres" {
+			ifNot = "IF NOT EXISTS "
+		}
+		if _, err := db.ExecContext(ctx, "ALTER TABLE ns ADD COLUMN "+ifNot+col+" "+typ); err != nil {
+			return err
+		}
 	}
 	return nil
 }

@@ -5,12 +5,15 @@ import (
 	"database/sql"
 	"errors"
 	"path/filepath"
+	"sync"
 	"testing"
 	"time"
 
 	"github.com/alkblobfs/alkblobfs/blob"
 	"github.com/alkblobfs/alkblobfs/engines"
 	"github.com/alkblobfs/alkblobfs/engines/mem"
+	"github.com/alkblobfs/alkblobfs/engines/postgres"
+	"github.com/alkblobfs/alkblobfs/engines/postgres/pgtest"
 	"github.com/alkblobfs/alkblobfs/engines/sqlite"
 	"github.com/alkblobfs/alkblobfs/namespaces"
 	"github.com/alkblobfs/alkblobfs/namespaces/nstest"
@@ -180,5 +183,73 @@ func TestSQLiteCorruptRow(t *testing.T) {
 	}
 	if len(live) != 1 || live[0] == nil {
 		t.Fatalf("Live over a corrupt row yielded %v, want one error", live)
+	}
+}
+
+// TestPermColumnsAdded: a store made before namespaces had permissions
+// gets the columns when opened, by several processes at once, and its
+// namespaces have no Perm until one is set.
+func TestPermColumnsAdded(t *testing.T) {
+	t.Run("sqlite", func(t *testing.T) {
+		path := filepath.Join(t.TempDir(), "kv.db")
+		e, err := sqlite.Open(t.Context(), path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { e.Close() })
+		testPermColumnsAdded(t, e.DB(), `CREATE TABLE ns (name TEXT PRIMARY KEY, created_at INTEGER NOT NULL) WITHOUT ROWID`,
+			func() (*sql.DB, string) {
+				e, err := sqlite.Open(t.Context(), path)
+				if err != nil {
+					t.Fatal(err)
+				}
+				t.Cleanup(func() { e.Close() })
+				return e.DB(), e.Dialect()
+			})
+	})
+	t.Run("postgres", func(t *testing.T) {
+		dsn := pgtest.DSN(t)
+		open := func() (*sql.DB, string) {
+			e, err := postgres.Open(t.Context(), dsn)
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() { e.Close() })
+			return e.DB(), e.Dialect()
+		}
+		db, _ := open()
+		testPermColumnsAdded(t, db, `CREATE TABLE ns (name TEXT COLLATE "C" PRIMARY KEY, created_at BIGINT NOT NULL)`, open)
+	})
+}
+
+func testPermColumnsAdded(t *testing.T, old *sql.DB, oldDDL string, open func() (*sql.DB, string)) {
+	ctx := t.Context()
+	if _, err := old.ExecContext(ctx, oldDDL); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := old.ExecContext(ctx, `INSERT INTO ns (name, created_at) VALUES ('old', 1)`); err != nil {
+		t.Fatal(err)
+	}
+	var wg sync.WaitGroup
+	regs := make([]*namespaces.SQL, 3)
+	errs := make([]error, 3)
+	for i := range regs {
+		db, dialect := open()
+		wg.Go(func() { regs[i], errs[i] = namespaces.OpenSQL(ctx, db, dialect, nil) })
+	}
+	wg.Wait()
+	if err := errors.Join(errs...); err != nil {
+		t.Fatalf("concurrent opens of an old store: %v", err)
+	}
+	r := regs[0]
+	if p, ok, err := r.Perm(ctx, "old"); err != nil || ok {
+		t.Fatalf("Perm of an old namespace = %+v, %v, %v; want none", p, ok, err)
+	}
+	want := namespaces.Perm{Uid: 7, Gid: 8, Mode: 0o750}
+	if err := r.SetPerm(ctx, "old", want); err != nil {
+		t.Fatal(err)
+	}
+	if p, ok, err := regs[2].Perm(ctx, "old"); err != nil || !ok || p != want {
+		t.Fatalf("Perm from another opener = %+v, %v, %v; want %+v", p, ok, err, want)
 	}
 }

@@ -40,16 +40,11 @@ func NewWindow(ctx context.Context, pool *pgxpool.Pool, name string) (*Window, e
 	return &Window{pool: pool, name: name}, nil
 }
 
-// schemaLock is the advisory lock key that serializes schema creation:
-// concurrent CREATE TABLE IF NOT EXISTS of one table can fail with a
-// unique violation in the catalog.
-const schemaLock = 0x616c6b626c6f62 // "alkblob"
-
 // CreateSchema runs ddl in one transaction under an advisory lock, so that
 // engines opening the same database at once do not trip over each other.
 func CreateSchema(ctx context.Context, pool *pgxpool.Pool, ddl ...string) error {
 	return pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
-		if _, err := tx.Exec(ctx, `SELECT pg_advisory_xact_lock($1)`, int64(schemaLock)); err != nil {
+		if _, err := tx.Exec(ctx, `SELECT pg_advisory_xact_lock($1)`, engines.PGSchemaLock); err != nil {
 			return fmt.Errorf("create schema: %w", err)
 		}
 		for _, s := range ddl {

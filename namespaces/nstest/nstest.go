@@ -48,6 +48,7 @@ func Run(t *testing.T, open Opener) {
 		{"Namespaces", testNamespaces},
 		{"NamesPaged", testNamesPaged},
 		{"BadNames", testBadNames},
+		{"Perms", testPerms},
 		{"LinkUnlink", testLinkUnlink},
 		{"LinkedAt", testLinkedAt},
 		{"LinkMany", testLinkMany},
@@ -192,6 +193,39 @@ func unchanged(t *testing.T, r namespaces.Registry, before, what string, probes 
 	t.Helper()
 	if after := state(t, r, probes...); after != before {
 		t.Fatalf("%s changed the registry:\nbefore:\n%s\nafter:\n%s", what, before, after)
+	}
+}
+
+// testPerms: a namespace's Perm is recorded by CreatePerm and SetPerm,
+// absent after Create, and gone with the namespace.
+func testPerms(t *testing.T, open Opener) {
+	ctx := context.Background()
+	r, _ := fresh(t, open)
+	create(t, r, "plain")
+	if p, ok, err := r.Perm(ctx, "plain"); err != nil || ok {
+		t.Fatalf("Perm after Create = %+v, %v, %v; want none", p, ok, err)
+	}
+	want := namespaces.Perm{Uid: 1001, Gid: 4294967294, Mode: 0o2750}
+	must(t, r.CreatePerm(ctx, "owned", namespaces.Perm{Uid: want.Uid, Gid: want.Gid, Mode: 0o40000 | want.Mode}))
+	if p, ok, err := r.Perm(ctx, "owned"); err != nil || !ok || p != want {
+		t.Fatalf("Perm after CreatePerm = %+v, %v, %v; want %+v (type bits dropped)", p, ok, err, want)
+	}
+	wantErr(t, r.CreatePerm(ctx, "owned", want), namespaces.ErrExists, "CreatePerm of an existing namespace")
+	set := namespaces.Perm{Uid: 0, Gid: 0, Mode: 0o700}
+	must(t, r.SetPerm(ctx, "plain", set))
+	if p, ok, err := r.Perm(ctx, "plain"); err != nil || !ok || p != set {
+		t.Fatalf("Perm after SetPerm = %+v, %v, %v; want %+v", p, ok, err, set)
+	}
+	_, _, err := r.Perm(ctx, "nope")
+	wantErr(t, err, namespaces.ErrNotFound, "Perm of an absent namespace")
+	wantErr(t, r.SetPerm(ctx, "nope", set), namespaces.ErrNotFound, "SetPerm of an absent namespace")
+	_, _, err = r.Perm(ctx, "bad/name")
+	wantErr(t, err, namespaces.ErrBadName, "Perm of a bad name")
+	wantErr(t, r.SetPerm(ctx, "bad/name", set), namespaces.ErrBadName, "SetPerm of a bad name")
+	must(t, r.Remove(ctx, "owned"))
+	create(t, r, "owned")
+	if p, ok, err := r.Perm(ctx, "owned"); err != nil || ok {
+		t.Fatalf("Perm of a namespace re-created with Create = %+v, %v, %v; want none (not the old one's)", p, ok, err)
 	}
 }
 
