@@ -220,6 +220,7 @@ func removeName(in *fs.Inode) {
 type incDir struct {
 	node
 	tree *incTree
+	ns   *nsDir // set on incoming/ itself, nil on its subdirectories
 
 	mu   sync.Mutex
 	meta meta
@@ -254,11 +255,35 @@ func (d *incDir) getattr(out *fuse.Attr) {
 	out.Nlink = 2
 }
 
+// attr fills the directory's attributes. incoming/ itself takes its
+// owner, group and mode from its namespace, so that writing into it needs
+// write permission on the namespace.
+func (d *incDir) attr(ctx context.Context, out *fuse.Attr) error {
+	d.getattr(out)
+	if d.ns == nil {
+		return nil
+	}
+	p, err := d.ns.perm(ctx)
+	if err != nil {
+		return err
+	}
+	out.Mode = syscall.S_IFDIR | p.Mode
+	out.Uid, out.Gid = p.Uid, p.Gid
+	return nil
+}
+
 func (d *incDir) Getattr(ctx context.Context, f fs.FileHandle, out *fuse.AttrOut) syscall.Errno {
-	d.getattr(&out.Attr)
+	if err := d.attr(ctx, &out.Attr); err != nil {
+		return d.fsys.errno("getattr", blob.Digest{}, err)
+	}
 	return 0
 }
 
+// Setattr keeps what cp -a, tar and rsync set on a directory. On
+// incoming/ itself only times stick: its owner, group and mode are the
+// namespace's (chmod the namespace), and a mode or owner change is
+// accepted and ignored, so that `rsync -a src/ ns/incoming/` does not
+// fail on it.
 func (d *incDir) Setattr(ctx context.Context, f fs.FileHandle, in *fuse.SetAttrIn, out *fuse.AttrOut) syscall.Errno {
 	if _, ok := in.GetSize(); ok {
 		return d.fsys.errno("setattr", blob.Digest{}, errIsDir)
@@ -266,7 +291,9 @@ func (d *incDir) Setattr(ctx context.Context, f fs.FileHandle, in *fuse.SetAttrI
 	d.mu.Lock()
 	d.meta.set(in)
 	d.mu.Unlock()
-	d.getattr(&out.Attr)
+	if err := d.attr(ctx, &out.Attr); err != nil {
+		return d.fsys.errno("setattr", blob.Digest{}, err)
+	}
 	return 0
 }
 

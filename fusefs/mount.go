@@ -65,7 +65,7 @@ func Mount(dir string, cfg Config) (*Server, error) {
 		AttrTimeout:  &sec,
 		MountOptions: fuse.MountOptions{
 			AllowOther:   cfg.AllowOther,
-			Options:      readOnly(cfg.ReadOnly),
+			Options:      mountOptions(cfg),
 			MaxWrite:     maxWrite,
 			MaxReadAhead: maxReadAhead,
 			// Readahead and parallel readers issue async requests; the
@@ -355,9 +355,17 @@ func (w *slogWriter) Write(p []byte) (int, error) {
 }
 
 // readOnly is the mount option list of a read-only mount.
-func readOnly(ro bool) []string {
-	if ro {
-		return []string{"ro"}
+// mountOptions are the -o options of the mount. With --allow-other the
+// kernel checks every access against the mode, owner and group each node
+// shows (default_permissions): namespaces are their owners', the root and
+// the control files the mounting user's.
+func mountOptions(cfg Config) []string {
+	var o []string
+	if cfg.ReadOnly {
+		o = append(o, "ro")
 	}
-	return nil
+	if cfg.AllowOther {
+		o = append(o, "default_permissions")
+	}
+	return o
 }

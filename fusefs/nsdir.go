@@ -2,9 +2,11 @@ package fusefs
 
 import (
 	"context"
+	"fmt"
 	"sync"
 	"sync/atomic"
 	"syscall"
+	"time"
 
 	"github.com/hanwen/go-fuse/v2/fs"
 	"github.com/hanwen/go-fuse/v2/fuse"
@@ -31,6 +33,10 @@ type nsDir struct {
 
 	mu      sync.Mutex
 	pending map[string]*fileNode // verified puts by path, by digest name
+
+	permMu sync.Mutex
+	permV  namespaces.Perm
+	permAt time.Time // zero: not loaded
 }
 
 var (
@@ -54,6 +60,7 @@ func newNSDir(f *FS, name string) *nsDir {
 	d := &nsDir{node: node{fsys: f}, name: name, pending: make(map[string]*fileNode)}
 	d.tree = newIncTree(d)
 	d.inc = newIncDir(f, d.tree, 0o755, f.uid, f.gid)
+	d.inc.ns = d
 	return d
 }
 
@@ -74,16 +81,89 @@ func (d *nsDir) OnAdd(ctx context.Context) {
 	d.AddChild(incomingName, ch, true)
 }
 
-func (d *nsDir) getattr(out *fuse.Attr) { d.fsys.dirAttr(out, 0o755, d.fsys.born) }
+// perm is the namespace's owner, group and mode, as its directory and
+// incoming/ show them: the registry's Perm, or, for a namespace created
+// without one (alkblobfs ns create, an older version), the mount's user
+// and 0755. It is cached for the kernel's attribute timeout, so a chmod
+// through another mount shows within a second.
+func (d *nsDir) perm(ctx context.Context) (namespaces.Perm, error) {
+	d.permMu.Lock()
+	defer d.permMu.Unlock()
+	if !d.permAt.IsZero() && time.Since(d.permAt) < defaultTimeout {
+		return d.permV, nil
+	}
+	p, ok, err := d.fsys.reg.Perm(ctx, d.name)
+	if err != nil {
+		return namespaces.Perm{}, err
+	}
+	if !ok {
+		p = namespaces.Perm{Uid: d.fsys.uid, Gid: d.fsys.gid, Mode: 0o755}
+	}
+	d.permV, d.permAt = p, time.Now()
+	return p, nil
+}
+
+func (d *nsDir) cachePerm(p namespaces.Perm) {
+	d.permMu.Lock()
+	d.permV, d.permAt = p, time.Now()
+	d.permMu.Unlock()
+}
+
+// attr fills the directory's attributes.
+func (d *nsDir) attr(ctx context.Context, out *fuse.Attr) error {
+	p, err := d.perm(ctx)
+	if err != nil {
+		return err
+	}
+	d.fsys.dirAttr(out, p.Mode, d.fsys.born)
+	out.Uid, out.Gid = p.Uid, p.Gid
+	return nil
+}
 
 func (d *nsDir) Getattr(ctx context.Context, f fs.FileHandle, out *fuse.AttrOut) syscall.Errno {
-	d.getattr(&out.Attr)
+	if err := d.attr(ctx, &out.Attr); err != nil {
+		return d.fsys.errno("getattr", blob.Digest{}, err)
+	}
 	return 0
 }
 
-// Setattr accepts and ignores changes (see rootDir.Setattr).
+// Setattr records chmod, chown and chgrp of the namespace, which decide
+// who may use it when other users reach the mount. The kernel checks them
+// first when it checks permissions (--allow-other); the daemon checks too:
+// only the owner or root changes the mode or group, only root the owner.
+// Time changes are accepted and ignored, so that rsync and cp -a
+// finishing a copy do not fail on the directory.
 func (d *nsDir) Setattr(ctx context.Context, f fs.FileHandle, in *fuse.SetAttrIn, out *fuse.AttrOut) syscall.Errno {
-	d.getattr(&out.Attr)
+	mode, setMode := in.GetMode()
+	uid, setUID := in.GetUID()
+	gid, setGID := in.GetGID()
+	if setMode || setUID || setGID {
+		p, err := d.perm(ctx)
+		if err != nil {
+			return d.fsys.errno("setattr", blob.Digest{}, err)
+		}
+		who, _ := caller(ctx, d.fsys)
+		if who != 0 && (who != p.Uid || setUID && uid != p.Uid) {
+			return d.fsys.errno("setattr", blob.Digest{}, errNotPermitted)
+		}
+		if setMode {
+			p.Mode = mode & 0o7777
+		}
+		if setUID {
+			p.Uid = uid
+		}
+		if setGID {
+			p.Gid = gid
+		}
+		if err := d.fsys.reg.SetPerm(ctx, d.name, p); err != nil {
+			return d.fsys.errno("setattr", blob.Digest{}, err)
+		}
+		d.cachePerm(p)
+		d.fsys.log.Info("namespace permissions changed", "namespace", d.name, "uid", p.Uid, "gid", p.Gid, "mode", fmt.Sprintf("%04o", p.Mode))
+	}
+	if err := d.attr(ctx, &out.Attr); err != nil {
+		return d.fsys.errno("setattr", blob.Digest{}, err)
+	}
 	return 0
 }
 
@@ -119,7 +199,9 @@ func (d *nsDir) Lookup(ctx context.Context, name string, out *fuse.EntryOut) (*f
 		return nil, e
 	}
 	if name == incomingName {
-		d.inc.getattr(&out.Attr)
+		if err := d.inc.attr(ctx, &out.Attr); err != nil {
+			return nil, d.fsys.errno("lookup", blob.Digest{}, err)
+		}
 		return d.GetChild(incomingName), 0
 	}
 	d.mu.Lock()

@@ -2,6 +2,7 @@ package fusefs
 
 import (
 	"context"
+	"fmt"
 	"hash/fnv"
 	"sync"
 	"syscall"
@@ -82,7 +83,9 @@ func (r *rootDir) Lookup(ctx context.Context, name string, out *fuse.EntryOut) (
 		return nil, syscall.ENOENT
 	}
 	d, _ := r.fsys.nsDirFor(name)
-	d.getattr(&out.Attr)
+	if err := d.attr(ctx, &out.Attr); err != nil {
+		return nil, r.fsys.errno("lookup", blob.Digest{}, err)
+	}
 	return d.inode(ctx, &r.Inode), 0
 }
 
@@ -160,7 +163,9 @@ func (s *rootStream) Lookup(ctx context.Context, name string, out *fuse.EntryOut
 	s.mu.Unlock()
 	if name != "" && name == last {
 		d, _ := s.r.fsys.nsDirFor(name)
-		d.getattr(&out.Attr)
+		if err := d.attr(ctx, &out.Attr); err != nil {
+			return nil, s.r.fsys.errno("lookup", blob.Digest{}, err)
+		}
 		return d.inode(ctx, &s.r.Inode), 0
 	}
 	return s.r.Lookup(ctx, name, out)
@@ -194,12 +199,19 @@ func (r *rootDir) Mkdir(ctx context.Context, name string, mode uint32, out *fuse
 	if name == controlName {
 		return nil, r.fsys.errno("mkdir", blob.Digest{}, errExists)
 	}
-	if err := r.fsys.reg.Create(ctx, name); err != nil {
+	// The namespace is the caller's, with the mode mkdir asked for (the
+	// kernel has applied the umask).
+	uid, gid := caller(ctx, r.fsys)
+	p := namespaces.Perm{Uid: uid, Gid: gid, Mode: mode & 0o7777}
+	if err := r.fsys.reg.CreatePerm(ctx, name, p); err != nil {
 		return nil, r.fsys.errno("mkdir", blob.Digest{}, err)
 	}
-	r.fsys.log.Info("namespace created", "namespace", name)
+	r.fsys.log.Info("namespace created", "namespace", name, "uid", uid, "gid", gid, "mode", fmt.Sprintf("%04o", p.Mode))
 	d, _ := r.fsys.nsDirFor(name)
-	d.getattr(&out.Attr)
+	d.cachePerm(p)
+	if err := d.attr(ctx, &out.Attr); err != nil {
+		return nil, r.fsys.errno("mkdir", blob.Digest{}, err)
+	}
 	return d.inode(ctx, &r.Inode), 0
 }
 

@@ -154,7 +154,7 @@ As root the mount uses mount(2) directly; otherwise fusermount3.`,
 	}
 	f := cmd.Flags()
 	f.DurationVar(&sweepEvery, "sweep-every", 0, "sweep on a timer, e.g. 1h (0: off; change it later in .alkblobfs/sweep-timer)")
-	f.BoolVar(&allowOther, "allow-other", false, "let other users use the mount (they can then do anything the owner can)")
+	f.BoolVar(&allowOther, "allow-other", false, "let other users use the mount; the kernel then checks each namespace's owner, group and mode")
 	f.BoolVar(&debug, "debug", false, "log every FUSE request (at debug level)")
 	f.StringVar(&verify, "verify", string(fusefs.VerifyFull), "read verification: full, strict or publish (see above)")
 	f.DurationVar(&scrubEvery, "scrub-every", 0, "re-verify every blob from disk on a timer, e.g. 24h (0: off)")
