@@ -13,43 +13,59 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/alkblobfs/alkblobfs/engines/sqlite"
 )
 
-// TestKill9Loop kills the daemon with SIGKILL while three publishers write
-// into one namespace's incoming/ and two loops stat and list it, then
-// mounts again at once. Every round must end: the killed daemon exits (no
-// thread left stuck in the kernel behind a LOOKUP that waits for it), the
-// next mount recovers the dead mountpoint (its daemon's recorded pid is
-// gone), and at the end every file whose
-// close returned 0 is published and verifies, with no stage file left.
-// 3 rounds here, 20 under ALKBLOBFS_LONG=1.
+// TestKill9Loop is the crash campaign: it kills the daemon with SIGKILL
+// while three publishers write into one namespace's incoming/ (one of
+// them files large enough for the large tier), a fourth writes files into
+// another namespace and removes them again, a loop runs sweeps through the
+// control file, and two loops stat and list; then it mounts again at
+// once. A kill so lands during writes, publishes and sweeps. Every round
+// must end: the killed daemon exits (no thread left stuck in the kernel
+// behind a LOOKUP that waits for it), and the next mount recovers the dead
+// mountpoint (its daemon's recorded pid is gone). At the end every file
+// whose close returned 0 is published and verifies, no stage file is
+// left, and SQLite's integrity check passes. 5 rounds here, 30 under
+// ALKBLOBFS_LONG=1.
 //
 // The test never touches the mount from its own process: a hung mount
 // would hang it. If a round hangs anyway, it aborts the connection through
 // fusectl so that the machine recovers, and fails.
 func TestKill9Loop(t *testing.T) {
 	requireFUSE(t)
-	rounds := 3
+	rounds := 5
 	if os.Getenv("ALKBLOBFS_LONG") == "1" {
-		rounds = 20
+		rounds = 30
 	}
 	c := newCLI(t)
 	c.ok("ns", "create", "p")
+	c.ok("ns", "create", "g")
 	mnt := t.TempDir()
 	logs := t.TempDir()
 	r := rand.New(rand.NewPCG(9, 9))
+	sweeps := 0
 	for round := range rounds {
 		dm := startDaemon(t, c.data, mnt)
 		var procs []*exec.Cmd
 		for w := range 3 {
-			// Each copy whose close returned 0 is logged (outside the
-			// mount). cp, not a shell redirection: the shell restores its
-			// stdout with dup2, which drops the close's error.
+			// The sha256 of each copy whose close returned 0 is logged
+			// (outside the mount). cp, not a shell redirection: the shell
+			// restores its stdout with dup2, which drops the close's error.
 			tmp := filepath.Join(logs, fmt.Sprintf("src-%d-%d", round, w))
-			script := fmt.Sprintf(`i=0; while :; do i=$((i+1)); printf 'round %d writer %d file %%d' $i > %s && cp %s %s/p/incoming/w%d-$i && echo $i >> %s/r%d-w%d; done`,
-				round, w, tmp, tmp, mnt, w, logs, round, w)
+			fill := fmt.Sprintf(`printf 'round %d writer %d file %%d' $i > %s`, round, w, tmp)
+			if w == 2 {
+				fill = fmt.Sprintf(`{ head -c 600000 /dev/urandom; echo $i; } > %s`, tmp)
+			}
+			script := fmt.Sprintf(`i=0; while :; do i=$((i+1)); %s && cp %s %s/p/incoming/w%d-$i && sha256sum < %s | cut -c1-64 >> %s/r%d-w%d; done`,
+				fill, tmp, mnt, w, tmp, logs, round, w)
 			procs = append(procs, exec.Command("sh", "-c", script))
 		}
+		garbage := filepath.Join(logs, fmt.Sprintf("garbage-%d", round))
+		procs = append(procs,
+			exec.Command("sh", "-c", fmt.Sprintf(`i=0; while :; do i=$((i+1)); { head -c 300000 /dev/urandom; echo $i; } > %[1]s && cp %[1]s %[2]s/g/incoming/x && rm -f %[2]s/g/$(sha256sum < %[1]s | cut -c1-64); done`, garbage, mnt)),
+			exec.Command("sh", "-c", fmt.Sprintf(`while :; do echo run > %s/.alkblobfs/sweep; sleep 0.05; done`, mnt)))
 		for range 2 {
 			script := fmt.Sprintf(`while :; do stat %s/p/incoming >/dev/null 2>&1; ls %s/p >/dev/null 2>&1; stat %s/p/%s >/dev/null 2>&1; done`,
 				mnt, mnt, mnt, strings.Repeat("0", 64))
@@ -69,6 +85,7 @@ func TestKill9Loop(t *testing.T) {
 			abortFUSE(t, mnt)
 			t.Fatalf("round %d: the killed daemon did not exit within 15s: a thread is stuck in the kernel", round)
 		}
+		sweeps += strings.Count(dm.stderr.String(), `msg="sweep done"`)
 		for _, p := range procs {
 			syscall.Kill(-p.Process.Pid, syscall.SIGKILL)
 		}
@@ -96,25 +113,42 @@ func TestKill9Loop(t *testing.T) {
 			if err != nil && !os.IsNotExist(err) {
 				t.Fatal(err)
 			}
-			for _, i := range lines(string(b)) {
-				d := sum([]byte(fmt.Sprintf("round %d writer %d file %s", round, w, i)))
+			for _, d := range lines(string(b)) {
 				if !slices.Contains(listed, d) {
-					t.Errorf("round %d writer %d file %s: close returned 0 but %s is not published", round, w, i, d)
+					t.Errorf("round %d writer %d: close returned 0 but %s is not published", round, w, d)
 				}
 				published++
 			}
 		}
 	}
-	if published == 0 {
-		t.Fatal("no file was published: the publishers never ran")
+	if published == 0 || sweeps == 0 {
+		t.Fatalf("%d files published, %d sweeps: the workload never ran", published, sweeps)
 	}
 	c.ok("verify") // every blob re-hashed
 	stage, _ := os.ReadDir(filepath.Join(c.data, "large", "stage"))
 	if len(stage) > 0 {
 		t.Errorf("%d stage files survived start-up", len(stage))
 	}
-	t.Logf("%d rounds, %d files published and verified", rounds, published)
 	stopDaemon(t, dm)
+	integrityCheck(t, filepath.Join(c.data, "kv.db"))
+	t.Logf("%d rounds, %d sweeps, %d files published and verified", rounds, sweeps, published)
+}
+
+// integrityCheck runs SQLite's PRAGMA integrity_check on the database.
+func integrityCheck(t *testing.T, path string) {
+	t.Helper()
+	e, err := sqlite.Open(t.Context(), path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer e.Close()
+	var res string
+	if err := e.DB().QueryRowContext(t.Context(), "PRAGMA integrity_check").Scan(&res); err != nil {
+		t.Fatal(err)
+	}
+	if res != "ok" {
+		t.Fatalf("PRAGMA integrity_check of %s: %s", path, res)
+	}
 }
 
 // abortFUSE frees a hung mount with the product's own remedy, umount
