@@ -4,7 +4,7 @@ GO         ?= go
 BIN        := bin/alkblobfs
 TEST_FLAGS := -race -count=1 -timeout 14m
 
-.PHONY: build test test-long deps lint bench clean
+.PHONY: build test test-long fuzz deps lint bench clean
 
 build:
 	$(GO) build -buildvcs=auto -o $(BIN) ./cmd/alkblobfs
@@ -18,12 +18,28 @@ deps:
 # servers for them and sets ALKBLOBFS_REQUIRE_PG=1: a PostgreSQL test that
 # cannot reach its server fails here instead of skipping.
 # ALKBLOBFS_REQUIRE_FUSE=1 likewise turns a missing /dev/fuse into failures.
+# After the suite (which runs each fuzz target's seed corpus), every fuzz
+# target runs for FUZZTIME.
 test: deps
 	ALKBLOBFS_REQUIRE_FUSE=1 scripts/pg.sh $(GO) test $(TEST_FLAGS) ./...
+	$(MAKE) fuzz
 
 # test-long also runs the slow tests (those that check ALKBLOBFS_LONG).
 test-long: deps
 	ALKBLOBFS_LONG=1 ALKBLOBFS_REQUIRE_FUSE=1 scripts/pg.sh $(GO) test $(TEST_FLAGS) ./...
+	$(MAKE) fuzz FUZZTIME=60s
+
+# fuzz runs each go test -fuzz target for FUZZTIME: digest parsing,
+# namespace names, and lookups and control-file writes through a real
+# mount (root and FUSE).
+FUZZTIME    ?= 5s
+FUZZ_TARGETS := ./blob:FuzzParse ./namespaces:FuzzValidName ./fusefs:FuzzLookup ./fusefs:FuzzControl
+fuzz:
+	@for t in $(FUZZ_TARGETS); do \
+		pkg=$${t%%:*}; fn=$${t##*:}; \
+		echo "fuzz $$fn ($$pkg) for $(FUZZTIME)"; \
+		ALKBLOBFS_REQUIRE_FUSE=1 $(GO) test -run '^$$' -fuzz "^$$fn\$$" -fuzztime $(FUZZTIME) $$pkg || exit 1; \
+	done
 
 lint:
 	@out="$$(gofmt -l .)"; \
