@@ -43,11 +43,14 @@ type owedRelease struct {
 
 // releaseWait bounds how long a lookup or listing of the namespace waits
 // for a RELEASE owed since a close: long enough for the kernel to deliver
-// the RELEASE that follows a last close (microseconds, milliseconds under
-// load), short enough that a descriptor kept open elsewhere (a forked
-// child closed its copy; a shell still runs `cmd > f`) costs a lookup
-// little. A close older than that is not waited for at all.
-const releaseWait = 50 * time.Millisecond
+// the RELEASE that follows a last close and for the link it makes to
+// commit (microseconds, but hundreds of milliseconds when the database's
+// write lock is busy with a sweep: 50 ms lost files under a stress test),
+// short enough that a descriptor kept open elsewhere (a forked child
+// closed its copy; a shell still runs `cmd > f`) costs little: only
+// lookups of that digest, and listings, within a second of that close
+// wait. A close older than that is not waited for at all.
+const releaseWait = time.Second
 
 func newIncTree(ns *nsDir) *incTree {
 	return &incTree{ns: ns, live: make(map[*fileNode]struct{}), owed: make(map[*fileNode]owedRelease), changed: make(chan struct{})}
