@@ -1331,6 +1331,9 @@ func (h *fileHandle) Release(ctx context.Context) syscall.Errno {
 	f.stats.openHandles.Add(-1)
 	if h.write {
 		delete(n.writers, h)
+		if len(n.writers) == 0 {
+			n.writers = nil // a receipt keeps no empty map
+		}
 	}
 	p := decide(n.stateLocked(), event{kind: evRelease, lastWriter: len(n.writers) == 0, lastHandle: n.handles == 0})
 	if p.has(stepDiscard) {
