@@ -160,7 +160,7 @@ As root the mount uses mount(2) directly; otherwise fusermount3.`,
 	f.DurationVar(&scrubEvery, "scrub-every", 0, "re-verify every blob from disk on a timer, e.g. 24h (0: off)")
 	f.Float64Var(&scrubRate, "scrub-rate", fusefs.DefaultScrubRate/1e6, "most MB a scrub reads per second (0: unlimited)")
 	f.DurationVar(&receiptTTL, "receipt-ttl", fusefs.DefaultReceiptTTL, "how long incoming/ keeps a name after its file was published (empty directories there go after as long)")
-	f.IntVar(&maxRcpt, "max-receipts", fusefs.DefaultMaxReceipts, "most names incoming/ keeps after publish, in all namespaces; past it the oldest go first")
+	f.IntVar(&maxRcpt, "max-receipts", fusefs.DefaultMaxReceipts, "most names incoming/ keeps after publish, in all namespaces; past it the oldest go first (each costs about 2.5 KiB of daemon memory: 100000 stay under 320 MiB)")
 	f.BoolVar(&ro, "read-only", false, "mount read-only: reads and pins only, every change is EROFS (beside a read-write mount of the same store, say)")
 	f.BoolVar(&pass, "passthrough", true, "let the kernel read local blobs directly where it can (FUSE passthrough)")
 	f.StringVar(&cpuProfile, "cpuprofile", "", "write a CPU profile of the daemon to this file (for go tool pprof)")

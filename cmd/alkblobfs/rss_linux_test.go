@@ -10,6 +10,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -119,4 +120,63 @@ func TestPeakRSSBounded(t *testing.T) {
 	if fi, err := os.Stat(filepath.Join(dir, "out")); err != nil || fi.Size() != size {
 		t.Errorf("get -o: %v, %v", fi, err)
 	}
+}
+
+// mountMemoryCap is the daemon's documented peak RSS (README, mount
+// --help) with --max-receipts of receipts and 10 000 directories under
+// incoming/, no upload in flight: about 2.5 KiB a receipt, the Go
+// runtime's garbage included.
+const mountMemoryCap = 320 << 20
+
+// TestMountMemoryBounded copies 100 000 files into incoming/ within one
+// receipt TTL, and makes 10 000 directories under it, and checks the
+// daemon's peak RSS against the documented cap.
+func TestMountMemoryBounded(t *testing.T) {
+	requireFUSE(t)
+	c := newCLI(t)
+	c.ok("ns", "create", "m")
+	mnt := t.TempDir()
+	dm := startDaemon(t, c.data, mnt)
+	inc := filepath.Join(mnt, "m", "incoming")
+	const files, writers = 100_000, 4
+	start := time.Now()
+	var wg sync.WaitGroup
+	errs := make(chan error, writers)
+	for w := range writers {
+		wg.Go(func() {
+			for i := w; i < files; i += writers {
+				if err := os.WriteFile(filepath.Join(inc, fmt.Sprintf("f%06d", i)), fmt.Appendf(nil, "file %d", i), 0o644); err != nil {
+					errs <- err
+					return
+				}
+			}
+			d := filepath.Join(inc, fmt.Sprintf("d%d", w))
+			for j := range 10_000 / writers {
+				if err := os.MkdirAll(filepath.Join(d, fmt.Sprintf("e%d", j/100), fmt.Sprintf("e%d", j)), 0o755); err != nil {
+					errs <- err
+					return
+				}
+			}
+		})
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		t.Fatal(err)
+	}
+	took := time.Since(start)
+	ents, err := os.ReadDir(inc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	peak := vmHWM(fmt.Sprintf("/proc/%d/status", dm.cmd.Process.Pid)) << 10
+	t.Logf("%d files and 10 000 directories in %s (%d entries in incoming/): daemon peak RSS %.1f MiB",
+		files, took.Round(time.Second), len(ents), float64(peak)/(1<<20))
+	if len(ents) != files+writers {
+		t.Errorf("incoming/ lists %d entries, want %d receipts and %d directories", len(ents), files, writers)
+	}
+	if peak == 0 || peak > mountMemoryCap {
+		t.Errorf("daemon peak RSS %d MiB, want under %d MiB", peak>>20, mountMemoryCap>>20)
+	}
+	stopDaemon(t, dm)
 }
