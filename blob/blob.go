@@ -37,6 +37,10 @@ var (
 	ErrGcRefuse = errors.New("refused: blob is protected by liveness")
 	// ErrClosed: the store or engine has been closed.
 	ErrClosed = errors.New("store closed")
+	// ErrReadOnly: the store was opened on read-only media (its data
+	// directory is on a read-only filesystem, or not writable by this
+	// user): reads work, writes fail with this.
+	ErrReadOnly = errors.New("store is read-only")
 	// ErrNoSpace: the medium under an engine is full (a database that
 	// cannot grow, a full disk). Nothing was stored; the same put works
 	// once space is freed.

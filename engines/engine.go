@@ -25,6 +25,7 @@ package engines
 import (
 	"context"
 	"database/sql"
+	"golang.org/x/sys/unix"
 	"io"
 	"iter"
 	"strconv"
@@ -225,6 +226,21 @@ type BatchDeleter interface {
 // digest's size, or -1 for a digest the engine does not hold.
 type BatchSizer interface {
 	SizeMany(ctx context.Context, ds []blob.Digest) ([]int64, error)
+}
+
+// ReadOnly is implemented by engines that open a store on read-only media
+// (a read-only filesystem, a directory they may not write): ReadOnly
+// reports that this one did, so that reads work and every write fails.
+type ReadOnly interface {
+	ReadOnly() bool
+}
+
+// Writable reports whether dir may be written: false on a read-only
+// filesystem or without write permission; true for a directory that does
+// not exist yet (creating it reports any error).
+func Writable(dir string) bool {
+	err := unix.Access(dir, unix.W_OK)
+	return err != unix.EROFS && err != unix.EACCES && err != unix.EPERM
 }
 
 // PGSchemaLock is the PostgreSQL advisory lock key that serializes schema

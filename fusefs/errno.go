@@ -116,6 +116,8 @@ func toErrno(err error) syscall.Errno {
 		return syscall.EBUSY
 	case errors.Is(err, blob.ErrClosed):
 		return syscall.EIO
+	case errors.Is(err, blob.ErrReadOnly):
+		return syscall.EROFS
 
 	case errors.Is(err, namespaces.ErrExists):
 		return syscall.EEXIST

@@ -49,6 +49,7 @@ func TestToErrno(t *testing.T) {
 		{"too large", fmt.Errorf("upload: %w", blob.ErrTooLarge), syscall.ENOSPC},
 		{"gc refuse", blob.ErrGcRefuse, syscall.EBUSY},
 		{"store closed", blob.ErrClosed, syscall.EIO},
+		{"store on read-only media", blob.ErrReadOnly, syscall.EROFS},
 		{"namespace exists", nsErr(namespaces.ErrExists), syscall.EEXIST},
 		{"namespace not empty", nsErr(namespaces.ErrNotEmpty), syscall.ENOTEMPTY},
 		{"namespace not found", nsErr(namespaces.ErrNotFound), syscall.ENOENT},

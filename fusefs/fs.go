@@ -38,6 +38,7 @@ type Store interface {
 	Pool(ctx context.Context) iter.Seq2[blob.Digest, error]
 	Scrub(ctx context.Context, seq iter.Seq2[blob.Digest, error], o store.ScrubOptions) (store.ScrubSummary, error)
 	Stats() store.Stats
+	ReadOnly() bool
 	GC() *gc.Collector
 	Large() engines.Large
 }
@@ -203,6 +204,9 @@ func newFS(cfg Config) (*FS, error) {
 	}
 	if cfg.MaxReceipts <= 0 {
 		cfg.MaxReceipts = DefaultMaxReceipts
+	}
+	if cfg.Store.ReadOnly() && !cfg.ReadOnly {
+		return nil, fmt.Errorf("fusefs: %w: its data is on a read-only filesystem, or in a directory this user cannot write; mount it with --read-only to serve reads", store.ErrReadOnly)
 	}
 	if err := CheckSweepEvery(cfg.SweepEvery, cfg.ReadOnly); err != nil {
 		return nil, fmt.Errorf("fusefs: %w", err)

@@ -39,18 +39,24 @@ type incTree struct {
 type owedRelease struct {
 	d     blob.Digest
 	since time.Time
+	// releasing: the RELEASE arrived at this time and its link is being
+	// committed.
+	releasing time.Time
 }
 
 // releaseWait bounds how long a lookup or listing of the namespace waits
-// for a RELEASE owed since a close: long enough for the kernel to deliver
-// the RELEASE that follows a last close and for the link it makes to
-// commit (microseconds, but hundreds of milliseconds when the database's
-// write lock is busy with a sweep: 50 ms lost files under a stress test),
-// short enough that a descriptor kept open elsewhere (a forked child
-// closed its copy; a shell still runs `cmd > f`) costs little: only
-// lookups of that digest, and listings, within a second of that close
-// wait. A close older than that is not waited for at all.
-const releaseWait = time.Second
+// for the RELEASE owed since a close: long enough for the kernel to
+// deliver the RELEASE that follows a last close (microseconds,
+// milliseconds under load), short enough that a descriptor kept open
+// elsewhere (a forked child closed its copy; a shell still runs
+// `cmd > f`) costs a lookup little. A close older than that is not waited
+// for at all. Once the RELEASE has arrived, its link is waited for up to
+// settleWait: it commits in the database, where it may queue behind a
+// sweep for far longer than 50 ms (a stress test lost files that way).
+const (
+	releaseWait = 50 * time.Millisecond
+	settleWait  = 10 * time.Second
+)
 
 func newIncTree(ns *nsDir) *incTree {
 	return &incTree{ns: ns, live: make(map[*fileNode]struct{}), owed: make(map[*fileNode]owedRelease), changed: make(chan struct{})}
@@ -59,6 +65,16 @@ func newIncTree(ns *nsDir) *incTree {
 func (t *incTree) owe(n *fileNode, d blob.Digest) {
 	t.mu.Lock()
 	t.owed[n] = owedRelease{d: d, since: time.Now()}
+	t.mu.Unlock()
+}
+
+// releasing marks n's owed RELEASE as arrived: its link is committing.
+func (t *incTree) releasing(n *fileNode) {
+	t.mu.Lock()
+	if o, ok := t.owed[n]; ok {
+		o.releasing = time.Now()
+		t.owed[n] = o
+	}
 	t.mu.Unlock()
 }
 
@@ -87,7 +103,11 @@ func (t *incTree) awaitRelease(ctx context.Context, d *blob.Digest) {
 			if (d != nil && o.d != *d) || o.since.After(start) {
 				continue
 			}
-			if end := o.since.Add(releaseWait); end.After(now) && end.After(until) {
+			end := o.since.Add(releaseWait)
+			if !o.releasing.IsZero() {
+				end = o.releasing.Add(settleWait)
+			}
+			if end.After(now) && end.After(until) {
 				until = end
 			}
 		}
@@ -1338,6 +1358,9 @@ func (h *fileHandle) Release(ctx context.Context) syscall.Errno {
 	p := decide(n.stateLocked(), event{kind: evRelease, lastWriter: len(n.writers) == 0, lastHandle: n.handles == 0})
 	if p.has(stepDiscard) {
 		n.discardUploadLocked()
+	}
+	if n.owing && (p.has(stepCommitLink) || p.has(stepSettle)) {
+		n.tree.releasing(n)
 	}
 	if p.has(stepCommitLink) {
 		notes, _ = n.commitLocked(ctx, false)

@@ -16,4 +16,5 @@ var (
 	ErrTooLarge     = blob.ErrTooLarge
 	ErrGcRefuse     = blob.ErrGcRefuse
 	ErrClosed       = blob.ErrClosed
+	ErrReadOnly     = blob.ErrReadOnly
 )

@@ -75,6 +75,9 @@ func (s *Store) put(ctx context.Context, r io.Reader, size int64, want *Digest, 
 	if s.closed.Load() {
 		return Digest{}, nil, ErrClosed
 	}
+	if err := s.writable("put"); err != nil {
+		return Digest{}, nil, err
+	}
 	if size < -1 {
 		return Digest{}, nil, fmt.Errorf("put: invalid size %d", size)
 	}

@@ -97,6 +97,10 @@ type Store struct {
 	uploadMem atomic.Int64
 	uploadCap int64
 	stats     counters
+	// readOnly: an engine was opened on read-only media. Reads work;
+	// puts, deletes and sweeps return ErrReadOnly; pins stay in this
+	// process (no pin row can be written).
+	readOnly bool
 }
 
 type counters struct {
@@ -135,8 +139,13 @@ func Open(ctx context.Context, cfg Config) (*Store, error) {
 	// can host it (SQLite, PostgreSQL): pin rows, the arbitration lock and
 	// the sweep lease live with the namespaces they arbitrate against.
 	// Otherwise (mem, or no kv tier) everything stays in this process.
+	for _, e := range []engines.Engine{cfg.KV, cfg.Large} {
+		if r, ok := e.(engines.ReadOnly); ok && r.ReadOnly() {
+			s.readOnly = true
+		}
+	}
 	var host engines.GCHost
-	if h, ok := cfg.KV.(engines.GCHost); ok {
+	if h, ok := cfg.KV.(engines.GCHost); ok && !s.readOnly {
 		if _, ok := cfg.KV.(engines.TxPutter); !ok {
 			return nil, fmt.Errorf("store: kv engine %s hosts GC state but cannot join a put's transaction", cfg.KV.Name())
 		}
@@ -176,6 +185,17 @@ func deriveMode(cfg Config) (Mode, error) {
 	return m, nil
 }
 
+// ReadOnly reports whether the store was opened on read-only media.
+func (s *Store) ReadOnly() bool { return s.readOnly }
+
+// writable returns ErrReadOnly, wrapped for op, on a read-only store.
+func (s *Store) writable(op string) error {
+	if s.readOnly {
+		return fmt.Errorf("%s: %w: its data is on a read-only filesystem, or in a directory this user cannot write", op, ErrReadOnly)
+	}
+	return nil
+}
+
 // Mode is the tier layout.
 func (s *Store) Mode() Mode { return s.mode }
 
@@ -207,6 +227,9 @@ func (s *Store) Sweep(ctx context.Context) (gc.Report, error) {
 	if s.closed.Load() {
 		return gc.Report{}, ErrClosed
 	}
+	if err := s.writable("sweep"); err != nil {
+		return gc.Report{}, err
+	}
 	return s.gc.Sweep(ctx)
 }
 
@@ -216,6 +239,9 @@ func (s *Store) Delete(ctx context.Context, d Digest) error {
 	if s.closed.Load() {
 		return ErrClosed
 	}
+	if err := s.writable("delete"); err != nil {
+		return err
+	}
 	return s.gc.Delete(ctx, d)
 }
 
@@ -224,6 +250,9 @@ func (s *Store) Delete(ctx context.Context, d Digest) error {
 func (s *Store) ForceDelete(ctx context.Context, d Digest) error {
 	if s.closed.Load() {
 		return ErrClosed
+	}
+	if err := s.writable("delete"); err != nil {
+		return err
 	}
 	return s.gc.ForceDelete(ctx, d)
 }

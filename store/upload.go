@@ -52,6 +52,9 @@ func (s *Store) NewUpload(ctx context.Context) (*Upload, error) {
 	if s.closed.Load() {
 		return nil, ErrClosed
 	}
+	if err := s.writable("upload"); err != nil {
+		return nil, err
+	}
 	u := &Upload{s: s, seq: true}
 	if s.kv == nil { // nothing stays in memory: stage at once
 		if err := u.spill(ctx); err != nil {

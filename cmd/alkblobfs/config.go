@@ -60,6 +60,11 @@ func (a *app) openNS(cmd *cobra.Command) (*store.Store, *namespaces.Service, err
 		}
 		return nil, nil, err
 	}
+	if st.ReadOnly() && cmd.Annotations[annWrites] != "" {
+		st.Close()
+		return nil, nil, fmt.Errorf("%s changes the store: %w: its data is on a read-only filesystem, or in a directory this user cannot write; get, cat, ls, stat, verify and mount --read-only still work",
+			cmd.CommandPath(), store.ErrReadOnly)
+	}
 	svc, err := registerSources(ctx, st)
 	if err == nil {
 		err = a.registerTables(cmd, st)
@@ -71,6 +76,12 @@ func (a *app) openNS(cmd *cobra.Command) (*store.Store, *namespaces.Service, err
 	a.log.Debug("store open", "mode", st.Mode(), "threshold", st.Threshold(), "kv", engineName(cfg.KV), "large", engineName(cfg.Large), "namespaces", svc != nil)
 	return st, svc, nil
 }
+
+// writes annotates the commands that change the store: on read-only
+// media they fail at once with a clear error.
+var writes = map[string]string{annWrites: "true"}
+
+const annWrites = "alkblobfs.writes"
 
 func closeEngines(cfg store.Config) {
 	if cfg.KV != nil {

@@ -64,8 +64,9 @@ func checkNames(cmd *cobra.Command, names []string) error {
 
 func newNsCreateCmd(a *app) *cobra.Command {
 	return &cobra.Command{
-		Use:   "create NAME [NAME...]",
-		Short: "Create empty namespaces",
+		Use:         "create NAME [NAME...]",
+		Annotations: writes,
+		Short:       "Create empty namespaces",
 		Long: `create adds each namespace NAME, empty. An existing NAME is an error (exit
 status 1); create stops at the first failure, and the namespaces before it
 were created. Every NAME is checked against the name rule before anything is
@@ -96,8 +97,9 @@ created.
 
 func newNsRmCmd(a *app) *cobra.Command {
 	return &cobra.Command{
-		Use:   "rm NAME [NAME...]",
-		Short: "Remove empty namespaces",
+		Use:         "rm NAME [NAME...]",
+		Annotations: writes,
+		Short:       "Remove empty namespaces",
 		Long: `rm removes each namespace NAME. Only an empty namespace can be removed: one
 that still links blobs is an error (exit status 1) and is left as it is;
 unlink its blobs first. rm stops at the first failure; the namespaces before
@@ -178,8 +180,9 @@ namespace's references, so -l takes time on namespaces of millions.`,
 
 func newLinkCmd(a *app) *cobra.Command {
 	return &cobra.Command{
-		Use:   "link NAME DIGEST [DIGEST...]",
-		Short: "Link stored blobs into a namespace",
+		Use:         "link NAME DIGEST [DIGEST...]",
+		Annotations: writes,
+		Short:       "Link stored blobs into a namespace",
 		Long: `link adds a reference from namespace NAME to each blob DIGEST, so that sweeps
 keep it. Every DIGEST must already be in the store: link refuses a digest the
 store does not hold (exit status 1). All or nothing: if one DIGEST is
@@ -216,8 +219,9 @@ error.`,
 
 func newUnlinkCmd(a *app) *cobra.Command {
 	return &cobra.Command{
-		Use:   "unlink NAME DIGEST [DIGEST...]",
-		Short: "Drop a namespace's references to blobs",
+		Use:         "unlink NAME DIGEST [DIGEST...]",
+		Annotations: writes,
+		Short:       "Drop a namespace's references to blobs",
 		Long: `unlink removes namespace NAME's reference to each blob DIGEST. The blob itself
 stays until a sweep finds that nothing links it any more; then the next
 sweeps delete it. A DIGEST that NAME does not link is an error (exit status

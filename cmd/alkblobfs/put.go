@@ -15,8 +15,9 @@ import (
 func newPutCmd(a *app) *cobra.Command {
 	var ns string
 	cmd := &cobra.Command{
-		Use:   "put [--ns NAME] FILE|- [FILE...]",
-		Short: "Store files and print their digests",
+		Use:         "put [--ns NAME] FILE|- [FILE...]",
+		Annotations: writes,
+		Short:       "Store files and print their digests",
 		Long: `put stores each FILE ("-" is standard input) and prints its digest, the
 sha256 of its content, one per line in argument order. Content already in the
 store is not written again. put stops at the first failure; the digests printed

@@ -15,8 +15,9 @@ import (
 func newRmCmd(a *app) *cobra.Command {
 	var force bool
 	cmd := &cobra.Command{
-		Use:   "rm DIGEST [DIGEST...]",
-		Short: "Delete blobs now",
+		Use:         "rm DIGEST [DIGEST...]",
+		Annotations: writes,
+		Short:       "Delete blobs now",
 		Long: `rm deletes each blob DIGEST from the store at once, without waiting for a
 sweep. It refuses a blob that a namespace still links (exit status 1, naming
 the namespaces): unlink it first. It also refuses a blob that any process

@@ -14,8 +14,9 @@ import (
 func newSweepCmd(a *app) *cobra.Command {
 	var asJSON bool
 	cmd := &cobra.Command{
-		Use:   "sweep",
-		Short: "Run one garbage-collection sweep and print its report",
+		Use:         "sweep",
+		Annotations: writes,
+		Short:       "Run one garbage-collection sweep and print its report",
 		Long: `sweep deletes the blobs that nothing keeps alive and prints what it did.
 A blob is alive while a namespace links it (see "alkblobfs ns"); a blob put
 without --ns and never linked is not, and goes.

@@ -21,12 +21,17 @@ type Engine struct {
 	stageDir string
 	sumsDir  string
 	log      *slog.Logger
+	ro       bool // opened on read-only media
 
 	// foreign holds paths of non-blob files already logged by List.
 	foreign sync.Map
 }
 
+// ReadOnly implements engines.ReadOnly.
+func (e *Engine) ReadOnly() bool { return e.ro }
+
 var (
+	_ engines.ReadOnly       = (*Engine)(nil)
 	_ engines.Large          = (*Engine)(nil)
 	_ engines.StatFS         = (*Engine)(nil)
 	_ engines.ResidueCounter = (*Engine)(nil)
@@ -45,6 +50,14 @@ func Open(ctx context.Context, dir string, log *slog.Logger) (*Engine, error) {
 		stageDir: filepath.Join(dir, "stage"),
 		sumsDir:  filepath.Join(dir, "sums"),
 		log:      log,
+	}
+	if !engines.Writable(dir) {
+		// Read-only media: read what is there; puts fail at their stage.
+		if _, err := os.Stat(e.blobDir); err != nil {
+			return nil, e.wrap("open", blob.Digest{}, err)
+		}
+		e.ro = true
+		return e, nil
 	}
 	// Private: 0700 whatever existed before, so that no other user of the
 	// host reads a blob (the directories under these inherit the closure).

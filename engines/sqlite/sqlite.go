@@ -22,6 +22,7 @@ type Engine struct {
 	name string
 	path string // absolute path of the database file
 	db   *sql.DB
+	ro   bool // opened read-only (readOnly)
 
 	has, size, get, put, del, delRet, list *sql.Stmt
 	wStage, wDue, wRemove, wLen            *sql.Stmt
@@ -30,6 +31,7 @@ type Engine struct {
 
 var (
 	_ engines.KV           = (*Engine)(nil)
+	_ engines.ReadOnly     = (*Engine)(nil)
 	_ engines.SQL          = (*Engine)(nil)
 	_ engines.TxPutter     = (*Engine)(nil)
 	_ engines.WindowHost   = (*Engine)(nil)
@@ -69,15 +71,23 @@ func Open(ctx context.Context, path string) (*Engine, error) {
 	if err != nil {
 		return nil, e.wrap("open", err)
 	}
-	// Private: the database and its WAL and shared-memory files (SQLite
-	// gives them the database's mode) are 0600 whatever existed before.
-	if err := private(abs); err != nil {
-		return nil, e.wrap("open", err)
-	}
 	// A URI filename, so that the path is escaped ('?', '#', '%' are legal
 	// in file names) and the parameters reach the driver.
 	dsn := "file:" + (&url.URL{Path: abs}).EscapedPath() + "?" +
 		"_pragma=busy_timeout(10000)&_pragma=journal_mode(WAL)&_pragma=synchronous(NORMAL)&_txlock=immediate"
+	if ro, err := readOnly(abs); err != nil {
+		return nil, e.wrap("open", err)
+	} else if ro {
+		// Nothing can change the file: SQLite may read it without the
+		// locks and shared memory a WAL database would create beside it.
+		dsn = "file:" + (&url.URL{Path: abs}).EscapedPath() + "?mode=ro&immutable=1"
+		e.ro = true
+	} else if err := private(abs); err != nil {
+		// Private: the database and its WAL and shared-memory files
+		// (SQLite gives them the database's mode) are 0600 whatever
+		// existed before.
+		return nil, e.wrap("open", err)
+	}
 	db, err := sql.Open("sqlite", dsn)
 	if err != nil {
 		return nil, e.wrap("open", err)
@@ -190,6 +200,26 @@ func cursorArg(d blob.Digest) any {
 
 // private creates path if needed and makes it and its -wal and -shm files
 // readable by their owner only.
+// readOnly reports whether the database at path must be opened read-only:
+// it exists and its directory cannot be written. A database whose WAL
+// still holds changes cannot be read that way (the WAL would be ignored):
+// that is an error saying what to do.
+func readOnly(path string) (bool, error) {
+	if engines.Writable(filepath.Dir(path)) {
+		return false, nil
+	}
+	if _, err := os.Stat(path); err != nil {
+		return false, err
+	}
+	if fi, err := os.Stat(path + "-wal"); err == nil && fi.Size() > 0 {
+		return false, fmt.Errorf("%s is on a read-only filesystem (or in a directory this user cannot write) and its write-ahead log %s still holds changes: open the store read-write once so that SQLite merges them", path, path+"-wal")
+	}
+	return true, nil
+}
+
+// ReadOnly implements engines.ReadOnly.
+func (e *Engine) ReadOnly() bool { return e.ro }
+
 func private(path string) error {
 	f, err := os.OpenFile(path, os.O_RDWR|os.O_CREATE, 0o600)
 	if err != nil {

@@ -1,0 +1,95 @@
+//go:build linux
+
+package main
+
+import (
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"testing"
+)
+
+// TestReadOnlyDataDir: a data directory on a read-only filesystem (a
+// read-only bind mount) serves reads — get, cat, ls, stat, verify and a
+// --read-only mount — while every command that would change the store
+// fails at once with a clear error, and nothing is written.
+func TestReadOnlyDataDir(t *testing.T) {
+	requireFUSE(t)
+	c := newCLI(t)
+	c.ok("ns", "create", "n")
+	dir := t.TempDir()
+	small, _, ds := writeFile(t, dir, 100, 1)
+	large, _, dl := writeFile(t, dir, 2<<20, 2)
+	c.ok("put", "--ns", "n", small, large)
+
+	ro := t.TempDir()
+	if err := syscall.Mount(c.data, ro, "", syscall.MS_BIND, ""); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { syscall.Unmount(ro, syscall.MNT_DETACH) })
+	if err := syscall.Mount("", ro, "", syscall.MS_BIND|syscall.MS_REMOUNT|syscall.MS_RDONLY, ""); err != nil {
+		t.Fatal(err)
+	}
+	r := newCLI(t)
+	r.data = ro
+	before := tree(t, c.data)
+
+	if got := sum([]byte(r.ok("cat", ds))); got != ds {
+		t.Fatalf("cat of the small blob: %s", got)
+	}
+	out := filepath.Join(t.TempDir(), "out")
+	r.ok("get", dl, "-o", out)
+	if b, err := os.ReadFile(out); err != nil || sum(b) != dl {
+		t.Fatalf("get -o of the large blob: %v", err)
+	}
+	if ls := r.ok("ls", "n"); !strings.Contains(ls, ds) || !strings.Contains(ls, dl) {
+		t.Fatalf("ls n: %q", ls)
+	}
+	r.ok("stat", dl)
+	r.ok("verify")
+
+	for _, args := range [][]string{
+		{"put", small}, {"ns", "create", "m"}, {"ns", "rm", "n"}, {"link", "n", ds}, {"unlink", "n", ds}, {"rm", ds}, {"sweep"},
+	} {
+		r.fail(1, "read-only", args...)
+	}
+	r.fail(1, "--read-only", "mount", t.TempDir())
+
+	mnt := t.TempDir()
+	dm := startDaemon(t, ro, mnt, "--read-only")
+	// Read through a child: the test process must not touch a mount it
+	// does not serve when the daemon could die.
+	if b, err := exec.Command("sh", "-c", "sha256sum < "+filepath.Join(mnt, "n", dl)).Output(); err != nil || !strings.HasPrefix(string(b), dl) {
+		t.Fatalf("read through the --read-only mount: %v %q", err, b)
+	}
+	stopDaemon(t, dm)
+
+	if after := tree(t, c.data); after != before {
+		t.Fatalf("the read-only data directory changed:\nbefore %s\nafter  %s", before, after)
+	}
+}
+
+// tree lists the files under dir with their sizes, for comparing.
+func tree(t *testing.T, dir string) string {
+	t.Helper()
+	var b strings.Builder
+	err := filepath.WalkDir(dir, func(p string, d os.DirEntry, err error) error {
+		if err != nil {
+			return err
+		}
+		fi, err := d.Info()
+		if err != nil {
+			return err
+		}
+		rel, _ := filepath.Rel(dir, p)
+		fmt.Fprintf(&b, "%s:%d:%d ", rel, fi.Size(), fi.ModTime().UnixNano())
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return b.String()
+}
