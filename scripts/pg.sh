@@ -15,6 +15,9 @@
 #	ALKBLOBFS_PG_FAULT_LOCK  a file fault tests flock, so that two test
 #	                         binaries never restart the fault server under
 #	                         each other
+#	ALKBLOBFS_PG_OSUSER      the system user the servers run as (empty
+#	                         when not started as root): a tablespace
+#	                         directory a test makes must be this user's
 #
 # The exit status is the command's. The servers are for tests only: fsync is
 # off (set ALKBLOBFS_PG_FSYNC=on to measure with it), the password is random
@@ -176,6 +179,7 @@ export ALKBLOBFS_PG_DSN="postgres://alkblobfs:$password@127.0.0.1:$main_port/alk
 export ALKBLOBFS_PG_FAULT_DSN="postgres://alkblobfs:$password@127.0.0.1:$fault_port/alkblobfs?sslmode=disable"
 export ALKBLOBFS_PG_FAULT_CTL="$tmp/fault-ctl"
 export ALKBLOBFS_PG_FAULT_LOCK="$tmp/fault.lock"
+export ALKBLOBFS_PG_OSUSER="$dbuser"
 export ALKBLOBFS_REQUIRE_PG=1
 echo "pg.sh: PostgreSQL $("$bindir/postgres" --version | awk '{print $3}') on 127.0.0.1:$main_port (fault server :$fault_port), fsync=$fsync" >&2
 

@@ -11,32 +11,64 @@ import (
 	"strings"
 	"syscall"
 	"testing"
+
+	"github.com/alkblobfs/alkblobfs/engines/postgres/pgtest"
 )
 
-// TestDiskFull: with the embedded default store on a full filesystem (a
-// 4 MiB tmpfs), a copy into incoming/ fails with ENOSPC — a small file at
-// its close (the SQLite kv tier is full), a large one at its writes (the
-// local tier) — publishes nothing, and works again, without a restart,
-// once space is freed.
+// TestDiskFull: with a store on a full filesystem, a copy into incoming/
+// fails with ENOSPC — a small file at its close (the kv tier is full), a
+// large one at its writes or close (the large tier) — publishes nothing,
+// and works again, without a restart, once space is freed. Both default
+// tiers (SQLite and local on a 4 MiB tmpfs) and both PostgreSQL tiers
+// (postgres kv and pglo, in a database whose tablespace is on a 48 MiB
+// tmpfs; the server's WAL stays on its own disk).
 func TestDiskFull(t *testing.T) {
 	requireFUSE(t)
 	if os.Geteuid() != 0 {
 		t.Skip("mounting a tmpfs needs root")
 	}
+	t.Run("sqlite+local", func(t *testing.T) {
+		fsdir := smallFS(t, "4m")
+		data := filepath.Join(fsdir, "data")
+		if err := os.Mkdir(data, 0o700); err != nil {
+			t.Fatal(err)
+		}
+		c := newCLI(t)
+		c.data = data
+		diskFull(t, c, fsdir)
+	})
+	t.Run("postgres+pglo", func(t *testing.T) {
+		fsdir := smallFS(t, "48m")
+		space := filepath.Join(fsdir, "space")
+		if err := os.Mkdir(space, 0o700); err != nil {
+			t.Fatal(err)
+		}
+		for dir := fsdir; dir != "/"; dir = filepath.Dir(dir) {
+			os.Chmod(dir, 0o755) // the server's user reaches the tablespace
+		}
+		c := newCLI(t)
+		c.flags = []string{"--kv", pgtest.TablespaceDSN(t, space), "--large", "pglo"}
+		diskFull(t, c, fsdir)
+	})
+}
+
+// smallFS mounts a tmpfs of size on a temporary directory.
+func smallFS(t *testing.T, size string) string {
+	t.Helper()
 	fsdir := t.TempDir()
-	if err := syscall.Mount("tmpfs", fsdir, "tmpfs", 0, "size=4m"); err != nil {
+	if err := syscall.Mount("tmpfs", fsdir, "tmpfs", 0, "size="+size); err != nil {
 		t.Fatalf("mount a small tmpfs: %v", err)
 	}
 	t.Cleanup(func() { syscall.Unmount(fsdir, syscall.MNT_DETACH) })
-	data := filepath.Join(fsdir, "data")
-	if err := os.Mkdir(data, 0o700); err != nil {
-		t.Fatal(err)
-	}
-	c := newCLI(t)
-	c.data = data
+	return fsdir
+}
+
+// diskFull fills fsdir, which holds c's store, and copies files in
+// through a mount of it.
+func diskFull(t *testing.T, c *cli, fsdir string) {
 	c.ok("ns", "create", "ns")
 	mnt := t.TempDir()
-	dm := startDaemon(t, data, mnt)
+	dm := startDaemon(t, c.data, mnt, c.flags...)
 	src := t.TempDir()
 	small, _, smallD := writeFile(t, src, 100<<10, 1)
 	large, _, largeD := writeFile(t, src, 600<<10, 2)

@@ -31,6 +31,7 @@ const (
 	EnvFaultDSN  = "ALKBLOBFS_PG_FAULT_DSN"
 	EnvFaultCtl  = "ALKBLOBFS_PG_FAULT_CTL"
 	EnvFaultLock = "ALKBLOBFS_PG_FAULT_LOCK"
+	EnvOSUser    = "ALKBLOBFS_PG_OSUSER"
 )
 
 // DSN returns the DSN of a new, empty database on the shared test server.
@@ -116,6 +117,47 @@ func freshDB(t testing.TB, base string) string {
 		// FORCE: a test that failed may have left connections open.
 		if _, err := p.Exec(ctx, "DROP DATABASE IF EXISTS "+name+" WITH (FORCE)"); err != nil {
 			t.Logf("pgtest: drop database %s: %v", name, err)
+		}
+	})
+	return withDB(t, base, name)
+}
+
+// TablespaceDSN returns the DSN of a new, empty database on the shared
+// test server whose files (tables, large objects, catalogs) live in dir,
+// an empty directory, through a tablespace: a test that puts dir on a
+// small filesystem fills the database's disk without touching the
+// server's WAL, which stays in its own directory (a full WAL disk would
+// stop the server). dir is handed to the server's system user. The
+// database and the tablespace are dropped when t ends.
+func TablespaceDSN(t testing.TB, dir string) string {
+	t.Helper()
+	base := need(t, EnvDSN)
+	if u := os.Getenv(EnvOSUser); u != "" {
+		if out, err := exec.Command("chown", u, dir).CombinedOutput(); err != nil {
+			t.Fatalf("pgtest: chown %s %s: %v: %s", u, dir, err, out)
+		}
+	}
+	var b [8]byte
+	rand.Read(b[:])
+	name := "t_" + strings.ToLower(hex.EncodeToString(b[:]))
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	p := admin(t, base)
+	if _, err := p.Exec(ctx, "CREATE TABLESPACE "+name+" LOCATION '"+strings.ReplaceAll(dir, "'", "''")+"'"); err != nil {
+		t.Fatalf("pgtest: create tablespace in %s: %v", dir, err)
+	}
+	if _, err := p.Exec(ctx, "CREATE DATABASE "+name+" TABLESPACE "+name); err != nil {
+		p.Exec(ctx, "DROP TABLESPACE "+name)
+		t.Fatalf("pgtest: create database: %v", err)
+	}
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+		defer cancel()
+		if _, err := p.Exec(ctx, "DROP DATABASE IF EXISTS "+name+" WITH (FORCE)"); err != nil {
+			t.Logf("pgtest: drop database %s: %v", name, err)
+		}
+		if _, err := p.Exec(ctx, "DROP TABLESPACE IF EXISTS "+name); err != nil {
+			t.Logf("pgtest: drop tablespace %s: %v", name, err)
 		}
 	})
 	return withDB(t, base, name)
