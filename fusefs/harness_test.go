@@ -235,10 +235,17 @@ func short(ds []string) []string {
 }
 
 // run runs a command, failing the test on a non-zero exit.
+// run runs name with args in dir ("" for the current directory). The
+// chdir happens in a shell after exec, never in the forked child: dir may
+// be inside a mount this process serves, and a child chdir'ing there
+// before exec hung the suite once (its FUSE_ACCESS request waited on a
+// server that waited on it).
 func run(t testing.TB, dir string, name string, args ...string) string {
 	t.Helper()
 	cmd := exec.Command(name, args...)
-	cmd.Dir = dir
+	if dir != "" {
+		cmd = exec.Command("sh", append([]string{"-c", `cd "$0" && exec "$@"`, dir, name}, args...)...)
+	}
 	var out bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &out, &out
 	if err := cmd.Run(); err != nil {
