@@ -98,6 +98,9 @@ type Config struct {
 	// change with EROFS — puts, links, unlinks, namespaces, control
 	// writes — and the mount runs no sweep timer. Open files still pin.
 	ReadOnly bool
+	// NonEmpty mounts over a directory that holds files (hidden while
+	// mounted); without it such a mountpoint is an error.
+	NonEmpty bool
 	Logger   *slog.Logger
 }
 

@@ -52,7 +52,7 @@ func Mount(dir string, cfg Config) (*Server, error) {
 	if err != nil {
 		return nil, err
 	}
-	abs, err := prepareMountpoint(dir, f.log)
+	abs, err := prepareMountpoint(dir, cfg.NonEmpty, f.log)
 	if err != nil {
 		return nil, err
 	}
@@ -201,7 +201,7 @@ func (m *Server) cleanup() {
 const panicLog = "panic in a FUSE request; answered EIO"
 
 // prepareMountpoint checks dir and clears a stale mount on it.
-func prepareMountpoint(dir string, lg *slog.Logger) (string, error) {
+func prepareMountpoint(dir string, nonEmpty bool, lg *slog.Logger) (string, error) {
 	if _, err := os.Stat("/dev/fuse"); err != nil {
 		return "", fmt.Errorf("FUSE is not available: %w (load the fuse module, or give the container /dev/fuse)", err)
 	}
@@ -235,6 +235,17 @@ func prepareMountpoint(dir string, lg *slog.Logger) (string, error) {
 	}
 	if _, mounted, err := findMount(abs); err == nil && mounted {
 		return "", fmt.Errorf("mountpoint %s is busy: something is already mounted there", abs)
+	}
+	if !nonEmpty {
+		// Files under a mount are hidden while it lasts, as for any
+		// filesystem; say so rather than hide them silently.
+		if d, err := os.Open(abs); err == nil {
+			names, _ := d.Readdirnames(1)
+			d.Close()
+			if len(names) > 0 {
+				return "", fmt.Errorf("mountpoint %s is not empty (it holds %q): its files would be hidden while mounted; mount over it with --nonempty (fstab: nonempty)", abs, names[0])
+			}
+		}
 	}
 	return abs, nil
 }

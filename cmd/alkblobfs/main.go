@@ -15,6 +15,7 @@ import (
 	"io"
 	"os"
 	"os/signal"
+	"path/filepath"
 	"strings"
 	"syscall"
 
@@ -25,6 +26,9 @@ import (
 )
 
 func main() {
+	if strings.HasPrefix(filepath.Base(os.Args[0]), helperName) {
+		os.Exit(runHelper(os.Args[1:]))
+	}
 	// The first SIGINT/SIGTERM cancels ctx so that in-flight work cleans up
 	// (a put discards its stage, get -o removes its temp file); stop then
 	// restores the default action, so a second signal kills at once.

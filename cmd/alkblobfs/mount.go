@@ -1,8 +1,10 @@
 package main
 
 import (
+	"fmt"
 	"log/slog"
 	"os"
+	"path/filepath"
 	"runtime/pprof"
 	"time"
 
@@ -23,6 +25,9 @@ func newMountCmd(a *app) *cobra.Command {
 		maxRcpt    int
 		scrubEvery time.Duration
 		scrubRate  float64
+		daemon     bool
+		logFile    string
+		nonEmpty   bool
 		cpuProfile string
 	)
 	cmd := &cobra.Command{
@@ -70,7 +75,7 @@ As root the mount uses mount(2) directly; otherwise fusermount3.`,
   alkblobfs --data /srv/blobs mount --sweep-every 1h /mnt/blobs
   alkblobfs --kv mem: --large mem: mount --verify=publish /tmp/scratch`,
 		Args: argsRange(1, 1, "MOUNTPOINT"),
-		RunE: func(cmd *cobra.Command, args []string) error {
+		RunE: func(cmd *cobra.Command, args []string) (err error) {
 			v, err := fusefs.ParseVerify(verify)
 			if err != nil {
 				return usage(cmd, err)
@@ -91,15 +96,38 @@ As root the mount uses mount(2) directly; otherwise fusermount3.`,
 			if receiptTTL <= 0 {
 				return usagef(cmd, "--receipt-ttl %s: must be positive", receiptTTL)
 			}
+			child := daemonChild()
+			if daemon && child == nil {
+				// The parent: start the daemon and wait until it serves.
+				if logFile == "" {
+					if a.data == "" {
+						return usagef(cmd, "--daemon logs to a file: give --log-file (there is no data directory to keep it in)")
+					}
+					logFile = filepath.Join(a.data, "mount.log")
+				}
+				return spawnDaemon(logFile)
+			}
+			defer func() { child.failed(err) }()
 			// A daemon says what it is doing: info unless asked otherwise
 			// (debug with --debug, which logs at debug level).
+			out := a.stderr
+			if logFile != "" && child == nil {
+				lf, err := os.OpenFile(logFile, os.O_WRONLY|os.O_CREATE|os.O_APPEND, 0o600)
+				if err != nil {
+					return fmt.Errorf("--log-file: %w", err)
+				}
+				defer lf.Close()
+				out = lf
+			}
 			lg := a.log
-			if f := cmd.Flag("log-level"); f == nil || !f.Changed {
+			if f := cmd.Flag("log-level"); f == nil || !f.Changed || out != a.stderr {
 				lvl := slog.LevelInfo
 				if debug {
 					lvl = slog.LevelDebug
+				} else if f != nil && f.Changed {
+					lvl = slog.Level(a.logLevel)
 				}
-				lg = slog.New(slog.NewTextHandler(a.stderr, &slog.HandlerOptions{Level: lvl}))
+				lg = slog.New(slog.NewTextHandler(out, &slog.HandlerOptions{Level: lvl}))
 			}
 			if cpuProfile != "" {
 				stop, err := startCPUProfile(cpuProfile)
@@ -130,6 +158,7 @@ As root the mount uses mount(2) directly; otherwise fusermount3.`,
 				Debug:         debug,
 				NoPassthrough: !pass,
 				ReadOnly:      ro,
+				NonEmpty:      nonEmpty,
 				Logger:        lg,
 			})
 			if err != nil {
@@ -138,6 +167,7 @@ As root the mount uses mount(2) directly; otherwise fusermount3.`,
 			if err := sdNotify("READY=1\nSTATUS=serving " + srv.Dir()); err != nil {
 				lg.Warn("could not tell the service manager that the mount is ready", "err", err)
 			}
+			child.ready()
 			select {
 			case <-ctx.Done():
 				sdNotify("STOPPING=1")
@@ -162,6 +192,9 @@ As root the mount uses mount(2) directly; otherwise fusermount3.`,
 	f.DurationVar(&receiptTTL, "receipt-ttl", fusefs.DefaultReceiptTTL, "how long incoming/ keeps a name after its file was published (empty directories there go after as long)")
 	f.IntVar(&maxRcpt, "max-receipts", fusefs.DefaultMaxReceipts, "most names incoming/ keeps after publish, in all namespaces; past it the oldest go first (each costs about 2.5 KiB of daemon memory: 100000 stay under 320 MiB)")
 	f.BoolVar(&ro, "read-only", false, "mount read-only: reads and pins only, every change is EROFS (beside a read-write mount of the same store, say)")
+	f.BoolVar(&daemon, "daemon", false, "detach once the mount serves (the command returns then, non-zero if it could not mount); log to --log-file")
+	f.StringVar(&logFile, "log-file", "", "append the daemon's log to this file (default with --daemon: mount.log in the data directory)")
+	f.BoolVar(&nonEmpty, "nonempty", false, "mount over a directory that holds files (hidden while mounted)")
 	f.BoolVar(&pass, "passthrough", true, "let the kernel read local blobs directly where it can (FUSE passthrough)")
 	f.StringVar(&cpuProfile, "cpuprofile", "", "write a CPU profile of the daemon to this file (for go tool pprof)")
 	f.MarkHidden("cpuprofile")

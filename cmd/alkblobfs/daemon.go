@@ -1,0 +1,120 @@
+package main
+
+import (
+	"bufio"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"time"
+)
+
+// envReadyFD names the descriptor on which a daemonized mount (the child
+// of mount --daemon) reports: "ready" once it serves, or the error that
+// stopped it.
+const envReadyFD = "ALKBLOBFS_DAEMON_READY_FD"
+
+// daemonReady is the line a daemonized mount writes once it serves.
+const daemonReady = "ready"
+
+// readyTimeout bounds how long mount --daemon waits for its child.
+const readyTimeout = 2 * time.Minute
+
+// spawnDaemon runs this command again as a detached child (its own
+// session, stdin from /dev/null, stdout and stderr appended to logFile)
+// and returns once the child serves the mount, or with the child's error
+// if it could not. The child is told by envReadyFD where to report.
+func spawnDaemon(logFile string) error {
+	exe, err := os.Executable()
+	if err != nil {
+		return fmt.Errorf("--daemon: find this program: %w", err)
+	}
+	if err := os.MkdirAll(filepath.Dir(logFile), 0o700); err != nil {
+		return fmt.Errorf("--daemon: log file: %w", err)
+	}
+	lf, err := os.OpenFile(logFile, os.O_WRONLY|os.O_CREATE|os.O_APPEND, 0o600)
+	if err != nil {
+		return fmt.Errorf("--daemon: log file: %w", err)
+	}
+	defer lf.Close()
+	null, err := os.Open(os.DevNull)
+	if err != nil {
+		return err
+	}
+	defer null.Close()
+	r, w, err := os.Pipe()
+	if err != nil {
+		return err
+	}
+	defer r.Close()
+	child := exec.Command(exe, os.Args[1:]...)
+	child.Env = append(os.Environ(), envReadyFD+"=3")
+	child.Stdin, child.Stdout, child.Stderr = null, lf, lf
+	child.ExtraFiles = []*os.File{w}
+	child.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
+	if err := child.Start(); err != nil {
+		w.Close()
+		return fmt.Errorf("--daemon: start: %w", err)
+	}
+	w.Close()
+	pid := child.Process.Pid
+	child.Process.Release() // it outlives us
+
+	line := make(chan string, 1)
+	go func() {
+		s, _ := bufio.NewReader(r).ReadString('\n')
+		line <- strings.TrimSpace(s)
+	}()
+	select {
+	case s := <-line:
+		switch {
+		case s == daemonReady:
+			return nil
+		case s != "":
+			return errors.New(s)
+		}
+		return fmt.Errorf("the mount daemon (pid %d) exited before it served; see %s", pid, logFile)
+	case <-time.After(readyTimeout):
+		return fmt.Errorf("the mount daemon (pid %d) did not serve within %s; see %s", pid, readyTimeout, logFile)
+	}
+}
+
+// readyReporter is the child's side of spawnDaemon: nil when this process
+// was not started by mount --daemon.
+type readyReporter struct{ w io.WriteCloser }
+
+func daemonChild() *readyReporter {
+	v := os.Getenv(envReadyFD)
+	if v == "" {
+		return nil
+	}
+	os.Unsetenv(envReadyFD)
+	var fd int
+	if _, err := fmt.Sscan(v, &fd); err != nil || fd < 3 {
+		return nil
+	}
+	return &readyReporter{w: os.NewFile(uintptr(fd), "ready")}
+}
+
+// ready tells the waiting parent that the mount serves.
+func (r *readyReporter) ready() {
+	if r != nil && r.w != nil {
+		fmt.Fprintln(r.w, daemonReady)
+		r.w.Close()
+		r.w = nil
+	}
+}
+
+// failed hands the parent the error that stops the daemon (after ready it
+// has no one to tell).
+func (r *readyReporter) failed(err error) {
+	if r != nil && r.w != nil && err != nil {
+		fmt.Fprintln(r.w, strings.ReplaceAll(strings.TrimSpace(err.Error()), "\n", "; "))
+		r.w.Close()
+		r.w = nil
+	}
+}

@@ -1,0 +1,143 @@
+package main
+
+import (
+	"fmt"
+	"os"
+	"path/filepath"
+	"slices"
+	"sort"
+	"strings"
+	"syscall"
+)
+
+// helperName is the name under which mount(8) runs alkblobfs for a
+// filesystem of type fuse.alkblobfs (an fstab line, mount -t): it looks
+// for /sbin/mount.fuse.alkblobfs. make install links that name to the
+// binary.
+const helperName = "mount.fuse.alkblobfs"
+
+// helperOptions maps fstab options (-o name=value) to mount and store
+// flags; a flag's value comes from the option, or is the option alone
+// for the boolean ones.
+var helperOptions = map[string]string{
+	"kv": "--kv", "kv_file": "--kv-file", "large": "--large", "threshold": "--threshold",
+	"upload_memory": "--upload-memory", "scratch": "--scratch", "gc_window": "--gc-window",
+	"pin_ttl": "--pin-ttl", "fleet": "--fleet", "shared_media": "--shared-media",
+	"verify": "--verify", "sweep_every": "--sweep-every", "scrub_every": "--scrub-every",
+	"scrub_rate": "--scrub-rate", "receipt_ttl": "--receipt-ttl", "max_receipts": "--max-receipts",
+	"allow_other": "--allow-other", "ro": "--read-only", "nonempty": "--nonempty",
+	"passthrough": "--passthrough", "log_file": "--log-file", "log_level": "--log-level",
+	"debug": "--debug",
+}
+
+// globalOptions are the store's flags, which go before the mount command.
+var globalOptions = []string{"--kv", "--kv-file", "--large", "--threshold", "--upload-memory", "--scratch",
+	"--gc-window", "--pin-ttl", "--fleet", "--shared-media", "--log-level"}
+
+// ignoredOptions are mount(8)'s own options, and generic ones a FUSE
+// mount sets itself: accepted and dropped.
+var ignoredOptions = []string{"rw", "defaults", "auto", "noauto", "nofail", "_netdev", "user", "users",
+	"nouser", "owner", "group", "exec", "noexec", "suid", "nosuid", "dev", "nodev", "async", "sync",
+	"atime", "noatime", "relatime", "norelatime", "strictatime", "lazytime", "nolazytime", "diratime",
+	"nodiratime", "silent", "loud"}
+
+// helperArgs turns mount(8)'s call of the helper — SOURCE MOUNTPOINT
+// [-o OPTIONS] [-n] [-s] [-f] [-v] — into alkblobfs's own arguments: a
+// SOURCE that is an absolute path is the data directory, the options
+// become flags, and the mount runs with --daemon so that the helper
+// returns only once it serves (or fails with the reason). fake is -f:
+// do everything but mount.
+func helperArgs(args []string) (out []string, fake bool, err error) {
+	var pos, opts []string
+	sloppy := false
+	for i := 0; i < len(args); i++ {
+		a := args[i]
+		switch {
+		case a == "-o":
+			if i+1 >= len(args) {
+				return nil, false, fmt.Errorf("-o needs options")
+			}
+			i++
+			opts = append(opts, strings.Split(args[i], ",")...)
+		case strings.HasPrefix(a, "-o"):
+			opts = append(opts, strings.Split(a[2:], ",")...)
+		case a == "-t":
+			i++ // the type: fuse.alkblobfs
+		case strings.HasPrefix(a, "-") && len(a) > 1:
+			for _, c := range a[1:] {
+				switch c {
+				case 'n', 'v':
+				case 's':
+					sloppy = true
+				case 'f':
+					fake = true
+				default:
+					return nil, false, fmt.Errorf("unknown flag -%c (mount(8) passes -o, -n, -s, -f, -v)", c)
+				}
+			}
+		default:
+			pos = append(pos, a)
+		}
+	}
+	if len(pos) != 2 {
+		return nil, false, fmt.Errorf("want SOURCE MOUNTPOINT [-o OPTIONS], got %d arguments", len(pos))
+	}
+	var global, local []string
+	if filepath.IsAbs(pos[0]) {
+		global = append(global, "--data", pos[0])
+	}
+	for _, o := range opts {
+		if o == "" || slices.Contains(ignoredOptions, o) || strings.HasPrefix(o, "x-") || strings.HasPrefix(o, "comment=") {
+			continue
+		}
+		name, val, hasVal := strings.Cut(o, "=")
+		flag, ok := helperOptions[name]
+		if !ok {
+			if sloppy {
+				continue
+			}
+			return nil, false, fmt.Errorf("unknown option %q (known: %s; and mount(8)'s own, which are ignored)", o, strings.Join(knownOptions(), ", "))
+		}
+		f := []string{flag}
+		if hasVal {
+			f = []string{flag + "=" + val}
+		}
+		if slices.Contains(globalOptions, flag) {
+			global = append(global, f...)
+		} else {
+			local = append(local, f...)
+		}
+	}
+	out = append(global, "mount", "--daemon")
+	out = append(out, local...)
+	return append(out, pos[1]), fake, nil
+}
+
+func knownOptions() []string {
+	var ks []string
+	for k := range helperOptions {
+		ks = append(ks, k)
+	}
+	sort.Strings(ks)
+	return ks
+}
+
+// runHelper is main for the mount helper: it execs alkblobfs with the
+// translated arguments, or returns the exit status of a failure.
+func runHelper(args []string) int {
+	out, fake, err := helperArgs(args)
+	if err != nil {
+		fmt.Fprintf(os.Stderr, "%s: %v\n", helperName, err)
+		return 2
+	}
+	if fake {
+		return 0
+	}
+	exe, err := os.Executable()
+	if err == nil {
+		// mount(8) runs helpers with a minimal environment: keep it.
+		err = syscall.Exec(exe, append([]string{"alkblobfs"}, out...), os.Environ())
+	}
+	fmt.Fprintf(os.Stderr, "%s: %v\n", helperName, err)
+	return 1
+}
