@@ -1,10 +1,16 @@
-# alkblobfs — see README.md. Targets: build, test, test-long, lint, bench, clean.
+# alkblobfs — see README.md. Targets: build, test, test-long, fuzz, lint,
+# bench, man, install, clean.
 
 GO         ?= go
 BIN        := bin/alkblobfs
 TEST_FLAGS := -race -count=1 -timeout 14m
 
-.PHONY: build test test-long fuzz deps lint bench clean
+.PHONY: build test test-long fuzz deps lint bench man install clean
+
+PREFIX  ?= /usr/local
+DESTDIR ?=
+# mount(8) looks for mount.fuse.alkblobfs in /sbin only.
+SBINDIR ?= /sbin
 
 build:
 	$(GO) build -buildvcs=auto -o $(BIN) ./cmd/alkblobfs
@@ -51,6 +57,30 @@ lint:
 # Quick run: BENCH_SIZE_MB=256 BENCH_SMALL=2000 BENCH_LS=20000 make bench
 bench: build
 	scripts/bench.sh
+
+# man writes the man pages into MANOUT (bin/man): section 1 from the commands
+# themselves, section 8 for the mount helper.
+MANOUT ?= bin/man
+man: build
+	rm -rf $(MANOUT)
+	$(BIN) man $(MANOUT)
+
+# install puts the binary, the mount helper (a link to it in SBINDIR), the
+# man pages, the shell completions and the systemd unit under
+# DESTDIR/PREFIX.
+install: build man
+	install -D -m 0755 $(BIN) $(DESTDIR)$(PREFIX)/bin/alkblobfs
+	install -d $(DESTDIR)$(SBINDIR)
+	ln -sf $(PREFIX)/bin/alkblobfs $(DESTDIR)$(SBINDIR)/mount.fuse.alkblobfs
+	install -d $(DESTDIR)$(PREFIX)/share/man/man1 $(DESTDIR)$(PREFIX)/share/man/man8
+	install -m 0644 $(MANOUT)/*.1 $(DESTDIR)$(PREFIX)/share/man/man1/
+	install -m 0644 $(MANOUT)/*.8 $(DESTDIR)$(PREFIX)/share/man/man8/
+	install -d $(DESTDIR)$(PREFIX)/share/bash-completion/completions $(DESTDIR)$(PREFIX)/share/zsh/site-functions $(DESTDIR)$(PREFIX)/share/fish/vendor_completions.d
+	$(BIN) completion bash > $(DESTDIR)$(PREFIX)/share/bash-completion/completions/alkblobfs
+	$(BIN) completion zsh > $(DESTDIR)$(PREFIX)/share/zsh/site-functions/_alkblobfs
+	$(BIN) completion fish > $(DESTDIR)$(PREFIX)/share/fish/vendor_completions.d/alkblobfs.fish
+	install -d $(DESTDIR)$(PREFIX)/lib/systemd/system
+	sed 's|/usr/local/bin/alkblobfs|$(PREFIX)/bin/alkblobfs|' contrib/systemd/alkblobfs@.service > $(DESTDIR)$(PREFIX)/lib/systemd/system/alkblobfs@.service
 
 clean:
 	rm -rf bin

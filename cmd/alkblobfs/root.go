@@ -119,6 +119,7 @@ SQLite for small blobs and a local directory for large ones, under --data.`,
 		newUmountCmd(a),
 		newVersionCmd(a),
 	)
+	root.AddCommand(newManCmd(root))
 	root.SetVersionTemplate("{{.Version}}\n")
 	// Shell completion (cobra's): bash, zsh, fish, powershell.
 	root.InitDefaultCompletionCmd()

@@ -1,0 +1,56 @@
+//go:build linux
+
+package main
+
+import (
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+)
+
+// TestMakeInstall: make install DESTDIR=… puts the binary, the mount
+// helper, man pages that man(1) renders without a warning, shell
+// completions that bash loads, and the systemd unit where they belong.
+func TestMakeInstall(t *testing.T) {
+	dest, out := t.TempDir(), t.TempDir()
+	cmd := exec.Command("make", "-s", "-C", "../..", "install", "DESTDIR="+dest, "PREFIX=/usr/local",
+		"BIN="+filepath.Join(out, "alkblobfs"), "MANOUT="+filepath.Join(out, "man"))
+	if b, err := cmd.CombinedOutput(); err != nil {
+		t.Fatalf("make install: %v\n%s", err, b)
+	}
+	at := func(p string) string { return filepath.Join(dest, p) }
+	if fi, err := os.Stat(at("/usr/local/bin/alkblobfs")); err != nil || fi.Mode().Perm() != 0o755 {
+		t.Fatalf("binary: %v", err)
+	}
+	if target, err := os.Readlink(at("/sbin/" + helperName)); err != nil || target != "/usr/local/bin/alkblobfs" {
+		t.Fatalf("mount helper: %q, %v", target, err)
+	}
+	pages, _ := filepath.Glob(at("/usr/local/share/man/man1/*.1"))
+	helper, _ := filepath.Glob(at("/usr/local/share/man/man8/*.8"))
+	if len(pages) < 15 || len(helper) != 1 {
+		t.Fatalf("man pages: %d in section 1, %d in section 8", len(pages), len(helper))
+	}
+	for _, p := range append(pages, helper...) {
+		c := exec.Command("man", "--warnings", "-l", p)
+		c.Env = append(os.Environ(), "MANWIDTH=80", "MAN_KEEP_FORMATTING=0")
+		var stderr strings.Builder
+		c.Stdout, c.Stderr = nil, &stderr
+		if err := c.Run(); err != nil || stderr.Len() > 0 {
+			t.Errorf("man -l %s: %v %s", filepath.Base(p), err, stderr.String())
+		}
+	}
+	if b, err := exec.Command("bash", "-c", "source "+at("/usr/local/share/bash-completion/completions/alkblobfs")+" && complete -p alkblobfs").CombinedOutput(); err != nil {
+		t.Errorf("bash completion: %v: %s", err, b)
+	}
+	for _, p := range []string{"/usr/local/share/zsh/site-functions/_alkblobfs", "/usr/local/share/fish/vendor_completions.d/alkblobfs.fish"} {
+		if fi, err := os.Stat(at(p)); err != nil || fi.Size() == 0 {
+			t.Errorf("%s: %v", p, err)
+		}
+	}
+	unit, err := os.ReadFile(at("/usr/local/lib/systemd/system/alkblobfs@.service"))
+	if err != nil || !strings.Contains(string(unit), "ExecStart=/usr/local/bin/alkblobfs mount") {
+		t.Errorf("unit: %v", err)
+	}
+}
