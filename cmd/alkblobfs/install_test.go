@@ -54,3 +54,51 @@ func TestMakeInstall(t *testing.T) {
 		t.Errorf("unit: %v", err)
 	}
 }
+
+// TestSystemdUnit: the example unit parses — sections and the keys the
+// README promises (Type=notify, an EnvironmentFile, ExecStart of mount,
+// the hardening) — and systemd-analyze verify accepts it, run on an
+// instance whose ExecStart is the binary under test.
+func TestSystemdUnit(t *testing.T) {
+	b, err := os.ReadFile("../../contrib/systemd/alkblobfs@.service")
+	if err != nil {
+		t.Fatal(err)
+	}
+	keys := map[string]map[string]string{}
+	section := ""
+	for i, line := range strings.Split(string(b), "\n") {
+		line = strings.TrimSpace(line)
+		switch {
+		case line == "" || strings.HasPrefix(line, "#"):
+		case strings.HasPrefix(line, "[") && strings.HasSuffix(line, "]"):
+			section = line[1 : len(line)-1]
+			keys[section] = map[string]string{}
+		default:
+			k, v, ok := strings.Cut(line, "=")
+			if !ok || section == "" {
+				t.Fatalf("line %d: %q is not KEY=VALUE in a section", i+1, line)
+			}
+			keys[section][k] = v
+		}
+	}
+	for _, want := range []struct{ section, key, value string }{
+		{"Service", "Type", "notify"},
+		{"Service", "EnvironmentFile", "-/etc/alkblobfs/alkblobfs.env"},
+		{"Service", "ExecStart", "/usr/local/bin/alkblobfs mount %f"},
+		{"Service", "ProtectSystem", "strict"},
+		{"Service", "ReadWritePaths", "/var/lib/alkblobfs /run/alkblobfs %f"},
+		{"Install", "WantedBy", "multi-user.target"},
+	} {
+		if got := keys[want.section][want.key]; got != want.value {
+			t.Errorf("[%s] %s = %q, want %q", want.section, want.key, got, want.value)
+		}
+	}
+	if _, err := exec.LookPath("systemd-analyze"); err != nil {
+		t.Skip("systemd-analyze is not installed: the unit was parsed, not verified")
+	}
+	unit := filepath.Join(t.TempDir(), "alkblobfs@mnt-blobs.service")
+	os.WriteFile(unit, []byte(strings.ReplaceAll(string(b), "/usr/local/bin/alkblobfs", bin)), 0o644)
+	if out, err := exec.Command("systemd-analyze", "verify", unit).CombinedOutput(); err != nil || len(out) > 0 {
+		t.Fatalf("systemd-analyze verify: %v\n%s", err, out)
+	}
+}
