@@ -9,6 +9,7 @@ import (
 	"log/slog"
 	"os"
 	"os/exec"
+	"os/user"
 	"path/filepath"
 	"runtime/debug"
 	"strconv"
@@ -52,7 +53,7 @@ func Mount(dir string, cfg Config) (*Server, error) {
 	if err != nil {
 		return nil, err
 	}
-	abs, err := prepareMountpoint(dir, cfg.NonEmpty, f.log)
+	abs, err := prepareMountpoint(dir, cfg.NonEmpty, cfg.AllowOther, f.log)
 	if err != nil {
 		return nil, err
 	}
@@ -201,9 +202,12 @@ func (m *Server) cleanup() {
 const panicLog = "panic in a FUSE request; answered EIO"
 
 // prepareMountpoint checks dir and clears a stale mount on it.
-func prepareMountpoint(dir string, nonEmpty bool, lg *slog.Logger) (string, error) {
+func prepareMountpoint(dir string, nonEmpty, allowOther bool, lg *slog.Logger) (string, error) {
 	if _, err := os.Stat("/dev/fuse"); err != nil {
 		return "", fmt.Errorf("FUSE is not available: %w (load the fuse module, or give the container /dev/fuse)", err)
+	}
+	if err := checkUnprivileged(allowOther); err != nil {
+		return "", err
 	}
 	abs, err := filepath.Abs(dir)
 	if err != nil {
@@ -296,6 +300,47 @@ func unescapeMountinfo(s string) string {
 		b.WriteByte(s[i])
 	}
 	return b.String()
+}
+
+// fuseConf is fusermount3's configuration (a variable for tests).
+var fuseConf = "/etc/fuse.conf"
+
+// checkUnprivileged finds, before fusermount3 does, the two reasons a
+// mount by a user other than root fails, and says how to fix each:
+// fusermount3 itself would only exit with status 1.
+func checkUnprivileged(allowOther bool) error {
+	if os.Geteuid() == 0 {
+		return nil
+	}
+	if err := unix.Access("/dev/fuse", unix.R_OK|unix.W_OK); err != nil {
+		return fmt.Errorf("cannot open /dev/fuse as %s: %w (make it usable by this user: chmod 0666 /dev/fuse, as most distributions ship it, or mount as root)", currentUser(), err)
+	}
+	if allowOther && !userAllowOther() {
+		return fmt.Errorf("--allow-other as %s needs user_allow_other in %s (uncomment it there), or mount as root", currentUser(), fuseConf)
+	}
+	return nil
+}
+
+// userAllowOther reports whether fuse.conf has an uncommented
+// user_allow_other line.
+func userAllowOther() bool {
+	b, err := os.ReadFile(fuseConf)
+	if err != nil {
+		return false
+	}
+	for _, line := range strings.Split(string(b), "\n") {
+		if strings.TrimSpace(line) == "user_allow_other" {
+			return true
+		}
+	}
+	return false
+}
+
+func currentUser() string {
+	if u, err := user.Current(); err == nil {
+		return "user " + u.Username
+	}
+	return fmt.Sprintf("uid %d", os.Geteuid())
 }
 
 func mountError(dir string, err error) error {

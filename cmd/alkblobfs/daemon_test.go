@@ -12,6 +12,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/alkblobfs/alkblobfs/fusefs/fusetest"
 )
 
 // TestHelperArgs: mount(8)'s call of the helper becomes alkblobfs's own
@@ -182,4 +184,49 @@ func daemonRunning(mnt string) bool {
 		}
 	}
 	return false
+}
+
+// TestUnprivilegedMountErrors: a mount by a user other than root that
+// cannot open /dev/fuse, or that asks for --allow-other without
+// user_allow_other in /etc/fuse.conf, fails in one line that says how to
+// fix it (not "fusermount exited with code 256").
+func TestUnprivilegedMountErrors(t *testing.T) {
+	requireFUSE(t)
+	if os.Geteuid() != 0 {
+		t.Skip("making a user needs root")
+	}
+	u := fusetest.NewUser(t)
+	fusetest.Reachable(t, bin)
+	dir := t.TempDir()
+	data, mnt := filepath.Join(dir, "data"), filepath.Join(dir, "mnt")
+	for _, d := range []string{data, mnt} {
+		os.Mkdir(d, 0o700)
+		os.Chown(d, int(u.UID), int(u.GID))
+	}
+	fusetest.Reachable(t, data)
+	mount := fmt.Sprintf("%s --data %s mount --daemon --log-file %s/log %s", bin, data, data, mnt)
+
+	fi, err := os.Stat("/dev/fuse")
+	if err != nil {
+		t.Fatal(err)
+	}
+	mode := fi.Mode().Perm()
+	t.Cleanup(func() { os.Chmod("/dev/fuse", mode) })
+	os.Chmod("/dev/fuse", 0o600)
+	u.Denied(t, "a mount without access to /dev/fuse", mount, "cannot open /dev/fuse as user "+u.Name+": permission denied (make it usable by this user: chmod 0666 /dev/fuse")
+
+	os.Chmod("/dev/fuse", 0o666)
+	if conf, _ := os.ReadFile("/etc/fuse.conf"); slices.Contains(strings.Split(string(conf), "\n"), "user_allow_other") {
+		t.Log("/etc/fuse.conf allows allow_other to users here: that case is not exercised")
+	} else {
+		u.Denied(t, "--allow-other without user_allow_other", strings.Replace(mount, " mount ", " mount --allow-other ", 1),
+			"--allow-other as user "+u.Name+" needs user_allow_other in /etc/fuse.conf (uncomment it there), or mount as root")
+	}
+	out, err := u.Sh(mount)
+	if err != nil {
+		t.Fatalf("a mount by %s once /dev/fuse is usable: %v: %s", u.Name, err, out)
+	}
+	t.Cleanup(func() { syscall.Unmount(mnt, syscall.MNT_DETACH) })
+	u.OK(t, fmt.Sprintf("mkdir %[1]s/ns && echo hi > %[1]s/ns/incoming/f && ls %[1]s/ns | grep -q incoming && fusermount3 -u %[1]s", mnt))
+	eventually(t, 10*time.Second, "the daemon's exit", func() bool { return !daemonRunning(mnt) })
 }
