@@ -106,4 +106,3 @@ func TestAccessControl(t *testing.T) {
 		t.Fatalf("incoming/ after a remount: %v, %v", fi, err)
 	}
 }
-
