@@ -105,6 +105,7 @@ func newBar(w io.Writer, size int64, desc string) *progressbar.ProgressBar {
 		progressbar.OptionSetDescription(desc),
 		progressbar.OptionSetWriter(w),
 		progressbar.OptionShowBytes(true),
+		progressbar.OptionUseIECUnits(true), // MiB, as everywhere else
 		progressbar.OptionShowTotalBytes(true),
 		progressbar.OptionSetWidth(10),
 		progressbar.OptionThrottle(65*time.Millisecond),

@@ -14,8 +14,8 @@ var iecUnits = []struct {
 
 // parseSize reads a byte count: plain bytes ("4096", "4096B") or an
 // integer with an IEC unit ("128KiB", "1MiB", "2GiB"; "K", "M", "G", "T"
-// as shorthands, any case). SI spellings like "MB" are refused rather than
-// guessed: half of the people who type them mean MiB.
+// as shorthands, any case), or an SI one taken at its word: "10MB" is
+// 10 000 000 bytes, "1kB" 1000.
 func parseSize(s string) (int64, error) {
 	t := strings.TrimSpace(s)
 	i := 0
@@ -31,6 +31,12 @@ func parseSize(s string) (int64, error) {
 		return 0, fmt.Errorf("%q: %w", s, err)
 	}
 	var shift uint
+	if p, ok := siPowers[strings.ToLower(unit)]; ok {
+		if n > math.MaxInt64/p {
+			return 0, fmt.Errorf("%q: too large", s)
+		}
+		return n * p, nil
+	}
 	switch strings.ToLower(unit) {
 	case "", "b":
 	case "k", "kib":
@@ -41,16 +47,17 @@ func parseSize(s string) (int64, error) {
 		shift = 30
 	case "t", "tib":
 		shift = 40
-	case "kb", "mb", "gb", "tb":
-		return 0, fmt.Errorf("%q: ambiguous unit %q; write %s (powers of 1024) or plain bytes", s, unit, strings.ToUpper(unit[:1])+"iB")
 	default:
-		return 0, fmt.Errorf("%q: unknown unit %q; want B, KiB, MiB, GiB or TiB", s, unit)
+		return 0, fmt.Errorf("%q: unknown unit %q; want B, KiB, MiB, GiB or TiB (or kB, MB, GB, TB: powers of 1000)", s, unit)
 	}
 	if n > math.MaxInt64>>shift {
 		return 0, fmt.Errorf("%q: too large", s)
 	}
 	return n << shift, nil
 }
+
+// siPowers are the SI units parseSize accepts.
+var siPowers = map[string]int64{"kb": 1e3, "mb": 1e6, "gb": 1e9, "tb": 1e12}
 
 // formatSize is the exact inverse of parseSize: the largest IEC unit that
 // divides n, else plain bytes.

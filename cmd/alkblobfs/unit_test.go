@@ -29,7 +29,10 @@ func TestParseSize(t *testing.T) {
 		{"1M", 1 << 20, ""},
 		{"2GiB", 2 << 30, ""},
 		{" 3 KiB ", 3 << 10, ""},
-		{"1MB", 0, "ambiguous unit"},
+		{"10MB", 10_000_000, ""},
+		{"1kB", 1000, ""},
+		{"2GB", 2_000_000_000, ""},
+		{"99999999999TB", 0, "too large"},
 		{"1.5MiB", 0, "unknown unit"},
 		{"KiB", 0, "want a byte count"},
 		{"", 0, "want a byte count"},
@@ -137,7 +140,7 @@ func TestTransferProgress(t *testing.T) {
 			if tc.wantBar != (bar.Len() > 0) {
 				t.Fatalf("bar output %q, want bar %v", bar.String(), tc.wantBar)
 			}
-			if tc.wantBar && (!strings.Contains(bar.String(), "MB") || !strings.HasSuffix(bar.String(), "\n")) {
+			if tc.wantBar && (!strings.Contains(bar.String(), "MiB") || !strings.HasSuffix(bar.String(), "\n")) {
 				t.Errorf("bar output %q: want byte counts and a final newline", bar.String())
 			}
 		})
