@@ -3,11 +3,14 @@ package main
 import (
 	"bytes"
 	"encoding/json"
+	"fmt"
 	"os"
 	"path/filepath"
 	"slices"
 	"strings"
 	"testing"
+
+	"github.com/alkblobfs/alkblobfs/fusefs/fusetest"
 )
 
 const (
@@ -295,7 +298,7 @@ func TestExitCodes(t *testing.T) {
 		{[]string{"cat", strings.Repeat("zz", 32)}, 2, "invalid digest"},
 		{[]string{"stat", absent[:63]}, 2, "invalid digest"},
 		{[]string{"rm", absent, "nothex"}, 2, "invalid digest"},
-		{[]string{"--threshold", "12MB", "ls"}, 2, "ambiguous unit"},
+		{[]string{"--threshold", "12XB", "ls"}, 2, "unknown unit"},
 		{[]string{"--threshold", "0", "ls"}, 2, "at least 1 byte"},
 		{[]string{"--log-level", "loud", "ls"}, 2, "want debug, info, warn or error"},
 		{[]string{"--kv", "bogus:x", "ls"}, 2, "unknown engine"},
@@ -436,4 +439,35 @@ func TestFlagsFromEnvironment(t *testing.T) {
 	c.ok("--threshold", "1KiB", "put", src)
 	t.Setenv("ALKBLOBFS_GC_WINDOW", "soon")
 	c.fail(2, "ALKBLOBFS_GC_WINDOW", "ls")
+}
+
+// TestErrorWords: the errors users meet most, each asserted on its exact
+// line and exit status.
+func TestErrorWords(t *testing.T) {
+	c := newCLI(t)
+	exact := func(code int, want string, args ...string) {
+		t.Helper()
+		r := c.run(nil, args...)
+		if r.code != code || r.stderr != "alkblobfs: "+want+"\n" {
+			t.Errorf("alkblobfs %s: exit %d, stderr %q; want exit %d, %q", strings.Join(args, " "), r.code, r.stderr, code, "alkblobfs: "+want+"\n")
+		}
+	}
+	exact(1, `namespace "nope" does not exist (create it with 'alkblobfs ns create nope')`, "ls", "nope")
+	c.ok("ns", "create", "a", "b")
+	d := putStdin(t, c, []byte("in two namespaces"))
+	c.ok("link", "a", d)
+	c.ok("link", "b", d)
+	exact(1, fmt.Sprintf("delete %[1]s: refused: blob is protected by liveness: linked in namespace a, b; unlink it first: alkblobfs unlink a %[1]s && alkblobfs unlink b %[1]s", d), "rm", d)
+
+	if os.Geteuid() != 0 {
+		t.Skip("the unwritable data directory case needs another user (root makes one)")
+	}
+	u := fusetest.NewUser(t)
+	fusetest.Reachable(t, bin)
+	fusetest.Reachable(t, c.data)
+	os.Chmod(c.data, 0o700)
+	out, err := u.Sh(fmt.Sprintf("HOME=/nonexistent %s --data %s ls", bin, c.data))
+	if want := fmt.Sprintf("alkblobfs: data directory %s (set by --data): permission denied\n", c.data); err == nil || !strings.HasSuffix(out, want) {
+		t.Errorf("ls of another user's data directory: %v %q; want %q", err, out, want)
+	}
 }

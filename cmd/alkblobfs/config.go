@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/spf13/cobra"
+	"golang.org/x/sys/unix"
 
 	"github.com/alkblobfs/alkblobfs/engines"
 	"github.com/alkblobfs/alkblobfs/engines/local"
@@ -25,6 +26,17 @@ import (
 
 // defaultDataDir is $XDG_DATA_HOME/alkblobfs, else ~/.local/share/alkblobfs.
 // It is "" when neither can be found; opening a store then asks for --data.
+// dataSource names what set the data directory, for messages.
+func (a *app) dataSource(cmd *cobra.Command) string {
+	switch {
+	case cmd.Flags().Changed("data"):
+		return "set by --data"
+	case os.Getenv(envName("data")) != "":
+		return "set by " + envName("data")
+	}
+	return "the default, under $XDG_DATA_HOME or ~/.local/share; set another with --data"
+}
+
 func defaultDataDir() string {
 	if x := os.Getenv("XDG_DATA_HOME"); filepath.IsAbs(x) {
 		return filepath.Join(x, "alkblobfs")
@@ -62,8 +74,12 @@ func (a *app) openNS(cmd *cobra.Command) (*store.Store, *namespaces.Service, err
 	}
 	if st.ReadOnly() && cmd.Annotations[annWrites] != "" {
 		st.Close()
-		return nil, nil, fmt.Errorf("%s changes the store: %w: its data is on a read-only filesystem, or in a directory this user cannot write; get, cat, ls, stat, verify and mount --read-only still work",
-			cmd.CommandPath(), store.ErrReadOnly)
+		where := "its data is"
+		if a.kv == "" && a.kvFile == "" || a.large == "" {
+			where = fmt.Sprintf("its data directory %s (%s) is", a.data, a.dataSource(cmd))
+		}
+		return nil, nil, fmt.Errorf("%s changes the store: %w: %s on a read-only filesystem, or not writable by this user; get, cat, ls, stat, verify and mount --read-only still work",
+			cmd.CommandPath(), store.ErrReadOnly, where)
 	}
 	svc, err := registerSources(ctx, st)
 	if err == nil {
@@ -151,6 +167,9 @@ func (a *app) storeConfig(cmd *cobra.Command) (store.Config, error) {
 		}
 		if largeURL == "" {
 			largeURL = "local:" + filepath.Join(a.data, "large")
+		}
+		if err := unix.Access(a.data, unix.R_OK|unix.X_OK); err != nil && !errors.Is(err, unix.ENOENT) {
+			return cfg, fmt.Errorf("data directory %s (%s): %w", a.data, a.dataSource(cmd), err)
 		}
 		if fi, err := os.Stat(a.data); err == nil && fi.Mode().Perm()&0o077 != 0 {
 			// The store's own files are private whatever the directory is;

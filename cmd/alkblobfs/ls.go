@@ -3,6 +3,7 @@ package main
 import (
 	"bufio"
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"time"
@@ -81,6 +82,9 @@ func (a *app) lsNamespace(cmd *cobra.Command, st *store.Store, svc *namespaces.S
 	w := bufio.NewWriter(a.stdout)
 	err := func() error {
 		for ref, err := range svc.Entries(ctx, name, store.Digest{}) {
+			if errors.Is(err, namespaces.ErrNotFound) {
+				return noNamespace(name)
+			}
 			if err != nil {
 				return err
 			}

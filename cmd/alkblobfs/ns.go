@@ -121,6 +121,9 @@ it were removed.`,
 				if errors.Is(err, namespaces.ErrNotEmpty) {
 					return fmt.Errorf("%w; unlink its blobs first: alkblobfs ls %s | xargs alkblobfs unlink %s", err, name, name)
 				}
+				if errors.Is(err, namespaces.ErrNotFound) {
+					return noNamespace(name)
+				}
 				if err != nil {
 					return err
 				}

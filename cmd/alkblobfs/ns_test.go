@@ -50,8 +50,8 @@ func TestNamespaceLifecycle(t *testing.T) {
 	}
 	c.ok("unlink", "a", d)
 	c.ok("ns", "rm", "a")
-	c.fail(1, "namespace not found", "ns", "rm", "a")
-	c.fail(1, "namespace not found", "ls", "a")
+	c.fail(1, noNamespace("a").Error(), "ns", "rm", "a")
+	c.fail(1, noNamespace("a").Error(), "ls", "a")
 	if got := lines(c.ok("ns", "ls")); !slices.Equal(got, []string{"b"}) {
 		t.Fatalf("ns ls after rm = %q", got)
 	}
@@ -73,7 +73,7 @@ func TestPutNsLsUnlinkLink(t *testing.T) {
 
 	// The namespace is checked before any file is read: an absent one
 	// wins over a missing file, and nothing is stored.
-	c.fail(1, `namespace "nope": namespace not found`, "put", "--ns", "nope", filepath.Join(dir, "no-such-file"))
+	c.fail(1, noNamespace("nope").Error(), "put", "--ns", "nope", filepath.Join(dir, "no-such-file"))
 	c.fail(1, "ns create nope", "put", "--ns", "nope", smallPath)
 	if got := c.ok("ls"); got != "" {
 		t.Fatalf("put into an absent namespace stored something: ls = %q", got)
@@ -106,7 +106,7 @@ func TestPutNsLsUnlinkLink(t *testing.T) {
 		t.Fatalf("ls builds after unlink = %q", got)
 	}
 	c.fail(1, "not linked", "unlink", "builds", smallD)
-	c.fail(1, "namespace not found", "unlink", "nope", smallD)
+	c.fail(1, noNamespace("nope").Error(), "unlink", "nope", smallD)
 
 	// link is pool-checked and all or nothing.
 	absent := strings.Repeat("ab", 32)
@@ -119,7 +119,7 @@ func TestPutNsLsUnlinkLink(t *testing.T) {
 	if got := lines(c.ok("ls", "builds")); !slices.Equal(got, want) {
 		t.Fatalf("ls builds after link = %q, want %q", got, want)
 	}
-	c.fail(1, "namespace not found", "link", "nope", otherD)
+	c.fail(1, noNamespace("nope").Error(), "link", "nope", otherD)
 }
 
 // TestSweepCollectsUnlinked is the GC composition through the CLI: on the

@@ -93,8 +93,13 @@ func explainRefusal(ctx context.Context, svc *namespaces.Service, d store.Digest
 		return refused
 	}
 	list := strings.Join(linkers, ", ")
+	unlinks := make([]string, len(linkers))
+	for i, n := range linkers {
+		unlinks[i] = fmt.Sprintf("alkblobfs unlink %s %s", n, d)
+	}
 	if more {
 		list += ", …"
+		unlinks = append(unlinks, "…")
 	}
-	return fmt.Errorf("%w: linked in namespace %s; unlink it first: alkblobfs unlink %s %s", refused, list, linkers[0], d)
+	return fmt.Errorf("%w: linked in namespace %s; unlink it first: %s", refused, list, strings.Join(unlinks, " && "))
 }

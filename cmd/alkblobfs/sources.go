@@ -126,7 +126,19 @@ func mustExist(ctx context.Context, svc *namespaces.Service, name string) error 
 		return err
 	}
 	if !ok {
-		return fmt.Errorf("namespace %q: %w (create it with 'alkblobfs ns create %s')", name, namespaces.ErrNotFound, name)
+		return noNamespace(name)
 	}
 	return nil
 }
+
+// noNamespace says that namespace name does not exist, in the user's
+// words, with the command that creates it. It is namespaces.ErrNotFound.
+func noNamespace(name string) error { return &noNamespaceError{name} }
+
+type noNamespaceError struct{ name string }
+
+func (e *noNamespaceError) Error() string {
+	return fmt.Sprintf("namespace %q does not exist (create it with 'alkblobfs ns create %s')", e.name, e.name)
+}
+
+func (e *noNamespaceError) Unwrap() error { return namespaces.ErrNotFound }
