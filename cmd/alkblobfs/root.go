@@ -54,8 +54,7 @@ SQLite for small blobs and a local directory for large ones, under --data.`,
 		Example: `  alkblobfs ns create builds && alkblobfs put --ns builds app.tar
   alkblobfs --kv mem: --large none put notes.txt
   alkblobfs --data /srv/blobs ls`,
-		// Bare "alkblobfs" and "alkblobfs typo" are usage errors, not
-		// help requests that exit 0.
+		// "alkblobfs typo" is a usage error.
 		Args: func(cmd *cobra.Command, args []string) error {
 			if len(args) == 0 {
 				return nil
@@ -66,10 +65,22 @@ SQLite for small blobs and a local directory for large ones, under --data.`,
 			}
 			return usagef(cmd, "unknown command %q%s", args[0], hint)
 		},
+		// Bare "alkblobfs" prints a short usage, not the whole help.
 		RunE: func(cmd *cobra.Command, args []string) error {
-			cmd.SetOut(a.stderr)
-			cmd.Usage()
-			return usage(cmd, fmt.Errorf("no command given"))
+			var names []string
+			for _, c := range cmd.Commands() {
+				if c.IsAvailableCommand() && c.Name() != "help" {
+					names = append(names, c.Name())
+				}
+			}
+			_, err := fmt.Fprintf(a.stdout, `alkblobfs: a content-addressed blob store with garbage collection, mountable with FUSE
+
+Usage: alkblobfs [flags] COMMAND [args]
+Commands: %s
+
+'alkblobfs COMMAND --help' explains one command, 'alkblobfs --help' everything.
+`, strings.Join(names, ", "))
+			return err
 		},
 		PersistentPreRunE: func(cmd *cobra.Command, args []string) error {
 			if err := flagsFromEnv(cmd); err != nil {
