@@ -208,6 +208,9 @@ func (b *blobFile) release(h *blobHandle) {
 }
 
 func (b *blobFile) Getxattr(ctx context.Context, attr string, dest []byte) (uint32, syscall.Errno) {
+	if foreignXattr(attr) {
+		return 0, syscall.EOPNOTSUPP
+	}
 	var v string
 	switch attr {
 	case xattrDigest:

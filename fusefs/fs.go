@@ -8,6 +8,7 @@ import (
 	"iter"
 	"log/slog"
 	"os"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"syscall"
@@ -248,7 +249,29 @@ type node struct {
 	fsys *FS
 }
 
-var _ = (fs.NodeStatfser)((*node)(nil))
+var (
+	_ = (fs.NodeStatfser)((*node)(nil))
+	_ = (fs.NodeGetxattrer)((*node)(nil))
+	_ = (fs.NodeListxattrer)((*node)(nil))
+)
+
+// foreignXattr reports whether name is outside user.*, the only xattr
+// namespace this filesystem keeps. security.*, system.* (ACLs) and
+// trusted.* are EOPNOTSUPP rather than ENODATA: that tells ls and cp the
+// filesystem does not support them, so they stop asking (ls -l otherwise
+// sends two requests per entry, each a FUSE round trip, for nothing).
+func foreignXattr(name string) bool { return !strings.HasPrefix(name, "user.") }
+
+// Getxattr: nodes without extended attributes of their own (the root,
+// namespaces, control files, symlinks) have none.
+func (n *node) Getxattr(ctx context.Context, attr string, dest []byte) (uint32, syscall.Errno) {
+	if foreignXattr(attr) {
+		return 0, syscall.EOPNOTSUPP
+	}
+	return 0, syscall.ENODATA
+}
+
+func (n *node) Listxattr(ctx context.Context, dest []byte) (uint32, syscall.Errno) { return 0, 0 }
 
 // Statfs reports the large tier's backing filesystem, so df shows real
 // capacity; a store without one reports zeros.

@@ -614,6 +614,9 @@ func (d *incDir) Mknod(ctx context.Context, name string, mode, dev uint32, out *
 }
 
 func (d *incDir) Getxattr(ctx context.Context, attr string, dest []byte) (uint32, syscall.Errno) {
+	if foreignXattr(attr) {
+		return 0, syscall.EOPNOTSUPP
+	}
 	return 0, d.fsys.errno("getxattr", blob.Digest{}, errNoAttr)
 }
 
@@ -1170,6 +1173,9 @@ func (n *fileNode) discard() {
 }
 
 func (n *fileNode) Getxattr(ctx context.Context, attr string, dest []byte) (uint32, syscall.Errno) {
+	if foreignXattr(attr) {
+		return 0, syscall.EOPNOTSUPP
+	}
 	n.mu.Lock()
 	pub, staging := n.pub, n.up != nil
 	n.mu.Unlock()

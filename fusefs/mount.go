@@ -88,9 +88,9 @@ func Mount(dir string, cfg Config) (*Server, error) {
 			// blobs never: the kernel need not drop pages when an mtime
 			// it sees changes (a blob linked in two namespaces shows two).
 			ExplicitDataCacheControl: true,
-			// security.* xattrs (SELinux labels asked for by ls) are
-			// answered without a round trip into the tree.
-			IgnoreSecurityLabels: true,
+			// No IgnoreSecurityLabels: it answers ACL and capability
+			// xattrs ENODATA, and ls then asks again for every entry; the
+			// nodes answer EOPNOTSUPP (foreignXattr), and ls stops.
 			// A bug must cost one request, not the daemon, and be seen.
 			PanicHandler: func(v any) fuse.Status {
 				f.log.Error(panicLog, "panic", fmt.Sprint(v), "stack", string(debug.Stack()))

@@ -12,6 +12,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"sync"
 	"syscall"
@@ -367,6 +368,47 @@ func TestUnmountBusy(t *testing.T) {
 
 // TestXattrsAndStatfs: digest and tier xattrs on blobs; df reports the
 // large tier's filesystem.
+// TestForeignXattrsUnsupported: every node answers the xattr namespaces
+// the filesystem does not keep (SELinux labels, ACLs, trusted.*) with
+// EOPNOTSUPP, so that ls -l asks once per listing instead of twice per
+// entry; where strace is installed, a listing of 300 blobs shows it.
+func TestForeignXattrsUnsupported(t *testing.T) {
+	e := mountStore(t, defaultSpec)
+	e.mkns("x")
+	var d blob.Digest
+	for i := range 300 {
+		d = e.put("x", []byte(fmt.Sprintf("blob %d", i)))
+	}
+	writeFile(t, e.path("x", incomingName, "f"), []byte("receipt"))
+	for _, p := range []string{e.mnt, e.path("x"), e.path("x", d.String()), e.path("x", incomingName), e.path("x", incomingName, "f"), e.path(".alkblobfs", "stats")} {
+		for _, attr := range []string{"security.selinux", "system.posix_acl_access", "system.posix_acl_default", "trusted.x", "security.capability"} {
+			_, err := syscall.Getxattr(p, attr, make([]byte, 64))
+			wantErrno(t, attr+" of "+p, err, syscall.EOPNOTSUPP)
+		}
+		_, err := syscall.Getxattr(p, "user.nope", make([]byte, 64))
+		wantErrno(t, "user.nope of "+p, err, syscall.ENODATA)
+	}
+	if _, err := exec.LookPath("strace"); err != nil {
+		t.Log("strace is not installed: the xattr requests of ls -l are not counted")
+		return
+	}
+	out, err := exec.Command("strace", "-f", "-c", "-e", "trace=getxattr,lgetxattr", "-o", "/dev/stdout", "ls", "-l", e.path("x")).Output()
+	if err != nil {
+		t.Fatalf("strace ls -l: %v", err)
+	}
+	calls := 0
+	for _, line := range strings.Split(string(out), "\n") {
+		f := strings.Fields(line)
+		if len(f) >= 5 && (f[len(f)-1] == "getxattr" || f[len(f)-1] == "lgetxattr") {
+			n, _ := strconv.Atoi(f[3])
+			calls += n
+		}
+	}
+	if calls > 4 {
+		t.Fatalf("ls -l of 300 entries made %d xattr calls, want a few:\n%s", calls, out)
+	}
+}
+
 func TestXattrsAndStatfs(t *testing.T) {
 	e := mountStore(t, defaultSpec)
 	e.mkns("x")

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # ci-deps.sh installs the Debian packages that the test suite calls:
-# rsync, fuse3, attr, bindfs, psmisc, man-db (the man page test), e2fsprogs (mkfs.ext4 and filefrag, for
+# rsync, fuse3, attr, bindfs, psmisc, man-db (the man page test), strace (counts the xattr calls of ls -l), e2fsprogs (mkfs.ext4 and filefrag, for
 # the loop-mounted filesystem of the bit-rot test, with util-linux's mount)
 # and the PostgreSQL server binaries.
 #
@@ -22,6 +22,7 @@ want getfattr attr
 want bindfs bindfs
 want fuser psmisc
 want man man-db
+want strace strace
 want mkfs.ext4 e2fsprogs
 want filefrag e2fsprogs
 
