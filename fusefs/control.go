@@ -128,6 +128,12 @@ type ctlFile struct {
 
 func (c *ctlFile) writable() bool { return c.kind != ctlStats }
 
+// name is the control file's name, for logs.
+func (c *ctlFile) name() string {
+	name, _ := c.Parent()
+	return name
+}
+
 func (c *ctlFile) Getattr(ctx context.Context, f fs.FileHandle, out *fuse.AttrOut) syscall.Errno {
 	mode := uint32(0o444)
 	if c.writable() {
@@ -192,20 +198,17 @@ func (h *ctlHandle) Write(ctx context.Context, data []byte, off int64) (uint32, 
 	cmd := strings.TrimSpace(string(data))
 	var err error
 	switch h.c.kind {
-	case ctlSweep:
+	case ctlSweep, ctlScrub:
 		if cmd != "run" {
-			f.log.Warn("bad sweep command; write run", "input", truncate(cmd))
+			f.log.Warn("bad command; write run", "file", h.c.name(), "input", truncate(cmd))
 			err = errBadInput
 			break
 		}
-		_, err = f.sweeper.run(ctx, "control file")
-	case ctlScrub:
-		if cmd != "run" {
-			f.log.Warn("bad scrub command; write run", "input", truncate(cmd))
-			err = errBadInput
-			break
+		if h.c.kind == ctlSweep {
+			_, err = f.sweeper.run(ctx, "control file")
+		} else {
+			_, err = f.scrubber.run(ctx, "control file")
 		}
-		_, err = f.scrubber.run(ctx, "control file")
 	case ctlSweepTimer:
 		if err = f.sweeper.set(cmd); err != nil {
 			f.log.Warn("bad sweep-timer command; write off, on or a duration like 15m", "input", truncate(cmd))

@@ -102,24 +102,7 @@ func withDB(t testing.TB, dsn, db string) string {
 // freshDB creates a database on base's server and returns its DSN.
 func freshDB(t testing.TB, base string) string {
 	t.Helper()
-	var b [8]byte
-	rand.Read(b[:])
-	name := "t_" + strings.ToLower(hex.EncodeToString(b[:]))
-	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-	defer cancel()
-	p := admin(t, base)
-	if _, err := p.Exec(ctx, "CREATE DATABASE "+name); err != nil {
-		t.Fatalf("pgtest: create database: %v", err)
-	}
-	t.Cleanup(func() {
-		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-		defer cancel()
-		// FORCE: a test that failed may have left connections open.
-		if _, err := p.Exec(ctx, "DROP DATABASE IF EXISTS "+name+" WITH (FORCE)"); err != nil {
-			t.Logf("pgtest: drop database %s: %v", name, err)
-		}
-	})
-	return withDB(t, base, name)
+	return createDB(t, base, "")
 }
 
 // TablespaceDSN returns the DSN of a new, empty database on the shared
@@ -137,29 +120,46 @@ func TablespaceDSN(t testing.TB, dir string) string {
 			t.Fatalf("pgtest: chown %s %s: %v: %s", u, dir, err, out)
 		}
 	}
+	return createDB(t, base, dir)
+}
+
+// createDB creates a database with a random name on base's server, in a
+// tablespace of its own at dir unless dir is "", drops both when t ends,
+// and returns the database's DSN.
+func createDB(t testing.TB, base, dir string) string {
+	t.Helper()
 	var b [8]byte
 	rand.Read(b[:])
 	name := "t_" + strings.ToLower(hex.EncodeToString(b[:]))
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	p := admin(t, base)
-	if _, err := p.Exec(ctx, "CREATE TABLESPACE "+name+" LOCATION '"+strings.ReplaceAll(dir, "'", "''")+"'"); err != nil {
-		t.Fatalf("pgtest: create tablespace in %s: %v", dir, err)
+	create := "CREATE DATABASE " + name
+	if dir != "" {
+		if _, err := p.Exec(ctx, "CREATE TABLESPACE "+name+" LOCATION '"+strings.ReplaceAll(dir, "'", "''")+"'"); err != nil {
+			t.Fatalf("pgtest: create tablespace in %s: %v", dir, err)
+		}
+		create += " TABLESPACE " + name
 	}
-	if _, err := p.Exec(ctx, "CREATE DATABASE "+name+" TABLESPACE "+name); err != nil {
-		p.Exec(ctx, "DROP TABLESPACE "+name)
-		t.Fatalf("pgtest: create database: %v", err)
-	}
-	t.Cleanup(func() {
+	drop := func() {
 		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 		defer cancel()
+		// FORCE: a test that failed may have left connections open.
 		if _, err := p.Exec(ctx, "DROP DATABASE IF EXISTS "+name+" WITH (FORCE)"); err != nil {
 			t.Logf("pgtest: drop database %s: %v", name, err)
+		}
+		if dir == "" {
+			return
 		}
 		if _, err := p.Exec(ctx, "DROP TABLESPACE IF EXISTS "+name); err != nil {
 			t.Logf("pgtest: drop tablespace %s: %v", name, err)
 		}
-	})
+	}
+	if _, err := p.Exec(ctx, create); err != nil {
+		drop()
+		t.Fatalf("pgtest: create database: %v", err)
+	}
+	t.Cleanup(drop)
 	return withDB(t, base, name)
 }
 
