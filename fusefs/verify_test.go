@@ -278,8 +278,19 @@ func loopExt4(t testing.TB) (data, img string) {
 	run(t, "", "mkfs.ext4", "-q", "-F", "-b", "4096", img)
 	run(t, "", "mount", "-o", "loop", img, dir)
 	t.Cleanup(func() {
-		if out, err := exec.Command("umount", dir).CombinedOutput(); err != nil {
-			t.Errorf("umount %s: %v: %s", dir, err, out)
+		// The kernel may still hold a passthrough backing file of the
+		// FUSE mount just unmounted for a moment: retry, then detach.
+		var out []byte
+		var err error
+		for range 50 {
+			if out, err = exec.Command("umount", dir).CombinedOutput(); err == nil {
+				return
+			}
+			time.Sleep(100 * time.Millisecond)
+		}
+		t.Logf("umount %s: %v: %s; detaching it", dir, err, out)
+		if out, err := exec.Command("umount", "-l", dir).CombinedOutput(); err != nil {
+			t.Errorf("umount -l %s: %v: %s", dir, err, out)
 		}
 	})
 	data = filepath.Join(dir, "data")
