@@ -235,19 +235,28 @@ func (d *nsDir) Lookup(ctx context.Context, name string, out *fuse.EntryOut) (*f
 	return d.blobChild(ctx, ref, nil, out)
 }
 
+// knownBlob returns the blob file the namespace already has an inode for
+// under d's name, if any.
+func (d *nsDir) knownBlob(dg blob.Digest) (*blobFile, bool) {
+	ch := d.GetChild(dg.String())
+	if ch == nil {
+		return nil, false
+	}
+	b, ok := ch.Operations().(*blobFile)
+	return b, ok
+}
+
 // blobChild makes (or finds) the inode of a referenced blob. Size and tier
 // come from metadata (info, when the caller already has it); the content is
 // not touched.
 func (d *nsDir) blobChild(ctx context.Context, ref namespaces.Ref, info *store.Info, out *fuse.EntryOut) (*fs.Inode, syscall.Errno) {
 	// Known already (listed or opened before): size and tier are facts of
 	// the content, no need to ask the store again.
-	if ch := d.GetChild(ref.Digest.String()); ch != nil {
-		if b, ok := ch.Operations().(*blobFile); ok && b.d == ref.Digest {
-			b.attr(&out.Attr)
-			out.SetEntryTimeout(blobTimeout)
-			out.SetAttrTimeout(blobTimeout)
-			return ch, 0
-		}
+	if b, ok := d.knownBlob(ref.Digest); ok && b.d == ref.Digest {
+		b.attr(&out.Attr)
+		out.SetEntryTimeout(blobTimeout)
+		out.SetAttrTimeout(blobTimeout)
+		return &b.Inode, 0
 	}
 	if info == nil {
 		i, ok, err := d.fsys.st.Stat(ctx, ref.Digest)
@@ -449,9 +458,14 @@ func (s *nsStream) fetch() syscall.Errno {
 	}
 	s.page, s.i = page, 0
 	s.eof = len(page) < streamPage
-	ds := make([]blob.Digest, len(page))
-	for i, ref := range page {
-		ds[i] = ref.Digest
+	// Blobs the kernel already knows have their size and tier in their
+	// inode (blobChild answers from it): ask the store only for the rest,
+	// so that a repeated ls -l queries nothing per entry.
+	ds := make([]blob.Digest, 0, len(page))
+	for _, ref := range page {
+		if b, ok := s.d.knownBlob(ref.Digest); !ok || b.d != ref.Digest {
+			ds = append(ds, ref.Digest)
+		}
 	}
 	infos, err := f.st.StatMany(f.ctx, ds)
 	if err != nil {
