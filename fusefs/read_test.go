@@ -15,11 +15,13 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
 
 	"github.com/alkblobfs/alkblobfs/blob"
+	"github.com/alkblobfs/alkblobfs/store"
 )
 
 // TestMain doubles as a helper process: a page fault on a FUSE file must
@@ -368,6 +370,41 @@ func TestUnmountBusy(t *testing.T) {
 
 // TestXattrsAndStatfs: digest and tier xattrs on blobs; df reports the
 // large tier's filesystem.
+// statCounter counts the digests a mount asks the store to stat.
+type statCounter struct {
+	Store
+	n atomic.Int64
+}
+
+func (c *statCounter) StatMany(ctx context.Context, ds []blob.Digest) (map[blob.Digest]store.Info, error) {
+	c.n.Add(int64(len(ds)))
+	return c.Store.StatMany(ctx, ds)
+}
+
+// TestListingAsksOnce: ls -l of a namespace asks the store for the sizes
+// of its blobs once; listing it again asks for none (their inodes know).
+func TestListingAsksOnce(t *testing.T) {
+	var c *statCounter
+	e := mountStore(t, defaultSpec, func(cfg *Config) { c = &statCounter{Store: cfg.Store}; cfg.Store = c })
+	e.mkns("l")
+	for i := range 500 {
+		e.put("l", []byte(fmt.Sprintf("entry %d", i)))
+	}
+	ls := func() int64 {
+		before := c.n.Load()
+		if out, err := exec.Command("ls", "-l", e.path("l")).CombinedOutput(); err != nil || strings.Count(string(out), "\n") != 502 {
+			t.Fatalf("ls -l: %v: %d lines", err, strings.Count(string(out), "\n"))
+		}
+		return c.n.Load() - before
+	}
+	if n := ls(); n != 500 {
+		t.Errorf("first ls -l asked for %d sizes, want 500", n)
+	}
+	if n := ls(); n != 0 {
+		t.Errorf("second ls -l asked for %d sizes, want none", n)
+	}
+}
+
 // TestForeignXattrsUnsupported: every node answers the xattr namespaces
 // the filesystem does not keep (SELinux labels, ACLs, trusted.*) with
 // EOPNOTSUPP, so that ls -l asks once per listing instead of twice per
