@@ -53,7 +53,9 @@ lint:
 	$(GO) vet ./...
 
 # bench: the mount against the native directory and bindfs over it, side by
-# side in one run, printed as ratios. Needs root and FUSE.
+# side in one run: every workload BENCH_REPS (3) times, interleaved across
+# the systems, printed as medians, min, max and ratios, and written to
+# bench-results.json. Needs root and FUSE.
 # Quick run: BENCH_SIZE_MB=256 BENCH_SMALL=2000 BENCH_LS=20000 make bench
 bench: build
 	scripts/bench.sh

@@ -1,26 +1,36 @@
 #!/usr/bin/env bash
-# bench.sh — the mount against the same work done natively, side by side in
-# one run, with bindfs over the same directory as a FUSE peer:
+# bench.sh — the mount against the same work done natively, and against
+# bindfs over the same directory (a FUSE peer), side by side in one run.
+# Every workload runs BENCH_REPS times (default 3), interleaved across the
+# systems (native, bindfs, each alkblobfs mode, then again), with the page
+# cache dropped before every cold run; the table gives the median, min and
+# max of each, and the ratio of medians native ÷ system (1.0 is native
+# speed, higher is better). A FUSE system measured more than 10% faster
+# than native is flagged SUSPECT: its baseline is wrong.
 #
-#   read   dd of a 1 GiB blob through the mount (--verify=full, full without
-#          passthrough, publish) vs dd of its backing file, cold (caches
-#          dropped) and warm; and through bindfs
-#   write  cp of a 1 GiB file into incoming/ vs cp into a native directory
-#          (and cp + sync: publishing fsyncs, plain cp does not)
-#   small  cp -r of 10 000 files of 4 KiB into incoming/ vs native
-#   ls     ls -l of a namespace with 100 000 entries vs a native directory
-#          with 100 000 files, cold and warm
+#   read   dd of a 1 GiB blob: its backing file (native), bindfs over the
+#          blob directory, and mounts with --verify=full, full without
+#          passthrough, strict and publish; cold (caches dropped, fresh
+#          mount) and warm (the third read)
+#   write  cp of a 1 GiB file (distinct content each repetition) into
+#          incoming/, against cp + sync natively and into bindfs: the
+#          mount fsyncs at publish
+#   small  cp -r of 10 000 files of 4 KiB (distinct each repetition), each
+#          side followed by sync
+#   ls     ls -l of a namespace with 100 000 entries (put with the CLI
+#          beforehand) against a native directory of as many files, and
+#          bindfs over it; cold and warm (the second listing)
 #
 #   sudo scripts/bench.sh                    # as root: drop_caches, mount(2)
-#   BENCH_SIZE_MB=256 BENCH_SMALL=2000 BENCH_LS=20000 scripts/bench.sh   # quick
+#   BENCH_SIZE_MB=256 BENCH_SMALL=2000 BENCH_LS=20000 BENCH_REPS=3 scripts/bench.sh   # quick
 #   BENCH_PROFILE=/tmp/prof scripts/bench.sh # CPU profiles of the daemon's
 #                                            # read and write runs (go tool pprof)
 #
 # Work happens in $BENCH_DIR (default /var/tmp), so store, sources and the
-# native targets share one filesystem. Times are the best of $BENCH_REPS
-# (default 3) runs for warm measurements, one run for cold ones and for
-# writes (a re-put would dedup). Ratios are native time / mount time: 1.0 is
-# native speed, higher is better.
+# native targets share one filesystem. The table is also written as JSON
+# (every repetition's figure) to $BENCH_JSON (default bench-results.json in
+# the current directory). JuiceFS, another FUSE peer, is not run: it is not
+# packaged for this machine's registries.
 set -euo pipefail
 
 size_mb=${BENCH_SIZE_MB:-1024}
@@ -28,6 +38,7 @@ small_n=${BENCH_SMALL:-10000}
 ls_n=${BENCH_LS:-100000}
 reps=${BENCH_REPS:-3}
 profile=${BENCH_PROFILE:-}
+json=${BENCH_JSON:-bench-results.json}
 root=$(cd "$(dirname "$0")/.." && pwd)
 
 if [[ $(id -u) != 0 ]]; then
@@ -42,7 +53,9 @@ work=$(mktemp -d "${BENCH_DIR:-/var/tmp}/alkblobfs-bench.XXXXXX")
 PROG=bench.sh
 # shellcheck source=scripts/lib.sh
 . "$root/scripts/lib.sh"
+binds=()
 cleanup() {
+	for m in "${binds[@]}"; do fusermount3 -uz "$m" 2>/dev/null || true; done
 	for p in "${pids[@]}"; do kill -TERM "$p" 2>/dev/null || true; done
 	wait 2>/dev/null || true
 	{ grep -o " $work/[^ ]*" /proc/self/mountinfo || true; } | while read -r m; do umount -l "$m" 2>/dev/null || true; done
@@ -62,139 +75,134 @@ secs() {
 	t1=$(date +%s%N)
 	awk -v a="$t0" -v b="$t1" 'BEGIN { printf "%.4f\n", (b - a) / 1e9 }'
 }
-# best N CMD... is the smallest of N runs.
-best() {
-	local n=$1 b=""
-	shift
-	for ((i = 0; i < n; i++)); do
-		local s
-		s=$(secs "$@")
-		if [[ -z $b ]] || awk -v s="$s" -v b="$b" 'BEGIN { exit !(s < b) }'; then b=$s; fi
-	done
-	echo "$b"
+results=$work/results
+# rec WORKLOAD SYSTEM SECONDS keeps one repetition's figure.
+rec() {
+	printf '%s\t%s\t%s\n' "$1" "$2" "$3" >>"$results"
+	printf '  %-34s %-28s %8.3f s\n' "$1" "$2" "$3"
 }
-
-rows=()
-# row NAME NATIVE_SECS MOUNT_SECS TARGET [NOTE]
-row() {
-	local ratio
-	ratio=$(awk -v n="$2" -v m="$3" 'BEGIN { printf "%.2f", n / m }')
-	rows+=("$(printf '%-44s %9.3f %9.3f %7s   %-7s %s' "$1" "$2" "$3" "$ratio" "$4" "${5:-}")")
-	echo "  $1: native ${2}s, mount ${3}s, ratio $ratio"
+bindmount() {
+	mkdir -p "$2"
+	bindfs "$1" "$2"
+	binds+=("$2")
 }
-mbps() { awk -v s="$1" -v mb="$size_mb" 'BEGIN { printf "%.0f MB/s", mb / s }'; }
 
 data=$work/data
 mnt=$work/mnt
 native=$work/native
 mkdir -p "$native"
 
-echo "== sources ($size_mb MiB x2, $small_n x 4 KiB, $ls_n tiny files)"
+echo "== sources ($size_mb MiB to read, $size_mb MiB x $reps to write, $small_n x 4 KiB x $reps, $ls_n tiny files)"
 head -c "$((size_mb << 20))" /dev/urandom >"$work/read.bin"
 head -c "$((size_mb << 20))" /dev/urandom >"$work/write.bin"
-mkdir -p "$work/small" "$work/lsdir"
-head -c "$((small_n * 4096))" /dev/urandom | split -b 4096 -a 6 - "$work/small/f"
+for r in $(seq 1 "$reps"); do
+	cp "$work/write.bin" "$work/write-$r.bin"
+	printf 'repetition %d' "$r" | dd of="$work/write-$r.bin" conv=notrunc status=none
+	mkdir -p "$work/small-$r"
+	head -c "$((small_n * 4096))" /dev/urandom | split -b 4096 -a 6 - "$work/small-$r/f"
+done
+mkdir -p "$work/lsdir"
 seq -w 1 "$ls_n" | (cd "$work/lsdir" && split -l 1 -a 6 - f)
 
-echo "== read: publish the blob"
-mountfs "$bin" "$mnt" --data "$data" mount
-mkdir "$mnt/bench"
-cp "$work/read.bin" "$mnt/bench/incoming/read.bin"
-digest=$(getfattr --absolute-names --only-values -n user.alkblobfs.digest "$mnt/bench/incoming/read.bin")
-umountfs "$mnt"
+echo "== the blob to read, and the namespace to list"
+"$bin" --data "$data" ns create bench >/dev/null
+"$bin" --data "$data" ns create ls >/dev/null
+digest=$("$bin" --data "$data" put --ns bench "$work/read.bin")
+(cd "$work/lsdir" && ls | xargs -n 20000 "$bin" --data "$data" put --ns ls >/dev/null)
 backing=$data/large/blobs/${digest:0:2}/$digest
 [[ -f $backing ]] || { echo "bench.sh: no backing file $backing" >&2; exit 1; }
+bindmount "$data/large/blobs" "$work/bindr"
+bindmount "$work/lsdir" "$work/bindls"
+mkdir -p "$native/b"
+bindmount "$native/b" "$work/bindw"
 
 ddread() { dd if="$1" of=/dev/null bs=1M; }
-dropcaches
-n_cold=$(secs ddread "$backing")
-n_warm=$(best "$reps" ddread "$backing")
-echo "  native dd: cold ${n_cold}s ($(mbps "$n_cold")), warm ${n_warm}s ($(mbps "$n_warm"))"
-
-for mode in "full" "full-nopassthrough" "publish"; do
-	flags=(--verify=full)
-	case $mode in
-	full-nopassthrough) flags+=(--passthrough=false) ;;
-	publish) flags=(--verify=publish) ;;
-	esac
-	[[ -n $profile && $mode == full-nopassthrough ]] && flags+=(--cpuprofile "$profile/read.pprof")
-	mountfs "$bin" "$mnt" --data "$data" mount "${flags[@]}"
+# reads SYSTEM FILE: cold, second and warm (third) reads of FILE.
+reads() {
 	dropcaches
-	c=$(secs ddread "$mnt/bench/$digest")
-	w=$(best "$reps" ddread "$mnt/bench/$digest")
-	pt=$(awk '/"passthrough"/ { p = 1 } p && /"opens"/ { gsub(/[^0-9]/, ""); print; exit }' "$mnt/.alkblobfs/stats")
+	rec "read $size_mb MiB, cold" "$1" "$(secs ddread "$2")"
+	secs ddread "$2" >/dev/null
+	rec "read $size_mb MiB, warm" "$1" "$(secs ddread "$2")"
+}
+# listing SYSTEM DIR: cold and warm ls -l of DIR.
+listing() {
+	dropcaches
+	rec "ls -l $ls_n entries, cold" "$1" "$(secs ls -l "$2")"
+	rec "ls -l $ls_n entries, warm" "$1" "$(secs ls -l "$2")"
+}
+
+for r in $(seq 1 "$reps"); do
+	echo "== repetition $r of $reps"
+	reads native "$backing"
+	reads bindfs "$work/bindr/${digest:0:2}/$digest"
+	for mode in full full-nopassthrough strict publish; do
+		flags=(--verify="${mode%-nopassthrough}")
+		[[ $mode == full-nopassthrough ]] && flags+=(--passthrough=false)
+		[[ -n $profile && $r == 1 && $mode == full-nopassthrough ]] && flags+=(--cpuprofile "$profile/read.pprof")
+		mountfs "$bin" "$mnt" --data "$data" mount "${flags[@]}"
+		reads "alkblobfs $mode" "$mnt/bench/$digest"
+		umountfs "$mnt"
+	done
+
+	rec "cp $size_mb MiB (+ sync)" native "$(secs sh -c "cp '$work/write-$r.bin' '$native/w-$r' && sync '$native/w-$r'")"
+	rm -f "$native/w-$r"
+	rec "cp $size_mb MiB (+ sync)" bindfs "$(secs sh -c "cp '$work/write-$r.bin' '$work/bindw/w-$r' && sync '$work/bindw/w-$r'")"
+	rm -f "$native/b/w-$r"
+	wflags=()
+	[[ -n $profile && $r == 1 ]] && wflags=(--cpuprofile "$profile/write.pprof")
+	mountfs "$bin" "$mnt" --data "$data" mount "${wflags[@]}"
+	rec "cp $size_mb MiB (+ sync)" "alkblobfs full" "$(secs cp "$work/write-$r.bin" "$mnt/bench/incoming/w-$r")"
+
+	rec "cp -r $small_n x 4 KiB (+ sync)" native "$(secs sh -c "cp -r '$work/small-$r' '$native/s-$r' && sync")"
+	rm -rf "$native/s-$r"
+	rec "cp -r $small_n x 4 KiB (+ sync)" bindfs "$(secs sh -c "cp -r '$work/small-$r' '$work/bindw/s-$r' && sync")"
+	rm -rf "$native/b/s-$r"
+	rec "cp -r $small_n x 4 KiB (+ sync)" "alkblobfs full" "$(secs sh -c "cp -r '$work/small-$r' '$mnt/bench/incoming/s-$r' && sync")"
 	umountfs "$mnt"
-	note=""
-	[[ $mode == full ]] && note="(cold: verified through the daemon; warm: passthrough once verified)"
-	[[ $mode == full-nopassthrough ]] && note="(warm: FUSE page cache)"
-	row "read $size_mb MiB, --verify=$mode, cold" "$n_cold" "$c" "$([[ $mode == publish ]] && echo '>=0.9' || echo '>=0.5')" "$(mbps "$c")"
-	row "read $size_mb MiB, --verify=$mode, warm" "$n_warm" "$w" "$([[ $mode == full-nopassthrough ]] && echo '>=0.5' || echo '>=0.9')" "$(mbps "$w") passthrough opens=$pt $note"
+
+	listing native "$work/lsdir"
+	listing bindfs "$work/bindls"
+	mountfs "$bin" "$mnt" --data "$data" mount
+	listing "alkblobfs full" "$mnt/ls"
+	rss=$(awk '/VmHWM/ { print $2 }' "/proc/$(<"$mnt.pid")/status")
+	umountfs "$mnt"
+	echo "  (daemon peak RSS after the listing: $((rss / 1024)) MiB)"
 done
 
-mkdir -p "$work/bind"
-bindfs "$data/large/blobs" "$work/bind"
-dropcaches
-c=$(secs ddread "$work/bind/${digest:0:2}/$digest")
-w=$(best "$reps" ddread "$work/bind/${digest:0:2}/$digest")
-fusermount3 -u "$work/bind"
-row "read $size_mb MiB, bindfs (FUSE peer), cold" "$n_cold" "$c" "-" "$(mbps "$c")"
-row "read $size_mb MiB, bindfs (FUSE peer), warm" "$n_warm" "$w" "-" "$(mbps "$w")"
-
-echo "== write"
-n=$(secs cp "$work/write.bin" "$native/write.bin")
-rm -f "$native/write.bin"
-ns=$(secs sh -c "cp '$work/write.bin' '$native/write.bin' && sync '$native/write.bin'")
-rm -f "$native/write.bin"
-wflags=()
-[[ -n $profile ]] && wflags=(--cpuprofile "$profile/write.pprof")
-mountfs "$bin" "$mnt" --data "$data" mount "${wflags[@]}"
-m=$(secs cp "$work/write.bin" "$mnt/bench/incoming/write.bin")
-row "cp $size_mb MiB into incoming/" "$n" "$m" ">=0.5" "$(mbps "$m")"
-row "cp $size_mb MiB into incoming/ vs cp + sync" "$ns" "$m" "-" "(publish fsyncs the blob)"
-mkdir -p "$native/b" "$work/bindw"
-bindfs "$native/b" "$work/bindw"
-b=$(secs cp "$work/write.bin" "$work/bindw/write.bin")
-row "cp $size_mb MiB into bindfs (FUSE peer)" "$n" "$b" "-" "$(mbps "$b")"
-
-echo "== small files"
-n=$(secs cp -r "$work/small" "$native/small")
-m=$(secs cp -r "$work/small" "$mnt/bench/incoming/small")
-row "cp -r $small_n x 4 KiB into incoming/" "$n" "$m" ">=0.3"
-b=$(secs cp -r "$work/small" "$work/bindw/small")
-fusermount3 -u "$work/bindw"
-row "cp -r $small_n x 4 KiB into bindfs (FUSE peer)" "$n" "$b" "-"
-
-echo "== ls -l"
-mkdir "$mnt/ls"
-fill=$(secs cp -r "$work/lsdir" "$mnt/ls/incoming/")
-echo "  (filled the namespace with $ls_n files through incoming/ in ${fill}s)"
-umountfs "$mnt"
-mountfs "$bin" "$mnt" --data "$data" mount
-count=$(ls "$mnt/ls" | wc -l)
-[[ $count == $((ls_n + 1)) ]] || { echo "bench.sh: namespace lists $count entries, want $((ls_n + 1))" >&2; exit 1; }
-umountfs "$mnt"
-mountfs "$bin" "$mnt" --data "$data" mount
-dropcaches
-mc=$(secs ls -l "$mnt/ls")
-mw=$(best "$reps" ls -l "$mnt/ls")
-umountfs "$mnt"
-dropcaches
-nc=$(secs ls -l "$work/lsdir")
-nw=$(best "$reps" ls -l "$work/lsdir")
-mkdir -p "$work/bindls"
-bindfs "$work/lsdir" "$work/bindls"
-dropcaches
-bc=$(secs ls -l "$work/bindls")
-bw=$(best "$reps" ls -l "$work/bindls")
-fusermount3 -u "$work/bindls"
-row "ls -l of $ls_n entries, cold" "$nc" "$mc" ">=0.5"
-row "ls -l of $ls_n entries, warm" "$nw" "$mw" ">=0.5"
-row "ls -l of $ls_n entries, bindfs (FUSE peer), cold" "$nc" "$bc" "-"
-row "ls -l of $ls_n entries, bindfs (FUSE peer), warm" "$nw" "$bw" "-"
-
 echo
-echo "alkblobfs bench — $(uname -r), $(nproc) CPUs, $(df -hT "$work" | awk 'NR == 2 { print $2 " on " $1 }')"
-printf '%-44s %9s %9s %7s   %-7s %s\n' "test" "native s" "mount s" "ratio" "target" "note"
-printf '%s\n' "${rows[@]}"
+echo "alkblobfs bench — $(uname -r), $(nproc) CPUs, $(df -hT "$work" | awk 'NR == 2 { print $2 " on " $1 }'), $reps repetitions, interleaved"
+awk -F'\t' -v json="$json" "$MEDIAN_AWK"'
+	{
+		k = $1 SUBSEP $2
+		if (!(k in n)) { if (!($1 in seen)) { seen[$1] = 1; wl[++nw] = $1 } ; sys[$1, ++ns[$1]] = $2 }
+		v[k, ++n[k]] = $3
+	}
+	END {
+		printf "%-34s %-28s %9s %9s %9s %7s\n", "workload", "system", "median s", "min s", "max s", "ratio"
+		printf "{\"repetitions\": %d, \"results\": [", n[wl[1], sys[wl[1], 1]] > json
+		first = 1
+		for (i = 1; i <= nw; i++) {
+			w = wl[i]
+			c = n[w, "native"]
+			for (j = 1; j <= c; j++) a[j] = v[w SUBSEP "native", j]
+			base = median(a, c)
+			for (s = 1; s <= ns[w]; s++) {
+				name = sys[w, s]; k = w SUBSEP name; c = n[k]; lo = ""; hi = ""; list = ""
+				for (j = 1; j <= c; j++) {
+					x = v[k, j]; a[j] = x; list = list (j > 1 ? ", " : "") x
+					if (lo == "" || x < lo) lo = x
+					if (hi == "" || x > hi) hi = x
+				}
+				med = median(a, c)
+				ratio = med > 0 ? base / med : 0
+				flag = (name != "native" && ratio > 1.1) ? "  SUSPECT: faster than native" : ""
+				printf "%-34s %-28s %9.3f %9.3f %9.3f %7.2f%s\n", w, name, med, lo, hi, ratio, flag
+				printf "%s\n  {\"workload\": \"%s\", \"system\": \"%s\", \"seconds\": [%s], \"median\": %.4f, \"ratio\": %.3f}", (first ? "" : ","), w, name, list, med, ratio > json
+				first = 0
+			}
+		}
+		printf "\n]}\n" > json
+	}' "$results"
+echo "(every figure: $json)"
 [[ -n $profile ]] && echo "profiles: $profile/read.pprof $profile/write.pprof (go tool pprof -top $bin FILE)"
 exit 0
