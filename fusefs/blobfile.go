@@ -99,7 +99,8 @@ func (b *blobFile) Open(ctx context.Context, flags uint32) (fs.FileHandle, uint3
 	}
 	b.mu.Lock()
 	defer b.mu.Unlock()
-	if b.rd == nil {
+	fresh := b.rd == nil
+	if fresh {
 		r, ok, err := f.st.Get(ctx, b.d)
 		if err == nil && !ok {
 			err = blob.Wrap("open", "", b.d, blob.ErrMissing)
@@ -108,14 +109,16 @@ func (b *blobFile) Open(ctx context.Context, flags uint32) (fs.FileHandle, uint3
 			pin.Release()
 			return nil, 0, f.errno("open", b.d, err)
 		}
-		if f.cfg.Verify == VerifyPublish {
-			r.Trust()
-		}
 		b.rd = r
 		b.rdID, _ = engines.CursorFileID(r.Cursor())
 	}
 	id, isFile := engines.CursorFileID(b.rd.Cursor())
-	good, corrupt, changed := f.verdicts.check(b.d, id)
+	state, changed := f.verdicts.check(b.d, id)
+	if fresh && f.cfg.Verify == VerifyPublish && state != suspect {
+		// A blob once found corrupt is verified even here, until a full
+		// read or a scrub finds it good.
+		b.rd.Trust()
+	}
 	if changed {
 		f.stats.changedOnDisk.Add(1)
 		f.log.Warn("blob file changed on disk since it was last verified; verifying it again before serving it",
@@ -124,7 +127,7 @@ func (b *blobFile) Open(ctx context.Context, flags uint32) (fs.FileHandle, uint3
 	// A local blob found corrupt stays refused, in every verify mode,
 	// until its file changes (a restore) or a scrub finds it good. Other
 	// blobs need no such record: the daemon checks every read of them.
-	if corrupt && isFile {
+	if state == corrupt && isFile {
 		f.log.Error("blob failed its last verification and its file has not changed since; refusing to serve it",
 			"digest", b.d.String(), "file", b.fileName())
 		if b.open == 0 {
@@ -142,7 +145,7 @@ func (b *blobFile) Open(ctx context.Context, flags uint32) (fs.FileHandle, uint3
 	if f.cfg.Verify == VerifyStrict {
 		h.seq = newSeqCheck(b.d, b.size)
 	}
-	if b.pt > 0 || b.cached == 0 && b.passthroughOK(isFile, good) {
+	if b.pt > 0 || b.cached == 0 && b.passthroughOK(isFile, state) {
 		b.pt++
 		h.pt = true
 		f.stats.ptOpens.Add(1)
@@ -167,16 +170,16 @@ func (b *blobFile) Open(ctx context.Context, flags uint32) (fs.FileHandle, uint3
 // reader or a scrub verified it end to end). A file changed on disk
 // since is verified again through the daemon first: a stray dd or a
 // restored backup gives EIO, never wrong bytes. Never in --verify=strict.
-func (b *blobFile) passthroughOK(isFile, good bool) bool {
+func (b *blobFile) passthroughOK(isFile bool, state verdict) bool {
 	f := b.fsys
 	if !f.ptAvailable.Load() || b.rd.Tier() != store.TierLarge || !isFile {
 		return false
 	}
 	switch f.cfg.Verify {
 	case VerifyPublish:
-		return true
+		return state != suspect
 	case VerifyFull:
-		return good
+		return state == good
 	}
 	return false
 }
@@ -289,7 +292,7 @@ func (h *blobHandle) Read(ctx context.Context, dest []byte, off int64) (fuse.Rea
 	if off >= h.rd.Len() {
 		return fuse.ReadResultData(nil), 0
 	}
-	if f.cfg.Verify == VerifyPublish {
+	if h.rd.Trusted() {
 		// Trusted and local: let go-fuse splice straight from the file.
 		if fc, ok := h.rd.Cursor().(engines.FileCursor); ok {
 			n := min(int64(len(dest)), h.rd.Len()-off)
@@ -307,7 +310,7 @@ func (h *blobHandle) Read(ctx context.Context, dest []byte, off int64) (fuse.Rea
 		}
 	}
 	f.stats.bytesRead.Add(int64(n))
-	if f.cfg.Verify == VerifyFull && h.rd.FullyVerified() {
+	if h.rd.FullyVerified() {
 		h.verified()
 	}
 	return fuse.ReadResultData(dest[:n]), 0
@@ -332,7 +335,7 @@ func (h *blobHandle) verified() {
 		return
 	}
 	if id, ok := engines.CursorFileID(h.rd.Cursor()); ok && id == h.openedAs {
-		h.b.fsys.verdicts.record(h.b.d, id, false)
+		h.b.fsys.verdicts.recordGood(h.b.d, id)
 	}
 }
 

@@ -321,59 +321,102 @@ func setSize(out *fuse.Attr, size int64) {
 
 const ioBlockSize = 1 << 20
 
-// verdicts remembers what the last end-to-end check of a blob found —
-// a reader that verified every chunk, or a scrub — with the identity its
-// backing file had then (zero for blobs that are not local files). In
-// --verify=full a local blob passes through only while it is known good
-// as the file it is now; a blob known corrupt is EIO at open until its
-// file changes or a scrub finds it good again. Bounded: when full it
-// starts over, which costs only a re-verification through the daemon
-// (whose reads check every chunk, so a forgotten corrupt blob is still
-// never served).
+// verdicts remembers what the last end-to-end check of a blob found — a
+// reader that verified every chunk, or a scrub — with the identity its
+// backing file had then (zero for blobs that are not local files).
+//
+//   - good: in --verify=full a local blob passes through only while it is
+//     known good as the file it is now. Bounded: when full the good
+//     verdicts start over, which costs only a re-verification.
+//   - corrupt: a local blob found corrupt is EIO at open, in every mode,
+//     while its file is the one found corrupt.
+//   - suspect: a corrupt blob whose file changed since (a restore, or just
+//     a chmod) is verified before anything is served: no passthrough, no
+//     trust in --verify=publish, until a full read or a scrub finds it
+//     good (or corrupt again).
+//
+// Corrupt and suspect verdicts are kept apart and never dropped to make
+// room for good ones: forgetting one would let --verify=publish serve the
+// bytes a scrub refused.
 type verdicts struct {
-	mu sync.Mutex
-	m  map[blob.Digest]verdict
+	mu   sync.Mutex
+	good map[blob.Digest]engines.FileID
+	bad  map[blob.Digest]badVerdict
 }
 
-type verdict struct {
+type badVerdict struct {
 	id      engines.FileID
-	corrupt bool
+	suspect bool // the file changed since it was found corrupt
 }
+
+// verdict is what check knows of a blob.
+type verdict int
+
+const (
+	unknown verdict = iota
+	good
+	corrupt
+	suspect
+)
 
 const verdictsMax = 1 << 16
 
-func (v *verdicts) record(d blob.Digest, id engines.FileID, corrupt bool) {
+// recordGood notes that d verified end to end as file id.
+func (v *verdicts) recordGood(d blob.Digest, id engines.FileID) {
 	v.mu.Lock()
 	defer v.mu.Unlock()
-	if v.m == nil || len(v.m) >= verdictsMax {
-		v.m = make(map[blob.Digest]verdict)
+	delete(v.bad, d)
+	if v.good == nil || len(v.good) >= verdictsMax {
+		v.good = make(map[blob.Digest]engines.FileID)
 	}
-	v.m[d] = verdict{id: id, corrupt: corrupt}
+	v.good[d] = id
 }
 
-// check reports what is known of d as the file id names now. A verdict
-// on another version of the file is forgotten (changed reports it), so
-// the blob is verified again before anything passes through.
-func (v *verdicts) check(d blob.Digest, id engines.FileID) (good, corrupt, changed bool) {
+// recordCorrupt notes that d failed its check as file id.
+func (v *verdicts) recordCorrupt(d blob.Digest, id engines.FileID) {
 	v.mu.Lock()
 	defer v.mu.Unlock()
-	was, known := v.m[d]
-	if !known {
-		return false, false, false
+	delete(v.good, d)
+	if v.bad == nil {
+		v.bad = make(map[blob.Digest]badVerdict)
 	}
-	if was.id != id {
-		delete(v.m, d)
-		return false, false, true
-	}
-	return !was.corrupt, was.corrupt, false
+	v.bad[d] = badVerdict{id: id}
 }
 
+// check reports what is known of d as the file id names now; changed
+// reports that a verdict was about another version of the file (a good
+// one is then forgotten, a corrupt one becomes suspect).
+func (v *verdicts) check(d blob.Digest, id engines.FileID) (state verdict, changed bool) {
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	if b, ok := v.bad[d]; ok {
+		switch {
+		case b.suspect:
+			return suspect, false
+		case b.id == id:
+			return corrupt, false
+		}
+		v.bad[d] = badVerdict{id: id, suspect: true}
+		return suspect, true
+	}
+	was, ok := v.good[d]
+	switch {
+	case !ok:
+		return unknown, false
+	case was != id:
+		delete(v.good, d)
+		return unknown, true
+	}
+	return good, false
+}
+
+// corrupt counts the blobs refused now.
 func (v *verdicts) corrupt() int {
 	v.mu.Lock()
 	defer v.mu.Unlock()
 	n := 0
-	for _, w := range v.m {
-		if w.corrupt {
+	for _, b := range v.bad {
+		if !b.suspect {
 			n++
 		}
 	}

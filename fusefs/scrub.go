@@ -140,13 +140,13 @@ func (s *scrubber) judge(r store.ScrubResult) {
 	switch r.Status {
 	case store.ScrubOK:
 		if r.File != nil {
-			f.verdicts.record(r.Digest, *r.File, false)
+			f.verdicts.recordGood(r.Digest, *r.File)
 		}
 	case store.ScrubCorrupt:
 		s.found.Add(1)
 		f.stats.verifyFailures.Add(1)
 		if r.File != nil {
-			f.verdicts.record(r.Digest, *r.File, true)
+			f.verdicts.recordCorrupt(r.Digest, *r.File)
 		}
 		f.log.Error("scrub: blob is corrupt; refusing to serve it", "digest", r.Digest.String(), "tier", string(r.Tier), "err", r.Error)
 	case store.ScrubUnreadable:

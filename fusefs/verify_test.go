@@ -93,11 +93,15 @@ func TestVerifyStrict(t *testing.T) {
 // it) are found by a scrub, which reads the medium; the blob is then EIO
 // at open, until its file is restored.
 func TestScrubFindsBitRot(t *testing.T) {
-	for _, trigger := range []string{"control file", "timer"} {
-		t.Run(trigger, func(t *testing.T) {
+	for _, tc := range []struct {
+		trigger string
+		verify  Verify
+	}{{"control file", VerifyFull}, {"timer", VerifyFull}, {"control file", VerifyPublish}} {
+		trigger := tc.trigger
+		t.Run(trigger+"/"+string(tc.verify), func(t *testing.T) {
 			requireFUSE(t)
 			data, img := loopExt4(t)
-			var opts []mountOpt
+			opts := []mountOpt{withVerify(tc.verify)}
 			if trigger == "timer" {
 				opts = append(opts, func(c *Config) { c.ScrubEvery = time.Second })
 			}
@@ -148,6 +152,14 @@ func TestScrubFindsBitRot(t *testing.T) {
 			if logs := e.logs.String(); !regexp.MustCompile(`scrub: blob is corrupt.*` + d).MatchString(logs) {
 				t.Fatalf("no log line naming the corrupt digest:\n%s", logs)
 			}
+
+			// A chmod changes the file's ctime, not its bytes: still
+			// never served (suspect until verified), in every mode.
+			if err := os.Chmod(onDisk, 0o640); err != nil {
+				t.Fatal(err)
+			}
+			_, err = os.ReadFile(p)
+			wantErrno(t, "read of a corrupt blob whose file was chmod-ed", err, syscall.EIO)
 
 			// Restored through the filesystem (new ctime): verified
 			// again at the next open, and served.

@@ -38,7 +38,8 @@ type Reader struct {
 	pipe *hashPipe // feeds h off the reading goroutine; started by Read
 	err  error     // sticky result after EOF
 
-	v *verifier // range verification of large blobs; nil for kv
+	v       *verifier // range verification of large blobs; nil for kv
+	trusted bool      // Trust was called
 }
 
 // Get opens d for reading. A miss is ok=false.
@@ -189,7 +190,10 @@ func (r *Reader) ReadAt(p []byte, off int64) (int, error) {
 // Trust turns off range verification for this reader: ReadAt returns the
 // stored bytes as they are (the mount's --verify=publish). Sequential
 // Read still verifies at EOF.
-func (r *Reader) Trust() { r.v = nil }
+func (r *Reader) Trust() { r.v, r.trusted = nil, true }
+
+// Trusted reports whether Trust turned range verification off.
+func (r *Reader) Trusted() bool { return r.trusted }
 
 // FullyVerified reports whether every byte of the blob has been checked by
 // this reader (or at open, for kv blobs): from then on, serving the stored
