@@ -32,9 +32,11 @@ type seqCheck struct {
 	failure error // sticky: the blob did not hash to d
 }
 
-// seqAheadMax bounds the reorder buffer: well above the kernel's
-// readahead window of parallel requests.
-const seqAheadMax = 16 << 20
+// seqAheadMax bounds the reorder buffer, and how far past the hashed
+// bytes a read may land and still be buffered: above the kernel's window
+// of parallel readahead requests. A read further ahead (a seek) stops
+// the check.
+const seqAheadMax = 8 << 20
 
 func newSeqCheck(d blob.Digest, size int64) *seqCheck {
 	c := &seqCheck{d: d, size: size, h: sha256.New()}
@@ -70,7 +72,7 @@ func (c *seqCheck) add(p []byte, off int64) error {
 			c.h.Write(q)
 			c.next += int64(len(q))
 		}
-	case off > c.next && c.aheadN+len(p) <= seqAheadMax:
+	case off > c.next && off-c.next <= seqAheadMax && c.aheadN+len(p) <= seqAheadMax:
 		if _, dup := c.ahead[off]; !dup {
 			if c.ahead == nil {
 				c.ahead = make(map[int64][]byte)

@@ -39,6 +39,9 @@ type SQL struct {
 	// The statements of a put's joint link, prepared once: parsing them
 	// per put was a tenth of the CPU of a `cp -r` of small files.
 	existsStmt, linkStmt, pendStmt, unpendStmt *sql.Stmt
+	// noPerm: the ns table has no permission columns (an older store on
+	// read-only media): Perm reports none.
+	noPerm bool
 }
 
 var (
@@ -198,26 +201,19 @@ func OpenSQL(ctx context.Context, db *sql.DB, dialect string, clock Clock) (*SQL
 	if !ok {
 		return nil, fmt.Errorf("namespaces: open: unknown SQL dialect %q (want sqlite or postgres)", dialect)
 	}
-	// One transaction, under PostgreSQL's schema lock (SQLite's pool
-	// begins IMMEDIATE): hosts opening one store at once neither trip over
-	// each other's CREATE TABLE nor add a column twice.
-	err := engines.InTx(ctx, db, nil, func(tx *sql.Tx) error {
-		if dialect == "postgres" {
-			if _, err := tx.ExecContext(ctx, `SELECT pg_advisory_xact_lock($1)`, engines.PGSchemaLock); err != nil {
-				return err
-			}
-		}
-		for _, s := range stmts {
-			if _, err := tx.ExecContext(ctx, s); err != nil {
-				return err
-			}
-		}
-		return addPermColumns(ctx, tx, dialect)
-	})
-	if err != nil {
+	if err := createSchema(ctx, db, dialect, stmts); err != nil {
 		return nil, fmt.Errorf("namespaces: open %s: create schema: %w", dialect, err)
 	}
-	r := &SQL{db: db, dialect: dialect, clock: orWall(clock), q: newQueries(dialect)}
+	permCols, err := addPermColumns(ctx, db, dialect)
+	if err != nil {
+		return nil, fmt.Errorf("namespaces: open %s: add the ns permission columns: %w", dialect, err)
+	}
+	r := &SQL{db: db, dialect: dialect, clock: orWall(clock), q: newQueries(dialect), noPerm: !permCols}
+	if r.noPerm {
+		// A store made before namespaces had permissions, opened
+		// read-only: none is recorded, and none can be.
+		r.q.perm = rebind(dialect, `SELECT NULL, NULL, NULL FROM ns WHERE name = ?`)
+	}
 	var prepared []*sql.Stmt
 	for _, p := range []struct {
 		st **sql.Stmt
@@ -305,6 +301,9 @@ func (r *SQL) SetPerm(ctx context.Context, name string, p Perm) error {
 	if err := check(ctx, name); err != nil {
 		return wrap("set perm", name, blob.Digest{}, err)
 	}
+	if r.noPerm {
+		return wrap("set perm", name, blob.Digest{}, blob.ErrReadOnly)
+	}
 	p = p.clean()
 	res, err := r.db.ExecContext(ctx, r.q.setPerm, int64(p.Uid), int64(p.Gid), int64(p.Mode), name)
 	var n int64
@@ -320,9 +319,41 @@ func (r *SQL) SetPerm(ctx context.Context, name string, p Perm) error {
 	return nil
 }
 
+// createSchema creates the tables and indexes that do not exist yet. On
+// SQLite each statement runs on its own, taking the write lock only if it
+// creates something (a store on read-only media opens too); on PostgreSQL
+// all of them run in one transaction under the schema lock, so that hosts
+// opening one database at once do not trip over each other's CREATE TABLE.
+func createSchema(ctx context.Context, db *sql.DB, dialect string, stmts []string) error {
+	if dialect != "postgres" {
+		for _, s := range stmts {
+			if _, err := db.ExecContext(ctx, s); err != nil {
+				return err
+			}
+		}
+		return nil
+	}
+	return engines.InTx(ctx, db, nil, func(tx *sql.Tx) error {
+		if _, err := tx.ExecContext(ctx, `SELECT pg_advisory_xact_lock($1)`, engines.PGSchemaLock); err != nil {
+			return err
+		}
+		for _, s := range stmts {
+			if _, err := tx.ExecContext(ctx, s); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+}
+
 // addPermColumns adds ns.uid, gid and mode to a table made before they
-// existed.
-func addPermColumns(ctx context.Context, db *sql.Tx, dialect string) error {
+// existed, and reports whether the table has them. It looks first without
+// a transaction; only a table that lacks them is altered, in a
+// transaction (IMMEDIATE on SQLite, under the schema lock on PostgreSQL)
+// that looks again, so that concurrent opens add them once. A database
+// that cannot be written (read-only media) keeps its table as it is: ok
+// is false.
+func addPermColumns(ctx context.Context, db *sql.DB, dialect string) (ok bool, err error) {
 	q := `SELECT COUNT(*) FROM pragma_table_info('ns') WHERE name IN ('uid', 'gid', 'mode')`
 	typ := "INTEGER"
 	if dialect == "postgres" {
@@ -332,18 +363,39 @@ func addPermColumns(ctx context.Context, db *sql.Tx, dialect string) error {
 	}
 	var n int
 	if err := db.QueryRowContext(ctx, q).Scan(&n); err != nil || n == 3 {
-		return err
+		return err == nil, err
 	}
-	for _, col := range []string{"uid", "gid", "mode"} {
-		ifNot := ""
+	err = engines.InTx(ctx, db, nil, func(tx *sql.Tx) error {
 		if dialect == "postgres" {
-			ifNot = "IF NOT EXISTS "
+			if _, err := tx.ExecContext(ctx, `SELECT pg_advisory_xact_lock($1)`, engines.PGSchemaLock); err != nil {
+				return err
+			}
 		}
-		if _, err := db.ExecContext(ctx, "ALTER TABLE ns ADD COLUMN "+ifNot+col+" "+typ); err != nil {
+		if err := tx.QueryRowContext(ctx, q).Scan(&n); err != nil || n == 3 {
 			return err
 		}
+		for _, col := range []string{"uid", "gid", "mode"} {
+			ifNot := ""
+			if dialect == "postgres" {
+				ifNot = "IF NOT EXISTS "
+			}
+			if _, err := tx.ExecContext(ctx, "ALTER TABLE ns ADD COLUMN "+ifNot+col+" "+typ); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+	if err != nil && readOnlyDB(err) {
+		return false, nil
 	}
-	return nil
+	return err == nil, err
+}
+
+// readOnlyDB reports whether err says the database cannot be written
+// (SQLite's SQLITE_READONLY, PostgreSQL's read-only transaction).
+func readOnlyDB(err error) bool {
+	s := err.Error()
+	return strings.Contains(s, "readonly database") || strings.Contains(s, "read-only transaction")
 }
 
 // Remove implements Registry.

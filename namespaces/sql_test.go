@@ -253,3 +253,36 @@ func testPermColumnsAdded(t *testing.T, old *sql.DB, oldDDL string, open func() 
 		t.Fatalf("Perm from another opener = %+v, %v, %v; want %+v", p, ok, err, want)
 	}
 }
+
+// TestOpenBesideAWriter: opening a registry does not wait for SQLite's
+// write lock when its tables are there: a read-only command or a mount
+// starts while a sweep holds a long write transaction.
+func TestOpenBesideAWriter(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "kv.db")
+	openSQLiteEngine(t, path, nil) // creates the schema
+	e, err := sqlite.Open(t.Context(), path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer e.Close()
+	tx, err := e.DB().BeginTx(t.Context(), nil) // IMMEDIATE: the write lock
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tx.Rollback()
+	if _, err := tx.ExecContext(t.Context(), `INSERT INTO ns (name, created_at) VALUES ('held', 1)`); err != nil {
+		t.Fatal(err)
+	}
+	start := time.Now()
+	other, err := sqlite.Open(t.Context(), path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer other.Close()
+	if _, err := namespaces.OpenSQL(t.Context(), other.DB(), other.Dialect(), nil); err != nil {
+		t.Fatalf("open beside a writer: %v", err)
+	}
+	if d := time.Since(start); d > 2*time.Second {
+		t.Fatalf("open beside a writer took %s", d)
+	}
+}

@@ -99,7 +99,8 @@ type Store struct {
 	stats     counters
 	// readOnly: an engine was opened on read-only media. Reads work;
 	// puts, deletes and sweeps return ErrReadOnly; pins stay in this
-	// process (no pin row can be written).
+	// process when the kv engine is the read-only one (no pin row can be
+	// written).
 	readOnly bool
 }
 
@@ -139,13 +140,17 @@ func Open(ctx context.Context, cfg Config) (*Store, error) {
 	// can host it (SQLite, PostgreSQL): pin rows, the arbitration lock and
 	// the sweep lease live with the namespaces they arbitrate against.
 	// Otherwise (mem, or no kv tier) everything stays in this process.
+	kvReadOnly := false
 	for _, e := range []engines.Engine{cfg.KV, cfg.Large} {
 		if r, ok := e.(engines.ReadOnly); ok && r.ReadOnly() {
 			s.readOnly = true
+			kvReadOnly = kvReadOnly || e == engines.Engine(cfg.KV)
 		}
 	}
 	var host engines.GCHost
-	if h, ok := cfg.KV.(engines.GCHost); ok && !s.readOnly {
+	// Pin rows need a writable kv database; a read-only large tier alone
+	// (a fleet reader host) still publishes its pins there.
+	if h, ok := cfg.KV.(engines.GCHost); ok && !kvReadOnly {
 		if _, ok := cfg.KV.(engines.TxPutter); !ok {
 			return nil, fmt.Errorf("store: kv engine %s hosts GC state but cannot join a put's transaction", cfg.KV.Name())
 		}

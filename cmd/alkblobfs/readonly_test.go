@@ -10,6 +10,8 @@ import (
 	"strings"
 	"syscall"
 	"testing"
+
+	"github.com/alkblobfs/alkblobfs/engines/sqlite"
 )
 
 // TestReadOnlyDataDir: a data directory on a read-only filesystem (a
@@ -24,6 +26,20 @@ func TestReadOnlyDataDir(t *testing.T) {
 	small, _, ds := writeFile(t, dir, 100, 1)
 	large, _, dl := writeFile(t, dir, 2<<20, 2)
 	c.ok("put", "--ns", "n", small, large)
+
+	// As a store made before namespaces had permissions: no such columns.
+	func() {
+		e, err := sqlite.Open(t.Context(), filepath.Join(c.data, "kv.db"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer e.Close()
+		for _, col := range []string{"uid", "gid", "mode"} {
+			if _, err := e.DB().ExecContext(t.Context(), "ALTER TABLE ns DROP COLUMN "+col); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}()
 
 	ro := t.TempDir()
 	if err := syscall.Mount(c.data, ro, "", syscall.MS_BIND, ""); err != nil {

@@ -78,9 +78,15 @@ func Open(ctx context.Context, path string) (*Engine, error) {
 	if ro, err := readOnly(abs); err != nil {
 		return nil, e.wrap("open", err)
 	} else if ro {
-		// Nothing can change the file: SQLite may read it without the
-		// locks and shared memory a WAL database would create beside it.
-		dsn = "file:" + (&url.URL{Path: abs}).EscapedPath() + "?mode=ro&immutable=1"
+		// Read-only media. Without a WAL or shared-memory file beside it
+		// nothing is writing the database: SQLite may read it as
+		// immutable, without the locks it cannot create. With them (a
+		// read-only view of a live store), it reads read-only through
+		// them, with the locking a writer elsewhere needs.
+		dsn = "file:" + (&url.URL{Path: abs}).EscapedPath() + "?mode=ro&_pragma=busy_timeout(10000)"
+		if !exists(abs+"-shm") && emptyOrAbsent(abs+"-wal") {
+			dsn += "&immutable=1"
+		}
 		e.ro = true
 	} else if err := private(abs); err != nil {
 		// Private: the database and its WAL and shared-memory files
@@ -211,14 +217,24 @@ func readOnly(path string) (bool, error) {
 	if _, err := os.Stat(path); err != nil {
 		return false, err
 	}
-	if fi, err := os.Stat(path + "-wal"); err == nil && fi.Size() > 0 {
-		return false, fmt.Errorf("%s is on a read-only filesystem (or in a directory this user cannot write) and its write-ahead log %s still holds changes: open the store read-write once so that SQLite merges them", path, path+"-wal")
+	if fi, err := os.Stat(path + "-wal"); err == nil && fi.Size() > 0 && !exists(path+"-shm") {
+		return false, fmt.Errorf("%s is on a read-only filesystem (or in a directory this user cannot write) and its write-ahead log %s still holds changes without the shared-memory file that indexes them: open the store read-write once so that SQLite merges them", path, path+"-wal")
 	}
 	return true, nil
 }
 
 // ReadOnly implements engines.ReadOnly.
 func (e *Engine) ReadOnly() bool { return e.ro }
+
+func emptyOrAbsent(path string) bool {
+	fi, err := os.Stat(path)
+	return err != nil || fi.Size() == 0
+}
+
+func exists(path string) bool {
+	_, err := os.Stat(path)
+	return err == nil
+}
 
 func private(path string) error {
 	f, err := os.OpenFile(path, os.O_RDWR|os.O_CREATE, 0o600)
