@@ -35,6 +35,9 @@ var (
 	errNotDir = errors.New("not a directory")
 	// errUnsupported: fallocate, foreign xattrs on incoming files.
 	errUnsupported = errors.New("not supported")
+	// errUnmounting: a control command arrived, or was running, while
+	// the mount unmounts.
+	errUnmounting = errors.New("the mount is unmounting")
 	// errNoAttr: getxattr of an attribute the file does not have.
 	errNoAttr = errors.New("no such attribute")
 	// errRange: the caller's xattr buffer is too small.
@@ -95,6 +98,8 @@ func toErrno(err error) syscall.Errno {
 		return syscall.ENOTDIR
 	case errors.Is(err, errUnsupported):
 		return syscall.EOPNOTSUPP
+	case errors.Is(err, errUnmounting):
+		return syscall.ESHUTDOWN
 	case errors.Is(err, errNoAttr):
 		return syscall.ENODATA
 	case errors.Is(err, errRange):

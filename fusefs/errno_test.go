@@ -37,6 +37,7 @@ func TestToErrno(t *testing.T) {
 		{"is a directory", errIsDir, syscall.EISDIR},
 		{"not a directory", errNotDir, syscall.ENOTDIR},
 		{"fallocate", errUnsupported, syscall.EOPNOTSUPP},
+		{"control command during unmount", errUnmounting, syscall.ESHUTDOWN},
 		{"no xattr", errNoAttr, syscall.ENODATA},
 		{"xattr buffer", errRange, syscall.ERANGE},
 		{"vanished", errGone, syscall.ENOENT},

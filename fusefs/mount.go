@@ -160,6 +160,10 @@ func (m *Server) Unmount() error {
 		return nil
 	default:
 	}
+	// A scrub started from the control file keeps that file open (its
+	// write lasts as long as the scrub): end it, or the unmount would
+	// wait for it.
+	m.fs.scrubber.stop()
 	if err := m.server.Unmount(); err != nil {
 		select {
 		case <-m.done: // unmounted by someone else meanwhile

@@ -53,7 +53,11 @@ type scrubber struct {
 	every time.Duration
 	rate  int64
 
-	runMu sync.Mutex
+	// sem lets one scrub run at a time; a caller waiting for it leaves
+	// when its context ends. base ends every scrub at unmount.
+	sem   chan struct{}
+	base  context.Context
+	abort context.CancelFunc
 	runs  atomic.Int64
 	found atomic.Int64 // corrupt or unreadable blobs, all scrubs
 
@@ -65,7 +69,9 @@ type scrubber struct {
 }
 
 func newScrubber(f *FS, every time.Duration, rate int64) *scrubber {
-	return &scrubber{f: f, every: every, rate: rate}
+	s := &scrubber{f: f, every: every, rate: rate, sem: make(chan struct{}, 1)}
+	s.base, s.abort = context.WithCancel(f.ctx)
+	return s
 }
 
 // start runs the timer, if any, until stop.
@@ -90,8 +96,10 @@ func (s *scrubber) start() {
 	}()
 }
 
-// stop ends the timer and waits for a timed scrub in progress to stop.
+// stop ends the timer and every scrub in progress, and waits for a timed
+// one to stop.
 func (s *scrubber) stop() {
+	s.abort()
 	if s.stopLoop != nil {
 		s.stopLoop()
 		<-s.loopDone
@@ -99,10 +107,22 @@ func (s *scrubber) stop() {
 }
 
 // run scrubs the whole store; a caller waits for a scrub in progress to
-// end before its own starts. Cancelling ctx stops it early.
+// end before its own starts. Cancelling ctx, or unmounting, stops it (or
+// the wait) early.
 func (s *scrubber) run(ctx context.Context, trigger string) (ScrubReport, error) {
-	s.runMu.Lock()
-	defer s.runMu.Unlock()
+	if s.base.Err() != nil {
+		// Not EINTR, which a shell's echo would retry.
+		return ScrubReport{}, errUnmounting
+	}
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	defer context.AfterFunc(s.base, cancel)()
+	select {
+	case s.sem <- struct{}{}:
+		defer func() { <-s.sem }()
+	case <-ctx.Done():
+		return ScrubReport{}, ctx.Err()
+	}
 	f := s.f
 	rep := ScrubReport{Trigger: trigger, Started: time.Now()}
 	f.log.Info("scrub started", "trigger", trigger, "rate_bytes_per_s", s.rate)
@@ -131,6 +151,9 @@ func (s *scrubber) run(ctx context.Context, trigger string) (ScrubReport, error)
 	}
 	f.log.Info(lvl, "trigger", trigger, "checked", sum.Checked, "bytes", sum.Bytes, "corrupt", sum.Corrupt,
 		"unreadable", sum.Unreadable, "duration", sum.Duration, "err", err)
+	if err != nil && s.base.Err() != nil {
+		err = errUnmounting
+	}
 	return rep, err
 }
 

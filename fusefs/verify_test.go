@@ -203,6 +203,26 @@ func TestScrubInterrupted(t *testing.T) {
 	if rep.Checked != 0 || !strings.Contains(rep.Error, "canceled") {
 		t.Fatalf("report of the interrupted scrub: %+v", rep)
 	}
+
+	// An unmount does not wait for a scrub run from the control file.
+	cmd = exec.Command("sh", "-c", "echo run > "+e.path(".alkblobfs", "scrub"))
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(500 * time.Millisecond)
+	start = time.Now()
+	done := make(chan error, 1)
+	go func() { done <- e.srv.Unmount() }()
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Fatal(err)
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("unmount waited for the scrub")
+	}
+	cmd.Wait()
+	t.Logf("unmounted in %s while a scrub ran", time.Since(start).Round(time.Millisecond))
 }
 
 // blobFile is the local engine's file of digest d.

@@ -2,6 +2,7 @@ package main
 
 import (
 	"bufio"
+	"context"
 	"errors"
 	"fmt"
 	"io"
@@ -11,6 +12,8 @@ import (
 	"strings"
 	"syscall"
 	"time"
+
+	"github.com/alkblobfs/alkblobfs/engines"
 )
 
 // envReadyFD names the descriptor on which a daemonized mount (the child
@@ -28,7 +31,7 @@ const readyTimeout = 2 * time.Minute
 // session, stdin from /dev/null, stdout and stderr appended to logFile)
 // and returns once the child serves the mount, or with the child's error
 // if it could not. The child is told by envReadyFD where to report.
-func spawnDaemon(logFile string) error {
+func spawnDaemon(ctx context.Context, logFile string) error {
 	exe, err := os.Executable()
 	if err != nil {
 		return fmt.Errorf("--daemon: find this program: %w", err)
@@ -62,7 +65,20 @@ func spawnDaemon(logFile string) error {
 	}
 	w.Close()
 	pid := child.Process.Pid
-	child.Process.Release() // it outlives us
+	// Until it reports, the child is ours: on a timeout or an interrupt
+	// it is stopped, so that a failed command leaves no mount behind.
+	giveUp := func(why error) error {
+		child.Process.Signal(syscall.SIGTERM)
+		exited := make(chan struct{})
+		go func() { child.Wait(); close(exited) }()
+		select {
+		case <-exited:
+		case <-time.After(10 * time.Second):
+			child.Process.Kill()
+			<-exited
+		}
+		return why
+	}
 
 	line := make(chan string, 1)
 	go func() {
@@ -73,14 +89,37 @@ func spawnDaemon(logFile string) error {
 	case s := <-line:
 		switch {
 		case s == daemonReady:
+			child.Process.Release() // it outlives us
 			return nil
 		case s != "":
-			return errors.New(s)
+			return giveUp(errors.New(s))
 		}
-		return fmt.Errorf("the mount daemon (pid %d) exited before it served; see %s", pid, logFile)
+		return giveUp(fmt.Errorf("the mount daemon (pid %d) exited before it served; see %s", pid, logFile))
 	case <-time.After(readyTimeout):
-		return fmt.Errorf("the mount daemon (pid %d) did not serve within %s; see %s", pid, readyTimeout, logFile)
+		return giveUp(fmt.Errorf("the mount daemon (pid %d) did not serve within %s, and was stopped; see %s", pid, readyTimeout, logFile))
+	case <-ctx.Done():
+		return giveUp(fmt.Errorf("interrupted before the mount daemon (pid %d) served; it was stopped", pid))
 	}
+}
+
+// defaultLogFile is where mount --daemon logs without --log-file:
+// mount.log in the data directory, or, when that cannot be written (a
+// store on read-only media), under the user's state directory
+// ($XDG_STATE_HOME, ~/.local/state; /var/log for root).
+func defaultLogFile(data string) string {
+	if data != "" && engines.Writable(data) {
+		return filepath.Join(data, "mount.log")
+	}
+	if os.Geteuid() == 0 {
+		return "/var/log/alkblobfs/mount.log"
+	}
+	if x := os.Getenv("XDG_STATE_HOME"); filepath.IsAbs(x) {
+		return filepath.Join(x, "alkblobfs", "mount.log")
+	}
+	if home, err := os.UserHomeDir(); err == nil {
+		return filepath.Join(home, ".local", "state", "alkblobfs", "mount.log")
+	}
+	return ""
 }
 
 // readyReporter is the child's side of spawnDaemon: nil when this process

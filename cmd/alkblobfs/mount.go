@@ -4,7 +4,6 @@ import (
 	"fmt"
 	"log/slog"
 	"os"
-	"path/filepath"
 	"runtime/pprof"
 	"time"
 
@@ -100,12 +99,11 @@ As root the mount uses mount(2) directly; otherwise fusermount3.`,
 			if daemon && child == nil {
 				// The parent: start the daemon and wait until it serves.
 				if logFile == "" {
-					if a.data == "" {
+					if logFile = defaultLogFile(a.data); logFile == "" {
 						return usagef(cmd, "--daemon logs to a file: give --log-file (there is no data directory to keep it in)")
 					}
-					logFile = filepath.Join(a.data, "mount.log")
 				}
-				return spawnDaemon(logFile)
+				return spawnDaemon(cmd.Context(), logFile)
 			}
 			defer func() { child.failed(err) }()
 			// A daemon says what it is doing: info unless asked otherwise
@@ -193,7 +191,7 @@ As root the mount uses mount(2) directly; otherwise fusermount3.`,
 	f.IntVar(&maxRcpt, "max-receipts", fusefs.DefaultMaxReceipts, "most names incoming/ keeps after publish, in all namespaces; past it the oldest go first (each costs about 2.5 KiB of daemon memory: 100000 stay under 320 MiB)")
 	f.BoolVar(&ro, "read-only", false, "mount read-only: reads and pins only, every change is EROFS (beside a read-write mount of the same store, say)")
 	f.BoolVar(&daemon, "daemon", false, "detach once the mount serves (the command returns then, non-zero if it could not mount); log to --log-file")
-	f.StringVar(&logFile, "log-file", "", "append the daemon's log to this file (default with --daemon: mount.log in the data directory)")
+	f.StringVar(&logFile, "log-file", "", "append the daemon's log to this file (default with --daemon: mount.log in the data directory, or a state directory when that is read-only)")
 	f.BoolVar(&nonEmpty, "nonempty", false, "mount over a directory that holds files (hidden while mounted)")
 	f.BoolVar(&pass, "passthrough", true, "let the kernel read local blobs directly where it can (FUSE passthrough)")
 	f.StringVar(&cpuProfile, "cpuprofile", "", "write a CPU profile of the daemon to this file (for go tool pprof)")
