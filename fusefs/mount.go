@@ -414,7 +414,6 @@ func (w *slogWriter) Write(p []byte) (int, error) {
 	return len(p), nil
 }
 
-// readOnly is the mount option list of a read-only mount.
 // mountOptions are the -o options of the mount. With --allow-other the
 // kernel checks every access against the mode, owner and group each node
 // shows (default_permissions): namespaces are their owners', the root and
