@@ -211,9 +211,6 @@ func (b *blobFile) release(h *blobHandle) {
 }
 
 func (b *blobFile) Getxattr(ctx context.Context, attr string, dest []byte) (uint32, syscall.Errno) {
-	if foreignXattr(attr) {
-		return 0, syscall.EOPNOTSUPP
-	}
 	var v string
 	switch attr {
 	case xattrDigest:
@@ -221,7 +218,7 @@ func (b *blobFile) Getxattr(ctx context.Context, attr string, dest []byte) (uint
 	case xattrTier:
 		v = string(b.tier)
 	default:
-		return 0, b.fsys.errno("getxattr", b.d, errNoAttr)
+		return b.node.Getxattr(ctx, attr, dest)
 	}
 	return xattrValue(b.fsys, dest, v)
 }

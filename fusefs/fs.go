@@ -262,8 +262,9 @@ var (
 // sends two requests per entry, each a FUSE round trip, for nothing).
 func foreignXattr(name string) bool { return !strings.HasPrefix(name, "user.") }
 
-// Getxattr: nodes without extended attributes of their own (the root,
-// namespaces, control files, symlinks) have none.
+// Getxattr answers for every node the names it does not keep itself:
+// foreign namespaces are EOPNOTSUPP, any other user.* name ENODATA. Nodes
+// with attributes of their own (blobs, incoming files) fall back to it.
 func (n *node) Getxattr(ctx context.Context, attr string, dest []byte) (uint32, syscall.Errno) {
 	if foreignXattr(attr) {
 		return 0, syscall.EOPNOTSUPP

@@ -613,13 +613,6 @@ func (d *incDir) Mknod(ctx context.Context, name string, mode, dev uint32, out *
 	return nil, d.fsys.errno("mknod", blob.Digest{}, errNotPermitted)
 }
 
-func (d *incDir) Getxattr(ctx context.Context, attr string, dest []byte) (uint32, syscall.Errno) {
-	if foreignXattr(attr) {
-		return 0, syscall.EOPNOTSUPP
-	}
-	return 0, d.fsys.errno("getxattr", blob.Digest{}, errNoAttr)
-}
-
 func (d *incDir) Setxattr(ctx context.Context, attr string, data []byte, flags uint32) syscall.Errno {
 	return d.fsys.errno("setxattr", blob.Digest{}, errUnsupported)
 }
@@ -1173,13 +1166,13 @@ func (n *fileNode) discard() {
 }
 
 func (n *fileNode) Getxattr(ctx context.Context, attr string, dest []byte) (uint32, syscall.Errno) {
-	if foreignXattr(attr) {
-		return 0, syscall.EOPNOTSUPP
+	if attr != xattrDigest {
+		return n.node.Getxattr(ctx, attr, dest)
 	}
 	n.mu.Lock()
 	pub, staging := n.pub, n.up != nil
 	n.mu.Unlock()
-	if attr != xattrDigest || pub == nil || staging {
+	if pub == nil || staging {
 		return 0, n.fsys.errno("getxattr", blob.Digest{}, errNoAttr)
 	}
 	return xattrValue(n.fsys, dest, pub.d.String())

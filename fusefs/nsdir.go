@@ -232,27 +232,29 @@ func (d *nsDir) Lookup(ctx context.Context, name string, out *fuse.EntryOut) (*f
 	if !ok {
 		return nil, syscall.ENOENT
 	}
-	return d.blobChild(ctx, ref, nil, out)
+	return d.blobChild(ctx, name, ref, nil, out)
 }
 
-// knownBlob returns the blob file the namespace already has an inode for
-// under d's name, if any.
-func (d *nsDir) knownBlob(dg blob.Digest) (*blobFile, bool) {
-	ch := d.GetChild(dg.String())
+// knownBlob returns the blob file of dg the namespace already has an
+// inode for under name (dg's hex), or nil.
+func (d *nsDir) knownBlob(name string, dg blob.Digest) *blobFile {
+	ch := d.GetChild(name)
 	if ch == nil {
-		return nil, false
+		return nil
 	}
-	b, ok := ch.Operations().(*blobFile)
-	return b, ok
+	if b, ok := ch.Operations().(*blobFile); ok && b.d == dg {
+		return b
+	}
+	return nil
 }
 
-// blobChild makes (or finds) the inode of a referenced blob. Size and tier
-// come from metadata (info, when the caller already has it); the content is
-// not touched.
-func (d *nsDir) blobChild(ctx context.Context, ref namespaces.Ref, info *store.Info, out *fuse.EntryOut) (*fs.Inode, syscall.Errno) {
+// blobChild makes (or finds) the inode of a referenced blob, named name
+// (its digest's hex). Size and tier come from metadata (info, when the
+// caller already has it); the content is not touched.
+func (d *nsDir) blobChild(ctx context.Context, name string, ref namespaces.Ref, info *store.Info, out *fuse.EntryOut) (*fs.Inode, syscall.Errno) {
 	// Known already (listed or opened before): size and tier are facts of
 	// the content, no need to ask the store again.
-	if b, ok := d.knownBlob(ref.Digest); ok && b.d == ref.Digest {
+	if b := d.knownBlob(name, ref.Digest); b != nil {
 		b.attr(&out.Attr)
 		out.SetEntryTimeout(blobTimeout)
 		out.SetAttrTimeout(blobTimeout)
@@ -396,10 +398,12 @@ type nsStream struct {
 	mu    sync.Mutex
 	off   uint64 // entries produced so far (the d_off of the last one)
 	page  []namespaces.Ref
+	names []string // the page's digests in hex, encoded once
 	i     int
 	after blob.Digest
 	eof   bool
 	last  namespaces.Ref
+	lastN string // last's name
 	// infos holds the page's sizes and tiers, fetched in one StatMany so
 	// that READDIRPLUS (ls -l) costs no store query per entry.
 	infos map[blob.Digest]store.Info
@@ -434,11 +438,11 @@ func (s *nsStream) next() (*fuse.DirEntry, syscall.Errno) {
 			return nil, 0
 		}
 	}
-	ref := s.page[s.i]
+	ref, name := s.page[s.i], s.names[s.i]
 	s.i++
 	s.off++
-	s.last = ref
-	return &fuse.DirEntry{Name: ref.Digest.String(), Mode: syscall.S_IFREG, Ino: blobAttr(ref.Digest).Ino, Off: s.off}, 0
+	s.last, s.lastN = ref, name
+	return &fuse.DirEntry{Name: name, Mode: syscall.S_IFREG, Ino: blobAttr(ref.Digest).Ino, Off: s.off}, 0
 }
 
 func (s *nsStream) fetch() syscall.Errno {
@@ -461,9 +465,12 @@ func (s *nsStream) fetch() syscall.Errno {
 	// Blobs the kernel already knows have their size and tier in their
 	// inode (blobChild answers from it): ask the store only for the rest,
 	// so that a repeated ls -l queries nothing per entry.
+	s.names = s.names[:0]
 	ds := make([]blob.Digest, 0, len(page))
 	for _, ref := range page {
-		if b, ok := s.d.knownBlob(ref.Digest); !ok || b.d != ref.Digest {
+		name := ref.Digest.String()
+		s.names = append(s.names, name)
+		if s.d.knownBlob(name, ref.Digest) == nil {
 			ds = append(ds, ref.Digest)
 		}
 	}
@@ -481,14 +488,14 @@ func (s *nsStream) fetch() syscall.Errno {
 // Lookup serves READDIRPLUS for the entry just produced.
 func (s *nsStream) Lookup(ctx context.Context, name string, out *fuse.EntryOut) (*fs.Inode, syscall.Errno) {
 	s.mu.Lock()
-	last := s.last
+	last, lastN := s.last, s.lastN
 	info, known := s.infos[last.Digest]
 	s.mu.Unlock()
-	if !last.Digest.IsZero() && name == last.Digest.String() {
+	if lastN != "" && name == lastN {
 		if known {
-			return s.d.blobChild(ctx, last, &info, out)
+			return s.d.blobChild(ctx, name, last, &info, out)
 		}
-		return s.d.blobChild(ctx, last, nil, out)
+		return s.d.blobChild(ctx, name, last, nil, out)
 	}
 	return s.d.Lookup(ctx, name, out)
 }
@@ -499,7 +506,7 @@ func (s *nsStream) Seekdir(ctx context.Context, off uint64) syscall.Errno {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	return seekOrdinal(s.off, off, func() {
-		s.off, s.page, s.i, s.after, s.eof, s.last = 0, s.page[:0], 0, blob.Digest{}, false, namespaces.Ref{}
+		s.off, s.page, s.names, s.i, s.after, s.eof, s.last, s.lastN = 0, s.page[:0], s.names[:0], 0, blob.Digest{}, false, namespaces.Ref{}, ""
 	}, s.next)
 }
 
