@@ -110,9 +110,13 @@ func (b *blobFile) Open(ctx context.Context, flags uint32) (fs.FileHandle, uint3
 			return nil, 0, f.errno("open", b.d, err)
 		}
 		b.rd = r
-		b.rdID, _ = engines.CursorFileID(r.Cursor())
 	}
+	// The file's identity now, checked on every open; the shared
+	// reader's when it opened the file.
 	id, isFile := engines.CursorFileID(b.rd.Cursor())
+	if fresh {
+		b.rdID = id
+	}
 	state, changed := f.verdicts.check(b.d, id)
 	if fresh && f.cfg.Verify == VerifyPublish && state != suspect {
 		// A blob once found corrupt is verified even here, until a full

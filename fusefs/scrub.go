@@ -64,8 +64,7 @@ type scrubber struct {
 	mu   sync.Mutex
 	last *ScrubReport
 
-	stopLoop context.CancelFunc
-	loopDone chan struct{}
+	loopDone chan struct{} // closed when the timer's loop has ended
 }
 
 func newScrubber(f *FS, every time.Duration, rate int64) *scrubber {
@@ -79,18 +78,17 @@ func (s *scrubber) start() {
 	if s.every <= 0 {
 		return
 	}
-	ctx, cancel := context.WithCancel(s.f.ctx)
-	s.stopLoop, s.loopDone = cancel, make(chan struct{})
+	s.loopDone = make(chan struct{})
 	go func() {
 		defer close(s.loopDone)
 		t := time.NewTicker(s.every)
 		defer t.Stop()
 		for {
 			select {
-			case <-ctx.Done():
+			case <-s.base.Done():
 				return
 			case <-t.C:
-				s.run(ctx, "timer")
+				s.run(s.base, "timer")
 			}
 		}
 	}()
@@ -100,8 +98,7 @@ func (s *scrubber) start() {
 // one to stop.
 func (s *scrubber) stop() {
 	s.abort()
-	if s.stopLoop != nil {
-		s.stopLoop()
+	if s.loopDone != nil {
 		<-s.loopDone
 	}
 }
@@ -145,11 +142,11 @@ func (s *scrubber) run(ctx context.Context, trigger string) (ScrubReport, error)
 	s.mu.Lock()
 	s.last = &rep
 	s.mu.Unlock()
-	lvl := "scrub done"
+	msg := "scrub done"
 	if err != nil {
-		lvl = "scrub stopped early"
+		msg = "scrub stopped early"
 	}
-	f.log.Info(lvl, "trigger", trigger, "checked", sum.Checked, "bytes", sum.Bytes, "corrupt", sum.Corrupt,
+	f.log.Info(msg, "trigger", trigger, "checked", sum.Checked, "bytes", sum.Bytes, "corrupt", sum.Corrupt,
 		"unreadable", sum.Unreadable, "duration", sum.Duration, "err", err)
 	if err != nil && s.base.Err() != nil {
 		err = errUnmounting

@@ -375,11 +375,7 @@ func addPermColumns(ctx context.Context, db *sql.DB, dialect string) (ok bool, e
 			return err
 		}
 		for _, col := range []string{"uid", "gid", "mode"} {
-			ifNot := ""
-			if dialect == "postgres" {
-				ifNot = "IF NOT EXISTS "
-			}
-			if _, err := tx.ExecContext(ctx, "ALTER TABLE ns ADD COLUMN "+ifNot+col+" "+typ); err != nil {
+			if _, err := tx.ExecContext(ctx, "ALTER TABLE ns ADD COLUMN "+col+" "+typ); err != nil {
 				return err
 			}
 		}

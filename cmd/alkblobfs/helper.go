@@ -2,10 +2,10 @@ package main
 
 import (
 	"fmt"
+	"maps"
 	"os"
 	"path/filepath"
 	"slices"
-	"sort"
 	"strings"
 	"syscall"
 )
@@ -113,14 +113,7 @@ func helperArgs(args []string) (out []string, fake bool, err error) {
 	return append(out, pos[1]), fake, nil
 }
 
-func knownOptions() []string {
-	var ks []string
-	for k := range helperOptions {
-		ks = append(ks, k)
-	}
-	sort.Strings(ks)
-	return ks
-}
+func knownOptions() []string { return slices.Sorted(maps.Keys(helperOptions)) }
 
 // runHelper is main for the mount helper: it execs alkblobfs with the
 // translated arguments, or returns the exit status of a failure.
