@@ -139,16 +139,8 @@ func TestFlippedByte(t *testing.T) {
 	e.mkns("f")
 	content := randBytes(8, 2<<20)
 	d := e.put("f", content)
-	onDisk := filepath.Join(e.data, "large", "blobs", d.String()[:2], d.String())
-	f, err := os.OpenFile(onDisk, os.O_RDWR, 0)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, err := f.WriteAt([]byte{content[1<<20] ^ 0x01}, 1<<20); err != nil {
-		t.Fatal(err)
-	}
-	f.Close()
-	_, err = os.ReadFile(e.path("f", d.String()))
+	flipByte(t, e.blobFile(d.String()), 1<<20)
+	_, err := os.ReadFile(e.path("f", d.String()))
 	wantErrno(t, "read of a corrupted blob", err, syscall.EIO)
 	if !strings.Contains(e.logs.String(), d.String()) || !strings.Contains(e.logs.String(), "verification") {
 		t.Fatalf("no log line naming the digest:\n%s", e.logs.String())
@@ -181,15 +173,7 @@ func TestChangedAfterPassthrough(t *testing.T) {
 	if e.srv.Passthrough() && e.srv.Stats(ctx).Passthrough.Opens == 0 {
 		t.Fatal("the second read of a verified blob did not pass through")
 	}
-	onDisk := filepath.Join(e.data, "large", "blobs", d[:2], d)
-	f, err := os.OpenFile(onDisk, os.O_RDWR, 0)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, err := f.WriteAt([]byte{content[5<<20] ^ 0x80}, 5<<20); err != nil {
-		t.Fatal(err)
-	}
-	f.Close()
+	flipByte(t, e.blobFile(d), 5<<20)
 	dropCaches(t)
 	out, err := exec.Command("sh", "-c", fmt.Sprintf("sha256sum < %q", p)).CombinedOutput()
 	if err == nil {
