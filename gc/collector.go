@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"iter"
 	"log/slog"
+	"maps"
 	"os"
 	"slices"
 	"sync"
@@ -168,6 +169,7 @@ type Collector struct {
 
 	lastMu sync.Mutex
 	last   *Report
+	totals Totals // under lastMu
 }
 
 // New returns a collector over pool. With o.Host set, it renews its pin
@@ -520,6 +522,53 @@ func (c *Collector) LastReport() (Report, bool) {
 		return Report{}, false
 	}
 	return *c.last, true
+}
+
+// Totals sums the sweeps this collector ran (or tried to run) since it was
+// made: the mount's stats and the metrics both read it.
+type Totals struct {
+	Runs   int64 `json:"runs"`
+	Failed int64 `json:"failed"` // ended with an operational error
+	// Aborted counts the runs that deliberately did nothing, by cause.
+	Aborted    map[AbortCause]int64 `json:"aborted,omitempty"`
+	Scanned    int64                `json:"scanned"`
+	Staged     int64                `json:"candidates_staged"`
+	Deleted    int64                `json:"deleted"`
+	Cancelled  int64                `json:"cancelled_by_arbitration"`
+	BytesFreed int64                `json:"bytes_freed"`
+	Reaped     int64                `json:"pins_reaped"`
+}
+
+// Totals returns the sums of every sweep so far.
+func (c *Collector) Totals() Totals {
+	c.lastMu.Lock()
+	defer c.lastMu.Unlock()
+	t := c.totals
+	t.Aborted = maps.Clone(t.Aborted)
+	return t
+}
+
+// count adds one sweep's report to the totals.
+func (c *Collector) count(r Report, err error) {
+	c.lastMu.Lock()
+	defer c.lastMu.Unlock()
+	t := &c.totals
+	t.Runs++
+	if err != nil {
+		t.Failed++
+	}
+	if r.Aborted != "" {
+		if t.Aborted == nil {
+			t.Aborted = make(map[AbortCause]int64)
+		}
+		t.Aborted[r.Aborted]++
+	}
+	t.Scanned += r.Scanned
+	t.Staged += int64(r.Staged)
+	t.Deleted += int64(r.Deleted)
+	t.Cancelled += int64(r.Cancelled)
+	t.BytesFreed += r.BytesFreed
+	t.Reaped += r.Reaped
 }
 
 // WindowLen counts candidates waiting in the window.

@@ -70,6 +70,9 @@ func TestAbortNoLivenessSources(t *testing.T) {
 	if r := mustSweep(t, c); r.Aborted != gc.AbortNoLivenessSources || p.Len() != 5 {
 		t.Fatalf("after deregister: %+v", r)
 	}
+	if tot := c.Totals(); tot.Runs != 2 || tot.Aborted[gc.AbortNoLivenessSources] != 2 {
+		t.Fatalf("totals %+v", tot)
+	}
 }
 
 func TestAbortProtectFailed(t *testing.T) {
@@ -113,6 +116,9 @@ func TestAbortSweeperLock(t *testing.T) {
 	close(src.Gate)
 	if r := <-first; r.Aborted != "" || r.Deleted != 5 {
 		t.Fatalf("first sweep: %+v", r)
+	}
+	if tot := c.Totals(); tot.Runs != 2 || tot.Aborted[gc.AbortSweeperLock] != 1 || tot.Deleted != 5 {
+		t.Fatalf("totals %+v", tot)
 	}
 }
 
@@ -174,11 +180,19 @@ func TestTwoSweepExactCounts(t *testing.T) {
 	}
 	pin.Release()
 	src.Set(ds[11], false)
-	if r := mustSweep(t, c); r.Staged != 2 {
-		t.Fatalf("sweep 3: %+v", r)
+	r3 := mustSweep(t, c)
+	if r3.Staged != 2 {
+		t.Fatalf("sweep 3: %+v", r3)
 	}
-	if r := mustSweep(t, c); r.Deleted != 2 || p.Len() != 10 {
-		t.Fatalf("sweep 4: %+v, pool %d", r, p.Len())
+	r4 := mustSweep(t, c)
+	if r4.Deleted != 2 || p.Len() != 10 {
+		t.Fatalf("sweep 4: %+v, pool %d", r4, p.Len())
+	}
+	tot := c.Totals()
+	if tot.Runs != 4 || tot.Failed != 0 || len(tot.Aborted) != 0 || tot.Staged != 92 || tot.Deleted != 89 ||
+		tot.Cancelled != 3 || tot.Scanned != r1.Scanned+r2.Scanned+r3.Scanned+r4.Scanned ||
+		tot.BytesFreed != r2.BytesFreed+r4.BytesFreed {
+		t.Fatalf("totals %+v", tot)
 	}
 }
 

@@ -67,6 +67,7 @@ func (c *Collector) Sweep(ctx context.Context) (Report, error) {
 	// host's lease, pool-wide, held for this sweep only.
 	if !c.sweeping.TryLock() {
 		r.Aborted = AbortSweeperLock
+		c.count(r, nil)
 		return r, nil // not recorded as the last report: the running sweep's will be
 	}
 	defer c.sweeping.Unlock()
@@ -74,11 +75,14 @@ func (c *Collector) Sweep(ctx context.Context) (Report, error) {
 	if c.host != nil {
 		l, held, err := c.host.SweepLease(ctx)
 		if err != nil {
-			return r, fmt.Errorf("sweep lease: %w", err)
+			err = fmt.Errorf("sweep lease: %w", err)
+			c.count(r, err)
+			return r, err
 		}
 		if !held {
 			r.Aborted = AbortSweeperLock
 			r.Detail = "another process is sweeping this pool"
+			c.count(r, nil)
 			return r, nil
 		}
 		lease = l
@@ -93,6 +97,7 @@ func (c *Collector) Sweep(ctx context.Context) (Report, error) {
 	rr := r
 	c.last = &rr
 	c.lastMu.Unlock()
+	c.count(r, err)
 	if err != nil {
 		c.log.Error("sweep failed", "err", err, "deleted", r.Deleted)
 		return r, err

@@ -414,6 +414,11 @@ type Stats struct {
 	// shared); PinsLapsed counts rows found expired at renewal.
 	PinOwner   string `json:"pin_owner,omitempty"`
 	PinsLapsed int64  `json:"pins_lapsed"`
+	// UploadMemory is what uploads hold in memory now (at most
+	// Config.UploadMemory).
+	UploadMemory int64 `json:"upload_memory_bytes"`
+	// Sweeps sums every sweep this process ran on the store.
+	Sweeps gc.Totals `json:"sweeps"`
 }
 
 // Stats returns the counters.
@@ -424,6 +429,7 @@ func (s *Store) Stats() Stats {
 		Puts: s.stats.puts.Load(), Dedups: s.stats.dedups.Load(), BytesIn: s.stats.bytesIn.Load(),
 		Reads: s.stats.reads.Load(), BytesOut: s.stats.bytesOut.Load(),
 		Pinned: pd, Pins: pn, PinsLapsed: s.gc.Lapsed(),
+		UploadMemory: s.uploadMem.Load(), Sweeps: s.gc.Totals(),
 	}
 	if s.gc.Shared() {
 		st.PinOwner = s.gc.Owner()
