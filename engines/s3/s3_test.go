@@ -57,7 +57,7 @@ func smallParts(c *s3.Config) { c.PartSize = part }
 
 func TestParseURL(t *testing.T) {
 	for _, tc := range []struct {
-		url string
+		url  string
 		want s3.Config
 		err  string
 	}{
