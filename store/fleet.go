@@ -21,6 +21,9 @@ var ErrFleetConfig = errors.New("invalid fleet configuration")
 //     holds the pool and its GC state;
 //   - a local large tier is declared on shared media (every host mounts
 //     it at the same path): that cannot be checked, only declared;
+//   - a large tier that is shared media by nature (an S3 bucket: every
+//     host that opens the same URL sees the same objects) needs no
+//     declaration;
 //   - every pool has at least 2 connections.
 //
 // Design point (pool sizing): a sweep holds its lease on one pooled
@@ -52,6 +55,10 @@ func checkFleet(cfg Config) error {
 	}
 	kvLoc, _ := kv.(engines.Locator)
 	switch large := cfg.Large.(type) {
+	case sharedMedium:
+		if !large.SharedMedium() {
+			return bad("the large tier %s cannot be shared by a fleet", cfg.Large.Name())
+		}
 	case engines.Locator:
 		if kvLoc == nil || large.Instance() != kvLoc.Instance() {
 			return bad("the large tier %s is not in the kv engine's database %s; use --large pglo", cfg.Large.Name(), kvLoc.Instance())
@@ -64,4 +71,11 @@ func checkFleet(cfg Config) error {
 		return bad("the large tier %s cannot be shared by a fleet", cfg.Large.Name())
 	}
 	return nil
+}
+
+// sharedMedium is implemented by large engines whose storage every host
+// reaches at the same address by nature (engines/s3), so that a fleet
+// needs no --shared-media declaration for them.
+type sharedMedium interface {
+	SharedMedium() bool
 }

@@ -18,6 +18,7 @@ import (
 	"github.com/alkblobfs/alkblobfs/engines/mem"
 	"github.com/alkblobfs/alkblobfs/engines/pglo"
 	"github.com/alkblobfs/alkblobfs/engines/postgres"
+	"github.com/alkblobfs/alkblobfs/engines/s3"
 	"github.com/alkblobfs/alkblobfs/engines/sqlite"
 	"github.com/alkblobfs/alkblobfs/gc"
 	"github.com/alkblobfs/alkblobfs/namespaces"
@@ -236,6 +237,10 @@ func (e *badURLError) Error() string { return fmt.Sprintf("engine URL %q: %s", e
 //	local:DIR     files under DIR, large tier
 //	postgres://…  PostgreSQL database (URL or key=value DSN after "postgres:"), kv tier
 //	pglo:DSN      PostgreSQL large objects in the database DSN names, large tier
+//	s3://BUCKET/PREFIX?endpoint=HOST:PORT[&region=R][&tls=false]
+//	              objects in an S3 bucket, large tier (credentials from
+//	              AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY or the AWS
+//	              credentials file, never the URL)
 //
 // storeConfig turns a plain "pglo" into pglo:<the --kv URL>.
 func openEngine(ctx context.Context, role tierRole, url string, log *slog.Logger) (engines.Engine, error) {
@@ -303,9 +308,22 @@ func openEngine(ctx context.Context, role tierRole, url string, log *slog.Logger
 			return nil, pgOpenError(rest, err)
 		}
 		e = l
+	case "s3":
+		if role != roleLarge {
+			return nil, &badURLError{s3.Redact(url), "s3 is a large-tier engine; for --kv use sqlite:PATH or postgres://…"}
+		}
+		cfg, err := s3.ParseURL(url)
+		if err != nil {
+			return nil, &badURLError{s3.Redact(url), err.Error()}
+		}
+		l, err := s3.Open(ctx, cfg, log)
+		if err != nil {
+			return nil, err
+		}
+		e = l
 	default:
 		// Redacted: a libpq key=value DSN lands here, password and all.
-		return nil, &badURLError{postgres.Redact(url, url), "unknown engine; want mem:, sqlite:PATH, local:DIR, postgres://…, pglo[:postgres://…] or none"}
+		return nil, &badURLError{postgres.Redact(url, url), "unknown engine; want mem:, sqlite:PATH, local:DIR, postgres://…, pglo[:postgres://…], s3://BUCKET/PREFIX?endpoint=HOST:PORT or none"}
 	}
 	_, isKV := e.(engines.KV)
 	_, isLarge := e.(engines.Large)

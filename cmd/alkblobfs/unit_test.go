@@ -74,7 +74,10 @@ func TestOpenEngineURLs(t *testing.T) {
 		{roleKV, "postgresql://h:notaport/db", "invalid PostgreSQL DSN"},
 		{roleKV, "pglo:postgres://h/db", "large-tier engine"},
 		{roleLarge, "pglo:", "want pglo:postgres://"},
-		{roleKV, "s3://bucket", "unknown engine"},
+		{roleKV, "s3://bucket", "large-tier engine"},
+		{roleLarge, "s3://bucket/p", "no endpoint"},
+		{roleLarge, "s3://key:secret@bucket/p?endpoint=h:1", "credentials do not go in the URL"},
+		{roleKV, "ftp://x", "unknown engine"},
 		{roleKV, "/some/path", "unknown engine"},
 	} {
 		e, err := openEngine(ctx, tc.role, tc.url, nil)

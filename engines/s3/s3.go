@@ -115,6 +115,22 @@ func ParseURL(raw string) (Config, error) {
 	return c, nil
 }
 
+// Redact returns raw with any userinfo (credentials someone put in the URL
+// by mistake) replaced by "REDACTED", for messages.
+func Redact(raw string) string {
+	u, err := url.Parse(raw)
+	if err != nil {
+		if i, j := strings.Index(raw, "://"), strings.LastIndex(raw, "@"); i >= 0 && j > i {
+			return raw[:i+3] + "REDACTED" + raw[j:]
+		}
+		return raw
+	}
+	if u.User != nil {
+		u.User = url.User("REDACTED")
+	}
+	return u.String()
+}
+
 // Engine is a large engine over an S3 bucket.
 type Engine struct {
 	cfg    Config

@@ -90,6 +90,18 @@ func TestParseURL(t *testing.T) {
 	}
 }
 
+func TestRedact(t *testing.T) {
+	for in, want := range map[string]string{
+		"s3://k:secret@b/p?endpoint=h:1": "s3://REDACTED@b/p?endpoint=h:1",
+		"s3://b/p?endpoint=h:1":          "s3://b/p?endpoint=h:1",
+		"s3://k:se%zzcret@b/p":           "s3://REDACTED@b/p",
+	} {
+		if got := s3.Redact(in); got != want {
+			t.Errorf("Redact(%q) = %q; want %q", in, got, want)
+		}
+	}
+}
+
 // TestNoCredentials: a clear error, before any request.
 func TestNoCredentials(t *testing.T) {
 	t.Setenv("AWS_ACCESS_KEY_ID", "")
