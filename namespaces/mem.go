@@ -340,6 +340,24 @@ func (m *Mem) Has(ctx context.Context, name string, d blob.Digest) (Ref, bool, e
 	return Ref{Digest: d, LinkedAt: time.Unix(0, at)}, true, nil
 }
 
+// HasMany implements Registry.
+func (m *Mem) HasMany(ctx context.Context, name string, ds []blob.Digest) ([]bool, error) {
+	if err := check(ctx, name); err != nil {
+		return nil, wrap("has", name, blob.Digest{}, err)
+	}
+	m.mu.RLock()
+	defer m.mu.RUnlock()
+	refs, ok := m.ns[name]
+	if !ok {
+		return nil, wrap("has", name, blob.Digest{}, ErrNotFound)
+	}
+	out := make([]bool, len(ds))
+	for i, d := range ds {
+		_, out[i] = refs.get(d)
+	}
+	return out, nil
+}
+
 // Count implements Registry.
 func (m *Mem) Count(ctx context.Context, name string) (int64, error) {
 	if err := check(ctx, name); err != nil {

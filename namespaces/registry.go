@@ -79,6 +79,11 @@ type Registry interface {
 	// Has returns the reference to d if there is one. ErrNotFound if the
 	// namespace is absent.
 	Has(ctx context.Context, name string, d blob.Digest) (Ref, bool, error)
+	// HasMany reports, for each digest of ds, whether the namespace
+	// references it: the batch form of Has (an existence probe over many
+	// digests asks the database a page at a time, not once per digest).
+	// ErrNotFound if the namespace is absent.
+	HasMany(ctx context.Context, name string, ds []blob.Digest) ([]bool, error)
 	// Count returns the number of references. ErrNotFound if the namespace
 	// is absent.
 	Count(ctx context.Context, name string) (int64, error)

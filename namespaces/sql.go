@@ -805,6 +805,63 @@ func (r *SQL) Has(ctx context.Context, name string, d blob.Digest) (Ref, bool, e
 	return Ref{Digest: d, LinkedAt: time.Unix(0, at)}, true, nil
 }
 
+// hasManyBatch bounds the IN list of one HasMany query.
+const hasManyBatch = 500
+
+// HasMany implements Registry with IN-list queries of up to hasManyBatch
+// digests.
+func (r *SQL) HasMany(ctx context.Context, name string, ds []blob.Digest) ([]bool, error) {
+	if err := check(ctx, name); err != nil {
+		return nil, wrap("has", name, blob.Digest{}, err)
+	}
+	found := make(map[blob.Digest]bool, len(ds))
+	for lo := 0; lo < len(ds); lo += hasManyBatch {
+		batch := ds[lo:min(len(ds), lo+hasManyBatch)]
+		args := make([]any, 0, len(batch)+1)
+		args = append(args, name)
+		for _, d := range batch {
+			args = append(args, d[:])
+		}
+		q := rebind(r.dialect, "SELECT digest FROM ns_refs WHERE ns = ? AND digest IN (?"+strings.Repeat(", ?", len(batch)-1)+")")
+		rows, err := r.db.QueryContext(ctx, q, args...)
+		if err != nil {
+			return nil, wrap("has", name, blob.Digest{}, err)
+		}
+		for rows.Next() {
+			var b []byte
+			if err := rows.Scan(&b); err != nil {
+				rows.Close()
+				return nil, wrap("has", name, blob.Digest{}, err)
+			}
+			d, err := blob.FromBytes(b)
+			if err != nil {
+				rows.Close()
+				return nil, wrap("has", name, blob.Digest{}, err)
+			}
+			found[d] = true
+		}
+		if err := rows.Close(); err != nil {
+			return nil, wrap("has", name, blob.Digest{}, err)
+		}
+		if err := rows.Err(); err != nil {
+			return nil, wrap("has", name, blob.Digest{}, err)
+		}
+	}
+	out := make([]bool, len(ds))
+	some := false
+	for i, d := range ds {
+		out[i] = found[d]
+		some = some || out[i]
+	}
+	if !some {
+		// Nothing found: the namespace may be absent.
+		if err := r.absent(ctx, name, nil); err != nil {
+			return nil, wrap("has", name, blob.Digest{}, err)
+		}
+	}
+	return out, nil
+}
+
 // Count implements Registry. It counts the namespace's primary-key range,
 // O(references); see the package doc.
 func (r *SQL) Count(ctx context.Context, name string) (int64, error) {

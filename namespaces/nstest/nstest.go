@@ -410,6 +410,34 @@ func testLinkUnlink(t *testing.T, open Opener) {
 		t.Fatal("a link in a shows in b")
 	}
 	link(t, r, "a", d2)
+	if got, err := r.HasMany(ctx, "a", []blob.Digest{d1, D(3), d2, d1}); err != nil || !slices.Equal(got, []bool{true, false, true, true}) {
+		t.Fatalf("HasMany = %v, %v", got, err)
+	}
+	if got, err := r.HasMany(ctx, "b", []blob.Digest{d1, d2}); err != nil || !slices.Equal(got, []bool{false, false}) {
+		t.Fatalf("HasMany(b) = %v, %v", got, err)
+	}
+	if got, err := r.HasMany(ctx, "b", nil); err != nil || len(got) != 0 {
+		t.Fatalf("HasMany(b, none) = %v, %v", got, err)
+	}
+	_, err := r.HasMany(ctx, "nope", []blob.Digest{d1})
+	wantErr(t, err, namespaces.ErrNotFound, "HasMany in an absent namespace")
+	_, err = r.HasMany(ctx, ".bad", []blob.Digest{d1})
+	wantErr(t, err, namespaces.ErrBadName, "HasMany with a bad name")
+	// More digests than one query asks about.
+	many := make([]blob.Digest, 1200)
+	for i := range many {
+		many[i] = D(1000 + i)
+	}
+	many[0], many[777], many[1199] = d1, d2, d1
+	got, err := r.HasMany(ctx, "a", many)
+	if err != nil || len(got) != len(many) {
+		t.Fatalf("HasMany of %d = %d verdicts, %v", len(many), len(got), err)
+	}
+	for i, ok := range got {
+		if ok != (i == 0 || i == 777 || i == 1199) {
+			t.Fatalf("HasMany of %d: verdict %d is %v", len(many), i, ok)
+		}
+	}
 	if n, err := r.Count(ctx, "a"); err != nil || n != 2 {
 		t.Fatalf("Count = %d, %v; want 2", n, err)
 	}

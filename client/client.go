@@ -1,0 +1,329 @@
+// Package client talks to an alkblobfs HTTP surface (alkblobfs serve, or
+// mount --listen): put with pin tokens, have and renewal, verified reads.
+//
+// Every read is checked: Get hashes the blob as it streams and fails at
+// EOF unless it hashes to its digest; GetRange checks the slice against the
+// digest the server sent for it. Errors from the server keep its message
+// and match the blob sentinels with errors.Is (a 404 is blob.ErrMissing, a
+// 422 blob.ErrVerification, a 413 blob.ErrTooLarge).
+package client
+
+import (
+	"bytes"
+	"context"
+	"crypto/sha256"
+	"encoding/base64"
+	"encoding/json"
+	"fmt"
+	"hash"
+	"io"
+	"net/http"
+	"net/url"
+	"strings"
+
+	"github.com/alkblobfs/alkblobfs/blob"
+)
+
+// Digest is a blob's sha256.
+type Digest = blob.Digest
+
+// MaxHave is the most digests the server answers in one have; Have splits
+// longer lists.
+const MaxHave = 10000
+
+// PutResponse is the server's answer to a put.
+type PutResponse struct {
+	Token  string `json:"token"`
+	Digest string `json:"digest"`
+}
+
+// HaveRequest asks which digests a namespace holds, or, with Token, renews
+// the token's pin on its one digest.
+type HaveRequest struct {
+	Namespace string   `json:"namespace"`
+	Digests   []string `json:"digests"`
+	Token     string   `json:"token,omitempty"`
+}
+
+// HaveResponse answers a HaveRequest: Present[i] is about Digests[i].
+type HaveResponse struct {
+	Present []bool `json:"present"`
+}
+
+// ErrorResponse is the body of every error answer.
+type ErrorResponse struct {
+	Error string `json:"error"`
+}
+
+// Client is a connection to one server. It is safe for concurrent use.
+type Client struct {
+	base  *url.URL
+	hc    *http.Client
+	token string
+}
+
+// New returns a client of the server at baseURL (http://HOST:PORT).
+// authToken, if not empty, is sent as a bearer token.
+func New(baseURL, authToken string) (*Client, error) {
+	u, err := url.Parse(baseURL)
+	if err != nil {
+		return nil, fmt.Errorf("remote URL %q: %w", baseURL, err)
+	}
+	if u.Scheme != "http" && u.Scheme != "https" || u.Host == "" {
+		return nil, fmt.Errorf("remote URL %q: want http://HOST:PORT or https://HOST:PORT", baseURL)
+	}
+	if u.User != nil {
+		return nil, fmt.Errorf("remote URL %q: no credentials in the URL; use an auth token file", u.Redacted())
+	}
+	u.Path = strings.TrimSuffix(u.Path, "/")
+	return &Client{base: u, hc: http.DefaultClient, token: authToken}, nil
+}
+
+// Error is an error answer of the server.
+type Error struct {
+	Status int
+	Msg    string
+}
+
+func (e *Error) Error() string { return fmt.Sprintf("server: %s (%d)", e.Msg, e.Status) }
+
+// Is maps statuses to the blob sentinels.
+func (e *Error) Is(target error) bool {
+	switch e.Status {
+	case http.StatusNotFound:
+		return target == blob.ErrMissing
+	case http.StatusUnprocessableEntity:
+		return target == blob.ErrVerification
+	case http.StatusRequestEntityTooLarge:
+		return target == blob.ErrTooLarge
+	case http.StatusConflict:
+		return target == blob.ErrGcRefuse
+	case http.StatusBadRequest:
+		return target == blob.ErrKeyInvalid && strings.Contains(e.Msg, "digest")
+	}
+	return false
+}
+
+func (c *Client) url(path string, q url.Values) string {
+	u := *c.base
+	u.Path += path
+	u.RawQuery = q.Encode()
+	return u.String()
+}
+
+func (c *Client) do(req *http.Request) (*http.Response, error) {
+	if c.token != "" {
+		req.Header.Set("Authorization", "Bearer "+c.token)
+	}
+	resp, err := c.hc.Do(req)
+	if err != nil {
+		return nil, err
+	}
+	if resp.StatusCode >= 400 {
+		defer resp.Body.Close()
+		var e ErrorResponse
+		body, _ := io.ReadAll(io.LimitReader(resp.Body, 64<<10))
+		if json.Unmarshal(body, &e) != nil || e.Error == "" {
+			e.Error = strings.TrimSpace(string(body))
+			if e.Error == "" {
+				e.Error = resp.Status
+			}
+		}
+		return nil, &Error{Status: resp.StatusCode, Msg: e.Error}
+	}
+	return resp, nil
+}
+
+func (c *Client) postJSON(ctx context.Context, path string, in, out any) error {
+	b, err := json.Marshal(in)
+	if err != nil {
+		return err
+	}
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, c.url(path, nil), bytes.NewReader(b))
+	if err != nil {
+		return err
+	}
+	req.Header.Set("Content-Type", "application/json")
+	resp, err := c.do(req)
+	if err != nil {
+		return err
+	}
+	defer resp.Body.Close()
+	return json.NewDecoder(resp.Body).Decode(out)
+}
+
+// Put stores the content of r in namespace ns and returns its digest and
+// the token of the pin that holds it. size is the content length, or -1
+// if unknown (then the body is sent chunked). want, if not nil, is the
+// digest the content must hash to: on mismatch nothing is stored and the
+// error matches blob.ErrVerification.
+func (c *Client) Put(ctx context.Context, ns string, r io.Reader, size int64, want *Digest) (Digest, string, error) {
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, c.url("/v1/blobs", url.Values{"namespace": {ns}}), r)
+	if err != nil {
+		return Digest{}, "", err
+	}
+	req.ContentLength = size
+	if size == 0 {
+		req.Body = http.NoBody
+	}
+	req.Header.Set("Content-Type", "application/octet-stream")
+	if want != nil {
+		req.Header.Set("Content-Digest", "sha-256=:"+base64.StdEncoding.EncodeToString(want[:])+":")
+	}
+	resp, err := c.do(req)
+	if err != nil {
+		return Digest{}, "", err
+	}
+	defer resp.Body.Close()
+	var out PutResponse
+	if err := json.NewDecoder(resp.Body).Decode(&out); err != nil {
+		return Digest{}, "", fmt.Errorf("put: the server's answer: %w", err)
+	}
+	d, err := blob.Parse(out.Digest)
+	if err != nil {
+		return Digest{}, "", fmt.Errorf("put: the server answered digest %q: %w", out.Digest, err)
+	}
+	return d, out.Token, nil
+}
+
+// Have reports which of ds namespace ns holds, in the order of ds.
+func (c *Client) Have(ctx context.Context, ns string, ds []Digest) ([]bool, error) {
+	present := make([]bool, 0, len(ds))
+	for len(ds) > 0 {
+		n := min(len(ds), MaxHave)
+		req := HaveRequest{Namespace: ns, Digests: make([]string, n)}
+		for i, d := range ds[:n] {
+			req.Digests[i] = d.String()
+		}
+		var out HaveResponse
+		if err := c.postJSON(ctx, "/v1/blobs/have", req, &out); err != nil {
+			return nil, err
+		}
+		if len(out.Present) != n {
+			return nil, fmt.Errorf("have: the server answered %d verdicts for %d digests", len(out.Present), n)
+		}
+		present = append(present, out.Present...)
+		ds = ds[n:]
+	}
+	return present, nil
+}
+
+// Renew renews the pin token names on d, and reports whether it was still
+// live. false means the pin lapsed: put the content again.
+func (c *Client) Renew(ctx context.Context, ns, token string, d Digest) (bool, error) {
+	var out HaveResponse
+	err := c.postJSON(ctx, "/v1/blobs/have", HaveRequest{Namespace: ns, Digests: []string{d.String()}, Token: token}, &out)
+	if err != nil {
+		return false, err
+	}
+	if len(out.Present) != 1 {
+		return false, fmt.Errorf("renew: the server answered %d verdicts for 1 digest", len(out.Present))
+	}
+	return out.Present[0], nil
+}
+
+// Release releases the pin token names. An unknown or lapsed token
+// matches blob.ErrMissing.
+func (c *Client) Release(ctx context.Context, token string) error {
+	req, err := http.NewRequestWithContext(ctx, http.MethodDelete, c.url("/v1/pins/"+url.PathEscape(token), nil), nil)
+	if err != nil {
+		return err
+	}
+	resp, err := c.do(req)
+	if err != nil {
+		return err
+	}
+	resp.Body.Close()
+	return nil
+}
+
+// Get opens blob d for reading; ns, if not empty, must hold it. The
+// returned reader verifies: at EOF it returns an error matching
+// blob.ErrVerification instead of io.EOF if the content does not hash to
+// d. size is the blob's length.
+func (c *Client) Get(ctx context.Context, d Digest, ns string) (rc io.ReadCloser, size int64, err error) {
+	resp, err := c.get(ctx, d, ns, "")
+	if err != nil {
+		return nil, 0, err
+	}
+	return &verifying{body: resp.Body, h: sha256.New(), want: d, left: resp.ContentLength}, resp.ContentLength, nil
+}
+
+// GetRange reads n bytes of d from off (fewer at the end of the blob),
+// checked against the digest the server sent for them.
+func (c *Client) GetRange(ctx context.Context, d Digest, off, n int64) ([]byte, error) {
+	if off < 0 || n <= 0 {
+		return nil, fmt.Errorf("range %d+%d: want off >= 0 and n > 0", off, n)
+	}
+	resp, err := c.get(ctx, d, "", fmt.Sprintf("bytes=%d-%d", off, off+n-1))
+	if err != nil {
+		return nil, err
+	}
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	if err != nil {
+		return nil, err
+	}
+	want, err := reprDigest(resp.Header.Get("Repr-Digest"))
+	if err != nil {
+		return nil, err
+	}
+	if sha256.Sum256(b) != want {
+		return nil, fmt.Errorf("range %d+%d of %s: %w", off, n, d, blob.ErrVerification)
+	}
+	return b, nil
+}
+
+func (c *Client) get(ctx context.Context, d Digest, ns, rng string) (*http.Response, error) {
+	q := url.Values{}
+	if ns != "" {
+		q.Set("namespace", ns)
+	}
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, c.url("/v1/blobs/"+d.String(), q), nil)
+	if err != nil {
+		return nil, err
+	}
+	if rng != "" {
+		req.Header.Set("Range", rng)
+	}
+	return c.do(req)
+}
+
+// reprDigest parses "sha-256=:BASE64:".
+func reprDigest(v string) (Digest, error) {
+	for item := range strings.SplitSeq(v, ",") {
+		alg, val, ok := strings.Cut(strings.TrimSpace(item), "=")
+		if ok && strings.EqualFold(alg, "sha-256") {
+			b, err := base64.StdEncoding.DecodeString(strings.Trim(val, ":"))
+			if err == nil && len(b) == sha256.Size {
+				return Digest(b), nil
+			}
+		}
+	}
+	return Digest{}, fmt.Errorf("the server sent no usable Repr-Digest (%q)", v)
+}
+
+// verifying hashes a blob's body as it is read.
+type verifying struct {
+	body io.ReadCloser
+	h    hash.Hash
+	want Digest
+	left int64
+}
+
+func (v *verifying) Read(p []byte) (int, error) {
+	n, err := v.body.Read(p)
+	v.h.Write(p[:n])
+	v.left -= int64(n)
+	if err == io.EOF {
+		if v.left > 0 {
+			return n, fmt.Errorf("%s: the body ended %d bytes early: %w", v.want, v.left, io.ErrUnexpectedEOF)
+		}
+		if Digest(v.h.Sum(nil)) != v.want {
+			return n, fmt.Errorf("%s: %w", v.want, blob.ErrVerification)
+		}
+	}
+	return n, err
+}
+
+func (v *verifying) Close() error { return v.body.Close() }

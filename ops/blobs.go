@@ -1,0 +1,344 @@
+package ops
+
+import (
+	"crypto/sha256"
+	"encoding/base64"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"strconv"
+	"strings"
+
+	"github.com/alkblobfs/alkblobfs/client"
+	"github.com/alkblobfs/alkblobfs/namespaces"
+	"github.com/alkblobfs/alkblobfs/store"
+)
+
+// The wire shapes are the client package's.
+type (
+	PutResponse  = client.PutResponse
+	HaveRequest  = client.HaveRequest
+	HaveResponse = client.HaveResponse
+)
+
+// put: POST /v1/blobs?namespace=NS, the body is the blob.
+func (s *Server) put(w http.ResponseWriter, r *http.Request) error {
+	ns, err := s.namespace(r, r.URL.Query().Get("namespace"))
+	if err != nil {
+		return err
+	}
+	want, err := claimedDigest(r.Header)
+	if err != nil {
+		return err
+	}
+	size := r.ContentLength // -1: unknown (chunked)
+	link := store.WithLink(s.ns.LinkFunc(ns))
+	var d store.Digest
+	var pin *store.Pin
+	if want != nil {
+		d = *want
+		pin, err = s.st.PutVerified(r.Context(), d, r.Body, size, link)
+	} else {
+		d, pin, err = s.st.Put(r.Context(), r.Body, size, link)
+	}
+	if errors.Is(err, io.ErrUnexpectedEOF) {
+		return badRequest("the request body ended before its end (%v): nothing was stored", err)
+	}
+	if err != nil {
+		return err
+	}
+	tok := s.tokens.mint(pin, ns)
+	w.Header().Set("Location", "/v1/blobs/"+d.String())
+	writeJSON(w, http.StatusCreated, PutResponse{Token: tok, Digest: d.String()})
+	return nil
+}
+
+// namespace checks that ns names an existing namespace.
+func (s *Server) namespace(r *http.Request, ns string) (string, error) {
+	if s.ns == nil {
+		return "", &httpError{http.StatusServiceUnavailable, "unavailable", "this store keeps no namespaces (its kv engine keeps nothing durable); puts and haves need one"}
+	}
+	if ns == "" {
+		return "", badRequest("a namespace is required (?namespace=NS for a put, \"namespace\" in a have)")
+	}
+	if err := namespaces.ValidName(ns); err != nil {
+		return "", badRequest("namespace %q: %v: a name is 1-255 bytes of A-Z a-z 0-9 . _ -, not starting with '.'", clip(ns), err)
+	}
+	ok, err := s.ns.Exists(r.Context(), ns)
+	if err != nil {
+		return "", err
+	}
+	if !ok {
+		return "", notFound("namespace %q does not exist", ns)
+	}
+	return ns, nil
+}
+
+// claimedDigest reads the digest a putter claims for the body:
+// Content-Digest or Repr-Digest (RFC 9530: sha-256=:BASE64:), the older
+// Digest header (RFC 3230: SHA-256=BASE64), or X-Alkblobfs-Digest (hex).
+// Algorithms other than sha-256 are ignored; claims that disagree are an
+// error.
+func claimedDigest(h http.Header) (*store.Digest, error) {
+	var claim *store.Digest
+	add := func(header string, d store.Digest) error {
+		if claim != nil && *claim != d {
+			return badRequest("%s claims %s, another digest header %s", header, d, claim)
+		}
+		claim = &d
+		return nil
+	}
+	for _, name := range []string{"Content-Digest", "Repr-Digest", "Digest"} {
+		for _, v := range h.Values(name) {
+			for item := range strings.SplitSeq(v, ",") {
+				alg, val, ok := strings.Cut(strings.TrimSpace(item), "=")
+				if !ok || !strings.EqualFold(alg, "sha-256") {
+					continue
+				}
+				b, err := base64.StdEncoding.DecodeString(strings.Trim(val, ":"))
+				if err != nil || len(b) != sha256.Size {
+					return nil, badRequest("%s: sha-256 wants the 32-byte digest in base64 (sha-256=:…:), got %q", name, clip(val))
+				}
+				if err := add(name, store.Digest(b)); err != nil {
+					return nil, err
+				}
+			}
+		}
+	}
+	if v := h.Get("X-Alkblobfs-Digest"); v != "" {
+		d, err := store.ParseDigest(strings.TrimSpace(v))
+		if err != nil {
+			return nil, badRequest("X-Alkblobfs-Digest: %v", err)
+		}
+		if err := add("X-Alkblobfs-Digest", d); err != nil {
+			return nil, err
+		}
+	}
+	return claim, nil
+}
+
+// have: POST /v1/blobs/have.
+func (s *Server) have(w http.ResponseWriter, r *http.Request) error {
+	var req HaveRequest
+	dec := json.NewDecoder(http.MaxBytesReader(w, r.Body, maxJSON))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(&req); err != nil {
+		var mbe *http.MaxBytesError
+		if errors.As(err, &mbe) {
+			return badRequest("the request body is over %d bytes; ask about at most %d digests per call", maxJSON, MaxHave)
+		}
+		return badRequest("the body is not a have request (%v); want {\"namespace\": NS, \"digests\": [hex, …], \"token\"?: T}", err)
+	}
+	if dec.More() {
+		return badRequest("the body holds more than one JSON value")
+	}
+	if len(req.Digests) > MaxHave {
+		return badRequest("%d digests in one have; the most is %d: split the call", len(req.Digests), MaxHave)
+	}
+	ds := make([]store.Digest, len(req.Digests))
+	for i, h := range req.Digests {
+		d, err := store.ParseDigest(h)
+		if err != nil {
+			return badRequest("digests[%d] %q: %v", i, clip(h), err)
+		}
+		ds[i] = d
+	}
+	ns, err := s.namespace(r, req.Namespace)
+	if err != nil {
+		return err
+	}
+	present := make([]bool, len(ds))
+	if req.Token != "" {
+		// The renewal probe: one token binds one pin, on one digest.
+		if len(ds) != 1 {
+			return badRequest("a have with a token renews that token's pin: give exactly one digest, not %d", len(ds))
+		}
+		present[0] = s.tokens.renew(req.Token, ds[0])
+	} else if present, err = s.ns.HasMany(r.Context(), ns, ds); err != nil {
+		return err
+	}
+	writeJSON(w, http.StatusOK, HaveResponse{Present: present})
+	return nil
+}
+
+// release: DELETE /v1/pins/{token}.
+func (s *Server) release(w http.ResponseWriter, r *http.Request) error {
+	if !s.tokens.release(r.PathValue("token")) {
+		return notFound("no such pin token (it may have expired)")
+	}
+	w.WriteHeader(http.StatusNoContent)
+	return nil
+}
+
+// get: GET or HEAD /v1/blobs/{digest}[?namespace=NS], with Range.
+func (s *Server) get(w http.ResponseWriter, r *http.Request) error {
+	d, err := store.ParseDigest(r.PathValue("digest"))
+	if err != nil {
+		return badRequest("%q is not a digest: %v", clip(r.PathValue("digest")), err)
+	}
+	if ns := r.URL.Query().Get("namespace"); ns != "" {
+		if ns, err = s.namespace(r, ns); err != nil {
+			return err
+		}
+		if _, ok, err := s.ns.Has(r.Context(), ns, d); err != nil {
+			return err
+		} else if !ok {
+			return notFound("namespace %q does not hold %s", ns, d)
+		}
+	}
+	rd, ok, err := s.st.Get(r.Context(), d)
+	if err != nil {
+		return err
+	}
+	if !ok {
+		return notFound("no blob %s", d)
+	}
+	defer rd.Close()
+	size := rd.Len()
+	etag := `"` + d.String() + `"`
+	h := w.Header()
+	h.Set("ETag", etag)
+	h.Set("Accept-Ranges", "bytes")
+	// The content of a digest never changes.
+	h.Set("Cache-Control", "public, max-age=31536000, immutable")
+	if inm := r.Header.Get("If-None-Match"); inm != "" && etagMatch(inm, etag) {
+		w.WriteHeader(http.StatusNotModified)
+		return nil
+	}
+	off, n, ranged, err := parseRange(r.Header.Get("Range"), size)
+	if ir := r.Header.Get("If-Range"); ir != "" && ir != etag {
+		ranged, err = false, nil // a changed representation: the whole of it
+	}
+	if err != nil {
+		h.Set("Content-Range", fmt.Sprintf("bytes */%d", size))
+		return &httpError{http.StatusRequestedRangeNotSatisfiable, "bad_range", err.Error()}
+	}
+	h.Set("Content-Type", "application/octet-stream")
+	if !ranged {
+		setDigest(h, d)
+		h.Set("Content-Length", strconv.FormatInt(size, 10))
+		w.WriteHeader(http.StatusOK)
+		if r.Method == http.MethodHead {
+			return nil
+		}
+		if _, err := rd.WriteTo(w); err != nil {
+			s.abort(r, d, err)
+		}
+		return nil
+	}
+	// A slice: its own digest goes in the headers, so it is read first
+	// (whole, up to store.MaxReadRange; beyond that, hashed in one pass
+	// and sent in a second).
+	var body []byte
+	var sd store.Digest
+	if n <= store.MaxReadRange {
+		body, sd, err = s.st.ReadRange(r.Context(), d, off, n)
+		if err != nil {
+			return err
+		}
+	} else {
+		hs := sha256.New()
+		if _, err := io.Copy(hs, io.NewSectionReader(rd, off, n)); err != nil {
+			return err
+		}
+		sd = store.Digest(hs.Sum(nil))
+	}
+	setDigest(h, sd)
+	h.Set("Content-Range", fmt.Sprintf("bytes %d-%d/%d", off, off+n-1, size))
+	h.Set("Content-Length", strconv.FormatInt(n, 10))
+	w.WriteHeader(http.StatusPartialContent)
+	if r.Method == http.MethodHead {
+		return nil
+	}
+	if body != nil {
+		w.Write(body)
+		return nil
+	}
+	if _, err := io.CopyBuffer(w, io.NewSectionReader(rd, off, n), make([]byte, 1<<20)); err != nil {
+		s.abort(r, d, err)
+	}
+	return nil
+}
+
+// abort ends a response whose headers are out: the connection is cut, so
+// that the client sees a broken transfer, never a short or wrong body that
+// looks complete.
+func (s *Server) abort(r *http.Request, d store.Digest, err error) {
+	if r.Context().Err() == nil {
+		s.log.Error("http read failed mid-response", "digest", d, "err", err)
+		s.metrics.countError(kindOf(err))
+	}
+	panic(http.ErrAbortHandler)
+}
+
+func kindOf(err error) string { _, k := classify(err); return k }
+
+// setDigest sets the digest of the bytes the response carries. Both
+// headers hold the same value: Content-Digest is the RFC 9530 name for the
+// digest of the message's content; Repr-Digest is what this API promises
+// on every response, ranged ones included (where RFC 9530 would give the
+// whole representation's digest; ETag carries that one).
+func setDigest(h http.Header, d store.Digest) {
+	v := "sha-256=:" + base64.StdEncoding.EncodeToString(d[:]) + ":"
+	h.Set("Repr-Digest", v)
+	h.Set("Content-Digest", v)
+}
+
+// etagMatch reports whether an If-None-Match list names etag (weak
+// comparison, as RFC 9110 asks for If-None-Match).
+func etagMatch(list, etag string) bool {
+	for item := range strings.SplitSeq(list, ",") {
+		item = strings.TrimPrefix(strings.TrimSpace(item), "W/")
+		if item == "*" || item == etag {
+			return true
+		}
+	}
+	return false
+}
+
+// parseRange reads a Range header against a blob of size bytes. It serves
+// one range: a header it does not understand, or one asking for several
+// ranges, is ignored (the whole blob is sent, as RFC 9110 allows). A
+// single range that selects nothing is an error (416).
+func parseRange(h string, size int64) (off, n int64, ranged bool, err error) {
+	spec, ok := strings.CutPrefix(h, "bytes=")
+	if h == "" || !ok || strings.Contains(spec, ",") {
+		return 0, size, false, nil
+	}
+	first, last, ok := strings.Cut(strings.TrimSpace(spec), "-")
+	if !ok {
+		return 0, 0, false, fmt.Errorf("range %q: want bytes=FIRST-[LAST] or bytes=-SUFFIX", clip(h))
+	}
+	bad := fmt.Errorf("range %q does not fit a blob of %d bytes", clip(h), size)
+	if first == "" { // the last N bytes
+		k, err := strconv.ParseInt(last, 10, 64)
+		if err != nil || k <= 0 || size == 0 {
+			return 0, 0, false, bad
+		}
+		k = min(k, size)
+		return size - k, k, true, nil
+	}
+	a, err := strconv.ParseInt(first, 10, 64)
+	if err != nil || a < 0 || a >= size {
+		return 0, 0, false, bad
+	}
+	b := size - 1
+	if last != "" {
+		b, err = strconv.ParseInt(last, 10, 64)
+		if err != nil || b < a {
+			return 0, 0, false, bad
+		}
+		b = min(b, size-1)
+	}
+	return a, b - a + 1, true, nil
+}
+
+// clip shortens user input quoted in an error.
+func clip(s string) string {
+	if len(s) > 80 {
+		return s[:80] + "…"
+	}
+	return s
+}

@@ -1,0 +1,270 @@
+package ops
+
+import (
+	"context"
+	"net/http"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+
+	"github.com/alkblobfs/alkblobfs/engines"
+	"github.com/alkblobfs/alkblobfs/store"
+)
+
+// MountStats is what a mount attached to the metrics reports: the same
+// counters its .alkblobfs/stats file shows.
+type MountStats struct {
+	OpenHandles     int64
+	OpenDigests     int64
+	Receipts        int64
+	UploadsInFlight int64
+	Opens           int64
+	Reads           int64
+	BytesRead       int64
+	Writes          int64
+	BytesWritten    int64
+	Publishes       int64
+	PublishFailures int64
+	VerifyFailures  int64
+}
+
+// Metrics is the Prometheus side of a store (and of a mount, once
+// attached): GET /metrics. Counters are read from the store's and the
+// mount's own counters at each scrape, so /metrics and the mount's stats
+// file never disagree.
+type Metrics struct {
+	st  *store.Store
+	reg *prometheus.Registry
+
+	requests *prometheus.CounterVec
+	fuse     *prometheus.HistogramVec
+
+	errMu  sync.Mutex
+	errors map[string]int64 // by kind
+
+	mount  atomic.Pointer[func() MountStats]
+	tokens atomic.Pointer[func() int]
+
+	tiers tierSizes
+}
+
+// NewMetrics returns the metrics of st.
+func NewMetrics(st *store.Store) *Metrics {
+	m := &Metrics{
+		st:  st,
+		reg: prometheus.NewRegistry(),
+		requests: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "alkblobfs_http_requests_total",
+			Help: "HTTP requests answered, by route and status code.",
+		}, []string{"route", "code"}),
+		fuse: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name: "alkblobfs_fuse_request_duration_seconds",
+			Help: "Time the daemon took to answer a FUSE request, by operation.",
+			// 10 µs to 2.6 s: a cached getattr to a publish of a big file.
+			Buckets: prometheus.ExponentialBuckets(10e-6, 4, 10),
+		}, []string{"op"}),
+		errors: make(map[string]int64),
+		tiers:  tierSizes{st: st, every: tierInterval},
+	}
+	m.reg.MustRegister(m.requests, m.fuse, (*storeCollector)(m),
+		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	return m
+}
+
+// Handler serves the metrics in the Prometheus text format.
+func (m *Metrics) Handler() http.Handler {
+	return promhttp.HandlerFor(m.reg, promhttp.HandlerOpts{})
+}
+
+// AttachMount adds a mount's counters to the metrics.
+func (m *Metrics) AttachMount(stats func() MountStats) { m.mount.Store(&stats) }
+
+// ObserveFUSE records one FUSE request's latency (fusefs.Config.Observe).
+func (m *Metrics) ObserveFUSE(op string, d time.Duration) {
+	m.fuse.WithLabelValues(op).Observe(d.Seconds())
+}
+
+// countError counts one failed request by kind.
+func (m *Metrics) countError(kind string) {
+	m.errMu.Lock()
+	m.errors[kind]++
+	m.errMu.Unlock()
+}
+
+// storeCollector reads the store's (and the mount's) counters at scrape
+// time.
+type storeCollector Metrics
+
+var (
+	descPuts       = desc("alkblobfs_puts_total", "Blobs put (dedups included).")
+	descDedups     = desc("alkblobfs_dedups_total", "Puts of content already stored: nothing written.")
+	descBytesIn    = desc("alkblobfs_bytes_in_total", "Bytes put.")
+	descGets       = desc("alkblobfs_gets_total", "Blobs opened for reading.")
+	descBytesOut   = desc("alkblobfs_bytes_out_total", "Bytes read from the store.")
+	descPins       = desc("alkblobfs_pins", "Pins held by this process.")
+	descPinned     = desc("alkblobfs_pinned_digests", "Distinct digests pinned by this process.")
+	descLapsed     = desc("alkblobfs_pins_lapsed_total", "Pin rows found expired at renewal.")
+	descUploadMem  = desc("alkblobfs_upload_memory_bytes", "Bytes uploads hold in memory now.")
+	descTokens     = desc("alkblobfs_pin_tokens", "Pin tokens handed out by the HTTP surface and still live.")
+	descErrors     = desc("alkblobfs_errors_total", "Failed requests, by kind.", "kind")
+	descSweeps     = desc("alkblobfs_sweeps_total", "Sweeps run (aborted ones included).")
+	descSweepFail  = desc("alkblobfs_sweep_failures_total", "Sweeps that ended with an operational error.")
+	descSweepAbort = desc("alkblobfs_sweep_aborts_total", "Sweeps that deliberately did nothing, by cause.", "cause")
+	descScanned    = desc("alkblobfs_sweep_scanned_total", "Pool entries sweeps enumerated.")
+	descStaged     = desc("alkblobfs_sweep_staged_total", "Delete candidates sweeps staged.")
+	descDeleted    = desc("alkblobfs_sweep_deleted_total", "Blobs sweeps deleted.")
+	descCancelled  = desc("alkblobfs_sweep_cancelled_total", "Staged candidates found live again at delete time.")
+	descFreed      = desc("alkblobfs_sweep_freed_bytes_total", "Bytes sweeps freed.")
+	descReaped     = desc("alkblobfs_sweep_pins_reaped_total", "Expired pin rows sweeps removed.")
+	descTierBlobs  = desc("alkblobfs_tier_blobs", "Blobs in a tier (counted at most once a minute).", "tier")
+	descTierBytes  = desc("alkblobfs_tier_bytes", "Bytes in a tier (counted at most once a minute).", "tier")
+
+	descMountHandles   = desc("alkblobfs_mount_open_handles", "Files open on the mount.")
+	descMountDigests   = desc("alkblobfs_mount_open_digests", "Distinct blobs open on the mount (each pinned).")
+	descMountReceipts  = desc("alkblobfs_mount_receipts", "Receipts the mount keeps in incoming/.")
+	descMountUploads   = desc("alkblobfs_mount_uploads_in_flight", "Files being written in incoming/.")
+	descMountOpens     = desc("alkblobfs_mount_opens_total", "Blob opens on the mount.")
+	descMountReads     = desc("alkblobfs_mount_reads_total", "Read requests the daemon served.")
+	descMountBytesOut  = desc("alkblobfs_mount_read_bytes_total", "Bytes the daemon served to readers.")
+	descMountWrites    = desc("alkblobfs_mount_writes_total", "Write requests into incoming/.")
+	descMountBytesIn   = desc("alkblobfs_mount_written_bytes_total", "Bytes written into incoming/.")
+	descMountPublishes = desc("alkblobfs_mount_publishes_total", "Files published from incoming/.")
+)
+
+func desc(name, help string, labels ...string) *prometheus.Desc {
+	return prometheus.NewDesc(name, help, labels, nil)
+}
+
+func (c *storeCollector) Describe(ch chan<- *prometheus.Desc) {
+	prometheus.DescribeByCollect(c, ch)
+}
+
+func (c *storeCollector) Collect(ch chan<- prometheus.Metric) {
+	counter := func(d *prometheus.Desc, v int64, labels ...string) {
+		ch <- prometheus.MustNewConstMetric(d, prometheus.CounterValue, float64(v), labels...)
+	}
+	gauge := func(d *prometheus.Desc, v int64, labels ...string) {
+		ch <- prometheus.MustNewConstMetric(d, prometheus.GaugeValue, float64(v), labels...)
+	}
+	s := c.st.Stats()
+	counter(descPuts, s.Puts)
+	counter(descDedups, s.Dedups)
+	counter(descBytesIn, s.BytesIn)
+	counter(descGets, s.Reads)
+	counter(descBytesOut, s.BytesOut)
+	gauge(descPins, int64(s.Pins))
+	gauge(descPinned, int64(s.Pinned))
+	counter(descLapsed, s.PinsLapsed)
+	gauge(descUploadMem, s.UploadMemory)
+	if f := c.tokens.Load(); f != nil {
+		gauge(descTokens, int64((*f)()))
+	}
+
+	sw := s.Sweeps
+	counter(descSweeps, sw.Runs)
+	counter(descSweepFail, sw.Failed)
+	for cause, n := range sw.Aborted {
+		counter(descSweepAbort, n, string(cause))
+	}
+	counter(descScanned, sw.Scanned)
+	counter(descStaged, sw.Staged)
+	counter(descDeleted, sw.Deleted)
+	counter(descCancelled, sw.Cancelled)
+	counter(descFreed, sw.BytesFreed)
+	counter(descReaped, sw.Reaped)
+
+	errs := map[string]int64{}
+	c.errMu.Lock()
+	for k, v := range c.errors {
+		errs[k] = v
+	}
+	c.errMu.Unlock()
+	if f := c.mount.Load(); f != nil {
+		ms := (*f)()
+		gauge(descMountHandles, ms.OpenHandles)
+		gauge(descMountDigests, ms.OpenDigests)
+		gauge(descMountReceipts, ms.Receipts)
+		gauge(descMountUploads, ms.UploadsInFlight)
+		counter(descMountOpens, ms.Opens)
+		counter(descMountReads, ms.Reads)
+		counter(descMountBytesOut, ms.BytesRead)
+		counter(descMountWrites, ms.Writes)
+		counter(descMountBytesIn, ms.BytesWritten)
+		counter(descMountPublishes, ms.Publishes)
+		errs["mount_publish"] += ms.PublishFailures
+		errs["mount_verification"] += ms.VerifyFailures
+	}
+	for kind, n := range errs {
+		counter(descErrors, n, kind)
+	}
+	for _, t := range c.tiers.get() {
+		gauge(descTierBlobs, t.blobs, string(t.tier))
+		gauge(descTierBytes, t.bytes, string(t.tier))
+	}
+}
+
+// tierInterval is how often tier sizes are counted at most.
+var tierInterval = time.Minute
+
+// tierSizes counts each tier's blobs and bytes by listing it, at most once
+// per `every` and in the background: a scrape never waits for a listing
+// and never starts a second one. The first scrape starts the first count
+// and reports no tier sizes.
+type tierSizes struct {
+	st    *store.Store
+	every time.Duration
+
+	mu      sync.Mutex
+	counted time.Time
+	running bool
+	last    []tierSize
+}
+
+type tierSize struct {
+	tier         store.Tier
+	blobs, bytes int64
+}
+
+func (t *tierSizes) get() []tierSize {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if !t.running && time.Since(t.counted) >= t.every {
+		t.running = true
+		go t.count()
+	}
+	return t.last
+}
+
+func (t *tierSizes) count() {
+	var sizes []tierSize
+	for _, tier := range []struct {
+		name store.Tier
+		e    engines.Engine
+	}{{store.TierKV, t.st.KV()}, {store.TierLarge, t.st.Large()}} {
+		if tier.e == nil {
+			continue
+		}
+		ts := tierSize{tier: tier.name}
+		ok := true
+		for e, err := range tier.e.List(context.Background(), store.Digest{}) {
+			if err != nil {
+				ok = false
+				break
+			}
+			ts.blobs++
+			ts.bytes += e.Size
+		}
+		if ok {
+			sizes = append(sizes, ts)
+		}
+	}
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	t.running = false
+	t.counted = time.Now()
+	t.last = sizes
+}

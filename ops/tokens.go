@@ -1,0 +1,119 @@
+package ops
+
+import (
+	"crypto/rand"
+	"encoding/base64"
+	"sync"
+	"time"
+
+	"github.com/alkblobfs/alkblobfs/gc"
+	"github.com/alkblobfs/alkblobfs/store"
+)
+
+// tokens maps pin tokens to the pins they name. A token is the pin a put
+// handed out (seeds ADR-010 §4: the token is the pin, there is no second
+// pin state): while the token lives, its gc.Pin is held, which protects the
+// blob in this process and, where the store keeps pin rows, in every process
+// and host sharing the pool. A token lives TTL after its put or its last
+// renewal; then its pin is released and the token is forgotten.
+//
+// The mapping is in memory: a token is valid only on the server that minted
+// it, for that server's life. After a restart the putter's renewal answers
+// present=false and the putter re-puts, which is the contract's backstop
+// for any lapse.
+type tokens struct {
+	ttl   time.Duration
+	clock gc.Clock
+
+	mu sync.Mutex
+	m  map[string]*token
+}
+
+type token struct {
+	pin     *store.Pin
+	ns      string
+	expires time.Time
+}
+
+func newTokens(ttl time.Duration, clock gc.Clock) *tokens {
+	return &tokens{ttl: ttl, clock: clock, m: make(map[string]*token)}
+}
+
+// mint takes ownership of pin and returns a fresh token naming it.
+func (t *tokens) mint(pin *store.Pin, ns string) string {
+	var b [18]byte
+	rand.Read(b[:]) // never fails (crypto/rand)
+	id := base64.RawURLEncoding.EncodeToString(b[:])
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	t.m[id] = &token{pin: pin, ns: ns, expires: t.clock.Now().Add(t.ttl)}
+	return id
+}
+
+// renew extends the token if it is live and names d, and reports whether
+// it did. A lapsed token is released on the spot.
+func (t *tokens) renew(id string, d store.Digest) bool {
+	now := t.clock.Now()
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	tk, ok := t.m[id]
+	if !ok {
+		return false
+	}
+	if !now.Before(tk.expires) {
+		delete(t.m, id)
+		tk.pin.Release()
+		return false
+	}
+	if tk.pin.Digest() != d {
+		return false
+	}
+	tk.expires = now.Add(t.ttl)
+	return true
+}
+
+// release drops the token and its pin; false if there was no such token.
+func (t *tokens) release(id string) bool {
+	t.mu.Lock()
+	tk, ok := t.m[id]
+	delete(t.m, id)
+	t.mu.Unlock()
+	if ok {
+		tk.pin.Release()
+	}
+	return ok
+}
+
+// expire releases every lapsed token and returns how many it released.
+func (t *tokens) expire() int {
+	now := t.clock.Now()
+	var lapsed []*store.Pin
+	t.mu.Lock()
+	for id, tk := range t.m {
+		if !now.Before(tk.expires) {
+			delete(t.m, id)
+			lapsed = append(lapsed, tk.pin)
+		}
+	}
+	t.mu.Unlock()
+	gc.ReleaseAll(lapsed)
+	return len(lapsed)
+}
+
+// len is the number of live tokens.
+func (t *tokens) len() int {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return len(t.m)
+}
+
+// close releases every token.
+func (t *tokens) close() {
+	t.mu.Lock()
+	m := t.m
+	t.m = make(map[string]*token)
+	t.mu.Unlock()
+	for _, tk := range m {
+		tk.pin.Release()
+	}
+}
