@@ -60,9 +60,10 @@ var defaultSpec = storeSpec{"sqlite+local", func(t testing.TB, dir string) store
 }}
 
 // storeSpecs are the stores the engine-independent tests run on: the
-// embedded default, memory, and PostgreSQL (postgres kv + pglo large) when
-// scripts/pg.sh provides a server (make test requires one).
-var storeSpecs = []storeSpec{defaultSpec, memSpec, pgSpec}
+// embedded default, memory, PostgreSQL (postgres kv + pglo large) when
+// scripts/pg.sh provides a server, and SQLite + S3 (s3_test.go) when
+// scripts/s3.sh does (make test requires both).
+var storeSpecs = []storeSpec{defaultSpec, memSpec, pgSpec, s3Spec}
 
 var pgSpec = storeSpec{"postgres+pglo", func(t testing.TB, dir string) store.Config {
 	return pgConfig(t, pgtest.DSN(t), dir)
