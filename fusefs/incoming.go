@@ -868,45 +868,28 @@ func (n *fileNode) reopenLocked(ctx context.Context, keep bool) error {
 	return nil
 }
 
-// seed copies blob d into up, sequentially so that the upload keeps
-// hashing incrementally.
+// seed starts up from blob d's content. The upload reads the blob where
+// it has not been written and copies the rest in at its commit
+// (store.Upload.Seed), so that opening a large receipt for `>>`, dd
+// conv=notrunc or rsync --inplace returns at once; it holds d pinned
+// until it ends.
 func (f *FS) seed(ctx context.Context, up *store.Upload, d blob.Digest) error {
 	pin, err := f.st.Pin(ctx, d)
 	if err != nil {
 		return err
 	}
-	defer pin.Release()
 	r, ok, err := f.st.Get(ctx, d)
 	if err == nil && !ok {
 		err = blob.Wrap("seed", "", d, blob.ErrMissing)
 	}
 	if err != nil {
+		pin.Release()
 		return err
 	}
-	defer r.Close()
 	if f.cfg.Verify == VerifyPublish {
 		r.Trust()
 	}
-	buf := make([]byte, min(r.Len(), ioBlockSize))
-	for off := int64(0); off < r.Len(); {
-		if err := ctx.Err(); err != nil {
-			return err
-		}
-		k, err := r.ReadAt(buf, off)
-		if k > 0 {
-			if _, werr := up.WriteAt(buf[:k], off); werr != nil {
-				return werr
-			}
-			off += int64(k)
-		}
-		if err != nil && (!errors.Is(err, io.EOF) || off < r.Len()) {
-			if errors.Is(err, io.EOF) {
-				err = io.ErrUnexpectedEOF
-			}
-			return blob.Wrap("seed", "", d, err)
-		}
-	}
-	return nil
+	return up.Seed(ctx, r, pin)
 }
 
 // failLocked ends the upload after a failed write or publish: nothing of

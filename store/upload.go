@@ -45,6 +45,13 @@ type Upload struct {
 	h    *contentHash
 	pipe *hashPipe
 	done bool
+	// base is the blob a Seed started from, read where it has not been
+	// written (see upload_seed.go): below baseLen, a 64 KiB chunk whose
+	// bit in mat is clear is still the base's. basePin keeps it.
+	base    *Reader
+	basePin *Pin
+	baseLen int64
+	mat     []uint64
 }
 
 // NewUpload starts an empty upload.
@@ -98,13 +105,12 @@ func (u *Upload) spill(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	if len(u.buf) > 0 {
-		if _, err := st.WriteAt(u.buf, 0); err != nil {
-			st.Discard()
-			return err
-		}
+	// Zeros (an extending truncate, a seek past the end) stay holes.
+	if err := writeSparse(st, u.buf, 0); err != nil {
+		st.Discard()
+		return err
 	}
-	if int64(len(u.buf)) != u.size {
+	if u.size > 0 {
 		if err := st.Truncate(u.size); err != nil {
 			st.Discard()
 			return err
@@ -156,6 +162,10 @@ func (s *Store) newStage(ctx context.Context) (engines.RandomStage, bool, error)
 func (u *Upload) WriteAt(p []byte, off int64) (int, error) {
 	u.mu.Lock()
 	defer u.mu.Unlock()
+	return u.writeAtLocked(p, off)
+}
+
+func (u *Upload) writeAtLocked(p []byte, off int64) (int, error) {
 	if u.done {
 		return 0, os.ErrClosed
 	}
@@ -182,6 +192,11 @@ func (u *Upload) WriteAt(p []byte, off int64) (int, error) {
 			return 0, err
 		}
 	}
+	if u.base != nil && off < u.baseLen {
+		if err := u.copyUp(off, end); err != nil {
+			return 0, err
+		}
+	}
 	n, err := u.st.WriteAt(p, off)
 	if appending && u.pipe != nil {
 		u.pipe.Write(p[:n])
@@ -203,6 +218,10 @@ func (u *Upload) ReadAt(p []byte, off int64) (int, error) {
 	if u.st == nil {
 		defer u.mu.Unlock()
 		return readZeroTail(u.buf, u.size, p, off)
+	}
+	if u.base != nil {
+		defer u.mu.Unlock()
+		return u.readLocked(p, off)
 	}
 	st := u.st
 	u.mu.Unlock()
@@ -245,6 +264,13 @@ func (u *Upload) Truncate(size int64) error {
 	if err := u.st.Truncate(size); err != nil {
 		return err
 	}
+	if size < u.baseLen {
+		// What is cut off the base is gone; growing again adds zeros.
+		u.baseLen = size
+		if size == 0 {
+			u.dropBase()
+		}
+	}
 	if size != u.size || size == 0 {
 		u.stopHash()
 	}
@@ -284,15 +310,17 @@ func (u *Upload) Commit(ctx context.Context, want *Digest, opts ...PutOption) (D
 		return s.putSmall(ctx, b, want, o)
 	}
 	defer u.st.Discard()
+	defer u.dropBase()
 	var h *contentHash
 	if u.pipe != nil && u.pipe.n == u.size {
 		u.pipe.wait()
 		h = u.h
 	}
 	u.stopHash()
+	content := io.NewSectionReader(lockedReader{u}, 0, u.size)
 	if s.kv != nil && u.size <= s.threshold {
 		b := make([]byte, u.size)
-		if _, err := io.ReadFull(io.NewSectionReader(u.st, 0, u.size), b); err != nil {
+		if _, err := io.ReadFull(content, b); err != nil {
 			return Digest{}, nil, fmt.Errorf("upload: read back: %w", err)
 		}
 		return s.putSmall(ctx, b, want, o)
@@ -301,11 +329,13 @@ func (u *Upload) Commit(ctx context.Context, want *Digest, opts ...PutOption) (D
 		return Digest{}, nil, fmt.Errorf("upload: %d bytes over the %s limit of %d bytes: %w", u.size, s.mode, s.threshold, ErrTooLarge)
 	}
 	if !u.own {
-		return s.putLarge(ctx, nil, io.NewSectionReader(u.st, 0, u.size), u.size, want, o)
+		return s.putLarge(ctx, nil, content, u.size, want, o)
 	}
 	if h == nil {
-		h = newContentHash()
-		if err := s.copyInto(ctx, io.Discard, h, nil, io.NewSectionReader(u.st, 0, u.size), u.size); err != nil {
+		// Rewritten, sparse or seeded: one pass copies in what is still
+		// in the base and hashes, skipping holes.
+		var err error
+		if h, err = u.settle(ctx, true); err != nil {
 			return Digest{}, nil, err
 		}
 	}
@@ -323,6 +353,7 @@ func (u *Upload) Discard() error {
 	u.buf = nil
 	u.account()
 	u.stopHash()
+	u.dropBase()
 	if u.st == nil {
 		return nil
 	}

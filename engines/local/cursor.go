@@ -31,6 +31,18 @@ func (c *cursor) ReadAt(p []byte, off int64) (int, error) {
 	return n, err
 }
 
+// SeekData returns the first region of data at or after off, [start,
+// end), or io.EOF when only a hole follows (see stage.SeekData): an
+// upload seeded with a sparse blob keeps its holes. It moves the
+// descriptor's offset, which nothing else uses.
+func (c *cursor) SeekData(off int64) (start, end int64, err error) {
+	start, end, err = seekData(c.f, off)
+	if err != nil && err != io.EOF {
+		err = c.e.wrap("seek", c.d, err)
+	}
+	return start, end, err
+}
+
 // File implements engines.FileCursor. The cursor owns it.
 func (c *cursor) File() engines.FileHandle { return c.f }
 

@@ -99,6 +99,23 @@ func (s *stage) Truncate(size int64) error {
 	return err
 }
 
+// SeekData returns the first region of data at or after off, [start,
+// end), or io.EOF when only a hole follows: the store hashes a sparse
+// upload without reading its holes, and keeps them holes. It moves the
+// file's offset, so it does not mix with Write (uploads use WriteAt).
+func (s *stage) SeekData(off int64) (start, end int64, err error) {
+	s.mu.RLock()
+	defer s.mu.RUnlock()
+	if s.f == nil {
+		return 0, 0, s.e.wrap("stage seek", blob.Digest{}, fs.ErrClosed)
+	}
+	start, end, err = seekData(s.f, off)
+	if err != nil && err != io.EOF {
+		err = s.e.wrap("stage seek", blob.Digest{}, err)
+	}
+	return start, end, err
+}
+
 func (s *stage) Size() (int64, error) {
 	var size int64
 	_, err := s.io("stage size", func(f *os.File) (int, error) {

@@ -2,6 +2,7 @@ package local
 
 import (
 	"errors"
+	"io"
 	"os"
 
 	"golang.org/x/sys/unix"
@@ -46,4 +47,23 @@ func removeIfUnlocked(path string) (bool, error) {
 		return false, err
 	}
 	return true, nil
+}
+
+// seekData returns the first region of data at or after off in f,
+// [start, end), by SEEK_DATA and SEEK_HOLE; io.EOF when only a hole (or
+// nothing) follows off. It moves f's offset: callers use pread/pwrite.
+func seekData(f *os.File, off int64) (start, end int64, err error) {
+	fd := int(f.Fd())
+	start, err = unix.Seek(fd, off, unix.SEEK_DATA)
+	if errors.Is(err, unix.ENXIO) {
+		return 0, 0, io.EOF
+	}
+	if err != nil {
+		return 0, 0, &os.PathError{Op: "lseek SEEK_DATA", Path: f.Name(), Err: err}
+	}
+	end, err = unix.Seek(fd, start, unix.SEEK_HOLE)
+	if err != nil {
+		return 0, 0, &os.PathError{Op: "lseek SEEK_HOLE", Path: f.Name(), Err: err}
+	}
+	return start, end, nil
 }

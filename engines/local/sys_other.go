@@ -2,7 +2,10 @@
 
 package local
 
-import "os"
+import (
+	"errors"
+	"os"
+)
 
 func renameNoReplace(oldpath, newpath string) error { return linkUnlink(oldpath, newpath) }
 
@@ -14,4 +17,9 @@ func removeIfUnlocked(path string) (bool, error) {
 		return false, err
 	}
 	return true, nil
+}
+
+// seekData: no SEEK_DATA here; callers treat the whole file as data.
+func seekData(f *os.File, off int64) (start, end int64, err error) {
+	return 0, 0, errors.ErrUnsupported
 }
