@@ -103,6 +103,10 @@ type Config struct {
 	// mounted); without it such a mountpoint is an error.
 	NonEmpty bool
 	Logger   *slog.Logger
+	// Observe, if set, is told how long each FUSE request took, by
+	// operation ("lookup", "read", "flush", …): the metrics' latency
+	// histogram.
+	Observe func(op string, d time.Duration)
 }
 
 // Timeouts. Blob files are immutable and their dentries change only by

@@ -100,7 +100,11 @@ func Mount(dir string, cfg Config) (*Server, error) {
 		Logger:         log.New(&slogWriter{f.log}, "", 0),
 		RootStableAttr: &gofs.StableAttr{Ino: inoRoot},
 	}
-	server, err := fuse.NewServer(gofs.NewNodeFS(f.root, opts), abs, &opts.MountOptions)
+	raw := gofs.NewNodeFS(f.root, opts)
+	if cfg.Observe != nil {
+		raw = &timedFS{RawFileSystem: raw, observe: cfg.Observe}
+	}
+	server, err := fuse.NewServer(raw, abs, &opts.MountOptions)
 	if err != nil {
 		f.intents.close()
 		return nil, mountError(abs, err)

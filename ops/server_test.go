@@ -567,4 +567,3 @@ func residue(t *testing.T, st *store.Store) int {
 	}
 	return n
 }
-

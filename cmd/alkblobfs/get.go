@@ -18,8 +18,9 @@ import (
 func newGetCmd(a *app) *cobra.Command {
 	var out string
 	cmd := &cobra.Command{
-		Use:   "get DIGEST [-o FILE]",
-		Short: "Write a blob to a file or to standard output, verified",
+		Use:         "get DIGEST [-o FILE]",
+		Annotations: remoteOK,
+		Short:       "Write a blob to a file or to standard output, verified",
 		Long: `get reads the blob DIGEST, checking that its content hashes to DIGEST.
 
 With -o FILE it writes to a temporary file beside FILE and renames it to FILE
@@ -38,20 +39,20 @@ Without -o it streams to standard output like cat.`,
 			if err != nil {
 				return err
 			}
-			st, err := a.open(cmd)
+			src, closeSrc, err := a.blobSource(cmd)
 			if err != nil {
 				return err
 			}
-			defer st.Close()
+			defer closeSrc()
 			if out == "" || out == "-" {
-				err = a.stream(cmd, st, d, a.stdout, true)
+				err = a.stream(cmd, src, d, a.stdout, true)
 			} else {
-				err = a.getToFile(cmd, st, d, out)
+				err = a.getToFile(cmd, src, d, out)
 			}
 			if err != nil {
 				return err
 			}
-			return st.Close()
+			return closeSrc()
 		},
 	}
 	cmd.Flags().StringVarP(&out, "output", "o", "", "write to `FILE` (replaced atomically once verified)")
@@ -60,8 +61,9 @@ Without -o it streams to standard output like cat.`,
 
 func newCatCmd(a *app) *cobra.Command {
 	return &cobra.Command{
-		Use:   "cat DIGEST",
-		Short: "Stream a blob to standard output",
+		Use:         "cat DIGEST",
+		Annotations: remoteOK,
+		Short:       "Stream a blob to standard output",
 		Long: `cat streams the blob DIGEST to standard output as it reads it. The content
 is verified as it flows and the verdict comes at the end: if it does not hash
 to DIGEST, cat exits with status 1 after the bytes have been written, so a
@@ -75,15 +77,15 @@ in a file.`,
 			if err != nil {
 				return err
 			}
-			st, err := a.open(cmd)
+			src, closeSrc, err := a.blobSource(cmd)
 			if err != nil {
 				return err
 			}
-			defer st.Close()
-			if err := a.stream(cmd, st, d, a.stdout, false); err != nil {
+			defer closeSrc()
+			if err := a.stream(cmd, src, d, a.stdout, false); err != nil {
 				return err
 			}
-			return st.Close()
+			return closeSrc()
 		},
 	}
 }
@@ -100,8 +102,8 @@ func parseDigest(cmd *cobra.Command, s string) (store.Digest, error) {
 
 // stream copies blob d to w, verifying at the end; progress is drawn on a
 // terminal only when asked (get, not cat).
-func (a *app) stream(cmd *cobra.Command, st *store.Store, d store.Digest, w io.Writer, progress bool) error {
-	r, err := openBlob(cmd, st, d)
+func (a *app) stream(cmd *cobra.Command, src blobSource, d store.Digest, w io.Writer, progress bool) error {
+	r, err := src(cmd, d)
 	if err != nil {
 		return err
 	}
@@ -109,19 +111,47 @@ func (a *app) stream(cmd *cobra.Command, st *store.Store, d store.Digest, w io.W
 	return a.copyBlob(cmd, r, w, progress)
 }
 
-// openBlob opens d for reading; a miss is an error wrapping ErrMissing.
-func openBlob(cmd *cobra.Command, st *store.Store, d store.Digest) (*store.Reader, error) {
-	r, ok, err := st.Get(cmd.Context(), d)
-	if err != nil {
-		return nil, err
-	}
-	if !ok {
-		return nil, fmt.Errorf("%s: %w", d, store.ErrMissing)
-	}
-	return r, nil
+// blobReader is an open blob that verifies as it is read: a store's
+// Reader, or a remote server's body.
+type blobReader interface {
+	io.WriterTo
+	Len() int64
+	Digest() store.Digest
+	Close() error
 }
 
-func (a *app) copyBlob(cmd *cobra.Command, r *store.Reader, w io.Writer, progress bool) error {
+// blobSource opens d for reading; a miss is an error wrapping ErrMissing.
+type blobSource func(cmd *cobra.Command, d store.Digest) (blobReader, error)
+
+// blobSource opens the store, or the --remote server, that get and cat
+// read from. close may be called more than once.
+func (a *app) blobSource(cmd *cobra.Command) (src blobSource, close func() error, err error) {
+	if a.remote != "" {
+		c, err := a.client(cmd)
+		if err != nil {
+			return nil, nil, err
+		}
+		return func(cmd *cobra.Command, d store.Digest) (blobReader, error) {
+			return openRemote(cmd, c, d)
+		}, func() error { return nil }, nil
+	}
+	st, err := a.open(cmd)
+	if err != nil {
+		return nil, nil, err
+	}
+	return func(cmd *cobra.Command, d store.Digest) (blobReader, error) {
+		r, ok, err := st.Get(cmd.Context(), d)
+		if err != nil {
+			return nil, err
+		}
+		if !ok {
+			return nil, fmt.Errorf("%s: %w", d, store.ErrMissing)
+		}
+		return r, nil
+	}, st.Close, nil
+}
+
+func (a *app) copyBlob(cmd *cobra.Command, r blobReader, w io.Writer, progress bool) error {
 	t := newTransfer(cmd.Context(), a.stderr, progress && a.stderrTerm, r.Len(), "get "+r.Digest().Short())
 	// WriteTo, not io.Copy: the store reader streams in large reads and
 	// returns the verification verdict at the end.
@@ -134,7 +164,7 @@ func (a *app) copyBlob(cmd *cobra.Command, r *store.Reader, w io.Writer, progres
 // over path only after the verified read has completed. A symlink is
 // followed (the link stays); a path that is not a regular file is written
 // into, never replaced. Errors name path, not the temporary file.
-func (a *app) getToFile(cmd *cobra.Command, st *store.Store, d store.Digest, path string) (err error) {
+func (a *app) getToFile(cmd *cobra.Command, src blobSource, d store.Digest, path string) (err error) {
 	target := path
 	switch li, lerr := os.Lstat(path); {
 	case lerr != nil && !errors.Is(lerr, fs.ErrNotExist):
@@ -151,15 +181,15 @@ func (a *app) getToFile(cmd *cobra.Command, st *store.Store, d store.Digest, pat
 		} else if fi.IsDir() {
 			return fmt.Errorf("%s: is a directory", path)
 		} else {
-			return a.getInto(cmd, st, d, path)
+			return a.getInto(cmd, src, d, path)
 		}
 	case lerr == nil && li.IsDir():
 		return fmt.Errorf("%s: is a directory", path)
 	case lerr == nil && !li.Mode().IsRegular():
-		return a.getInto(cmd, st, d, path)
+		return a.getInto(cmd, src, d, path)
 	}
 	// Open before creating anything, so a missing blob leaves no trace.
-	r, err := openBlob(cmd, st, d)
+	r, err := src(cmd, d)
 	if err != nil {
 		return err
 	}
@@ -190,8 +220,8 @@ func (a *app) getToFile(cmd *cobra.Command, st *store.Store, d store.Digest, pat
 
 // getInto writes blob d into the existing non-regular file at path (a
 // device, a FIFO), as cp does: it cannot be replaced, and its type stays.
-func (a *app) getInto(cmd *cobra.Command, st *store.Store, d store.Digest, path string) error {
-	r, err := openBlob(cmd, st, d)
+func (a *app) getInto(cmd *cobra.Command, src blobSource, d store.Digest, path string) error {
+	r, err := src(cmd, d)
 	if err != nil {
 		return err
 	}

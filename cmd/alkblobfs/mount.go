@@ -1,8 +1,10 @@
 package main
 
 import (
+	"context"
 	"fmt"
 	"log/slog"
+	"net"
 	"os"
 	"runtime/pprof"
 	"time"
@@ -10,6 +12,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/alkblobfs/alkblobfs/fusefs"
+	"github.com/alkblobfs/alkblobfs/ops"
 )
 
 func newMountCmd(a *app) *cobra.Command {
@@ -28,6 +31,8 @@ func newMountCmd(a *app) *cobra.Command {
 		logFile    string
 		nonEmpty   bool
 		cpuProfile string
+		listen     string
+		tokenTTL   time.Duration
 	)
 	cmd := &cobra.Command{
 		Use:   "mount MOUNTPOINT",
@@ -135,6 +140,18 @@ As root the mount uses mount(2) directly; otherwise fusermount3.`,
 				defer stop()
 			}
 			ctx := cmd.Context()
+			// The HTTP surface's address is checked before anything mounts.
+			var ln net.Listener
+			var authTok string
+			if listen != "" {
+				if tokenTTL <= 0 {
+					return usagef(cmd, "--token-ttl %s: must be positive", tokenTTL)
+				}
+				if ln, authTok, err = a.listen(cmd, listen); err != nil {
+					return err
+				}
+				defer ln.Close()
+			}
 			// The store, with its namespaces registry registered as a
 			// liveness source (registerSources). A store that cannot keep
 			// namespaces cannot be mounted: a usage error naming why.
@@ -143,6 +160,12 @@ As root the mount uses mount(2) directly; otherwise fusermount3.`,
 				return err
 			}
 			defer st.Close()
+			var metrics *ops.Metrics
+			var observe func(string, time.Duration)
+			if ln != nil {
+				metrics = ops.NewMetrics(st)
+				observe = metrics.ObserveFUSE
+			}
 			srv, err := fusefs.Mount(args[0], fusefs.Config{
 				Store:         st,
 				Namespaces:    svc.Registry,
@@ -158,9 +181,17 @@ As root the mount uses mount(2) directly; otherwise fusermount3.`,
 				ReadOnly:      ro,
 				NonEmpty:      nonEmpty,
 				Logger:        lg,
+				Observe:       observe,
 			})
 			if err != nil {
 				return err
+			}
+			stopHTTP := func() {}
+			if ln != nil {
+				metrics.AttachMount(func() ops.MountStats { return mountStats(srv.Stats(context.Background())) })
+				stopHTTP = serveBeside(ctx, newOpsServer(st, svc, authTok, tokenTTL, metrics, lg), ln, lg)
+				defer stopHTTP()
+				lg.Info("serving HTTP beside the mount", "url", "http://"+ln.Addr().String(), "auth", authTok != "")
 			}
 			if err := sdNotify("READY=1\nSTATUS=serving " + srv.Dir()); err != nil {
 				lg.Warn("could not tell the service manager that the mount is ready", "err", err)
@@ -177,6 +208,7 @@ As root the mount uses mount(2) directly; otherwise fusermount3.`,
 				// umount by someone else.
 				sdNotify("STOPPING=1")
 			}
+			stopHTTP()
 			return st.Close()
 		},
 	}
@@ -196,7 +228,19 @@ As root the mount uses mount(2) directly; otherwise fusermount3.`,
 	f.BoolVar(&pass, "passthrough", true, "let the kernel read local blobs directly where it can (FUSE passthrough)")
 	f.StringVar(&cpuProfile, "cpuprofile", "", "write a CPU profile of the daemon to this file (for go tool pprof)")
 	f.MarkHidden("cpuprofile")
+	f.StringVar(&listen, "listen", "", "also serve the HTTP surface (see alkblobfs serve --help) at `ADDR`, HOST:PORT, with the mount's counters and FUSE latencies in /metrics (default off)")
+	f.DurationVar(&tokenTTL, "token-ttl", ops.DefaultTokenTTL, "with --listen: life of a put's pin token after the put or its last renewal")
 	return cmd
+}
+
+// mountStats is the part of a mount's stats the metrics show.
+func mountStats(s fusefs.Stats) ops.MountStats {
+	return ops.MountStats{
+		OpenHandles: s.OpenHandles, OpenDigests: int64(s.OpenDigests), Receipts: s.Receipts,
+		UploadsInFlight: int64(s.UploadsInFlight), Opens: s.Opens, Reads: s.Reads, BytesRead: s.BytesRead,
+		Writes: s.Writes, BytesWritten: s.BytesWritten, Publishes: s.Publishes,
+		PublishFailures: s.PublishFailures, VerifyFailures: s.VerifyFailures,
+	}
 }
 
 // startCPUProfile profiles the daemon until the returned stop runs.

@@ -16,7 +16,7 @@ func newPutCmd(a *app) *cobra.Command {
 	var ns string
 	cmd := &cobra.Command{
 		Use:         "put [--ns NAME] FILE|- [FILE...]",
-		Annotations: writes,
+		Annotations: writesRemote,
 		Short:       "Store files and print their digests",
 		Long: `put stores each FILE ("-" is standard input) and prints its digest, the
 sha256 of its content, one per line in argument order. Content already in the
@@ -27,6 +27,9 @@ With --ns NAME each blob is also linked into namespace NAME as it is
 published (for kv-tier blobs in the same database transaction), so sweeps
 keep it. NAME must exist (alkblobfs ns create NAME); an absent NAME fails
 before any file is read.
+
+With --remote URL the files go to that alkblobfs server (serve, or mount
+--listen) over HTTP; --ns is then required.
 
 Without --ns nothing references the blobs once put exits: the next sweeps
 collect them (the first stages them, the next deletes them; on a store
@@ -52,6 +55,9 @@ later with "alkblobfs link NAME DIGEST", to keep them.`,
 				if err := checkName(cmd, ns); err != nil {
 					return err
 				}
+			}
+			if a.remote != "" {
+				return a.remotePut(cmd, args, ns)
 			}
 			var st *store.Store
 			var opts []store.PutOption

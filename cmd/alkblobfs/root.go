@@ -37,6 +37,8 @@ type app struct {
 	shared    bool
 	tables    []string
 	logLevel  levelValue
+	remote    string // --remote: put, get, cat and have go to this server
+	tokenFile string // --auth-token-file: the bearer token, server and client
 
 	log *slog.Logger
 }
@@ -87,6 +89,9 @@ Commands: %s
 				return usage(cmd, err)
 			}
 			a.log = slog.New(slog.NewTextHandler(a.stderr, &slog.HandlerOptions{Level: slog.Level(a.logLevel)}))
+			if a.remote != "" && cmd.Annotations[annRemote] == "" {
+				return usagef(cmd, "%s works on a store, not through --remote (put, get, cat and have do)", cmd.CommandPath())
+			}
 			return nil
 		},
 		SuggestionsMinimumDistance: 2,
@@ -113,6 +118,8 @@ Commands: %s
 	f.StringArrayVar(&a.tables, "liveness-table", nil, "a table in the kv engine's database whose digest column keeps blobs alive (repeatable; TABLE or SCHEMA.TABLE)")
 	f.BoolVar(&a.shared, "shared-media", false, "with --fleet: the local large tier is on storage every host mounts at the same path")
 	f.Var(&a.logLevel, "log-level", "log level on stderr: debug, info, warn or error")
+	f.StringVar(&a.remote, "remote", "", "send put, get, cat and have to the alkblobfs HTTP server at this `URL` (http://HOST:PORT) instead of opening a store")
+	f.StringVar(&a.tokenFile, "auth-token-file", "", "bearer token (first line of `FILE`) that serve and mount --listen require, and that --remote sends")
 
 	root.AddCommand(
 		newPutCmd(a),
@@ -128,6 +135,8 @@ Commands: %s
 		newVerifyCmd(a),
 		newMountCmd(a),
 		newUmountCmd(a),
+		newServeCmd(a),
+		newHaveCmd(a),
 		newVersionCmd(a),
 	)
 	root.AddCommand(newManCmd(root))
