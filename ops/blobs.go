@@ -163,6 +163,20 @@ func (s *Server) have(w http.ResponseWriter, r *http.Request) error {
 	return nil
 }
 
+// delete: DELETE /v1/blobs/{digest} removes the blob now, unless
+// something keeps it (a namespace links it, a pin holds it): 409.
+func (s *Server) delete(w http.ResponseWriter, r *http.Request) error {
+	d, err := store.ParseDigest(r.PathValue("digest"))
+	if err != nil {
+		return badRequest("%q is not a digest: %v", clip(r.PathValue("digest")), err)
+	}
+	if err := s.st.Delete(r.Context(), d); err != nil {
+		return err
+	}
+	w.WriteHeader(http.StatusNoContent)
+	return nil
+}
+
 // release: DELETE /v1/pins/{token}.
 func (s *Server) release(w http.ResponseWriter, r *http.Request) error {
 	if !s.tokens.release(r.PathValue("token")) {

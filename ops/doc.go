@@ -6,6 +6,7 @@
 //	POST   /v1/blobs?namespace=NS   body: the blob → 201 {"token", "digest"}
 //	POST   /v1/blobs/have           {"namespace", "digests": […], "token"?} → {"present": […]}
 //	GET    /v1/blobs/{digest}       [?namespace=NS], Range, If-None-Match; HEAD too
+//	DELETE /v1/blobs/{digest}       delete now unless live (409) → 204
 //	DELETE /v1/pins/{token}         release a put's pin → 204
 //	GET    /metrics                 Prometheus text format
 //

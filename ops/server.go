@@ -93,6 +93,7 @@ func New(cfg Config) *Server {
 	s.route("POST /v1/blobs", "put", s.put)
 	s.route("POST /v1/blobs/have", "have", s.have)
 	s.route("GET /v1/blobs/{digest}", "get", s.get) // and HEAD
+	s.route("DELETE /v1/blobs/{digest}", "delete", s.delete)
 	s.route("DELETE /v1/pins/{token}", "release", s.release)
 	metrics := s.metrics.Handler()
 	s.mux.Handle("GET /metrics", s.counted("metrics", func(w http.ResponseWriter, r *http.Request) error {

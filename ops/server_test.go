@@ -312,6 +312,11 @@ func TestTokenRelease(t *testing.T) {
 	if !e.has(t, d) {
 		t.Fatal("swept while its token lives")
 	}
+	// A direct delete is refused while the token's pin holds the blob.
+	url := e.url + "/v1/blobs/" + d.String()
+	if status, _, body := request(t, "DELETE", url, nil, nil); status != http.StatusConflict || !bytes.Contains(body, []byte("protected")) {
+		t.Fatalf("DELETE of a pinned blob: %d %s; want 409", status, body)
+	}
 	if err := e.c.Release(t.Context(), tok); err != nil {
 		t.Fatal(err)
 	}
@@ -324,6 +329,21 @@ func TestTokenRelease(t *testing.T) {
 	}
 	if n := e.st.Stats().Pins; n != 0 {
 		t.Fatalf("%d pins left after the release", n)
+	}
+	// Once nothing keeps a blob, a delete removes it at once; then 404.
+	d2, tok2 := e.put(t, "builds", []byte("delete me"))
+	if status, _, _ := request(t, "DELETE", e.url+"/v1/blobs/"+d2.String(), nil, nil); status != http.StatusConflict {
+		t.Fatalf("DELETE of a linked blob: %d; want 409", status)
+	}
+	e.c.Release(t.Context(), tok2)
+	e.svc.Unlink(t.Context(), "builds", d2)
+	for _, want := range []int{http.StatusNoContent, http.StatusNotFound} {
+		if status, _, _ := request(t, "DELETE", e.url+"/v1/blobs/"+d2.String(), nil, nil); status != want {
+			t.Fatalf("DELETE: %d; want %d", status, want)
+		}
+	}
+	if e.has(t, d2) {
+		t.Fatal("deleted blob still there")
 	}
 }
 
