@@ -79,18 +79,26 @@ command -v curl >/dev/null 2>&1 || die "curl is needed to create the bucket (scr
 tmp=$(mktemp -d "${TMPDIR:-/tmp}/alkblobfs-s3.XXXXXX")
 chmod 700 "$tmp"
 
-# stop_pid PIDFILE: stops the server whose pid the file holds, and waits.
+# stop_pid PIDFILE: kills the server whose pid the file holds (SIGKILL:
+# its data is thrown away, and a graceful stop takes seconds), and waits.
 stop_pid() {
 	local f=$1 pid
 	[[ -f $f ]] || return 0
 	pid=$(cat "$f")
 	rm -f "$f"
-	kill "$pid" 2>/dev/null || return 0
-	for _ in $(seq 100); do
-		kill -0 "$pid" 2>/dev/null || return 0
-		sleep 0.05
+	kill -9 "$pid" 2>/dev/null || return 0
+	for _ in $(seq 200); do
+		alive "$pid" || return 0
+		sleep 0.02
 	done
-	kill -9 "$pid" 2>/dev/null || true
+}
+
+# alive PID: the process exists and is not a zombie (a killed server whose
+# parent, start.sh, is gone waits as one until something reaps it).
+alive() {
+	local st
+	st=$(awk '{print $3}' "/proc/$1/stat" 2>/dev/null) || return 1
+	[[ -n $st && $st != Z ]]
 }
 
 cleanup() {
@@ -124,13 +132,14 @@ ROOT_ACCESS_KEY_ID='$access' ROOT_SECRET_ACCESS_KEY='$secret' \\
 	>>"$tmp/\$name.log" 2>&1 </dev/null &
 echo \$! >"$tmp/\$name.pid"
 for _ in \$(seq 300); do
-	if ! kill -0 \$(cat "$tmp/\$name.pid") 2>/dev/null; then
+	st=\$(awk '{print \$3}' "/proc/\$(cat "$tmp/\$name.pid")/stat" 2>/dev/null) || st=Z
+	if [[ \$st == Z ]]; then
 		exit 1 # died: the port was taken, say
 	fi
 	if curl -s -o /dev/null "http://127.0.0.1:\$port/"; then
 		exit 0
 	fi
-	sleep 0.1
+	sleep 0.05
 done
 echo "versitygw on port \$port not ready after 30 s" >&2
 exit 1
@@ -176,16 +185,18 @@ cat >"$tmp/fault-ctl" <<EOF
 # fault-ctl stop|start|restart: controls the fault test server (same port,
 # same data).
 set -euo pipefail
+# stop kills the server outright, as a crash would (a graceful stop
+# waits seconds for idle connections); what it had acknowledged is on disk.
 stop() {
 	[[ -f "$tmp/fault.pid" ]] || return 0
 	pid=\$(cat "$tmp/fault.pid")
 	rm -f "$tmp/fault.pid"
-	kill "\$pid" 2>/dev/null || return 0
+	kill -9 "\$pid" 2>/dev/null || return 0
 	for _ in \$(seq 200); do
-		kill -0 "\$pid" 2>/dev/null || return 0
-		sleep 0.05
+		st=\$(awk '{print \$3}' "/proc/\$pid/stat" 2>/dev/null) || return 0
+		[[ -n \$st && \$st != Z ]] || return 0
+		sleep 0.02
 	done
-	kill -9 "\$pid" 2>/dev/null || true
 }
 start() {
 	for _ in 1 2 3 4 5; do

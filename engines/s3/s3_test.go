@@ -55,6 +55,10 @@ func open(t *testing.T, url string, tweak func(*s3.Config), log ...*slog.Logger)
 
 func smallParts(c *s3.Config) { c.PartSize = part }
 
+func s3OpenURL(t testing.TB, url string) (*s3.Engine, error) {
+	return s3.OpenURL(t.Context(), url, nil)
+}
+
 func TestParseURL(t *testing.T) {
 	for _, tc := range []struct {
 		url  string
