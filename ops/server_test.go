@@ -48,7 +48,7 @@ type envOptions struct {
 	authToken string
 }
 
-func newEnv(t *testing.T, o envOptions) *env {
+func newEnv(t testing.TB, o envOptions) *env {
 	t.Helper()
 	dir := t.TempDir()
 	kv, err := sqlite.Open(t.Context(), filepath.Join(dir, "kv.db"))

@@ -4,9 +4,11 @@
 #
 #   scripts/measure-http.sh [SIZE_MIB] [REPS] [PUTS]    # defaults: 1024 3 10000
 #
-# 1. A SIZE_MIB random file uploaded with curl --data-binary: to the discard
+# 1. A SIZE_MIB random file uploaded with curl -T (streamed): to the discard
 #    server, and to `alkblobfs serve` (embedded default store, a fresh one
-#    per repetition so that nothing dedups). Interleaved, medians of REPS.
+#    per repetition so that nothing dedups); beside them `cp` of the file
+#    and `sync` of the copy, the disk's floor for a durable put.
+#    Interleaved, medians of REPS.
 # 2. PUTS puts of distinct 1 KiB blobs over keep-alive connections, 8 at a
 #    time (scripts/httpbench), against both servers.
 # Everything listens on loopback; the stores live in $TMPDIR (default /tmp).
@@ -58,29 +60,56 @@ head -c $((size_mib << 20)) /dev/urandom >"$work/blob"
 upload() { # URL → seconds
 	local t0 t1
 	t0=$(date +%s%N)
-	curl -sS -o /dev/null --fail -H 'Content-Type: application/octet-stream' --data-binary @"$work/blob" "$1"
+	# -T streams the file (--data-binary would read it all into memory).
+	curl -sS -o /dev/null --fail -X POST -H 'Content-Type: application/octet-stream' -T "$work/blob" "$1" || {
+		echo "measure-http: upload to $1 failed" >&2
+		kill $$
+	}
 	t1=$(date +%s%N)
 	echo "scale=3; ($t1 - $t0) / 1000000000" | bc
 }
 median() { sort -n | awk '{a[NR]=$1} END {print a[int((NR+1)/2)]}'; }
 
-declare -a tn ta
+copysync() { # → seconds of cp + sync of the copy
+	local t0 t1
+	t0=$(date +%s%N)
+	cp "$work/blob" "$work/copy" && sync "$work/copy"
+	t1=$(date +%s%N)
+	rm -f "$work/copy"
+	echo "scale=3; ($t1 - $t0) / 1000000000" | bc
+}
+
+declare -a tn ta tc
 for r in $(seq "$reps"); do
 	start_serve "$work/store$r"
-	if ((r % 2)); then
+	sync
+	case $((r % 3)) in
+	1)
 		tn+=("$(upload "http://$discard/")")
 		ta+=("$(upload "$url/v1/blobs?namespace=bench")")
-	else
+		tc+=("$(copysync)")
+		;;
+	2)
 		ta+=("$(upload "$url/v1/blobs?namespace=bench")")
+		tc+=("$(copysync)")
 		tn+=("$(upload "http://$discard/")")
-	fi
+		;;
+	0)
+		tc+=("$(copysync)")
+		tn+=("$(upload "http://$discard/")")
+		ta+=("$(upload "$url/v1/blobs?namespace=bench")")
+		;;
+	esac
 	kill "$pid"; wait "$pid" 2>/dev/null || true
 	rm -rf "$work/store$r"
 done
 mn=$(printf '%s\n' "${tn[@]}" | median)
 ma=$(printf '%s\n' "${ta[@]}" | median)
-echo "1 put of $size_mib MiB with curl (median of $reps, s): discard ${tn[*]} → $mn; alkblobfs ${ta[*]} → $ma"
-echo "  MB/s: discard $(echo "scale=0; $size_mib * 1.048576 / $mn" | bc), alkblobfs $(echo "scale=0; $size_mib * 1.048576 / $ma" | bc), ratio $(echo "scale=2; $mn / $ma" | bc)"
+mc=$(printf '%s\n' "${tc[@]}" | median)
+mbs() { echo "scale=0; $size_mib * 1.048576 / $1" | bc; }
+echo "one $size_mib MiB file, medians of $reps (s): curl→discard ${tn[*]} → $mn; curl→alkblobfs ${ta[*]} → $ma; cp+sync ${tc[*]} → $mc"
+echo "  MB/s: curl→discard $(mbs "$mn"), curl→alkblobfs $(mbs "$ma"), cp+sync $(mbs "$mc")"
+echo "  ratios: alkblobfs/discard $(echo "scale=2; $mn / $ma" | bc), alkblobfs/(cp+sync) $(echo "scale=2; $mc / $ma" | bc)"
 
 start_serve "$work/puts"
 echo "discard:   $("$work/httpbench" puts -url "http://$discard/" -n "$nputs")"
