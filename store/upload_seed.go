@@ -244,11 +244,11 @@ func (r lockedReader) ReadAt(p []byte, off int64) (int, error) { return r.u.read
 // and stays a hole.
 func (u *Upload) settle(ctx context.Context, hashIt bool) (*contentHash, error) {
 	var h *contentHash
-	var pipe *hashPipe
+	var q *hashQueue
 	if hashIt {
 		h = newContentHash()
-		pipe = newHashPipe(h)
-		defer pipe.wait()
+		q = newHashQueue(h)
+		defer q.wait()
 	}
 	stage := extents{s: asSeeker(u.st)}
 	var base extents
@@ -262,9 +262,6 @@ func (u *Upload) settle(ctx context.Context, hashIt bool) (*contentHash, error) 
 			}
 		}
 	}
-	bp := copyBufs.Get().(*[]byte)
-	defer copyBufs.Put(bp)
-	buf := *bp
 	for off := int64(0); off < u.size; {
 		if err := ctx.Err(); err != nil {
 			return nil, err
@@ -285,34 +282,90 @@ func (u *Upload) settle(ctx context.Context, hashIt bool) (*contentHash, error) 
 			}
 		}
 		if a > off {
-			for n := a - off; n > 0; {
-				k := min(n, int64(len(zeroBlock)))
-				if pipe != nil {
-					pipe.Write(zeroBlock[:k])
-				}
-				n -= k
-			}
+			q.zeros(a - off)
 			off = a
 			continue
 		}
-		p := buf[:min(b-off, int64(len(buf)))]
-		if err := readFull(src, p, off); err != nil {
-			return nil, fmt.Errorf("upload: read back: %w", err)
+		bp := copyBufs.Get().(*[]byte)
+		p := (*bp)[:min(b-off, int64(len(*bp)))]
+		err := readFull(src, p, off)
+		if err == nil && fromBase && !allZero(p) { // the stage is a hole there
+			_, err = u.st.WriteAt(p, off)
 		}
-		if fromBase && !allZero(p) { // the stage is a hole there
-			if _, err := u.st.WriteAt(p, off); err != nil {
-				return nil, err
-			}
+		if err != nil {
+			copyBufs.Put(bp)
+			return nil, fmt.Errorf("upload: settle at %d: %w", off, err)
 		}
-		if pipe != nil {
-			pipe.Write(p)
-		}
+		q.data(bp, len(p)) // the queue puts bp back
 		off += int64(len(p))
 	}
-	if pipe != nil {
-		pipe.wait()
-	}
+	q.wait()
 	return h, nil
+}
+
+// hashQueue feeds a contentHash on its own goroutine, like hashPipe, but
+// without copying: data is handed over in a buffer of copyBufs, which the
+// queue puts back once hashed, and a run of zeros as its length.
+type hashQueue struct {
+	h    *contentHash
+	ch   chan hashItem
+	done chan struct{}
+	shut bool
+}
+
+type hashItem struct {
+	bp    *[]byte
+	n     int   // bytes of *bp to hash
+	zeros int64 // or: this many zeros
+}
+
+func newHashQueue(h *contentHash) *hashQueue {
+	q := &hashQueue{h: h, ch: make(chan hashItem, pipeDepth), done: make(chan struct{})}
+	go func() {
+		defer close(q.done)
+		for it := range q.ch {
+			if it.bp != nil {
+				q.h.Write((*it.bp)[:it.n])
+				copyBufs.Put(it.bp)
+				continue
+			}
+			for n := it.zeros; n > 0; {
+				k := min(n, int64(len(zeroBlock)))
+				q.h.Write(zeroBlock[:k])
+				n -= k
+			}
+		}
+	}()
+	return q
+}
+
+// data hashes the first n bytes of *bp and then puts bp back in copyBufs;
+// a nil queue puts it back at once.
+func (q *hashQueue) data(bp *[]byte, n int) {
+	if q == nil {
+		copyBufs.Put(bp)
+		return
+	}
+	q.ch <- hashItem{bp: bp, n: n}
+}
+
+func (q *hashQueue) zeros(n int64) {
+	if q != nil {
+		q.ch <- hashItem{zeros: n}
+	}
+}
+
+// wait lets the hash catch up and stops the goroutine. Idempotent; nil
+// is a no-op.
+func (q *hashQueue) wait() {
+	if q == nil {
+		return
+	}
+	if !q.shut {
+		q.shut = true
+		close(q.ch)
+	}
+	<-q.done
 }
 
 // zerosInBase returns how much of the base's hole [off, a) may be hashed

@@ -1,0 +1,333 @@
+//go:build linux
+
+package fusefs
+
+import (
+	"bytes"
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"slices"
+	"syscall"
+	"testing"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/alkblobfs/alkblobfs/blob"
+)
+
+// sparseModel is the expected content of a large file that is mostly
+// zeros: the 1 MiB pages written so far, zeros elsewhere.
+type sparseModel struct {
+	size  int64
+	pages map[int64][]byte
+}
+
+const modelPage = 1 << 20
+
+func newSparseModel(size int64) *sparseModel {
+	return &sparseModel{size: size, pages: make(map[int64][]byte)}
+}
+
+func (m *sparseModel) write(b []byte, off int64) {
+	m.size = max(m.size, off+int64(len(b)))
+	for len(b) > 0 {
+		i := off / modelPage
+		pg := m.pages[i]
+		if pg == nil {
+			pg = make([]byte, modelPage)
+			m.pages[i] = pg
+		}
+		k := copy(pg[off%modelPage:], b)
+		b, off = b[k:], off+int64(k)
+	}
+}
+
+func (m *sparseModel) read(off int64, n int) []byte {
+	out := make([]byte, 0, n)
+	for len(out) < n && off < m.size {
+		i := off / modelPage
+		k := min(int64(n-len(out)), modelPage-off%modelPage, m.size-off)
+		if pg := m.pages[i]; pg != nil {
+			out = append(out, pg[off%modelPage:off%modelPage+k]...)
+		} else {
+			out = append(out, make([]byte, k)...)
+		}
+		off += k
+	}
+	return out
+}
+
+// sum is the sha256 of the content, computed off the caller's goroutine
+// (while the mount hashes the same content at a close).
+func (m *sparseModel) sum() <-chan string {
+	pages := make(map[int64][]byte, len(m.pages))
+	for i, pg := range m.pages {
+		pages[i] = slices.Clone(pg)
+	}
+	size := m.size
+	ch := make(chan string, 1)
+	go func() {
+		h := sha256.New()
+		zero := make([]byte, modelPage)
+		for i := int64(0); i*modelPage < size; i++ {
+			pg := pages[i]
+			if pg == nil {
+				pg = zero
+			}
+			h.Write(pg[:min(modelPage, size-i*modelPage)])
+		}
+		ch <- hex.EncodeToString(h.Sum(nil))
+	}()
+	return ch
+}
+
+// publishedDigest is the digest a published incoming file reports.
+func publishedDigest(t testing.TB, path string) string {
+	t.Helper()
+	buf := make([]byte, 128)
+	n, err := unix.Getxattr(path, xattrDigest, buf)
+	if err != nil {
+		t.Fatalf("getxattr %s: %v", path, err)
+	}
+	return string(buf[:n])
+}
+
+// TestReopenBigReceipt: opening a published 1 GiB receipt for writing
+// without O_TRUNC returns at once (the upload reads the blob lazily), and
+// what `>>` then publishes is the old content and the appended bytes.
+func TestReopenBigReceipt(t *testing.T) {
+	e := mountStore(t, defaultSpec)
+	ns := e.mkns("ns")
+	p := filepath.Join(ns, incomingName, "big")
+	const size = 1 << 30
+	m := newSparseModel(size)
+	start := time.Now()
+	f, err := os.Create(p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := f.Truncate(size); err != nil {
+		t.Fatal(err)
+	}
+	for i, off := range []int64{0, 300<<20 + 12345, size - 1<<20} {
+		b := randBytes(uint64(i+1), 1<<20)
+		if _, err := f.WriteAt(b, off); err != nil {
+			t.Fatal(err)
+		}
+		m.write(b, off)
+	}
+	if err := f.Close(); err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("1 GiB receipt written and published: %v", time.Since(start))
+
+	// Open for appending, and close without writing: five times.
+	var took []time.Duration
+	for range 5 {
+		start := time.Now()
+		f, err := os.OpenFile(p, os.O_WRONLY|os.O_APPEND, 0)
+		took = append(took, time.Since(start))
+		if err != nil {
+			t.Fatal(err)
+		}
+		f.Close()
+	}
+	t.Logf("open(O_WRONLY|O_APPEND) of a 1 GiB receipt: %v", took)
+	slices.Sort(took)
+	if med := took[len(took)/2]; med > 500*time.Millisecond {
+		t.Fatalf("open for append of a 1 GiB receipt takes %v (median); want well under a second", med)
+	}
+
+	start = time.Now()
+	sh(t, "echo appended >> "+p)
+	t.Logf("echo appended >> (1 GiB receipt): %v", time.Since(start))
+	m.write([]byte("appended\n"), m.size)
+	if got, w := publishedDigest(t, p), <-m.sum(); got != w {
+		t.Fatalf("after >>: published %s, want %s", got[:12], w[:12])
+	}
+	if n := stageResidue(t, e.st.Large()); n != 0 {
+		t.Fatalf("%d stage files left", n)
+	}
+}
+
+// TestReopenReceiptRewrites: a receipt re-opened without O_TRUNC
+// publishes its old content with the new writes: dd conv=notrunc in the
+// middle, across a chunk boundary; and writes through a descriptor kept
+// open across sweeps that take unreferenced blobs, which keep the old
+// version while the open upload reads it, and take it once it ended.
+func TestReopenReceiptRewrites(t *testing.T) {
+	e := mountStore(t, defaultSpec)
+	ns := e.mkns("ns")
+	p := filepath.Join(ns, incomingName, "f")
+	const size = 16 << 20
+	m := newSparseModel(0)
+	page := randBytes(1, modelPage)
+	for i := range int64(size / modelPage) {
+		page[0], page[1] = byte(i), byte(i>>8) // every page differs
+		m.write(page, i*modelPage)
+	}
+	writeFile(t, p, m.read(0, size))
+
+	src := filepath.Join(t.TempDir(), "patch")
+	patch := randBytes(7, 100<<10)
+	writeFile(t, src, patch)
+	off := int64(10<<20 + 64<<10 - 5000)
+	sh(t, fmt.Sprintf("dd if=%s of=%s bs=100k count=1 seek=%d oflag=seek_bytes conv=notrunc status=none", src, p, off))
+	m.write(patch, off)
+	if got, w := publishedDigest(t, p), <-m.sum(); got != w {
+		t.Fatalf("after dd conv=notrunc: published %s, want %s", got[:12], w[:12])
+	}
+
+	ctx := context.Background()
+	old := publishedDigest(t, p)
+	oldD, _ := blob.Parse(old)
+	f, err := os.OpenFile(p, os.O_RDWR, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	// Nothing references the old version now but the open upload.
+	if err := os.Remove(filepath.Join(ns, old)); err != nil {
+		t.Fatal(err)
+	}
+	other, pin, err := e.st.Put(ctx, bytes.NewReader(randBytes(9, 1<<20)), 1<<20)
+	if err != nil {
+		t.Fatal(err)
+	}
+	pin.Release()
+	for range 2 {
+		if _, err := e.st.Sweep(ctx); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if ok, _ := e.st.Has(ctx, other); ok {
+		t.Fatal("two sweeps left an unreferenced blob: the test proves nothing")
+	}
+	if ok, _ := e.st.Has(ctx, oldD); !ok {
+		t.Fatal("a sweep took the blob an open upload reads")
+	}
+	mid := []byte("written in the middle")
+	if _, err := f.WriteAt(mid, 12<<20+3); err != nil {
+		t.Fatal(err)
+	}
+	m.write(mid, 12<<20+3)
+	for _, at := range []int64{0, off - 10, 12<<20 - 100, size - 1000} {
+		got := make([]byte, 200<<10)
+		k, err := f.ReadAt(got, at)
+		if err != nil && k != size-int(at) || !bytes.Equal(got[:k], m.read(at, len(got))) {
+			t.Fatalf("read at %d through the open descriptor: %d bytes, %v; or wrong content", at, k, err)
+		}
+	}
+	want := m.sum()
+	if err := f.Close(); err != nil {
+		t.Fatal(err)
+	}
+	d := publishedDigest(t, p)
+	if w := <-want; d != w {
+		t.Fatalf("after a write through an open descriptor: published %s, want %s", d[:12], w[:12])
+	}
+	if s := fileSum(t, e.blobFile(d)); s != d {
+		t.Fatalf("the blob file of %s hashes to %s", d[:12], s[:12])
+	}
+	eventually(t, 5*time.Second, "sweeps to take the old version once its upload ended", func() bool {
+		if _, err := e.st.Sweep(ctx); err != nil {
+			t.Fatal(err)
+		}
+		ok, _ := e.st.Has(ctx, oldD)
+		return !ok
+	})
+	if n := stageResidue(t, e.st.Large()); n != 0 {
+		t.Fatalf("%d stage files left", n)
+	}
+}
+
+// sparseSum is the sha256 of a file, read in large pieces (a 1 GiB file
+// of holes is a second of hashing).
+func sparseSum(t testing.TB, path string) string {
+	f, err := os.Open(path)
+	if err != nil {
+		t.Error(err)
+		return ""
+	}
+	defer f.Close()
+	h := sha256.New()
+	if _, err := io.CopyBuffer(h, f, make([]byte, 1<<20)); err != nil {
+		t.Errorf("read %s: %v", path, err)
+	}
+	return hex.EncodeToString(h.Sum(nil))
+}
+
+// blocksOf is the disk a file takes, in bytes.
+func blocksOf(t testing.TB, path string) int64 {
+	t.Helper()
+	var st syscall.Stat_t
+	if err := syscall.Stat(path, &st); err != nil {
+		t.Fatal(err)
+	}
+	return st.Blocks * 512
+}
+
+// TestSparseIncoming: a 1 GiB file holding 4 KiB of data, written into
+// incoming/ as truncate + dd conv=notrunc or by cp --sparse=always, is
+// stored in about 4 KiB on the local engine, under the sha256 of its full
+// content (that of the same file made natively), and reads back as
+// zeros in its holes.
+func TestSparseIncoming(t *testing.T) {
+	e := mountStore(t, defaultSpec)
+	ns := e.mkns("ns")
+	dir := t.TempDir()
+	data := filepath.Join(dir, "data")
+	writeFile(t, data, randBytes(3, 4<<10))
+	native := filepath.Join(dir, "native")
+	mk := func(path string) string {
+		return fmt.Sprintf("truncate -s 1G %[1]s && dd if=%[2]s of=%[1]s bs=4k seek=1000 count=1 conv=notrunc status=none", path, data)
+	}
+	sh(t, mk(native))
+	nativeSum := make(chan string, 1)
+	go func() { nativeSum <- sparseSum(t, native) }()
+	in := filepath.Join(ns, incomingName, "sparse")
+	start := time.Now()
+	sh(t, mk(in))
+	t.Logf("truncate -s 1G + dd conv=notrunc into incoming/: %v", time.Since(start))
+	want := <-nativeSum
+	d := publishedDigest(t, in)
+	if d != want {
+		t.Fatalf("published %s; sha256sum of the same file made natively says %s", d[:12], want[:12])
+	}
+	if b := blocksOf(t, e.blobFile(d)); b > 64<<10 {
+		t.Fatalf("the 1 GiB blob holding 4 KiB takes %d bytes on disk", b)
+	} else {
+		t.Logf("blob of 1 GiB holding 4 KiB: %d bytes on disk", b)
+	}
+	// cp --sparse=always of the native file: the same blob.
+	cp := filepath.Join(ns, incomingName, "cp")
+	start = time.Now()
+	sh(t, "cp --sparse=always "+native+" "+cp)
+	t.Logf("cp --sparse=always: %v", time.Since(start))
+	if got := publishedDigest(t, cp); got != want {
+		t.Fatalf("cp --sparse=always published %s, want %s", got[:12], want[:12])
+	}
+	// Reads: zeros in a hole, the data where it was written.
+	f, err := os.Open(filepath.Join(ns, d))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	b := make([]byte, 8<<10)
+	if _, err := f.ReadAt(b, 4000<<10-4<<10); err != nil {
+		t.Fatal(err)
+	}
+	src, _ := os.ReadFile(data)
+	if !bytes.Equal(b[:4<<10], make([]byte, 4<<10)) || !bytes.Equal(b[4<<10:], src) {
+		t.Fatal("the published sparse blob reads back wrong")
+	}
+	if n := stageResidue(t, e.st.Large()); n != 0 {
+		t.Fatalf("%d stage files left", n)
+	}
+}
