@@ -20,6 +20,7 @@ import (
 	"net/http"
 	"net/url"
 	"strings"
+	"time"
 
 	"github.com/alkblobfs/alkblobfs/blob"
 )
@@ -76,7 +77,11 @@ func New(baseURL, authToken string) (*Client, error) {
 		return nil, fmt.Errorf("remote URL %q: no credentials in the URL; use an auth token file", u.Redacted())
 	}
 	u.Path = strings.TrimSuffix(u.Path, "/")
-	return &Client{base: u, hc: http.DefaultClient, token: authToken}, nil
+	// No overall timeout (a blob may take long to stream); a server that
+	// does not answer at all is given up on.
+	tr := http.DefaultTransport.(*http.Transport).Clone()
+	tr.ResponseHeaderTimeout = 5 * time.Minute
+	return &Client{base: u, hc: &http.Client{Transport: tr}, token: authToken}, nil
 }
 
 // Error is an error answer of the server.
@@ -98,8 +103,6 @@ func (e *Error) Is(target error) bool {
 		return target == blob.ErrTooLarge
 	case http.StatusConflict:
 		return target == blob.ErrGcRefuse
-	case http.StatusBadRequest:
-		return target == blob.ErrKeyInvalid && strings.Contains(e.Msg, "digest")
 	}
 	return false
 }
@@ -250,28 +253,55 @@ func (c *Client) Get(ctx context.Context, d Digest, ns string) (rc io.ReadCloser
 }
 
 // GetRange reads n bytes of d from off (fewer at the end of the blob),
-// checked against the digest the server sent for them.
+// each slice the server sends checked against the digest it sent with it.
+// A server answers at most 64 MiB per request: longer ranges take several.
 func (c *Client) GetRange(ctx context.Context, d Digest, off, n int64) ([]byte, error) {
 	if off < 0 || n <= 0 {
 		return nil, fmt.Errorf("range %d+%d: want off >= 0 and n > 0", off, n)
 	}
+	var out []byte
+	for n > 0 {
+		b, size, err := c.getSlice(ctx, d, off, n)
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, b...)
+		off += int64(len(b))
+		n -= int64(len(b))
+		if off >= size {
+			break
+		}
+	}
+	return out, nil
+}
+
+// getSlice asks for bytes [off, off+n) of d and returns what the server
+// sent (a prefix of them), checked, and the blob's size.
+func (c *Client) getSlice(ctx context.Context, d Digest, off, n int64) ([]byte, int64, error) {
 	resp, err := c.get(ctx, d, "", fmt.Sprintf("bytes=%d-%d", off, off+n-1))
 	if err != nil {
-		return nil, err
+		return nil, 0, err
 	}
 	defer resp.Body.Close()
-	b, err := io.ReadAll(resp.Body)
+	if resp.StatusCode != http.StatusPartialContent {
+		return nil, 0, fmt.Errorf("range %d+%d of %s: the server answered %s, not 206", off, n, d, resp.Status)
+	}
+	var first, last, size int64
+	if _, err := fmt.Sscanf(resp.Header.Get("Content-Range"), "bytes %d-%d/%d", &first, &last, &size); err != nil || first != off || last < first || last >= off+n {
+		return nil, 0, fmt.Errorf("range %d+%d of %s: the server sent Content-Range %q", off, n, d, resp.Header.Get("Content-Range"))
+	}
+	b, err := io.ReadAll(io.LimitReader(resp.Body, last-first+1))
 	if err != nil {
-		return nil, err
+		return nil, 0, err
 	}
 	want, err := reprDigest(resp.Header.Get("Repr-Digest"))
 	if err != nil {
-		return nil, err
+		return nil, 0, err
 	}
-	if sha256.Sum256(b) != want {
-		return nil, fmt.Errorf("range %d+%d of %s: %w", off, n, d, blob.ErrVerification)
+	if int64(len(b)) != last-first+1 || sha256.Sum256(b) != want {
+		return nil, 0, fmt.Errorf("range %d+%d of %s: %w", off, n, d, blob.ErrVerification)
 	}
-	return b, nil
+	return b, size, nil
 }
 
 func (c *Client) get(ctx context.Context, d Digest, ns, rng string) (*http.Response, error) {

@@ -25,6 +25,9 @@ type (
 
 // put: POST /v1/blobs?namespace=NS, the body is the blob.
 func (s *Server) put(w http.ResponseWriter, r *http.Request) error {
+	if s.ro {
+		return errReadOnly
+	}
 	ns, err := s.namespace(r, r.URL.Query().Get("namespace"))
 	if err != nil {
 		return err
@@ -34,25 +37,57 @@ func (s *Server) put(w http.ResponseWriter, r *http.Request) error {
 		return err
 	}
 	size := r.ContentLength // -1: unknown (chunked)
+	// A body up to the kv threshold is held in memory whole: its share of
+	// the server's memory first.
+	held := s.st.Threshold()
+	if size >= 0 {
+		held = min(size, held)
+	}
+	if err := s.mem.Acquire(r.Context(), held); err != nil {
+		return err
+	}
+	defer s.mem.Release(held)
+	body := &bodyReader{r: r.Body}
 	link := store.WithLink(s.ns.LinkFunc(ns))
 	var d store.Digest
 	var pin *store.Pin
 	if want != nil {
 		d = *want
-		pin, err = s.st.PutVerified(r.Context(), d, r.Body, size, link)
+		pin, err = s.st.PutVerified(r.Context(), d, body, size, link)
 	} else {
-		d, pin, err = s.st.Put(r.Context(), r.Body, size, link)
+		d, pin, err = s.st.Put(r.Context(), body, size, link)
 	}
-	if errors.Is(err, io.ErrUnexpectedEOF) {
-		return badRequest("the request body ended before its end (%v): nothing was stored", err)
+	if err != nil && body.err != nil {
+		return badRequest("the request body ended early (%v): nothing was stored", body.err)
 	}
 	if err != nil {
 		return err
 	}
-	tok := s.tokens.mint(pin, ns)
+	tok, ok := s.tokens.mint(pin, ns)
+	if !ok {
+		return errShuttingDown
+	}
 	w.Header().Set("Location", "/v1/blobs/"+d.String())
 	writeJSON(w, http.StatusCreated, PutResponse{Token: tok, Digest: d.String()})
 	return nil
+}
+
+var errReadOnly = &httpError{http.StatusForbidden, "read_only", "this server is read-only (a read-only mount, or a store on read-only media): puts and deletes are refused"}
+
+// bodyReader remembers a failed read of a request body (a client that
+// hung up, a body shorter than its Content-Length), so that the put's
+// failure is answered as the client's fault.
+type bodyReader struct {
+	r   io.Reader
+	err error
+}
+
+func (b *bodyReader) Read(p []byte) (int, error) {
+	n, err := b.r.Read(p)
+	if err != nil && err != io.EOF && b.err == nil {
+		b.err = err
+	}
+	return n, err
 }
 
 // namespace checks that ns names an existing namespace.
@@ -145,19 +180,26 @@ func (s *Server) have(w http.ResponseWriter, r *http.Request) error {
 		}
 		ds[i] = d
 	}
-	ns, err := s.namespace(r, req.Namespace)
-	if err != nil {
-		return err
-	}
 	present := make([]bool, len(ds))
 	if req.Token != "" {
-		// The renewal probe: one token binds one pin, on one digest.
+		// The renewal probe: one token binds one pin, on one digest, put
+		// into one namespace. A token that does not match (lapsed, of
+		// another server, of another namespace) answers false.
 		if len(ds) != 1 {
 			return badRequest("a have with a token renews that token's pin: give exactly one digest, not %d", len(ds))
 		}
-		present[0] = s.tokens.renew(req.Token, ds[0])
-	} else if present, err = s.ns.HasMany(r.Context(), ns, ds); err != nil {
-		return err
+		if err := namespaces.ValidName(req.Namespace); err != nil {
+			return badRequest("namespace %q: %v", clip(req.Namespace), err)
+		}
+		present[0] = s.tokens.renew(req.Token, req.Namespace, ds[0])
+	} else {
+		ns, err := s.namespace(r, req.Namespace)
+		if err != nil {
+			return err
+		}
+		if present, err = s.ns.HasMany(r.Context(), ns, ds); err != nil {
+			return err
+		}
 	}
 	writeJSON(w, http.StatusOK, HaveResponse{Present: present})
 	return nil
@@ -166,6 +208,9 @@ func (s *Server) have(w http.ResponseWriter, r *http.Request) error {
 // delete: DELETE /v1/blobs/{digest} removes the blob now, unless
 // something keeps it (a namespace links it, a pin holds it): 409.
 func (s *Server) delete(w http.ResponseWriter, r *http.Request) error {
+	if s.ro {
+		return errReadOnly
+	}
 	d, err := store.ParseDigest(r.PathValue("digest"))
 	if err != nil {
 		return badRequest("%q is not a digest: %v", clip(r.PathValue("digest")), err)
@@ -213,11 +258,20 @@ func (s *Server) get(w http.ResponseWriter, r *http.Request) error {
 	size := rd.Len()
 	etag := `"` + d.String() + `"`
 	h := w.Header()
-	h.Set("ETag", etag)
+	// Set on the answers that carry the blob (or say it is unchanged), never
+	// on errors: a cache keeps these for a year. Not "public" behind a
+	// token: a shared cache must not serve the blob to clients without it.
+	cacheable := func() {
+		h.Set("ETag", etag)
+		if s.hasAuth {
+			h.Set("Cache-Control", "private, max-age=31536000, immutable")
+		} else {
+			h.Set("Cache-Control", "public, max-age=31536000, immutable")
+		}
+	}
 	h.Set("Accept-Ranges", "bytes")
-	// The content of a digest never changes.
-	h.Set("Cache-Control", "public, max-age=31536000, immutable")
 	if inm := r.Header.Get("If-None-Match"); inm != "" && etagMatch(inm, etag) {
+		cacheable()
 		w.WriteHeader(http.StatusNotModified)
 		return nil
 	}
@@ -229,51 +283,64 @@ func (s *Server) get(w http.ResponseWriter, r *http.Request) error {
 		h.Set("Content-Range", fmt.Sprintf("bytes */%d", size))
 		return &httpError{http.StatusRequestedRangeNotSatisfiable, "bad_range", err.Error()}
 	}
-	h.Set("Content-Type", "application/octet-stream")
 	if !ranged {
+		cacheable()
 		setDigest(h, d)
+		h.Set("Content-Type", "application/octet-stream")
 		h.Set("Content-Length", strconv.FormatInt(size, 10))
 		w.WriteHeader(http.StatusOK)
-		if r.Method == http.MethodHead {
-			return nil
-		}
-		if _, err := rd.WriteTo(w); err != nil {
-			s.abort(r, d, err)
+		if r.Method != http.MethodHead {
+			s.send(w, r, rd, 0, size)
 		}
 		return nil
 	}
-	// A slice: its own digest goes in the headers, so it is read first
-	// (whole, up to store.MaxReadRange; beyond that, hashed in one pass
-	// and sent in a second).
-	var body []byte
-	var sd store.Digest
-	if n <= store.MaxReadRange {
-		body, sd, err = s.st.ReadRange(r.Context(), d, off, n)
-		if err != nil {
-			return err
-		}
-	} else {
-		hs := sha256.New()
-		if _, err := io.Copy(hs, io.NewSectionReader(rd, off, n)); err != nil {
-			return err
-		}
-		sd = store.Digest(hs.Sum(nil))
+	// A slice: its digest goes in the headers, so it is read (and its
+	// chunks checked) first. A longer range than store.MaxReadRange gets
+	// its first MaxReadRange bytes, and Content-Range says so: the client
+	// asks again for the rest (RFC 9110 §15.3.7).
+	n = min(n, store.MaxReadRange)
+	if err := s.mem.Acquire(r.Context(), n); err != nil {
+		return err
 	}
-	setDigest(h, sd)
+	defer s.mem.Release(n)
+	body := make([]byte, n)
+	if k, err := rd.ReadAt(body, off); k < len(body) {
+		if err == nil || err == io.EOF {
+			err = fmt.Errorf("read %s: %d bytes at %d, want %d: %w", d, k, off, n, io.ErrUnexpectedEOF)
+		}
+		return err
+	}
+	cacheable()
+	setDigest(h, sha256.Sum256(body))
+	h.Set("Content-Type", "application/octet-stream")
 	h.Set("Content-Range", fmt.Sprintf("bytes %d-%d/%d", off, off+n-1, size))
 	h.Set("Content-Length", strconv.FormatInt(n, 10))
 	w.WriteHeader(http.StatusPartialContent)
-	if r.Method == http.MethodHead {
-		return nil
-	}
-	if body != nil {
+	if r.Method != http.MethodHead {
 		w.Write(body)
-		return nil
-	}
-	if _, err := io.CopyBuffer(w, io.NewSectionReader(rd, off, n), make([]byte, 1<<20)); err != nil {
-		s.abort(r, d, err)
 	}
 	return nil
+}
+
+// send streams n bytes of rd from off through ReadAt, which checks every
+// chunk before it returns it: a byte is written only once it has passed.
+// A failure cuts the connection (abort).
+func (s *Server) send(w http.ResponseWriter, r *http.Request, rd *store.Reader, off, n int64) {
+	buf := make([]byte, min(n, 1<<20))
+	for n > 0 {
+		k, err := rd.ReadAt(buf[:min(int64(len(buf)), n)], off)
+		if err != nil && !(err == io.EOF && int64(k) == n) {
+			if err == io.EOF {
+				err = fmt.Errorf("read %s: ended %d bytes early: %w", rd.Digest(), n-int64(k), io.ErrUnexpectedEOF)
+			}
+			s.abort(r, rd.Digest(), err)
+		}
+		if _, werr := w.Write(buf[:k]); werr != nil {
+			panic(http.ErrAbortHandler) // the client is gone
+		}
+		off += int64(k)
+		n -= int64(k)
+	}
 }
 
 // abort ends a response whose headers are out: the connection is cut, so
@@ -318,7 +385,8 @@ func etagMatch(list, etag string) bool {
 // single range that selects nothing is an error (416).
 func parseRange(h string, size int64) (off, n int64, ranged bool, err error) {
 	spec, ok := strings.CutPrefix(h, "bytes=")
-	if h == "" || !ok || strings.Contains(spec, ",") {
+	if h == "" || !ok || strings.Contains(spec, ",") || size == 0 {
+		// An empty blob has no range to give: the whole of it (200).
 		return 0, size, false, nil
 	}
 	first, last, ok := strings.Cut(strings.TrimSpace(spec), "-")

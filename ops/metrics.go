@@ -80,6 +80,9 @@ func (m *Metrics) Handler() http.Handler {
 	return promhttp.HandlerFor(m.reg, promhttp.HandlerOpts{})
 }
 
+// Close stops a tier count under way and waits for it.
+func (m *Metrics) Close() { m.tiers.close() }
+
 // AttachMount adds a mount's counters to the metrics.
 func (m *Metrics) AttachMount(stats func() MountStats) { m.mount.Store(&stats) }
 
@@ -139,9 +142,9 @@ func desc(name, help string, labels ...string) *prometheus.Desc {
 	return prometheus.NewDesc(name, help, labels, nil)
 }
 
-func (c *storeCollector) Describe(ch chan<- *prometheus.Desc) {
-	prometheus.DescribeByCollect(c, ch)
-}
+// Describe describes nothing: an unchecked collector, so that registering
+// it does not collect (which would start a tier count).
+func (c *storeCollector) Describe(chan<- *prometheus.Desc) {}
 
 func (c *storeCollector) Collect(ch chan<- prometheus.Metric) {
 	counter := func(d *prometheus.Desc, v int64, labels ...string) {
@@ -221,7 +224,21 @@ type tierSizes struct {
 	mu      sync.Mutex
 	counted time.Time
 	running bool
+	closed  bool
+	cancel  context.CancelFunc
+	done    chan struct{}
 	last    []tierSize
+}
+
+func (t *tierSizes) close() {
+	t.mu.Lock()
+	t.closed = true
+	cancel, done := t.cancel, t.done
+	t.mu.Unlock()
+	if cancel != nil {
+		cancel()
+		<-done
+	}
 }
 
 type tierSize struct {
@@ -232,14 +249,18 @@ type tierSize struct {
 func (t *tierSizes) get() []tierSize {
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	if !t.running && time.Since(t.counted) >= t.every {
+	if !t.running && !t.closed && time.Since(t.counted) >= t.every {
 		t.running = true
-		go t.count()
+		ctx, cancel := context.WithCancel(context.Background())
+		t.cancel, t.done = cancel, make(chan struct{})
+		go t.count(ctx, cancel, t.done)
 	}
 	return t.last
 }
 
-func (t *tierSizes) count() {
+func (t *tierSizes) count(ctx context.Context, cancel context.CancelFunc, done chan struct{}) {
+	defer close(done)
+	defer cancel()
 	var sizes []tierSize
 	for _, tier := range []struct {
 		name store.Tier
@@ -250,7 +271,7 @@ func (t *tierSizes) count() {
 		}
 		ts := tierSize{tier: tier.name}
 		ok := true
-		for e, err := range tier.e.List(context.Background(), store.Digest{}) {
+		for e, err := range tier.e.List(ctx, store.Digest{}) {
 			if err != nil {
 				ok = false
 				break
@@ -266,5 +287,7 @@ func (t *tierSizes) count() {
 	defer t.mu.Unlock()
 	t.running = false
 	t.counted = time.Now()
-	t.last = sizes
+	if ctx.Err() == nil {
+		t.last = sizes
+	}
 }

@@ -6,12 +6,16 @@ import (
 	"crypto/subtle"
 	"errors"
 	"fmt"
+	"io"
 	"log/slog"
 	"net"
 	"net/http"
 	"os"
 	"strings"
+	"sync"
 	"time"
+
+	"golang.org/x/sync/semaphore"
 
 	"github.com/alkblobfs/alkblobfs/client"
 	"github.com/alkblobfs/alkblobfs/gc"
@@ -45,8 +49,16 @@ type Config struct {
 	// AuthToken, if set, is the bearer token every request must carry.
 	AuthToken string
 	// Metrics, if set, is shared with a mount; nil makes the store's own.
+	// The server's Close closes it.
 	Metrics *Metrics
-	Logger  *slog.Logger
+	// ReadOnly refuses puts and deletes (403), as a read-only mount
+	// refuses changes.
+	ReadOnly bool
+	// Memory bounds the bytes requests hold in memory together (put bodies
+	// up to the kv threshold, ranged reads); 0 means
+	// store.DefaultUploadMemory. A request waits for its share.
+	Memory int64
+	Logger *slog.Logger
 }
 
 // Server is the HTTP ops surface of one store.
@@ -58,7 +70,18 @@ type Server struct {
 	log     *slog.Logger
 	auth    [sha256.Size]byte
 	hasAuth bool
+	ro      bool
 	mux     *http.ServeMux
+
+	// handlers counts the requests being handled; once closing is set no
+	// request starts (503), so that Serve can wait for the rest.
+	gate     sync.Mutex
+	closing  bool
+	handlers sync.WaitGroup
+
+	// mem bounds the bytes requests hold in memory together: put bodies
+	// up to the kv threshold, ranged reads.
+	mem *semaphore.Weighted
 }
 
 // New returns a server over cfg.Store. Close releases the pins its
@@ -76,12 +99,17 @@ func New(cfg Config) *Server {
 	if cfg.Metrics == nil {
 		cfg.Metrics = NewMetrics(cfg.Store)
 	}
+	if cfg.Memory <= 0 {
+		cfg.Memory = store.DefaultUploadMemory
+	}
 	s := &Server{
 		st:      cfg.Store,
 		ns:      cfg.Namespaces,
 		tokens:  newTokens(cfg.TokenTTL, cfg.Clock),
 		metrics: cfg.Metrics,
 		log:     cfg.Logger,
+		ro:      cfg.ReadOnly || cfg.Store.ReadOnly(),
+		mem:     semaphore.NewWeighted(max(cfg.Memory, store.MaxReadRange)),
 	}
 	if cfg.AuthToken != "" {
 		// Compared as digests: constant time, whatever the lengths.
@@ -100,36 +128,67 @@ func New(cfg Config) *Server {
 		metrics.ServeHTTP(w, r)
 		return nil
 	}))
+	s.mux.Handle("/", s.counted("unknown", func(w http.ResponseWriter, r *http.Request) error {
+		return notFound("no such endpoint: %s %s (see GET /v1/blobs/DIGEST, POST /v1/blobs, POST /v1/blobs/have, /metrics)", r.Method, clip(r.URL.Path))
+	}))
 	return s
 }
 
 // Handler is the server's HTTP handler.
 func (s *Server) Handler() http.Handler { return s.mux }
 
-// Close releases every token's pin.
-func (s *Server) Close() { s.tokens.close() }
+// Close releases every token's pin and stops the metrics' background
+// work. A put that completes afterwards gets no token (503): its pin is
+// released at once.
+func (s *Server) Close() {
+	s.gate.Lock()
+	s.closing = true
+	s.gate.Unlock()
+	s.tokens.close()
+	s.metrics.Close()
+}
 
-// Serve answers requests on ln until ctx ends, then shuts down gracefully
-// (requests in flight get up to 10 s) and releases every token.
+// shutdownGrace is how long requests in flight may take to finish once
+// Serve's context ends; then they are cut off.
+const shutdownGrace = 10 * time.Second
+
+// Serve answers requests on ln until ctx ends, then shuts down gracefully:
+// it stops accepting, lets requests in flight finish (for up to 10 s, then
+// cuts them off), waits for their handlers, and releases every token.
 func (s *Server) Serve(ctx context.Context, ln net.Listener) error {
+	// Requests get a context of their own that ctx ending does not cancel:
+	// a shutdown lets them finish first.
+	reqCtx, cutOff := context.WithCancel(context.WithoutCancel(ctx))
+	defer cutOff()
 	hs := &http.Server{
 		Handler:           s.mux,
 		ReadHeaderTimeout: 30 * time.Second,
 		ErrorLog:          slog.NewLogLogger(s.log.Handler(), slog.LevelDebug),
-		BaseContext:       func(net.Listener) context.Context { return ctx },
+		BaseContext:       func(net.Listener) context.Context { return reqCtx },
 	}
 	stop := make(chan struct{})
 	go s.expireLoop(stop)
-	done := make(chan struct{})
-	go func() {
-		defer close(done)
-		<-ctx.Done()
-		sctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-		defer cancel()
-		hs.Shutdown(sctx)
-	}()
-	err := hs.Serve(ln)
-	<-done
+	served := make(chan error, 1)
+	go func() { served <- hs.Serve(ln) }()
+	var err error
+	select {
+	case <-ctx.Done():
+		sctx, cancel := context.WithTimeout(context.Background(), shutdownGrace)
+		if hs.Shutdown(sctx) != nil {
+			s.log.Warn("requests still running after the shutdown grace period; cutting them off", "grace", shutdownGrace)
+			cutOff()
+			hs.Close()
+		}
+		cancel()
+		err = <-served
+	case err = <-served: // the listener failed
+		cutOff()
+		hs.Close()
+	}
+	s.gate.Lock()
+	s.closing = true
+	s.gate.Unlock()
+	s.handlers.Wait()
 	close(stop)
 	s.Close()
 	if errors.Is(err, http.ErrServerClosed) {
@@ -168,34 +227,51 @@ func (s *Server) route(pattern, name string, h func(http.ResponseWriter, *http.R
 func (s *Server) counted(name string, h func(http.ResponseWriter, *http.Request) error) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		sw := &statusWriter{ResponseWriter: w}
+		defer func() {
+			// An aborted answer (panic(http.ErrAbortHandler)) is counted
+			// too, by the status it had started with.
+			if sw.status == 0 {
+				sw.status = http.StatusOK
+			}
+			s.metrics.requests.WithLabelValues(name, fmt.Sprint(sw.status)).Inc()
+		}()
 		var err error
-		if !s.authorized(r) {
+		s.gate.Lock()
+		closing := s.closing
+		if !closing {
+			s.handlers.Add(1)
+			defer s.handlers.Done()
+		}
+		s.gate.Unlock()
+		switch {
+		case closing:
+			err = errShuttingDown
+		case !s.authorized(r):
 			sw.Header().Set("WWW-Authenticate", `Bearer realm="alkblobfs"`)
 			err = &httpError{http.StatusUnauthorized, "unauthorized", "missing or wrong bearer token (Authorization: Bearer …)"}
-		} else {
+		default:
 			err = h(sw, r)
 		}
-		if err != nil {
-			status, kind := classify(err)
-			s.metrics.countError(kind)
-			if status >= 500 {
-				s.log.Error("http request failed", "route", name, "method", r.Method, "path", r.URL.Path, "status", status, "err", err)
-			} else {
-				s.log.Debug("http request refused", "route", name, "method", r.Method, "path", r.URL.Path, "status", status, "err", err)
-			}
-			if sw.status == 0 {
-				if status == http.StatusServiceUnavailable {
-					sw.Header().Set("Retry-After", "5")
-				}
-				writeJSON(sw, status, errorBody{Error: err.Error()})
-			}
+		if err == nil {
+			return
+		}
+		status, kind := classify(err)
+		s.metrics.countError(kind)
+		if status >= 500 {
+			s.log.Error("http request failed", "route", name, "method", r.Method, "path", r.URL.Path, "status", status, "err", err)
+		} else {
+			s.log.Debug("http request refused", "route", name, "method", r.Method, "path", r.URL.Path, "status", status, "err", err)
 		}
 		if sw.status == 0 {
-			sw.status = http.StatusOK
+			if status == http.StatusServiceUnavailable {
+				sw.Header().Set("Retry-After", "5")
+			}
+			writeJSON(sw, status, errorBody{Error: err.Error()})
 		}
-		s.metrics.requests.WithLabelValues(name, fmt.Sprint(sw.status)).Inc()
 	})
 }
+
+var errShuttingDown = &httpError{http.StatusServiceUnavailable, "unavailable", "the server is shutting down"}
 
 func (s *Server) authorized(r *http.Request) bool {
 	if !s.hasAuth {
@@ -259,14 +335,19 @@ func loopback(a net.Addr) bool {
 // An empty token is an error, and so is a file others may read (it would
 // hand the store to every local user).
 func ReadAuthToken(file string) (string, error) {
-	fi, err := os.Stat(file)
+	f, err := os.Open(file)
 	if err != nil {
 		return "", fmt.Errorf("auth token file: %w", err)
 	}
-	if fi.Mode().Perm()&0o007 != 0 {
-		return "", fmt.Errorf("auth token file %s: mode %04o lets other users read it; chmod o-rwx %s", file, fi.Mode().Perm(), file)
+	defer f.Close()
+	fi, err := f.Stat() // the file read, not whatever the name points at later
+	if err != nil {
+		return "", fmt.Errorf("auth token file: %w", err)
 	}
-	b, err := os.ReadFile(file)
+	if fi.Mode().Perm()&0o077 != 0 {
+		return "", fmt.Errorf("auth token file %s: mode %04o lets other users read it; chmod 600 %s", file, fi.Mode().Perm(), file)
+	}
+	b, err := io.ReadAll(io.LimitReader(f, 64<<10))
 	if err != nil {
 		return "", fmt.Errorf("auth token file: %w", err)
 	}

@@ -5,6 +5,7 @@ import (
 	"context"
 	"crypto/sha256"
 	"encoding/base64"
+	"encoding/binary"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -111,11 +112,10 @@ func (s *syncBuffer) String() string {
 }
 
 func randBytes(n int, seed uint64) []byte {
-	r := rand.New(rand.NewPCG(seed, seed))
+	var s [32]byte
+	binary.LittleEndian.PutUint64(s[:], seed)
 	b := make([]byte, n)
-	for i := range b {
-		b[i] = byte(r.Uint32())
-	}
+	rand.NewChaCha8(s).Read(b)
 	return b
 }
 
@@ -195,6 +195,15 @@ func TestPutHaveGet(t *testing.T) {
 	if ok, err := e.c.Renew(t.Context(), "builds", tok, ds); ok || err != nil {
 		t.Fatalf("renew of a digest the token does not name = %v, %v; want false", ok, err)
 	}
+	if err := e.svc.Create(t.Context(), "other"); err != nil {
+		t.Fatal(err)
+	}
+	if ok, err := e.c.Renew(t.Context(), "other", tok, dl); ok || err != nil {
+		t.Fatalf("renew in a namespace the put did not link into = %v, %v; want false", ok, err)
+	}
+	if ok, err := e.c.Renew(t.Context(), "gone", tok, dl); ok || err != nil {
+		t.Fatalf("renew in an absent namespace = %v, %v; want false and no error", ok, err)
+	}
 	// The entry is in the namespace, as a mount would list it.
 	if _, ok, err := e.svc.Has(t.Context(), "builds", dl); !ok || err != nil {
 		t.Fatalf("namespace Has = %v, %v", ok, err)
@@ -225,14 +234,27 @@ func TestPutHaveGet(t *testing.T) {
 		}
 	}
 	// A namespace that does not hold the blob does not serve it.
-	if err := e.svc.Create(t.Context(), "other"); err != nil {
-		t.Fatal(err)
-	}
 	if _, _, err := e.c.Get(t.Context(), ds, "other"); !errors.Is(err, blob.ErrMissing) {
 		t.Fatalf("get through a namespace without it: %v; want 404", err)
 	}
 	if _, _, err := e.c.Get(t.Context(), absent, ""); !errors.Is(err, blob.ErrMissing) {
 		t.Fatalf("get of an absent blob: %v; want 404", err)
+	}
+
+	// The empty blob has no range to give: a Range gets the whole (200).
+	de, _ := e.put(t, "builds", nil)
+	status, h, body := request(t, "GET", e.url+"/v1/blobs/"+de.String(), nil, map[string]string{"Range": "bytes=0-1023"})
+	if status != 200 || len(body) != 0 || h.Get("Repr-Digest") != reprDigest(nil) {
+		t.Fatalf("ranged GET of the empty blob: %d, %d bytes, %q", status, len(body), h.Get("Repr-Digest"))
+	}
+	// An unknown endpoint is a JSON 404; errors never carry cache headers.
+	status, h, body = request(t, "GET", e.url+"/v2/nothing", nil, nil)
+	if status != 404 || !bytes.Contains(body, []byte(`"error"`)) {
+		t.Fatalf("unknown endpoint: %d %s", status, body)
+	}
+	status, h, _ = request(t, "GET", e.url+"/v1/blobs/"+dl.String(), nil, map[string]string{"Range": "bytes=999999999-"})
+	if status != http.StatusRequestedRangeNotSatisfiable || h.Get("Cache-Control") != "" || h.Get("ETag") != "" {
+		t.Fatalf("416: Cache-Control %q, ETag %q", h.Get("Cache-Control"), h.Get("ETag"))
 	}
 
 	// A claimed digest: kept when right, refused (422, nothing stored) when wrong.
@@ -248,7 +270,7 @@ func TestPutHaveGet(t *testing.T) {
 	if e.has(t, blob.Sum(fourth)) {
 		t.Fatal("a refused put stored its content")
 	}
-	status, _, body := request(t, "POST", e.url+"/v1/blobs?namespace=builds", bytes.NewReader(fourth),
+	status, _, body = request(t, "POST", e.url+"/v1/blobs?namespace=builds", bytes.NewReader(fourth),
 		map[string]string{"X-Alkblobfs-Digest": want.String()})
 	if status != http.StatusUnprocessableEntity || !bytes.Contains(body, []byte(`"error"`)) {
 		t.Fatalf("X-Alkblobfs-Digest mismatch: %d %s", status, body)
@@ -399,15 +421,22 @@ func TestRangedReads(t *testing.T) {
 	}
 }
 
-// A range larger than what the server reads into memory at once is
-// hashed in one pass and sent in another.
+// A range longer than store.MaxReadRange is answered with its first
+// MaxReadRange bytes, as Content-Range says; the client asks again for the
+// rest.
 func TestRangeOverReadLimit(t *testing.T) {
 	e := newEnv(t, envOptions{})
 	b := randBytes(store.MaxReadRange+(1<<20), 6)
 	d, _ := e.put(t, "builds", b)
 	status, h, body := request(t, "GET", e.url+"/v1/blobs/"+d.String(), nil, map[string]string{"Range": "bytes=100-"})
-	if status != http.StatusPartialContent || !bytes.Equal(body, b[100:]) || h.Get("Repr-Digest") != reprDigest(b[100:]) {
-		t.Fatalf("big range: %d, %d bytes, Repr-Digest %q", status, len(body), h.Get("Repr-Digest"))
+	end := 100 + store.MaxReadRange
+	if status != http.StatusPartialContent || !bytes.Equal(body, b[100:end]) || h.Get("Repr-Digest") != reprDigest(b[100:end]) ||
+		h.Get("Content-Range") != fmt.Sprintf("bytes 100-%d/%d", end-1, len(b)) {
+		t.Fatalf("big range: %d, %d bytes, Content-Range %q", status, len(body), h.Get("Content-Range"))
+	}
+	got, err := e.c.GetRange(t.Context(), d, 100, int64(len(b)))
+	if err != nil || !bytes.Equal(got, b[100:]) {
+		t.Fatalf("GetRange of the rest: %d bytes, %v", len(got), err)
 	}
 }
 
@@ -512,14 +541,18 @@ func TestBadInput(t *testing.T) {
 	// A body cut off mid-stream, with and without a length: nothing is
 	// published, no stage is left, no pin leaks.
 	cuts := 0
-	for _, chunked := range []bool{false, true} {
-		content := randBytes(1<<20, 11)
+	for _, tc := range []struct {
+		chunked bool
+		size    int
+	}{{false, 1 << 20}, {true, 1 << 20}, {false, 100 << 10}, {true, 100 << 10}} {
+		chunked := tc.chunked
+		content := randBytes(tc.size, 11)
 		conn, err := net.Dial("tcp", strings.TrimPrefix(e.url, "http://"))
 		if err != nil {
 			t.Fatal(err)
 		}
 		hdr := fmt.Sprintf("Content-Length: %d\r\n", len(content))
-		part := content[:300<<10]
+		part := content[:len(content)/2]
 		payload := part
 		if chunked {
 			hdr = "Transfer-Encoding: chunked\r\n"
@@ -530,7 +563,7 @@ func TestBadInput(t *testing.T) {
 		conn.Close()
 		// The server answers the cut (to no one) once its read fails.
 		deadline := time.Now().Add(10 * time.Second)
-		for strings.Count(e.log.String(), "the request body ended") < cuts+1 {
+		for strings.Count(e.log.String(), "the request body ended early") < cuts+1 {
 			if time.Now().After(deadline) {
 				t.Fatalf("chunked=%v: the server did not refuse the cut-off put; log:\n%s", chunked, e.log.String())
 			}
@@ -586,4 +619,131 @@ func residue(t *testing.T, st *store.Store) int {
 		t.Fatal(err)
 	}
 	return n
+}
+
+// A large blob whose bytes rotted on disk: a whole GET is cut off before
+// the bad chunk, never a complete-looking 200; a range over it fails; a
+// range elsewhere still reads.
+func TestCorruptBlobCutOff(t *testing.T) {
+	e := newEnv(t, envOptions{})
+	b := randBytes(3<<20, 31)
+	d, _ := e.put(t, "builds", b)
+	cur, err := e.st.Large().Open(t.Context(), d)
+	if err != nil {
+		t.Fatal(err)
+	}
+	path := cur.(engines.FileCursor).File().Name()
+	cur.Close()
+	f, err := os.OpenFile(path, os.O_WRONLY, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	f.WriteAt([]byte{b[2<<20] ^ 0xff}, 2<<20)
+	f.Close()
+
+	resp, err := http.Get(e.url + "/v1/blobs/" + d.String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	got, err := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if err == nil || len(got) >= len(b) {
+		t.Fatalf("whole GET of a corrupt blob: %d, %d bytes, read error %v; want a cut-off body", resp.StatusCode, len(got), err)
+	}
+	if !bytes.Equal(got, b[:len(got)]) || len(got) > 2<<20 {
+		t.Fatalf("the cut-off body holds %d bytes, some past the bad chunk or wrong", len(got))
+	}
+	if status, _, _ := request(t, "GET", e.url+"/v1/blobs/"+d.String(), nil, map[string]string{"Range": fmt.Sprintf("bytes=%d-%d", 2<<20, 2<<20+9)}); status != http.StatusUnprocessableEntity {
+		t.Fatalf("range over the bad byte: %d; want 422", status)
+	}
+	if status, _, body := request(t, "GET", e.url+"/v1/blobs/"+d.String(), nil, map[string]string{"Range": "bytes=0-999"}); status != 206 || !bytes.Equal(body, b[:1000]) {
+		t.Fatalf("range over good bytes: %d", status)
+	}
+	if !strings.Contains(e.log.String(), d.String()) {
+		t.Fatal("no log line names the corrupt blob")
+	}
+}
+
+// Serve: lapsed tokens are released by its ticker; a shutdown lets a put
+// in flight finish; a read-only server refuses puts and deletes.
+func TestServeLifecycle(t *testing.T) {
+	dir := t.TempDir()
+	kv, err := sqlite.Open(t.Context(), filepath.Join(dir, "kv.db"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	l, err := local.Open(t.Context(), filepath.Join(dir, "large"), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	st, err := store.Open(t.Context(), store.Config{KV: kv, Large: l})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer st.Close()
+	reg, _ := namespaces.Open(t.Context(), kv, nil)
+	st.GC().Register(reg)
+	svc := namespaces.NewService(reg, st)
+	svc.Create(t.Context(), "builds")
+
+	srv := ops.New(ops.Config{Store: st, Namespaces: svc, TokenTTL: 300 * time.Millisecond})
+	ln, err := ops.Listen("127.0.0.1:0", "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, stop := context.WithCancel(t.Context())
+	served := make(chan error, 1)
+	go func() { served <- srv.Serve(ctx, ln) }()
+	c, _ := client.New("http://"+ln.Addr().String(), "")
+	if _, _, err := c.Put(t.Context(), "builds", strings.NewReader("lapses"), 6, nil); err != nil {
+		t.Fatal(err)
+	}
+	deadline := time.Now().Add(5 * time.Second)
+	for st.Stats().Pins != 0 {
+		if time.Now().After(deadline) {
+			t.Fatal("a lapsed token's pin was not released by Serve's ticker")
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+
+	// A put streaming while the server is told to stop still completes.
+	pr, pw := io.Pipe()
+	content := randBytes(400<<10, 41)
+	put := make(chan error, 1)
+	go func() {
+		_, _, err := c.Put(t.Context(), "builds", pr, int64(len(content)), nil)
+		put <- err
+	}()
+	pw.Write(content[:100<<10])
+	stop()
+	time.Sleep(100 * time.Millisecond)
+	pw.Write(content[100<<10:])
+	pw.Close()
+	if err := <-put; err != nil {
+		t.Fatalf("a put in flight at shutdown: %v", err)
+	}
+	if err := <-served; err != nil {
+		t.Fatal(err)
+	}
+	if n := st.Stats().Pins; n != 0 {
+		t.Fatalf("%d pins held after Serve returned", n)
+	}
+	if ok, _ := st.Has(t.Context(), blob.Sum(content)); !ok {
+		t.Fatal("the put in flight at shutdown was lost")
+	}
+
+	ro := ops.New(ops.Config{Store: st, Namespaces: svc, ReadOnly: true})
+	hs := httptest.NewServer(ro.Handler())
+	defer hs.Close()
+	defer ro.Close()
+	rc, _ := client.New(hs.URL, "")
+	if _, _, err := rc.Put(t.Context(), "builds", strings.NewReader("x"), 1, nil); err == nil || !strings.Contains(err.Error(), "(403)") {
+		t.Fatalf("put on a read-only server: %v; want 403", err)
+	}
+	if status, _, _ := request(t, "DELETE", hs.URL+"/v1/blobs/"+blob.Sum(content).String(), nil, nil); status != http.StatusForbidden {
+		t.Fatalf("delete on a read-only server: %d; want 403", status)
+	}
+	if _, _, err := rc.Get(t.Context(), blob.Sum(content), "builds"); err != nil {
+		t.Fatalf("get on a read-only server: %v", err)
+	}
 }

@@ -25,8 +25,9 @@ type tokens struct {
 	ttl   time.Duration
 	clock gc.Clock
 
-	mu sync.Mutex
-	m  map[string]*token
+	mu     sync.Mutex
+	m      map[string]*token
+	closed bool // after close, mint refuses (and releases the pin)
 }
 
 type token struct {
@@ -39,20 +40,25 @@ func newTokens(ttl time.Duration, clock gc.Clock) *tokens {
 	return &tokens{ttl: ttl, clock: clock, m: make(map[string]*token)}
 }
 
-// mint takes ownership of pin and returns a fresh token naming it.
-func (t *tokens) mint(pin *store.Pin, ns string) string {
+// mint takes ownership of pin and returns a fresh token naming it, or
+// ok=false (the pin released) once the table is closed.
+func (t *tokens) mint(pin *store.Pin, ns string) (id string, ok bool) {
 	var b [18]byte
 	rand.Read(b[:]) // never fails (crypto/rand)
-	id := base64.RawURLEncoding.EncodeToString(b[:])
+	id = base64.RawURLEncoding.EncodeToString(b[:])
 	t.mu.Lock()
 	defer t.mu.Unlock()
+	if t.closed {
+		pin.Release()
+		return "", false
+	}
 	t.m[id] = &token{pin: pin, ns: ns, expires: t.clock.Now().Add(t.ttl)}
-	return id
+	return id, true
 }
 
-// renew extends the token if it is live and names d, and reports whether
-// it did. A lapsed token is released on the spot.
-func (t *tokens) renew(id string, d store.Digest) bool {
+// renew extends the token if it is live and names d in namespace ns, and
+// reports whether it did. A lapsed token is released on the spot.
+func (t *tokens) renew(id, ns string, d store.Digest) bool {
 	now := t.clock.Now()
 	t.mu.Lock()
 	defer t.mu.Unlock()
@@ -65,7 +71,7 @@ func (t *tokens) renew(id string, d store.Digest) bool {
 		tk.pin.Release()
 		return false
 	}
-	if tk.pin.Digest() != d {
+	if tk.pin.Digest() != d || tk.ns != ns {
 		return false
 	}
 	tk.expires = now.Add(t.ttl)
@@ -107,11 +113,12 @@ func (t *tokens) len() int {
 	return len(t.m)
 }
 
-// close releases every token.
+// close releases every token; later mints are refused.
 func (t *tokens) close() {
 	t.mu.Lock()
 	m := t.m
 	t.m = make(map[string]*token)
+	t.closed = true
 	t.mu.Unlock()
 	for _, tk := range m {
 		tk.pin.Release()

@@ -189,7 +189,7 @@ As root the mount uses mount(2) directly; otherwise fusermount3.`,
 			stopHTTP := func() {}
 			if ln != nil {
 				metrics.AttachMount(func() ops.MountStats { return mountStats(srv.Stats(context.Background())) })
-				stopHTTP = serveBeside(ctx, newOpsServer(st, svc, authTok, tokenTTL, metrics, lg), ln, lg)
+				stopHTTP = serveBeside(ctx, newOpsServer(st, svc, authTok, tokenTTL, metrics, ro, int64(a.uploadMem), lg), ln, lg)
 				defer stopHTTP()
 				lg.Info("serving HTTP beside the mount", "url", "http://"+ln.Addr().String(), "auth", authTok != "")
 			}

@@ -72,34 +72,44 @@ func (a *app) remotePut(cmd *cobra.Command, args []string, ns string) error {
 		return err
 	}
 	for _, name := range args {
-		label := name
-		var in io.Reader = a.stdin
-		size := int64(-1)
-		if name == "-" {
-			label = "<stdin>"
-			if f, ok := a.stdin.(*os.File); ok {
-				size = regularRemaining(f)
-			}
-		} else {
-			f, err := os.Open(name)
-			if err != nil {
-				return err
-			}
-			defer f.Close()
-			in, size = f, regularRemaining(f)
-		}
-		t := newTransfer(cmd.Context(), a.stderr, a.stderrTerm, size, "put "+filepath.Base(label))
-		d, tok, err := c.Put(cmd.Context(), ns, t.reader(in), size, nil)
-		t.done(err)
+		d, err := a.remotePutOne(cmd, c, name, ns)
 		if err != nil {
-			return fmt.Errorf("%s: %w", label, err)
-		}
-		if err := c.Release(cmd.Context(), tok); err != nil {
-			a.log.Warn("could not release the put's pin token (it lapses by itself)", "digest", d, "err", err)
+			return err
 		}
 		fmt.Fprintln(a.stdout, d)
 	}
 	return nil
+}
+
+// remotePutOne sends one file (or standard input) and releases the put's
+// pin token.
+func (a *app) remotePutOne(cmd *cobra.Command, c *client.Client, name, ns string) (store.Digest, error) {
+	label := name
+	var in io.Reader = a.stdin
+	size := int64(-1)
+	if name == "-" {
+		label = "<stdin>"
+		if f, ok := a.stdin.(*os.File); ok {
+			size = regularRemaining(f)
+		}
+	} else {
+		f, err := os.Open(name)
+		if err != nil {
+			return store.Digest{}, err
+		}
+		defer f.Close()
+		in, size = f, regularRemaining(f)
+	}
+	t := newTransfer(cmd.Context(), a.stderr, a.stderrTerm, size, "put "+filepath.Base(label))
+	d, tok, err := c.Put(cmd.Context(), ns, t.reader(in), size, nil)
+	t.done(err)
+	if err != nil {
+		return d, fmt.Errorf("%s: %w", label, err)
+	}
+	if err := c.Release(cmd.Context(), tok); err != nil {
+		a.log.Warn("could not release the put's pin token (it lapses by itself)", "digest", d, "err", err)
+	}
+	return d, nil
 }
 
 func newHaveCmd(a *app) *cobra.Command {

@@ -84,7 +84,8 @@ func TestServe(t *testing.T) {
 	c.ok("ns", "create", "builds")
 	const secret = "b7e1-secret-token-4f2c"
 	good, bad := tokenFile(t, secret), tokenFile(t, "not-it")
-	s := startServe(t, c, "--listen", "127.0.0.1:0", "--auth-token-file", good)
+	// At debug level every refusal is logged: the token must still not be.
+	s := startServe(t, c, "--log-level", "debug", "--listen", "127.0.0.1:0", "--auth-token-file", good)
 
 	remote := newCLI(t, "--remote", s.url, "--auth-token-file", good)
 	src, content, digest := writeFile(t, t.TempDir(), 400<<10, 7)
@@ -109,6 +110,19 @@ func TestServe(t *testing.T) {
 	// The put linked the blob: the local store lists it in the namespace.
 	if !strings.Contains(c.ok("ls", "builds"), digest) {
 		t.Fatal("the remote put is not in the namespace")
+	}
+
+	// put --remote released its pin tokens.
+	req, _ := http.NewRequest("GET", s.url+"/metrics", nil)
+	req.Header.Set("Authorization", "Bearer "+secret)
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	body, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if !bytes.Contains(body, []byte("\nalkblobfs_pin_tokens 0\n")) {
+		t.Fatalf("pin tokens left after remote puts:\n%s", body)
 	}
 
 	remote.fail(1, "(404)", "get", absent)
