@@ -23,7 +23,8 @@ func (e *Engine) List(ctx context.Context, after blob.Digest) iter.Seq2[engines.
 	return func(yield func(engines.Entry, error) bool) {
 		lctx, cancel := context.WithCancel(ctx)
 		defer cancel()
-		opts := minio.ListObjectsOptions{Prefix: e.blobs, Recursive: true, MaxKeys: listPage}
+		noOwner := false // the owner costs the server a lookup per key
+		opts := minio.ListObjectsOptions{Prefix: e.blobs, Recursive: true, MaxKeys: listPage, FetchOwner: &noOwner}
 		if !after.IsZero() {
 			opts.StartAfter = e.Key(after)
 		}

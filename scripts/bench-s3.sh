@@ -1,0 +1,121 @@
+#!/usr/bin/env bash
+# bench-s3.sh — the optional S3 row of make bench: the mount with its large
+# tier in S3 next to the same mount on the local large tier, on one
+# machine, against the throw-away versitygw server of scripts/s3.sh:
+#
+#   sudo scripts/s3.sh scripts/bench-s3.sh
+#   BENCH_SIZE_MB=256 BENCH_REPS=3 scripts/s3.sh scripts/bench-s3.sh   # quick
+#
+#   write  cp of a BENCH_SIZE_MB file (distinct each repetition) into
+#          incoming/ (publish: the upload, then the server-side copy)
+#   read   dd of that blob, cold (page cache dropped, fresh mount) and warm
+#          (the third read); local reads use passthrough, S3 reads ranged
+#          GETs
+#
+# Each workload runs BENCH_REPS times (default 3), interleaved across the
+# two systems; the table gives median, min and max seconds and MB/s of the
+# median. The S3 server shares the machine's CPUs and disk with the mount:
+# the figures bound what the engine does, not what a remote S3 gives.
+set -euo pipefail
+
+size_mb=${BENCH_SIZE_MB:-1024}
+reps=${BENCH_REPS:-3}
+root=$(cd "$(dirname "$0")/.." && pwd)
+
+if [[ $(id -u) != 0 ]]; then
+	echo "bench-s3.sh: run as root (drop_caches, FUSE)" >&2
+	exit 1
+fi
+if [[ -z ${ALKBLOBFS_S3_URL:-} ]]; then
+	echo "bench-s3.sh: no ALKBLOBFS_S3_URL: run it under scripts/s3.sh" >&2
+	exit 1
+fi
+
+work=$(mktemp -d "${BENCH_DIR:-/var/tmp}/alkblobfs-bench-s3.XXXXXX")
+PROG=bench-s3.sh
+# shellcheck source=scripts/lib.sh
+. "$root/scripts/lib.sh"
+cleanup() {
+	for p in "${pids[@]}"; do kill -TERM "$p" 2>/dev/null || true; done
+	wait 2>/dev/null || true
+	{ grep -o " $work/[^ ]*" /proc/self/mountinfo || true; } | while read -r m; do umount -l "$m" 2>/dev/null || true; done
+	rm -rf "$work"
+}
+trap cleanup EXIT
+bin=$work/alkblobfs
+(cd "$root" && go build -o "$bin" ./cmd/alkblobfs)
+
+# The bucket URL with a prefix of this run's own.
+s3url=$(printf '%s' "$ALKBLOBFS_S3_URL" | sed -E "s|^s3://([^/?]+)[^?]*|s3://\\1/bench-$$|")
+declare -A large=([local]="local:$work/local/large" [s3]="$s3url")
+
+secs() {
+	local t0 t1
+	t0=$(date +%s%N)
+	"$@" >/dev/null 2>&1
+	t1=$(date +%s%N)
+	awk -v a="$t0" -v b="$t1" 'BEGIN { printf "%.4f\n", (b - a) / 1e9 }'
+}
+results=$work/results
+rec() {
+	printf '%s\t%s\t%s\n' "$1" "$2" "$3" >>"$results"
+	printf '  %-28s %-16s %8.3f s\n' "$1" "$2" "$3"
+}
+ddread() { dd if="$1" of=/dev/null bs=1M; }
+# mnt SYSTEM: mounts SYSTEM's store on $work/mnt-SYSTEM.
+mnt() { mountfs "$bin" "$work/mnt-$1" --data "$work/$1" --large "${large[$1]}" mount; }
+
+echo "== sources ($size_mb MiB x $reps)"
+head -c "$((size_mb << 20))" /dev/urandom >"$work/src.bin"
+for r in $(seq 1 "$reps"); do
+	cp "$work/src.bin" "$work/src-$r.bin"
+	printf 'repetition %d' "$r" | dd of="$work/src-$r.bin" conv=notrunc status=none
+done
+for s in local s3; do
+	mkdir -p "$work/$s"
+	chmod 700 "$work/$s"
+	"$bin" --data "$work/$s" --large "${large[$s]}" ns create bench >/dev/null
+done
+
+systems=(local s3)
+for r in $(seq 1 "$reps"); do
+	echo "== repetition $r of $reps"
+	d=$(sha256sum "$work/src-$r.bin" | cut -c1-64)
+	for i in 0 1; do
+		s=${systems[$(((i + r - 1) % 2))]}
+		mnt "$s"
+		rec "cp $size_mb MiB into incoming/" "alkblobfs $s" "$(secs cp "$work/src-$r.bin" "$work/mnt-$s/bench/incoming/w-$r")"
+		umountfs "$work/mnt-$s"
+		dropcaches
+		mnt "$s"
+		rec "read $size_mb MiB, cold" "alkblobfs $s" "$(secs ddread "$work/mnt-$s/bench/$d")"
+		secs ddread "$work/mnt-$s/bench/$d" >/dev/null
+		rec "read $size_mb MiB, warm" "alkblobfs $s" "$(secs ddread "$work/mnt-$s/bench/$d")"
+		umountfs "$work/mnt-$s"
+	done
+done
+
+echo
+echo "alkblobfs bench, S3 row — $(uname -r), $(nproc) CPUs, $reps repetitions, interleaved; S3: versitygw on loopback"
+awk -F'\t' -v mb="$size_mb" "$MEDIAN_AWK"'
+	{
+		k = $1 SUBSEP $2
+		if (!(k in n)) { if (!($1 in seen)) { seen[$1] = 1; wl[++nw] = $1 } ; sys[$1, ++ns[$1]] = $2 }
+		v[k, ++n[k]] = $3
+	}
+	END {
+		printf "%-28s %-16s %9s %9s %9s %9s\n", "workload", "system", "median s", "min s", "max s", "MB/s"
+		for (i = 1; i <= nw; i++) {
+			w = wl[i]
+			for (s = 1; s <= ns[w]; s++) {
+				name = sys[w, s]; k = w SUBSEP name; c = n[k]; lo = ""; hi = ""
+				for (j = 1; j <= c; j++) {
+					x = v[k, j]; a[j] = x
+					if (lo == "" || x < lo) lo = x
+					if (hi == "" || x > hi) hi = x
+				}
+				med = median(a, c)
+				printf "%-28s %-16s %9.3f %9.3f %9.3f %9.0f\n", w, name, med, lo, hi, med > 0 ? mb * 1.048576 / med : 0
+			}
+		}
+	}' "$results"
