@@ -115,7 +115,7 @@ awk -F'\t' -v mb="$size_mb" "$MEDIAN_AWK"'
 					if (hi == "" || x > hi) hi = x
 				}
 				med = median(a, c)
-				printf "%-28s %-16s %9.3f %9.3f %9.3f %9.0f\n", w, name, med, lo, hi, med > 0 ? mb * 1.048576 / med : 0
+				printf "%-28s %-16s %9.3f %9.3f %9.3f %9.0f\n", w, name, med, lo, hi, (med > 0 ? mb * 1.048576 / med : 0)
 			}
 		}
 	}' "$results"
