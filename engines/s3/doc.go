@@ -27,11 +27,12 @@
 //
 //   - Stage buffers writes into parts of 8 MiB (PartSize). A blob that never
 //     fills one is a single PUT at Commit, straight to its key. Otherwise the
-//     first full part starts a multipart upload to a staging key, and each
-//     part uploads in the background while the next fills: a stage holds at
-//     most two part buffers, whatever the blob's size. Parts grow by one
-//     PartSize every 1000 parts, so S3's 10 000 parts hold 430 GiB at the
-//     default (a stage then holds at most 2×80 MiB).
+//     first full part starts a multipart upload to a staging key, and parts
+//     upload in the background, two at a time, while the next fills: a
+//     stage holds at most three part buffers (24 MiB), whatever the blob's
+//     size. Parts grow by one PartSize every 1000 parts, so S3's 10 000
+//     parts hold 430 GiB at the default (a stage then holds at most 3×80
+//     MiB).
 //   - Commit publishes under the digest only a complete blob: HEAD the key
 //     first (present: the stage is dropped, dedup); else complete the
 //     upload (the staging object appears), write the sidecar, server-side

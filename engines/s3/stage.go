@@ -21,8 +21,13 @@ import (
 
 var _ engines.SidecarStage = (*stage)(nil)
 
-// maxParts is S3's limit on the parts of one multipart upload.
-const maxParts = 10000
+const (
+	// maxParts is S3's limit on the parts of one multipart upload.
+	maxParts = 10000
+	// maxInflight is how many parts of a stage upload at once while the
+	// next fills: a stage holds at most maxInflight+1 part buffers.
+	maxInflight = 2
+)
 
 // copyPartSize is the part size of the server-side copy of a staged blob
 // larger than it (UploadPartCopy); smaller ones are one CopyObject. A
@@ -31,9 +36,9 @@ var copyPartSize int64 = maxCopyPart
 
 // Stage implements engines.Large. Bytes gather in a part buffer; the first
 // full part starts a multipart upload to a staging key, PREFIX/stage/ID,
-// and each further part is uploaded in the background while the next
-// fills (so a stage holds at most two part buffers). A blob that never
-// fills a part is one PUT at Commit, straight to its key.
+// and parts upload in the background, maxInflight at a time, while the
+// next fills (so a stage holds at most maxInflight+1 part buffers). A blob
+// that never fills a part is one PUT at Commit, straight to its key.
 //
 // ctx bounds the stage's uploads (io.Writer has no context of its own);
 // Commit takes its own.
@@ -90,7 +95,7 @@ type stage struct {
 	n        int64   // bytes written
 	uploadID string  // the multipart upload, once the first part is full
 	parts    []minio.CompletePart
-	inflight chan partResult // the part uploading, if any
+	inflight []chan partResult // the parts uploading, oldest first
 	staged   bool            // the upload completed: the staging object exists
 	sidecar  []byte
 
@@ -110,7 +115,7 @@ func (s *stage) keys() []string {
 // partSize is the size of part n (from 1): the configured size for the
 // first 1000 parts, then one more multiple of it per 1000, so that 10000
 // parts hold 55000 base parts (430 GiB at 8 MiB) while a stage's memory
-// stays at most two parts.
+// stays at most maxInflight+1 parts.
 func (s *stage) partSize(n int) int {
 	return s.e.cfg.PartSize * (1 + (n-1)/1000)
 }
@@ -143,21 +148,18 @@ func (s *stage) Write(p []byte) (int, error) {
 	return n, nil
 }
 
-// pending is 1 while a part uploads (it is not in s.parts yet).
-func (s *stage) pending() int {
-	if s.inflight != nil {
-		return 1
-	}
-	return 0
-}
+// pending counts the parts uploading (not in s.parts yet).
+func (s *stage) pending() int { return len(s.inflight) }
 
 // flush starts uploading the full part buffer, after the previous part's
 // upload ended, starting the multipart upload at the first part.
 func (s *stage) flush() error {
-	if err := s.wait(); err != nil {
-		return err
+	for len(s.inflight) >= maxInflight {
+		if err := s.waitOne(); err != nil {
+			return err
+		}
 	}
-	if len(s.parts) >= maxParts {
+	if len(s.parts)+len(s.inflight) >= maxParts {
 		return fmt.Errorf("blob over %d bytes: more than S3's %d parts", s.n-int64(len(*s.buf)), maxParts)
 	}
 	if s.uploadID == "" {
@@ -169,10 +171,10 @@ func (s *stage) flush() error {
 		}
 		s.uploadID = id
 	}
-	buf, id, n := s.buf, s.uploadID, len(s.parts)+1
+	buf, id, n := s.buf, s.uploadID, len(s.parts)+len(s.inflight)+1
 	s.buf = nil
 	ch := make(chan partResult, 1)
-	s.inflight = ch
+	s.inflight = append(s.inflight, ch)
 	go func() {
 		defer partBufs.Put(buf)
 		ctx, cancel := context.WithTimeout(s.ctx, dataTimeout)
@@ -192,13 +194,23 @@ func (e *Engine) putPart(ctx context.Context, key, id string, n int, b []byte) p
 	return partResult{part: minio.CompletePart{PartNumber: n, ETag: p.ETag}}
 }
 
-// wait waits for the part uploading, if any, and records it.
+// wait waits for every part uploading and records them; the first error
+// is returned.
 func (s *stage) wait() error {
-	if s.inflight == nil {
-		return nil
+	var first error
+	for len(s.inflight) > 0 {
+		if err := s.waitOne(); err != nil && first == nil {
+			first = err
+		}
 	}
-	r := <-s.inflight
-	s.inflight = nil
+	return first
+}
+
+// waitOne waits for the oldest part uploading and records it: parts end
+// in s.parts in ascending order, as CompleteMultipartUpload wants them.
+func (s *stage) waitOne() error {
+	r := <-s.inflight[0]
+	s.inflight = s.inflight[1:]
 	if r.err != nil {
 		return r.err
 	}
@@ -306,6 +318,7 @@ func (s *stage) commit(ctx context.Context, d blob.Digest) error {
 	if err := s.wait(); err != nil {
 		return err
 	}
+	t0 := time.Now()
 	cctx, cancel := context.WithTimeout(ctx, dataTimeout)
 	_, err := e.core.CompleteMultipartUpload(cctx, e.cfg.Bucket, s.key, s.uploadID, s.parts, minio.PutObjectOptions{})
 	cancel()
@@ -314,7 +327,11 @@ func (s *stage) commit(ctx context.Context, d blob.Digest) error {
 	}
 	s.uploadID = ""
 	s.staged = true
-	return s.publish(ctx, d, func() error { return e.copy(ctx, s.key, final, s.n) })
+	t1 := time.Now()
+	err = s.publish(ctx, d, func() error { return e.copy(ctx, s.key, final, s.n) })
+	e.log.Debug("S3 commit of a staged upload", "key", final, "bytes", s.n, "parts", len(s.parts),
+		"complete", t1.Sub(t0), "copy", time.Since(t1), "err", err)
+	return err
 }
 
 // publish writes the sidecar, if any, then runs put, which makes the blob
