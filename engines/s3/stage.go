@@ -96,7 +96,7 @@ type stage struct {
 	uploadID string  // the multipart upload, once the first part is full
 	parts    []minio.CompletePart
 	inflight []chan partResult // the parts uploading, oldest first
-	staged   bool            // the upload completed: the staging object exists
+	staged   bool              // the upload completed: the staging object exists
 	sidecar  []byte
 
 	// final is the blob's key while Commit publishes it (guarded by e.mu):
