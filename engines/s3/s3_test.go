@@ -7,6 +7,7 @@ import (
 	"errors"
 	"io"
 	"log/slog"
+	"runtime"
 	"strings"
 	"sync"
 	"testing"
@@ -346,4 +347,40 @@ func count(t *testing.T, e *s3.Engine, sub string) int {
 		n++
 	}
 	return n
+}
+
+// TestStageMemoryBounded: a stage's memory does not grow with the blob:
+// 256 MiB through 5 MiB parts keeps the heap within a few parts.
+func TestStageMemoryBounded(t *testing.T) {
+	e := open(t, s3test.URL(t), smallParts)
+	defer e.Close()
+	st, err := e.Stage(t.Context())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer st.Discard()
+	chunk := randBytes(1 << 20)
+	var ms runtime.MemStats
+	runtime.GC()
+	runtime.ReadMemStats(&ms)
+	base, peak := ms.HeapInuse, ms.HeapInuse
+	for i := range 256 {
+		chunk[0] = byte(i) // distinct content, not that it matters
+		if _, err := st.Write(chunk); err != nil {
+			t.Fatal(err)
+		}
+		if i%16 == 15 {
+			runtime.ReadMemStats(&ms)
+			peak = max(peak, ms.HeapInuse)
+		}
+	}
+	growth := int64(peak) - int64(base)
+	t.Logf("heap in use grew by %d MiB staging 256 MiB", growth>>20)
+	if growth > 64<<20 {
+		t.Fatalf("heap in use grew by %d MiB staging 256 MiB in 5 MiB parts; want a few parts", growth>>20)
+	}
+	if err := st.Discard(); err != nil {
+		t.Fatal(err)
+	}
+	checkNoResidue(t, e)
 }
