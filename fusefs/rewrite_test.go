@@ -331,3 +331,52 @@ func TestSparseIncoming(t *testing.T) {
 		t.Fatalf("%d stage files left", n)
 	}
 }
+
+// TestReopenDropsStaleCache: opens of an incoming file keep the kernel's
+// page cache (a receipt just written need not be dropped from it at its
+// next open), except after its content changed behind the kernel: a
+// version whose publish failed is not served from the pages its writes
+// left, once a new writer starts over from the published version.
+func TestReopenDropsStaleCache(t *testing.T) {
+	data, cfg, fl := faultySpec(t)
+	e := mountOn(t, data, cfg)
+	ns := e.mkns("ns")
+	p := filepath.Join(ns, incomingName, "r")
+	a := randBytes(11, 1<<20)
+	writeFile(t, p, a)
+	// A reader keeps the name through the failure below.
+	r, err := os.Open(p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer r.Close()
+	w, err := os.OpenFile(p, os.O_WRONLY, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer w.Close()
+	if _, err := w.WriteAt(randBytes(12, 1<<20), 0); err != nil {
+		t.Fatal(err)
+	}
+	fl.failCommit.Store(true)
+	wantErrno(t, "close of a version that fails to publish", w.Close(), syscall.ENOSPC)
+	fl.failCommit.Store(false)
+	w, err = os.OpenFile(p, os.O_RDWR, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer w.Close() // on failure: the mount's unmount waits for it
+	got := make([]byte, len(a))
+	if _, err := w.ReadAt(got, 0); err != nil {
+		t.Fatal(err)
+	}
+	if !bytes.Equal(got, a) {
+		t.Fatal("a new writer reads the failed version's bytes: the kernel kept a stale cache")
+	}
+	if err := w.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if got := fileSum(t, p); got != sum(a) {
+		t.Fatalf("the file reads as %s, want %s", got[:12], sum(a)[:12])
+	}
+}
