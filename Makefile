@@ -20,19 +20,20 @@ build:
 deps:
 	scripts/ci-deps.sh
 
-# The tests run under scripts/pg.sh, which starts throw-away PostgreSQL
-# servers for them and sets ALKBLOBFS_REQUIRE_PG=1: a PostgreSQL test that
-# cannot reach its server fails here instead of skipping.
+# The tests run under scripts/pg.sh and scripts/s3.sh, which start
+# throw-away PostgreSQL and S3 (versitygw) servers for them and set
+# ALKBLOBFS_REQUIRE_PG=1 and ALKBLOBFS_REQUIRE_S3=1: a test that cannot
+# reach its server fails here instead of skipping.
 # ALKBLOBFS_REQUIRE_FUSE=1 likewise turns a missing /dev/fuse into failures.
 # After the suite (which runs each fuzz target's seed corpus), every fuzz
 # target runs for FUZZTIME.
 test: deps
-	ALKBLOBFS_REQUIRE_FUSE=1 scripts/pg.sh $(GO) test $(TEST_FLAGS) ./...
+	ALKBLOBFS_REQUIRE_FUSE=1 scripts/pg.sh scripts/s3.sh $(GO) test $(TEST_FLAGS) ./...
 	$(MAKE) fuzz
 
 # test-long also runs the slow tests (those that check ALKBLOBFS_LONG).
 test-long: deps
-	ALKBLOBFS_LONG=1 ALKBLOBFS_REQUIRE_FUSE=1 scripts/pg.sh $(GO) test $(TEST_FLAGS) ./...
+	ALKBLOBFS_LONG=1 ALKBLOBFS_REQUIRE_FUSE=1 scripts/pg.sh scripts/s3.sh $(GO) test $(TEST_FLAGS) ./...
 	$(MAKE) fuzz FUZZTIME=60s
 
 # fuzz runs each go test -fuzz target for FUZZTIME: digest parsing,
@@ -57,8 +58,10 @@ lint:
 # the systems, printed as medians, min, max and ratios, and written to
 # bench-results.json. Needs root and FUSE.
 # Quick run: BENCH_SIZE_MB=256 BENCH_SMALL=2000 BENCH_LS=20000 make bench
+# BENCH_S3=1 adds the mount on an S3 large tier beside the local one.
 bench: build
 	scripts/bench.sh
+	if [ -n "$(BENCH_S3)" ]; then scripts/s3.sh scripts/bench-s3.sh; fi
 
 # man writes the man pages into MANOUT (bin/man): section 1 from the commands
 # themselves, section 8 for the mount helper.

@@ -25,6 +25,7 @@ want man man-db
 want strace strace
 want mkfs.ext4 e2fsprogs
 want filefrag e2fsprogs
+want curl curl
 
 # Debian keeps the server binaries off PATH, in /usr/lib/postgresql/N/bin.
 pg_bindir() {
@@ -63,5 +64,9 @@ if ! command -v initdb >/dev/null 2>&1; then
 	done
 	echo "ci-deps: linked $bindir/{initdb,pg_ctl,postgres} into /usr/local/bin"
 fi
+
+# The S3 server the tests run against (versitygw), built with go install
+# the first time.
+"$(dirname "$0")/s3.sh" --install
 
 echo "ci-deps: ok"
