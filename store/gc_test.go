@@ -310,7 +310,9 @@ func TestStoreConcurrentPutsAndSweeps(t *testing.T) {
 			}
 		}()
 	}
+	swept := make(chan struct{})
 	go func() {
+		defer close(swept)
 		for {
 			select {
 			case <-stop:
@@ -324,6 +326,9 @@ func TestStoreConcurrentPutsAndSweeps(t *testing.T) {
 	}()
 	wg.Wait()
 	close(stop)
+	// The sweeper is done before the test ends and its cleanup closes the
+	// store: a sweep running then failed with "sql: statement is closed".
+	<-swept
 	kept.Range(func(k, v any) bool {
 		if !bytes.Equal(readAll(t, s, k.(store.Digest)), v.([]byte)) {
 			t.Errorf("referenced blob changed")
