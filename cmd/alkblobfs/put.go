@@ -96,24 +96,11 @@ later with "alkblobfs link NAME DIGEST", to keep them.`,
 
 // putOne stores one file or standard input.
 func (a *app) putOne(cmd *cobra.Command, st *store.Store, name string, opts ...store.PutOption) (store.Digest, error) {
-	label := name
-	var in io.Reader
-	size := int64(-1)
-	if name == "-" {
-		label = "<stdin>"
-		in = a.stdin
-		if f, ok := a.stdin.(*os.File); ok {
-			size = regularRemaining(f)
-		}
-	} else {
-		f, err := os.Open(name)
-		if err != nil {
-			return store.Digest{}, err
-		}
-		defer f.Close()
-		in = f
-		size = regularRemaining(f)
+	label, in, size, closeIn, err := a.input(name)
+	if err != nil {
+		return store.Digest{}, err
 	}
+	defer closeIn()
 	t := newTransfer(cmd.Context(), a.stderr, a.stderrTerm, size, "put "+filepath.Base(label))
 	d, pin, err := st.Put(cmd.Context(), t.reader(in), size, opts...)
 	t.done(err)
@@ -128,6 +115,24 @@ func (a *app) putOne(cmd *cobra.Command, st *store.Store, name string, opts ...s
 	// because of the pin.
 	pin.Release()
 	return d, nil
+}
+
+// input opens a put's FILE argument ("-" is standard input): its label
+// for messages, its content, its size when known (else -1), and what
+// closes it.
+func (a *app) input(name string) (label string, in io.Reader, size int64, closeIn func(), err error) {
+	if name == "-" {
+		size = -1
+		if f, ok := a.stdin.(*os.File); ok {
+			size = regularRemaining(f)
+		}
+		return "<stdin>", a.stdin, size, func() {}, nil
+	}
+	f, err := os.Open(name)
+	if err != nil {
+		return "", nil, 0, nil, err
+	}
+	return name, f, regularRemaining(f), func() { f.Close() }, nil
 }
 
 // regularRemaining is how many bytes are left to read from f when it is a

@@ -3,7 +3,6 @@ package main
 import (
 	"fmt"
 	"io"
-	"os"
 	"path/filepath"
 
 	"github.com/spf13/cobra"
@@ -84,22 +83,11 @@ func (a *app) remotePut(cmd *cobra.Command, args []string, ns string) error {
 // remotePutOne sends one file (or standard input) and releases the put's
 // pin token.
 func (a *app) remotePutOne(cmd *cobra.Command, c *client.Client, name, ns string) (store.Digest, error) {
-	label := name
-	var in io.Reader = a.stdin
-	size := int64(-1)
-	if name == "-" {
-		label = "<stdin>"
-		if f, ok := a.stdin.(*os.File); ok {
-			size = regularRemaining(f)
-		}
-	} else {
-		f, err := os.Open(name)
-		if err != nil {
-			return store.Digest{}, err
-		}
-		defer f.Close()
-		in, size = f, regularRemaining(f)
+	label, in, size, closeIn, err := a.input(name)
+	if err != nil {
+		return store.Digest{}, err
 	}
+	defer closeIn()
 	t := newTransfer(cmd.Context(), a.stderr, a.stderrTerm, size, "put "+filepath.Base(label))
 	d, tok, err := c.Put(cmd.Context(), ns, t.reader(in), size, nil)
 	t.done(err)
