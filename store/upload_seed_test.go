@@ -62,7 +62,7 @@ func TestUploadSeed(t *testing.T) {
 		t.Run(l.name, func(t *testing.T) {
 			s := openStore(t, l, t.TempDir())
 			for _, n := range []int{100, threshold * 3, 1<<20 + 4321} {
-				for seed := range uint64(12) {
+				for seed := range uint64(8) {
 					testSeedOps(t, s, n, seed)
 				}
 			}
@@ -220,7 +220,7 @@ func blocks(t *testing.T, path string) int64 {
 func TestUploadSparse(t *testing.T) {
 	dir := t.TempDir()
 	s := openStore(t, layouts[2], dir)
-	const size = 64 << 20
+	const size = 16 << 20
 	data := randBytes(4 << 10)
 	u, _ := s.NewUpload(t.Context())
 	u.Truncate(size)
