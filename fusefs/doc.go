@@ -93,7 +93,10 @@
 // pass are satisfied. Receipts expire after Config.ReceiptTTL and at
 // unmount; rm removes one early; opening one for writing starts a new
 // upload (empty with O_TRUNC, else seeded with its content: rsync
-// --inplace, dd conv=notrunc, >>). Directories and symbolic links under
+// --inplace, dd conv=notrunc, >>). A seed copies nothing at open: the
+// upload reads unwritten ranges from the published blob (pinned until the
+// upload ends) and copies the rest into its stage when it publishes, so
+// opening a 1 GiB receipt takes about a millisecond. Directories and symbolic links under
 // incoming/ live in memory; files in them publish flat into the namespace.
 // A directory goes a TTL after it is found empty, like a receipt.
 // Renames within one incoming/ tree move names (rsync's temp-then-rename);

@@ -250,6 +250,7 @@ func (s *Server) counted(name string, h func(http.ResponseWriter, *http.Request)
 			sw.Header().Set("WWW-Authenticate", `Bearer realm="alkblobfs"`)
 			err = &httpError{http.StatusUnauthorized, "unauthorized", "missing or wrong bearer token (Authorization: Bearer …)"}
 		default:
+			s.log.Debug("http request", "route", name, "method", r.Method, "path", r.URL.Path)
 			err = h(sw, r)
 		}
 		if err == nil {

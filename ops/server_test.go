@@ -686,7 +686,9 @@ func TestServeLifecycle(t *testing.T) {
 	svc := namespaces.NewService(reg, st)
 	svc.Create(t.Context(), "builds")
 
-	srv := ops.New(ops.Config{Store: st, Namespaces: svc, TokenTTL: 300 * time.Millisecond})
+	logs := &syncBuffer{}
+	srv := ops.New(ops.Config{Store: st, Namespaces: svc, TokenTTL: 300 * time.Millisecond,
+		Logger: slog.New(slog.NewTextHandler(logs, &slog.HandlerOptions{Level: slog.LevelDebug}))})
 	ln, err := ops.Listen("127.0.0.1:0", "")
 	if err != nil {
 		t.Fatal(err)
@@ -707,14 +709,27 @@ func TestServeLifecycle(t *testing.T) {
 	}
 
 	// A put streaming while the server is told to stop still completes.
+	// It has a client of its own: a shutdown closes idle connections, and
+	// a request that picked the first put's kept-alive one as the server
+	// closed it would fail (no server can tell it was coming).
 	pr, pw := io.Pipe()
 	content := randBytes(400<<10, 41)
 	put := make(chan error, 1)
+	fresh, _ := client.New("http://"+ln.Addr().String(), "")
 	go func() {
-		_, _, err := c.Put(t.Context(), "builds", pr, int64(len(content)), nil)
+		_, _, err := fresh.Put(t.Context(), "builds", pr, int64(len(content)), nil)
 		put <- err
 	}()
 	pw.Write(content[:100<<10])
+	// Stop once the server is handling the put (before, its connection
+	// may not even be accepted yet, and a shutdown rightly drops it).
+	deadline = time.Now().Add(5 * time.Second)
+	for strings.Count(logs.String(), `msg="http request" route=put`) < 2 {
+		if time.Now().After(deadline) {
+			t.Fatalf("the second put never reached the server:\n%s", logs.String())
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
 	stop()
 	time.Sleep(100 * time.Millisecond)
 	pw.Write(content[100<<10:])
