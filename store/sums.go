@@ -103,27 +103,48 @@ func (s chunkSums) check(i int64, data []byte) bool {
 // hashPipe feeds a hash on its own goroutine, so that hashing a large put
 // or read overlaps with its I/O: on two cores a 1 GiB put then costs about
 // max(I/O, hash) instead of their sum. Write copies p (callers reuse their
-// buffers), so it blocks only when the hash falls pipeDepth MiB behind.
+// buffers), so it blocks only when the hash falls pipeDepth MiB behind;
+// give hands a buffer over without a copy, and zeros a run of zeros by its
+// length (a hole is hashed without being read).
+//
+// A nil pipe hashes nothing: give puts the buffer back at once, zeros and
+// wait do nothing.
 type hashPipe struct {
 	w    io.Writer
-	ch   chan *[]byte
+	ch   chan hashItem
 	done chan struct{}
-	n    int64 // bytes handed over
+	n    int64 // bytes handed over by Write
 	shut bool
+}
+
+// hashItem is n bytes of *bp, which go back to pool once hashed, or else
+// a run of zeros.
+type hashItem struct {
+	bp    *[]byte
+	n     int
+	pool  *sync.Pool
+	zeros int64
 }
 
 const pipeDepth = 8
 
-var pipeBufs = sync.Pool{New: func() any { b := make([]byte, 0, copyBufSize); return &b }}
+var pipeBufs = sync.Pool{New: func() any { b := make([]byte, copyBufSize); return &b }}
 
 func newHashPipe(w io.Writer) *hashPipe {
-	p := &hashPipe{w: w, ch: make(chan *[]byte, pipeDepth), done: make(chan struct{})}
+	p := &hashPipe{w: w, ch: make(chan hashItem, pipeDepth), done: make(chan struct{})}
 	go func() {
 		defer close(p.done)
-		for bp := range p.ch {
-			p.w.Write(*bp)
-			*bp = (*bp)[:0]
-			pipeBufs.Put(bp)
+		for it := range p.ch {
+			if it.bp != nil {
+				p.w.Write((*it.bp)[:it.n])
+				it.pool.Put(it.bp)
+				continue
+			}
+			for n := it.zeros; n > 0; {
+				k := min(n, int64(len(zeroBlock)))
+				p.w.Write(zeroBlock[:k])
+				n -= k
+			}
 		}
 	}()
 	return p
@@ -134,17 +155,36 @@ func (p *hashPipe) Write(b []byte) (int, error) {
 	p.n += int64(n)
 	for len(b) > 0 {
 		bp := pipeBufs.Get().(*[]byte)
-		k := min(len(b), cap(*bp))
-		*bp = append((*bp)[:0], b[:k]...)
-		p.ch <- bp
+		k := copy(*bp, b)
+		p.ch <- hashItem{bp: bp, n: k, pool: &pipeBufs}
 		b = b[k:]
 	}
 	return n, nil
 }
 
+// give hashes the first n bytes of *bp, a buffer of copyBufs, and puts it
+// back there once hashed.
+func (p *hashPipe) give(bp *[]byte, n int) {
+	if p == nil {
+		copyBufs.Put(bp)
+		return
+	}
+	p.ch <- hashItem{bp: bp, n: n, pool: &copyBufs}
+}
+
+// zeros hashes n zero bytes.
+func (p *hashPipe) zeros(n int64) {
+	if p != nil {
+		p.ch <- hashItem{zeros: n}
+	}
+}
+
 // wait lets the hash catch up and stops the goroutine. Idempotent; no
 // Write may follow.
 func (p *hashPipe) wait() {
+	if p == nil {
+		return
+	}
 	if !p.shut {
 		p.shut = true
 		close(p.ch)

@@ -244,10 +244,10 @@ func (r lockedReader) ReadAt(p []byte, off int64) (int, error) { return r.u.read
 // and stays a hole.
 func (u *Upload) settle(ctx context.Context, hashIt bool) (*contentHash, error) {
 	var h *contentHash
-	var q *hashQueue
+	var q *hashPipe // nil: no hash
 	if hashIt {
 		h = newContentHash()
-		q = newHashQueue(h)
+		q = newHashPipe(h)
 		defer q.wait()
 	}
 	stage := extents{s: asSeeker(u.st)}
@@ -296,76 +296,11 @@ func (u *Upload) settle(ctx context.Context, hashIt bool) (*contentHash, error) 
 			copyBufs.Put(bp)
 			return nil, fmt.Errorf("upload: settle at %d: %w", off, err)
 		}
-		q.data(bp, len(p)) // the queue puts bp back
+		q.give(bp, len(p)) // the pipe puts bp back
 		off += int64(len(p))
 	}
 	q.wait()
 	return h, nil
-}
-
-// hashQueue feeds a contentHash on its own goroutine, like hashPipe, but
-// without copying: data is handed over in a buffer of copyBufs, which the
-// queue puts back once hashed, and a run of zeros as its length.
-type hashQueue struct {
-	h    *contentHash
-	ch   chan hashItem
-	done chan struct{}
-	shut bool
-}
-
-type hashItem struct {
-	bp    *[]byte
-	n     int   // bytes of *bp to hash
-	zeros int64 // or: this many zeros
-}
-
-func newHashQueue(h *contentHash) *hashQueue {
-	q := &hashQueue{h: h, ch: make(chan hashItem, pipeDepth), done: make(chan struct{})}
-	go func() {
-		defer close(q.done)
-		for it := range q.ch {
-			if it.bp != nil {
-				q.h.Write((*it.bp)[:it.n])
-				copyBufs.Put(it.bp)
-				continue
-			}
-			for n := it.zeros; n > 0; {
-				k := min(n, int64(len(zeroBlock)))
-				q.h.Write(zeroBlock[:k])
-				n -= k
-			}
-		}
-	}()
-	return q
-}
-
-// data hashes the first n bytes of *bp and then puts bp back in copyBufs;
-// a nil queue puts it back at once.
-func (q *hashQueue) data(bp *[]byte, n int) {
-	if q == nil {
-		copyBufs.Put(bp)
-		return
-	}
-	q.ch <- hashItem{bp: bp, n: n}
-}
-
-func (q *hashQueue) zeros(n int64) {
-	if q != nil {
-		q.ch <- hashItem{zeros: n}
-	}
-}
-
-// wait lets the hash catch up and stops the goroutine. Idempotent; nil
-// is a no-op.
-func (q *hashQueue) wait() {
-	if q == nil {
-		return
-	}
-	if !q.shut {
-		q.shut = true
-		close(q.ch)
-	}
-	<-q.done
 }
 
 // zerosInBase returns how much of the base's hole [off, a) may be hashed
