@@ -21,6 +21,7 @@ import (
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/alkblobfs/alkblobfs/engines/enginetest/faultctl"
 	"github.com/alkblobfs/alkblobfs/engines/postgres"
 )
 
@@ -168,48 +169,18 @@ func createDB(t testing.TB, base, dir string) string {
 // disturbed. Fault tests serialize on a lock file across processes.
 type Fault struct {
 	// DSN names a fresh database on the fault server.
-	DSN     string
-	ctl     string
-	stopped bool
+	DSN              string
+	*faultctl.Server // Stop, Start, Restart
 }
 
-// FaultServer returns the fault server, holding its lock until t ends. At
-// the end of the test the server is started again if the test left it
-// stopped.
+// FaultServer returns the fault server, holding its lock until t ends
+// (faultctl.Take). At the end of the test the server is started again if
+// the test left it stopped.
 func FaultServer(t testing.TB) *Fault {
 	t.Helper()
 	base := need(t, EnvFaultDSN)
-	f := &Fault{ctl: need(t, EnvFaultCtl)}
-	unlock := lockFile(t, need(t, EnvFaultLock))
-	t.Cleanup(unlock)
-	f.DSN = freshDB(t, base)
-	// Registered last so it runs first: the database is dropped on a
-	// running server, and the lock is released last.
-	t.Cleanup(func() {
-		if f.stopped {
-			f.run(t, "start")
-		}
-	})
-	return f
-}
-
-// Restart restarts the server (pg_ctl restart -m fast: sessions are
-// terminated, in-flight transactions roll back) and returns once it
-// accepts connections again.
-func (f *Fault) Restart(t testing.TB) { t.Helper(); f.run(t, "restart"); f.stopped = false }
-
-// Stop stops the server (-m fast).
-func (f *Fault) Stop(t testing.TB) { t.Helper(); f.run(t, "stop"); f.stopped = true }
-
-// Start starts a stopped server and waits until it is ready.
-func (f *Fault) Start(t testing.TB) { t.Helper(); f.run(t, "start"); f.stopped = false }
-
-func (f *Fault) run(t testing.TB, action string) {
-	t.Helper()
-	out, err := exec.Command(f.ctl, action).CombinedOutput()
-	if err != nil {
-		t.Fatalf("pgtest: fault server %s: %v\n%s", action, err, out)
-	}
+	srv := faultctl.Take(t, need(t, EnvFaultCtl), need(t, EnvFaultLock))
+	return &Fault{DSN: freshDB(t, base), Server: srv}
 }
 
 // Warm leaves n connections idle in pool (opening them if needed), so a

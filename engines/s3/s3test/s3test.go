@@ -11,10 +11,11 @@ import (
 	"encoding/hex"
 	"net/url"
 	"os"
-	"os/exec"
 	"regexp"
 	"strings"
 	"testing"
+
+	"github.com/alkblobfs/alkblobfs/engines/enginetest/faultctl"
 )
 
 // Environment set by scripts/s3.sh.
@@ -81,43 +82,16 @@ func WithPrefix(t testing.TB, base, prefix string) string {
 // across processes.
 type Fault struct {
 	// URL names a fresh prefix on the fault server.
-	URL     string
-	ctl     string
-	stopped bool
+	URL              string
+	*faultctl.Server // Stop, Start, Restart
 }
 
-// FaultServer returns the fault server, holding its lock until t ends. At
-// the end of the test the server is started again if the test left it
-// stopped.
+// FaultServer returns the fault server, holding its lock until t ends
+// (faultctl.Take). At the end of the test the server is started again if
+// the test left it stopped.
 func FaultServer(t testing.TB) *Fault {
 	t.Helper()
 	base := need(t, EnvFaultURL)
-	f := &Fault{ctl: need(t, EnvFaultCtl)}
-	unlock := lockFile(t, need(t, EnvFaultLock))
-	t.Cleanup(unlock)
-	f.URL = WithPrefix(t, base, Prefix(t))
-	t.Cleanup(func() {
-		if f.stopped {
-			f.run(t, "start")
-		}
-	})
-	return f
-}
-
-// Stop stops the server (SIGTERM, then SIGKILL after 10 s).
-func (f *Fault) Stop(t testing.TB) { t.Helper(); f.run(t, "stop"); f.stopped = true }
-
-// Start starts a stopped server on its port and data, and waits until it
-// answers.
-func (f *Fault) Start(t testing.TB) { t.Helper(); f.run(t, "start"); f.stopped = false }
-
-// Restart is Stop then Start.
-func (f *Fault) Restart(t testing.TB) { t.Helper(); f.run(t, "restart"); f.stopped = false }
-
-func (f *Fault) run(t testing.TB, action string) {
-	t.Helper()
-	out, err := exec.Command(f.ctl, action).CombinedOutput()
-	if err != nil {
-		t.Fatalf("s3test: fault server %s: %v\n%s", action, err, out)
-	}
+	srv := faultctl.Take(t, need(t, EnvFaultCtl), need(t, EnvFaultLock))
+	return &Fault{URL: WithPrefix(t, base, Prefix(t)), Server: srv}
 }

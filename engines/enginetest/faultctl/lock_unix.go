@@ -1,6 +1,6 @@
 //go:build unix
 
-package s3test
+package faultctl
 
 import (
 	"os"
@@ -13,11 +13,11 @@ func lockFile(t testing.TB, path string) (unlock func()) {
 	t.Helper()
 	f, err := os.OpenFile(path, os.O_RDWR|os.O_CREATE, 0o644)
 	if err != nil {
-		t.Fatalf("s3test: %v", err)
+		t.Fatalf("faultctl: %v", err)
 	}
 	if err := syscall.Flock(int(f.Fd()), syscall.LOCK_EX); err != nil {
 		f.Close()
-		t.Fatalf("s3test: lock %s: %v", path, err)
+		t.Fatalf("faultctl: lock %s: %v", path, err)
 	}
 	return func() { f.Close() } // closing releases the lock
 }

@@ -1,10 +1,10 @@
 //go:build !unix
 
-package pgtest
+package faultctl
 
 import "testing"
 
 func lockFile(t testing.TB, path string) (unlock func()) {
-	t.Skip("pgtest: fault tests need flock (unix)")
+	t.Skip("faultctl: fault tests need flock (unix)")
 	return nil
 }
