@@ -171,7 +171,7 @@ func (c *Client) Put(ctx context.Context, ns string, r io.Reader, size int64, wa
 	}
 	req.Header.Set("Content-Type", "application/octet-stream")
 	if want != nil {
-		req.Header.Set("Content-Digest", "sha-256=:"+base64.StdEncoding.EncodeToString(want[:])+":")
+		req.Header.Set("Content-Digest", DigestField(*want))
 	}
 	resp, err := c.do(req)
 	if err != nil {
@@ -294,9 +294,9 @@ func (c *Client) getSlice(ctx context.Context, d Digest, off, n int64) ([]byte, 
 	if err != nil {
 		return nil, 0, err
 	}
-	want, err := reprDigest(resp.Header.Get("Repr-Digest"))
-	if err != nil {
-		return nil, 0, err
+	want, ok, err := ParseDigestField(resp.Header.Get("Repr-Digest"))
+	if err != nil || !ok {
+		return nil, 0, fmt.Errorf("range %d+%d of %s: the server sent no usable Repr-Digest (%q)", off, n, d, resp.Header.Get("Repr-Digest"))
 	}
 	if int64(len(b)) != last-first+1 || sha256.Sum256(b) != want {
 		return nil, 0, fmt.Errorf("range %d+%d of %s: %w", off, n, d, blob.ErrVerification)
@@ -319,18 +319,28 @@ func (c *Client) get(ctx context.Context, d Digest, ns, rng string) (*http.Respo
 	return c.do(req)
 }
 
-// reprDigest parses "sha-256=:BASE64:".
-func reprDigest(v string) (Digest, error) {
+// DigestField is d as an RFC 9530 digest field value: sha-256=:BASE64:.
+func DigestField(d Digest) string {
+	return "sha-256=:" + base64.StdEncoding.EncodeToString(d[:]) + ":"
+}
+
+// ParseDigestField finds the sha-256 member of a digest field: RFC 9530's
+// sha-256=:BASE64: (Content-Digest, Repr-Digest) or RFC 3230's
+// SHA-256=BASE64 (Digest). Other algorithms are skipped; found is false if
+// there is no sha-256 member, and a malformed one is an error.
+func ParseDigestField(v string) (d Digest, found bool, err error) {
 	for item := range strings.SplitSeq(v, ",") {
 		alg, val, ok := strings.Cut(strings.TrimSpace(item), "=")
-		if ok && strings.EqualFold(alg, "sha-256") {
-			b, err := base64.StdEncoding.DecodeString(strings.Trim(val, ":"))
-			if err == nil && len(b) == sha256.Size {
-				return Digest(b), nil
-			}
+		if !ok || !strings.EqualFold(alg, "sha-256") {
+			continue
 		}
+		b, err := base64.StdEncoding.DecodeString(strings.Trim(val, ":"))
+		if err != nil || len(b) != sha256.Size {
+			return Digest{}, false, fmt.Errorf("sha-256 wants the 32-byte digest in base64 (sha-256=:…:), got %q", val)
+		}
+		return Digest(b), true, nil
 	}
-	return Digest{}, fmt.Errorf("the server sent no usable Repr-Digest (%q)", v)
+	return Digest{}, false, nil
 }
 
 // verifying hashes a blob's body as it is read.

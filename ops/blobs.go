@@ -2,7 +2,6 @@ package ops
 
 import (
 	"crypto/sha256"
-	"encoding/base64"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -127,18 +126,15 @@ func claimedDigest(h http.Header) (*store.Digest, error) {
 	}
 	for _, name := range []string{"Content-Digest", "Repr-Digest", "Digest"} {
 		for _, v := range h.Values(name) {
-			for item := range strings.SplitSeq(v, ",") {
-				alg, val, ok := strings.Cut(strings.TrimSpace(item), "=")
-				if !ok || !strings.EqualFold(alg, "sha-256") {
-					continue
-				}
-				b, err := base64.StdEncoding.DecodeString(strings.Trim(val, ":"))
-				if err != nil || len(b) != sha256.Size {
-					return nil, badRequest("%s: sha-256 wants the 32-byte digest in base64 (sha-256=:…:), got %q", name, clip(val))
-				}
-				if err := add(name, store.Digest(b)); err != nil {
-					return nil, err
-				}
+			d, ok, err := client.ParseDigestField(v)
+			if err != nil {
+				return nil, badRequest("%s: %v", name, err)
+			}
+			if !ok {
+				continue
+			}
+			if err := add(name, d); err != nil {
+				return nil, err
 			}
 		}
 	}
@@ -362,7 +358,7 @@ func kindOf(err error) string { _, k := classify(err); return k }
 // on every response, ranged ones included (where RFC 9530 would give the
 // whole representation's digest; ETag carries that one).
 func setDigest(h http.Header, d store.Digest) {
-	v := "sha-256=:" + base64.StdEncoding.EncodeToString(d[:]) + ":"
+	v := client.DigestField(d)
 	h.Set("Repr-Digest", v)
 	h.Set("Content-Digest", v)
 }
