@@ -62,10 +62,7 @@ func (s *Server) put(w http.ResponseWriter, r *http.Request) error {
 	if err != nil {
 		return err
 	}
-	tok, ok := s.tokens.mint(pin, ns)
-	if !ok {
-		return errShuttingDown
-	}
+	tok := s.tokens.mint(pin, ns)
 	w.Header().Set("Location", "/v1/blobs/"+d.String())
 	writeJSON(w, http.StatusCreated, PutResponse{Token: tok, Digest: d.String()})
 	return nil
@@ -89,23 +86,42 @@ func (b *bodyReader) Read(p []byte) (int, error) {
 	return n, err
 }
 
-// namespace checks that ns names an existing namespace.
-func (s *Server) namespace(r *http.Request, ns string) (string, error) {
+// checkNamespace checks that ns is a namespace name this server can
+// look in; it does not ask whether the namespace exists.
+func (s *Server) checkNamespace(ns string) error {
 	if s.ns == nil {
-		return "", &httpError{http.StatusServiceUnavailable, "unavailable", "this store keeps no namespaces (its kv engine keeps nothing durable); puts and haves need one"}
+		return &httpError{http.StatusServiceUnavailable, "unavailable", "this store keeps no namespaces (its kv engine keeps nothing durable); puts and haves need one"}
 	}
 	if ns == "" {
-		return "", badRequest("a namespace is required (?namespace=NS for a put, \"namespace\" in a have)")
+		return badRequest("a namespace is required (?namespace=NS for a put, \"namespace\" in a have)")
 	}
 	if err := namespaces.ValidName(ns); err != nil {
-		return "", badRequest("namespace %q: %v: a name is 1-255 bytes of A-Z a-z 0-9 . _ -, not starting with '.'", clip(ns), err)
+		return badRequest("namespace %q: %v: a name is 1-255 bytes of A-Z a-z 0-9 . _ -, not starting with '.'", clip(ns), err)
+	}
+	return nil
+}
+
+// noNamespace answers an absent namespace (namespaces.ErrNotFound from a
+// lookup in it); other errors pass.
+func noNamespace(ns string, err error) error {
+	if errors.Is(err, namespaces.ErrNotFound) {
+		return notFound("namespace %q does not exist", ns)
+	}
+	return err
+}
+
+// namespace checks that ns names an existing namespace: a put asks before
+// it reads the body.
+func (s *Server) namespace(r *http.Request, ns string) (string, error) {
+	if err := s.checkNamespace(ns); err != nil {
+		return "", err
 	}
 	ok, err := s.ns.Exists(r.Context(), ns)
 	if err != nil {
 		return "", err
 	}
 	if !ok {
-		return "", notFound("namespace %q does not exist", ns)
+		return "", noNamespace(ns, namespaces.ErrNotFound)
 	}
 	return ns, nil
 }
@@ -184,17 +200,18 @@ func (s *Server) have(w http.ResponseWriter, r *http.Request) error {
 		if len(ds) != 1 {
 			return badRequest("a have with a token renews that token's pin: give exactly one digest, not %d", len(ds))
 		}
-		if err := namespaces.ValidName(req.Namespace); err != nil {
-			return badRequest("namespace %q: %v", clip(req.Namespace), err)
+		if err := s.checkNamespace(req.Namespace); err != nil {
+			return err
 		}
 		present[0] = s.tokens.renew(req.Token, req.Namespace, ds[0])
 	} else {
-		ns, err := s.namespace(r, req.Namespace)
-		if err != nil {
+		// HasMany reports an absent namespace itself: no Exists first.
+		if err := s.checkNamespace(req.Namespace); err != nil {
 			return err
 		}
-		if present, err = s.ns.HasMany(r.Context(), ns, ds); err != nil {
-			return err
+		var err error
+		if present, err = s.ns.HasMany(r.Context(), req.Namespace, ds); err != nil {
+			return noNamespace(req.Namespace, err)
 		}
 	}
 	writeJSON(w, http.StatusOK, HaveResponse{Present: present})
@@ -234,11 +251,11 @@ func (s *Server) get(w http.ResponseWriter, r *http.Request) error {
 		return badRequest("%q is not a digest: %v", clip(r.PathValue("digest")), err)
 	}
 	if ns := r.URL.Query().Get("namespace"); ns != "" {
-		if ns, err = s.namespace(r, ns); err != nil {
+		if err := s.checkNamespace(ns); err != nil {
 			return err
 		}
 		if _, ok, err := s.ns.Has(r.Context(), ns, d); err != nil {
-			return err
+			return noNamespace(ns, err)
 		} else if !ok {
 			return notFound("namespace %q does not hold %s", ns, d)
 		}

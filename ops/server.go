@@ -137,13 +137,13 @@ func New(cfg Config) *Server {
 // Handler is the server's HTTP handler.
 func (s *Server) Handler() http.Handler { return s.mux }
 
-// Close releases every token's pin and stops the metrics' background
-// work. A put that completes afterwards gets no token (503): its pin is
-// released at once.
+// Close refuses new requests (503), waits for those being handled,
+// releases every token's pin and stops the metrics' background work.
 func (s *Server) Close() {
 	s.gate.Lock()
 	s.closing = true
 	s.gate.Unlock()
+	s.handlers.Wait()
 	s.tokens.close()
 	s.metrics.Close()
 }
@@ -185,10 +185,6 @@ func (s *Server) Serve(ctx context.Context, ln net.Listener) error {
 		cutOff()
 		hs.Close()
 	}
-	s.gate.Lock()
-	s.closing = true
-	s.gate.Unlock()
-	s.handlers.Wait()
 	close(stop)
 	s.Close()
 	if errors.Is(err, http.ErrServerClosed) {

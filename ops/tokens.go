@@ -25,9 +25,8 @@ type tokens struct {
 	ttl   time.Duration
 	clock gc.Clock
 
-	mu     sync.Mutex
-	m      map[string]*token
-	closed bool // after close, mint refuses (and releases the pin)
+	mu sync.Mutex
+	m  map[string]*token
 }
 
 type token struct {
@@ -40,20 +39,15 @@ func newTokens(ttl time.Duration, clock gc.Clock) *tokens {
 	return &tokens{ttl: ttl, clock: clock, m: make(map[string]*token)}
 }
 
-// mint takes ownership of pin and returns a fresh token naming it, or
-// ok=false (the pin released) once the table is closed.
-func (t *tokens) mint(pin *store.Pin, ns string) (id string, ok bool) {
+// mint takes ownership of pin and returns a fresh token naming it.
+func (t *tokens) mint(pin *store.Pin, ns string) string {
 	var b [18]byte
 	rand.Read(b[:]) // never fails (crypto/rand)
-	id = base64.RawURLEncoding.EncodeToString(b[:])
+	id := base64.RawURLEncoding.EncodeToString(b[:])
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	if t.closed {
-		pin.Release()
-		return "", false
-	}
 	t.m[id] = &token{pin: pin, ns: ns, expires: t.clock.Now().Add(t.ttl)}
-	return id, true
+	return id
 }
 
 // renew extends the token if it is live and names d in namespace ns, and
@@ -113,12 +107,12 @@ func (t *tokens) len() int {
 	return len(t.m)
 }
 
-// close releases every token; later mints are refused.
+// close releases every token (the server mints no more: its handlers
+// have ended).
 func (t *tokens) close() {
 	t.mu.Lock()
 	m := t.m
 	t.m = make(map[string]*token)
-	t.closed = true
 	t.mu.Unlock()
 	for _, tk := range m {
 		tk.pin.Release()
