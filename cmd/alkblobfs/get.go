@@ -100,6 +100,20 @@ func parseDigest(cmd *cobra.Command, s string) (store.Digest, error) {
 	return d, nil
 }
 
+// parseDigests parses DIGEST arguments with parseDigest, stopping at the
+// first bad one.
+func parseDigests(cmd *cobra.Command, args []string) ([]store.Digest, error) {
+	ds := make([]store.Digest, len(args))
+	for i, s := range args {
+		d, err := parseDigest(cmd, s)
+		if err != nil {
+			return nil, err
+		}
+		ds[i] = d
+	}
+	return ds, nil
+}
+
 // stream copies blob d to w, verifying at the end; progress is drawn on a
 // terminal only when asked (get, not cat).
 func (a *app) stream(cmd *cobra.Command, src blobSource, d store.Digest, w io.Writer, progress bool) error {

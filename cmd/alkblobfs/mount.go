@@ -189,7 +189,9 @@ As root the mount uses mount(2) directly; otherwise fusermount3.`,
 			stopHTTP := func() {}
 			if ln != nil {
 				metrics.AttachMount(func() ops.MountStats { return mountStats(srv.Stats(context.Background())) })
-				stopHTTP = serveBeside(ctx, newOpsServer(st, svc, authTok, tokenTTL, metrics, ro, int64(a.uploadMem), lg), ln, lg)
+				oc := a.opsConfig(st, svc, authTok, tokenTTL, lg)
+				oc.Metrics, oc.ReadOnly = metrics, ro
+				stopHTTP = serveBeside(ctx, ops.New(oc), ln, lg)
 				defer stopHTTP()
 				lg.Info("serving HTTP beside the mount", "url", "http://"+ln.Addr().String(), "auth", authTok != "")
 			}

@@ -284,13 +284,6 @@ func nameAndDigests(cmd *cobra.Command, args []string) (string, []store.Digest, 
 	if err := checkName(cmd, args[0]); err != nil {
 		return "", nil, err
 	}
-	ds := make([]store.Digest, 0, len(args)-1)
-	for _, s := range args[1:] {
-		d, err := parseDigest(cmd, s)
-		if err != nil {
-			return "", nil, err
-		}
-		ds = append(ds, d)
-	}
-	return args[0], ds, nil
+	ds, err := parseDigests(cmd, args[1:])
+	return args[0], ds, err
 }

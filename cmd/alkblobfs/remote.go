@@ -116,13 +116,9 @@ up to 10000 digests.`,
 			if err := checkName(cmd, ns); err != nil {
 				return err
 			}
-			ds := make([]store.Digest, len(args))
-			for i, s := range args {
-				d, err := parseDigest(cmd, s)
-				if err != nil {
-					return err
-				}
-				ds[i] = d
+			ds, err := parseDigests(cmd, args)
+			if err != nil {
+				return err
 			}
 			var present []bool
 			if a.remote != "" {

@@ -33,13 +33,9 @@ never overrides a blob held open or being put.`,
   alkblobfs --kv none --large local:/srv/large rm --force 3f0a…e91c`,
 		Args: argsRange(1, -1, "at least one DIGEST"),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			ds := make([]store.Digest, len(args))
-			for i, s := range args {
-				d, err := parseDigest(cmd, s)
-				if err != nil {
-					return err
-				}
-				ds[i] = d
+			ds, err := parseDigests(cmd, args)
+			if err != nil {
+				return err
 			}
 			st, svc, err := a.openNS(cmd)
 			if err != nil {

@@ -77,7 +77,7 @@ counters added to the metrics.`,
 			if f := cmd.Flag("log-level"); f == nil || !f.Changed {
 				lg = slog.New(slog.NewTextHandler(a.stderr, &slog.HandlerOptions{Level: slog.LevelInfo}))
 			}
-			srv := newOpsServer(st, svc, tok, tokenTTL, nil, false, int64(a.uploadMem), lg)
+			srv := ops.New(a.opsConfig(st, svc, tok, tokenTTL, lg))
 			lg.Info("serving", "url", "http://"+ln.Addr().String(), "auth", tok != "", "token_ttl", tokenTTL)
 			if err := srv.Serve(cmd.Context(), ln); err != nil {
 				return err
@@ -111,8 +111,10 @@ func (a *app) listen(cmd *cobra.Command, addr string) (net.Listener, string, err
 	return ln, tok, nil
 }
 
-func newOpsServer(st *store.Store, svc *namespaces.Service, tok string, ttl time.Duration, m *ops.Metrics, ro bool, mem int64, lg *slog.Logger) *ops.Server {
-	return ops.New(ops.Config{Store: st, Namespaces: svc, AuthToken: tok, TokenTTL: ttl, Metrics: m, ReadOnly: ro, Memory: mem, Logger: lg})
+// opsConfig is the HTTP surface's configuration for st from the global
+// flags (the memory budget is --upload-memory's).
+func (a *app) opsConfig(st *store.Store, svc *namespaces.Service, tok string, ttl time.Duration, lg *slog.Logger) ops.Config {
+	return ops.Config{Store: st, Namespaces: svc, AuthToken: tok, TokenTTL: ttl, Memory: int64(a.uploadMem), Logger: lg}
 }
 
 // serveBeside runs srv on ln until the returned stop is called; stop

@@ -45,13 +45,9 @@ With --json it prints one JSON document instead: {"bad":[{"digest","tier",
 			if jobs < 1 {
 				return usagef(cmd, "--jobs %d: want at least 1", jobs)
 			}
-			ds := make([]store.Digest, len(args))
-			for i, s := range args {
-				d, err := parseDigest(cmd, s)
-				if err != nil {
-					return err
-				}
-				ds[i] = d
+			ds, err := parseDigests(cmd, args)
+			if err != nil {
+				return err
 			}
 			st, err := a.open(cmd)
 			if err != nil {
