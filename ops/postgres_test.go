@@ -28,17 +28,7 @@ func fleetHost(t *testing.T, dsn string) (*store.Store, *namespaces.Service) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	st, err := store.Open(t.Context(), store.Config{KV: kv, Large: large, Fleet: true, PinTTL: 3 * time.Second})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { st.Close() })
-	reg, err := namespaces.Open(t.Context(), kv, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	st.GC().Register(reg)
-	return st, namespaces.NewService(reg, st)
+	return openStore(t, store.Config{KV: kv, Large: large, Fleet: true, PinTTL: 3 * time.Second})
 }
 
 // Two servers on one PostgreSQL pool in fleet mode: a token minted on A

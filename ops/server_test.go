@@ -66,17 +66,7 @@ func newEnv(t testing.TB, o envOptions) *env {
 	}
 	clock := gctest.NewClock()
 	cfg.Clock = clock
-	st, err := store.Open(t.Context(), cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { st.Close() })
-	reg, err := namespaces.Open(t.Context(), kv, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	st.GC().Register(reg)
-	svc := namespaces.NewService(reg, st)
+	st, svc := openStore(t, cfg)
 	if err := svc.Create(t.Context(), "builds"); err != nil {
 		t.Fatal(err)
 	}
@@ -92,6 +82,23 @@ func newEnv(t testing.TB, o envOptions) *env {
 		t.Fatal(err)
 	}
 	return &env{st: st, svc: svc, srv: srv, url: hs.URL, c: c, clock: clock, log: logs}
+}
+
+// openStore opens a store on cfg (closed when t ends) with a namespaces
+// registry in its kv engine registered as its liveness source.
+func openStore(t testing.TB, cfg store.Config) (*store.Store, *namespaces.Service) {
+	t.Helper()
+	st, err := store.Open(t.Context(), cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { st.Close() })
+	reg, err := namespaces.Open(t.Context(), cfg.KV, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	st.GC().Register(reg)
+	return st, namespaces.NewService(reg, st)
 }
 
 type syncBuffer struct {
@@ -667,25 +674,8 @@ func TestCorruptBlobCutOff(t *testing.T) {
 // Serve: lapsed tokens are released by its ticker; a shutdown lets a put
 // in flight finish; a read-only server refuses puts and deletes.
 func TestServeLifecycle(t *testing.T) {
-	dir := t.TempDir()
-	kv, err := sqlite.Open(t.Context(), filepath.Join(dir, "kv.db"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	l, err := local.Open(t.Context(), filepath.Join(dir, "large"), nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	st, err := store.Open(t.Context(), store.Config{KV: kv, Large: l})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer st.Close()
-	reg, _ := namespaces.Open(t.Context(), kv, nil)
-	st.GC().Register(reg)
-	svc := namespaces.NewService(reg, st)
-	svc.Create(t.Context(), "builds")
-
+	e := newEnv(t, envOptions{})
+	st, svc := e.st, e.svc
 	logs := &syncBuffer{}
 	srv := ops.New(ops.Config{Store: st, Namespaces: svc, TokenTTL: 300 * time.Millisecond,
 		Logger: slog.New(slog.NewTextHandler(logs, &slog.HandlerOptions{Level: slog.LevelDebug}))})
