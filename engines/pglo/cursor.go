@@ -11,6 +11,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/alkblobfs/alkblobfs/blob"
+	"github.com/alkblobfs/alkblobfs/engines"
 )
 
 // readTimeout bounds one lo_get of at most 8 windows (4 MiB).
@@ -41,28 +42,11 @@ func (c *cursor) Close() error {
 // ReadAt implements io.ReaderAt. Reads of a window or more go straight into
 // p; smaller ones are served from the cached window around off.
 func (c *cursor) ReadAt(p []byte, off int64) (int, error) {
-	if off < 0 {
-		return 0, c.e.wrap("read", c.d, errors.New("negative offset"))
+	n, err := engines.ReadAtSized(p, off, c.size, c.read)
+	if err != nil && err != io.EOF {
+		err = c.e.wrap("read", c.d, missingObject(err))
 	}
-	if off >= c.size {
-		return 0, io.EOF
-	}
-	want := p
-	if rest := c.size - off; int64(len(want)) > rest {
-		want = want[:rest]
-	}
-	n := 0
-	for n < len(want) {
-		k, err := c.read(want[n:], off+int64(n))
-		n += k
-		if err != nil {
-			return n, c.e.wrap("read", c.d, missingObject(err))
-		}
-	}
-	if n < len(p) {
-		return n, io.EOF
-	}
-	return n, nil
+	return n, err
 }
 
 // read fills a prefix of p (at least one byte) from off < size.
