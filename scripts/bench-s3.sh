@@ -49,19 +49,7 @@ bin=$work/alkblobfs
 s3url=$(printf '%s' "$ALKBLOBFS_S3_URL" | sed -E "s|^s3://([^/?]+)[^?]*|s3://\\1/bench-$$|")
 declare -A large=([local]="local:$work/local/large" [s3]="$s3url")
 
-secs() {
-	local t0 t1
-	t0=$(date +%s%N)
-	"$@" >/dev/null 2>&1
-	t1=$(date +%s%N)
-	awk -v a="$t0" -v b="$t1" 'BEGIN { printf "%.4f\n", (b - a) / 1e9 }'
-}
 results=$work/results
-rec() {
-	printf '%s\t%s\t%s\n' "$1" "$2" "$3" >>"$results"
-	printf '  %-28s %-16s %8.3f s\n' "$1" "$2" "$3"
-}
-ddread() { dd if="$1" of=/dev/null bs=1M; }
 # mnt SYSTEM: mounts SYSTEM's store on $work/mnt-SYSTEM.
 mnt() { mountfs "$bin" "$work/mnt-$1" --data "$work/$1" --large "${large[$1]}" mount; }
 

@@ -67,20 +67,7 @@ bin=$work/alkblobfs
 (cd "$root" && go build -o "$bin" ./cmd/alkblobfs)
 [[ -n $profile ]] && mkdir -p "$profile"
 
-# secs CMD... runs CMD and prints its wall time in seconds.
-secs() {
-	local t0 t1
-	t0=$(date +%s%N)
-	"$@" >/dev/null 2>&1
-	t1=$(date +%s%N)
-	awk -v a="$t0" -v b="$t1" 'BEGIN { printf "%.4f\n", (b - a) / 1e9 }'
-}
 results=$work/results
-# rec WORKLOAD SYSTEM SECONDS keeps one repetition's figure.
-rec() {
-	printf '%s\t%s\t%s\n' "$1" "$2" "$3" >>"$results"
-	printf '  %-34s %-28s %8.3f s\n' "$1" "$2" "$3"
-}
 bindmount() {
 	mkdir -p "$2"
 	bindfs "$1" "$2"
@@ -116,7 +103,6 @@ bindmount "$work/lsdir" "$work/bindls"
 mkdir -p "$native/b"
 bindmount "$native/b" "$work/bindw"
 
-ddread() { dd if="$1" of=/dev/null bs=1M; }
 # reads SYSTEM FILE: cold, second and warm (third) reads of FILE.
 reads() {
 	dropcaches

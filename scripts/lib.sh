@@ -1,4 +1,4 @@
-# lib.sh — what the measurement scripts share (bench.sh, measure.sh).
+# lib.sh — what the measurement scripts share (bench.sh, bench-s3.sh, measure.sh).
 # Source it after setting PROG (the script's name, for messages); the
 # caller's cleanup stops the daemons in the `pids` array and unmounts the
 # `mounts` array, which mountfs fills.
@@ -52,3 +52,22 @@ MEDIAN_AWK='function median(a, n,   j, l, x) {
 	for (j = 2; j <= n; j++) { x = a[j]; for (l = j - 1; l >= 1 && a[l] > x; l--) a[l + 1] = a[l]; a[l + 1] = x }
 	return n % 2 ? a[(n + 1) / 2] : (a[n / 2] + a[n / 2 + 1]) / 2
 }'
+
+# secs CMD... runs CMD and prints its wall time in seconds.
+secs() {
+	local t0 t1
+	t0=$(date +%s%N)
+	"$@" >/dev/null 2>&1
+	t1=$(date +%s%N)
+	awk -v a="$t0" -v b="$t1" 'BEGIN { printf "%.4f\n", (b - a) / 1e9 }'
+}
+
+# rec WORKLOAD SYSTEM SECONDS keeps one repetition's figure in $results
+# (tab-separated) and prints it.
+rec() {
+	printf '%s\t%s\t%s\n' "$1" "$2" "$3" >>"$results"
+	printf '  %-34s %-28s %8.3f s\n' "$1" "$2" "$3"
+}
+
+# ddread FILE reads FILE through in 1 MiB reads.
+ddread() { dd if="$1" of=/dev/null bs=1M; }
