@@ -427,8 +427,21 @@ type PassthroughStats struct {
 	FellBackOnce bool   `json:"fell_back,omitempty"`
 }
 
-// Stats is a snapshot of the mount's counters.
+// Stats is a snapshot of the mount's counters and its namespace count.
 func (f *FS) Stats(ctx context.Context) Stats {
+	s := f.Counters()
+	for _, err := range f.reg.Names(ctx, "") {
+		if err != nil {
+			break
+		}
+		s.Namespaces++
+	}
+	return s
+}
+
+// Counters is Stats without the namespace count, which takes a walk of
+// the registry: what a metrics scrape reads.
+func (f *FS) Counters() Stats {
 	s := Stats{
 		Verify:       f.cfg.Verify,
 		Store:        f.st.Stats(),
@@ -469,12 +482,6 @@ func (f *FS) Stats(ctx context.Context) Stats {
 	}
 	if f.mount != nil {
 		s.Mountpoint = f.mount.dir
-	}
-	for _, err := range f.reg.Names(ctx, "") {
-		if err != nil {
-			break
-		}
-		s.Namespaces++
 	}
 	for _, d := range f.nsDirs() {
 		d.mu.Lock()

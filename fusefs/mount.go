@@ -155,6 +155,9 @@ func (m *Server) Passthrough() bool { return m.fs.ptAvailable.Load() }
 // Stats is the mount's /.alkblobfs/stats.
 func (m *Server) Stats(ctx context.Context) Stats { return m.fs.Stats(ctx) }
 
+// Counters is Stats without the namespace count (cheap: no registry walk).
+func (m *Server) Counters() Stats { return m.fs.Counters() }
+
 // Unmount unmounts and waits until serving has stopped. If files are
 // still open (EBUSY), it detaches the mount lazily: the name goes at
 // once, and the daemon serves the open files until they are closed.

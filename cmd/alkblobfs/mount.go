@@ -1,7 +1,6 @@
 package main
 
 import (
-	"context"
 	"fmt"
 	"log/slog"
 	"net"
@@ -188,7 +187,7 @@ As root the mount uses mount(2) directly; otherwise fusermount3.`,
 			}
 			stopHTTP := func() {}
 			if ln != nil {
-				metrics.AttachMount(func() ops.MountStats { return mountStats(srv.Stats(context.Background())) })
+				metrics.AttachMount(func() ops.MountStats { return mountStats(srv.Counters()) })
 				oc := a.opsConfig(st, svc, authTok, tokenTTL, lg)
 				oc.Metrics, oc.ReadOnly = metrics, ro
 				stopHTTP = serveBeside(ctx, ops.New(oc), ln, lg)
