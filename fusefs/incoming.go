@@ -186,15 +186,23 @@ func (m *meta) fill(out *fuse.Attr, typ uint32) {
 	setTimes(out, m.atime, m.mtime, m.ctime)
 }
 
-func (m *meta) set(in *fuse.SetAttrIn) {
-	if v, ok := in.GetMode(); ok {
-		m.mode = v & 0o7777
+// set applies a SETATTR. A chown without a mode change clears a file's
+// set-id bits (killPriv), as chown(2) does.
+func (m *meta) set(in *fuse.SetAttrIn, file bool) {
+	_, chown := in.GetUID()
+	if _, ok := in.GetGID(); ok {
+		chown = true
 	}
 	if v, ok := in.GetUID(); ok {
 		m.uid = v
 	}
 	if v, ok := in.GetGID(); ok {
 		m.gid = v
+	}
+	if v, ok := in.GetMode(); ok {
+		m.mode = v & 0o7777
+	} else if chown && file {
+		m.killPriv()
 	}
 	if v, ok := in.GetATime(); ok {
 		m.atime = v
@@ -203,6 +211,20 @@ func (m *meta) set(in *fuse.SetAttrIn) {
 		m.mtime = v
 	}
 	m.ctime = time.Now()
+}
+
+// killPriv clears a regular file's set-user-ID bit, and its set-group-ID
+// bit where the group may execute it: what the kernel does to a file that
+// an unprivileged process writes, truncates or chowns. The mount asks for
+// FUSE_HANDLE_KILLPRIV_V2, which hands this job to the daemon (and saves a
+// GETXATTR round trip before every WRITE). The daemon cannot see whether
+// the writer holds CAP_FSETID, so it clears them for root too; on a nosuid
+// mount whose blobs are published 0444 the bits mean nothing anyway.
+func (m *meta) killPriv() {
+	m.mode &^= syscall.S_ISUID
+	if m.mode&syscall.S_IXGRP != 0 {
+		m.mode &^= syscall.S_ISGID
+	}
 }
 
 // caller is the uid and gid of the process behind a request.
@@ -312,7 +334,7 @@ func (d *incDir) Setattr(ctx context.Context, f fs.FileHandle, in *fuse.SetAttrI
 		return d.fsys.errno("setattr", blob.Digest{}, errIsDir)
 	}
 	d.mu.Lock()
-	d.meta.set(in)
+	d.meta.set(in, false)
 	d.mu.Unlock()
 	if err := d.attr(ctx, &out.Attr); err != nil {
 		return d.fsys.errno("setattr", blob.Digest{}, err)
@@ -772,7 +794,7 @@ func (n *fileNode) Setattr(ctx context.Context, fh fs.FileHandle, in *fuse.SetAt
 		}
 	}
 	if err == nil {
-		n.meta.set(in)
+		n.meta.set(in, true)
 	}
 	n.getattrLocked(&out.Attr)
 	n.mu.Unlock()
@@ -793,6 +815,7 @@ func (n *fileNode) truncateLocked(ctx context.Context, h *fileHandle, size int64
 	}
 	n.dirty, n.written = true, size > 0
 	n.meta.mtime = time.Now()
+	n.meta.killPriv()
 	if h != nil {
 		h.idle, h.wrote = false, true
 	}
@@ -1218,6 +1241,7 @@ func (h *fileHandle) Write(ctx context.Context, data []byte, off int64) (uint32,
 	n.dirty, n.written, h.idle, h.wrote = true, true, false, true
 	n.meta.mtime = time.Now()
 	n.meta.ctime = n.meta.mtime
+	n.meta.killPriv()
 	n.fsys.stats.writes.Add(1)
 	n.fsys.stats.bytesWritten.Add(int64(k))
 	return uint32(k), 0
@@ -1444,7 +1468,7 @@ func (s *symNode) Setattr(ctx context.Context, f fs.FileHandle, in *fuse.SetAttr
 	s.mu.Lock()
 	m := in.Valid
 	in.Valid &^= fuse.FATTR_MODE // a link's mode is fixed
-	s.meta.set(in)
+	s.meta.set(in, false)
 	in.Valid = m
 	s.mu.Unlock()
 	s.getattr(&out.Attr)

@@ -12,6 +12,7 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -378,5 +379,99 @@ func TestReopenDropsStaleCache(t *testing.T) {
 	}
 	if got := fileSum(t, p); got != sum(a) {
 		t.Fatalf("the file reads as %s, want %s", got[:12], sum(a)[:12])
+	}
+}
+
+// TestWriteKillsSetID: the daemon clears set-id bits where the kernel
+// would (a write, a truncate, a chown), since the mount takes that job
+// with FUSE_HANDLE_KILLPRIV_V2; in exchange the kernel asks for
+// security.capability once per file, not before every WRITE.
+func TestWriteKillsSetID(t *testing.T) {
+	var mu sync.Mutex
+	ops := map[string]int{}
+	count := func(c *Config) {
+		c.Observe = func(op string, _ time.Duration) {
+			mu.Lock()
+			ops[op]++
+			mu.Unlock()
+		}
+	}
+	e := mountStore(t, defaultSpec, count)
+	ns := e.mkns("ns")
+	p := filepath.Join(ns, incomingName, "f")
+	mode := func() os.FileMode {
+		t.Helper()
+		fi, err := os.Stat(p)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return fi.Mode() & (os.ModePerm | os.ModeSetuid | os.ModeSetgid)
+	}
+	appendTo := func(b []byte) {
+		t.Helper()
+		f, err := os.OpenFile(p, os.O_WRONLY|os.O_APPEND, 0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := f.Write(b); err != nil {
+			t.Fatal(err)
+		}
+		if err := f.Close(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	writeFile(t, p, []byte("x"))
+	for _, c := range []struct {
+		set  uint32
+		do   string
+		want os.FileMode
+	}{
+		{0o4755, "write", 0o755},
+		{0o6755, "write", 0o755},
+		{0o2745, "write", 0o745 | os.ModeSetgid}, // no group execute: sgid means locking, and stays
+		{0o4755, "truncate", 0o755},
+		{0o6775, "chown", 0o775},
+		{0o4755, "chmod", 0o755 | os.ModeSetuid}, // a chmod alone keeps what it sets
+	} {
+		if err := syscall.Chmod(p, c.set); err != nil {
+			t.Fatal(err)
+		}
+		switch c.do {
+		case "write":
+			appendTo([]byte("y"))
+		case "truncate":
+			if err := os.Truncate(p, 1); err != nil {
+				t.Fatal(err)
+			}
+		case "chown":
+			if err := os.Chown(p, 1000, 1000); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if got := mode(); got != c.want {
+			t.Errorf("chmod %o, then %s: mode %v, want %v", c.set, c.do, got, c.want)
+		}
+	}
+
+	// 32 WRITE requests into one file: one capability lookup, not 32.
+	mu.Lock()
+	clear(ops)
+	mu.Unlock()
+	f, err := os.Create(filepath.Join(ns, incomingName, "g"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := range 32 {
+		if _, err := f.Write(randBytes(uint64(i), 64<<10)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := f.Close(); err != nil {
+		t.Fatal(err)
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if ops["write"] < 32 || ops["getxattr"] > 1 {
+		t.Errorf("32 writes made %d WRITE and %d GETXATTR requests; want ≥ 32 and ≤ 1", ops["write"], ops["getxattr"])
 	}
 }
