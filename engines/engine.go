@@ -170,6 +170,14 @@ type SQL interface {
 	Dialect() string
 }
 
+// Batching is an SQL engine whose short write transactions share commits
+// (Batcher): SQLite, whose writers take turns on one lock, so that a
+// commit per small file is the cost of ingest. Registries in the engine's
+// database use the same Batcher for their hot writes.
+type Batching interface {
+	Batcher() *Batcher
+}
+
 // TxPutter is a KV engine whose Put can run extra statements in the same
 // transaction as the entry's insert, so that publish, pin row and link
 // commit together. also runs first, before the insert: it takes the pin

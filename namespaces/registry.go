@@ -196,7 +196,14 @@ const pageSize = 1000
 // gets the in-memory registry.
 func Open(ctx context.Context, kv engines.Engine, clock Clock) (Registry, error) {
 	if s, ok := kv.(engines.SQL); ok {
-		return OpenSQL(ctx, s.DB(), s.Dialect(), clock)
+		r, err := OpenSQL(ctx, s.DB(), s.Dialect(), clock)
+		if err != nil {
+			return nil, err
+		}
+		if b, ok := kv.(engines.Batching); ok {
+			r.batch = b.Batcher()
+		}
+		return r, nil
 	}
 	return NewMem(clock), nil
 }

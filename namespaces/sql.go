@@ -39,6 +39,10 @@ type SQL struct {
 	// The statements of a put's joint link, prepared once: parsing them
 	// per put was a tenth of the CPU of a `cp -r` of small files.
 	existsStmt, linkStmt, pendStmt, unpendStmt *sql.Stmt
+	settleTakeStmt, settleLinkStmt             *sql.Stmt
+	// batch, when the engine has one (SQLite), commits settles together
+	// with the puts and other settles queued meanwhile.
+	batch *engines.Batcher
 	// noPerm: the ns table has no permission columns (an older store on
 	// read-only media): Perm reports none.
 	noPerm bool
@@ -218,7 +222,10 @@ func OpenSQL(ctx context.Context, db *sql.DB, dialect string, clock Clock) (*SQL
 	for _, p := range []struct {
 		st **sql.Stmt
 		q  string
-	}{{&r.existsStmt, r.q.exists}, {&r.linkStmt, r.q.linkIf}, {&r.pendStmt, r.q.pend}, {&r.unpendStmt, r.q.unpend}} {
+	}{
+		{&r.existsStmt, r.q.exists}, {&r.linkStmt, r.q.linkIf}, {&r.pendStmt, r.q.pend}, {&r.unpendStmt, r.q.unpend},
+		{&r.settleTakeStmt, r.q.settleTake}, {&r.settleLinkStmt, r.q.settleLink},
+	} {
 		st, err := db.PrepareContext(ctx, p.q)
 		if err != nil {
 			for _, st := range prepared {
@@ -555,30 +562,38 @@ func (r *SQL) Settle(ctx context.Context, i Intent) (bool, error) {
 	now := r.clock.Now().UnixNano()
 	if r.dialect == "postgres" {
 		var n int
-		if err := r.db.QueryRowContext(ctx, r.q.settleTake, int64(i), now).Scan(&n); err != nil {
+		if err := r.settleTakeStmt.QueryRowContext(ctx, int64(i), now).Scan(&n); err != nil {
 			return false, wrap("settle", "", blob.Digest{}, err)
 		}
 		return n == 1, nil
 	}
 	var linked bool
-	err := r.inTx(ctx, func(tx *sql.Tx) error {
+	settle := func(ctx context.Context, tx *sql.Tx) error {
 		var name string
 		var b []byte
-		err := tx.QueryRowContext(ctx, r.q.settleTake, int64(i)).Scan(&name, &b)
+		err := tx.StmtContext(ctx, r.settleTakeStmt).QueryRowContext(ctx, int64(i)).Scan(&name, &b)
 		if errors.Is(err, sql.ErrNoRows) {
 			return nil
 		}
 		if err != nil {
 			return err
 		}
-		res, err := tx.ExecContext(ctx, r.q.settleLink, name, b, now)
+		res, err := tx.StmtContext(ctx, r.settleLinkStmt).ExecContext(ctx, name, b, now)
 		if err != nil {
 			return err
 		}
 		n, err := res.RowsAffected()
 		linked = n == 1
 		return err
-	})
+	}
+	var err error
+	if r.batch != nil {
+		// Lazy: nobody waits for a RELEASE, and a sequential writer's
+		// next close commits this link with its own publish.
+		err = r.batch.Do(ctx, true, settle)
+	} else {
+		err = r.inTx(ctx, func(tx *sql.Tx) error { return settle(ctx, tx) })
+	}
 	if err != nil {
 		return false, wrap("settle", "", blob.Digest{}, err)
 	}

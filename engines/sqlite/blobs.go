@@ -66,7 +66,7 @@ func (e *Engine) Put(ctx context.Context, d blob.Digest, value []byte) (bool, er
 // dedup) and also commit together or not at all.
 func (e *Engine) PutTx(ctx context.Context, d blob.Digest, value []byte, also func(ctx context.Context, tx *sql.Tx) error) (bool, error) {
 	var n int64
-	err := engines.InTx(ctx, e.db, nil, func(tx *sql.Tx) error {
+	put := func(ctx context.Context, tx *sql.Tx) error {
 		if also != nil {
 			if err := also(ctx, tx); err != nil {
 				return err
@@ -77,7 +77,13 @@ func (e *Engine) PutTx(ctx context.Context, d blob.Digest, value []byte, also fu
 			n, err = res.RowsAffected()
 		}
 		return err
-	})
+	}
+	var err error
+	if e.batch != nil {
+		err = e.batch.Do(ctx, false, put)
+	} else {
+		err = engines.InTx(ctx, e.db, nil, func(tx *sql.Tx) error { return put(ctx, tx) })
+	}
 	if err != nil {
 		return false, e.wrapD("put", d, err)
 	}

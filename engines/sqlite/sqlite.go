@@ -23,6 +23,9 @@ type Engine struct {
 	path string // absolute path of the database file
 	db   *sql.DB
 	ro   bool // opened read-only (readOnly)
+	// batch commits PutTx and the registry's links in shared
+	// transactions; nil when read-only.
+	batch *engines.Batcher
 
 	has, size, get, put, del, delRet, list *sql.Stmt
 	wStage, wDue, wRemove, wLen            *sql.Stmt
@@ -39,6 +42,7 @@ var (
 	_ engines.BatchDeleter = (*Engine)(nil)
 	_ engines.BatchSizer   = (*Engine)(nil)
 	_ engines.GCHost       = (*Engine)(nil)
+	_ engines.Batching     = (*Engine)(nil)
 )
 
 const schema = `
@@ -108,6 +112,9 @@ func Open(ctx context.Context, path string) (*Engine, error) {
 		db.Close()
 		return nil, err
 	}
+	if !e.ro {
+		e.batch = engines.NewBatcher(db)
+	}
 	return e, nil
 }
 
@@ -158,8 +165,14 @@ func (e *Engine) Dialect() string { return "sqlite" }
 // CursorsSurviveDelete implements engines.DeleteSafe: cursors hold a copy.
 func (e *Engine) CursorsSurviveDelete() bool { return true }
 
-// Close closes the statements and the pool.
+// Batcher implements engines.Batching; nil on a read-only database.
+func (e *Engine) Batcher() *engines.Batcher { return e.batch }
+
+// Close commits what is batched, and closes the statements and the pool.
 func (e *Engine) Close() error {
+	if e.batch != nil {
+		e.batch.Close()
+	}
 	var errs []error
 	for _, st := range []*sql.Stmt{e.has, e.size, e.delRet, e.get, e.put, e.del, e.list, e.wStage, e.wDue, e.wRemove, e.wLen, e.pinUp, e.pinDel} {
 		if st != nil {
