@@ -6,6 +6,7 @@ import (
 	"errors"
 	"slices"
 	"sync"
+	"sync/atomic"
 	"time"
 )
 
@@ -38,6 +39,8 @@ type Batcher struct {
 	kick    chan struct{} // the loop is told of a job (capacity 1)
 	closed  bool
 	stopped chan struct{}
+
+	batches atomic.Int64 // transactions begun (tests read it)
 }
 
 // Linger is how long a lazy job waits for an eager one to share its
@@ -176,6 +179,7 @@ func (b *Batcher) run(jobs []*batchJob) {
 		}
 	}
 	ctx := jobs[0].ctx
+	b.batches.Add(1)
 	tx, err := b.db.BeginTx(ctx, nil)
 	if err != nil {
 		fail(err)
