@@ -3,11 +3,14 @@ package engines
 import (
 	"context"
 	"database/sql"
-	"errors"
+	"fmt"
+	"runtime/debug"
 	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"github.com/alkblobfs/alkblobfs/blob"
 )
 
 // Batcher commits the short write transactions of concurrent callers on
@@ -25,10 +28,19 @@ import (
 //
 // Every job of a batch of more than one runs inside a savepoint: a job
 // that fails rolls back its own statements only, and its caller gets its
-// error while the others commit. An error that ends the whole transaction
-// (a failed BEGIN or COMMIT, SQLite rolling back on a full disk) fails
-// every job of the batch; nothing of it commits. No caller is told its job
-// committed before the COMMIT returned.
+// error while the others commit. When SQLite ends the whole transaction
+// instead (it does on a full disk or an I/O error, whatever the
+// savepoints), the job that hit it keeps its error and every other job of
+// the batch runs again in a transaction of its own, so that each caller
+// gets its own answer. A failed BEGIN or COMMIT fails every job of the
+// batch; nothing of it commits. No caller is told its job committed before
+// the COMMIT returned. A job that panics is rolled back and the panic is
+// raised again in its caller.
+//
+// Every write transaction of a process on the database should go through
+// its Batcher: the loop begins its next transaction as soon as one
+// commits, and a writer outside it, polling for SQLite's lock with
+// backoff, waits far longer than one in the queue.
 type Batcher struct {
 	db     *sql.DB
 	linger time.Duration
@@ -55,11 +67,12 @@ const Linger = 2 * time.Millisecond
 const maxBatch = 256
 
 type batchJob struct {
-	fn   func(ctx context.Context, tx *sql.Tx) error
-	ctx  context.Context
-	lazy bool
-	err  error
-	done chan struct{}
+	fn    func(ctx context.Context, tx *sql.Tx) error
+	ctx   context.Context
+	lazy  bool
+	err   error
+	panic any // recovered from fn, raised again by Do
+	done  chan struct{}
 }
 
 // NewBatcher starts the loop that commits db's batches; Close stops it.
@@ -70,7 +83,7 @@ func NewBatcher(db *sql.DB) *Batcher {
 }
 
 // ErrBatcherClosed is the error of a job queued after Close.
-var ErrBatcherClosed = errors.New("database closed")
+var ErrBatcherClosed = fmt.Errorf("batched transaction: %w", blob.ErrClosed)
 
 // Do runs fn in a write transaction shared with other callers' jobs, and
 // returns after that transaction committed (nil, or fn's own error) or
@@ -95,6 +108,9 @@ func (b *Batcher) Do(ctx context.Context, lazy bool, fn func(ctx context.Context
 	default: // the loop has been told already
 	}
 	<-j.done
+	if j.panic != nil {
+		panic(j.panic)
+	}
 	return j.err
 }
 
@@ -171,39 +187,58 @@ func (b *Batcher) run(jobs []*batchJob) {
 			close(j.done)
 		}
 	}()
-	fail := func(err error) {
+	if len(jobs) == 1 {
+		b.runAlone(jobs[0])
+		return
+	}
+	b.batches.Add(1)
+	tx, err := b.db.BeginTx(jobs[0].ctx, nil)
+	if err != nil {
 		for _, j := range jobs {
-			if j.err == nil {
+			j.err = err
+		}
+		return
+	}
+	for k, j := range jobs {
+		if err := b.runSaved(tx, j); err != nil {
+			// SQLite rolled the whole transaction back (a full disk, an
+			// I/O error): j keeps its own error, and the jobs this took
+			// with it, or that never ran, run again each in its own.
+			tx.Rollback()
+			if j.err == nil && j.panic == nil {
+				j.err = err
+			}
+			for i, o := range jobs {
+				if i != k {
+					o.err, o.panic = nil, nil
+					b.runAlone(o)
+				}
+			}
+			return
+		}
+	}
+	if err := tx.Commit(); err != nil {
+		for _, j := range jobs {
+			if j.err == nil && j.panic == nil {
 				j.err = err
 			}
 		}
 	}
-	ctx := jobs[0].ctx
+}
+
+// runAlone runs j in a transaction of its own.
+func (b *Batcher) runAlone(j *batchJob) {
 	b.batches.Add(1)
-	tx, err := b.db.BeginTx(ctx, nil)
+	tx, err := b.db.BeginTx(j.ctx, nil)
 	if err != nil {
-		fail(err)
+		j.err = err
 		return
 	}
-	if len(jobs) == 1 {
-		j := jobs[0]
-		if j.err = j.fn(j.ctx, tx); j.err != nil {
-			tx.Rollback()
-			return
-		}
-	} else {
-		for _, j := range jobs {
-			if err := b.runSaved(tx, j); err != nil {
-				// The transaction is gone: nothing of the batch commits.
-				tx.Rollback()
-				fail(err)
-				return
-			}
-		}
+	if b.call(j, tx); j.err != nil || j.panic != nil {
+		tx.Rollback()
+		return
 	}
-	if err := tx.Commit(); err != nil {
-		fail(err)
-	}
+	j.err = tx.Commit()
 }
 
 // runSaved runs j inside a savepoint, rolling back to it when j fails. Its
@@ -213,11 +248,24 @@ func (b *Batcher) runSaved(tx *sql.Tx, j *batchJob) error {
 	if _, err := tx.ExecContext(j.ctx, "SAVEPOINT job"); err != nil {
 		return err
 	}
-	if j.err = j.fn(j.ctx, tx); j.err != nil {
+	if b.call(j, tx); j.err != nil || j.panic != nil {
 		if _, err := tx.ExecContext(j.ctx, "ROLLBACK TO job"); err != nil {
 			return err
 		}
 	}
 	_, err := tx.ExecContext(j.ctx, "RELEASE job")
 	return err
+}
+
+// call runs j's function, keeping a panic for Do to raise again in the
+// caller's goroutine: a bug in one job must cost that request (the
+// mount's panic handler answers it EIO), not every job of the batch and
+// the daemon.
+func (b *Batcher) call(j *batchJob, tx *sql.Tx) {
+	defer func() {
+		if r := recover(); r != nil {
+			j.panic = fmt.Sprintf("%v\n\n(in a batched transaction)\n%s", r, debug.Stack())
+		}
+	}()
+	j.err = j.fn(j.ctx, tx)
 }

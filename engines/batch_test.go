@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"path/filepath"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -203,5 +204,78 @@ func TestBatcherCanceledCaller(t *testing.T) {
 	}
 	if !rows(t, db)["x"] {
 		t.Error("not committed")
+	}
+}
+
+// TestBatcherTransactionLost: when SQLite rolls the whole shared
+// transaction back (a full disk), the job that hit it gets its own error
+// and the others still commit, each in a transaction of its own.
+func TestBatcherTransactionLost(t *testing.T) {
+	db := openBatchDB(t)
+	db.SetMaxOpenConns(1) // the page limit is per connection
+	if _, err := db.Exec(`PRAGMA max_page_count = 40`); err != nil {
+		t.Fatal(err)
+	}
+	b := NewBatcher(db)
+	defer b.Close()
+	b.linger = time.Second
+	big := make([]byte, 1<<20)
+	jobs := map[string]func(ctx context.Context, tx *sql.Tx) error{
+		"a": insert("a"),
+		"big": func(ctx context.Context, tx *sql.Tx) error {
+			_, err := tx.ExecContext(ctx, `INSERT INTO t (k) VALUES (?)`, string(big))
+			return err
+		},
+		"c": insert("c"),
+	}
+	errs := map[string]error{}
+	var mu sync.Mutex
+	var wg sync.WaitGroup
+	for k, fn := range jobs {
+		wg.Go(func() {
+			err := b.Do(t.Context(), true, fn)
+			mu.Lock()
+			errs[k] = err
+			mu.Unlock()
+		})
+	}
+	wg.Wait()
+	if errs["a"] != nil || errs["c"] != nil || errs["big"] == nil || !strings.Contains(errs["big"].Error(), "full") {
+		t.Errorf("errors %v; want a, c nil and big's own 'full'", errs)
+	}
+	if got := rows(t, db); len(got) != 2 || !got["a"] || !got["c"] {
+		t.Errorf("committed %v; want a and c", got)
+	}
+}
+
+// TestBatcherPanic: a job that panics panics in its caller, and the other
+// jobs of its batch commit.
+func TestBatcherPanic(t *testing.T) {
+	db := openBatchDB(t)
+	b := NewBatcher(db)
+	defer b.Close()
+	b.linger = time.Second
+	var wg sync.WaitGroup
+	var okErr error
+	var recovered any
+	wg.Go(func() { okErr = b.Do(t.Context(), true, insert("ok")) })
+	wg.Go(func() {
+		defer func() { recovered = recover() }()
+		b.Do(t.Context(), true, func(ctx context.Context, tx *sql.Tx) error {
+			if err := insert("boom")(ctx, tx); err != nil {
+				return err
+			}
+			panic("bug")
+		})
+	})
+	wg.Wait()
+	if okErr != nil {
+		t.Fatal(okErr)
+	}
+	if s, _ := recovered.(string); !strings.HasPrefix(s, "bug") {
+		t.Errorf("recovered %v; want the job's panic", recovered)
+	}
+	if got := rows(t, db); len(got) != 1 || !got["ok"] {
+		t.Errorf("committed %v; want ok only", got)
 	}
 }

@@ -30,10 +30,9 @@
 //
 // The database runs in WAL mode with synchronous=NORMAL (a crash of the
 // machine may lose the last commits, never corrupt the file; a crash of
-// the process loses nothing committed), a checkpoint every 8192 WAL pages
-// (32 MiB: a checkpoint and its fsyncs per few thousand small puts rather
-// than per few hundred) and a 10 s busy timeout. Puts and the registry's
-// settles go through an [engines.Batcher], which commits concurrent ones
+// the process loses nothing committed) and a 10 s busy timeout. Every
+// write transaction of the engine, and the registry's puts' links and
+// settles, go through one [engines.Batcher], which commits concurrent ones
 // in one transaction. Readers run in parallel on the pool's connections;
 // writers serialize on SQLite's write lock. Every transaction begins
 // IMMEDIATE (_txlock=immediate), taking the write lock up front: a

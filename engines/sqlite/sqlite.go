@@ -78,7 +78,7 @@ func Open(ctx context.Context, path string) (*Engine, error) {
 	// A URI filename, so that the path is escaped ('?', '#', '%' are legal
 	// in file names) and the parameters reach the driver.
 	dsn := "file:" + (&url.URL{Path: abs}).EscapedPath() + "?" +
-		"_pragma=busy_timeout(10000)&_pragma=journal_mode(WAL)&_pragma=synchronous(NORMAL)&_pragma=wal_autocheckpoint(8192)&_txlock=immediate"
+		"_pragma=busy_timeout(10000)&_pragma=journal_mode(WAL)&_pragma=synchronous(NORMAL)&_txlock=immediate"
 	if ro, err := readOnly(abs); err != nil {
 		return nil, e.wrap("open", err)
 	} else if ro {

@@ -80,7 +80,21 @@ func (e *Engine) WindowLen(ctx context.Context) (int, error) {
 	return n, nil
 }
 
-// inTx runs fn in a transaction and commits it, rolling back on any error.
+// inTx runs fn in a transaction and commits it, rolling back on any error:
+// through the Batcher (eager) when the database is writable, so that pin
+// rows, window rows, deletes and the sweep's arbitration queue with the
+// puts instead of polling SQLite's lock behind them.
 func (e *Engine) inTx(ctx context.Context, op string, fn func(tx *sql.Tx) error) error {
+	if e.batch != nil {
+		var ferr error // fn's error goes back as it is, like InTx's
+		err := e.batch.Do(ctx, false, func(_ context.Context, tx *sql.Tx) error {
+			ferr = fn(tx)
+			return ferr
+		})
+		if err != nil && err != ferr {
+			err = e.wrap(op, err)
+		}
+		return err
+	}
 	return engines.InTx(ctx, e.db, func(err error) error { return e.wrap(op, err) }, fn)
 }
