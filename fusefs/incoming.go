@@ -215,11 +215,13 @@ func (m *meta) set(in *fuse.SetAttrIn, file bool) {
 
 // killPriv clears a regular file's set-user-ID bit, and its set-group-ID
 // bit where the group may execute it: what the kernel does to a file that
-// an unprivileged process writes, truncates or chowns. The mount asks for
-// FUSE_HANDLE_KILLPRIV_V2, which hands this job to the daemon (and saves a
-// GETXATTR round trip before every WRITE). The daemon cannot see whether
-// the writer holds CAP_FSETID, so it clears them for root too; on a nosuid
-// mount whose blobs are published 0444 the bits mean nothing anyway.
+// an unprivileged process writes or truncates (O_TRUNC included), and to
+// any file chowned. The mount asks for FUSE_HANDLE_KILLPRIV_V2, which
+// hands this job to the daemon (and saves a GETXATTR round trip before
+// every WRITE). The kernel's flag saying that the writer lacks CAP_FSETID
+// does not reach the nodes through go-fuse's fs API, so root's writes
+// clear the bits too; on a nosuid mount whose blobs are published 0444
+// they mean nothing anyway.
 func (m *meta) killPriv() {
 	m.mode &^= syscall.S_ISUID
 	if m.mode&syscall.S_IXGRP != 0 {
@@ -806,6 +808,7 @@ func (n *fileNode) Setattr(ctx context.Context, fh fs.FileHandle, in *fuse.SetAt
 }
 
 func (n *fileNode) truncateLocked(ctx context.Context, h *fileHandle, size int64) error {
+	n.meta.killPriv()
 	if n.up == nil && n.failed == nil && n.pub != nil && n.pub.size == size {
 		return nil // rsync --inplace and others truncate to the size it has
 	}
@@ -818,7 +821,6 @@ func (n *fileNode) truncateLocked(ctx context.Context, h *fileHandle, size int64
 	}
 	n.dirty, n.written = true, size > 0
 	n.meta.mtime = time.Now()
-	n.meta.killPriv()
 	if h != nil {
 		h.idle, h.wrote = false, true
 	}
@@ -879,6 +881,7 @@ func (n *fileNode) Open(ctx context.Context, flags uint32) (fs.FileHandle, uint3
 				return nil, 0, n.fsys.errno("open", n.digestForLog(), err)
 			}
 			n.dirty, n.written = true, false
+			n.meta.killPriv()
 		}
 	}
 	if fl == 0 {

@@ -430,6 +430,8 @@ func TestWriteKillsSetID(t *testing.T) {
 		{0o6755, "write", 0o755},
 		{0o2745, "write", 0o745 | os.ModeSetgid}, // no group execute: sgid means locking, and stays
 		{0o4755, "truncate", 0o755},
+		{0o4755, "truncate to its size", 0o755},
+		{0o4755, "O_TRUNC", 0o755},
 		{0o6775, "chown", 0o775},
 		{0o4755, "chmod", 0o755 | os.ModeSetuid}, // a chmod alone keeps what it sets
 	} {
@@ -443,6 +445,23 @@ func TestWriteKillsSetID(t *testing.T) {
 			if err := os.Truncate(p, 1); err != nil {
 				t.Fatal(err)
 			}
+		case "truncate to its size":
+			fi, err := os.Stat(p)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if err := os.Truncate(p, fi.Size()); err != nil {
+				t.Fatal(err)
+			}
+		case "O_TRUNC": // `: > f`, nothing written
+			f, err := os.OpenFile(p, os.O_WRONLY|os.O_TRUNC, 0)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if err := f.Close(); err != nil {
+				t.Fatal(err)
+			}
+
 		case "chown":
 			if err := os.Chown(p, 1000, 1000); err != nil {
 				t.Fatal(err)
