@@ -5,6 +5,7 @@ import (
 	"log/slog"
 	"net"
 	"os"
+	"runtime"
 	"runtime/pprof"
 	"time"
 
@@ -30,6 +31,7 @@ func newMountCmd(a *app) *cobra.Command {
 		logFile    string
 		nonEmpty   bool
 		cpuProfile string
+		memProfile string
 		listen     string
 		tokenTTL   time.Duration
 	)
@@ -201,6 +203,11 @@ As root the mount uses mount(2) directly; otherwise fusermount3.`,
 			select {
 			case <-ctx.Done():
 				sdNotify("STOPPING=1")
+				if memProfile != "" {
+					if err := writeHeapProfile(memProfile); err != nil {
+						lg.Warn("could not write the heap profile", "err", err)
+					}
+				}
 				lg.Info("signal received; unmounting (a second signal exits at once)", "mountpoint", srv.Dir())
 				if err := srv.Unmount(); err != nil {
 					return err
@@ -229,6 +236,8 @@ As root the mount uses mount(2) directly; otherwise fusermount3.`,
 	f.BoolVar(&pass, "passthrough", true, "let the kernel read local blobs directly where it can (FUSE passthrough)")
 	f.StringVar(&cpuProfile, "cpuprofile", "", "write a CPU profile of the daemon to this file (for go tool pprof)")
 	f.MarkHidden("cpuprofile")
+	f.StringVar(&memProfile, "memprofile", "", "write a heap profile of the daemon to this file when it is told to stop, before it unmounts (for go tool pprof)")
+	f.MarkHidden("memprofile")
 	f.StringVar(&listen, "listen", "", "also serve the HTTP surface (see alkblobfs serve --help) at `ADDR`, HOST:PORT, with the mount's counters and FUSE latencies in /metrics (default off)")
 	f.DurationVar(&tokenTTL, "token-ttl", ops.DefaultTokenTTL, "with --listen: life of a put's pin token after the put or its last renewal")
 	return cmd
@@ -242,6 +251,23 @@ func mountStats(s fusefs.Stats) ops.MountStats {
 		Writes: s.Writes, BytesWritten: s.BytesWritten, Publishes: s.Publishes,
 		PublishFailures: s.PublishFailures, VerifyFailures: s.VerifyFailures,
 	}
+}
+
+// writeHeapProfile writes the live heap, after a collection, to path. It
+// runs when the daemon is told to stop and before the unmount tears the
+// node tree down, so it shows what the mount held while it served (the
+// inodes of everything the kernel had looked up).
+func writeHeapProfile(path string) error {
+	f, err := os.Create(path)
+	if err != nil {
+		return err
+	}
+	runtime.GC()
+	if err := pprof.WriteHeapProfile(f); err != nil {
+		f.Close()
+		return err
+	}
+	return f.Close()
 }
 
 // startCPUProfile profiles the daemon until the returned stop runs.
