@@ -15,6 +15,7 @@ import (
 	"github.com/alkblobfs/alkblobfs/blob"
 	"github.com/alkblobfs/alkblobfs/engines"
 	"github.com/alkblobfs/alkblobfs/gc"
+	"github.com/alkblobfs/alkblobfs/namespaces"
 	"github.com/alkblobfs/alkblobfs/store"
 )
 
@@ -27,23 +28,59 @@ const (
 // blobFile is a published blob in a namespace: read-only, immutable, one
 // inode per digest (shared by every namespace that links it).
 //
+// The kernel keeps an inode for every entry a listing showed (ls -l of a
+// namespace of 100 000 blobs makes as many), and go-fuse keeps a node for
+// each until the kernel forgets it; few of them are ever opened. So a blob
+// file holds only what its attributes need, packed: its name (the digest's
+// hex, the very string go-fuse keeps as the entry's name, instead of the
+// 32-byte digest beside it), the time as an integer and the tier as a bool
+// (a time.Time and a store.Tier take 24 and 16 bytes). What opens need
+// lives in a blobOpen while a handle is open. That makes 192 bytes a node
+// with go-fuse's Inode, where it was 320; TestBlobFileSize keeps it so.
+type blobFile struct {
+	node
+	name     string // the digest in hex: the entry's name in every namespace
+	size     int64
+	linkedAt int64 // Unix nanoseconds (the registry keeps it so too)
+
+	mu    sync.Mutex
+	open  *blobOpen // while handles are open; nil otherwise
+	large bool      // its tier: store.TierLarge, else store.TierKV
+}
+
+// blobOpen is a blob file's state while handles are open on it.
+//
 // Open handles share one store Reader, so the chunks one handle verified
 // need not be verified again for another, and the blob's passthrough
 // backing file is that reader's descriptor.
-type blobFile struct {
-	node
-	d        blob.Digest
-	size     int64
-	tier     store.Tier
-	linkedAt time.Time
-
-	mu   sync.Mutex
-	rd   *store.Reader  // while open > 0
+type blobOpen struct {
+	rd   *store.Reader
 	rdID engines.FileID // rd's backing file's identity at its open (zero: not a file)
 	// open handles by I/O mode. The kernel refuses (EIO at open) a
 	// passthrough open while the inode has cached-mode files open, and
 	// the reverse, so a new open takes the mode of those already open.
-	open, pt, cached int
+	n, pt, cached int
+}
+
+// newBlobFile is the node of blob ref, named name (its digest's hex),
+// whose content info describes.
+func newBlobFile(f *FS, name string, ref namespaces.Ref, info store.Info) *blobFile {
+	return &blobFile{node: node{fsys: f}, name: name, size: info.Size, linkedAt: ref.LinkedAt.UnixNano(), large: info.Tier == store.TierLarge}
+}
+
+// digest is the blob's digest, decoded from its name (valid hex: it was
+// made from a digest).
+func (b *blobFile) digest() blob.Digest {
+	d, _ := blob.Parse(b.name)
+	return d
+}
+
+// tier is the store tier that holds the blob.
+func (b *blobFile) tier() store.Tier {
+	if b.large {
+		return store.TierLarge
+	}
+	return store.TierKV
 }
 
 var (
@@ -66,7 +103,8 @@ func (b *blobFile) attr(out *fuse.Attr) {
 	out.Nlink = 1
 	out.Uid, out.Gid = b.fsys.uid, b.fsys.gid
 	setSize(out, b.size)
-	setTimes(out, b.linkedAt, b.linkedAt, b.linkedAt)
+	t := time.Unix(0, b.linkedAt)
+	setTimes(out, t, t, t)
 }
 
 func (b *blobFile) Getattr(ctx context.Context, f fs.FileHandle, out *fuse.AttrOut) syscall.Errno {
@@ -79,84 +117,85 @@ func (b *blobFile) Getattr(ctx context.Context, f fs.FileHandle, out *fuse.AttrO
 // writing), mode, owner and time changes EPERM.
 func (b *blobFile) Setattr(ctx context.Context, f fs.FileHandle, in *fuse.SetAttrIn, out *fuse.AttrOut) syscall.Errno {
 	if _, ok := in.GetSize(); ok {
-		return b.fsys.errno("setattr", b.d, errReadOnly)
+		return b.fsys.errno("setattr", b.digest(), errReadOnly)
 	}
-	return b.fsys.errno("setattr", b.d, errNotPermitted)
+	return b.fsys.errno("setattr", b.digest(), errNotPermitted)
 }
 
 // Open pins the blob for as long as the handle lives, so that an unlink or
 // a sweep meanwhile leaves it readable (POSIX semantics for open files).
 func (b *blobFile) Open(ctx context.Context, flags uint32) (fs.FileHandle, uint32, syscall.Errno) {
-	f := b.fsys
+	f, dg := b.fsys, b.digest()
 	if flags&syscall.O_ACCMODE != syscall.O_RDONLY || flags&syscall.O_TRUNC != 0 {
-		return nil, 0, f.errno("open", b.d, errReadOnly)
+		return nil, 0, f.errno("open", dg, errReadOnly)
 	}
 	// Pin before opening: a sweep between the open and the pin could
 	// otherwise delete what we are about to read.
-	pin, err := f.st.Pin(ctx, b.d)
+	pin, err := f.st.Pin(ctx, dg)
 	if err != nil {
-		return nil, 0, f.errno("open", b.d, err)
+		return nil, 0, f.errno("open", dg, err)
 	}
 	b.mu.Lock()
 	defer b.mu.Unlock()
-	fresh := b.rd == nil
+	o := b.open
+	fresh := o == nil
 	if fresh {
-		r, ok, err := f.st.Get(ctx, b.d)
+		r, ok, err := f.st.Get(ctx, dg)
 		if err == nil && !ok {
-			err = blob.Wrap("open", "", b.d, blob.ErrMissing)
+			err = blob.Wrap("open", "", dg, blob.ErrMissing)
 		}
 		if err != nil {
 			pin.Release()
-			return nil, 0, f.errno("open", b.d, err)
+			return nil, 0, f.errno("open", dg, err)
 		}
-		b.rd = r
+		o = &blobOpen{rd: r}
 	}
 	// The file's identity now, checked on every open; the shared
 	// reader's when it opened the file.
-	id, isFile := engines.CursorFileID(b.rd.Cursor())
+	id, isFile := engines.CursorFileID(o.rd.Cursor())
 	if fresh {
-		b.rdID = id
+		o.rdID = id
 	}
-	state, changed := f.verdicts.check(b.d, id)
+	state, changed := f.verdicts.check(dg, id)
 	if fresh && f.cfg.Verify == VerifyPublish && state != suspect {
 		// A blob once found corrupt is verified even here, until a full
 		// read or a scrub finds it good.
-		b.rd.Trust()
+		o.rd.Trust()
 	}
 	if changed {
 		f.stats.changedOnDisk.Add(1)
 		f.log.Warn("blob file changed on disk since it was last verified; verifying it again before serving it",
-			"digest", b.d.String(), "file", b.fileName())
+			"digest", b.name, "file", o.fileName())
 	}
 	// A local blob found corrupt stays refused, in every verify mode,
 	// until its file changes (a restore) or a scrub finds it good. Other
 	// blobs need no such record: the daemon checks every read of them.
 	if state == corrupt && isFile {
 		f.log.Error("blob failed its last verification and its file has not changed since; refusing to serve it",
-			"digest", b.d.String(), "file", b.fileName())
-		if b.open == 0 {
-			b.rd.Close()
-			b.rd = nil
+			"digest", b.name, "file", o.fileName())
+		if fresh {
+			o.rd.Close()
 		}
 		pin.Release()
-		return nil, 0, f.errno("open", b.d, blob.Wrap("open", "", b.d, blob.ErrVerification))
+		return nil, 0, f.errno("open", dg, blob.Wrap("open", "", dg, blob.ErrVerification))
 	}
-	b.open++
-	f.refs.add(b.d)
+	b.open = o
+	o.n++
+	f.refs.add(dg)
 	f.stats.opens.Add(1)
 	f.stats.openHandles.Add(1)
-	h := &blobHandle{b: b, rd: b.rd, pin: pin, openedAs: b.rdID}
+	h := &blobHandle{b: b, d: dg, rd: o.rd, pin: pin, openedAs: o.rdID}
 	if f.cfg.Verify == VerifyStrict {
-		h.seq = newSeqCheck(b.d, b.size)
+		h.seq = newSeqCheck(dg, b.size)
 	}
-	if b.pt > 0 || b.cached == 0 && b.passthroughOK(isFile, state) {
-		b.pt++
+	if o.pt > 0 || o.cached == 0 && f.passthroughOK(o.rd, isFile, state) {
+		o.pt++
 		h.pt = true
 		f.stats.ptOpens.Add(1)
 		// go-fuse registers the backing file and clears KEEP_CACHE.
 		return &ptHandle{h}, 0, 0
 	}
-	b.cached++
+	o.cached++
 	f.stats.cachedOpens.Add(1)
 	if f.cfg.Verify == VerifyStrict {
 		// Each open reads through the daemon again: the kernel drops
@@ -167,16 +206,15 @@ func (b *blobFile) Open(ctx context.Context, flags uint32) (fs.FileHandle, uint3
 	return h, fuse.FOPEN_KEEP_CACHE, 0
 }
 
-// passthroughOK: the kernel may read this blob from its file directly —
-// passthrough works on this mount, the blob is a local file, and the
-// verify mode allows unverified bytes or the blob is known good as the
-// file it is now (same device, inode, size, mtime and ctime as when a
-// reader or a scrub verified it end to end). A file changed on disk
-// since is verified again through the daemon first: a stray dd or a
-// restored backup gives EIO, never wrong bytes. Never in --verify=strict.
-func (b *blobFile) passthroughOK(isFile bool, state verdict) bool {
-	f := b.fsys
-	if !f.ptAvailable.Load() || b.rd.Tier() != store.TierLarge || !isFile {
+// passthroughOK: the kernel may read the blob rd reads from its file
+// directly — passthrough works on this mount, the blob is a local file,
+// and the verify mode allows unverified bytes or the blob is known good as
+// the file it is now (same device, inode, size, mtime and ctime as when a
+// reader or a scrub verified it end to end). A file changed on disk since
+// is verified again through the daemon first: a stray dd or a restored
+// backup gives EIO, never wrong bytes. Never in --verify=strict.
+func (f *FS) passthroughOK(rd *store.Reader, isFile bool, state verdict) bool {
+	if !f.ptAvailable.Load() || rd.Tier() != store.TierLarge || !isFile {
 		return false
 	}
 	switch f.cfg.Verify {
@@ -189,8 +227,8 @@ func (b *blobFile) passthroughOK(isFile bool, state verdict) bool {
 }
 
 // fileName is the blob's backing file, for logs ("" if not a file).
-func (b *blobFile) fileName() string {
-	if fc, ok := b.rd.Cursor().(engines.FileCursor); ok {
+func (o *blobOpen) fileName() string {
+	if fc, ok := o.rd.Cursor().(engines.FileCursor); ok {
 		return fc.File().Name()
 	}
 	return ""
@@ -198,19 +236,20 @@ func (b *blobFile) fileName() string {
 
 func (b *blobFile) release(h *blobHandle) {
 	b.mu.Lock()
+	o := b.open
 	if h.pt {
-		b.pt--
+		o.pt--
 	} else {
-		b.cached--
+		o.cached--
 	}
-	b.open--
-	if b.open == 0 {
-		b.rd.Close()
-		b.rd = nil
+	o.n--
+	if o.n == 0 {
+		o.rd.Close()
+		b.open = nil
 	}
 	b.mu.Unlock()
 	h.pin.Release()
-	b.fsys.refs.drop(b.d)
+	b.fsys.refs.drop(h.d)
 	b.fsys.stats.openHandles.Add(-1)
 }
 
@@ -218,9 +257,9 @@ func (b *blobFile) Getxattr(ctx context.Context, attr string, dest []byte) (uint
 	var v string
 	switch attr {
 	case xattrDigest:
-		v = b.d.String()
+		v = b.name
 	case xattrTier:
-		v = string(b.tier)
+		v = string(b.tier())
 	default:
 		return b.node.Getxattr(ctx, attr, dest)
 	}
@@ -232,11 +271,11 @@ func (b *blobFile) Listxattr(ctx context.Context, dest []byte) (uint32, syscall.
 }
 
 func (b *blobFile) Setxattr(ctx context.Context, attr string, data []byte, flags uint32) syscall.Errno {
-	return b.fsys.errno("setxattr", b.d, errNotPermitted)
+	return b.fsys.errno("setxattr", b.digest(), errNotPermitted)
 }
 
 func (b *blobFile) Removexattr(ctx context.Context, attr string) syscall.Errno {
-	return b.fsys.errno("removexattr", b.d, errNotPermitted)
+	return b.fsys.errno("removexattr", b.digest(), errNotPermitted)
 }
 
 // xattrValue answers a getxattr/listxattr: the size when dest is empty,
@@ -255,6 +294,7 @@ func xattrValue(f *FS, dest []byte, v string) (uint32, syscall.Errno) {
 // verified reads from the shared Reader, kept in the page cache.
 type blobHandle struct {
 	b   *blobFile
+	d   blob.Digest
 	rd  *store.Reader
 	pin *gc.Pin
 	pt  bool // asked for passthrough (ptHandle)
@@ -285,7 +325,7 @@ func (h *blobHandle) Read(ctx context.Context, dest []byte, off int64) (fuse.Rea
 	if h.pt && f.ptFellBack.CompareAndSwap(false, true) {
 		// go-fuse turns passthrough off for the whole mount when a
 		// backing-file registration fails; say so once.
-		f.log.Warn("passthrough requested but the kernel sent a read: passthrough is off for this mount", "digest", b.d.String())
+		f.log.Warn("passthrough requested but the kernel sent a read: passthrough is off for this mount", "digest", b.name)
 		f.ptAvailable.Store(false)
 		f.ptReason.Store("backing file registration failed at open")
 	}
@@ -307,7 +347,7 @@ func (h *blobHandle) Read(ctx context.Context, dest []byte, off int64) (fuse.Rea
 	}
 	if h.seq != nil {
 		if err := h.seq.add(dest[:n], off); err != nil {
-			return nil, h.failed(off, len(dest), blob.Wrap("read", "", b.d, err))
+			return nil, h.failed(off, len(dest), blob.Wrap("read", "", h.d, err))
 		}
 	}
 	f.stats.bytesRead.Add(int64(n))
@@ -323,9 +363,9 @@ func (h *blobHandle) failed(off int64, n int, err error) syscall.Errno {
 	f := h.b.fsys
 	if errors.Is(err, blob.ErrVerification) {
 		f.stats.verifyFailures.Add(1)
-		f.log.Error("blob fails verification; refusing to serve it", "digest", h.b.d.String(), "offset", off, "length", n, "err", err)
+		f.log.Error("blob fails verification; refusing to serve it", "digest", h.b.name, "offset", off, "length", n, "err", err)
 	}
-	return f.errno("read", h.b.d, err)
+	return f.errno("read", h.d, err)
 }
 
 // verified records, once per handle, that the blob was verified end to end
@@ -336,7 +376,7 @@ func (h *blobHandle) verified() {
 		return
 	}
 	if id, ok := engines.CursorFileID(h.rd.Cursor()); ok && id == h.openedAs {
-		h.b.fsys.verdicts.recordGood(h.b.d, id)
+		h.b.fsys.verdicts.recordGood(h.d, id)
 	}
 }
 

@@ -2,11 +2,13 @@ package fusefs
 
 import (
 	"context"
+	"encoding/hex"
 	"fmt"
 	"sync"
 	"sync/atomic"
 	"syscall"
 	"time"
+	"unsafe"
 
 	"github.com/hanwen/go-fuse/v2/fs"
 	"github.com/hanwen/go-fuse/v2/fuse"
@@ -235,17 +237,33 @@ func (d *nsDir) Lookup(ctx context.Context, name string, out *fuse.EntryOut) (*f
 	return d.blobChild(ctx, name, ref, nil, out)
 }
 
-// knownBlob returns the blob file of dg the namespace already has an
-// inode for under name (dg's hex), or nil.
-func (d *nsDir) knownBlob(name string, dg blob.Digest) *blobFile {
+// knownBlob returns the blob file the namespace already has an inode for
+// under name (a digest's hex), or nil.
+func (d *nsDir) knownBlob(name string) *blobFile {
 	ch := d.GetChild(name)
 	if ch == nil {
 		return nil
 	}
-	if b, ok := ch.Operations().(*blobFile); ok && b.d == dg {
+	if b, ok := ch.Operations().(*blobFile); ok && b.name == name {
 		return b
 	}
 	return nil
+}
+
+// blobName is the name of dg's entry, and whether the namespace has an
+// inode for it already. A known blob's name is the string its node and
+// go-fuse's entry already hold: a listing of entries the kernel knows
+// allocates no name, and leaves no second copy of one in go-fuse's entry
+// (which takes the name each lookup brings).
+func (d *nsDir) blobName(dg blob.Digest) (name string, known bool) {
+	var buf [2 * blob.Size]byte
+	hex.Encode(buf[:], dg[:])
+	// A view of buf for the lookup alone: GetChild and knownBlob compare
+	// it and keep nothing of it.
+	if b := d.knownBlob(unsafe.String(&buf[0], len(buf))); b != nil {
+		return b.name, true
+	}
+	return string(buf[:]), false
 }
 
 // blobChild makes (or finds) the inode of a referenced blob, named name
@@ -254,7 +272,7 @@ func (d *nsDir) knownBlob(name string, dg blob.Digest) *blobFile {
 func (d *nsDir) blobChild(ctx context.Context, name string, ref namespaces.Ref, info *store.Info, out *fuse.EntryOut) (*fs.Inode, syscall.Errno) {
 	// Known already (listed or opened before): size and tier are facts of
 	// the content, no need to ask the store again.
-	if b := d.knownBlob(name, ref.Digest); b != nil {
+	if b := d.knownBlob(name); b != nil {
 		b.attr(&out.Attr)
 		out.SetEntryTimeout(blobTimeout)
 		out.SetAttrTimeout(blobTimeout)
@@ -275,7 +293,7 @@ func (d *nsDir) blobChild(ctx context.Context, name string, ref namespaces.Ref, 
 		d.fsys.log.Warn("namespace references a blob the pool does not hold", "namespace", d.name, "digest", ref.Digest.String())
 		return nil, syscall.ENOENT
 	}
-	b := &blobFile{node: node{fsys: d.fsys}, d: ref.Digest, size: info.Size, tier: info.Tier, linkedAt: ref.LinkedAt}
+	b := newBlobFile(d.fsys, name, ref, *info)
 	b.attr(&out.Attr)
 	out.SetEntryTimeout(blobTimeout)
 	out.SetAttrTimeout(blobTimeout)
@@ -468,9 +486,9 @@ func (s *nsStream) fetch() syscall.Errno {
 	s.names = s.names[:0]
 	ds := make([]blob.Digest, 0, len(page))
 	for _, ref := range page {
-		name := ref.Digest.String()
+		name, known := s.d.blobName(ref.Digest)
 		s.names = append(s.names, name)
-		if s.d.knownBlob(name, ref.Digest) == nil {
+		if !known {
 			ds = append(ds, ref.Digest)
 		}
 	}
