@@ -1,0 +1,61 @@
+package main
+
+import (
+	"runtime"
+	"runtime/debug"
+	"testing"
+	"time"
+)
+
+func TestGCPercentFor(t *testing.T) {
+	const mib = 1 << 20
+	for _, tc := range []struct {
+		live, target uint64
+		want         int
+	}{
+		{0, 64 * mib, 100},
+		{10 * mib, 64 * mib, 100},
+		{32 * mib, 64 * mib, 100},     // twice the live heap fits
+		{40 * mib, 64 * mib, 60},      // the next collection at 64 MiB
+		{50 * mib, 64 * mib, 28},      // 50 + 14
+		{52 * mib, 64 * mib, 25},      // 52 + 12 would be 23%: the floor
+		{64 * mib, 64 * mib, 25},      // at the target
+		{1000 * mib, 64 * mib, 25},    // far over it: a quarter, never less
+		{1000 * mib, 4096 * mib, 100}, // a large target
+		{3000 * mib, 4096 * mib, 36},  // 3000 + 1096
+	} {
+		if got := gcPercentFor(tc.live, tc.target); got != tc.want {
+			t.Errorf("gcPercentFor(%d MiB, %d MiB) = %d, want %d", tc.live/mib, tc.target/mib, got, tc.want)
+		}
+	}
+}
+
+// TestPaceGC paces this process for a target under its live heap: after a
+// collection GOGC is the floor, and stop restores 100.
+func TestPaceGC(t *testing.T) {
+	t.Setenv("GOGC", "") // an operator's GOGC would turn pacing off
+	defer debug.SetGCPercent(debug.SetGCPercent(100))
+	live := make([][]byte, 0, 64)
+	for range cap(live) {
+		live = append(live, make([]byte, 256<<10)) // 16 MiB live
+	}
+	stop := paceGC(8 << 20)
+	gogc := func() int {
+		p := debug.SetGCPercent(100)
+		debug.SetGCPercent(p)
+		return p
+	}
+	deadline := time.Now().Add(10 * time.Second)
+	for gogc() != minGCPercent {
+		if time.Now().After(deadline) {
+			t.Fatalf("GOGC is %d with 16 MiB live and a target of 8 MiB, want %d", gogc(), minGCPercent)
+		}
+		runtime.GC()
+		time.Sleep(time.Millisecond)
+	}
+	stop()
+	if p := gogc(); p != 100 {
+		t.Errorf("GOGC is %d after stop, want 100", p)
+	}
+	runtime.KeepAlive(live)
+}
