@@ -22,6 +22,9 @@ type Engine struct {
 	sumsDir  string
 	log      *slog.Logger
 	ro       bool // opened on read-only media
+	// writeback starts writing out [off, off+n) of a stage file
+	// (startWriteback; tests record the calls).
+	writeback func(f *os.File, off, n int64)
 
 	// foreign holds paths of non-blob files already logged by List.
 	foreign sync.Map
@@ -50,6 +53,9 @@ func Open(ctx context.Context, dir string, log *slog.Logger) (*Engine, error) {
 		stageDir: filepath.Join(dir, "stage"),
 		sumsDir:  filepath.Join(dir, "sums"),
 		log:      log,
+		writeback: func(f *os.File, off, n int64) {
+			startWriteback(f, off, n) // advisory: Commit's fsync reports errors
+		},
 	}
 	if !engines.Writable(dir) {
 		// Read-only media: read what is there; puts fail at their stage.

@@ -8,6 +8,7 @@ import (
 	"io/fs"
 	"os"
 	"sync"
+	"sync/atomic"
 
 	"github.com/alkblobfs/alkblobfs/blob"
 	"github.com/alkblobfs/alkblobfs/engines"
@@ -67,7 +68,23 @@ type stage struct {
 	mu      sync.RWMutex
 	f       *os.File // nil once the stage has ended
 	sidecar []byte   // written beside the blob at Commit, if set
+	// wb is the offset below which writeback has been started
+	// (Engine.writeback); end is where the next sequential Write goes.
+	wb  atomic.Int64
+	end atomic.Int64
 }
+
+// writebackChunk is how much a stage lets the page cache hold dirty behind
+// the furthest byte written before it asks the kernel to start writing it
+// out. A large put otherwise leaves all its bytes dirty for the fsync at
+// Commit, which then waits for the whole disk write (about 0.45 s per GiB
+// on the bench's disk) after the last byte arrived; started as the content
+// arrives, the disk writes while the rest is transferred and hashed, and
+// the fsync waits for the last chunk or so (a 1 GiB cp into incoming/:
+// its close took 0.47 s, now 15 ms). 8 MiB keeps the calls few
+// (128 per GiB) and the disk's requests large, and leaves the pages of a
+// small rewrite near the write head alone.
+const writebackChunk = 8 << 20
 
 func (s *stage) io(op string, fn func(f *os.File) (int, error)) (int, error) {
 	s.mu.RLock()
@@ -83,11 +100,32 @@ func (s *stage) io(op string, fn func(f *os.File) (int, error)) (int, error) {
 }
 
 func (s *stage) Write(p []byte) (int, error) {
-	return s.io("stage write", func(f *os.File) (int, error) { return f.Write(p) })
+	return s.io("stage write", func(f *os.File) (int, error) {
+		n, err := f.Write(p)
+		s.wrote(f, s.end.Add(int64(n)))
+		return n, err
+	})
 }
 
 func (s *stage) WriteAt(p []byte, off int64) (int, error) {
-	return s.io("stage write", func(f *os.File) (int, error) { return f.WriteAt(p, off) })
+	return s.io("stage write", func(f *os.File) (int, error) {
+		n, err := f.WriteAt(p, off)
+		s.wrote(f, off+int64(n))
+		return n, err
+	})
+}
+
+// wrote notes that bytes up to end were written, and starts writeback of
+// the whole chunks below end that have not been started yet. Writeback is
+// only a head start for the fsync at Commit, which alone makes the blob
+// durable and reports write errors; so a failure here is ignored.
+func (s *stage) wrote(f *os.File, end int64) {
+	from := s.wb.Load()
+	to := end &^ (writebackChunk - 1)
+	if to <= from || !s.wb.CompareAndSwap(from, to) {
+		return
+	}
+	s.e.writeback(f, from, to-from)
 }
 
 func (s *stage) ReadAt(p []byte, off int64) (int, error) {

@@ -67,3 +67,10 @@ func seekData(f *os.File, off int64) (start, end int64, err error) {
 	}
 	return start, end, nil
 }
+
+// startWriteback asks the kernel to start writing out the dirty pages of
+// [off, off+n) of f, without waiting for them (SYNC_FILE_RANGE_WRITE: no
+// metadata, no flush; not a durability point).
+func startWriteback(f *os.File, off, n int64) error {
+	return unix.SyncFileRange(int(f.Fd()), off, n, unix.SYNC_FILE_RANGE_WRITE)
+}
