@@ -230,42 +230,46 @@ func (s *Store) commitLarge(ctx context.Context, st engines.Stage, h *contentHas
 	return d, pin, nil
 }
 
-// copyInto writes prefix and then r into w, hashing with h, and enforces a
-// known size exactly.
-func (s *Store) copyInto(ctx context.Context, w io.Writer, h io.Writer, prefix []byte, r io.Reader, size int64) error {
-	var n int64
-	write := func(p []byte) error {
-		h.Write(p)
-		if _, err := w.Write(p); err != nil {
-			return blob.Wrap("stage", s.large.Name(), Digest{}, err)
-		}
-		n += int64(len(p))
-		return nil
+// copyInto writes prefix and then r into st, hashing with pipe, and
+// enforces a known size exactly. It reads on the caller's goroutine into
+// buffers that the stage writer and the hash pipe then take on theirs,
+// without a copy (stagewriter.go): a large put costs about the slowest of
+// reading, writing and hashing instead of their sum.
+func (s *Store) copyInto(ctx context.Context, st io.Writer, pipe *hashPipe, prefix []byte, r io.Reader, size int64) error {
+	w := newStageWriter(appender{st})
+	err := feed(ctx, w, pipe, prefix, r, size)
+	if werr := w.stop(); werr != nil {
+		return blob.Wrap("stage", s.large.Name(), Digest{}, werr)
 	}
-	if len(prefix) > 0 {
-		if err := write(prefix); err != nil {
-			return err
-		}
-	}
-	bp := copyBufs.Get().(*[]byte)
-	defer copyBufs.Put(bp)
-	buf := *bp
+	return err
+}
+
+// feed queues prefix and then what r yields into w and pipe, until r ends
+// or fails, or a write of w fails (which w reports).
+func feed(ctx context.Context, w *stageWriter, pipe *hashPipe, prefix []byte, r io.Reader, size int64) error {
+	w.append(prefix, 0, pipe)
+	n := int64(len(prefix))
 	for {
 		if err := ctx.Err(); err != nil {
 			return err
 		}
-		want := len(buf)
-		if size >= 0 && size-n < int64(want) {
-			want = int(size - n)
+		if w.failed() != nil {
+			return nil
+		}
+		want := int64(copyBufSize)
+		if size >= 0 && size-n < want {
+			want = size - n
 			if want == 0 {
 				return expectEOF(r, size)
 			}
 		}
-		k, err := r.Read(buf[:want])
+		bp := pipeBufs.Get().(*[]byte)
+		k, err := fill(r, (*bp)[:want])
 		if k > 0 {
-			if werr := write(buf[:k]); werr != nil {
-				return werr
-			}
+			w.give(bp, k, n, pipe)
+			n += int64(k)
+		} else {
+			pipeBufs.Put(bp)
 		}
 		if errors.Is(err, io.EOF) {
 			if size >= 0 && n != size {
@@ -277,4 +281,19 @@ func (s *Store) copyInto(ctx context.Context, w io.Writer, h io.Writer, prefix [
 			return fmt.Errorf("put: read: %w", err)
 		}
 	}
+}
+
+// fill reads from r into p until p is full or r returns an error (io.EOF
+// at its end): a body that arrives in small reads (HTTP) is still written
+// and hashed in buffers of copyBufSize.
+func fill(r io.Reader, p []byte) (int, error) {
+	n := 0
+	for n < len(p) {
+		k, err := r.Read(p[n:])
+		n += k
+		if err != nil {
+			return n, err
+		}
+	}
+	return n, nil
 }

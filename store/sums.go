@@ -104,8 +104,9 @@ func (s chunkSums) check(i int64, data []byte) bool {
 // or read overlaps with its I/O: on two cores a 1 GiB put then costs about
 // max(I/O, hash) instead of their sum. Write copies p (callers reuse their
 // buffers), so it blocks only when the hash falls pipeDepth MiB behind;
-// give hands a buffer over without a copy, and zeros a run of zeros by its
-// length (a hole is hashed without being read).
+// give hands a buffer over without a copy, share a buffer that the stage
+// writer reads too, and zeros a run of zeros by its length (a hole is
+// hashed without being read).
 //
 // A nil pipe hashes nothing: give puts the buffer back at once, zeros and
 // wait do nothing.
@@ -117,13 +118,14 @@ type hashPipe struct {
 	shut bool
 }
 
-// hashItem is n bytes of *bp, which go back to pool once hashed, or else
-// a run of zeros.
+// hashItem is n bytes of *bp, which go back to pool once hashed, or a
+// shared buffer, released once hashed, or else a run of zeros.
 type hashItem struct {
-	bp    *[]byte
-	n     int
-	pool  *sync.Pool
-	zeros int64
+	bp     *[]byte
+	n      int
+	pool   *sync.Pool
+	shared *sharedBuf
+	zeros  int64
 }
 
 const pipeDepth = 8
@@ -135,6 +137,11 @@ func newHashPipe(w io.Writer) *hashPipe {
 	go func() {
 		defer close(p.done)
 		for it := range p.ch {
+			if b := it.shared; b != nil {
+				p.w.Write(b.bytes())
+				b.release()
+				continue
+			}
 			if it.bp != nil {
 				p.w.Write((*it.bp)[:it.n])
 				it.pool.Put(it.bp)
@@ -170,6 +177,12 @@ func (p *hashPipe) give(bp *[]byte, n int) {
 		return
 	}
 	p.ch <- hashItem{bp: bp, n: n, pool: &copyBufs}
+}
+
+// share hashes b's bytes and then releases b.
+func (p *hashPipe) share(b *sharedBuf) {
+	p.n += int64(b.n)
+	p.ch <- hashItem{shared: b}
 }
 
 // zeros hashes n zero bytes.

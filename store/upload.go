@@ -21,7 +21,9 @@ import (
 // (engines.RandomStage: the local engine's stage file, published by
 // rename), else to a scratch file. Sequential writes from offset 0 are
 // hashed as they arrive, on their own goroutine; any other pattern is
-// re-read once at Commit.
+// re-read once at Commit. Sequential writes past the threshold are copied
+// and written into the stage on their own goroutine too (stageWriter), so
+// a write returns once its bytes are copied.
 //
 // An Upload is safe for concurrent use. Exactly one of Commit or Discard
 // ends it; Discard after either is a no-op.
@@ -44,7 +46,12 @@ type Upload struct {
 	// h hashes sequential content once it lives in st, through pipe.
 	h    *contentHash
 	pipe *hashPipe
-	done bool
+	// w writes the sequential appends into st while pipe hashes them;
+	// nil when writes go to st directly. failed is the error of one of
+	// its writes: the upload has lost content, and can only fail.
+	w      *stageWriter
+	failed error
+	done   bool
 	// base is the blob a Seed started from, read where it has not been
 	// written (see upload_seed.go): below baseLen, a 64 KiB chunk whose
 	// bit in mat is clear is still the base's. basePin keeps it.
@@ -121,6 +128,7 @@ func (u *Upload) spill(ctx context.Context) error {
 		u.h = newContentHash()
 		u.pipe = newHashPipe(u.h)
 		u.pipe.Write(u.buf)
+		u.w = newStageWriter(st)
 	}
 	u.buf = nil
 	u.account()
@@ -169,6 +177,9 @@ func (u *Upload) writeAtLocked(p []byte, off int64) (int, error) {
 	if u.done {
 		return 0, os.ErrClosed
 	}
+	if u.failed != nil {
+		return 0, u.failed
+	}
 	if off < 0 {
 		return 0, fmt.Errorf("upload: negative offset %d", off)
 	}
@@ -191,6 +202,15 @@ func (u *Upload) writeAtLocked(p []byte, off int64) (int, error) {
 		if err := u.spill(context.Background()); err != nil {
 			return 0, err
 		}
+	}
+	if appending && u.w != nil && u.w.failed() == nil {
+		u.w.append(p, off, u.pipe)
+		u.size = end
+		return len(p), nil
+	}
+	// Anything else waits for the appends in flight: it may overlap them.
+	if err := u.endWrites(); err != nil {
+		return 0, err
 	}
 	if u.base != nil && off < u.baseLen {
 		if err := u.copyUp(off, end); err != nil {
@@ -219,6 +239,12 @@ func (u *Upload) ReadAt(p []byte, off int64) (int, error) {
 		defer u.mu.Unlock()
 		return readZeroTail(u.buf, u.size, p, off)
 	}
+	if u.w != nil {
+		if err := u.w.wait(); err != nil {
+			defer u.mu.Unlock()
+			return 0, u.endWrites()
+		}
+	}
 	if u.base != nil {
 		defer u.mu.Unlock()
 		return u.readLocked(p, off)
@@ -234,6 +260,9 @@ func (u *Upload) Truncate(size int64) error {
 	defer u.mu.Unlock()
 	if u.done {
 		return os.ErrClosed
+	}
+	if err := u.endWrites(); err != nil {
+		return err
 	}
 	if size < 0 {
 		return fmt.Errorf("upload: negative size %d", size)
@@ -278,6 +307,9 @@ func (u *Upload) Truncate(size int64) error {
 		u.h = newContentHash()
 		u.pipe = newHashPipe(u.h)
 	}
+	if u.pipe != nil {
+		u.w = newStageWriter(u.st) // appends go on from here
+	}
 	u.size = size
 	return nil
 }
@@ -311,6 +343,10 @@ func (u *Upload) Commit(ctx context.Context, want *Digest, opts ...PutOption) (D
 	}
 	defer u.st.Discard()
 	defer u.dropBase()
+	if err := u.endWrites(); err != nil {
+		u.stopHash()
+		return Digest{}, nil, err
+	}
 	var h *contentHash
 	if u.pipe != nil && u.pipe.n == u.size {
 		u.pipe.wait()
@@ -360,9 +396,23 @@ func (u *Upload) Discard() error {
 	return u.st.Discard()
 }
 
-// stopHash ends the incremental hash, if any, without leaking its
-// goroutine.
+// endWrites waits for the appends in flight to reach the stage and ends
+// the stage writer, if any. It returns the upload's failure: a failed
+// append fails the upload for good.
+func (u *Upload) endWrites() error {
+	if u.w != nil {
+		if err := u.w.stop(); err != nil && u.failed == nil {
+			u.failed = err
+		}
+		u.w = nil
+	}
+	return u.failed
+}
+
+// stopHash ends the incremental hash, if any, and the stage writer that
+// goes with it, without leaking their goroutines.
 func (u *Upload) stopHash() {
+	u.endWrites()
 	if u.pipe != nil {
 		u.pipe.wait()
 		u.h, u.pipe = nil, nil
