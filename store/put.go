@@ -189,8 +189,8 @@ func (s *Store) putLarge(ctx context.Context, prefix []byte, r io.Reader, size i
 	}
 	defer st.Discard()
 	h := newContentHash()
-	pipe := newHashPipe(h)
-	err = s.copyInto(ctx, st, pipe, prefix, r, size)
+	pipe := newHashPipe(shaOnly{h})
+	err = s.copyInto(ctx, st, pipe, h, prefix, r, size)
 	pipe.wait()
 	if err != nil {
 		return Digest{}, nil, err
@@ -230,13 +230,14 @@ func (s *Store) commitLarge(ctx context.Context, st engines.Stage, h *contentHas
 	return d, pin, nil
 }
 
-// copyInto writes prefix and then r into st, hashing with pipe, and
-// enforces a known size exactly. It reads on the caller's goroutine into
+// copyInto writes prefix and then r into st, hashing with pipe (the
+// sha256) and h (the chunk checksums, as it writes), and enforces a known
+// size exactly. It reads on the caller's goroutine into
 // buffers that the stage writer and the hash pipe then take on theirs,
 // without a copy (stagewriter.go): a large put costs about the slowest of
 // reading, writing and hashing instead of their sum.
-func (s *Store) copyInto(ctx context.Context, st io.Writer, pipe *hashPipe, prefix []byte, r io.Reader, size int64) error {
-	w := newStageWriter(appender{st})
+func (s *Store) copyInto(ctx context.Context, st io.Writer, pipe *hashPipe, h *contentHash, prefix []byte, r io.Reader, size int64) error {
+	w := newStageWriter(appender{st}, h)
 	err := feed(ctx, w, pipe, prefix, r, size)
 	if werr := w.stop(); werr != nil {
 		return blob.Wrap("stage", s.large.Name(), Digest{}, werr)

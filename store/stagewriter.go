@@ -26,6 +26,7 @@ import (
 // growing memory.
 type stageWriter struct {
 	st      io.WriterAt
+	sums    *contentHash // fed the chunk checksums of what is written, if set
 	ch      chan stageItem
 	done    chan struct{}
 	pending sync.WaitGroup // writes queued and not yet done
@@ -56,8 +57,11 @@ func (b *sharedBuf) release() {
 	}
 }
 
-func newStageWriter(st io.WriterAt) *stageWriter {
-	w := &stageWriter{st: st, ch: make(chan stageItem, pipeDepth), done: make(chan struct{})}
+// newStageWriter starts a writer into st. With sums set, it also computes
+// the chunk checksums of what it writes into sums (writeSums), so that the
+// hash pipe computes the sha256 alone (shaOnly).
+func newStageWriter(st io.WriterAt, sums *contentHash) *stageWriter {
+	w := &stageWriter{st: st, sums: sums, ch: make(chan stageItem, pipeDepth), done: make(chan struct{})}
 	go w.run()
 	return w
 }
@@ -75,6 +79,8 @@ func (w *stageWriter) run() {
 				w.mu.Lock()
 				w.err = err
 				w.mu.Unlock()
+			} else if w.sums != nil {
+				w.sums.writeSums(p)
 			}
 		}
 		it.b.release()

@@ -3,7 +3,10 @@ package store_test
 import (
 	"bytes"
 	"context"
+	"encoding/binary"
 	"errors"
+	"fmt"
+	"hash/crc32"
 	"sync/atomic"
 	"syscall"
 	"testing"
@@ -129,4 +132,73 @@ func (s failOnceStage) WriteAt(p []byte, off int64) (int, error) {
 		return 0, syscall.ENOSPC
 	}
 	return s.RandomStage.WriteAt(p, off)
+}
+
+// TestLargePutChunkSums: the chunk checksums of a large blob are the
+// CRC-32C of each 64 KiB of its content, whichever goroutine computed them
+// and however the content arrived: appends to an upload (the first ones
+// held in memory, then written by the stage writer), appends around a
+// truncate to the same size, and puts of known and unknown size.
+func TestLargePutChunkSums(t *testing.T) {
+	s := openWith(t, store.Config{KV: mem.New(), Large: localLarge(t, t.TempDir())})
+	sr := s.Large().(engines.SidecarReader)
+	data := randBytes(5<<20 + 1000)
+	const piece = 300 << 10
+	uploads := map[string]func(u *store.Upload){
+		"appends": func(u *store.Upload) {
+			u.WriteAt(data[:1000], 0) // in memory, then spilled
+			for off := 1000; off < len(data); off += piece {
+				u.WriteAt(data[off:min(len(data), off+piece)], int64(off))
+			}
+		},
+		"truncate to the same size between appends": func(u *store.Upload) {
+			u.WriteAt(data[:2<<20], 0)
+			u.Truncate(2 << 20)
+			u.WriteAt(data[2<<20:], 2<<20)
+		},
+	}
+	for name, write := range uploads {
+		data[0]++ // a new blob each time
+		u, err := s.NewUpload(t.Context())
+		if err != nil {
+			t.Fatal(err)
+		}
+		write(u)
+		d, pin, err := u.Commit(t.Context(), nil)
+		if err != nil {
+			t.Fatalf("%s: %v", name, err)
+		}
+		pin.Release()
+		checkSums(t, name, sr, d, data)
+	}
+	for _, size := range []int64{int64(len(data)), -1} {
+		data[0]++
+		d, pin, err := s.Put(t.Context(), bytes.NewReader(data), size)
+		if err != nil {
+			t.Fatal(err)
+		}
+		pin.Release()
+		checkSums(t, fmt.Sprintf("put of size %d", size), sr, d, data)
+	}
+	assertClean(t, s)
+}
+
+func checkSums(t *testing.T, name string, sr engines.SidecarReader, d blob.Digest, data []byte) {
+	t.Helper()
+	if d != blob.Sum(data) {
+		t.Fatalf("%s: digest %s, want that of the content", name, d.Short())
+	}
+	got, err := sr.Sidecar(t.Context(), d)
+	if err != nil {
+		t.Fatalf("%s: sidecar: %v", name, err)
+	}
+	const chunk = 64 << 10
+	want := []byte{1, 0, 0, 0}
+	want = binary.LittleEndian.AppendUint32(want, chunk)
+	for off := 0; off < len(data); off += chunk {
+		want = binary.LittleEndian.AppendUint32(want, crc32.Checksum(data[off:min(len(data), off+chunk)], crc32.MakeTable(crc32.Castagnoli)))
+	}
+	if !bytes.Equal(got, want) {
+		t.Fatalf("%s: chunk checksums differ from the CRC-32C of each 64 KiB of the content", name)
+	}
 }

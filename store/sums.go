@@ -39,8 +39,21 @@ type contentHash struct {
 func newContentHash() *contentHash { return &contentHash{sha: sha256.New()} }
 
 func (h *contentHash) Write(p []byte) (int, error) {
+	h.writeSHA(p)
+	h.writeSums(p)
+	return 0, nil
+}
+
+// writeSHA feeds the sha256 only, and writeSums the chunk checksums only.
+// Two goroutines may feed one each, in content order (the hash pipe and
+// the stage writer: shaOnly), since they touch different fields; the
+// sha256 alone then sets the pace of a large put on its core.
+func (h *contentHash) writeSHA(p []byte) {
 	h.sha.Write(p)
 	h.n += int64(len(p))
+}
+
+func (h *contentHash) writeSums(p []byte) {
 	for len(p) > 0 {
 		k := min(len(p), chunkSize-h.curN)
 		h.cur = crc32.Update(h.cur, castagnoli, p[:k])
@@ -51,7 +64,15 @@ func (h *contentHash) Write(p []byte) (int, error) {
 			h.cur, h.curN = 0, 0
 		}
 	}
-	return 0, nil
+}
+
+// shaOnly is h as the writer of a hash pipe whose chunk checksums are fed
+// elsewhere (by writeSums).
+type shaOnly struct{ h *contentHash }
+
+func (w shaOnly) Write(p []byte) (int, error) {
+	w.h.writeSHA(p)
+	return len(p), nil
 }
 
 func (h *contentHash) digest() Digest {

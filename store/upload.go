@@ -43,7 +43,8 @@ type Upload struct {
 	size int64
 	// seq: every write so far appended at the end, from offset 0.
 	seq bool
-	// h hashes sequential content once it lives in st, through pipe.
+	// h hashes sequential content once it lives in st: its sha256
+	// through pipe, its chunk checksums where it is written (w, or here).
 	h    *contentHash
 	pipe *hashPipe
 	// w writes the sequential appends into st while pipe hashes them;
@@ -126,9 +127,10 @@ func (u *Upload) spill(ctx context.Context) error {
 	u.st, u.own = st, own
 	if u.seq && int64(len(u.buf)) == u.size {
 		u.h = newContentHash()
-		u.pipe = newHashPipe(u.h)
+		u.pipe = newHashPipe(shaOnly{u.h})
 		u.pipe.Write(u.buf)
-		u.w = newStageWriter(st)
+		u.h.writeSums(u.buf)
+		u.w = newStageWriter(st, u.h)
 	}
 	u.buf = nil
 	u.account()
@@ -220,6 +222,7 @@ func (u *Upload) writeAtLocked(p []byte, off int64) (int, error) {
 	n, err := u.st.WriteAt(p, off)
 	if appending && u.pipe != nil {
 		u.pipe.Write(p[:n])
+		u.h.writeSums(p[:n]) // the stage writer has ended: in order
 	} else {
 		u.seq = false
 		u.stopHash() // rewritten or sparse: re-read at Commit
@@ -305,10 +308,10 @@ func (u *Upload) Truncate(size int64) error {
 	}
 	if size == 0 {
 		u.h = newContentHash()
-		u.pipe = newHashPipe(u.h)
+		u.pipe = newHashPipe(shaOnly{u.h})
 	}
 	if u.pipe != nil {
-		u.w = newStageWriter(u.st) // appends go on from here
+		u.w = newStageWriter(u.st, u.h) // appends go on from here
 	}
 	u.size = size
 	return nil
