@@ -67,6 +67,32 @@ func TestUploadAppendFailureSticks(t *testing.T) {
 	}
 }
 
+// TestPutStageFailure: a put whose stage write fails (on the stage
+// writer's goroutine) returns that error, publishes nothing and leaves no
+// stage file or pin, whether the size is known or not.
+func TestPutStageFailure(t *testing.T) {
+	for _, size := range []int64{8 << 20, -1} {
+		l := &failOnce{Large: localLarge(t, t.TempDir()), at: 3 << 20}
+		s := openWith(t, store.Config{KV: mem.New(), Large: l})
+		data := randBytes(8 << 20)
+		d, pin, err := s.Put(t.Context(), bytes.NewReader(data), size)
+		if err == nil {
+			pin.Release()
+			t.Fatalf("size %d: Put published %s though a stage write failed", size, d.Short())
+		}
+		if !errors.Is(err, syscall.ENOSPC) {
+			t.Fatalf("size %d: Put = %v; want ENOSPC", size, err)
+		}
+		if !l.failed.Load() {
+			t.Fatalf("size %d: the stage never failed a write", size)
+		}
+		if n := count(t, s); n != 0 {
+			t.Fatalf("size %d: %d blobs published; want none", size, n)
+		}
+		assertClean(t, s)
+	}
+}
+
 // TestUploadAppendsReadBack: a rewrite of appends that the stage writer
 // may not have written yet applies after them, and so does a truncate;
 // reads see all of it, and the content published is what was written in
@@ -108,8 +134,8 @@ func TestUploadAppendsReadBack(t *testing.T) {
 	assertClean(t, s)
 }
 
-// failOnce is a large engine whose stages fail the one write at offset
-// at with ENOSPC.
+// failOnce is a large engine whose stages fail one write with ENOSPC: the
+// WriteAt at offset at, or the first Write at or past it.
 type failOnce struct {
 	engines.Large
 	at     int64
@@ -121,12 +147,22 @@ func (l *failOnce) Stage(ctx context.Context) (engines.Stage, error) {
 	if err != nil {
 		return nil, err
 	}
-	return failOnceStage{st.(engines.RandomStage), l}, nil
+	return failOnceStage{st.(engines.RandomStage), l, new(int64)}, nil
 }
 
 type failOnceStage struct {
 	engines.RandomStage
-	l *failOnce
+	l   *failOnce
+	end *int64 // where the next Write goes
+}
+
+func (s failOnceStage) Write(p []byte) (int, error) {
+	if *s.end >= s.l.at && s.l.failed.CompareAndSwap(false, true) {
+		return 0, syscall.ENOSPC
+	}
+	n, err := s.RandomStage.Write(p)
+	*s.end += int64(n)
+	return n, err
 }
 
 func (s failOnceStage) WriteAt(p []byte, off int64) (int, error) {
