@@ -6,18 +6,19 @@ import (
 	"sync/atomic"
 )
 
-// stageWriter writes an upload's sequential appends into its stage on its
-// own goroutine, beside the hash pipe's: a write into the upload only
-// copies its bytes into a buffer that both read, and returns.
+// stageWriter writes an upload's sequential appends (or a put's content)
+// into its stage on its own goroutine, beside the hash pipe's: a write
+// into the upload only copies its bytes into a buffer that both read, and
+// returns.
 //
 // Why: the mount's writes into incoming/ come one at a time (the kernel
 // sends the next when the last is answered), so everything done before
-// the answer is paid once per request on one core, while the hash runs on
-// the other. Copying the request (about 0.1 s per GiB) instead of writing
-// it into the stage file (about 0.3 s per GiB, plus the writeback the
-// stage starts) makes that chain shorter than the hash, and takes a copy
-// of each request for the hash off it too; on two cores a 1 GiB cp then
-// costs about its transfer or its hash, whichever is longer.
+// the answer is paid once per request, in series with the writer's own
+// copies, while the hash runs on the other core. One copy of the request
+// (about 0.1 s per GiB) now stands for the write into the stage file
+// (about 0.3 s per GiB, plus the writeback the stage starts) and the copy
+// the hash pipe made: that chain is then about as long as the sha256, and
+// a 1 GiB cp costs about the longer of the two instead of their sum.
 //
 // A failed write is kept, and reported by the next call that waits for the
 // writes (wait, stop) or asks (failed): the caller's upload then fails, so
