@@ -83,11 +83,13 @@ func Mount(dir string, cfg Config) (*Server, error) {
 			// HANDLE_KILLPRIV_V2: the daemon clears set-id bits on write,
 			// truncate and chown (meta.killPriv), so the kernel stops
 			// asking GETXATTR("security.capability") before every WRITE:
-			// one round trip per file instead of one per 1 MiB. No
+			// one round trip per file instead of one per 1 MiB.
+			// DIRECT_IO_ALLOW_MMAP: incoming files open for writing are
+			// FOPEN_DIRECT_IO (writeOpen) and may still be mmapped. No
 			// CAP_WRITEBACK_CACHE: it pipelines writes into incoming/
 			// (a 1 GiB cp ~25% faster), but the kernel then refuses
 			// passthrough, and reads of blobs matter more.
-			ExtraCapabilities: fuse.CAP_ATOMIC_O_TRUNC | fuse.CAP_READDIRPLUS_AUTO | fuse.CAP_HANDLE_KILLPRIV_V2,
+			ExtraCapabilities: fuse.CAP_ATOMIC_O_TRUNC | fuse.CAP_READDIRPLUS_AUTO | fuse.CAP_HANDLE_KILLPRIV_V2 | fuse.CAP_DIRECT_IO_ALLOW_MMAP,
 			// Content changes only through this mount's own writes, and
 			// blobs never: the kernel need not drop pages when an mtime
 			// it sees changes (a blob linked in two namespaces shows two).

@@ -494,3 +494,39 @@ func TestWriteKillsSetID(t *testing.T) {
 		t.Errorf("32 writes made %d WRITE and %d GETXATTR requests; want ≥ 32 and ≤ 1", ops["write"], ops["getxattr"])
 	}
 }
+
+// TestMmapWriteIncoming: a program that writes its output through a
+// shared mapping (ftruncate, mmap, store, msync, close) publishes what it
+// stored. Descriptors open for writing into incoming/ are direct I/O
+// (writeOpen), which the kernel lets map only with DIRECT_IO_ALLOW_MMAP.
+func TestMmapWriteIncoming(t *testing.T) {
+	e := mountStore(t, defaultSpec)
+	ns := e.mkns("ns")
+	want := randBytes(7, 3<<20+123)
+	f, err := os.OpenFile(filepath.Join(ns, incomingName, "m"), os.O_RDWR|os.O_CREATE, 0o644)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close() // a failure below must not leave the unmount waiting
+	if err := f.Truncate(int64(len(want))); err != nil {
+		t.Fatal(err)
+	}
+	m, err := syscall.Mmap(int(f.Fd()), 0, len(want), syscall.PROT_READ|syscall.PROT_WRITE, syscall.MAP_SHARED)
+	if err != nil {
+		t.Fatalf("mmap of a file open for writing in incoming/: %v", err)
+	}
+	copy(m, want)
+	if err := unix.Msync(m, unix.MS_SYNC); err != nil {
+		t.Fatal(err)
+	}
+	if err := syscall.Munmap(m); err != nil {
+		t.Fatal(err)
+	}
+	if err := f.Close(); err != nil {
+		t.Fatal(err)
+	}
+	d := sum(want)
+	if got := fileSum(t, filepath.Join(ns, d)); got != d {
+		t.Fatalf("published %s; want %s", got, d)
+	}
+}
