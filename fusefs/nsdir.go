@@ -424,7 +424,8 @@ type nsStream struct {
 	lastN string // last's name
 	// infos holds the page's sizes and tiers, fetched in one StatMany so
 	// that READDIRPLUS (ls -l) costs no store query per entry.
-	infos map[blob.Digest]store.Info
+	infos   map[blob.Digest]store.Info
+	unknown []blob.Digest // the page's digests the namespace has no inode for
 }
 
 var (
@@ -483,20 +484,21 @@ func (s *nsStream) fetch() syscall.Errno {
 	// Blobs the kernel already knows have their size and tier in their
 	// inode (blobChild answers from it): ask the store only for the rest,
 	// so that a repeated ls -l queries nothing per entry.
-	s.names = s.names[:0]
-	ds := make([]blob.Digest, 0, len(page))
+	s.names, s.unknown, s.infos = s.names[:0], s.unknown[:0], nil
 	for _, ref := range page {
 		name, known := s.d.blobName(ref.Digest)
 		s.names = append(s.names, name)
 		if !known {
-			ds = append(ds, ref.Digest)
+			s.unknown = append(s.unknown, ref.Digest)
 		}
 	}
-	infos, err := f.st.StatMany(f.ctx, ds)
-	if err != nil {
-		return f.errno("readdir", blob.Digest{}, err)
+	if len(s.unknown) > 0 {
+		infos, err := f.st.StatMany(f.ctx, s.unknown)
+		if err != nil {
+			return f.errno("readdir", blob.Digest{}, err)
+		}
+		s.infos = infos
 	}
-	s.infos = infos
 	if len(page) > 0 {
 		s.after = page[len(page)-1].Digest
 	}
