@@ -59,3 +59,30 @@ func TestPaceGC(t *testing.T) {
 	}
 	runtime.KeepAlive(live)
 }
+
+// TestPaceGCLeavesGOGC: a GOGC in the environment, or a target of 0,
+// leaves Go's pacing alone (README: --heap-target).
+func TestPaceGCLeavesGOGC(t *testing.T) {
+	defer debug.SetGCPercent(debug.SetGCPercent(100))
+	live := make([][]byte, 0, 64)
+	for range cap(live) {
+		live = append(live, make([]byte, 256<<10)) // 16 MiB live
+	}
+	for _, c := range []struct {
+		env    string
+		target uint64
+	}{{"100", 8 << 20}, {"", 0}} {
+		t.Setenv("GOGC", c.env)
+		debug.SetGCPercent(100)
+		stop := paceGC(c.target)
+		for range 5 {
+			runtime.GC()
+		}
+		p := debug.SetGCPercent(100)
+		stop()
+		if p != 100 {
+			t.Errorf("GOGC=%q, target %d: GOGC became %d", c.env, c.target, p)
+		}
+	}
+	runtime.KeepAlive(live)
+}
