@@ -55,6 +55,23 @@ func rows(t *testing.T, db *sql.DB) map[string]bool {
 	return m
 }
 
+// doLazy queues jobs lazily at once and returns each one's error.
+func doLazy(t *testing.T, b *Batcher, jobs map[string]func(ctx context.Context, tx *sql.Tx) error) map[string]error {
+	errs := map[string]error{}
+	var mu sync.Mutex
+	var wg sync.WaitGroup
+	for k, fn := range jobs {
+		wg.Go(func() {
+			err := b.Do(t.Context(), true, fn)
+			mu.Lock()
+			errs[k] = err
+			mu.Unlock()
+		})
+	}
+	wg.Wait()
+	return errs
+}
+
 // TestBatcherIsolatesJobs: in one shared transaction, a job that fails
 // after writing leaves nothing, gets its own error, and the others commit.
 func TestBatcherIsolatesJobs(t *testing.T) {
@@ -77,18 +94,7 @@ func TestBatcherIsolatesJobs(t *testing.T) {
 	if _, err := db.Exec(`INSERT INTO t (k) VALUES ('z')`); err != nil {
 		t.Fatal(err)
 	}
-	errs := map[string]error{}
-	var mu sync.Mutex
-	var wg sync.WaitGroup
-	for k, fn := range jobs {
-		wg.Go(func() {
-			err := b.Do(t.Context(), true, fn)
-			mu.Lock()
-			errs[k] = err
-			mu.Unlock()
-		})
-	}
-	wg.Wait()
+	errs := doLazy(t, b, jobs)
 	if n := b.batches.Load(); n != 1 {
 		t.Fatalf("%d transactions for 4 jobs queued together; want 1", n)
 	}
@@ -228,18 +234,7 @@ func TestBatcherTransactionLost(t *testing.T) {
 		},
 		"c": insert("c"),
 	}
-	errs := map[string]error{}
-	var mu sync.Mutex
-	var wg sync.WaitGroup
-	for k, fn := range jobs {
-		wg.Go(func() {
-			err := b.Do(t.Context(), true, fn)
-			mu.Lock()
-			errs[k] = err
-			mu.Unlock()
-		})
-	}
-	wg.Wait()
+	errs := doLazy(t, b, jobs)
 	if errs["a"] != nil || errs["c"] != nil || errs["big"] == nil || !strings.Contains(errs["big"].Error(), "full") {
 		t.Errorf("errors %v; want a, c nil and big's own 'full'", errs)
 	}
