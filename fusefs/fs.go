@@ -194,6 +194,9 @@ type counters struct {
 	verifyFailures, changedOnDisk            atomic.Int64
 	uploads, receipts, dirsExpired           atomic.Int64
 	receiptsEvicted                          atomic.Int64
+	// listing entries left without attributes for the kernel, which
+	// knew them (nsStream.Lookup)
+	entriesLeftOut atomic.Int64
 }
 
 // newFS builds the tree's shared state; Mount wires it to a server.

@@ -39,6 +39,12 @@ type nsDir struct {
 	permMu sync.Mutex
 	permV  namespaces.Perm
 	permAt time.Time // zero: not loaded
+
+	// refreshedAt is when the last listing that gave the kernel the
+	// attributes of every entry began (Unix nanoseconds; 0: none yet).
+	// For refreshAge after it, listings leave them out for the entries
+	// the kernel knows (nsStream.Lookup).
+	refreshedAt atomic.Int64
 }
 
 var (
@@ -293,13 +299,19 @@ func (d *nsDir) blobChild(ctx context.Context, name string, ref namespaces.Ref, 
 		d.fsys.log.Warn("namespace references a blob the pool does not hold", "namespace", d.name, "digest", ref.Digest.String())
 		return nil, syscall.ENOENT
 	}
-	b := newBlobFile(d.fsys, name, ref, *info)
+	return d.newBlobChild(ctx, name, ref, *info, out), 0
+}
+
+// newBlobChild makes the inode of a referenced blob whose size and tier
+// info gives. If the blob already has an inode (open, looked up meanwhile,
+// or linked in another namespace), go-fuse hands the kernel that one: one
+// inode per digest.
+func (d *nsDir) newBlobChild(ctx context.Context, name string, ref namespaces.Ref, info store.Info, out *fuse.EntryOut) *fs.Inode {
+	b := newBlobFile(d.fsys, name, ref, info)
 	b.attr(&out.Attr)
 	out.SetEntryTimeout(blobTimeout)
 	out.SetAttrTimeout(blobTimeout)
-	// If the blob already has an inode (open, or linked in another
-	// namespace), go-fuse hands the kernel that one: one inode per digest.
-	return d.NewInode(ctx, b, blobAttr(ref.Digest)), 0
+	return d.NewInode(ctx, b, blobAttr(ref.Digest))
 }
 
 // OpendirHandle streams the listing (see nsStream).
@@ -307,7 +319,9 @@ func (d *nsDir) OpendirHandle(ctx context.Context, flags uint32) (fs.FileHandle,
 	if d.tree != nil {
 		d.tree.awaitRelease(ctx, nil)
 	}
-	return &nsStream{d: d}, 0, 0
+	now := time.Now()
+	full := now.UnixNano()-d.refreshedAt.Load() >= int64(refreshAge)
+	return &nsStream{d: d, start: now, full: full}, 0, 0
 }
 
 // Create in a namespace is the verified put by path: the name must be a
@@ -402,6 +416,16 @@ func (d *nsDir) Link(ctx context.Context, target fs.InodeEmbedder, name string, 
 // namespaces page, so a listing of any size holds ~40 KiB of it at a time.
 const streamPage = 1000
 
+// refreshAge is how long after a listing that gave the kernel the
+// attributes of every entry later listings leave them out for entries the
+// kernel knows: half the entries' timeout, so that none lapses.
+const refreshAge = blobTimeout / 2
+
+// errLeaveOut, returned by nsStream.Lookup, makes go-fuse answer the entry
+// of READDIRPLUS with node id 0, which the kernel takes as "no attributes
+// for this entry" (fuse_direntplus_link) and lists as a plain entry.
+const errLeaveOut = syscall.EEXIST
+
 // nsStream lists a namespace a page at a time: "incoming", then every
 // referenced digest in ascending order. Each page is a fresh Entries call
 // from the last digest seen, so no registry state (lock, transaction,
@@ -410,18 +434,42 @@ const streamPage = 1000
 //
 // It also answers READDIRPLUS lookups for the entry it just produced from
 // the page (FileLookuper), sparing a registry round trip per entry.
+//
+// Unless the stream is full, an entry the kernel knows already (the
+// namespace has its inode) gets no attributes: Lookup fails on purpose
+// (go-fuse's FileLookuper would have the known child returned), and go-fuse
+// then answers the entry with node id 0, which the kernel lists as a plain
+// entry and links to nothing. The kernel keeps such an entry and its
+// attributes for blobTimeout from when it last got them, so a warm ls -l
+// needs nothing more from the daemon for it; go-fuse's lookup of it (its
+// locks and tables, about 160 bytes of garbage) and the kernel's refresh
+// of it are spared, and the kernel tends to ask for the next pages without
+// attributes at all.
+//
+// A stream is full when no listing gave the kernel every entry's
+// attributes in the last refreshAge; it records that it did when it ends
+// having supplied as many entries as it produced (a page the kernel asks
+// for without attributes supplies none). An entry the kernel does not have
+// after all (its dentry dropped while its inode lives on under another
+// namespace), or a new one on a page asked for without attributes, is
+// looked up when stat'ed. TestWarmListingLeavesOutKnownEntries checks that
+// the listings show the same.
 type nsStream struct {
-	d *nsDir
+	d     *nsDir
+	start time.Time // when the listing was opened
+	full  bool      // give the kernel the attributes of every entry
 
-	mu    sync.Mutex
-	off   uint64 // entries produced so far (the d_off of the last one)
-	page  []namespaces.Ref
-	names []string // the page's digests in hex, encoded once
-	i     int
-	after blob.Digest
-	eof   bool
-	last  namespaces.Ref
-	lastN string // last's name
+	mu       sync.Mutex
+	produced int    // entries produced (since the last rewind)
+	supplied int    // and looked up for READDIRPLUS
+	off      uint64 // entries produced so far (the d_off of the last one)
+	page     []namespaces.Ref
+	names    []string // the page's digests in hex, encoded once
+	i        int
+	after    blob.Digest
+	eof      bool
+	last     namespaces.Ref
+	lastN    string // last's name
 	// infos holds the page's sizes and tiers, fetched in one StatMany so
 	// that READDIRPLUS (ls -l) costs no store query per entry.
 	infos   map[blob.Digest]store.Info
@@ -444,22 +492,26 @@ func (s *nsStream) Readdirent(ctx context.Context) (*fuse.DirEntry, syscall.Errn
 func (s *nsStream) next() (*fuse.DirEntry, syscall.Errno) {
 	if s.off == 0 {
 		s.off = 1
+		s.produced++
 		return &fuse.DirEntry{Name: incomingName, Mode: syscall.S_IFDIR, Ino: s.d.inc.StableAttr().Ino, Off: 1}, 0
 	}
 	if s.i >= len(s.page) {
 		if s.eof {
+			s.ended()
 			return nil, 0
 		}
 		if errno := s.fetch(); errno != 0 {
 			return nil, errno
 		}
 		if len(s.page) == 0 {
+			s.ended()
 			return nil, 0
 		}
 	}
 	ref, name := s.page[s.i], s.names[s.i]
 	s.i++
 	s.off++
+	s.produced++
 	s.last, s.lastN = ref, name
 	return &fuse.DirEntry{Name: name, Mode: syscall.S_IFREG, Ino: blobAttr(ref.Digest).Ino, Off: s.off}, 0
 }
@@ -505,19 +557,40 @@ func (s *nsStream) fetch() syscall.Errno {
 	return 0
 }
 
+// ended records, at the end of a full listing that supplied every entry,
+// that the kernel has fresh attributes for all of them.
+func (s *nsStream) ended() {
+	if s.full && s.supplied >= s.produced {
+		s.d.refreshedAt.Store(s.start.UnixNano())
+	}
+}
+
 // Lookup serves READDIRPLUS for the entry just produced.
 func (s *nsStream) Lookup(ctx context.Context, name string, out *fuse.EntryOut) (*fs.Inode, syscall.Errno) {
 	s.mu.Lock()
-	last, lastN := s.last, s.lastN
-	info, known := s.infos[last.Digest]
+	last, lastN, full := s.last, s.lastN, s.full
+	info, stated := s.infos[last.Digest]
 	s.mu.Unlock()
-	if lastN != "" && name == lastN {
-		if known {
-			return s.d.blobChild(ctx, name, last, &info, out)
-		}
-		return s.d.blobChild(ctx, name, last, nil, out)
+	var ch *fs.Inode
+	var errno syscall.Errno
+	switch {
+	case lastN == "" || name != lastN:
+		ch, errno = s.d.Lookup(ctx, name, out)
+	case stated:
+		// Unknown when its page was fetched (and so in infos).
+		ch = s.d.newBlobChild(ctx, name, last, info, out)
+	case !full && s.d.knownBlob(name) != nil:
+		s.d.fsys.stats.entriesLeftOut.Add(1)
+		return nil, errLeaveOut
+	default:
+		ch, errno = s.d.blobChild(ctx, name, last, nil, out)
 	}
-	return s.d.Lookup(ctx, name, out)
+	if errno == 0 {
+		s.mu.Lock()
+		s.supplied++
+		s.mu.Unlock()
+	}
+	return ch, errno
 }
 
 // Seekdir supports rewinddir and telldir/seekdir: offsets are entry
@@ -527,6 +600,7 @@ func (s *nsStream) Seekdir(ctx context.Context, off uint64) syscall.Errno {
 	defer s.mu.Unlock()
 	return seekOrdinal(s.off, off, func() {
 		s.off, s.page, s.names, s.i, s.after, s.eof, s.last, s.lastN = 0, s.page[:0], s.names[:0], 0, blob.Digest{}, false, namespaces.Ref{}, ""
+		s.produced, s.supplied = 0, 0
 	}, s.next)
 }
 
