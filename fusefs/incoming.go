@@ -676,11 +676,8 @@ type fileNode struct {
 	meta  meta
 	up    *store.Upload // nil when the content is the published version
 	dirty bool          // up differs from pub (or pub is nil)
-	// owing: this file is in tree.owed (see incTree); owes counts the
-	// times it entered it, so that a RELEASE paying after its settle
-	// (outside mu) leaves alone a debt a newer close ran up meanwhile.
+	// owing: this file is in tree.owed (see incTree).
 	owing bool
-	owes  uint64
 	// written: the content was written (or extended) since the file was
 	// created or truncated to nothing (see publish.go).
 	written  bool
@@ -1042,37 +1039,22 @@ func (n *fileNode) commitLocked(ctx context.Context, intent bool) ([]notice, err
 	return nil, nil
 }
 
-// settling is a pending version taken off its file at the last RELEASE,
-// to be linked once the file's lock is dropped: the link may wait a
-// moment to share a transaction with the next close (engines.Batcher),
-// and the file's next open must not wait with it.
-type settling struct {
-	i    namespaces.Intent
-	d    blob.Digest
-	name string // for the log
-}
-
-// takeIntentLocked takes the pending version off the file. Like
-// cancelLocked, it does so first: whatever the database answers, this
-// process is done with it (a failure is retried by the intents loop), and
-// a version the file commits next replaces nothing.
-func (n *fileNode) takeIntentLocked() settling {
-	s := settling{i: n.pub.intent, d: n.pub.d, name: n.logName()}
-	n.pub.intent = 0
-	return s
-}
-
-// settle links a version taken by takeIntentLocked; n.mu is not held.
-func (n *fileNode) settle(ctx context.Context, s settling) {
+// settleLocked links the pending version (the last RELEASE). Like
+// cancelLocked, it takes the intent off the version first: whatever the
+// database answers, this process is done with it (a failure is retried
+// by the intents loop).
+func (n *fileNode) settleLocked(ctx context.Context) {
 	f := n.fsys
-	linked, err := f.intents.settle(context.WithoutCancel(ctx), s.i)
+	i := n.pub.intent
+	n.pub.intent = 0
+	linked, err := f.intents.settle(context.WithoutCancel(ctx), i)
 	if err != nil {
-		f.log.Error("could not link a closed file into its namespace; retrying", "namespace", n.ns.name, "name", s.name,
-			"digest", s.d.String(), "err", err)
+		f.log.Error("could not link a closed file into its namespace; retrying", "namespace", n.ns.name, "name", n.logName(),
+			"digest", n.pub.d.String(), "err", err)
 		return
 	}
 	f.stats.publishes.Add(1)
-	f.log.Debug("published", "namespace", n.ns.name, "name", s.name, "digest", s.d.String(), "new_ref", linked)
+	f.log.Debug("published", "namespace", n.ns.name, "name", n.logName(), "digest", n.pub.d.String(), "new_ref", linked)
 }
 
 // cancelLocked drops the pending version unseen: the file failed.
@@ -1382,7 +1364,6 @@ func (h *fileHandle) Flush(ctx context.Context) syscall.Errno {
 			d = n.pub.d
 		}
 		n.owing = true
-		n.owes++
 		n.tree.owe(n, d)
 	}
 	n.mu.Unlock()
@@ -1426,15 +1407,13 @@ func (h *fileHandle) Release(ctx context.Context) syscall.Errno {
 	if p.has(stepCommitLink) {
 		notes, _ = n.commitLocked(ctx, false)
 	}
-	var settle settling
 	if p.has(stepSettle) {
-		settle = n.takeIntentLocked()
+		n.settleLocked(ctx)
 	}
 	if p.has(stepCancel) {
 		n.cancelLocked(ctx)
 	}
-	owes := n.owes
-	if p.has(stepPay) && settle.i == 0 {
+	if p.has(stepPay) {
 		n.owing = false
 		n.tree.paid(n)
 	}
@@ -1443,18 +1422,6 @@ func (h *fileHandle) Release(ctx context.Context) syscall.Errno {
 		n.detachLocked()
 	}
 	n.mu.Unlock()
-	if settle.i != 0 {
-		n.settle(ctx, settle)
-		if p.has(stepPay) {
-			// Lookups waiting for this RELEASE now find the link.
-			n.mu.Lock()
-			if n.owing && n.owes == owes {
-				n.owing = false
-				n.tree.paid(n)
-			}
-			n.mu.Unlock()
-		}
-	}
 	h.rmu.Lock()
 	h.closeReaderLocked()
 	h.rmu.Unlock()
