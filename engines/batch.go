@@ -47,7 +47,6 @@ type Batcher struct {
 
 	mu      sync.Mutex
 	queue   []*batchJob
-	eager   bool          // the queue holds an eager job
 	kick    chan struct{} // the loop is told of a job (capacity 1)
 	closed  bool
 	stopped chan struct{}
@@ -75,6 +74,9 @@ type batchJob struct {
 	done  chan struct{}
 }
 
+// failed reports whether fn returned an error or panicked.
+func (j *batchJob) failed() bool { return j.err != nil || j.panic != nil }
+
 // NewBatcher starts the loop that commits db's batches; Close stops it.
 func NewBatcher(db *sql.DB) *Batcher {
 	b := &Batcher{db: db, linger: Linger, kick: make(chan struct{}, 1), stopped: make(chan struct{})}
@@ -99,14 +101,8 @@ func (b *Batcher) Do(ctx context.Context, lazy bool, fn func(ctx context.Context
 		return ErrBatcherClosed
 	}
 	b.queue = append(b.queue, j)
-	if !lazy {
-		b.eager = true
-	}
 	b.mu.Unlock()
-	select {
-	case b.kick <- struct{}{}:
-	default: // the loop has been told already
-	}
+	b.wake()
 	<-j.done
 	if j.panic != nil {
 		panic(j.panic)
@@ -125,11 +121,16 @@ func (b *Batcher) Close() {
 	}
 	b.closed = true
 	b.mu.Unlock()
+	b.wake()
+	<-b.stopped
+}
+
+// wake tells the loop that the queue or the state changed.
+func (b *Batcher) wake() {
 	select {
 	case b.kick <- struct{}{}:
-	default:
+	default: // the loop has been told already
 	}
-	<-b.stopped
 }
 
 func (b *Batcher) loop() {
@@ -161,7 +162,6 @@ func (b *Batcher) loop() {
 			n := min(len(b.queue), maxBatch)
 			jobs := b.queue[:n:n]
 			b.queue = b.queue[n:]
-			b.eager = slices.ContainsFunc(b.queue, func(j *batchJob) bool { return !j.lazy })
 			b.mu.Unlock()
 			b.run(jobs)
 			b.mu.Lock()
@@ -177,7 +177,7 @@ func (b *Batcher) loop() {
 // ready reports whether the queued jobs should start now: an eager job
 // waits, the batch is full, or the batcher is closing.
 func (b *Batcher) ready() bool {
-	return b.eager || b.closed || len(b.queue) >= maxBatch
+	return b.closed || len(b.queue) >= maxBatch || slices.ContainsFunc(b.queue, func(j *batchJob) bool { return !j.lazy })
 }
 
 // run commits one batch and tells its callers.
@@ -205,7 +205,7 @@ func (b *Batcher) run(jobs []*batchJob) {
 			// I/O error): j keeps its own error, and the jobs this took
 			// with it, or that never ran, run again each in its own.
 			tx.Rollback()
-			if j.err == nil && j.panic == nil {
+			if !j.failed() {
 				j.err = err
 			}
 			for i, o := range jobs {
@@ -219,7 +219,7 @@ func (b *Batcher) run(jobs []*batchJob) {
 	}
 	if err := tx.Commit(); err != nil {
 		for _, j := range jobs {
-			if j.err == nil && j.panic == nil {
+			if !j.failed() {
 				j.err = err
 			}
 		}
@@ -234,7 +234,7 @@ func (b *Batcher) runAlone(j *batchJob) {
 		j.err = err
 		return
 	}
-	if b.call(j, tx); j.err != nil || j.panic != nil {
+	if b.call(j, tx); j.failed() {
 		tx.Rollback()
 		return
 	}
@@ -248,7 +248,7 @@ func (b *Batcher) runSaved(tx *sql.Tx, j *batchJob) error {
 	if _, err := tx.ExecContext(j.ctx, "SAVEPOINT job"); err != nil {
 		return err
 	}
-	if b.call(j, tx); j.err != nil || j.panic != nil {
+	if b.call(j, tx); j.failed() {
 		if _, err := tx.ExecContext(j.ctx, "ROLLBACK TO job"); err != nil {
 			return err
 		}
