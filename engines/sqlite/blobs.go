@@ -78,13 +78,7 @@ func (e *Engine) PutTx(ctx context.Context, d blob.Digest, value []byte, also fu
 		}
 		return err
 	}
-	var err error
-	if e.batch != nil {
-		err = e.batch.Do(ctx, false, put)
-	} else {
-		err = engines.InTx(ctx, e.db, nil, func(tx *sql.Tx) error { return put(ctx, tx) })
-	}
-	if err != nil {
+	if err := e.write(ctx, put); err != nil {
 		return false, e.wrapD("put", d, err)
 	}
 	return n == 1, nil

@@ -80,21 +80,29 @@ func (e *Engine) WindowLen(ctx context.Context) (int, error) {
 	return n, nil
 }
 
-// inTx runs fn in a transaction and commits it, rolling back on any error:
-// through the Batcher (eager) when the database is writable, so that pin
-// rows, window rows, deletes and the sweep's arbitration queue with the
-// puts instead of polling SQLite's lock behind them.
+// inTx runs fn in a write transaction (write) and commits it, rolling
+// back on any error. fn's error comes back as it is; a failed BEGIN or
+// COMMIT is wrapped with op.
 func (e *Engine) inTx(ctx context.Context, op string, fn func(tx *sql.Tx) error) error {
-	if e.batch != nil {
-		var ferr error // fn's error goes back as it is, like InTx's
-		err := e.batch.Do(ctx, false, func(_ context.Context, tx *sql.Tx) error {
-			ferr = fn(tx)
-			return ferr
-		})
-		if err != nil && err != ferr {
-			err = e.wrap(op, err)
-		}
-		return err
+	var ferr error
+	err := e.write(ctx, func(_ context.Context, tx *sql.Tx) error {
+		ferr = fn(tx)
+		return ferr
+	})
+	if err != nil && err != ferr {
+		err = e.wrap(op, err)
 	}
-	return engines.InTx(ctx, e.db, func(err error) error { return e.wrap(op, err) }, fn)
+	return err
+}
+
+// write runs fn in a write transaction: through the Batcher (eager) when
+// the database is writable, so that puts, pin rows, window rows, deletes
+// and the sweep's arbitration share its queue instead of polling SQLite's
+// lock behind it; in a transaction of its own otherwise (a read-only
+// database, where it fails).
+func (e *Engine) write(ctx context.Context, fn func(ctx context.Context, tx *sql.Tx) error) error {
+	if e.batch != nil {
+		return e.batch.Do(ctx, false, fn)
+	}
+	return engines.InTx(ctx, e.db, nil, func(tx *sql.Tx) error { return fn(ctx, tx) })
 }
