@@ -40,8 +40,8 @@ type SQL struct {
 	// per put was a tenth of the CPU of a `cp -r` of small files.
 	existsStmt, linkStmt, pendStmt, unpendStmt *sql.Stmt
 	settleTakeStmt, settleLinkStmt             *sql.Stmt
-	// batch, when the engine has one (SQLite), commits settles together
-	// with the puts and other settles queued meanwhile.
+	// batch, when the engine has one (SQLite), carries the registry's
+	// write transactions (write), settles lazily.
 	batch *engines.Batcher
 	// noPerm: the ns table has no permission columns (an older store on
 	// read-only media): Perm reports none.
@@ -586,15 +586,9 @@ func (r *SQL) Settle(ctx context.Context, i Intent) (bool, error) {
 		linked = n == 1
 		return err
 	}
-	var err error
-	if r.batch != nil {
-		// Lazy: nobody waits for a RELEASE, and a sequential writer's
-		// next close commits this link with its own publish.
-		err = r.batch.Do(ctx, true, settle)
-	} else {
-		err = r.inTx(ctx, func(tx *sql.Tx) error { return settle(ctx, tx) })
-	}
-	if err != nil {
+	// Lazy: nobody waits for a RELEASE, and a sequential writer's next
+	// close commits this link with its own publish.
+	if err := r.write(ctx, true, settle); err != nil {
 		return false, wrap("settle", "", blob.Digest{}, err)
 	}
 	return linked, nil
@@ -773,7 +767,17 @@ func (r *SQL) linkRowsExec(ctx context.Context, tx *sql.Tx, st *sql.Stmt, q stri
 }
 
 func (r *SQL) inTx(ctx context.Context, f func(tx *sql.Tx) error) error {
-	return engines.InTx(ctx, r.db, nil, f)
+	return r.write(ctx, false, func(_ context.Context, tx *sql.Tx) error { return f(tx) })
+}
+
+// write runs fn in a write transaction: through the engine's Batcher when
+// it has one (SQLite), lazily if asked (engines.Batcher), so that the
+// registry's writes queue with the puts; in one of its own otherwise.
+func (r *SQL) write(ctx context.Context, lazy bool, fn func(ctx context.Context, tx *sql.Tx) error) error {
+	if r.batch != nil {
+		return r.batch.Do(ctx, lazy, fn)
+	}
+	return engines.InTx(ctx, r.db, nil, func(tx *sql.Tx) error { return fn(ctx, tx) })
 }
 
 // Unlink implements Registry.

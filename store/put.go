@@ -264,13 +264,13 @@ func feed(ctx context.Context, w *stageWriter, pipe *hashPipe, prefix []byte, r 
 				return expectEOF(r, size)
 			}
 		}
-		bp := pipeBufs.Get().(*[]byte)
+		bp := copyBufs.Get().(*[]byte)
 		k, err := fill(r, (*bp)[:want])
 		if k > 0 {
 			w.give(bp, k, n, pipe)
 			n += int64(k)
 		} else {
-			pipeBufs.Put(bp)
+			copyBufs.Put(bp)
 		}
 		if errors.Is(err, io.EOF) {
 			if size >= 0 && n != size {

@@ -42,19 +42,26 @@ type stageItem struct {
 	off int64
 }
 
-// sharedBuf is a pipeBufs buffer that the stage writer and the hash pipe
-// both read: it goes back to the pool when the last of them releases it.
+// sharedBuf is the first n bytes of a copyBufs buffer, read by the hash
+// pipe and, for a stage writer's items, the stage writer too: it goes back
+// to the pool when the last of its refs readers releases it.
 type sharedBuf struct {
 	bp   *[]byte
 	n    int
 	refs atomic.Int32
 }
 
+func newSharedBuf(bp *[]byte, n int, refs int32) *sharedBuf {
+	b := &sharedBuf{bp: bp, n: n}
+	b.refs.Store(refs)
+	return b
+}
+
 func (b *sharedBuf) bytes() []byte { return (*b.bp)[:b.n] }
 
 func (b *sharedBuf) release() {
 	if b.refs.Add(-1) == 0 {
-		pipeBufs.Put(b.bp)
+		copyBufs.Put(b.bp)
 	}
 }
 
@@ -94,18 +101,17 @@ func (w *stageWriter) run() {
 // and blocks only when the stage or the hash is pipeDepth MiB behind.
 func (w *stageWriter) append(p []byte, off int64, pipe *hashPipe) {
 	for len(p) > 0 {
-		bp := pipeBufs.Get().(*[]byte)
+		bp := copyBufs.Get().(*[]byte)
 		n := copy(*bp, p)
 		w.give(bp, n, off, pipe)
 		p, off = p[n:], off+int64(n)
 	}
 }
 
-// give is append of the first n bytes of *bp, a buffer of pipeBufs that
+// give is append of the first n bytes of *bp, a buffer of copyBufs that
 // the caller hands over instead of copying from.
 func (w *stageWriter) give(bp *[]byte, n int, off int64, pipe *hashPipe) {
-	b := &sharedBuf{bp: bp, n: n}
-	b.refs.Store(2)
+	b := newSharedBuf(bp, n, 2)
 	w.pending.Add(1)
 	w.ch <- stageItem{b: b, off: off}
 	pipe.share(b)

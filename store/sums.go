@@ -8,7 +8,6 @@ import (
 	"hash"
 	"hash/crc32"
 	"io"
-	"sync"
 )
 
 // Chunk checksums let a range read of a large blob verify only the chunks
@@ -139,33 +138,22 @@ type hashPipe struct {
 	shut bool
 }
 
-// hashItem is n bytes of *bp, which go back to pool once hashed, or a
-// shared buffer, released once hashed, or else a run of zeros.
+// hashItem is a buffer, released once hashed, or else a run of zeros.
 type hashItem struct {
-	bp     *[]byte
-	n      int
-	pool   *sync.Pool
-	shared *sharedBuf
-	zeros  int64
+	buf   *sharedBuf
+	zeros int64
 }
 
 const pipeDepth = 8
-
-var pipeBufs = sync.Pool{New: func() any { b := make([]byte, copyBufSize); return &b }}
 
 func newHashPipe(w io.Writer) *hashPipe {
 	p := &hashPipe{w: w, ch: make(chan hashItem, pipeDepth), done: make(chan struct{})}
 	go func() {
 		defer close(p.done)
 		for it := range p.ch {
-			if b := it.shared; b != nil {
+			if b := it.buf; b != nil {
 				p.w.Write(b.bytes())
 				b.release()
-				continue
-			}
-			if it.bp != nil {
-				p.w.Write((*it.bp)[:it.n])
-				it.pool.Put(it.bp)
 				continue
 			}
 			for n := it.zeros; n > 0; {
@@ -182,9 +170,9 @@ func (p *hashPipe) Write(b []byte) (int, error) {
 	n := len(b)
 	p.n += int64(n)
 	for len(b) > 0 {
-		bp := pipeBufs.Get().(*[]byte)
+		bp := copyBufs.Get().(*[]byte)
 		k := copy(*bp, b)
-		p.ch <- hashItem{bp: bp, n: k, pool: &pipeBufs}
+		p.ch <- hashItem{buf: newSharedBuf(bp, k, 1)}
 		b = b[k:]
 	}
 	return n, nil
@@ -197,13 +185,13 @@ func (p *hashPipe) give(bp *[]byte, n int) {
 		copyBufs.Put(bp)
 		return
 	}
-	p.ch <- hashItem{bp: bp, n: n, pool: &copyBufs}
+	p.ch <- hashItem{buf: newSharedBuf(bp, n, 1)}
 }
 
 // share hashes b's bytes and then releases b.
 func (p *hashPipe) share(b *sharedBuf) {
 	p.n += int64(b.n)
-	p.ch <- hashItem{shared: b}
+	p.ch <- hashItem{buf: b}
 }
 
 // zeros hashes n zero bytes.
