@@ -236,6 +236,16 @@ type BatchSizer interface {
 	SizeMany(ctx context.Context, ds []blob.Digest) ([]int64, error)
 }
 
+// Syncer is implemented by engines whose commits survive a crash of the
+// process but not yet a power loss (SQLite in WAL mode with
+// synchronous=NORMAL): Sync returns once every transaction committed
+// before the call is on stable storage. Engines durable at commit
+// (PostgreSQL, and the local, pglo and s3 large tiers) and mem, which has
+// nothing to keep, do not implement it.
+type Syncer interface {
+	Sync(ctx context.Context) error
+}
+
 // ReadOnly is implemented by engines that open a store on read-only media
 // (a read-only filesystem, a directory they may not write): ReadOnly
 // reports that this one did, so that reads work and every write fails.

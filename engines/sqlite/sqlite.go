@@ -26,6 +26,9 @@ type Engine struct {
 	// batch commits PutTx and the registry's links in shared
 	// transactions; nil when read-only.
 	batch *engines.Batcher
+	// syncs shares Sync's runs; wal is what they sync (sync.go).
+	syncs syncGroup
+	wal   walSync
 
 	has, size, get, put, del, delRet, list *sql.Stmt
 	wStage, wDue, wRemove, wLen            *sql.Stmt
@@ -43,6 +46,7 @@ var (
 	_ engines.BatchSizer   = (*Engine)(nil)
 	_ engines.GCHost       = (*Engine)(nil)
 	_ engines.Batching     = (*Engine)(nil)
+	_ engines.Syncer       = (*Engine)(nil)
 )
 
 const schema = `
@@ -113,6 +117,11 @@ func Open(ctx context.Context, path string) (*Engine, error) {
 		return nil, err
 	}
 	if !e.ro {
+		if err := e.wal.open(ctx, dsn, abs+"-wal"); err != nil {
+			e.closeStmts()
+			db.Close()
+			return nil, e.wrap("open", err)
+		}
 		e.batch = engines.NewBatcher(db)
 	}
 	return e, nil
@@ -169,18 +178,27 @@ func (e *Engine) CursorsSurviveDelete() bool { return true }
 func (e *Engine) Batcher() *engines.Batcher { return e.batch }
 
 // Close commits what is batched, and closes the statements and the pool.
+// It does not sync: the store's Close does (and SQLite checkpoints, and
+// syncs, when the last connection to the database closes).
 func (e *Engine) Close() error {
 	if e.batch != nil {
 		e.batch.Close()
 	}
+	e.syncs.close()
+	errs := []error{e.wal.close()}
+	errs = append(errs, e.closeStmts()...)
+	errs = append(errs, e.db.Close())
+	return e.wrap("close", errors.Join(errs...))
+}
+
+func (e *Engine) closeStmts() []error {
 	var errs []error
 	for _, st := range []*sql.Stmt{e.has, e.size, e.delRet, e.get, e.put, e.del, e.list, e.wStage, e.wDue, e.wRemove, e.wLen, e.pinUp, e.pinDel} {
 		if st != nil {
 			errs = append(errs, st.Close())
 		}
 	}
-	errs = append(errs, e.db.Close())
-	return e.wrap("close", errors.Join(errs...))
+	return errs
 }
 
 // wrap names the engine and operation on err, and marks a full disk as
