@@ -81,6 +81,11 @@ type Config struct {
 	// SharedMedia declares that a local large tier sits on storage every
 	// fleet host mounts at the same path. Required for Fleet with local.
 	SharedMedia bool
+	// SyncEvery bounds what a power loss takes: an engine that commits
+	// without syncing (SQLite) is synced this often while it is written
+	// (sync.go). 0 means DefaultSyncEvery; negative turns the timer off
+	// (Sync and Close still sync).
+	SyncEvery time.Duration
 }
 
 // Store is the facade. It is safe for concurrent use.
@@ -102,6 +107,9 @@ type Store struct {
 	// process when the kv engine is the read-only one (no pin row can be
 	// written).
 	readOnly bool
+	// syncs is the timer that syncs the engines every Config.SyncEvery;
+	// nil when off.
+	syncs *syncTimer
 }
 
 type counters struct {
@@ -166,6 +174,7 @@ func Open(ctx context.Context, cfg Config) (*Store, error) {
 	}
 	s.gc = gc.New(pool{s}, gc.Options{Window: window, Delay: cfg.GCDelay, Host: host, PinTTL: cfg.PinTTL,
 		Clock: cfg.Clock, Logger: s.log})
+	s.syncs = s.startSyncTimer(cfg.SyncEvery)
 	return s, nil
 }
 
@@ -437,13 +446,14 @@ func (s *Store) Stats() Stats {
 	return st
 }
 
-// Close stops the collector (its pin rows are deleted) and closes the
-// engines. Further calls fail with ErrClosed.
+// Close stops the collector (its pin rows are deleted), syncs and closes
+// the engines. Further calls fail with ErrClosed.
 func (s *Store) Close() error {
 	if !s.closed.CompareAndSwap(false, true) {
 		return nil
 	}
-	errs := []error{s.gc.Close()}
+	s.syncs.close()
+	errs := []error{s.gc.Close(), s.syncEngines(context.Background())}
 	for _, t := range s.tiers() {
 		errs = append(errs, t.e.Close())
 	}
