@@ -85,7 +85,12 @@
 //     empty (`: > file`, touch) publishes at its last RELEASE.
 //   - A write or commit that fails ends the upload: nothing of it is
 //     published, every later close reports the error, and the name goes
-//     when its last handle closes. An unlinked file publishes nothing more.
+//     when its last handle closes.
+//   - rm of a file still open for writing (or a rename over it) takes the
+//     name, not the content: the writer's closes go on committing, and its
+//     last RELEASE publishes the final version.
+//   - fsync and fdatasync commit like a close and return once the commit
+//     is durable (store.Store.Sync).
 //
 // After publish the name stays as a receipt: same size and content
 // (served from the store), the digest in xattr user.alkblobfs.digest, and
@@ -100,7 +105,8 @@
 // incoming/ live in memory; files in them publish flat into the namespace.
 // A directory goes a TTL after it is found empty, like a receipt.
 // Renames within one incoming/ tree move names (rsync's temp-then-rename);
-// to anywhere else they are EXDEV, so mv copies.
+// to anywhere else they are EXDEV, whatever the flags, so mv copies; a file
+// open for writing, or a directory holding one, is EBUSY there instead.
 //
 // A file created directly in a namespace under a digest name is a verified
 // put by path: published only if the content hashes to the name, else the

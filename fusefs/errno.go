@@ -30,6 +30,10 @@ var (
 	// errCrossDevice: rename between two incoming/ trees (mv falls back to
 	// copy and unlink).
 	errCrossDevice = errors.New("rename across namespaces")
+	// errBeingWritten: a rename across namespaces of a file still open for
+	// writing, or of a directory holding one: mv's copy would take content
+	// still being written.
+	errBeingWritten = errors.New("open for writing: close it before moving it to another namespace")
 	// errIsDir / errNotDir: rename type mismatches.
 	errIsDir  = errors.New("is a directory")
 	errNotDir = errors.New("not a directory")
@@ -92,6 +96,8 @@ func toErrno(err error) syscall.Errno {
 		return syscall.EEXIST
 	case errors.Is(err, errCrossDevice):
 		return syscall.EXDEV
+	case errors.Is(err, errBeingWritten):
+		return syscall.EBUSY
 	case errors.Is(err, errIsDir):
 		return syscall.EISDIR
 	case errors.Is(err, errNotDir):

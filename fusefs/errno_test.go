@@ -34,6 +34,7 @@ func TestToErrno(t *testing.T) {
 		{"rmdir non-empty incoming dir", errDirNotEmpty, syscall.ENOTEMPTY},
 		{"rename noreplace", errExists, syscall.EEXIST},
 		{"rename across namespaces", errCrossDevice, syscall.EXDEV},
+		{"rename across namespaces, open for writing", errBeingWritten, syscall.EBUSY},
 		{"is a directory", errIsDir, syscall.EISDIR},
 		{"not a directory", errNotDir, syscall.ENOTDIR},
 		{"fallocate", errUnsupported, syscall.EOPNOTSUPP},

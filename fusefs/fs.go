@@ -40,6 +40,9 @@ type Store interface {
 	Scrub(ctx context.Context, seq iter.Seq2[blob.Digest, error], o store.ScrubOptions) (store.ScrubSummary, error)
 	Stats() store.Stats
 	ReadOnly() bool
+	// Sync makes what was committed before it durable against a power
+	// loss (an fsync of an incoming file).
+	Sync(ctx context.Context) error
 	GC() *gc.Collector
 	Large() engines.Large
 }

@@ -496,8 +496,9 @@ func (d *incDir) watchEmpty() {
 }
 
 // Unlink removes an incoming name. A receipt goes (its blob stays
-// published); a file still being written is discarded when its last
-// handle closes, and never publishes.
+// published); a file still open for writing loses its name but not its
+// content: its closes go on committing, and its last RELEASE publishes the
+// final version (see publish.go).
 func (d *incDir) Unlink(ctx context.Context, name string) syscall.Errno {
 	ch := d.GetChild(name)
 	if ch == nil {
@@ -532,9 +533,13 @@ func (d *incDir) Rmdir(ctx context.Context, name string) syscall.Errno {
 }
 
 // Rename moves names within one incoming/ tree (rsync's temp-then-rename,
-// tar's and cp's overwrites). To anywhere else it is EXDEV, so mv falls
+// tar's and cp's overwrites). Each namespace is a filesystem of its own to
+// a rename: to anywhere else it is EXDEV, whatever the flags, so mv falls
 // back to copy and unlink: into another namespace's incoming/ that
-// publishes there, onto <ns>/<digest> it is a verified put.
+// publishes there, onto <ns>/<digest> it is a verified put. A file still
+// open for writing, or a directory holding one, is EBUSY there instead: a
+// copy would take what was written so far, and mv would then unlink a name
+// that a writer goes on closing into (see publish.go).
 func (d *incDir) Rename(ctx context.Context, name string, newParent fs.InodeEmbedder, newName string, flags uint32) syscall.Errno {
 	if e := tooLong(newName); e != 0 {
 		return e
@@ -542,7 +547,11 @@ func (d *incDir) Rename(ctx context.Context, name string, newParent fs.InodeEmbe
 	f := d.fsys
 	np, ok := newParent.(*incDir)
 	if !ok || np.tree != d.tree {
-		return f.errno("rename", blob.Digest{}, errCrossDevice)
+		err := errCrossDevice
+		if beingWritten(d.GetChild(name)) || (ok && flags&unix.RENAME_EXCHANGE != 0 && beingWritten(np.GetChild(newName))) {
+			err = errBeingWritten
+		}
+		return f.errno("rename", blob.Digest{}, err)
 	}
 	if flags&^(unix.RENAME_NOREPLACE|unix.RENAME_EXCHANGE) != 0 {
 		return f.errno("rename", blob.Digest{}, errBadInput)
@@ -588,6 +597,27 @@ func (d *incDir) Rename(ctx context.Context, name string, newParent fs.InodeEmbe
 	d.touch()
 	np.touch()
 	return 0
+}
+
+// beingWritten reports whether in is a file open for writing, or a
+// directory holding one at any depth.
+func beingWritten(in *fs.Inode) bool {
+	if in == nil {
+		return false
+	}
+	switch x := in.Operations().(type) {
+	case *fileNode:
+		x.mu.Lock()
+		defer x.mu.Unlock()
+		return len(x.writers) > 0
+	case *incDir:
+		for _, ch := range in.Children() {
+			if beingWritten(ch) {
+				return true
+			}
+		}
+	}
+	return false
 }
 
 // Symlink keeps a symbolic link in memory, so that cp -r, tar and rsync of
@@ -1031,6 +1061,9 @@ func (n *fileNode) commitLocked(ctx context.Context, intent bool) ([]notice, err
 		n.ns.dropPending(n.name, n)
 		return []notice{{&n.ns.Inode, n.name}}, nil
 	}
+	if n.detached {
+		return nil, nil // unlinked while open: published, but no receipt
+	}
 	if first {
 		f.stats.receipts.Add(1)
 	}
@@ -1347,12 +1380,50 @@ func (h *fileHandle) Flush(ctx context.Context) syscall.Errno {
 	if h.write {
 		h.idle, h.wrote = true, false
 	}
-	p := decide(n.stateLocked(), event{kind: evFlush, writer: h.write, wrote: wrote, othersBusy: n.othersBusyLocked(h)})
+	p := decide(n.stateLocked(), event{kind: evFlush, writer: h.write, wrote: wrote,
+		othersBusy: n.othersBusyLocked(h), emptyMismatch: n.want != nil && *n.want != blob.Sum(nil)})
+	notes, err := n.carryOutLocked(ctx, p)
+	n.mu.Unlock()
+	send(notes)
+	return n.fsys.errno("close", n.digestForLog(), err)
+}
+
+// Fsync commits what was written so far, as a close would, and returns
+// once that commit is durable (store.Store.Sync): after a crash or a power
+// loss, the next mount publishes it unless a later close superseded it.
+// fdatasync is the same: a commit has no metadata to leave out.
+func (h *fileHandle) Fsync(ctx context.Context, flags uint32) syscall.Errno {
+	n, f := h.n, h.n.fsys
+	n.mu.Lock()
+	p := decide(n.stateLocked(), event{kind: evFsync})
+	notes, err := n.carryOutLocked(ctx, p)
+	n.mu.Unlock()
+	send(notes)
+	if err == nil {
+		// Not under n.mu: a sync waits for the disk, and reads of the
+		// file need not wait with it.
+		err = f.st.Sync(context.WithoutCancel(ctx))
+	}
+	return f.errno("fsync", n.digestForLog(), err)
+}
+
+// carryOutLocked does what a FLUSH or an fsync decided: report the file's
+// failure, or commit, and make lookups wait for the RELEASE.
+func (n *fileNode) carryOutLocked(ctx context.Context, p step) ([]notice, error) {
 	var notes []notice
 	var err error
 	switch {
 	case p.has(stepFail):
 		err = n.failed
+	case p.has(stepRefuse):
+		// The name goes now, not at the RELEASE: nobody may read it back
+		// as an empty file meanwhile. A descriptor still open can still
+		// complete the put, which then shows under the name as the blob.
+		err = blob.Wrap("put", "", *n.want, blob.ErrVerification)
+		n.fsys.log.Warn("verified put by path closed empty: the empty content does not hash to the file name",
+			"namespace", n.ns.name, "name", n.name)
+		n.ns.dropPending(n.name, n)
+		notes = []notice{{&n.ns.Inode, n.name}}
 	case p.has(stepCommitIntent):
 		notes, err = n.commitLocked(ctx, true)
 	case p.has(stepCommitLink):
@@ -1366,9 +1437,7 @@ func (h *fileHandle) Flush(ctx context.Context) syscall.Errno {
 		n.owing = true
 		n.tree.owe(n, d)
 	}
-	n.mu.Unlock()
-	send(notes)
-	return n.fsys.errno("close", n.digestForLog(), err)
+	return notes, err
 }
 
 // othersBusyLocked reports whether a writer handle other than h has
@@ -1436,8 +1505,6 @@ func (h *fileHandle) Release(ctx context.Context) syscall.Errno {
 	}
 	return 0
 }
-
-func (h *fileHandle) Fsync(ctx context.Context, flags uint32) syscall.Errno { return 0 }
 
 func (h *fileHandle) Allocate(ctx context.Context, off uint64, size uint64, mode uint32) syscall.Errno {
 	return h.n.fsys.errno("fallocate", blob.Digest{}, errUnsupported)

@@ -28,10 +28,20 @@ package fusefs
 //   - A failed write or commit ends the upload; every later close reports
 //     the error, the intent is dropped, and the name goes with the last
 //     descriptor.
-//   - An unlinked (detached) file commits nothing more; a version a close
-//     committed before the unlink is still linked at the last RELEASE
-//     (that close returned 0, and `cp f incoming/ && rm incoming/f` may
-//     reach the daemon before the kernel's RELEASE does).
+//   - An unlink (rm, a rename over the name, mv's copy-and-unlink of a
+//     rename into another namespace) takes the name, not the content: a
+//     descriptor still open for writing goes on committing at its closes,
+//     and the last RELEASE links the final version, as if the name were
+//     still there. A close that returned 0 is never lost, and `cp f
+//     incoming/ && rm incoming/f` publishes f even when the unlink reaches
+//     the daemon before the kernel's RELEASE does. Only an upload nobody
+//     has open for writing is dropped at the unlink (there is no close to
+//     come that could report on it).
+//   - An fsync commits like a FLUSH that nothing else holds back (other
+//     writers' unflushed writes, an early empty flush), and makes the
+//     commit durable before it returns: after a crash, or a power loss, the
+//     next mount publishes the newest version that an fsync or a close
+//     committed.
 
 // fileState is what the decisions depend on.
 type fileState struct {
@@ -54,6 +64,7 @@ const (
 	evTruncatePath                  // truncate(2) with no descriptor open for writing
 	evUnlink                        // unlink, or a rename over the name
 	evExpire                        // the receipt's TTL ran out
+	evFsync                         // fsync(2) or fdatasync(2) of a descriptor
 )
 
 // event is one request and the facts about the file's other descriptors
@@ -65,6 +76,9 @@ type event struct {
 	writer, wrote bool
 	// evFlush: another writer descriptor has writes it has not flushed.
 	othersBusy bool
+	// evFlush of a put by path: the upload is empty and the empty content
+	// does not hash to the name.
+	emptyMismatch bool
 	// evRelease: no writer descriptor remains, and no descriptor at all.
 	lastWriter, lastHandle bool
 	// evUnlink: no writer descriptor is open. evExpire: descriptors are
@@ -88,6 +102,7 @@ const (
 	stepDetach                        // take the name out of the tree
 	stepGone                          // a failed file's last descriptor: remove its name
 	stepRearm                         // look again a TTL later
+	stepRefuse                        // this close fails (EIO): the file is empty, not the content its name claims
 )
 
 // has reports whether the set p includes any of s.
@@ -101,11 +116,20 @@ func decide(s fileState, e event) step {
 		switch {
 		case s.failed:
 			p = stepFail
-		case !s.uploading || !s.dirty || s.detached || e.othersBusy:
+		case !s.uploading || !s.dirty || e.othersBusy:
 		case !s.written:
-			// Empty so far: nothing to commit. An empty incoming file
-			// publishes at its last RELEASE; until then lookups wait.
-			if e.writer && !s.byPath && !s.owing {
+			switch {
+			case s.byPath && e.writer && e.emptyMismatch:
+				// Nothing written, and the empty content does not hash
+				// to the name: the close of open(O_CREAT) alone, or of
+				// touch, reports it. The put stays open: a shell's `cmd
+				// > <digest>` closes its first descriptor before cmd
+				// writes through the dup'd one.
+				p = stepRefuse
+			case e.writer && !s.byPath && !s.owing:
+				// Empty so far: nothing to commit. An empty incoming
+				// file publishes at its last RELEASE; until then
+				// lookups wait.
 				p = stepOwe
 			}
 		case s.byPath:
@@ -115,16 +139,23 @@ func decide(s fileState, e event) step {
 		default:
 			p = stepCommitIntent | stepOwe
 		}
+	case evFsync:
+		switch {
+		case s.failed:
+			p = stepFail
+		case !s.uploading || !s.dirty:
+			// Committed already: the caller still syncs the store.
+		case s.byPath:
+			// Its name is its digest: what is durable must be complete.
+			p = stepCommitLink
+		default:
+			p = stepCommitIntent | stepOwe
+		}
 	case evRelease:
 		if e.lastWriter {
 			switch {
 			case s.failed:
 				p = stepCancel
-			case s.detached:
-				// Unlinked (or renamed over) after a close: that close
-				// returned 0, so its version is published; what was
-				// written after it is dropped.
-				p = stepSettle | stepDiscard
 			case s.uploading && s.dirty:
 				p = stepCommitLink
 			case s.uploading:
@@ -139,7 +170,7 @@ func decide(s fileState, e event) step {
 				p &^= stepDiscard
 			}
 		}
-		if s.owing && (e.lastWriter || s.detached) {
+		if s.owing && e.lastWriter {
 			p |= stepPay
 		}
 		if s.failed && e.lastHandle && !s.detached {

@@ -8,7 +8,7 @@ import (
 
 func (p step) String() string {
 	names := []string{"fail", "reopen", "commit-intent", "commit-link", "settle", "cancel",
-		"discard", "owe", "pay", "detach", "gone", "rearm"}
+		"discard", "owe", "pay", "detach", "gone", "rearm", "refuse"}
 	var out []string
 	for i, n := range names {
 		if p.has(1 << i) {
@@ -60,10 +60,21 @@ func TestDecide(t *testing.T) {
 		{"flush pending, written again", pendingWriting, flush, stepCommitIntent | stepOwe, "replaces the intent"},
 		{"flush re-opened, unchanged", reopened, flush, 0, ""},
 		{"flush failed", failed, flush, stepFail, "close reports it"},
-		{"flush detached", with(writing, func(s *fileState) { s.detached = true }), flush, 0, "unlinked: nothing more"},
+		{"flush detached", with(writing, func(s *fileState) { s.detached = true }), flush, stepCommitIntent | stepOwe, "unlinked while open: its close returned 0"},
 		{"flush by path after writes", byPath, flush, stepCommitLink, "its name is its digest"},
 		{"flush by path, nothing written through it", byPath, event{kind: evFlush, writer: true}, 0, "a shell's early flush"},
 		{"flush by path, empty", with(byPath, func(s *fileState) { s.written = false }), flush, 0, "no owe outside incoming/"},
+		{"flush by path, empty, name is not the empty digest", with(byPath, func(s *fileState) { s.written = false }), event{kind: evFlush, writer: true, emptyMismatch: true}, stepRefuse, "close(open(O_CREAT)) fails"},
+		{"flush by path, written, empty dup'd close", byPath, event{kind: evFlush, writer: true, emptyMismatch: true}, 0, "written through another descriptor"},
+
+		// fsync
+		{"fsync writing", writing, event{kind: evFsync}, stepCommitIntent | stepOwe, "durable, linked at the last RELEASE"},
+		{"fsync while another writer is busy", writing, event{kind: evFsync, othersBusy: true}, stepCommitIntent | stepOwe, "fsync is of the file"},
+		{"fsync empty", empty, event{kind: evFsync}, stepCommitIntent | stepOwe, "asked for: the empty version is durable"},
+		{"fsync committed", pending, event{kind: evFsync}, 0, "the store is synced all the same"},
+		{"fsync failed", failed, event{kind: evFsync}, stepFail, ""},
+		{"fsync by path", byPath, event{kind: evFsync}, stepCommitLink, "must be complete"},
+		{"fsync detached", with(writing, func(s *fileState) { s.detached = true }), event{kind: evFsync}, stepCommitIntent | stepOwe, ""},
 
 		// RELEASE
 		{"release pending, last writer", pending, last, stepSettle | stepPay, "the final version shows"},
@@ -75,9 +86,9 @@ func TestDecide(t *testing.T) {
 		{"release receipt", published, last, 0, ""},
 		{"release failed, pending", with(failed, func(s *fileState) { s.pending = true }), last, stepCancel | stepGone, "nothing of it shows"},
 		{"release failed, a reader remains", failed, event{kind: evRelease, lastWriter: true}, 0, ""},
-		{"release detached, pending", with(pendingWriting, func(s *fileState) { s.detached = true }), last, stepSettle | stepDiscard | stepPay, "the close before the unlink returned 0"},
+		{"release detached, written after a close", with(pendingWriting, func(s *fileState) { s.detached = true }), last, stepCommitLink | stepPay, "the final version, as if the name were there"},
 		{"release detached after a close", with(pending, func(s *fileState) { s.detached = true }), last, stepSettle | stepPay, "cp f incoming/ && rm incoming/f"},
-		{"release detached, another writer", with(pending, func(s *fileState) { s.detached = true }), event{kind: evRelease}, stepPay, "lookups stop waiting"},
+		{"release detached, another writer", with(pending, func(s *fileState) { s.detached = true }), event{kind: evRelease}, 0, "the last writer publishes"},
 
 		// writes
 		{"write receipt", published, event{kind: evWrite}, stepReopen, "seeded with its content"},
@@ -90,7 +101,7 @@ func TestDecide(t *testing.T) {
 
 		// unlink and expiry
 		{"unlink writing, no writers", writing, event{kind: evUnlink, noWriters: true}, stepDetach | stepDiscard, ""},
-		{"unlink writing, a writer open", writing, event{kind: evUnlink}, stepDetach, "discarded at its release"},
+		{"unlink writing, a writer open", writing, event{kind: evUnlink}, stepDetach, "published at its last close"},
 		{"unlink receipt", published, event{kind: evUnlink, noWriters: true}, stepDetach, ""},
 		{"expire receipt", published, event{kind: evExpire}, stepDetach, ""},
 		{"expire in use", published, event{kind: evExpire, inUse: true}, stepRearm, ""},
@@ -119,7 +130,7 @@ func TestDecideNeverLinksEarly(t *testing.T) {
 			if p.has(stepCommitLink|stepSettle) && !s.byPath {
 				t.Fatalf("%s: an incoming file links at a FLUSH: %v", fmt.Sprintf("%+v %+v", s, ev), p)
 			}
-			if p.has(stepCommitIntent|stepCommitLink) && (s.failed || s.detached || !s.dirty) {
+			if p.has(stepCommitIntent|stepCommitLink) && (s.failed || !s.dirty) {
 				t.Fatalf("%+v %+v: commits %v", s, ev, p)
 			}
 		}
