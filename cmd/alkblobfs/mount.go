@@ -48,10 +48,15 @@ until someone runs umount on it.
                            published into the namespace when closed, and the
                            name stays as a read-only receipt for --receipt-ttl
   /.alkblobfs/sweep        write "run" to sweep now; read the last report
-  /.alkblobfs/sweep-timer  write off, on or a duration like 15m
+  /.alkblobfs/sweep-timer  write off, on (resumes the last interval; 15m if
+                           there was none) or a duration of at least 1s
   /.alkblobfs/scrub        write "run" to re-verify every blob now; read the
                            last report
   /.alkblobfs/stats        counters as JSON
+
+A control file takes one command per open, in one write, with at most one
+trailing newline (echo's); anything else (0, an empty line, a second line)
+is EINVAL and changes nothing. ": > file" or a truncate is no command.
 
 Reads are checked against the digest in one of three modes:
 
