@@ -160,6 +160,7 @@ func (a *app) storeConfig(cmd *cobra.Command) (store.Config, error) {
 		}
 	}
 	if kvURL == "" || largeURL == "" {
+		a.inData = true
 		if a.data == "" {
 			return cfg, usagef(cmd, "no data directory: set --data, $XDG_DATA_HOME or $HOME")
 		}

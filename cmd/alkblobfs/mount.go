@@ -35,6 +35,7 @@ func newMountCmd(a *app) *cobra.Command {
 		heapTarget heapTargetValue = defaultHeapTarget
 		listen     string
 		tokenTTL   time.Duration
+		source     string
 	)
 	cmd := &cobra.Command{
 		Use:   "mount MOUNTPOINT",
@@ -114,6 +115,11 @@ As root the mount uses mount(2) directly; otherwise fusermount3.`,
 			}
 			if receiptTTL <= 0 {
 				return usagef(cmd, "--receipt-ttl %s: must be positive", receiptTTL)
+			}
+			if cmd.Flags().Changed("source") {
+				if err := checkSource(source); err != nil {
+					return usage(cmd, err)
+				}
 			}
 			child := daemonChild()
 			if daemon && child == nil {
@@ -196,6 +202,7 @@ As root the mount uses mount(2) directly; otherwise fusermount3.`,
 				NoPassthrough: !pass,
 				ReadOnly:      ro,
 				NonEmpty:      nonEmpty,
+				Source:        a.mountSource(st, source),
 				Logger:        lg,
 				Observe:       observe,
 			})
@@ -256,6 +263,7 @@ As root the mount uses mount(2) directly; otherwise fusermount3.`,
 	f.MarkHidden("memprofile")
 	f.StringVar(&listen, "listen", "", "also serve the HTTP surface (see alkblobfs serve --help) at `ADDR`, HOST:PORT, with the mount's counters and FUSE latencies in /metrics (default off)")
 	f.DurationVar(&tokenTTL, "token-ttl", ops.DefaultTokenTTL, "with --listen: life of a put's pin token after the put or its last renewal")
+	f.StringVar(&source, "source", "", "what the mount shows as its source in /proc/mounts, findmnt and df (default: the data directory, or the kv engine's URL without its password when no tier is there); the fstab helper passes the line's SOURCE")
 	return cmd
 }
 
