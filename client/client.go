@@ -294,9 +294,10 @@ func (c *Client) getSlice(ctx context.Context, d Digest, off, n int64) ([]byte, 
 	if err != nil {
 		return nil, 0, err
 	}
-	want, ok, err := ParseDigestField(resp.Header.Get("Repr-Digest"))
+	field := strings.Join(resp.Header.Values("Repr-Digest"), ",")
+	want, ok, err := ParseDigestField(field)
 	if err != nil || !ok {
-		return nil, 0, fmt.Errorf("range %d+%d of %s: the server sent no usable Repr-Digest (%q)", off, n, d, resp.Header.Get("Repr-Digest"))
+		return nil, 0, fmt.Errorf("range %d+%d of %s: the server sent no usable Repr-Digest (%q)", off, n, d, field)
 	}
 	if int64(len(b)) != last-first+1 || sha256.Sum256(b) != want {
 		return nil, 0, fmt.Errorf("range %d+%d of %s: %w", off, n, d, blob.ErrVerification)
@@ -324,11 +325,15 @@ func DigestField(d Digest) string {
 	return "sha-256=:" + base64.StdEncoding.EncodeToString(d[:]) + ":"
 }
 
-// ParseDigestField finds the sha-256 member of a digest field: RFC 9530's
-// sha-256=:BASE64: (Content-Digest, Repr-Digest) or RFC 3230's
-// SHA-256=BASE64 (Digest). Other algorithms are skipped; found is false if
-// there is no sha-256 member, and a malformed one is an error.
-func ParseDigestField(v string) (d Digest, found bool, err error) {
+// DigestMembers returns every sha-256 member of a digest field, in order:
+// RFC 9530's sha-256=:BASE64: (Content-Digest, Repr-Digest) or RFC 3230's
+// SHA-256=BASE64 (Digest). A field sent as several lines is one value, the
+// lines joined with commas (strings.Join(h.Values(name), ",")). Other
+// algorithms are skipped, as RFC 9530 lets a recipient do with those it
+// does not know: a field with no sha-256 member gives none. A malformed
+// sha-256 member is an error.
+func DigestMembers(v string) ([]Digest, error) {
+	var ds []Digest
 	for item := range strings.SplitSeq(v, ",") {
 		alg, val, ok := strings.Cut(strings.TrimSpace(item), "=")
 		if !ok || !strings.EqualFold(alg, "sha-256") {
@@ -336,11 +341,28 @@ func ParseDigestField(v string) (d Digest, found bool, err error) {
 		}
 		b, err := base64.StdEncoding.DecodeString(strings.Trim(val, ":"))
 		if err != nil || len(b) != sha256.Size {
-			return Digest{}, false, fmt.Errorf("sha-256 wants the 32-byte digest in base64 (sha-256=:…:), got %q", val)
+			return nil, fmt.Errorf("sha-256 wants the 32-byte digest in base64 (sha-256=:…:), got %q", val)
 		}
-		return Digest(b), true, nil
+		ds = append(ds, Digest(b))
 	}
-	return Digest{}, false, nil
+	return ds, nil
+}
+
+// ParseDigestField is the sha-256 digest a field states (see
+// DigestMembers): found is false if it has no sha-256 member, and sha-256
+// members that disagree are an error, since taking either would be a
+// guess.
+func ParseDigestField(v string) (d Digest, found bool, err error) {
+	ds, err := DigestMembers(v)
+	if err != nil || len(ds) == 0 {
+		return Digest{}, false, err
+	}
+	for _, o := range ds[1:] {
+		if o != ds[0] {
+			return Digest{}, false, fmt.Errorf("sha-256 members disagree: %s and %s", ds[0], o)
+		}
+	}
+	return ds[0], true, nil
 }
 
 // verifying hashes a blob's body as it is read.

@@ -120,7 +120,7 @@ func (c *ctlDir) Mknod(ctx context.Context, name string, mode, dev uint32, out *
 
 // ctlFile is one control file. Reads render the current state at the
 // first read of a handle (direct I/O, so the size 0 in stat does not cut
-// them short); each write is one command.
+// them short); an open takes one command, in one write (see Write).
 type ctlFile struct {
 	node
 	kind ctlKind
@@ -173,6 +173,8 @@ type ctlHandle struct {
 
 	mu      sync.Mutex
 	content []byte
+	wrote   bool   // a command came through this handle
+	undo    func() // takes the timer back to before that command
 }
 
 func (h *ctlHandle) Read(ctx context.Context, dest []byte, off int64) (fuse.ReadResult, syscall.Errno) {
@@ -191,17 +193,47 @@ func (h *ctlHandle) Read(ctx context.Context, dest []byte, off int64) (fuse.Read
 	return fuse.ReadResultData(h.content[off:min(int64(len(h.content)), off+int64(len(dest)))]), 0
 }
 
+// command is a control write's command: the bytes written, less one
+// trailing newline (echo's). Nothing else is trimmed: " 1h" or "1h\n\n"
+// is not what anyone types on purpose, and guessing would turn a slip
+// into a change.
+func command(data []byte) string {
+	return strings.TrimSuffix(string(data), "\n")
+}
+
 // Write runs one command; bad input is EINVAL and changes nothing. A
 // sweep's write returns when the sweep has ended.
+//
+// An open takes one command, in one write: a shell writes `printf
+// '1h\n2h'` or `{ echo 1h; echo 2h; }` as two writes, and the second is
+// refused, and for the timer undoes the first, so that the command as a
+// whole changes nothing rather than leave whichever line came last. An
+// empty write is no command (the open with O_TRUNC of `: > file`, and a
+// truncate, are none either: see Setattr).
 func (h *ctlHandle) Write(ctx context.Context, data []byte, off int64) (uint32, syscall.Errno) {
 	f := h.c.fsys
-	cmd := strings.TrimSpace(string(data))
+	if len(data) == 0 {
+		return 0, 0
+	}
+	h.mu.Lock()
+	again, undo := h.wrote, h.undo
+	h.wrote, h.undo = true, nil
+	h.mu.Unlock()
+	if again {
+		if undo != nil {
+			undo()
+		}
+		f.log.Warn("a control file takes one command per open, in one write: refused the rest", "file", h.c.name(),
+			"input", truncate(string(data)), "first_undone", undo != nil)
+		return 0, f.errno("control", blob.Digest{}, fmt.Errorf("%w: %s: more than one write in one open", errBadInput, h.c.name()))
+	}
+	cmd := command(data)
 	var err error
 	switch h.c.kind {
 	case ctlSweep, ctlScrub:
 		if cmd != "run" {
 			f.log.Warn("bad command; write run", "file", h.c.name(), "input", truncate(cmd))
-			err = errBadInput
+			err = fmt.Errorf("%w: %s %q: want run", errBadInput, h.c.name(), truncate(cmd))
 			break
 		}
 		if h.c.kind == ctlSweep {
@@ -210,9 +242,13 @@ func (h *ctlHandle) Write(ctx context.Context, data []byte, off int64) (uint32, 
 			_, err = f.scrubber.run(ctx, "control file")
 		}
 	case ctlSweepTimer:
-		if err = f.sweeper.set(cmd); err != nil {
-			f.log.Warn("bad sweep-timer command; write off, on or a duration like 15m", "input", truncate(cmd))
+		if undo, err = f.sweeper.set(cmd); err != nil {
+			f.log.Warn("bad sweep-timer command; write off, on or a duration of at least 1s like 15m", "input", truncate(cmd))
+			break
 		}
+		h.mu.Lock()
+		h.undo = undo
+		h.mu.Unlock()
 	default:
 		err = errReadOnly
 	}
@@ -293,10 +329,15 @@ func (s *sweeper) run(ctx context.Context, trigger string) (gc.Report, error) {
 	return rep, nil
 }
 
-// set applies a sweep-timer command: off, on, or a Go duration.
-func (s *sweeper) set(cmd string) error {
+// set applies a sweep-timer command: off, on, or a Go duration of at
+// least MinSweepInterval. 0 is not off here, unlike --sweep-every's 0: a
+// stray `echo 0` (or a value cut short) must not stop GC, so off is said
+// in words. undo takes the timer back to before the command, unless it
+// has changed again since.
+func (s *sweeper) set(cmd string) (undo func(), err error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	prevEvery, prevOn := s.every, s.lastOn
 	switch cmd {
 	case "off":
 		s.every = 0
@@ -307,19 +348,21 @@ func (s *sweeper) set(cmd string) error {
 		s.every = s.lastOn
 	default:
 		d, err := time.ParseDuration(cmd)
-		if err != nil {
-			return fmt.Errorf("%w: sweep-timer %q: want off, on or a duration", errBadInput, truncate(cmd))
+		if err != nil || d < MinSweepInterval {
+			return nil, fmt.Errorf("%w: sweep-timer %q: want off, on or a duration of at least %s", errBadInput, truncate(cmd), MinSweepInterval)
 		}
-		if err := CheckSweepEvery(d, false); err != nil {
-			return fmt.Errorf("%w: sweep-timer %q: %v", errBadInput, truncate(cmd), err)
-		}
-		s.every = d
-		if d > 0 {
-			s.lastOn = d
-		}
+		s.every, s.lastOn = d, d
 	}
 	s.armLocked()
-	return nil
+	every, on := s.every, s.lastOn
+	return func() {
+		s.mu.Lock()
+		defer s.mu.Unlock()
+		if s.every == every && s.lastOn == on && (s.every != prevEvery || s.lastOn != prevOn) {
+			s.every, s.lastOn = prevEvery, prevOn
+			s.armLocked()
+		}
+	}, nil
 }
 
 func (s *sweeper) String() string {

@@ -75,7 +75,7 @@ func testControlFiles(t *testing.T, spec storeSpec) {
 			t.Fatalf("timer starts %q", got)
 		}
 		for _, c := range []struct{ in, want string }{
-			{"5m", "5m0s"}, {"off", "off"}, {"on", "5m0s"}, {"90s\n", "1m30s"}, {"0", "off"}, {"on", "1m30s"},
+			{"5m", "5m0s"}, {"off", "off"}, {"on", "5m0s"}, {"90s\n", "1m30s"}, {"off\n", "off"}, {"on", "1m30s"},
 		} {
 			if err := writeCtl(timer, c.in); err != nil {
 				t.Fatalf("write %q: %v", c.in, err)
@@ -84,7 +84,7 @@ func testControlFiles(t *testing.T, spec storeSpec) {
 				t.Fatalf("after %q: %q, want %q", c.in, got, c.want)
 			}
 		}
-		for _, bad := range []string{"banana", "-1s", "5", "on off", "1ns", "999ms"} {
+		for _, bad := range []string{"banana", "-1s", "5", "on off", "1ns", "999ms", "0", "0s"} {
 			wantErrno(t, "timer "+bad, writeCtl(timer, bad), syscall.EINVAL)
 			if got := read(); got != "1m30s" {
 				t.Fatalf("bad input %q changed the timer to %q", bad, got)
@@ -119,6 +119,102 @@ func testControlFiles(t *testing.T, spec storeSpec) {
 		wantErrno(t, "unlink", os.Remove(ctl+"/stats"), syscall.EPERM)
 		wantErrno(t, "rmdir", syscall.Rmdir(ctl), syscall.EPERM)
 	})
+}
+
+// TestControlInputStrict: a control file takes exactly one command, in
+// one write: off, on or a duration of at least 1s for the timer, run for
+// sweep and scrub, each with at most one trailing newline (echo's). What a
+// slip of the shell writes — 0, a truncation, two lines — must not turn
+// GC off or set some other value: it is EINVAL and changes nothing, and an
+// open with O_TRUNC or a truncate alone is no command at all.
+func TestControlInputStrict(t *testing.T) {
+	e := mountStore(t, memSpec)
+	ctl := e.path(controlName)
+	timer := ctl + "/sweep-timer"
+	read := func() string { t.Helper(); return strings.TrimSpace(readCtl(t, timer)) }
+
+	// on before any interval was set starts the default.
+	if err := writeCtl(timer, "on\n"); err != nil {
+		t.Fatal(err)
+	}
+	if got := read(); got != DefaultSweepInterval.String() {
+		t.Fatalf("on with no earlier interval: %q, want %s", got, DefaultSweepInterval)
+	}
+	if err := writeCtl(timer, "30m"); err != nil {
+		t.Fatal(err)
+	}
+	const want = "30m0s"
+
+	// Through a shell, as an operator types them.
+	for _, c := range []struct {
+		script string
+		ok     bool
+	}{
+		{": > " + timer, true},
+		{"truncate -s 0 " + timer, true},
+		{"echo 0 > " + timer, false},
+		{"echo 0s > " + timer, false},
+		{"echo > " + timer, false},
+		{`printf '1h\n2h' > ` + timer, false},
+		{`printf 'on\noff\n' > ` + timer, false},
+		{"{ echo 1h; echo 2h; } > " + timer, false},
+	} {
+		out, err := exec.Command("bash", "-c", c.script).CombinedOutput()
+		if (err == nil) != c.ok {
+			t.Errorf("%s: %v %s; want ok=%v", c.script, err, out, c.ok)
+		}
+		if !c.ok && !strings.Contains(string(out), "Invalid argument") {
+			t.Errorf("%s: %s; want EINVAL", c.script, out)
+		}
+		if got := read(); got != want {
+			t.Fatalf("%s changed the timer to %q; want %s", c.script, got, want)
+		}
+	}
+
+	// One write(2) each.
+	for _, bad := range []string{"0", "0s", "0\n", "\n", " ", "1h\n2h", "1h\n\n", " 1h", "1h ", "1h\r\n", "\t1h\n",
+		"ON", "on\n\n", " off", "off\x00", "run"} {
+		wantErrno(t, fmt.Sprintf("timer %q", bad), writeCtl(timer, bad), syscall.EINVAL)
+		if got := read(); got != want {
+			t.Fatalf("bad input %q changed the timer to %q", bad, got)
+		}
+	}
+	// A write of nothing is no command either.
+	f, err := os.OpenFile(timer, os.O_WRONLY, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := syscall.Write(int(f.Fd()), nil); err != nil {
+		t.Errorf("an empty write: %v", err)
+	}
+	f.Close()
+	if got := read(); got != want {
+		t.Fatalf("an empty write changed the timer to %q", got)
+	}
+	sh(t, "echo 1h > "+timer)
+	if got := read(); got != "1h0m0s" {
+		t.Fatalf("echo 1h: %q", got)
+	}
+
+	for _, name := range []string{"sweep", "scrub"} {
+		p := ctl + "/" + name
+		for _, bad := range []string{"", " run", "run ", "run\n\n", "RUN", "run\r\n", "\n", "run\nrun"} {
+			if bad == "" {
+				continue // no write(2): nothing to refuse
+			}
+			wantErrno(t, fmt.Sprintf("%s %q", name, bad), writeCtl(p, bad), syscall.EINVAL)
+		}
+		for _, script := range []string{`printf 'run\nrun' > ` + p, "echo > " + p} {
+			if out, err := exec.Command("bash", "-c", script).CombinedOutput(); err == nil {
+				t.Errorf("%s: accepted (%s)", script, out)
+			}
+		}
+		sh(t, ": > "+p)
+		sh(t, "echo run > "+p)
+		if err := writeCtl(p, "run"); err != nil {
+			t.Errorf("%s run: %v", name, err)
+		}
+	}
 }
 
 // TestSweepWhileOpen: an open file survives a sweep after its last

@@ -105,7 +105,11 @@ type Config struct {
 	// NonEmpty mounts over a directory that holds files (hidden while
 	// mounted); without it such a mountpoint is an error.
 	NonEmpty bool
-	Logger   *slog.Logger
+	// Source is what the mount shows as its source (/proc/mounts,
+	// findmnt, df): mount(8) compares it with an fstab line's to tell
+	// whether that line is mounted. "" shows "alkblobfs".
+	Source string
+	Logger *slog.Logger
 	// Observe, if set, is told how long each FUSE request took, by
 	// operation ("lookup", "read", "flush", …): the metrics' latency
 	// histogram.

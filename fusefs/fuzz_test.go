@@ -47,13 +47,13 @@ func FuzzLookup(f *testing.F) {
 }
 
 // FuzzControl writes arbitrary input to the sweep timer's control file:
-// it is accepted exactly when it is off, on, or a duration of 0 or at
-// least a second, and anything else is EINVAL and leaves the timer as it
-// was.
+// it is accepted exactly when it is off, on, or a duration of at least a
+// second, with at most one trailing newline, and anything else is EINVAL
+// and leaves the timer as it was.
 func FuzzControl(f *testing.F) {
 	e := mountStore(f, memSpec)
 	timer := e.path(".alkblobfs", "sweep-timer")
-	for _, s := range []string{"off", "on", "1s", "15m", "0", "0s", "1ns", "999ms", "-1s", "", " 2h\n", "run", "1e9", "9999999999h", "\xff"} {
+	for _, s := range []string{"off", "on", "1s", "15m", "0", "0s", "1ns", "999ms", "-1s", "", " 2h\n", "2h\n", "2h\n\n", "1h\n2h", "run", "1e9", "9999999999h", "\xff"} {
 		f.Add(s)
 	}
 	f.Fuzz(func(t *testing.T, in string) {
@@ -61,9 +61,9 @@ func FuzzControl(f *testing.F) {
 			t.Fatal(err)
 		}
 		err := os.WriteFile(timer, []byte(in), 0)
-		cmd := strings.TrimSpace(in)
+		cmd := strings.TrimSuffix(in, "\n")
 		d, perr := time.ParseDuration(cmd)
-		want := cmd == "off" || cmd == "on" || perr == nil && (d == 0 || d >= MinSweepInterval)
+		want := cmd == "off" || cmd == "on" || perr == nil && d >= MinSweepInterval
 		if in == "" {
 			want = true // no write(2) at all
 		}

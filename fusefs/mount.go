@@ -1,6 +1,7 @@
 package fusefs
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -72,7 +73,7 @@ func Mount(dir string, cfg Config) (*Server, error) {
 			// Readahead and parallel readers issue async requests; the
 			// default of 12 in flight throttles a fast disk.
 			MaxBackground: 64,
-			FsName:        "alkblobfs",
+			FsName:        cmp.Or(cfg.Source, "alkblobfs"),
 			Name:          "alkblobfs",
 			// As root, mount(2) directly: no fusermount3 needed.
 			DirectMount: os.Geteuid() == 0,

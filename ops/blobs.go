@@ -126,41 +126,51 @@ func (s *Server) namespace(r *http.Request, ns string) (string, error) {
 	return ns, nil
 }
 
-// claimedDigest reads the digest a putter claims for the body:
-// Content-Digest or Repr-Digest (RFC 9530: sha-256=:BASE64:), the older
-// Digest header (RFC 3230: SHA-256=BASE64), or X-Alkblobfs-Digest (hex).
-// Algorithms other than sha-256 are ignored; claims that disagree are an
-// error.
+// claimedDigest reads the digest a putter claims for the body. Every
+// claim counts: each sha-256 member of Content-Digest and Repr-Digest (RFC
+// 9530: sha-256=:BASE64:) and of the older Digest (RFC 3230:
+// SHA-256=BASE64), on one line or several, and each entry of
+// X-Alkblobfs-Digest (hex; a comma-separated list, or several lines).
+// Other algorithms are ignored, as RFC 9530 lets a recipient do: a field
+// without sha-256 claims nothing. A malformed claim is 400. Claims that
+// disagree are 422 at once, before the body is read: no content can match
+// them all, and checking only one would store content that another claim
+// says is not what was sent.
 func claimedDigest(h http.Header) (*store.Digest, error) {
 	var claim *store.Digest
+	var claimedBy string
 	add := func(header string, d store.Digest) error {
 		if claim != nil && *claim != d {
-			return badRequest("%s claims %s, another digest header %s", header, d, claim)
+			return &httpError{http.StatusUnprocessableEntity, "verification",
+				fmt.Sprintf("%s claims %s and %s claims %s: no content matches both; nothing was stored", claimedBy, claim, header, d)}
 		}
-		claim = &d
+		claim, claimedBy = &d, header
 		return nil
 	}
 	for _, name := range []string{"Content-Digest", "Repr-Digest", "Digest"} {
-		for _, v := range h.Values(name) {
-			d, ok, err := client.ParseDigestField(v)
-			if err != nil {
-				return nil, badRequest("%s: %v", name, err)
-			}
-			if !ok {
-				continue
-			}
+		ds, err := client.DigestMembers(strings.Join(h.Values(name), ","))
+		if err != nil {
+			return nil, badRequest("%s: %v", name, err)
+		}
+		for _, d := range ds {
 			if err := add(name, d); err != nil {
 				return nil, err
 			}
 		}
 	}
-	if v := h.Get("X-Alkblobfs-Digest"); v != "" {
-		d, err := store.ParseDigest(strings.TrimSpace(v))
-		if err != nil {
-			return nil, badRequest("X-Alkblobfs-Digest: %v", err)
-		}
-		if err := add("X-Alkblobfs-Digest", d); err != nil {
-			return nil, err
+	for _, v := range h.Values("X-Alkblobfs-Digest") {
+		for item := range strings.SplitSeq(v, ",") {
+			// Empty list elements are ignored, as RFC 9110 (5.6.1) asks.
+			if item = strings.TrimSpace(item); item == "" {
+				continue
+			}
+			d, err := store.ParseDigest(item)
+			if err != nil {
+				return nil, badRequest("X-Alkblobfs-Digest: %v", err)
+			}
+			if err := add("X-Alkblobfs-Digest", d); err != nil {
+				return nil, err
+			}
 		}
 	}
 	return claim, nil

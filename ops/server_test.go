@@ -284,6 +284,105 @@ func TestPutHaveGet(t *testing.T) {
 	}
 }
 
+// TestPutEveryClaim: a put that carries several digest claims — two
+// X-Alkblobfs-Digest lines, a list in one, several sha-256 members of
+// Content-Digest, claims in different headers — is stored only if every
+// one matches the body; otherwise it is 422 and nothing is stored, not even
+// a stage. Algorithms other than sha-256 are ignored (RFC 9530): a field
+// with none claims nothing.
+func TestPutEveryClaim(t *testing.T) {
+	e := newEnv(t, envOptions{})
+	b64 := func(d blob.Digest) string { return base64.StdEncoding.EncodeToString(d[:]) }
+	sf := func(d blob.Digest) string { return "sha-256=:" + b64(d) + ":" }
+	other := blob.Sum([]byte("something else"))
+	sha512 := "sha-512=:" + base64.StdEncoding.EncodeToString(make([]byte, 64)) + ":"
+	for i, tc := range []struct {
+		name   string
+		hdr    func(right, wrong blob.Digest) http.Header
+		status int
+	}{
+		{"two X-Alkblobfs-Digest lines", func(r, w blob.Digest) http.Header {
+			return http.Header{"X-Alkblobfs-Digest": {r.String(), w.String()}}
+		}, 422},
+		{"X-Alkblobfs-Digest lines, wrong first", func(r, w blob.Digest) http.Header {
+			return http.Header{"X-Alkblobfs-Digest": {w.String(), r.String()}}
+		}, 422},
+		{"a list in one X-Alkblobfs-Digest", func(r, w blob.Digest) http.Header {
+			return http.Header{"X-Alkblobfs-Digest": {r.String() + ", " + w.String()}}
+		}, 422},
+		{"a list in one Content-Digest", func(r, w blob.Digest) http.Header {
+			return http.Header{"Content-Digest": {sf(r) + ", " + sf(w)}}
+		}, 422},
+		{"two Content-Digest lines", func(r, w blob.Digest) http.Header {
+			return http.Header{"Content-Digest": {sf(r), sf(w)}}
+		}, 422},
+		{"Content-Digest right, X-Alkblobfs-Digest wrong", func(r, w blob.Digest) http.Header {
+			return http.Header{"Content-Digest": {sf(r)}, "X-Alkblobfs-Digest": {w.String()}}
+		}, 422},
+		{"Repr-Digest right, Content-Digest wrong", func(r, w blob.Digest) http.Header {
+			return http.Header{"Repr-Digest": {sf(r)}, "Content-Digest": {sha512 + ", " + sf(w)}}
+		}, 422},
+		{"a list in one Digest (RFC 3230)", func(r, w blob.Digest) http.Header {
+			return http.Header{"Digest": {"SHA-256=" + b64(r) + ",SHA-256=" + b64(w)}}
+		}, 422},
+		{"both wrong, the same", func(r, w blob.Digest) http.Header {
+			return http.Header{"X-Alkblobfs-Digest": {w.String() + "," + w.String()}, "Content-Digest": {sf(w)}}
+		}, 422},
+		{"a malformed entry in the list", func(r, w blob.Digest) http.Header {
+			return http.Header{"X-Alkblobfs-Digest": {r.String() + ", not-hex"}}
+		}, 400},
+		{"a malformed sha-256 member after a right one", func(r, w blob.Digest) http.Header {
+			return http.Header{"Content-Digest": {sf(r) + ", sha-256=:AAAA:"}}
+		}, 400},
+		{"every claim right", func(r, w blob.Digest) http.Header {
+			return http.Header{"X-Alkblobfs-Digest": {r.String() + ", " + r.String() + ",", r.String()},
+				"Content-Digest": {sha512 + ", " + sf(r), sf(r)}, "Repr-Digest": {sf(r)}, "Digest": {"SHA-256=" + b64(r)}}
+		}, 201},
+		{"only an algorithm not known", func(r, w blob.Digest) http.Header {
+			return http.Header{"Content-Digest": {sha512 + ", md5=:AAAA:"}}
+		}, 201},
+	} {
+		for _, size := range []int{1 << 10, 200 << 10} { // the kv tier, and a stage of the large one
+			body := randBytes(size, uint64(100+i))
+			right := blob.Sum(body)
+			req, err := http.NewRequestWithContext(t.Context(), "POST", e.url+"/v1/blobs?namespace=builds", bytes.NewReader(body))
+			if err != nil {
+				t.Fatal(err)
+			}
+			req.Header = tc.hdr(right, other)
+			before := e.st.Stats()
+			resp, err := http.DefaultClient.Do(req)
+			if err != nil {
+				t.Fatal(err)
+			}
+			msg, _ := io.ReadAll(resp.Body)
+			resp.Body.Close()
+			if resp.StatusCode != tc.status {
+				t.Errorf("%s, %d bytes: %d %s; want %d", tc.name, size, resp.StatusCode, msg, tc.status)
+			}
+			if tc.status == 201 {
+				if !e.has(t, right) {
+					t.Errorf("%s, %d bytes: answered %d, but the blob is absent", tc.name, size, resp.StatusCode)
+				}
+				continue
+			}
+			if !bytes.Contains(msg, []byte(`"error"`)) {
+				t.Errorf("%s, %d bytes: no error body: %s", tc.name, size, msg)
+			}
+			if e.has(t, right) || e.has(t, other) {
+				t.Errorf("%s, %d bytes: a refused put stored its content", tc.name, size)
+			}
+			if got, _ := e.c.Have(t.Context(), "builds", []blob.Digest{right}); got[0] {
+				t.Errorf("%s, %d bytes: a refused put linked its content", tc.name, size)
+			}
+			if st := e.st.Stats(); st.Puts != before.Puts || st.Pins != before.Pins || st.UploadMemory != 0 || residue(t, e.st) != 0 {
+				t.Errorf("%s, %d bytes: after the refusal puts +%d, pins +%d, upload memory %d, %d stage files",
+					tc.name, size, st.Puts-before.Puts, st.Pins-before.Pins, st.UploadMemory, residue(t, e.st))
+			}
+		}
+	}
+}
+
 // A token's pin keeps an entry the namespace dropped alive across sweeps
 // for as long as it is renewed; once it lapses, have says false, the next
 // sweeps collect the blob, and a re-put restores it.

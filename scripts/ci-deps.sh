@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # ci-deps.sh installs the Debian packages that the test suite calls:
 # rsync, fuse3, attr, bindfs, psmisc, man-db (the man page test), strace (counts the xattr calls of ls -l), e2fsprogs (mkfs.ext4 and filefrag, for
-# the loop-mounted filesystem of the bit-rot test, with util-linux's mount)
-# and the PostgreSQL server binaries.
+# the loop-mounted filesystems of the bit-rot and power-loss tests, with
+# util-linux's mount and losetup) and the PostgreSQL server binaries.
 #
 # Idempotent: each package is checked by a command it provides, and apt-get
 # (update included) runs only when something is missing. Needs root (or
@@ -25,6 +25,7 @@ want man man-db
 want strace strace
 want mkfs.ext4 e2fsprogs
 want filefrag e2fsprogs
+want losetup mount
 want curl curl
 
 # Debian keeps the server binaries off PATH, in /usr/lib/postgresql/N/bin.

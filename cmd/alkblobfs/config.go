@@ -139,6 +139,10 @@ func (a *app) storeConfig(cmd *cobra.Command) (store.Config, error) {
 	if a.pinTTL <= 0 {
 		return cfg, usagef(cmd, "--pin-ttl %s: must be positive", a.pinTTL)
 	}
+	var err error
+	if cfg.SyncEvery, err = syncEvery(); err != nil {
+		return cfg, usage(cmd, err)
+	}
 	if a.shared && !a.fleet {
 		return cfg, usagef(cmd, "--shared-media declares a fleet's storage: use it with --fleet")
 	}
@@ -160,6 +164,7 @@ func (a *app) storeConfig(cmd *cobra.Command) (store.Config, error) {
 		}
 	}
 	if kvURL == "" || largeURL == "" {
+		a.inData = true
 		if a.data == "" {
 			return cfg, usagef(cmd, "no data directory: set --data, $XDG_DATA_HOME or $HOME")
 		}

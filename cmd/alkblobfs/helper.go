@@ -41,13 +41,22 @@ var ignoredOptions = []string{"rw", "defaults", "auto", "noauto", "nofail", "_ne
 	"atime", "noatime", "relatime", "norelatime", "strictatime", "lazytime", "nolazytime", "diratime",
 	"nodiratime", "silent", "loud"}
 
-// helperArgs turns mount(8)'s call of the helper — SOURCE MOUNTPOINT
+// helperCall is mount(8)'s call of the helper, translated.
+type helperCall struct {
+	source     string   // SOURCE as mount(8) passed it
+	global     []string // flags before the mount command: the store's
+	local      []string // the mount command's
+	mountpoint string
+	fake       bool // -f: do everything but mount
+}
+
+// parseHelper turns mount(8)'s call of the helper — SOURCE MOUNTPOINT
 // [-o OPTIONS] [-n] [-s] [-f] [-v] — into alkblobfs's own arguments: a
 // SOURCE that is an absolute path is the data directory, the options
 // become flags, and the mount runs with --daemon so that the helper
-// returns only once it serves (or fails with the reason). fake is -f:
-// do everything but mount.
-func helperArgs(args []string) (out []string, fake bool, err error) {
+// returns only once it serves (or fails with the reason).
+func parseHelper(args []string) (helperCall, error) {
+	var h helperCall
 	var pos, opts []string
 	sloppy := false
 	for i := 0; i < len(args); i++ {
@@ -55,7 +64,7 @@ func helperArgs(args []string) (out []string, fake bool, err error) {
 		switch {
 		case a == "-o":
 			if i+1 >= len(args) {
-				return nil, false, fmt.Errorf("-o needs options")
+				return h, fmt.Errorf("-o needs options")
 			}
 			i++
 			opts = append(opts, strings.Split(args[i], ",")...)
@@ -70,9 +79,9 @@ func helperArgs(args []string) (out []string, fake bool, err error) {
 				case 's':
 					sloppy = true
 				case 'f':
-					fake = true
+					h.fake = true
 				default:
-					return nil, false, fmt.Errorf("unknown flag -%c (mount(8) passes -o, -n, -s, -f, -v)", c)
+					return h, fmt.Errorf("unknown flag -%c (mount(8) passes -o, -n, -s, -f, -v)", c)
 				}
 			}
 		default:
@@ -80,11 +89,11 @@ func helperArgs(args []string) (out []string, fake bool, err error) {
 		}
 	}
 	if len(pos) != 2 {
-		return nil, false, fmt.Errorf("want SOURCE MOUNTPOINT [-o OPTIONS], got %d arguments", len(pos))
+		return h, fmt.Errorf("want SOURCE MOUNTPOINT [-o OPTIONS], got %d arguments", len(pos))
 	}
-	var global, local []string
-	if filepath.IsAbs(pos[0]) {
-		global = append(global, "--data", pos[0])
+	h.source, h.mountpoint = pos[0], pos[1]
+	if filepath.IsAbs(h.source) {
+		h.global = append(h.global, "--data", h.source)
 	}
 	for _, o := range opts {
 		if o == "" || slices.Contains(ignoredOptions, o) || strings.HasPrefix(o, "x-") || strings.HasPrefix(o, "comment=") {
@@ -96,21 +105,41 @@ func helperArgs(args []string) (out []string, fake bool, err error) {
 			if sloppy {
 				continue
 			}
-			return nil, false, fmt.Errorf("unknown option %q (known: %s; and mount(8)'s own, which are ignored)", o, strings.Join(knownOptions(), ", "))
+			return h, fmt.Errorf("unknown option %q (known: %s; and mount(8)'s own, which are ignored)", o, strings.Join(knownOptions(), ", "))
 		}
 		f := []string{flag}
 		if hasVal {
 			f = []string{flag + "=" + val}
 		}
 		if slices.Contains(globalOptions, flag) {
-			global = append(global, f...)
+			h.global = append(h.global, f...)
 		} else {
-			local = append(local, f...)
+			h.local = append(h.local, f...)
 		}
 	}
-	out = append(global, "mount", "--daemon")
-	out = append(out, local...)
-	return append(out, pos[1]), fake, nil
+	return h, nil
+}
+
+// argv is alkblobfs's arguments for the call. The mount shows SOURCE as
+// its own (--source): mount(8) finds an fstab line mounted only if
+// mountinfo shows the line's source on its mountpoint, and `mount -a`
+// would otherwise try every line again and fail on the busy mountpoints.
+func (h helperCall) argv() []string {
+	out := append(slices.Clone(h.global), "mount", "--daemon", "--source="+h.source)
+	out = append(out, h.local...)
+	return append(out, h.mountpoint)
+}
+
+// helperArgs is the translation of the options alone: argv without
+// --source.
+func helperArgs(args []string) (out []string, fake bool, err error) {
+	h, err := parseHelper(args)
+	if err != nil {
+		return nil, false, err
+	}
+	out = append(slices.Clone(h.global), "mount", "--daemon")
+	out = append(out, h.local...)
+	return append(out, h.mountpoint), h.fake, nil
 }
 
 func knownOptions() []string { return slices.Sorted(maps.Keys(helperOptions)) }
@@ -118,18 +147,18 @@ func knownOptions() []string { return slices.Sorted(maps.Keys(helperOptions)) }
 // runHelper is main for the mount helper: it execs alkblobfs with the
 // translated arguments, or returns the exit status of a failure.
 func runHelper(args []string) int {
-	out, fake, err := helperArgs(args)
+	h, err := parseHelper(args)
 	if err != nil {
 		fmt.Fprintf(os.Stderr, "%s: %v\n", helperName, err)
 		return 2
 	}
-	if fake {
+	if h.fake {
 		return 0
 	}
 	exe, err := os.Executable()
 	if err == nil {
 		// mount(8) runs helpers with a minimal environment: keep it.
-		err = syscall.Exec(exe, append([]string{"alkblobfs"}, out...), os.Environ())
+		err = syscall.Exec(exe, append([]string{"alkblobfs"}, h.argv()...), os.Environ())
 	}
 	fmt.Fprintf(os.Stderr, "%s: %v\n", helperName, err)
 	return 1

@@ -64,7 +64,15 @@ An absolute
 .I SOURCE
 is the store's data directory; any other SOURCE (such as "alkblobfs")
 leaves the store to the kv= and large= options.
-umount(8) unmounts, and the daemon exits.
+The mount shows
+.I SOURCE
+as its source (/proc/mounts, findmnt(8), df(1)), a path resolved as
+mount(8) resolves it, so that
+.B mount \-a
+finds the line mounted and leaves it alone.
+umount(8) unmounts, and the daemon exits: by mountpoint, by a SOURCE that
+is no path, or by a path SOURCE with
+.BR \-c .
 .SH OPTIONS
 Each option is the alkblobfs flag of the same name, with _ for \-:
 `, versionString())

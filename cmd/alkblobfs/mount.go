@@ -35,6 +35,7 @@ func newMountCmd(a *app) *cobra.Command {
 		heapTarget heapTargetValue = defaultHeapTarget
 		listen     string
 		tokenTTL   time.Duration
+		source     string
 	)
 	cmd := &cobra.Command{
 		Use:   "mount MOUNTPOINT",
@@ -48,10 +49,15 @@ until someone runs umount on it.
                            published into the namespace when closed, and the
                            name stays as a read-only receipt for --receipt-ttl
   /.alkblobfs/sweep        write "run" to sweep now; read the last report
-  /.alkblobfs/sweep-timer  write off, on or a duration like 15m
+  /.alkblobfs/sweep-timer  write off, on (resumes the last interval; 15m if
+                           there was none) or a duration of at least 1s
   /.alkblobfs/scrub        write "run" to re-verify every blob now; read the
                            last report
   /.alkblobfs/stats        counters as JSON
+
+A control file takes one command per open, in one write, with at most one
+trailing newline (echo's); anything else (0, an empty line, a second line)
+is EINVAL and changes nothing. ": > file" or a truncate is no command.
 
 Reads are checked against the digest in one of three modes:
 
@@ -109,6 +115,11 @@ As root the mount uses mount(2) directly; otherwise fusermount3.`,
 			}
 			if receiptTTL <= 0 {
 				return usagef(cmd, "--receipt-ttl %s: must be positive", receiptTTL)
+			}
+			if cmd.Flags().Changed("source") {
+				if err := checkSource(source); err != nil {
+					return usage(cmd, err)
+				}
 			}
 			child := daemonChild()
 			if daemon && child == nil {
@@ -191,6 +202,7 @@ As root the mount uses mount(2) directly; otherwise fusermount3.`,
 				NoPassthrough: !pass,
 				ReadOnly:      ro,
 				NonEmpty:      nonEmpty,
+				Source:        a.mountSource(st, source),
 				Logger:        lg,
 				Observe:       observe,
 			})
@@ -251,6 +263,7 @@ As root the mount uses mount(2) directly; otherwise fusermount3.`,
 	f.MarkHidden("memprofile")
 	f.StringVar(&listen, "listen", "", "also serve the HTTP surface (see alkblobfs serve --help) at `ADDR`, HOST:PORT, with the mount's counters and FUSE latencies in /metrics (default off)")
 	f.DurationVar(&tokenTTL, "token-ttl", ops.DefaultTokenTTL, "with --listen: life of a put's pin token after the put or its last renewal")
+	f.StringVar(&source, "source", "", "what the mount shows as its source in /proc/mounts, findmnt and df (default: the data directory, or the kv engine's URL without its password when no tier is there); the fstab helper passes the line's SOURCE")
 	return cmd
 }
 

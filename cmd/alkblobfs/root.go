@@ -40,6 +40,10 @@ type app struct {
 	remote    string // --remote: put, get, cat and have go to this server
 	tokenFile string // --auth-token-file: the bearer token, server and client
 
+	// inData: storeConfig put a tier in the data directory (a mount then
+	// shows it as its source).
+	inData bool
+
 	log *slog.Logger
 }
 

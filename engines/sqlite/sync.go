@@ -53,8 +53,8 @@ func (e *Engine) Sync(ctx context.Context) error {
 	return e.syncs.do(ctx, func() error { return e.wal.sync(ctx) })
 }
 
-// walSync is the state of the engine's WAL syncs. Only the running round
-// of syncGroup touches it.
+// walSync is the state of the engine's WAL syncs. Only syncGroup's
+// current run touches it (runs never overlap).
 type walSync struct {
 	path string // the WAL file: the database's path + "-wal"
 	// db is a pool of its own for conn, the connection PRAGMA data_version
