@@ -182,7 +182,8 @@ func TestUnlinkWhileWriting(t *testing.T) {
 
 // TestEmptyCreateByDigest: creating a digest-named file and closing it
 // empty is a verified put of empty content, which hashes to e3b0…, not to
-// the name: the close fails with EIO, and the name never reads back. The
+// the name: the close fails with EIO, and the name never reads back. An
+// fsync of one not yet complete fails the same way. The
 // empty digest's own name publishes, and a shell's `printf > <digest>`
 // (whose first close comes before any write) still works.
 func TestEmptyCreateByDigest(t *testing.T) {
@@ -205,6 +206,37 @@ func TestEmptyCreateByDigest(t *testing.T) {
 		t.Errorf("touch of a digest name succeeded:\n%s", out)
 	}
 	e.expectNS(t, "ns", nil)
+
+	// An fsync makes the put durable, so it must be complete by then.
+	half, err := os.OpenFile(name, os.O_WRONLY|os.O_CREATE, 0o644)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := half.Write(b[:3]); err != nil {
+		t.Fatal(err)
+	}
+	if err := half.Sync(); !errors.Is(err, syscall.EIO) {
+		t.Errorf("fsync of a half-written put by path: %v, want EIO", err)
+	}
+	half.Close()
+	e.expectNS(t, "ns", nil)
+	whole, err := os.OpenFile(name, os.O_WRONLY|os.O_CREATE, 0o644)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := whole.Write(b); err != nil {
+		t.Fatal(err)
+	}
+	if err := whole.Sync(); err != nil {
+		t.Errorf("fsync of a complete put by path: %v", err)
+	}
+	if err := whole.Close(); err != nil {
+		t.Errorf("close after the fsync: %v", err)
+	}
+	e.expectNS(t, "ns", []string{sum(b)})
+	if err := os.Remove(name); err != nil {
+		t.Fatal(err)
+	}
 
 	// The forms that must go on working.
 	sh(t, `printf 'by path\n' > `+name)

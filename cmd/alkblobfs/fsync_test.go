@@ -53,7 +53,6 @@ func TestFsyncSurvivesKill(t *testing.T) {
 	}
 	want := []string{sum(ddBytes)}
 
-
 	// From here on, no fork: a child's exec closes its copies of the
 	// descriptors below, and each such close is a close (FLUSH) of the
 	// file that commits what was written so far.

@@ -38,7 +38,10 @@ import (
 //     child process that opens the store as a library: the fsync(2) of an
 //     incoming/ file will call it in the daemon);
 //   - B: files copied into incoming/ more than the sync timer's 1s (plus
-//     a margin) before the cut.
+//     a margin) before the cut;
+//   - F: files written into incoming/ by dd conv=fsync just before the
+//     cut: the fsync(2) in the daemon commits and syncs. F is checked in
+//     the unguarded run too (the fsync is not part of what it turns off).
 //
 // C, files copied right before the cut, may be lost; the test reports
 // what survived. Every blob left in the store must verify, and the
@@ -84,6 +87,8 @@ func TestPowerLoss(t *testing.T) {
 	b.copyIn(t, mnt)
 	// The timer's interval, and a margin for a loaded machine.
 	time.Sleep(time.Until(b.acked.Add(store.DefaultSyncEvery + 2*time.Second)))
+	fs := newPowerSet(t, src, "F", "dd conv=fsync into incoming/ just before the cut", 5, 5)
+	fs.fsyncIn(t, mnt)
 	cs := newPowerSet(t, src, "C", "cp into incoming/ just before the cut", 5, 4)
 	cs.copyIn(t, mnt)
 	// A plain file, never synced: whether the cut dropped it says whether
@@ -123,7 +128,7 @@ func TestPowerLoss(t *testing.T) {
 
 	// Present, readable and hashing to its name: verify reads each blob
 	// whole and checks its sha256.
-	must := slices.Concat(aPut.digests, a.digests, b.digests)
+	must := slices.Concat(aPut.digests, a.digests, b.digests, fs.digests)
 	r := cliRun(t, c, append([]string{"verify"}, must...)...)
 	if r.code != 0 {
 		for _, l := range lines(r.stdout) {
@@ -131,18 +136,18 @@ func TestPowerLoss(t *testing.T) {
 			if len(f) < 2 || f[0] != "MISSING" && f[0] != "CORRUPT" && f[0] != "UNREADABLE" {
 				continue
 			}
-			for _, s := range []*powerSet{aPut, a, b} {
+			for _, s := range []*powerSet{aPut, a, b, fs} {
 				if slices.Contains(s.digests, f[1]) {
 					s.lost = append(s.lost, f[0]+" "+f[1][:12])
 				}
 			}
 		}
-		for _, s := range []*powerSet{aPut, a, b} {
+		for _, s := range []*powerSet{aPut, a, b, fs} {
 			if len(s.lost) > 0 {
 				t.Errorf("set %s (%s): %d of %d blobs not intact after the power cut: %s", s.name, s.how, len(s.lost), len(s.digests), strings.Join(s.lost, ", "))
 			}
 		}
-		t.Fatalf("verify of sets A', A and B: exit %d, stderr %q", r.code, r.stderr)
+		t.Fatalf("verify of sets A', A, B and F: exit %d, stderr %q", r.code, r.stderr)
 	}
 	if r := cliRun(t, c, "verify"); r.code != 0 {
 		t.Fatalf("verify of the whole store after the cut: exit %d\n%s%s", r.code, r.stdout, r.stderr)
@@ -164,7 +169,7 @@ func TestPowerLoss(t *testing.T) {
 			break
 		}
 		if time.Now().After(deadline) {
-			t.Fatalf("20s after the recovery mount, %d of the %d blobs of A', A and B are not in the namespace", missing, len(must))
+			t.Fatalf("20s after the recovery mount, %d of the %d blobs of A', A, B and F are not in the namespace", missing, len(must))
 		}
 		time.Sleep(100 * time.Millisecond)
 	}
@@ -176,7 +181,7 @@ func TestPowerLoss(t *testing.T) {
 	}
 	stopDaemon(t, dm)
 	integrityCheck(t, filepath.Join(data, "kv.db"))
-	t.Logf("A' %d, A %d, B %d blobs intact and listed; C (no guarantee): %d of %d survived", len(aPut.digests), len(a.digests), len(b.digests), kept, len(cs.digests))
+	t.Logf("A' %d, A %d, B %d, F %d blobs intact and listed; C (no guarantee): %d of %d survived", len(aPut.digests), len(a.digests), len(b.digests), len(fs.digests), kept, len(cs.digests))
 }
 
 // requirePowerCut skips without root, which the loop device and the ext4
@@ -237,6 +242,22 @@ func (s *powerSet) copyIn(t *testing.T, mnt string) {
 	out, err := exec.CommandContext(ctx, "cp", append(append([]string{"--"}, s.files...), filepath.Join(mnt, "p", "incoming")+"/")...).CombinedOutput()
 	if err != nil {
 		t.Fatalf("cp of set %s into %s: %v: %s", s.name, mnt, err, out)
+	}
+	s.acked = time.Now()
+}
+
+// fsyncIn writes each file of the set into incoming/ with dd conv=fsync,
+// which fails unless the fsync and the close both return 0.
+func (s *powerSet) fsyncIn(t *testing.T, mnt string) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(t.Context(), time.Minute)
+	defer cancel()
+	for _, p := range s.files {
+		of := filepath.Join(mnt, "p", "incoming", filepath.Base(p))
+		out, err := exec.CommandContext(ctx, "dd", "if="+p, "of="+of, "bs=64k", "conv=fsync", "status=none").CombinedOutput()
+		if err != nil {
+			t.Fatalf("dd conv=fsync of set %s into %s: %v: %s", s.name, mnt, err, out)
+		}
 	}
 	s.acked = time.Now()
 }
