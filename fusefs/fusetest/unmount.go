@@ -35,6 +35,11 @@ const fusectlDir = "/sys/fs/fuse/connections"
 // the mount (a stat of a hung mount would hang the caller). A harness
 // reads it right after mounting and keeps it for a give-up.
 func Conn(dir string) (uint64, error) {
+	// mountinfo names the mountpoint without symbolic links; resolving
+	// dir itself would stat the mount.
+	if parent, err := filepath.EvalSymlinks(filepath.Dir(dir)); err == nil {
+		dir = filepath.Join(parent, filepath.Base(dir))
+	}
 	f, err := os.Open("/proc/self/mountinfo")
 	if err != nil {
 		return 0, err
@@ -159,6 +164,14 @@ func Unmount(t testing.TB, dir string, conn uint64, within time.Duration, unmoun
 		return true
 	case <-time.After(within):
 	}
+	select {
+	case err := <-done: // just now: the connection may be gone, its number reused
+		if err != nil {
+			t.Errorf("unmount %s: %v", dir, err)
+		}
+		return true
+	default:
+	}
 	GiveUp(t, dir, conn, fmt.Sprintf("unmount still waiting after %s (a file left open on it?)", within))
 	const after = 10 * time.Second
 	select {
@@ -169,6 +182,38 @@ func Unmount(t testing.TB, dir string, conn uint64, within time.Duration, unmoun
 		return true
 	case <-time.After(after):
 		t.Errorf("unmount %s still waiting %s after its connection was aborted", dir, after)
+		return false
+	}
+}
+
+// Reap waits for a killed daemon (done is closed once it has exited) that
+// served the mount on dir through connection conn (0: unknown). A daemon
+// still there after within has a thread stuck in the kernel, on a request
+// to its own mount, and only aborting the connection frees it: Reap gives
+// up (GiveUp) if the mount on dir is still that connection, else just
+// fails t, and then waits a little more. It reports whether the daemon
+// exited.
+func Reap(t testing.TB, dir string, conn uint64, within time.Duration, done <-chan struct{}) bool {
+	t.Helper()
+	select {
+	case <-done:
+		return true
+	case <-time.After(within):
+	}
+	why := fmt.Sprintf("its daemon still running %s after SIGKILL", within)
+	// Only a connection still mounted on dir is surely the daemon's: the
+	// number of one that ended may belong to another mount by now.
+	if now, err := Conn(dir); conn != 0 && err == nil && now == conn {
+		GiveUp(t, dir, conn, why)
+	} else {
+		t.Errorf("mount %s: %s, and its FUSE connection is no longer mounted there: not aborting anything", dir, why)
+	}
+	const after = 10 * time.Second
+	select {
+	case <-done:
+		return true
+	case <-time.After(after):
+		t.Errorf("mount %s: its daemon still running %s after the give-up", dir, after)
 		return false
 	}
 }
