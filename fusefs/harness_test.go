@@ -100,6 +100,10 @@ type env struct {
 
 type mountOpt func(*Config)
 
+// unmountWait bounds a harness's unmount: past it, the test left a file
+// open (or the mount hung), and the harness gives up.
+const unmountWait = 30 * time.Second
+
 func withVerify(v Verify) mountOpt            { return func(c *Config) { c.Verify = v } }
 func withReceiptTTL(d time.Duration) mountOpt { return func(c *Config) { c.ReceiptTTL = d } }
 func withMaxReceipts(n int) mountOpt          { return func(c *Config) { c.MaxReceipts = n } }
@@ -143,19 +147,18 @@ func mountOn(t testing.TB, data string, cfg store.Config, opts ...mountOpt) *env
 		st.Close()
 		t.Fatalf("mount: %v", err)
 	}
+	conn, err := fusetest.Conn(srv.Dir())
+	if err != nil {
+		srv.Unmount()
+		st.Close()
+		t.Fatalf("the new mount's FUSE connection: %v", err)
+	}
 	e := &env{t: t, mnt: mnt, data: data, st: st, reg: reg, srv: srv, logs: logs}
 	t.Cleanup(func() {
 		// A test that failed with a file open would leave a lazy unmount
-		// waiting for it forever: give up after a while.
-		done := make(chan error, 1)
-		go func() { done <- srv.Unmount() }()
-		select {
-		case err := <-done:
-			if err != nil {
-				t.Errorf("unmount: %v", err)
-			}
-		case <-time.After(30 * time.Second):
-			t.Errorf("unmount still waiting for open files after 30s")
+		// waiting for it forever, and the binary hung at exit: give up
+		// after a while, aborting the connection.
+		if !fusetest.Unmount(t, srv.Dir(), conn, unmountWait, srv.Unmount) {
 			return
 		}
 		h.Deregister()

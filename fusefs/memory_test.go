@@ -36,6 +36,14 @@ const heapPerEntryMax = 520
 // twice (a READDIRPLUS and a lookup for each entry) and checks the live
 // heap the listings left: the nodes the mount keeps for as long as the
 // kernel keeps the entries.
+//
+// The kernel forgets entries under memory pressure, or when anyone on the
+// machine drops the caches. The mount then frees their nodes but not the
+// room its tables grew for them (Go maps do not shrink), and dividing the
+// heap by the entries kept charges that room to them: with a quarter of
+// the entries kept, 911 bytes each instead of 497. So the test lists
+// again until the kernel holds nearly every entry, and only then is the
+// heap per kept entry the cost of an entry.
 func TestListingHeapPerEntry(t *testing.T) {
 	const n = 100_000
 	e := mountStore(t, memSpec)
@@ -56,29 +64,42 @@ func TestListingHeapPerEntry(t *testing.T) {
 			ds = ds[:0]
 		}
 	}
+	d, _ := e.srv.fs.nsDirFor("big")
 	before := liveHeap()
-	// A child process lists, twice (as cold and warm): this one serves
-	// the mount.
-	for range 2 {
+	// A child process lists: this one serves the mount.
+	list := func() {
 		out := run(t, "", "bash", "-ec", `ls -l "$0" | wc -l`, e.path("big"))
 		if got := strings.TrimSpace(out); got != strconv.Itoa(n+2) { // "total" and incoming/
 			t.Fatalf("ls -l printed %s lines, want %d", got, n+2)
 		}
 	}
-	after := liveHeap()
-	// What the listing left is the nodes of the entries the kernel still
-	// holds (it forgets entries under memory pressure, or when someone
-	// drops the caches): count those.
-	d, _ := e.srv.fs.nsDirFor("big")
-	kept := len(d.Children()) - 1 // incoming/
-	if kept < n/2 {
-		t.Fatalf("the mount keeps %d of %d listed entries: the kernel forgot most, nothing to measure", kept, n)
+	list() // cold
+	const listings, nearlyAll = 5, n * 99 / 100
+	var growth int64
+	kept := 0
+	for i := 2; i <= listings; i++ {
+		list() // warm; then again for what the kernel forgot
+		growth = int64(liveHeap()) - int64(before)
+		kept = len(d.Children()) - 1 // incoming/
+		t.Logf("after %d listings: live heap %.1f MiB before, %.1f MiB more, with %d entries kept: %d bytes per entry",
+			i, float64(before)/(1<<20), float64(growth)/(1<<20), kept, growth/int64(max(kept, 1)))
+		if kept >= nearlyAll {
+			break
+		}
 	}
-	per := (int64(after) - int64(before)) / int64(kept)
-	t.Logf("live heap %.1f MiB before the listing, %.1f MiB after, with %d entries kept: %d bytes per entry",
-		float64(before)/(1<<20), float64(after)/(1<<20), kept, per)
-	if per > heapPerEntryMax {
+	per := growth / int64(max(kept, 1))
+	switch {
+	case per <= heapPerEntryMax:
+		// Within the bound even if the kernel forgot some: the room
+		// for those only adds to per.
+	case kept >= nearlyAll:
 		t.Errorf("%d bytes of live heap per listed entry, want at most %d", per, heapPerEntryMax)
+	case growth/n > heapPerEntryMax:
+		t.Errorf("%d bytes of live heap per listed entry even counting the %d the kernel forgot, want at most %d", growth/n, n-kept, heapPerEntryMax)
+	default:
+		t.Skipf("the kernel kept only %d of %d listed entries after %d listings (memory pressure, or caches dropped): "+
+			"between %d and %d bytes per entry, and the bound %d in between; nothing to conclude",
+			kept, n, listings, growth/n, per, heapPerEntryMax)
 	}
 }
 

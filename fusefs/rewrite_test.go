@@ -499,34 +499,40 @@ func TestWriteKillsSetID(t *testing.T) {
 // shared mapping (ftruncate, mmap, store, msync, close) publishes what it
 // stored. Descriptors open for writing into incoming/ are direct I/O
 // (writeOpen), which the kernel lets map only with DIRECT_IO_ALLOW_MMAP.
+// The program is a child process (child_test.go): its stores page-fault
+// into the mount, and this process serves it.
 func TestMmapWriteIncoming(t *testing.T) {
 	e := mountStore(t, defaultSpec)
 	ns := e.mkns("ns")
-	want := randBytes(7, 3<<20+123)
-	f, err := os.OpenFile(filepath.Join(ns, incomingName, "m"), os.O_RDWR|os.O_CREATE, 0o644)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer f.Close() // a failure below must not leave the unmount waiting
-	if err := f.Truncate(int64(len(want))); err != nil {
-		t.Fatal(err)
-	}
-	m, err := syscall.Mmap(int(f.Fd()), 0, len(want), syscall.PROT_READ|syscall.PROT_WRITE, syscall.MAP_SHARED)
-	if err != nil {
-		t.Fatalf("mmap of a file open for writing in incoming/: %v", err)
-	}
-	copy(m, want)
-	if err := unix.Msync(m, unix.MS_SYNC); err != nil {
-		t.Fatal(err)
-	}
-	if err := syscall.Munmap(m); err != nil {
-		t.Fatal(err)
-	}
-	if err := f.Close(); err != nil {
-		t.Fatal(err)
-	}
-	d := sum(want)
+	const seed, size = 7, 3<<20 + 123
+	inChild(t, time.Minute, "mmap-write", filepath.Join(ns, incomingName, "m"), fmt.Sprint(seed), fmt.Sprint(size))
+	d := sum(randBytes(seed, size))
 	if got := fileSum(t, filepath.Join(ns, d)); got != d {
 		t.Fatalf("published %s; want %s", got, d)
 	}
+}
+
+// mmapWrite creates path and writes b to it through a shared mapping. It
+// must not run in the process serving path's mount (child_test.go).
+func mmapWrite(path string, b []byte) error {
+	f, err := os.OpenFile(path, os.O_RDWR|os.O_CREATE, 0o644)
+	if err != nil {
+		return err
+	}
+	defer f.Close()
+	if err := f.Truncate(int64(len(b))); err != nil {
+		return err
+	}
+	m, err := syscall.Mmap(int(f.Fd()), 0, len(b), syscall.PROT_READ|syscall.PROT_WRITE, syscall.MAP_SHARED)
+	if err != nil {
+		return fmt.Errorf("mmap of a file open for writing in incoming/: %w", err)
+	}
+	copy(m, b)
+	if err := unix.Msync(m, unix.MS_SYNC); err != nil {
+		return fmt.Errorf("msync: %w", err)
+	}
+	if err := syscall.Munmap(m); err != nil {
+		return fmt.Errorf("munmap: %w", err)
+	}
+	return f.Close()
 }

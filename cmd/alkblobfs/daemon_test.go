@@ -190,12 +190,27 @@ func daemonRunning(mnt string) bool {
 // cannot open /dev/fuse, or that asks for --allow-other without
 // user_allow_other in /etc/fuse.conf, fails in one line that says how to
 // fix it (not "fusermount exited with code 256").
+//
+// The user runs in a mount namespace of the test's own, whose /dev/fuse
+// is a node of the test's own: the test changes its mode, never the
+// machine's (a killed run left that changed), and the mount it makes
+// stays in the namespace.
 func TestUnprivilegedMountErrors(t *testing.T) {
 	requireFUSE(t)
 	if os.Geteuid() != 0 {
 		t.Skip("making a user needs root")
 	}
+	host := fusetest.HostDevFUSE(t)
+	t.Cleanup(func() {
+		if now := fusetest.HostDevFUSE(t); now != host {
+			t.Errorf("the host's /dev/fuse changed: %v, was %v", now, host)
+		}
+	})
 	u := fusetest.NewUser(t)
+	// After the user: its cleanup, which waits for the user's daemon to
+	// exit, then runs before userdel.
+	ns := fusetest.PrivateDevFUSE(t, 0o600)
+	u = u.In(ns)
 	fusetest.Reachable(t, bin)
 	dir := t.TempDir()
 	data, mnt := filepath.Join(dir, "data"), filepath.Join(dir, "mnt")
@@ -206,16 +221,9 @@ func TestUnprivilegedMountErrors(t *testing.T) {
 	fusetest.Reachable(t, data)
 	mount := fmt.Sprintf("%s --data %s mount --daemon --log-file %s/log %s", bin, data, data, mnt)
 
-	fi, err := os.Stat("/dev/fuse")
-	if err != nil {
-		t.Fatal(err)
-	}
-	mode := fi.Mode().Perm()
-	t.Cleanup(func() { os.Chmod("/dev/fuse", mode) })
-	os.Chmod("/dev/fuse", 0o600)
 	u.Denied(t, "a mount without access to /dev/fuse", mount, "cannot open /dev/fuse as user "+u.Name+": permission denied (make it usable by this user: chmod 0666 /dev/fuse")
 
-	os.Chmod("/dev/fuse", 0o666)
+	ns.Chmod(t, 0o666)
 	if conf, _ := os.ReadFile("/etc/fuse.conf"); slices.Contains(strings.Split(string(conf), "\n"), "user_allow_other") {
 		t.Log("/etc/fuse.conf allows allow_other to users here: that case is not exercised")
 	} else {
@@ -226,7 +234,6 @@ func TestUnprivilegedMountErrors(t *testing.T) {
 	if err != nil {
 		t.Fatalf("a mount by %s once /dev/fuse is usable: %v: %s", u.Name, err, out)
 	}
-	t.Cleanup(func() { syscall.Unmount(mnt, syscall.MNT_DETACH) })
 	u.OK(t, fmt.Sprintf("mkdir %[1]s/ns && echo hi > %[1]s/ns/incoming/f && ls %[1]s/ns | grep -q incoming && fusermount3 -u %[1]s", mnt))
 	eventually(t, 10*time.Second, "the daemon's exit", func() bool { return !daemonRunning(mnt) })
 }

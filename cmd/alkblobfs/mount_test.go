@@ -41,6 +41,7 @@ type daemon struct {
 	stderr *syncBuffer
 	done   chan struct{}
 	err    error
+	conn   uint64 // the mount's FUSE connection, once it serves
 }
 
 func startDaemon(t *testing.T, data, mnt string, args ...string) *daemon {
@@ -64,7 +65,7 @@ func startDaemon(t *testing.T, data, mnt string, args ...string) *daemon {
 		case <-d.done:
 		default:
 			d.cmd.Process.Kill()
-			<-d.done
+			fusetest.Reap(t, mnt, d.conn, 15*time.Second, d.done)
 		}
 		syscall.Unmount(mnt, syscall.MNT_DETACH)
 	})
@@ -73,6 +74,7 @@ func startDaemon(t *testing.T, data, mnt string, args ...string) *daemon {
 		// The daemon's own word, not a stat: after a kill -9 the kernel
 		// may still answer a stat from the dead mount's caches.
 		if strings.Contains(d.stderr.String(), "msg=mounted") {
+			d.conn, _ = fusetest.Conn(mnt)
 			return d
 		}
 		select {
@@ -463,7 +465,7 @@ func TestKilledMountPinsExpire(t *testing.T) {
 		t.Fatal("swept while open on the mount")
 	}
 	dm.cmd.Process.Kill()
-	<-dm.done
+	dm.wait(20 * time.Second)
 	f.Close()
 	syscall.Unmount(mnt, syscall.MNT_DETACH)
 	took := collected(t, c, d, func() { c.ok("sweep") })

@@ -125,7 +125,7 @@ poll:
 	}
 	time.Sleep(500 * time.Millisecond)
 	dm.cmd.Process.Kill()
-	<-dm.done
+	dm.wait(20 * time.Second)
 	sh.Process.Kill()
 	sh.Wait()
 	if slices.Contains(lines(c.ok("ls", "ns")), emptyDigest) {
@@ -169,7 +169,7 @@ func TestCloseSurvivesCrash(t *testing.T) {
 		t.Fatalf("the namespace lists %v while the writer still holds the file", listed)
 	}
 	dm.cmd.Process.Kill()
-	<-dm.done
+	dm.wait(20 * time.Second)
 	sh.Process.Kill()
 	sh.Wait()
 	if listed := lines(c.ok("ls", "ns")); len(listed) != 0 {

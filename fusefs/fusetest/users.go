@@ -1,3 +1,5 @@
+//go:build linux
+
 package fusetest
 
 import (
@@ -14,6 +16,8 @@ import (
 type User struct {
 	Name     string
 	UID, GID uint32
+
+	ns *MountNS // where its commands run; nil: here
 }
 
 // NewUser adds a system user with its own group (useradd; root only) and
@@ -45,9 +49,19 @@ func NewUser(t testing.TB) User {
 	return u
 }
 
+// In is the user with its commands run in the mount namespace ns.
+func (u User) In(ns *MountNS) User {
+	u.ns = ns
+	return u
+}
+
 // Sh runs script as the user (setpriv); it returns the combined output.
 func (u User) Sh(script string) (string, error) {
-	cmd := exec.Command("setpriv", "--reuid="+u.Name, "--regid="+u.Name, "--init-groups", "--", "sh", "-c", script)
+	args := []string{"--reuid=" + u.Name, "--regid=" + u.Name, "--init-groups", "--", "sh", "-c", script}
+	cmd := exec.Command("setpriv", args...)
+	if u.ns != nil {
+		cmd = u.ns.Command("setpriv", args...)
+	}
 	cmd.Dir = "/"
 	out, err := cmd.CombinedOutput()
 	return string(out), err
