@@ -23,6 +23,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/alkblobfs/alkblobfs/engines"
+	"github.com/alkblobfs/alkblobfs/fusefs/fusectl"
 )
 
 // Server is a mounted alkblobfs. It serves until Unmount, or until someone
@@ -255,7 +256,7 @@ func prepareMountpoint(dir string, nonEmpty, allowOther bool, lg *slog.Logger) (
 	if real, err := filepath.EvalSymlinks(abs); err == nil {
 		abs = real
 	}
-	if _, mounted, err := findMount(abs); err == nil && mounted {
+	if _, mounted, err := fusectl.Find(abs); err == nil && mounted {
 		return "", fmt.Errorf("mountpoint %s is busy: something is already mounted there", abs)
 	}
 	if !nonEmpty {
@@ -299,25 +300,6 @@ func fusermount(dir, flag string) error {
 		return fmt.Errorf("%s %s: %v: %s", bin, flag, err, msg)
 	}
 	return nil
-}
-
-// unescapeMountinfo undoes the kernel's octal escapes (\040 for space...).
-func unescapeMountinfo(s string) string {
-	if !strings.Contains(s, `\`) {
-		return s
-	}
-	var b strings.Builder
-	for i := 0; i < len(s); i++ {
-		if s[i] == '\\' && i+3 < len(s) {
-			if v, err := strconv.ParseUint(s[i+1:i+4], 8, 8); err == nil {
-				b.WriteByte(byte(v))
-				i += 3
-				continue
-			}
-		}
-		b.WriteByte(s[i])
-	}
-	return b.String()
 }
 
 // fuseConf is fusermount3's configuration (a variable for tests).

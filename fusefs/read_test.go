@@ -21,6 +21,7 @@ import (
 	"time"
 
 	"github.com/alkblobfs/alkblobfs/blob"
+	"github.com/alkblobfs/alkblobfs/fusefs/fusectl"
 	"github.com/alkblobfs/alkblobfs/store"
 )
 
@@ -331,7 +332,7 @@ func TestUnmountBusy(t *testing.T) {
 	done := make(chan error, 1)
 	go func() { done <- e.srv.Unmount() }()
 	eventually(t, 10*time.Second, "the lazy detach", func() bool {
-		_, mounted, err := findMount(e.mnt)
+		_, mounted, err := fusectl.Find(e.mnt)
 		return err == nil && !mounted
 	})
 	select {
