@@ -77,7 +77,7 @@
 //     linked.
 //   - The kernel sends the RELEASE just after the last close returns, so
 //     a lookup of the digest (or a listing of the namespace) waits for a
-//     RELEASE owed by a close of the last 250 ms: `cp f incoming/ && stat
+//     RELEASE owed by a close of the last 200 ms: `cp f incoming/ && stat
 //     ns/<digest>` finds the file.
 //   - A FLUSH commits nothing until something was written since the file
 //     was created or truncated: a shell's `cmd > file` flushes once before

@@ -55,7 +55,7 @@ type owedRelease struct {
 // settleWait: it commits in the database, where it may queue behind a
 // sweep for far longer than 50 ms (a stress test lost files that way).
 const (
-	releaseWait = 250 * time.Millisecond
+	releaseWait = 200 * time.Millisecond
 	settleWait  = 10 * time.Second
 )
 
