@@ -133,8 +133,7 @@ func Mount(dir string, cfg Config) (*Server, error) {
 		f.log.Debug("could not raise the mount's readahead", "err", err)
 	}
 	f.reg1 = f.st.GC().Register(f.refs)
-	f.sweeper.start()
-	f.scrubber.start()
+	f.upkeep.Start()
 	pt := "active"
 	if !f.ptAvailable.Load() {
 		pt = "off: " + f.ptReason.Load().(string)
@@ -178,7 +177,7 @@ func (m *Server) Unmount() error {
 	// A scrub started from the control file keeps that file open (its
 	// write lasts as long as the scrub): end it, or the unmount would
 	// wait for it.
-	m.fs.scrubber.stop()
+	m.fs.upkeep.Scrubber.Stop()
 	if err := m.server.Unmount(); err != nil {
 		select {
 		case <-m.done: // unmounted by someone else meanwhile
@@ -201,8 +200,7 @@ func (m *Server) Unmount() error {
 func (m *Server) cleanup() {
 	m.closeOnce.Do(func() {
 		f := m.fs
-		f.sweeper.stop()
-		f.scrubber.stop()
+		f.upkeep.Stop()
 		f.cancel()
 		for _, d := range f.nsDirs() {
 			d.teardown()
