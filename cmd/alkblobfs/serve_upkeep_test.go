@@ -31,13 +31,18 @@ func httpStatus(t *testing.T, method, url string) int {
 
 // TestServeSweepEvery: serve --sweep-every collects a blob that nothing
 // keeps any more (its namespace dropped it, its pin token was released)
-// with no sweep run by hand; with --sweep-every 0 nothing sweeps.
+// with no sweep run by hand; with --sweep-every 0, the default, nothing
+// sweeps.
 func TestServeSweepEvery(t *testing.T) {
-	for _, every := range []string{"1s", "0"} {
+	for _, every := range []string{"1s", "0", "default"} {
 		t.Run(every, func(t *testing.T) {
 			c := newCLI(t)
 			c.ok("ns", "create", "builds")
-			s := startServe(t, c, "--listen", "127.0.0.1:0", "--sweep-every", every)
+			args := []string{"--listen", "127.0.0.1:0"}
+			if every != "default" {
+				args = append(args, "--sweep-every", every)
+			}
+			s := startServe(t, c, args...)
 
 			content := randomBytes(5000, 21)
 			resp, err := http.Post(s.url+"/v1/blobs?namespace=builds", "application/octet-stream", bytes.NewReader(content))
@@ -56,7 +61,7 @@ func TestServeSweepEvery(t *testing.T) {
 			c.ok("unlink", "builds", put.Digest)
 			blobURL := s.url + "/v1/blobs/" + put.Digest
 
-			if every == "0" {
+			if every != "1s" {
 				// Long enough for a 1s timer to have collected it (the
 				// test above does within about 2 s).
 				time.Sleep(4 * time.Second)
