@@ -24,6 +24,7 @@ import (
 
 	"github.com/alkblobfs/alkblobfs/engines"
 	"github.com/alkblobfs/alkblobfs/fusefs/fusectl"
+	"github.com/alkblobfs/alkblobfs/upkeep"
 )
 
 // Server is a mounted alkblobfs. It serves until Unmount, or until someone
@@ -161,6 +162,9 @@ func (m *Server) Passthrough() bool { return m.fs.ptAvailable.Load() }
 
 // Stats is the mount's /.alkblobfs/stats.
 func (m *Server) Stats(ctx context.Context) Stats { return m.fs.Stats(ctx) }
+
+// Upkeep is the mount's sweeper and scrubber.
+func (m *Server) Upkeep() *upkeep.Upkeep { return m.fs.upkeep }
 
 // Counters is Stats without the namespace count (cheap: no registry walk).
 func (m *Server) Counters() Stats { return m.fs.Counters() }

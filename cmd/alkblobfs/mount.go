@@ -204,6 +204,7 @@ As root the mount uses mount(2) directly; otherwise fusermount3.`,
 			stopHTTP := func() {}
 			if ln != nil {
 				metrics.AttachMount(func() ops.MountStats { return mountStats(srv.Counters()) })
+				metrics.AttachUpkeep(srv.Upkeep())
 				oc := a.opsConfig(st, svc, authTok, tokenTTL, lg)
 				oc.Metrics, oc.ReadOnly = metrics, ro
 				stopHTTP = serveBeside(ctx, ops.New(oc), ln, lg)

@@ -99,7 +99,10 @@ counters added to the metrics.`,
 			if err != nil {
 				return usagef(cmd, "--sweep-every: %v", err)
 			}
-			srv := ops.New(a.opsConfig(st, svc, tok, tokenTTL, lg))
+			oc := a.opsConfig(st, svc, tok, tokenTTL, lg)
+			oc.Metrics = ops.NewMetrics(st)
+			oc.Metrics.AttachUpkeep(u)
+			srv := ops.New(oc)
 			lg.Info("serving", "url", "http://"+ln.Addr().String(), "auth", tok != "", "token_ttl", tokenTTL,
 				"sweep_every", sched.sweepEvery, "scrub_every", sched.scrubEvery)
 			u.Start()

@@ -81,12 +81,15 @@ func TestServeSweepEvery(t *testing.T) {
 			if !strings.Contains(s.stderr.String(), `msg="sweep done" trigger=timer`) {
 				t.Fatalf("no timer sweep in serve's log:\n%s", s.stderr.String())
 			}
+			if n := metricValue(scrapeMetrics(t, s.url), "alkblobfs_sweeps_total", ""); n < 2 {
+				t.Fatalf("alkblobfs_sweeps_total %v after the timer's sweeps", n)
+			}
 		})
 	}
 }
 
 // TestServeScrubEvery: serve --scrub-every re-reads the blobs from disk
-// and logs one it finds corrupt, and a scrub in progress ends when the
+// and logs one it finds corrupt (and counts it in /metrics), and a scrub in progress ends when the
 // server is told to stop.
 func TestServeScrubEvery(t *testing.T) {
 	c := newCLI(t)
@@ -109,6 +112,10 @@ func TestServeScrubEvery(t *testing.T) {
 			log := s.stderr.String()
 			return strings.Contains(log, `msg="scrub: blob is corrupt" digest=`+digest) && strings.Contains(log, `msg="scrub done" trigger=timer`)
 		})
+		fams := scrapeMetrics(t, s.url)
+		if runs, bad := metricValue(fams, "alkblobfs_scrubs_total", ""), metricValue(fams, "alkblobfs_scrub_found_bad_total", ""); runs < 1 || bad < 1 {
+			t.Fatalf("metrics: %v scrubs, %v bad blobs", runs, bad)
+		}
 		s.cmd.Process.Signal(syscall.SIGINT)
 		<-s.done
 	})
