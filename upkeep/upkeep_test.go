@@ -1,7 +1,6 @@
 package upkeep
 
 import (
-	"bytes"
 	"context"
 	"errors"
 	"iter"
@@ -13,6 +12,7 @@ import (
 	"time"
 
 	"github.com/alkblobfs/alkblobfs/blob"
+	"github.com/alkblobfs/alkblobfs/fusefs/fusetest"
 	"github.com/alkblobfs/alkblobfs/gc"
 	"github.com/alkblobfs/alkblobfs/store"
 )
@@ -75,32 +75,21 @@ func (f *fakeStore) Scrub(ctx context.Context, _ iter.Seq2[blob.Digest, error], 
 	return sum, f.wait(ctx)
 }
 
-func newTest(t *testing.T, cfg Config) (*Upkeep, *fakeStore, *bytes.Buffer) {
+func newTest(t *testing.T, cfg Config) (*Upkeep, *fakeStore, *fusetest.Buffer) {
 	t.Helper()
 	fs, _ := cfg.Store.(*fakeStore)
 	if fs == nil {
 		fs = &fakeStore{}
 		cfg.Store = fs
 	}
-	var log syncBuffer
-	cfg.Logger = slog.New(slog.NewTextHandler(&log, nil))
+	log := &fusetest.Buffer{}
+	cfg.Logger = slog.New(slog.NewTextHandler(log, nil))
 	u, err := New(cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(u.Stop)
-	return u, fs, &log.b
-}
-
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
+	return u, fs, log
 }
 
 func eventually(t *testing.T, what string, cond func() bool) {
