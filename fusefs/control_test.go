@@ -21,6 +21,7 @@ import (
 	"github.com/alkblobfs/alkblobfs/blob"
 	"github.com/alkblobfs/alkblobfs/namespaces"
 	"github.com/alkblobfs/alkblobfs/store"
+	"github.com/alkblobfs/alkblobfs/upkeep"
 )
 
 func writeCtl(path, s string) error {
@@ -137,8 +138,8 @@ func TestControlInputStrict(t *testing.T) {
 	if err := writeCtl(timer, "on\n"); err != nil {
 		t.Fatal(err)
 	}
-	if got := read(); got != DefaultSweepInterval.String() {
-		t.Fatalf("on with no earlier interval: %q, want %s", got, DefaultSweepInterval)
+	if got := read(); got != upkeep.DefaultSweepInterval.String() {
+		t.Fatalf("on with no earlier interval: %q, want %s", got, upkeep.DefaultSweepInterval)
 	}
 	if err := writeCtl(timer, "30m"); err != nil {
 		t.Fatal(err)
