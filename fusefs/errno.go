@@ -191,6 +191,12 @@ func (f *FS) errno(op string, d blob.Digest, err error) syscall.Errno {
 	if !d.IsZero() {
 		attrs = append(attrs, "digest", d.String())
 	}
+	// A store error names its engine; a registry error names the
+	// database it is kept in.
+	var ne *namespaces.Error
+	if r, ok := f.reg.(interface{ Dialect() string }); ok && errors.As(err, &ne) {
+		attrs = append(attrs, "engine", r.Dialect())
+	}
 	f.log.Log(context.Background(), lvl, "request failed", attrs...)
 	return e
 }

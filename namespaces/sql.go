@@ -208,7 +208,11 @@ func OpenSQL(ctx context.Context, db *sql.DB, dialect string, clock Clock) (*SQL
 	if err := createSchema(ctx, db, dialect, stmts); err != nil {
 		return nil, fmt.Errorf("namespaces: open %s: create schema: %w", dialect, err)
 	}
-	permCols, err := addPermColumns(ctx, db, dialect)
+	var permCols bool
+	err := retryDeadlock(func() (err error) {
+		permCols, err = addPermColumns(ctx, db, dialect)
+		return err
+	})
 	if err != nil {
 		return nil, fmt.Errorf("namespaces: open %s: add the ns permission columns: %w", dialect, err)
 	}
@@ -218,6 +222,30 @@ func OpenSQL(ctx context.Context, db *sql.DB, dialect string, clock Clock) (*SQL
 		// read-only: none is recorded, and none can be.
 		r.q.perm = rebind(dialect, `SELECT NULL, NULL, NULL FROM ns WHERE name = ?`)
 	}
+	if err := retryDeadlock(func() error { return r.prepare(ctx) }); err != nil {
+		return nil, fmt.Errorf("namespaces: open %s: prepare: %w", dialect, err)
+	}
+	return r, nil
+}
+
+// retryDeadlock runs f again, up to three times in all, while PostgreSQL
+// answers "deadlock detected": concurrent opens of an old store (one
+// adding the permission columns, another preparing statements on the
+// table) can form a lock cycle, which the server breaks by aborting one
+// of them; that one just tries again.
+func retryDeadlock(f func() error) error {
+	for try := 1; ; try++ {
+		err := f()
+		var st interface{ SQLState() string }
+		if err == nil || try == 3 || !errors.As(err, &st) || st.SQLState() != "40P01" {
+			return err
+		}
+	}
+}
+
+// prepare prepares the registry's hot statements.
+func (r *SQL) prepare(ctx context.Context) error {
+	db := r.db
 	var prepared []*sql.Stmt
 	for _, p := range []struct {
 		st **sql.Stmt
@@ -231,12 +259,12 @@ func OpenSQL(ctx context.Context, db *sql.DB, dialect string, clock Clock) (*SQL
 			for _, st := range prepared {
 				st.Close()
 			}
-			return nil, fmt.Errorf("namespaces: open %s: prepare: %w", dialect, err)
+			return err
 		}
 		*p.st = st
 		prepared = append(prepared, st)
 	}
-	return r, nil
+	return nil
 }
 
 // Dialect is "sqlite" or "postgres".
