@@ -157,7 +157,7 @@ func (e *Engine) page(ctx context.Context, after blob.Digest, page []engines.Ent
 // DeleteMany implements engines.BatchDeleter: one transaction, one
 // DELETE … RETURNING size per digest.
 func (e *Engine) DeleteMany(ctx context.Context, ds []blob.Digest) (sizes []int64, err error) {
-	err = e.inTx(ctx, "delete", func(tx *sql.Tx) error {
+	err = e.inTx(ctx, "delete", func(ctx context.Context, tx *sql.Tx) error {
 		sizes, err = e.DeleteManyTx(ctx, tx, ds)
 		return err
 	})
