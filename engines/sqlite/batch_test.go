@@ -9,9 +9,11 @@ import (
 	"testing"
 	"time"
 
-	"modernc.org/sqlite"
+	sqlitedrv "modernc.org/sqlite"
 
 	"github.com/alkblobfs/alkblobfs/blob"
+	"github.com/alkblobfs/alkblobfs/engines/sqlite"
+	"github.com/alkblobfs/alkblobfs/gc"
 )
 
 var (
@@ -24,7 +26,7 @@ var (
 // closes it, so that a test can act while a statement is midway.
 func registerHold(t *testing.T) {
 	holdOnce.Do(func() {
-		err := sqlite.RegisterScalarFunction("alkblobfs_test_hold", 1, func(_ *sqlite.FunctionContext, args []driver.Value) (driver.Value, error) {
+		err := sqlitedrv.RegisterScalarFunction("alkblobfs_test_hold", 1, func(_ *sqlitedrv.FunctionContext, args []driver.Value) (driver.Value, error) {
 			if x, _ := args[0].(int64); x == 1 {
 				ch := make(chan struct{})
 				holdCh <- ch
@@ -101,3 +103,6 @@ func TestArbitrateCanceledCaller(t *testing.T) {
 		t.Errorf("%d rows committed (%v); want 5001", n, err)
 	}
 }
+
+// The collector unlinks the large tier's blobs in ArbitrateAlone.
+var _ gc.AloneHost = (*sqlite.Engine)(nil)
