@@ -4,6 +4,7 @@ import (
 	"context"
 	"database/sql"
 	"errors"
+	"log/slog"
 	"path/filepath"
 	"sync/atomic"
 	"testing"
@@ -117,26 +118,25 @@ func TestSQLiteArbitrationRerun(t *testing.T) {
 	}
 }
 
-// pinBetween is the SQLite engine where another process pins d between
-// the two holds of the arbitration lock: after the kv rows' delete
-// committed, before the large tier's unlinks (a put of the same content
-// that found the file there and deduped on it).
-type pinBetween struct {
+// between is the SQLite engine where something happens between the two
+// holds of the arbitration lock: after the kv rows' delete committed,
+// before the large tier's unlinks.
+type between struct {
 	*sqlite.Engine
-	d blob.Digest
+	hook func(ctx context.Context) error // nil: nothing
 }
 
-func (h *pinBetween) ArbitrateAlone(ctx context.Context, ds []blob.Digest, fn func(ctx context.Context, tx *sql.Tx) error) error {
-	if err := h.PinRows(ctx, nil, "another-process", []blob.Digest{h.d}, time.Now().Add(time.Hour)); err != nil {
-		return err
+func (h *between) ArbitrateAlone(ctx context.Context, ds []blob.Digest, fn func(ctx context.Context, tx *sql.Tx) error) error {
+	if h.hook != nil {
+		if err := h.hook(ctx); err != nil {
+			return err
+		}
 	}
 	return h.Engine.ArbitrateAlone(ctx, ds, fn)
 }
 
-// TestSQLiteUnlinkChecksAgain: the large tier's unlinks, which come after
-// the transaction that decided them, check pins again: a pin committed
-// in between keeps its file.
-func TestSQLiteUnlinkChecksAgain(t *testing.T) {
+func openBetween(t *testing.T) (*store.Store, *between) {
+	t.Helper()
 	dir := t.TempDir()
 	kv, err := sqlite.Open(t.Context(), filepath.Join(dir, "kv.db"))
 	if err != nil {
@@ -146,19 +146,60 @@ func TestSQLiteUnlinkChecksAgain(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	h := &pinBetween{Engine: kv}
-	s := openWith(t, store.Config{KV: h, Large: large})
+	h := &between{Engine: kv}
+	s := openWith(t, store.Config{KV: h, Large: large, Logger: slog.New(slog.DiscardHandler)})
 	s.GC().Register(&refs{m: map[blob.Digest]bool{}})
+	return s, h
+}
+
+// TestSQLiteUnlinkChecksAgain: the large tier's unlinks, which come after
+// the transaction that decided them, check pins again: a pin committed in
+// between (another process's put of the same content, which found the
+// file and deduped on it) keeps its file.
+func TestSQLiteUnlinkChecksAgain(t *testing.T) {
+	s, h := openBetween(t)
 	ds := putN(t, s, 4) // even: kv tier, odd: large tier
 	if r := sweep(t, s); r.Staged != 4 {
 		t.Fatalf("sweep 1: %+v", r)
 	}
-	h.d = ds[1]
+	h.hook = func(ctx context.Context) error {
+		return h.PinRows(ctx, nil, "another-process", []blob.Digest{ds[1]}, time.Now().Add(time.Hour))
+	}
 	r := sweep(t, s)
 	if ok, err := s.Has(t.Context(), ds[1]); err != nil || !ok {
 		t.Fatalf("the blob pinned before its unlink is gone (%v)", err)
 	}
 	if r.Deleted != 3 || r.Cancelled != 1 {
 		t.Errorf("report %+v; want 3 deleted, 1 cancelled", r)
+	}
+}
+
+// TestSQLiteUnlinkLeftOver: when the process stops between the two holds
+// (here the second fails), the large tier's blobs it decided stay,
+// unreferenced, and a later sweep deletes them.
+func TestSQLiteUnlinkLeftOver(t *testing.T) {
+	s, h := openBetween(t)
+	ds := putN(t, s, 4)
+	if r := sweep(t, s); r.Staged != 4 {
+		t.Fatalf("sweep 1: %+v", r)
+	}
+	h.hook = func(context.Context) error { return errors.New("test: stopped between the two") }
+	if _, err := s.Sweep(t.Context()); err == nil {
+		t.Fatal("sweep 2 succeeded")
+	}
+	for i, d := range ds {
+		ok, err := s.Has(t.Context(), d)
+		if err != nil || ok != (i%2 == 1) {
+			t.Fatalf("after the stop, blob %d present=%v (%v); want only the large tier's", i, ok, err)
+		}
+	}
+	// Their window rows are still there (the failed sweep removed none):
+	// the next sweep executes them, the kv rows vanished, the files not.
+	h.hook = nil
+	if r := sweep(t, s); r.Deleted != 2 || r.Cancelled != 2 {
+		t.Errorf("sweep 3: %+v; want the 2 large blobs deleted, the 2 kv rows cancelled as vanished", r)
+	}
+	if n := count(t, s); n != 0 {
+		t.Errorf("%d blobs left; want the large tier's collected", n)
 	}
 }
