@@ -503,7 +503,7 @@ func (r *SQL) Link(ctx context.Context, name string, d blob.Digest) (bool, error
 		return false, wrap("link", name, d, err)
 	}
 	var linked bool
-	err := r.inTx(ctx, func(tx *sql.Tx) error {
+	err := r.inTx(ctx, func(ctx context.Context, tx *sql.Tx) error {
 		var err error
 		linked, err = r.linkTx(ctx, tx, name, d)
 		return err
@@ -546,7 +546,7 @@ func (r *SQL) linkTx(ctx context.Context, tx *sql.Tx, name string, d blob.Digest
 // Pend implements Registry, in its own transaction.
 func (r *SQL) Pend(ctx context.Context, name string, d blob.Digest, p Pending) (Intent, error) {
 	var i Intent
-	err := r.inTx(ctx, func(tx *sql.Tx) error {
+	err := r.inTx(ctx, func(ctx context.Context, tx *sql.Tx) error {
 		var err error
 		i, err = r.PendTx(ctx, tx, name, d, p)
 		return err
@@ -654,7 +654,7 @@ func (r *SQL) Recover(ctx context.Context, holder string) (int, error) {
 	if r.dialect == "postgres" {
 		err = r.db.QueryRowContext(ctx, r.q.recoverTake, holder, now, now).Scan(&n)
 	} else {
-		err = r.inTx(ctx, func(tx *sql.Tx) error {
+		err = r.inTx(ctx, func(ctx context.Context, tx *sql.Tx) error {
 			if _, err := tx.ExecContext(ctx, r.q.recoverLink, now, holder, now); err != nil {
 				return err
 			}
@@ -737,7 +737,7 @@ func (r *SQL) LinkMany(ctx context.Context, name string, ds []blob.Digest) (int,
 	slices.SortFunc(ds, blob.Digest.Compare)
 	ds = slices.Compact(ds)
 	total := 0
-	err := r.inTx(ctx, func(tx *sql.Tx) error {
+	err := r.inTx(ctx, func(ctx context.Context, tx *sql.Tx) error {
 		total = 0
 		if err := r.mustExist(ctx, tx, name); err != nil {
 			return err
@@ -794,8 +794,11 @@ func (r *SQL) linkRowsExec(ctx context.Context, tx *sql.Tx, st *sql.Stmt, q stri
 	return int(n), err
 }
 
-func (r *SQL) inTx(ctx context.Context, f func(tx *sql.Tx) error) error {
-	return r.write(ctx, false, func(_ context.Context, tx *sql.Tx) error { return f(tx) })
+// inTx is write, eager. f gets the context to use, which on SQLite is the
+// Batcher's: a caller canceled midway must not interrupt a statement of a
+// transaction other writers share (engines.Batcher).
+func (r *SQL) inTx(ctx context.Context, f func(ctx context.Context, tx *sql.Tx) error) error {
+	return r.write(ctx, false, f)
 }
 
 // write runs fn in a write transaction: through the engine's Batcher when

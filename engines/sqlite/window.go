@@ -15,7 +15,7 @@ func (e *Engine) WindowStage(ctx context.Context, cs []engines.Candidate) error 
 	if len(cs) == 0 {
 		return nil
 	}
-	return e.inTx(ctx, "window stage", func(tx *sql.Tx) error {
+	return e.inTx(ctx, "window stage", func(ctx context.Context, tx *sql.Tx) error {
 		st := tx.StmtContext(ctx, e.wStage)
 		for _, c := range cs {
 			if _, err := st.ExecContext(ctx, c.Digest[:], c.VisibleAfter.UnixNano()); err != nil {
@@ -60,7 +60,7 @@ func (e *Engine) WindowRemove(ctx context.Context, ds []blob.Digest) error {
 	if len(ds) == 0 {
 		return nil
 	}
-	return e.inTx(ctx, "window remove", func(tx *sql.Tx) error {
+	return e.inTx(ctx, "window remove", func(ctx context.Context, tx *sql.Tx) error {
 		st := tx.StmtContext(ctx, e.wRemove)
 		for _, d := range ds {
 			if _, err := st.ExecContext(ctx, d[:]); err != nil {
@@ -82,11 +82,13 @@ func (e *Engine) WindowLen(ctx context.Context) (int, error) {
 
 // inTx runs fn in a write transaction (write) and commits it, rolling
 // back on any error. fn's error comes back as it is; a failed BEGIN or
-// COMMIT is wrapped with op.
-func (e *Engine) inTx(ctx context.Context, op string, fn func(tx *sql.Tx) error) error {
+// COMMIT is wrapped with op. fn is a Batcher job: it must use the context
+// it is given, which no caller can cancel midway (see engines.Batcher),
+// and be safe to run twice.
+func (e *Engine) inTx(ctx context.Context, op string, fn func(ctx context.Context, tx *sql.Tx) error) error {
 	var ferr error
-	err := e.write(ctx, func(_ context.Context, tx *sql.Tx) error {
-		ferr = fn(tx)
+	err := e.write(ctx, func(ctx context.Context, tx *sql.Tx) error {
+		ferr = fn(ctx, tx)
 		return ferr
 	})
 	if err != nil && err != ferr {
