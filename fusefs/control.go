@@ -151,7 +151,7 @@ type ctlHandle struct {
 
 	mu      sync.Mutex
 	content []byte
-	wrote   bool   // a command came through this handle
+	wrote   bool   // a command came through this handle and did not fail
 	undo    func() // takes the timer back to before that command
 }
 
@@ -231,6 +231,11 @@ func (h *ctlHandle) Write(ctx context.Context, data []byte, off int64) (uint32, 
 		err = errReadOnly
 	}
 	if err != nil {
+		// A command that failed did nothing: the same open may send one
+		// again (a write interrupted by a signal is EINTR, and retried).
+		h.mu.Lock()
+		h.wrote = false
+		h.mu.Unlock()
 		return 0, f.errno("control", blob.Digest{}, err)
 	}
 	return uint32(len(data)), 0
