@@ -113,7 +113,8 @@
 // close fails with EIO and nothing is published. Such a put publishes at a
 // FLUSH that follows writes through the closing descriptor (a shell's
 // early flush must not try the empty content against the name), or at the
-// last RELEASE.
+// last RELEASE. Closed empty, it is EIO at that close, unless its name is
+// the empty content's digest: that one publishes there.
 //
 // # Pins
 //

@@ -126,6 +126,10 @@ func decide(s fileState, e event) step {
 				// > <digest>` closes its first descriptor before cmd
 				// writes through the dup'd one.
 				p = stepRefuse
+			case s.byPath && e.writer:
+				// The empty digest's own name: the content is right as it
+				// is, and shows once the close returns.
+				p = stepCommitLink
 			case e.writer && !s.byPath && !s.owing:
 				// Empty so far: nothing to commit. An empty incoming
 				// file publishes at its last RELEASE; until then

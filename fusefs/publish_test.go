@@ -63,7 +63,7 @@ func TestDecide(t *testing.T) {
 		{"flush detached", with(writing, func(s *fileState) { s.detached = true }), flush, stepCommitIntent | stepOwe, "unlinked while open: its close returned 0"},
 		{"flush by path after writes", byPath, flush, stepCommitLink, "its name is its digest"},
 		{"flush by path, nothing written through it", byPath, event{kind: evFlush, writer: true}, 0, "a shell's early flush"},
-		{"flush by path, empty", with(byPath, func(s *fileState) { s.written = false }), flush, 0, "no owe outside incoming/"},
+		{"flush by path, empty", with(byPath, func(s *fileState) { s.written = false }), flush, stepCommitLink, "the empty digest's name: right as it is"},
 		{"flush by path, empty, name is not the empty digest", with(byPath, func(s *fileState) { s.written = false }), event{kind: evFlush, writer: true, emptyMismatch: true}, stepRefuse, "close(open(O_CREAT)) fails"},
 		{"flush by path, written, empty dup'd close", byPath, event{kind: evFlush, writer: true, emptyMismatch: true}, 0, "written through another descriptor"},
 
