@@ -79,7 +79,13 @@ type TxPool interface {
 	DeleteManyTx(ctx context.Context, tx *sql.Tx, ds []blob.Digest) ([]int64, error)
 }
 
-// Clock is injected so that window logic is tested without sleeping.
+// Clock times what the collector does in its own process: how long a sweep
+// with the in-process window waits, that window's rows, the times in a
+// Report. It never times a row another process reads — pin expiries and the
+// durable window are the host's and the window host's clock (see
+// engines.GCHost), given TTLs and delays — so a process whose clock is
+// wrong, or jumps, misjudges nothing of another's. Injected so that the
+// in-process window is tested without sleeping.
 type Clock interface {
 	Now() time.Time
 	// After behaves like time.After.
@@ -187,11 +193,11 @@ func New(pool Pool, o Options) *Collector {
 		ttl:     o.PinTTL,
 		sources: make(map[*Registration]Source),
 	}
-	if c.window == nil {
-		c.window = newMemWindow()
-	}
 	if c.clock == nil {
 		c.clock = RealClock
+	}
+	if c.window == nil {
+		c.window = newMemWindow(c.clock)
 	}
 	if c.log == nil {
 		c.log = slog.Default()
@@ -377,7 +383,7 @@ func (c *Collector) arbitratedDeleteMany(ctx context.Context, ds []blob.Digest, 
 	actx, cancel := context.WithTimeout(ctx, arbitrateTimeout)
 	defer cancel()
 	err = c.host.Arbitrate(actx, batch, func(ctx context.Context, tx *sql.Tx) error {
-		pinned, err := c.host.PinnedAmong(ctx, tx, batch, c.clock.Now(), "")
+		pinned, err := c.host.PinnedAmong(ctx, tx, batch, "")
 		if err != nil {
 			return err
 		}
