@@ -37,6 +37,16 @@ import (
 // the COMMIT returned. A job that panics is rolled back and the panic is
 // raised again in its caller.
 //
+// So a job may run twice, and its first run may have seen the
+// uncommitted work of jobs that then rolled back with it. A job must
+// therefore start from scratch each time: build what it returns afresh,
+// assign its results rather than append to them, and never compact or
+// change in place a slice or map it captured. And it must do nothing a
+// rollback does not undo (unlink a file, delete an object elsewhere):
+// that goes after Do returns, once the decision has committed, or in
+// DoAlone when it needs the write lock. Every job gets the Batcher's
+// context as its parameter and must use it, never the caller's (see Do).
+//
 // Every write transaction of a process on the database should go through
 // its Batcher: the loop begins its next transaction as soon as one
 // commits, and a writer outside it, polling for SQLite's lock with
@@ -69,6 +79,7 @@ type batchJob struct {
 	fn    func(ctx context.Context, tx *sql.Tx) error
 	ctx   context.Context
 	lazy  bool
+	alone bool // DoAlone: never shares a transaction, never runs again
 	err   error
 	panic any // recovered from fn, raised again by Do
 	done  chan struct{}
@@ -94,7 +105,22 @@ var ErrBatcherClosed = fmt.Errorf("batched transaction: %w", blob.ErrClosed)
 // work too, so the context fn sees carries ctx's values without its
 // cancellation. fn must not wait for anything another batch would do.
 func (b *Batcher) Do(ctx context.Context, lazy bool, fn func(ctx context.Context, tx *sql.Tx) error) error {
-	j := &batchJob{fn: fn, ctx: context.WithoutCancel(ctx), lazy: lazy, done: make(chan struct{})}
+	return b.do(&batchJob{fn: fn, ctx: context.WithoutCancel(ctx), lazy: lazy, done: make(chan struct{})})
+}
+
+// DoAlone runs fn once in a write transaction of its own, in the queue
+// with the other jobs: never shared, so fn reads only committed work and
+// its own, and never run again. It is for a transaction that serves as a
+// lock around work outside the database, which no rollback undoes (the
+// GC's unlinks of large-tier files under SQLite's write lock): fn should
+// write nothing whose loss matters, since an error after fn ran (a failed
+// COMMIT) is returned with that outside work done. fn gets the Batcher's
+// context, as in Do.
+func (b *Batcher) DoAlone(ctx context.Context, fn func(ctx context.Context, tx *sql.Tx) error) error {
+	return b.do(&batchJob{fn: fn, ctx: context.WithoutCancel(ctx), alone: true, done: make(chan struct{})})
+}
+
+func (b *Batcher) do(j *batchJob) error {
 	b.mu.Lock()
 	if b.closed {
 		b.mu.Unlock()
@@ -160,6 +186,15 @@ func (b *Batcher) loop() {
 		}
 		for len(b.queue) > 0 {
 			n := min(len(b.queue), maxBatch)
+			// A job that runs alone ends the batch before it, in queue
+			// order, or is a batch of its own.
+			switch k := slices.IndexFunc(b.queue[:n], func(j *batchJob) bool { return j.alone }); k {
+			case -1:
+			case 0:
+				n = 1
+			default:
+				n = k
+			}
 			jobs := b.queue[:n:n]
 			b.queue = b.queue[n:]
 			b.mu.Unlock()

@@ -3,6 +3,7 @@ package engines
 import (
 	"context"
 	"database/sql"
+	"database/sql/driver"
 	"errors"
 	"fmt"
 	"path/filepath"
@@ -11,7 +12,7 @@ import (
 	"testing"
 	"time"
 
-	_ "modernc.org/sqlite"
+	"modernc.org/sqlite"
 )
 
 // openBatchDB is an SQLite database as the sqlite engine opens one, with a
@@ -272,5 +273,190 @@ func TestBatcherPanic(t *testing.T) {
 	}
 	if got := rows(t, db); len(got) != 1 || !got["ok"] {
 		t.Errorf("committed %v; want ok only", got)
+	}
+}
+
+// hold occupies b's loop with a job of its own until release is called,
+// so that the jobs queued meanwhile make up the next batch, in the order
+// they were queued (see queued).
+func hold(t *testing.T, b *Batcher) (release func()) {
+	t.Helper()
+	started, stop, done := make(chan struct{}), make(chan struct{}), make(chan struct{})
+	go func() {
+		defer close(done)
+		b.Do(t.Context(), false, func(context.Context, *sql.Tx) error {
+			close(started)
+			<-stop
+			return nil
+		})
+	}()
+	<-started
+	return func() { close(stop); <-done }
+}
+
+// queued waits until n jobs wait in b's queue.
+func queued(t *testing.T, b *Batcher, n int) {
+	t.Helper()
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(time.Millisecond) {
+		b.mu.Lock()
+		k := len(b.queue)
+		b.mu.Unlock()
+		if k >= n {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%d jobs queued, want %d", k, n)
+		}
+	}
+}
+
+// TestBatcherAlone: a DoAlone job shares no transaction — the jobs queued
+// before it commit first, those after it later — and runs once.
+func TestBatcherAlone(t *testing.T) {
+	db := openBatchDB(t)
+	b := NewBatcher(db)
+	defer b.Close()
+	b.linger = time.Second
+	release := hold(t, b)
+	var wg sync.WaitGroup
+	errs := make([]error, 3)
+	wg.Go(func() { errs[0] = b.Do(t.Context(), true, insert("before")) })
+	queued(t, b, 1)
+	calls := 0
+	var saw map[string]bool
+	wg.Go(func() {
+		errs[1] = b.DoAlone(t.Context(), func(ctx context.Context, tx *sql.Tx) error {
+			calls++
+			saw = map[string]bool{}
+			rs, err := tx.QueryContext(ctx, `SELECT k FROM t`)
+			if err != nil {
+				return err
+			}
+			defer rs.Close()
+			for rs.Next() {
+				var k string
+				if err := rs.Scan(&k); err != nil {
+					return err
+				}
+				saw[k] = true
+			}
+			return insert("alone")(ctx, tx)
+		})
+	})
+	queued(t, b, 2)
+	wg.Go(func() { errs[2] = b.Do(t.Context(), true, insert("after")) })
+	queued(t, b, 3)
+	before := b.batches.Load()
+	release()
+	wg.Wait()
+	for i, err := range errs {
+		if err != nil {
+			t.Fatalf("job %d: %v", i, err)
+		}
+	}
+	if n := b.batches.Load() - before; n != 3 {
+		t.Errorf("%d transactions for a job alone between two others; want 3", n)
+	}
+	if calls != 1 || !saw["before"] || saw["after"] {
+		t.Errorf("the job alone ran %d times and saw %v; want once, after 'before' and before 'after'", calls, saw)
+	}
+	if got := rows(t, db); len(got) != 3 {
+		t.Errorf("committed %v", got)
+	}
+}
+
+var (
+	holdOnce sync.Once
+	holdCh   = make(chan chan struct{}, 1)
+)
+
+// registerHold registers the SQL function alkblobfs_test_hold(x), true for
+// every x: at x = 1 it hands the test a channel on holdCh and waits until
+// the test closes it, so that a test can act while a statement is midway.
+func registerHold(t *testing.T) {
+	holdOnce.Do(func() {
+		err := sqlite.RegisterScalarFunction("alkblobfs_test_hold", 1, func(_ *sqlite.FunctionContext, args []driver.Value) (driver.Value, error) {
+			if x, _ := args[0].(int64); x == 1 {
+				ch := make(chan struct{})
+				holdCh <- ch
+				<-ch
+			}
+			return int64(1), nil
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+	})
+}
+
+// midway is an INSERT that stops at its first row in alkblobfs_test_hold
+// and then has thousands of steps to go: a canceled context that reaches
+// it interrupts it, and SQLite then rolls back the whole transaction.
+const midway = `WITH RECURSIVE c(x) AS (SELECT 1 UNION ALL SELECT x + 1 FROM c WHERE x < 5000)
+	INSERT INTO t (k) SELECT 'midway-' || x FROM c WHERE alkblobfs_test_hold(x)`
+
+// TestBatcherCanceledMidStatement: a caller canceled while its job's
+// statement runs cannot interrupt it, so the job before it in the shared
+// transaction commits once, not rolled back and run again. The control
+// shows what capturing the caller's context (against Do's rule) did.
+func TestBatcherCanceledMidStatement(t *testing.T) {
+	registerHold(t)
+	for _, tc := range []struct {
+		name    string
+		capture bool // the job uses the caller's context, not its own
+	}{{"batcher context", false}, {"captured caller context (control)", true}} {
+		t.Run(tc.name, func(t *testing.T) {
+			db := openBatchDB(t)
+			b := NewBatcher(db)
+			defer b.Close()
+			release := hold(t, b)
+			var wg sync.WaitGroup
+			otherCalls := 0
+			var otherErr, midErr error
+			wg.Go(func() {
+				otherErr = b.Do(t.Context(), false, func(ctx context.Context, tx *sql.Tx) error {
+					otherCalls++
+					return insert("other")(ctx, tx)
+				})
+			})
+			queued(t, b, 1)
+			caller, cancel := context.WithCancel(t.Context())
+			defer cancel()
+			wg.Go(func() {
+				midErr = b.Do(caller, false, func(ctx context.Context, tx *sql.Tx) error {
+					if tc.capture {
+						ctx = caller
+					}
+					_, err := tx.ExecContext(ctx, midway)
+					return err
+				})
+			})
+			queued(t, b, 2)
+			before := b.batches.Load()
+			release()
+			ch := <-holdCh // the statement is midway
+			cancel()
+			time.Sleep(20 * time.Millisecond) // for the driver to see it
+			close(ch)
+			wg.Wait()
+			got := rows(t, db)
+			if tc.capture {
+				// The interrupt rolled back the whole transaction: the
+				// other job ran again, alone.
+				if midErr == nil || otherCalls != 2 {
+					t.Fatalf("control: midway %v, other ran %d times; want an interrupt and a re-run", midErr, otherCalls)
+				}
+				return
+			}
+			if otherErr != nil || midErr != nil {
+				t.Fatalf("other: %v, midway: %v", otherErr, midErr)
+			}
+			if otherCalls != 1 || b.batches.Load()-before != 1 {
+				t.Errorf("other ran %d times in %d transactions; want once, in one shared", otherCalls, b.batches.Load()-before)
+			}
+			if len(got) != 5001 || !got["other"] || !got["midway-5000"] {
+				t.Errorf("%d rows committed; want other and midway's 5000", len(got))
+			}
+		})
 	}
 }

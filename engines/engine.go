@@ -270,7 +270,12 @@ const PGSchemaLock int64 = 0x616c6b626c6f62 // "alkblob"
 // InTx runs fn in a transaction of db and commits it. An error of fn rolls
 // the transaction back and is returned as it is; an error beginning or
 // committing goes through wrap (the engine's error wrapper; nil: none)
-// first.
+// first. A panic in fn rolls the transaction back too, then goes on up
+// as it was: a transaction never ended keeps its connection out of the
+// pool and its locks held (SQLite's write lock, PostgreSQL's row and
+// advisory locks) until its context ends, for ever under a Background
+// one, and a caller that recovers (the mount answers EIO and goes on)
+// would be left with a database no one can write.
 func InTx(ctx context.Context, db *sql.DB, wrap func(error) error, fn func(tx *sql.Tx) error) error {
 	if wrap == nil {
 		wrap = func(err error) error { return err }
@@ -279,7 +284,15 @@ func InTx(ctx context.Context, db *sql.DB, wrap func(error) error, fn func(tx *s
 	if err != nil {
 		return wrap(err)
 	}
-	if err := fn(tx); err != nil {
+	done := false
+	defer func() {
+		if !done {
+			tx.Rollback() // fn panicked: the panic goes on up as it was
+		}
+	}()
+	err = fn(tx)
+	done = true
+	if err != nil {
 		tx.Rollback() // fn's error is the one to report
 		return err
 	}

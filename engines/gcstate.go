@@ -65,8 +65,11 @@ type GCHost interface {
 	// Arbitrate runs fn in one transaction that holds the exclusive
 	// arbitration lock of every digest of ds, and commits if fn succeeds.
 	// fn reads what protects the digests (PinnedAmong, and any table in the
-	// same database) and deletes the dead (DeleteManyTx, and the large
-	// tier's deletes, which thereby happen under the lock).
+	// same database) and deletes the dead rows (DeleteManyTx). The
+	// transaction may be shared with other writers' work and fn run again
+	// after it rolled back (SQLite's Batcher): fn starts afresh each run
+	// and does nothing a rollback does not undo (gc.AloneHost is the hold
+	// for that).
 	Arbitrate(ctx context.Context, ds []blob.Digest, fn func(ctx context.Context, tx *sql.Tx) error) error
 	// PinnedAmong returns the digests of ds that have a row unexpired now
 	// (read once, when the query runs: after fn's locks are held) whose

@@ -3,13 +3,10 @@ package fusefs
 import (
 	"context"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"strings"
 	"sync"
-	"sync/atomic"
 	"syscall"
-	"time"
 
 	"github.com/hanwen/go-fuse/v2/fs"
 	"github.com/hanwen/go-fuse/v2/fuse"
@@ -17,27 +14,8 @@ import (
 	"github.com/alkblobfs/alkblobfs/blob"
 	"github.com/alkblobfs/alkblobfs/gc"
 	"github.com/alkblobfs/alkblobfs/store"
+	"github.com/alkblobfs/alkblobfs/upkeep"
 )
-
-// MinSweepInterval is the shortest sweep timer: a sweep lists the whole
-// pool, and a timer of a nanosecond would run thousands a second.
-const MinSweepInterval = time.Second
-
-// CheckSweepEvery validates a sweep timer: 0 (off) or at least
-// MinSweepInterval, and off on a read-only mount, which deletes nothing.
-func CheckSweepEvery(d time.Duration, readOnly bool) error {
-	switch {
-	case d < 0 || d > 0 && d < MinSweepInterval:
-		return fmt.Errorf("sweep interval %s: want 0 (off) or at least %s", d, MinSweepInterval)
-	case d > 0 && readOnly:
-		return errors.New("a read-only mount does not sweep: no sweep interval with read-only")
-	}
-	return nil
-}
-
-// DefaultSweepInterval is what `echo on > sweep-timer` starts when no
-// interval was ever set.
-const DefaultSweepInterval = 15 * time.Minute
 
 // ctlDir is /.alkblobfs: a fixed set of control files.
 type ctlDir struct {
@@ -173,7 +151,7 @@ type ctlHandle struct {
 
 	mu      sync.Mutex
 	content []byte
-	wrote   bool   // a command came through this handle
+	wrote   bool   // a command came through this handle and did not fail
 	undo    func() // takes the timer back to before that command
 }
 
@@ -224,7 +202,7 @@ func (h *ctlHandle) Write(ctx context.Context, data []byte, off int64) (uint32, 
 			undo()
 		}
 		f.log.Warn("a control file takes one command per open, in one write: refused the rest", "file", h.c.name(),
-			"input", truncate(string(data)), "first_undone", undo != nil)
+			"input", upkeep.Clip(string(data)), "first_undone", undo != nil)
 		return 0, f.errno("control", blob.Digest{}, fmt.Errorf("%w: %s: more than one write in one open", errBadInput, h.c.name()))
 	}
 	cmd := command(data)
@@ -232,18 +210,18 @@ func (h *ctlHandle) Write(ctx context.Context, data []byte, off int64) (uint32, 
 	switch h.c.kind {
 	case ctlSweep, ctlScrub:
 		if cmd != "run" {
-			f.log.Warn("bad command; write run", "file", h.c.name(), "input", truncate(cmd))
-			err = fmt.Errorf("%w: %s %q: want run", errBadInput, h.c.name(), truncate(cmd))
+			f.log.Warn("bad command; write run", "file", h.c.name(), "input", upkeep.Clip(cmd))
+			err = fmt.Errorf("%w: %s %q: want run", errBadInput, h.c.name(), upkeep.Clip(cmd))
 			break
 		}
 		if h.c.kind == ctlSweep {
-			_, err = f.sweeper.run(ctx, "control file")
+			_, err = f.upkeep.Sweeper.Run(ctx, "control file")
 		} else {
-			_, err = f.scrubber.run(ctx, "control file")
+			_, err = f.upkeep.Scrubber.Run(ctx, "control file")
 		}
 	case ctlSweepTimer:
-		if undo, err = f.sweeper.set(cmd); err != nil {
-			f.log.Warn("bad sweep-timer command; write off, on or a duration of at least 1s like 15m", "input", truncate(cmd))
+		if undo, err = f.upkeep.Sweeper.Set(cmd); err != nil {
+			f.log.Warn("bad sweep-timer command; write off, on or a duration of at least 1s like 15m", "input", upkeep.Clip(cmd))
 			break
 		}
 		h.mu.Lock()
@@ -253,31 +231,29 @@ func (h *ctlHandle) Write(ctx context.Context, data []byte, off int64) (uint32, 
 		err = errReadOnly
 	}
 	if err != nil {
+		// A command that failed did nothing: the same open may send one
+		// again (a write interrupted by a signal is EINTR, and retried).
+		h.mu.Lock()
+		h.wrote = false
+		h.mu.Unlock()
 		return 0, f.errno("control", blob.Digest{}, err)
 	}
 	return uint32(len(data)), 0
-}
-
-func truncate(s string) string {
-	if len(s) > 64 {
-		return s[:64] + "…"
-	}
-	return s
 }
 
 func (c *ctlFile) render(ctx context.Context) ([]byte, error) {
 	f := c.fsys
 	switch c.kind {
 	case ctlSweep:
-		rep, ok := f.st.GC().LastReport()
+		rep, ok := f.upkeep.Sweeper.LastReport()
 		if !ok {
 			return []byte("{}\n"), nil
 		}
 		return marshal(rep)
 	case ctlSweepTimer:
-		return []byte(f.sweeper.String() + "\n"), nil
+		return []byte(f.upkeep.Sweeper.String() + "\n"), nil
 	case ctlScrub:
-		rep, ok := f.scrubber.lastReport()
+		rep, ok := f.upkeep.Scrubber.LastReport()
 		if !ok {
 			return []byte("{}\n"), nil
 		}
@@ -293,126 +269,6 @@ func marshal(v any) ([]byte, error) {
 		return nil, err
 	}
 	return append(b, '\n'), nil
-}
-
-// sweeper runs sweeps for the control file and the timer: one code path,
-// one sweep at a time (a control write waits for a timer sweep in
-// progress rather than getting an immediate SweeperLock abort).
-type sweeper struct {
-	f     *FS
-	runMu sync.Mutex
-	runs  atomic.Int64
-
-	mu      sync.Mutex
-	every   time.Duration // 0: off
-	lastOn  time.Duration // what "on" resumes
-	timer   *time.Timer
-	gen     uint64
-	stopped bool
-}
-
-func newSweeper(f *FS, every time.Duration) *sweeper {
-	return &sweeper{f: f, every: every, lastOn: every}
-}
-
-func (s *sweeper) run(ctx context.Context, trigger string) (gc.Report, error) {
-	s.runMu.Lock()
-	defer s.runMu.Unlock()
-	rep, err := s.f.st.Sweep(ctx)
-	s.runs.Add(1)
-	if err != nil {
-		s.f.log.Error("sweep failed", "trigger", trigger, "err", err)
-		return rep, err
-	}
-	s.f.log.Info("sweep done", "trigger", trigger, "aborted", string(rep.Aborted), "deleted", rep.Deleted,
-		"staged", rep.Staged, "bytes_freed", rep.BytesFreed, "duration", rep.Duration)
-	return rep, nil
-}
-
-// set applies a sweep-timer command: off, on, or a Go duration of at
-// least MinSweepInterval. 0 is not off here, unlike --sweep-every's 0: a
-// stray `echo 0` (or a value cut short) must not stop GC, so off is said
-// in words. undo takes the timer back to before the command, unless it
-// has changed again since.
-func (s *sweeper) set(cmd string) (undo func(), err error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	prevEvery, prevOn := s.every, s.lastOn
-	switch cmd {
-	case "off":
-		s.every = 0
-	case "on":
-		if s.lastOn <= 0 {
-			s.lastOn = DefaultSweepInterval
-		}
-		s.every = s.lastOn
-	default:
-		d, err := time.ParseDuration(cmd)
-		if err != nil || d < MinSweepInterval {
-			return nil, fmt.Errorf("%w: sweep-timer %q: want off, on or a duration of at least %s", errBadInput, truncate(cmd), MinSweepInterval)
-		}
-		s.every, s.lastOn = d, d
-	}
-	s.armLocked()
-	every, on := s.every, s.lastOn
-	return func() {
-		s.mu.Lock()
-		defer s.mu.Unlock()
-		if s.every == every && s.lastOn == on && (s.every != prevEvery || s.lastOn != prevOn) {
-			s.every, s.lastOn = prevEvery, prevOn
-			s.armLocked()
-		}
-	}, nil
-}
-
-func (s *sweeper) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if s.every <= 0 {
-		return "off"
-	}
-	return s.every.String()
-}
-
-func (s *sweeper) start() {
-	s.mu.Lock()
-	s.armLocked()
-	s.mu.Unlock()
-}
-
-func (s *sweeper) stop() {
-	s.mu.Lock()
-	s.stopped = true
-	s.armLocked()
-	s.mu.Unlock()
-}
-
-func (s *sweeper) armLocked() {
-	s.gen++
-	if s.timer != nil {
-		s.timer.Stop()
-		s.timer = nil
-	}
-	if s.every <= 0 || s.stopped {
-		return
-	}
-	g := s.gen
-	s.timer = time.AfterFunc(s.every, func() { s.fire(g) })
-}
-
-func (s *sweeper) fire(g uint64) {
-	s.mu.Lock()
-	live := g == s.gen && !s.stopped
-	s.mu.Unlock()
-	if !live {
-		return
-	}
-	s.run(s.f.ctx, "timer")
-	s.mu.Lock()
-	if g == s.gen {
-		s.armLocked()
-	}
-	s.mu.Unlock()
 }
 
 // Stats is what /.alkblobfs/stats shows.
@@ -457,8 +313,8 @@ type ScrubStats struct {
 	// Found counts the blobs scrubs found corrupt or unreadable.
 	Found int64 `json:"found_bad"`
 	// Refused counts the local blobs refused at open now (known corrupt).
-	Refused int          `json:"refused"`
-	Last    *ScrubReport `json:"last,omitempty"`
+	Refused int                 `json:"refused"`
+	Last    *upkeep.ScrubReport `json:"last,omitempty"`
 }
 
 // PassthroughStats says whether the kernel reads local blobs directly.
@@ -512,13 +368,13 @@ func (f *FS) Counters() Stats {
 		},
 		Scrub: ScrubStats{
 			Every:   "off",
-			Rate:    f.scrubber.rate,
-			Runs:    f.scrubber.runs.Load(),
-			Found:   f.scrubber.found.Load(),
+			Rate:    f.upkeep.Scrubber.Rate(),
+			Runs:    f.upkeep.Scrubber.Runs(),
+			Found:   f.upkeep.Scrubber.Found(),
 			Refused: f.verdicts.corrupt(),
 		},
-		SweepTimer: f.sweeper.String(),
-		Sweeps:     f.sweeper.runs.Load(),
+		SweepTimer: f.upkeep.Sweeper.String(),
+		Sweeps:     f.upkeep.Sweeper.Runs(),
 	}
 	if !s.Passthrough.Active {
 		s.Passthrough.Reason, _ = f.ptReason.Load().(string)
@@ -534,13 +390,13 @@ func (f *FS) Counters() Stats {
 		s.UploadsInFlight += len(d.tree.live)
 		d.tree.mu.Unlock()
 	}
-	if rep, ok := f.st.GC().LastReport(); ok {
+	if rep, ok := f.upkeep.Sweeper.LastReport(); ok {
 		s.LastSweep = &rep
 	}
-	if f.scrubber.every > 0 {
-		s.Scrub.Every = f.scrubber.every.String()
+	if every := f.upkeep.Scrubber.Every(); every > 0 {
+		s.Scrub.Every = every.String()
 	}
-	if rep, ok := f.scrubber.lastReport(); ok {
+	if rep, ok := f.upkeep.Scrubber.LastReport(); ok {
 		s.Scrub.Last = &rep
 	}
 	return s

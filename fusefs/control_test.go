@@ -21,6 +21,7 @@ import (
 	"github.com/alkblobfs/alkblobfs/blob"
 	"github.com/alkblobfs/alkblobfs/namespaces"
 	"github.com/alkblobfs/alkblobfs/store"
+	"github.com/alkblobfs/alkblobfs/upkeep"
 )
 
 func writeCtl(path, s string) error {
@@ -137,8 +138,8 @@ func TestControlInputStrict(t *testing.T) {
 	if err := writeCtl(timer, "on\n"); err != nil {
 		t.Fatal(err)
 	}
-	if got := read(); got != DefaultSweepInterval.String() {
-		t.Fatalf("on with no earlier interval: %q, want %s", got, DefaultSweepInterval)
+	if got := read(); got != upkeep.DefaultSweepInterval.String() {
+		t.Fatalf("on with no earlier interval: %q, want %s", got, upkeep.DefaultSweepInterval)
 	}
 	if err := writeCtl(timer, "30m"); err != nil {
 		t.Fatal(err)
@@ -194,6 +195,21 @@ func TestControlInputStrict(t *testing.T) {
 	sh(t, "echo 1h > "+timer)
 	if got := read(); got != "1h0m0s" {
 		t.Fatalf("echo 1h: %q", got)
+	}
+	// A command that failed did nothing, so the same open may send one
+	// again: a write interrupted by a signal (EINTR) is retried so.
+	f, err = os.OpenFile(timer, os.O_WRONLY, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, err = f.Write([]byte("junk"))
+	wantErrno(t, "a bad command", err, syscall.EINVAL)
+	if _, err := f.Write([]byte("2h\n")); err != nil {
+		t.Errorf("a command after a failed one, on the same open: %v", err)
+	}
+	f.Close()
+	if got := read(); got != "2h0m0s" {
+		t.Fatalf("after junk then 2h on one open: %q", got)
 	}
 
 	for _, name := range []string{"sweep", "scrub"} {

@@ -77,7 +77,7 @@
 //     linked.
 //   - The kernel sends the RELEASE just after the last close returns, so
 //     a lookup of the digest (or a listing of the namespace) waits for a
-//     RELEASE owed by a close of the last 50 ms: `cp f incoming/ && stat
+//     RELEASE owed by a close of the last 200 ms: `cp f incoming/ && stat
 //     ns/<digest>` finds the file.
 //   - A FLUSH commits nothing until something was written since the file
 //     was created or truncated: a shell's `cmd > file` flushes once before
@@ -134,5 +134,5 @@
 // (they run the server in-process) keep page faults on mount files out of
 // the serving process: a fault stalls a thread that the Go runtime's
 // stop-the-world then waits for, while the server that would resolve it
-// cannot run. Their mmap reads run in a child process.
+// cannot run. Their mmap reads and writes run in a child process.
 package fusefs

@@ -8,6 +8,7 @@ import (
 
 	"github.com/alkblobfs/alkblobfs/blob"
 	"github.com/alkblobfs/alkblobfs/namespaces"
+	"github.com/alkblobfs/alkblobfs/upkeep"
 )
 
 // Policy errors of the mount itself. Node code returns these (or store and
@@ -39,9 +40,6 @@ var (
 	errNotDir = errors.New("not a directory")
 	// errUnsupported: fallocate, foreign xattrs on incoming files.
 	errUnsupported = errors.New("not supported")
-	// errUnmounting: a control command arrived, or was running, while
-	// the mount unmounts.
-	errUnmounting = errors.New("the mount is unmounting")
 	// errNoAttr: getxattr of an attribute the file does not have.
 	errNoAttr = errors.New("no such attribute")
 	// errRange: the caller's xattr buffer is too small.
@@ -88,7 +86,7 @@ func toErrno(err error) syscall.Errno {
 		return syscall.EACCES
 	case errors.Is(err, errNotPermitted):
 		return syscall.EPERM
-	case errors.Is(err, errBadInput):
+	case errors.Is(err, errBadInput), errors.Is(err, upkeep.ErrBadInput):
 		return syscall.EINVAL
 	case errors.Is(err, errDirNotEmpty):
 		return syscall.ENOTEMPTY
@@ -104,7 +102,10 @@ func toErrno(err error) syscall.Errno {
 		return syscall.ENOTDIR
 	case errors.Is(err, errUnsupported):
 		return syscall.EOPNOTSUPP
-	case errors.Is(err, errUnmounting):
+	case errors.Is(err, upkeep.ErrStopped):
+		// A scrub asked for, or running, while the mount unmounts (its
+		// upkeep stops then). Not EINTR, which a shell's echo would
+		// retry.
 		return syscall.ESHUTDOWN
 	case errors.Is(err, errNoAttr):
 		return syscall.ENODATA
@@ -189,6 +190,12 @@ func (f *FS) errno(op string, d blob.Digest, err error) syscall.Errno {
 	attrs := []any{"op", op, "errno", e.Error(), "err", err}
 	if !d.IsZero() {
 		attrs = append(attrs, "digest", d.String())
+	}
+	// A store error names its engine; a registry error names the
+	// database it is kept in.
+	var ne *namespaces.Error
+	if r, ok := f.reg.(interface{ Dialect() string }); ok && errors.As(err, &ne) {
+		attrs = append(attrs, "engine", r.Dialect())
 	}
 	f.log.Log(context.Background(), lvl, "request failed", attrs...)
 	return e

@@ -11,6 +11,7 @@ import (
 
 	"github.com/alkblobfs/alkblobfs/blob"
 	"github.com/alkblobfs/alkblobfs/namespaces"
+	"github.com/alkblobfs/alkblobfs/upkeep"
 )
 
 // TestToErrno is the errno table (README, "Errors") as data: every row, wrapped
@@ -38,7 +39,7 @@ func TestToErrno(t *testing.T) {
 		{"is a directory", errIsDir, syscall.EISDIR},
 		{"not a directory", errNotDir, syscall.ENOTDIR},
 		{"fallocate", errUnsupported, syscall.EOPNOTSUPP},
-		{"control command during unmount", errUnmounting, syscall.ESHUTDOWN},
+		{"control command during unmount", upkeep.ErrStopped, syscall.ESHUTDOWN},
 		{"no xattr", errNoAttr, syscall.ENODATA},
 		{"xattr buffer", errRange, syscall.ERANGE},
 		{"vanished", errGone, syscall.ENOENT},

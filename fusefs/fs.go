@@ -22,6 +22,7 @@ import (
 	"github.com/alkblobfs/alkblobfs/gc"
 	"github.com/alkblobfs/alkblobfs/namespaces"
 	"github.com/alkblobfs/alkblobfs/store"
+	"github.com/alkblobfs/alkblobfs/upkeep"
 )
 
 // Store is what the mount needs of the blob pool; *store.Store satisfies
@@ -173,7 +174,9 @@ type FS struct {
 	refs    *openRefs
 	intents *intents
 	reg1    *gc.Registration
-	sweeper *sweeper
+	// upkeep sweeps and scrubs the store for the control files and the
+	// timers; it stops at unmount.
+	upkeep *upkeep.Upkeep
 
 	nsMu sync.Mutex
 	ns   map[string]*nsDir // namespace directories the kernel has seen
@@ -181,7 +184,6 @@ type FS struct {
 	receipts receiptList
 
 	verdicts verdicts
-	scrubber *scrubber
 
 	// Passthrough: available once the probe at mount succeeded; off again
 	// if go-fuse silently gave up registering a backing file (a read then
@@ -226,12 +228,6 @@ func newFS(cfg Config) (*FS, error) {
 	if cfg.Store.ReadOnly() && !cfg.ReadOnly {
 		return nil, fmt.Errorf("fusefs: %w: its data is on a read-only filesystem, or in a directory this user cannot write; mount it with --read-only to serve reads", store.ErrReadOnly)
 	}
-	if err := CheckSweepEvery(cfg.SweepEvery, cfg.ReadOnly); err != nil {
-		return nil, fmt.Errorf("fusefs: %w", err)
-	}
-	if err := CheckScrub(cfg.ScrubEvery, cfg.ScrubRate); err != nil {
-		return nil, fmt.Errorf("fusefs: %w", err)
-	}
 	if cfg.Logger == nil {
 		cfg.Logger = slog.New(slog.DiscardHandler)
 	}
@@ -250,8 +246,19 @@ func newFS(cfg Config) (*FS, error) {
 	f.ctx, f.cancel = context.WithCancel(context.Background())
 	f.ptReason.Store("not probed")
 	f.root = &rootDir{node: node{fsys: f}}
-	f.sweeper = newSweeper(f, cfg.SweepEvery)
-	f.scrubber = newScrubber(f, cfg.ScrubEvery, cfg.ScrubRate)
+	u, err := upkeep.New(upkeep.Config{
+		Store:      cfg.Store,
+		Logger:     cfg.Logger,
+		SweepEvery: cfg.SweepEvery,
+		ReadOnly:   cfg.ReadOnly,
+		ScrubEvery: cfg.ScrubEvery,
+		ScrubRate:  cfg.ScrubRate,
+		OnScrub:    f.judgeScrub,
+	})
+	if err != nil {
+		return nil, fmt.Errorf("fusefs: %w", err)
+	}
+	f.upkeep = u
 	f.intents = newIntents(f)
 	return f, nil
 }

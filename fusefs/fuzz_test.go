@@ -10,6 +10,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/alkblobfs/alkblobfs/upkeep"
 )
 
 // FuzzLookup looks names up through a real mount, at the root and in a
@@ -63,7 +65,7 @@ func FuzzControl(f *testing.F) {
 		err := os.WriteFile(timer, []byte(in), 0)
 		cmd := strings.TrimSuffix(in, "\n")
 		d, perr := time.ParseDuration(cmd)
-		want := cmd == "off" || cmd == "on" || perr == nil && d >= MinSweepInterval
+		want := cmd == "off" || cmd == "on" || perr == nil && d >= upkeep.MinSweepInterval
 		if in == "" {
 			want = true // no write(2) at all
 		}

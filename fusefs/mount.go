@@ -23,6 +23,8 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/alkblobfs/alkblobfs/engines"
+	"github.com/alkblobfs/alkblobfs/fusefs/fusectl"
+	"github.com/alkblobfs/alkblobfs/upkeep"
 )
 
 // Server is a mounted alkblobfs. It serves until Unmount, or until someone
@@ -132,8 +134,7 @@ func Mount(dir string, cfg Config) (*Server, error) {
 		f.log.Debug("could not raise the mount's readahead", "err", err)
 	}
 	f.reg1 = f.st.GC().Register(f.refs)
-	f.sweeper.start()
-	f.scrubber.start()
+	f.upkeep.Start()
 	pt := "active"
 	if !f.ptAvailable.Load() {
 		pt = "off: " + f.ptReason.Load().(string)
@@ -162,6 +163,9 @@ func (m *Server) Passthrough() bool { return m.fs.ptAvailable.Load() }
 // Stats is the mount's /.alkblobfs/stats.
 func (m *Server) Stats(ctx context.Context) Stats { return m.fs.Stats(ctx) }
 
+// Upkeep is the mount's sweeper and scrubber.
+func (m *Server) Upkeep() *upkeep.Upkeep { return m.fs.upkeep }
+
 // Counters is Stats without the namespace count (cheap: no registry walk).
 func (m *Server) Counters() Stats { return m.fs.Counters() }
 
@@ -177,7 +181,7 @@ func (m *Server) Unmount() error {
 	// A scrub started from the control file keeps that file open (its
 	// write lasts as long as the scrub): end it, or the unmount would
 	// wait for it.
-	m.fs.scrubber.stop()
+	m.fs.upkeep.Scrubber.Stop()
 	if err := m.server.Unmount(); err != nil {
 		select {
 		case <-m.done: // unmounted by someone else meanwhile
@@ -200,8 +204,7 @@ func (m *Server) Unmount() error {
 func (m *Server) cleanup() {
 	m.closeOnce.Do(func() {
 		f := m.fs
-		f.sweeper.stop()
-		f.scrubber.stop()
+		f.upkeep.Stop()
 		f.cancel()
 		for _, d := range f.nsDirs() {
 			d.teardown()
@@ -255,7 +258,7 @@ func prepareMountpoint(dir string, nonEmpty, allowOther bool, lg *slog.Logger) (
 	if real, err := filepath.EvalSymlinks(abs); err == nil {
 		abs = real
 	}
-	if _, mounted, err := findMount(abs); err == nil && mounted {
+	if _, mounted, err := fusectl.Find(abs); err == nil && mounted {
 		return "", fmt.Errorf("mountpoint %s is busy: something is already mounted there", abs)
 	}
 	if !nonEmpty {
@@ -299,25 +302,6 @@ func fusermount(dir, flag string) error {
 		return fmt.Errorf("%s %s: %v: %s", bin, flag, err, msg)
 	}
 	return nil
-}
-
-// unescapeMountinfo undoes the kernel's octal escapes (\040 for space...).
-func unescapeMountinfo(s string) string {
-	if !strings.Contains(s, `\`) {
-		return s
-	}
-	var b strings.Builder
-	for i := 0; i < len(s); i++ {
-		if s[i] == '\\' && i+3 < len(s) {
-			if v, err := strconv.ParseUint(s[i+1:i+4], 8, 8); err == nil {
-				b.WriteByte(byte(v))
-				i += 3
-				continue
-			}
-		}
-		b.WriteByte(s[i])
-	}
-	return b.String()
 }
 
 // fuseConf is fusermount3's configuration (a variable for tests).

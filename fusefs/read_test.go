@@ -21,6 +21,7 @@ import (
 	"time"
 
 	"github.com/alkblobfs/alkblobfs/blob"
+	"github.com/alkblobfs/alkblobfs/fusefs/fusectl"
 	"github.com/alkblobfs/alkblobfs/store"
 )
 
@@ -191,10 +192,12 @@ func TestChangedAfterPassthrough(t *testing.T) {
 }
 
 // dropCaches empties the page cache (root only), so reads reach the disk.
+// Pages only (1, not 3): dropping dentries and inodes too would make every
+// FUSE mount on the machine forget its entries, another test's among them.
 func dropCaches(t testing.TB) {
 	t.Helper()
 	syscall.Sync()
-	if err := os.WriteFile("/proc/sys/vm/drop_caches", []byte("3\n"), 0o200); err != nil {
+	if err := os.WriteFile("/proc/sys/vm/drop_caches", []byte("1\n"), 0o200); err != nil {
 		t.Fatalf("drop caches: %v", err)
 	}
 }
@@ -329,7 +332,7 @@ func TestUnmountBusy(t *testing.T) {
 	done := make(chan error, 1)
 	go func() { done <- e.srv.Unmount() }()
 	eventually(t, 10*time.Second, "the lazy detach", func() bool {
-		_, mounted, err := findMount(e.mnt)
+		_, mounted, err := fusectl.Find(e.mnt)
 		return err == nil && !mounted
 	})
 	select {

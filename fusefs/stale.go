@@ -1,7 +1,6 @@
 package fusefs
 
 import (
-	"bufio"
 	"crypto/sha256"
 	"encoding/hex"
 	"errors"
@@ -12,6 +11,7 @@ import (
 	"strconv"
 	"strings"
 
+	"github.com/alkblobfs/alkblobfs/fusefs/fusectl"
 	"golang.org/x/sys/unix"
 )
 
@@ -24,46 +24,6 @@ import (
 // directory), and the next mount of the same mountpoint, or `umount
 // --force`, finds the mount in mountinfo — never touching it — and aborts
 // the connection of a daemon that is gone or dying before detaching it.
-
-// mountEntry is one line of /proc/self/mountinfo.
-type mountEntry struct {
-	dir    string
-	fstype string
-	minor  uint64 // the device minor: a FUSE mount's connection number
-}
-
-// findMount looks dir up in /proc/self/mountinfo (the last mount on it).
-func findMount(dir string) (mountEntry, bool, error) {
-	f, err := os.Open("/proc/self/mountinfo")
-	if err != nil {
-		return mountEntry{}, false, err
-	}
-	defer f.Close()
-	var found mountEntry
-	ok := false
-	sc := bufio.NewScanner(f)
-	sc.Buffer(make([]byte, 64<<10), 1<<20)
-	for sc.Scan() {
-		fields := strings.Fields(sc.Text())
-		if len(fields) < 5 || unescapeMountinfo(fields[4]) != dir {
-			continue
-		}
-		e := mountEntry{dir: dir}
-		if _, minor, cut := strings.Cut(fields[2], ":"); cut {
-			e.minor, _ = strconv.ParseUint(minor, 10, 32)
-		}
-		for i, fl := range fields {
-			if fl == "-" && i+1 < len(fields) {
-				e.fstype = fields[i+1]
-				break
-			}
-		}
-		found, ok = e, true
-	}
-	return found, ok, sc.Err()
-}
-
-func (e mountEntry) isFUSE() bool { return strings.HasPrefix(e.fstype, "fuse") }
 
 // pidFile is where the daemon serving mountpoint dir records its pid.
 func pidFile(dir string) string {
@@ -83,7 +43,7 @@ func pidFile(dir string) string {
 // with the mount's FUSE connection number: a record only ever speaks for
 // that one connection.
 func writePidFile(dir string) error {
-	m, ok, err := findMount(dir)
+	m, ok, err := fusectl.Find(dir)
 	if err != nil || !ok {
 		return fmt.Errorf("find the new mount on %s: %v", dir, err)
 	}
@@ -91,7 +51,7 @@ func writePidFile(dir string) error {
 	if err := os.MkdirAll(filepath.Dir(p), 0o700); err != nil {
 		return err
 	}
-	return os.WriteFile(p, []byte(fmt.Sprintf("%d %d %s\n", os.Getpid(), m.minor, dir)), 0o600)
+	return os.WriteFile(p, []byte(fmt.Sprintf("%d %d %s\n", os.Getpid(), m.Minor, dir)), 0o600)
 }
 
 func removePidFile(dir string) { os.Remove(pidFile(dir)) }
@@ -137,42 +97,23 @@ func daemonGone(pid int) bool {
 	return false
 }
 
-// fusectlDir is where the kernel lists FUSE connections.
-const fusectlDir = "/sys/fs/fuse/connections"
-
-// abortConnection aborts FUSE connection n through fusectl, mounting
-// fusectl first if it is not: every request waiting on the connection
-// fails at once (ENOTCONN), and the mount can be detached.
-func abortConnection(n uint64) error {
-	ctl := filepath.Join(fusectlDir, strconv.FormatUint(n, 10))
-	if _, err := os.Stat(ctl); err != nil {
-		if merr := unix.Mount("fusectl", fusectlDir, "fusectl", 0, ""); merr != nil && !errors.Is(merr, unix.EBUSY) {
-			return fmt.Errorf("mount fusectl on %s: %w", fusectlDir, merr)
-		}
-	}
-	if err := os.WriteFile(filepath.Join(ctl, "abort"), []byte("1"), 0); err != nil {
-		return fmt.Errorf("abort FUSE connection %d: %w", n, err)
-	}
-	return nil
-}
-
 // clearDeadMount frees dir if an alkblobfs mount on it lost its daemon:
 // it aborts the connection and detaches the mount. A mount whose daemon is
 // alive is an error (busy); anything else is left to the caller.
 func clearDeadMount(dir string, lg *slog.Logger) error {
-	m, ok, err := findMount(dir)
-	if err != nil || !ok || m.fstype != "fuse.alkblobfs" {
+	m, ok, err := fusectl.Find(dir)
+	if err != nil || !ok || m.FSType != "fuse.alkblobfs" {
 		return err
 	}
-	pid := recordedPid(dir, m.minor)
+	pid := recordedPid(dir, m.Minor)
 	if pid == 0 {
 		return nil
 	}
 	if !daemonGone(pid) {
 		return fmt.Errorf("mountpoint %s is busy: alkblobfs (pid %d) serves it", dir, pid)
 	}
-	lg.Warn("stale mount left by a daemon that died; aborting its FUSE connection and detaching it", "mountpoint", dir, "pid", pid, "connection", m.minor)
-	if err := abortConnection(m.minor); err != nil {
+	lg.Warn("stale mount left by a daemon that died; aborting its FUSE connection and detaching it", "mountpoint", dir, "pid", pid, "connection", m.Minor)
+	if err := fusectl.Abort(m.Minor); err != nil {
 		lg.Warn("could not abort the dead mount's connection", "err", err)
 	}
 	removePidFile(dir)
@@ -192,17 +133,17 @@ func Unmount(dir string, force bool) error {
 	if err != nil {
 		return err
 	}
-	m, ok, err := findMount(abs)
+	m, ok, err := fusectl.Find(abs)
 	switch {
 	case err != nil:
 		return err
 	case !ok:
 		return fmt.Errorf("%s is not a mountpoint", abs)
-	case !m.isFUSE():
-		return fmt.Errorf("%s is not a FUSE mount (%s)", abs, m.fstype)
+	case !m.IsFUSE():
+		return fmt.Errorf("%s is not a FUSE mount (%s)", abs, m.FSType)
 	}
 	if force {
-		if err := abortConnection(m.minor); err != nil {
+		if err := fusectl.Abort(m.Minor); err != nil {
 			return err
 		}
 		removePidFile(abs)

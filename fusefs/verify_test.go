@@ -20,6 +20,7 @@ import (
 	"time"
 
 	"github.com/alkblobfs/alkblobfs/engines"
+	"github.com/alkblobfs/alkblobfs/upkeep"
 )
 
 // TestVerifyStrict: with --verify=strict every read path goes through the
@@ -127,7 +128,7 @@ func TestScrubFindsBitRot(t *testing.T) {
 
 			if trigger == "control file" {
 				writeFile(t, e.path(".alkblobfs", "scrub"), []byte("run\n"))
-				var rep ScrubReport
+				var rep upkeep.ScrubReport
 				b, err := os.ReadFile(e.path(".alkblobfs", "scrub"))
 				if err != nil {
 					t.Fatal(err)

@@ -19,17 +19,17 @@ import (
 // variables holding them (printf writes with no process of its own).
 var halfVersionScenarios = []struct{ name, script string }{
 	{"fork, the child closes its descriptor",
-		`exec 3>"$F"; printf '%s' "$A" >&3; ( exec 3>&-; sleep 0.05 ); sleep 0.3; printf '%s' "$B" >&3; exec 3>&-`},
+		`exec 3>"$F"; printf '%s' "$A" >&3; ( exec 3>&-; sleep 0.05 ); sleep 0.5; printf '%s' "$B" >&3; exec 3>&-`},
 	{"fork, the child exits",
-		`exec 3>"$F"; printf '%s' "$A" >&3; ( sleep 0.05 ); sleep 0.3; printf '%s' "$B" >&3; exec 3>&-`},
+		`exec 3>"$F"; printf '%s' "$A" >&3; ( sleep 0.05 ); sleep 0.5; printf '%s' "$B" >&3; exec 3>&-`},
 	{"dup, the copy is closed",
-		`exec 3>"$F"; printf '%s' "$A" >&3; exec 4>&3; exec 4>&-; sleep 0.3; printf '%s' "$B" >&3; exec 3>&-`},
+		`exec 3>"$F"; printf '%s' "$A" >&3; exec 4>&3; exec 4>&-; sleep 0.5; printf '%s' "$B" >&3; exec 3>&-`},
 	{"( echo a; cat b ) > f",
-		`( printf '%s' "$A"; sleep 0.3; cat "$BF" ) > "$F"`},
+		`( printf '%s' "$A"; sleep 0.5; cat "$BF" ) > "$F"`},
 	{"{ cat a; cat b; } > f",
-		`{ cat "$AF"; sleep 0.3; cat "$BF"; } > "$F"`},
+		`{ cat "$AF"; sleep 0.5; cat "$BF"; } > "$F"`},
 	{"exec 3>f, writes from subshells",
-		`exec 3>"$F"; ( printf '%s' "$A" >&3 ); sleep 0.3; ( printf '%s' "$B" >&3 ); exec 3>&-`},
+		`exec 3>"$F"; ( printf '%s' "$A" >&3 ); sleep 0.5; ( printf '%s' "$B" >&3 ); exec 3>&-`},
 }
 
 // TestNoIntermediateVersion: while a writer runs, a poller listing the
@@ -89,7 +89,10 @@ func TestNoIntermediateVersion(t *testing.T) {
 					t.Errorf("%s: the poller saw %s (%v); only %s may show", sc.name, k.(string)[:12], v, final[:12])
 					return true
 				})
-				if polls.Load() < 10 {
+				// A poll may wait up to releaseWait for the RELEASE that a
+				// forked child's or a dup's close seems to owe; a few polls
+				// inside the half second the writer pauses still look.
+				if polls.Load() < 5 {
 					t.Errorf("%s: only %d polls while the writer ran", sc.name, polls.Load())
 				}
 				// The final version shows once the close returned; it and

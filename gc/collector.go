@@ -71,12 +71,33 @@ type BatchPool interface {
 	DeleteMany(ctx context.Context, ds []blob.Digest) ([]int64, error)
 }
 
-// TxPool is the Pool capability a collector with a host needs:
-// DeleteManyTx deletes inside the host's arbitration transaction — kv rows
-// in tx, large-tier objects while tx (and so the lock) is still held — and
-// returns each digest's size, or -1 for one no tier held.
+// TxPool is the Pool capability a collector with a host needs. Its deletes
+// are of two kinds, because the host's arbitration transaction may roll
+// back, and on SQLite run again (see arbitratedDeleteMany):
+//
+//   - DeleteManyTx deletes what a rollback of tx takes back: the rows of
+//     ds in the host's own database (the kv tier). It returns each
+//     digest's size, or -1 for one it does not hold.
+//   - DeleteOutside deletes ds from the tiers outside that database (the
+//     large tier: files, large objects, S3 objects), which no rollback
+//     restores. The collector calls it only once the transaction that
+//     decided ds has committed, in a second hold of the arbitration lock
+//     that checks ds again. Same sizes. Outside reports whether there is
+//     such a tier.
 type TxPool interface {
 	DeleteManyTx(ctx context.Context, tx *sql.Tx, ds []blob.Digest) ([]int64, error)
+	Outside() bool
+	DeleteOutside(ctx context.Context, ds []blob.Digest) ([]int64, error)
+}
+
+// AloneHost is a host whose Arbitrate may share its transaction with
+// other writers' work and run fn again after that transaction rolled back
+// (SQLite's, through its Batcher). ArbitrateAlone takes the same lock in a
+// transaction of its own, shared with nothing, and runs fn in it once: fn
+// then reads only committed work, and may do what no rollback undoes. A
+// host without it (PostgreSQL) runs every Arbitrate that way already.
+type AloneHost interface {
+	ArbitrateAlone(ctx context.Context, ds []blob.Digest, fn func(ctx context.Context, tx *sql.Tx) error) error
 }
 
 // Clock times what the collector does in its own process: how long a sweep
@@ -377,48 +398,123 @@ func (c *Collector) arbitratedDeleteMany(ctx context.Context, ds []blob.Digest, 
 	}
 	c.arb.Unlock()
 	locked = false
-	// The outcome is decided inside the transaction (run once); if it
-	// does not commit, out is not returned. The timeout is a backstop: a
-	// transaction that cannot finish must not hold its key locks.
+	// The timeout is a backstop: a transaction that cannot finish must not
+	// hold its key locks.
 	actx, cancel := context.WithTimeout(ctx, arbitrateTimeout)
 	defer cancel()
-	err = c.host.Arbitrate(actx, batch, func(ctx context.Context, tx *sql.Tx) error {
-		pinned, err := c.host.PinnedAmong(ctx, tx, batch, "")
+	// Design point (what a rollback cannot take back): the first hold of
+	// the lock decides and deletes the kv rows, in a transaction the host
+	// may share with other writers' jobs and, when that one rolls back,
+	// run again alone (SQLite's Batcher) — so it deletes nothing a
+	// rollback does not restore, and each run starts afresh. A first run
+	// may have seen a link removal that then rolled back: a file unlinked
+	// on its strength was a linked blob lost. The files and objects of the
+	// large tier go only after that decision committed, in a second hold
+	// of the lock, alone and once, that checks the survivors again: a pin
+	// row committed in between (a put that found the file and deduped on
+	// it) or a link keeps the file. A crash between the two leaves
+	// unreferenced large-tier blobs, which the next sweeps stage and
+	// delete like any other.
+	res, err := c.arbitrateTx(actx, c.host.Arbitrate, batch, txSources, tp.DeleteManyTx)
+	if err != nil {
+		return nil, err
+	}
+	if tp.Outside() {
+		alone := c.host.Arbitrate
+		if ah, ok := c.host.(AloneHost); ok {
+			alone = ah.ArbitrateAlone
+		}
+		var dead []int // of batch: the decided, whatever the kv tier held
+		for k, n := range res {
+			if n != outcomeProtected {
+				dead = append(dead, k)
+			}
+		}
+		if len(dead) > 0 {
+			outside := func(ctx context.Context, _ *sql.Tx, ds []blob.Digest) ([]int64, error) {
+				return tp.DeleteOutside(ctx, ds)
+			}
+			got, err := c.arbitrateTx(actx, alone, pick(batch, dead), txSources, outside)
+			if err != nil {
+				// The kv rows are gone, the large tier's blobs are not:
+				// they are unreferenced, and a later sweep deletes them.
+				return nil, err
+			}
+			for j, k := range dead {
+				switch n := got[j]; {
+				case n >= 0:
+					res[k] = max(res[k], 0) + n
+				case n == outcomeProtected && res[k] < 0:
+					// Pinned or linked since: the large tier's copy, the
+					// only one, stays. (A kv copy deleted beside it counts
+					// as deleted.)
+					res[k] = outcomeProtected
+				}
+			}
+		}
+	}
+	for k, i := range idx {
+		out[i] = res[k]
+	}
+	return out, nil
+}
+
+// arbitrateTx runs one hold of the host's arbitration lock over ds through
+// run (the host's Arbitrate or ArbitrateAlone): in its transaction, every
+// owner's unexpired pin rows and every TxSource protect digests of ds, and
+// del deletes the rest. It returns res[k] = ds[k]'s size as del reports
+// it (-1: not held) or outcomeProtected, from the run that committed.
+func (c *Collector) arbitrateTx(ctx context.Context, run func(context.Context, []blob.Digest, func(context.Context, *sql.Tx) error) error,
+	ds []blob.Digest, txSources []TxSource, del func(context.Context, *sql.Tx, []blob.Digest) ([]int64, error)) ([]int64, error) {
+	var res []int64
+	err := run(ctx, ds, func(ctx context.Context, tx *sql.Tx) error {
+		// Afresh on every run: a host may run this again after its
+		// transaction rolled back, and what an earlier run decided is
+		// gone with it (a run that compacted a captured slice in place
+		// left the next one deciding, and reporting, on the wrong
+		// candidates).
+		got := make([]int64, len(ds))
+		rest := make([]int, len(ds))
+		for k := range rest {
+			rest[k] = k
+		}
+		pinned, err := c.host.PinnedAmong(ctx, tx, ds, "")
 		if err != nil {
 			return err
 		}
-		rest := keep(ds, idx, out, pinned)
+		rest = keep(ds, rest, got, pinned)
 		for _, s := range txSources {
 			if len(rest) == 0 {
-				return nil
+				break
 			}
 			live, err := s.LiveAmongTx(ctx, tx, pick(ds, rest))
 			if err != nil {
 				return fmt.Errorf("liveness query: %w", err)
 			}
-			rest = keep(ds, rest, out, live)
+			rest = keep(ds, rest, got, live)
 		}
-		if len(rest) == 0 {
-			return nil
+		if len(rest) > 0 {
+			sizes, err := del(ctx, tx, pick(ds, rest))
+			if err != nil {
+				return err
+			}
+			for k, i := range rest {
+				got[i] = sizes[k]
+			}
 		}
-		sizes, err := tp.DeleteManyTx(ctx, tx, pick(ds, rest))
-		if err != nil {
-			return err
-		}
-		for k, i := range rest {
-			out[i] = sizes[k]
-		}
+		res = got
 		return nil
 	})
 	if err != nil {
 		return nil, err
 	}
-	return out, nil
+	return res, nil
 }
 
-// keep marks the live among idx protected in out and returns the rest.
+// keep marks the live among idx protected in out and returns the rest, in
+// a slice of its own: idx is left as it was.
 func keep(ds []blob.Digest, idx []int, out []int64, live map[blob.Digest]bool) []int {
-	kept := idx[:0]
+	kept := make([]int, 0, len(idx))
 	for _, i := range idx {
 		if live[ds[i]] {
 			out[i] = outcomeProtected

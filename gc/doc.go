@@ -54,10 +54,12 @@
 //     digests' arbitration lock — SQLite's write lock, or a PostgreSQL
 //     advisory lock per digest that pin writes take in shared mode — and
 //     reads other owners' unexpired rows and every TxSource (namespace
-//     links, liveness Tables) before deleting: kv rows in the
-//     transaction, large-tier files and objects while it is still open.
-//     A pin, link or put committed by any process is seen, or ordered
-//     after the delete (and then re-puts the content).
+//     links, liveness Tables) before deleting the kv rows in the
+//     transaction. Large-tier files and objects, which no rollback brings
+//     back, go once that has committed, in a second hold of the lock,
+//     alone (AloneHost), that checks them again. A pin, link or put
+//     committed by any process is seen, or ordered after the delete (and
+//     then re-puts the content).
 //   - The sweep lease is the host's (an flock beside the SQLite database,
 //     a PostgreSQL session advisory lock), held for one sweep and checked
 //     before each delete batch; contention is an AbortSweeperLock report,

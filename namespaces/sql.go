@@ -226,7 +226,11 @@ func OpenSQL(ctx context.Context, e engines.SQL, clock Clock) (*SQL, error) {
 	if err := createSchema(ctx, db, dialect, stmts); err != nil {
 		return nil, fmt.Errorf("namespaces: open %s: create schema: %w", dialect, err)
 	}
-	permCols, err := addPermColumns(ctx, db, dialect)
+	var permCols bool
+	err := retryDeadlock(func() (err error) {
+		permCols, err = addPermColumns(ctx, db, dialect)
+		return err
+	})
 	if err != nil {
 		return nil, fmt.Errorf("namespaces: open %s: add the ns permission columns: %w", dialect, err)
 	}
@@ -239,6 +243,30 @@ func OpenSQL(ctx context.Context, e engines.SQL, clock Clock) (*SQL, error) {
 		// read-only: none is recorded, and none can be.
 		r.q.perm = rebind(dialect, `SELECT NULL, NULL, NULL FROM ns WHERE name = ?`)
 	}
+	if err := retryDeadlock(func() error { return r.prepare(ctx) }); err != nil {
+		return nil, fmt.Errorf("namespaces: open %s: prepare: %w", dialect, err)
+	}
+	return r, nil
+}
+
+// retryDeadlock runs f again, up to three times in all, while PostgreSQL
+// answers "deadlock detected": concurrent opens of an old store (one
+// adding the permission columns, another preparing statements on the
+// table) can form a lock cycle, which the server breaks by aborting one
+// of them; that one just tries again.
+func retryDeadlock(f func() error) error {
+	for try := 1; ; try++ {
+		err := f()
+		var st interface{ SQLState() string }
+		if err == nil || try == 3 || !errors.As(err, &st) || st.SQLState() != "40P01" {
+			return err
+		}
+	}
+}
+
+// prepare prepares the registry's hot statements.
+func (r *SQL) prepare(ctx context.Context) error {
+	db := r.db
 	var prepared []*sql.Stmt
 	for _, p := range []struct {
 		st **sql.Stmt
@@ -252,12 +280,12 @@ func OpenSQL(ctx context.Context, e engines.SQL, clock Clock) (*SQL, error) {
 			for _, st := range prepared {
 				st.Close()
 			}
-			return nil, fmt.Errorf("namespaces: open %s: prepare: %w", dialect, err)
+			return err
 		}
 		*p.st = st
 		prepared = append(prepared, st)
 	}
-	return r, nil
+	return nil
 }
 
 // Dialect is "sqlite" or "postgres".
@@ -522,7 +550,7 @@ func (r *SQL) Link(ctx context.Context, name string, d blob.Digest) (bool, error
 		return false, wrap("link", name, d, err)
 	}
 	var linked bool
-	err := r.inTx(ctx, func(tx *sql.Tx) error {
+	err := r.inTx(ctx, func(ctx context.Context, tx *sql.Tx) error {
 		var err error
 		linked, err = r.linkTx(ctx, tx, name, d)
 		return err
@@ -565,7 +593,7 @@ func (r *SQL) linkTx(ctx context.Context, tx *sql.Tx, name string, d blob.Digest
 // Pend implements Registry, in its own transaction.
 func (r *SQL) Pend(ctx context.Context, name string, d blob.Digest, p Pending) (Intent, error) {
 	var i Intent
-	err := r.inTx(ctx, func(tx *sql.Tx) error {
+	err := r.inTx(ctx, func(ctx context.Context, tx *sql.Tx) error {
 		var err error
 		i, err = r.PendTx(ctx, tx, name, d, p)
 		return err
@@ -675,7 +703,7 @@ func (r *SQL) Recover(ctx context.Context, holder string) (int, error) {
 	if r.dialect == "postgres" {
 		err = r.db.QueryRowContext(ctx, r.q.recoverTake, holder, linkedAt).Scan(&n)
 	} else {
-		err = r.inTx(ctx, func(tx *sql.Tx) error {
+		err = r.inTx(ctx, func(ctx context.Context, tx *sql.Tx) error {
 			// One reading for both statements: an intent that lapsed
 			// between them would be taken without being linked.
 			now := r.rows.RowNow()
@@ -761,7 +789,7 @@ func (r *SQL) LinkMany(ctx context.Context, name string, ds []blob.Digest) (int,
 	slices.SortFunc(ds, blob.Digest.Compare)
 	ds = slices.Compact(ds)
 	total := 0
-	err := r.inTx(ctx, func(tx *sql.Tx) error {
+	err := r.inTx(ctx, func(ctx context.Context, tx *sql.Tx) error {
 		total = 0
 		if err := r.mustExist(ctx, tx, name); err != nil {
 			return err
@@ -818,8 +846,11 @@ func (r *SQL) linkRowsExec(ctx context.Context, tx *sql.Tx, st *sql.Stmt, q stri
 	return int(n), err
 }
 
-func (r *SQL) inTx(ctx context.Context, f func(tx *sql.Tx) error) error {
-	return r.write(ctx, false, func(_ context.Context, tx *sql.Tx) error { return f(tx) })
+// inTx is write, eager. f gets the context to use, which on SQLite is the
+// Batcher's: a caller canceled midway must not interrupt a statement of a
+// transaction other writers share (engines.Batcher).
+func (r *SQL) inTx(ctx context.Context, f func(ctx context.Context, tx *sql.Tx) error) error {
+	return r.write(ctx, false, f)
 }
 
 // write runs fn in a write transaction: through the engine's Batcher when

@@ -13,6 +13,7 @@ import (
 
 	"github.com/alkblobfs/alkblobfs/engines"
 	"github.com/alkblobfs/alkblobfs/store"
+	"github.com/alkblobfs/alkblobfs/upkeep"
 )
 
 // MountStats is what a mount attached to the metrics reports: the same
@@ -48,6 +49,7 @@ type Metrics struct {
 
 	mount  atomic.Pointer[func() MountStats]
 	tokens atomic.Pointer[func() int]
+	upkeep atomic.Pointer[upkeep.Upkeep]
 
 	tiers tierSizes
 }
@@ -86,6 +88,10 @@ func (m *Metrics) Close() { m.tiers.close() }
 // AttachMount adds a mount's counters to the metrics.
 func (m *Metrics) AttachMount(stats func() MountStats) { m.mount.Store(&stats) }
 
+// AttachUpkeep adds the scrubs of the upkeep that serves the store (sweeps
+// are the store's own counters: every sweep of the process counts).
+func (m *Metrics) AttachUpkeep(u *upkeep.Upkeep) { m.upkeep.Store(u) }
+
 // ObserveFUSE records one FUSE request's latency (fusefs.Config.Observe).
 func (m *Metrics) ObserveFUSE(op string, d time.Duration) {
 	m.fuse.WithLabelValues(op).Observe(d.Seconds())
@@ -123,6 +129,8 @@ var (
 	descCancelled  = desc("alkblobfs_sweep_cancelled_total", "Staged candidates found live again at delete time.")
 	descFreed      = desc("alkblobfs_sweep_freed_bytes_total", "Bytes sweeps freed.")
 	descReaped     = desc("alkblobfs_sweep_pins_reaped_total", "Expired pin rows sweeps removed.")
+	descScrubs     = desc("alkblobfs_scrubs_total", "Scrubs run (stopped ones included).")
+	descScrubBad   = desc("alkblobfs_scrub_found_bad_total", "Blobs scrubs found corrupt or unreadable.")
 	descTierBlobs  = desc("alkblobfs_tier_blobs", "Blobs in a tier (counted at most once a minute).", "tier")
 	descTierBytes  = desc("alkblobfs_tier_bytes", "Bytes in a tier (counted at most once a minute).", "tier")
 
@@ -179,6 +187,10 @@ func (c *storeCollector) Collect(ch chan<- prometheus.Metric) {
 	counter(descCancelled, sw.Cancelled)
 	counter(descFreed, sw.BytesFreed)
 	counter(descReaped, sw.Reaped)
+	if u := c.upkeep.Load(); u != nil {
+		counter(descScrubs, u.Scrubber.Runs())
+		counter(descScrubBad, u.Scrubber.Found())
+	}
 
 	errs := map[string]int64{}
 	c.errMu.Lock()

@@ -530,26 +530,32 @@ func addSizes(sizes, got []int64) {
 }
 
 // DeleteManyTx implements gc.TxPool: the kv engine (the collector's host)
-// deletes its rows in tx; the large engine deletes while tx, and so the
-// arbitration lock, is still held.
+// deletes its rows in tx, and nothing else happens there: tx may roll
+// back, and the large tier's deletes would not.
 func (p pool) DeleteManyTx(ctx context.Context, tx *sql.Tx, ds []Digest) ([]int64, error) {
 	host, ok := p.s.kv.(engines.GCHost)
 	if !ok {
 		return nil, errors.New("store: DeleteManyTx without a GC host")
 	}
-	sizes, err := host.DeleteManyTx(ctx, tx, ds)
-	if err != nil {
-		return nil, err
-	}
+	return host.DeleteManyTx(ctx, tx, ds)
+}
+
+// Outside implements gc.TxPool: the large tier is outside the host's
+// transactions.
+func (p pool) Outside() bool { return p.s.large != nil }
+
+// DeleteOutside implements gc.TxPool: the large tier's deletes, which the
+// collector runs once the kv rows' delete has committed, under the
+// arbitration lock again.
+func (p pool) DeleteOutside(ctx context.Context, ds []Digest) ([]int64, error) {
 	if p.s.large == nil {
+		sizes := make([]int64, len(ds))
+		for i := range sizes {
+			sizes[i] = -1
+		}
 		return sizes, nil
 	}
-	large, err := deleteFrom(ctx, p.s.large, ds)
-	if err != nil {
-		return nil, err
-	}
-	addSizes(sizes, large)
-	return sizes, nil
+	return deleteFrom(ctx, p.s.large, ds)
 }
 
 // deleteFrom deletes ds from e, in one transaction where e is an

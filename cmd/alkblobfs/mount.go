@@ -17,7 +17,7 @@ import (
 
 func newMountCmd(a *app) *cobra.Command {
 	var (
-		sweepEvery time.Duration
+		sched      upkeepFlags
 		receiptTTL time.Duration
 		verify     string
 		allowOther bool
@@ -25,8 +25,6 @@ func newMountCmd(a *app) *cobra.Command {
 		pass       bool
 		ro         bool
 		maxRcpt    int
-		scrubEvery time.Duration
-		scrubRate  float64
 		daemon     bool
 		logFile    string
 		nonEmpty   bool
@@ -100,15 +98,9 @@ As root the mount uses mount(2) directly; otherwise fusermount3.`,
 			if err != nil {
 				return usage(cmd, err)
 			}
-			if err := fusefs.CheckSweepEvery(sweepEvery, ro); err != nil {
-				return usagef(cmd, "--sweep-every: %v", err)
-			}
-			if scrubRate < 0 {
-				return usagef(cmd, "--scrub-rate %g: want 0 (unlimited) or a positive number of MB/s", scrubRate)
-			}
-			rate := int64(scrubRate * 1e6)
-			if err := fusefs.CheckScrub(scrubEvery, rate); err != nil {
-				return usagef(cmd, "--scrub-every: %v", err)
+			rate, err := sched.check(cmd, ro)
+			if err != nil {
+				return err
 			}
 			if maxRcpt <= 0 {
 				return usagef(cmd, "--max-receipts %d: must be positive", maxRcpt)
@@ -194,8 +186,8 @@ As root the mount uses mount(2) directly; otherwise fusermount3.`,
 				Verify:        v,
 				ReceiptTTL:    receiptTTL,
 				MaxReceipts:   maxRcpt,
-				SweepEvery:    sweepEvery,
-				ScrubEvery:    scrubEvery,
+				SweepEvery:    sched.sweepEvery,
+				ScrubEvery:    sched.scrubEvery,
 				ScrubRate:     rate,
 				AllowOther:    allowOther,
 				Debug:         debug,
@@ -212,6 +204,7 @@ As root the mount uses mount(2) directly; otherwise fusermount3.`,
 			stopHTTP := func() {}
 			if ln != nil {
 				metrics.AttachMount(func() ops.MountStats { return mountStats(srv.Counters()) })
+				metrics.AttachUpkeep(srv.Upkeep())
 				oc := a.opsConfig(st, svc, authTok, tokenTTL, lg)
 				oc.Metrics, oc.ReadOnly = metrics, ro
 				stopHTTP = serveBeside(ctx, ops.New(oc), ln, lg)
@@ -243,12 +236,10 @@ As root the mount uses mount(2) directly; otherwise fusermount3.`,
 		},
 	}
 	f := cmd.Flags()
-	f.DurationVar(&sweepEvery, "sweep-every", 0, "sweep on a timer, e.g. 1h (0: off; change it later in .alkblobfs/sweep-timer)")
+	sched.register(f, "; change it later in .alkblobfs/sweep-timer")
 	f.BoolVar(&allowOther, "allow-other", false, "let other users use the mount; the kernel then checks each namespace's owner, group and mode")
 	f.BoolVar(&debug, "debug", false, "log every FUSE request (at debug level)")
 	f.StringVar(&verify, "verify", string(fusefs.VerifyFull), "read verification: full, strict or publish (see above)")
-	f.DurationVar(&scrubEvery, "scrub-every", 0, "re-verify every blob from disk on a timer, e.g. 24h (0: off)")
-	f.Float64Var(&scrubRate, "scrub-rate", fusefs.DefaultScrubRate/1e6, "most MB a scrub reads per second (0: unlimited)")
 	f.DurationVar(&receiptTTL, "receipt-ttl", fusefs.DefaultReceiptTTL, "how long incoming/ keeps a name after its file was published (empty directories there go after as long)")
 	f.IntVar(&maxRcpt, "max-receipts", fusefs.DefaultMaxReceipts, "most names incoming/ keeps after publish, in all namespaces; past it the oldest go first (each costs about 2.5 KiB of daemon memory: 100000 stay under 320 MiB)")
 	f.BoolVar(&ro, "read-only", false, "mount read-only: reads and pins only, every change is EROFS (beside a read-write mount of the same store, say)")

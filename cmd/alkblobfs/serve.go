@@ -14,6 +14,7 @@ import (
 	"github.com/alkblobfs/alkblobfs/namespaces"
 	"github.com/alkblobfs/alkblobfs/ops"
 	"github.com/alkblobfs/alkblobfs/store"
+	"github.com/alkblobfs/alkblobfs/upkeep"
 )
 
 // defaultListen is serve's address when --listen is not given.
@@ -44,6 +45,7 @@ func newServeCmd(a *app) *cobra.Command {
 	var (
 		listen   string
 		tokenTTL time.Duration
+		sched    upkeepFlags
 	)
 	cmd := &cobra.Command{
 		Use:   "serve [--listen ADDR]",
@@ -53,15 +55,28 @@ until interrupted (SIGINT, SIGTERM):
 
 ` + httpHelp + `
 
+Nothing collects garbage unless asked: --sweep-every sweeps on a timer, as
+alkblobfs sweep does by hand (a blob goes once no namespace links it and no
+pin token holds it). --scrub-every re-reads every blob from disk on a timer,
+at most --scrub-rate MB/s, and logs each one it finds corrupt or unreadable.
+Both stop when the server does.
+
 mount --listen serves the same requests beside a mount, with the mount's
 counters added to the metrics.`,
 		Example: `  alkblobfs serve
   alkblobfs serve --listen 0.0.0.0:8437 --auth-token-file /etc/alkblobfs/token
+  alkblobfs serve --sweep-every 1h --scrub-every 24h
   curl --data-binary @app.tar 'http://127.0.0.1:8437/v1/blobs?namespace=builds'`,
 		Args: argsRange(0, 0, "no arguments"),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			if tokenTTL <= 0 {
 				return usagef(cmd, "--token-ttl %s: must be positive", tokenTTL)
+			}
+			// Read-only is known once the store is open: upkeep.New
+			// checks the sweep timer against it then.
+			rate, err := sched.check(cmd, false)
+			if err != nil {
+				return err
 			}
 			ln, tok, err := a.listen(cmd, listen)
 			if err != nil {
@@ -77,16 +92,32 @@ counters added to the metrics.`,
 			if f := cmd.Flag("log-level"); f == nil || !f.Changed {
 				lg = slog.New(slog.NewTextHandler(a.stderr, &slog.HandlerOptions{Level: slog.LevelInfo}))
 			}
-			srv := ops.New(a.opsConfig(st, svc, tok, tokenTTL, lg))
-			lg.Info("serving", "url", "http://"+ln.Addr().String(), "auth", tok != "", "token_ttl", tokenTTL)
+			u, err := upkeep.New(upkeep.Config{
+				Store: st, Logger: lg, SweepEvery: sched.sweepEvery, ReadOnly: st.ReadOnly(),
+				ScrubEvery: sched.scrubEvery, ScrubRate: rate,
+			})
+			if err != nil {
+				return usagef(cmd, "--sweep-every: %v", err)
+			}
+			oc := a.opsConfig(st, svc, tok, tokenTTL, lg)
+			oc.Metrics = ops.NewMetrics(st)
+			oc.Metrics.AttachUpkeep(u)
+			srv := ops.New(oc)
+			lg.Info("serving", "url", "http://"+ln.Addr().String(), "auth", tok != "", "token_ttl", tokenTTL,
+				"sweep_every", sched.sweepEvery, "scrub_every", sched.scrubEvery)
+			u.Start()
+			// Before the store closes: a timer's sweep or scrub ends first.
+			defer u.Stop()
 			if err := srv.Serve(cmd.Context(), ln); err != nil {
 				return err
 			}
+			u.Stop()
 			return st.Close()
 		},
 	}
 	cmd.Flags().StringVar(&listen, "listen", defaultListen, "`ADDR` to listen on, HOST:PORT")
 	cmd.Flags().DurationVar(&tokenTTL, "token-ttl", ops.DefaultTokenTTL, "life of a put's pin token after the put or its last renewal")
+	sched.register(cmd.Flags(), "")
 	return cmd
 }
 

@@ -206,6 +206,10 @@ func TestMountListen(t *testing.T) {
 			t.Errorf("%s = %v; the stats file says %v", name, got, want)
 		}
 	}
+	// The mount's scrubs are there too (none ran).
+	if fams["alkblobfs_scrubs_total"] == nil {
+		t.Error("no alkblobfs_scrubs_total beside a mount")
+	}
 	for _, op := range []string{"lookup", "create", "write", "flush"} {
 		if n := metricValue(fams, "alkblobfs_fuse_request_duration_seconds", op); n == 0 {
 			t.Errorf("no %s requests in the FUSE latency histogram", op)

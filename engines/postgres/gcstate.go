@@ -9,7 +9,7 @@ import (
 	"sync"
 	"time"
 
-	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/jackc/pgx/v5"
 
 	"github.com/alkblobfs/alkblobfs/blob"
 	"github.com/alkblobfs/alkblobfs/engines"
@@ -214,21 +214,24 @@ func (e *Engine) DeleteManyTx(ctx context.Context, tx *sql.Tx, ds []blob.Digest)
 }
 
 // SweepLease implements engines.GCHost with a session advisory lock held on
-// one pooled connection for the sweep. The server drops it when the holder
-// dies, and also when the server restarts: Check notices that (the
-// connection is gone, or the lock is no longer granted to it).
+// a connection of its own, outside the pool: a sweep runs for as long as it
+// runs, and must not hold one of the connections that pins, puts and
+// lookups wait for (with pool_max_conns=1 its ReapPins waited forever for
+// the lease's own). The server drops the lock when the holder dies, and
+// also when the server restarts: Check notices that (the connection is
+// gone, or the lock is no longer granted to it).
 func (e *Engine) SweepLease(ctx context.Context) (engines.Lease, bool, error) {
-	conn, err := e.pool.Acquire(ctx)
+	conn, err := pgx.ConnectConfig(ctx, e.pool.Config().ConnConfig.Copy())
 	if err != nil {
 		return nil, false, e.wrap("sweep lease", err)
 	}
 	var got bool
 	if err := conn.QueryRow(ctx, `SELECT pg_try_advisory_lock($1, $2)`, int32(sweepLeaseClass), int32(sweepLeaseObj)).Scan(&got); err != nil {
-		conn.Release()
+		conn.Close(context.WithoutCancel(ctx))
 		return nil, false, e.wrap("sweep lease", err)
 	}
 	if !got {
-		conn.Release()
+		conn.Close(context.WithoutCancel(ctx))
 		return nil, false, nil
 	}
 	return &pgLease{conn: conn, name: e.name}, true, nil
@@ -236,7 +239,7 @@ func (e *Engine) SweepLease(ctx context.Context) (engines.Lease, bool, error) {
 
 type pgLease struct {
 	mu   sync.Mutex
-	conn *pgxpool.Conn
+	conn *pgx.Conn
 	name string
 }
 
@@ -259,6 +262,7 @@ func (l *pgLease) Check(ctx context.Context) error {
 	return nil
 }
 
+// Release ends the lease's session, which drops the lock with it.
 func (l *pgLease) Release() {
 	l.mu.Lock()
 	defer l.mu.Unlock()
@@ -267,12 +271,7 @@ func (l *pgLease) Release() {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
-	if _, err := l.conn.Exec(ctx, `SELECT pg_advisory_unlock($1, $2)`, int32(sweepLeaseClass), int32(sweepLeaseObj)); err != nil {
-		// Never hand back a session that may still hold the lock: closing
-		// it drops the lock.
-		l.conn.Conn().Close(ctx)
-	}
-	l.conn.Release()
+	l.conn.Close(ctx)
 	l.conn = nil
 }
 

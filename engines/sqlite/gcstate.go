@@ -30,7 +30,7 @@ func (e *Engine) PinRows(ctx context.Context, tx *sql.Tx, owner string, ds []blo
 	if len(ds) == 0 {
 		return nil
 	}
-	run := func(tx *sql.Tx) error {
+	run := func(ctx context.Context, tx *sql.Tx) error {
 		st := tx.StmtContext(ctx, e.pinUp)
 		expiry := engines.AddNanos(e.clock.now(), ttl)
 		for _, d := range ds {
@@ -41,15 +41,16 @@ func (e *Engine) PinRows(ctx context.Context, tx *sql.Tx, owner string, ds []blo
 		return nil
 	}
 	if tx != nil {
-		return run(tx)
+		return run(ctx, tx)
 	}
 	return e.inTx(ctx, "pin", run)
 }
 
 // RenewPins implements engines.GCHost.
 func (e *Engine) RenewPins(ctx context.Context, owner string, ttl time.Duration) (map[blob.Digest]bool, error) {
-	out := make(map[blob.Digest]bool)
-	err := e.inTx(ctx, "renew pins", func(tx *sql.Tx) error {
+	var out map[blob.Digest]bool
+	err := e.inTx(ctx, "renew pins", func(ctx context.Context, tx *sql.Tx) error {
+		out = make(map[blob.Digest]bool) // afresh: a job may run twice
 		now := e.clock.now()
 		if err := e.scanDigests(ctx, tx, `UPDATE gc_pins SET expiry = ? WHERE owner = ? AND expiry > ? RETURNING digest`,
 			[]any{engines.AddNanos(now, ttl), owner, now}, out); err != nil {
@@ -65,7 +66,7 @@ func (e *Engine) DropPins(ctx context.Context, owner string, ds []blob.Digest) e
 	if len(ds) == 0 {
 		return nil
 	}
-	return e.inTx(ctx, "drop pins", func(tx *sql.Tx) error {
+	return e.inTx(ctx, "drop pins", func(ctx context.Context, tx *sql.Tx) error {
 		st := tx.StmtContext(ctx, e.pinDel)
 		for _, d := range ds {
 			if _, err := st.ExecContext(ctx, d[:], owner); err != nil {
@@ -102,7 +103,7 @@ func (e *Engine) PinCount(ctx context.Context) (int64, error) {
 // Arbitrate implements engines.GCHost: the transaction begins IMMEDIATE,
 // which is the write lock of the whole database.
 func (e *Engine) Arbitrate(ctx context.Context, ds []blob.Digest, fn func(ctx context.Context, tx *sql.Tx) error) error {
-	return e.inTx(ctx, "arbitrate", func(tx *sql.Tx) error { return fn(ctx, tx) })
+	return e.inTx(ctx, "arbitrate", fn)
 }
 
 // PinnedAmong implements engines.GCHost with IN-list queries on the

@@ -17,7 +17,7 @@ func (e *Engine) WindowStage(ctx context.Context, ds []blob.Digest, delay time.D
 	if len(ds) == 0 {
 		return nil
 	}
-	return e.inTx(ctx, "window stage", func(tx *sql.Tx) error {
+	return e.inTx(ctx, "window stage", func(ctx context.Context, tx *sql.Tx) error {
 		now := e.clock.now()
 		at := engines.AddNanos(now, max(delay, 0))
 		st := tx.StmtContext(ctx, e.wStage)
@@ -55,7 +55,7 @@ func (e *Engine) WindowRemove(ctx context.Context, ds []blob.Digest) error {
 	if len(ds) == 0 {
 		return nil
 	}
-	return e.inTx(ctx, "window remove", func(tx *sql.Tx) error {
+	return e.inTx(ctx, "window remove", func(ctx context.Context, tx *sql.Tx) error {
 		st := tx.StmtContext(ctx, e.wRemove)
 		for _, d := range ds {
 			if _, err := st.ExecContext(ctx, d[:]); err != nil {
@@ -77,11 +77,13 @@ func (e *Engine) WindowLen(ctx context.Context) (int, error) {
 
 // inTx runs fn in a write transaction (write) and commits it, rolling
 // back on any error. fn's error comes back as it is; a failed BEGIN or
-// COMMIT is wrapped with op.
-func (e *Engine) inTx(ctx context.Context, op string, fn func(tx *sql.Tx) error) error {
+// COMMIT is wrapped with op. fn is a Batcher job: it must use the context
+// it is given, which no caller can cancel midway (see engines.Batcher),
+// and be safe to run twice.
+func (e *Engine) inTx(ctx context.Context, op string, fn func(ctx context.Context, tx *sql.Tx) error) error {
 	var ferr error
-	err := e.write(ctx, func(_ context.Context, tx *sql.Tx) error {
-		ferr = fn(tx)
+	err := e.write(ctx, func(ctx context.Context, tx *sql.Tx) error {
+		ferr = fn(ctx, tx)
 		return ferr
 	})
 	if err != nil && err != ferr {

@@ -15,6 +15,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/alkblobfs/alkblobfs/fusefs/fusectl"
 	"golang.org/x/sys/unix"
 )
 
@@ -120,7 +121,7 @@ func (ns *MountNS) close(t testing.TB, holder *exec.Cmd, exited <-chan struct{})
 				continue
 			}
 			// -c: no canonicalizing stat of a mount that may hang.
-			dir := unescapeMountinfo(f[4])
+			dir := fusectl.Unescape(f[4])
 			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 			out, err := exec.CommandContext(ctx, "nsenter", append(ns.enter("umount"), "-l", "-c", dir)...).CombinedOutput()
 			cancel()

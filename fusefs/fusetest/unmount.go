@@ -3,17 +3,14 @@
 package fusetest
 
 import (
-	"bufio"
 	"errors"
 	"fmt"
-	"os"
 	"os/exec"
 	"path/filepath"
-	"strconv"
-	"strings"
 	"testing"
 	"time"
 
+	"github.com/alkblobfs/alkblobfs/fusefs/fusectl"
 	"golang.org/x/sys/unix"
 )
 
@@ -27,9 +24,6 @@ import (
 // connection through fusectl (every request on it fails at once, the file
 // included), detaches the mount, and fails the test naming the mountpoint.
 
-// fusectlDir is where the kernel lists FUSE connections (fusectl).
-const fusectlDir = "/sys/fs/fuse/connections"
-
 // Conn is the FUSE connection number of the mount on dir: the minor of its
 // device, read from /proc/self/mountinfo, so that finding it never touches
 // the mount (a stat of a hung mount would hang the caller). A harness
@@ -40,79 +34,18 @@ func Conn(dir string) (uint64, error) {
 	if parent, err := filepath.EvalSymlinks(filepath.Dir(dir)); err == nil {
 		dir = filepath.Join(parent, filepath.Base(dir))
 	}
-	f, err := os.Open("/proc/self/mountinfo")
-	if err != nil {
+	m, ok, err := fusectl.Find(dir)
+	switch {
+	case err != nil:
 		return 0, err
-	}
-	defer f.Close()
-	var conn uint64
-	found := false
-	sc := bufio.NewScanner(f)
-	sc.Buffer(make([]byte, 64<<10), 1<<20)
-	for sc.Scan() {
-		// 36 35 0:52 / /tmp/mnt rw,... - fuse.alkblobfs alkblobfs rw,...
-		fields := strings.Fields(sc.Text())
-		if len(fields) < 5 || unescapeMountinfo(fields[4]) != dir {
-			continue
-		}
-		sep := -1
-		for i, fl := range fields {
-			if fl == "-" {
-				sep = i
-				break
-			}
-		}
-		if sep < 0 || sep+1 >= len(fields) || !strings.HasPrefix(fields[sep+1], "fuse") {
-			found = false // the last mount on dir is what a path reaches
-			continue
-		}
-		_, minor, ok := strings.Cut(fields[2], ":")
-		if n, err := strconv.ParseUint(minor, 10, 32); ok && err == nil {
-			conn, found = n, true
-		}
-	}
-	if err := sc.Err(); err != nil {
-		return 0, err
-	}
-	if !found {
+	case !ok || !m.IsFUSE():
 		return 0, fmt.Errorf("no FUSE mount on %s in /proc/self/mountinfo", dir)
 	}
-	return conn, nil
+	return m.Minor, nil
 }
 
-// unescapeMountinfo undoes mountinfo's octal escapes (\040 for a space).
-func unescapeMountinfo(s string) string {
-	if !strings.Contains(s, `\`) {
-		return s
-	}
-	var b strings.Builder
-	for i := 0; i < len(s); i++ {
-		if s[i] == '\\' && i+3 < len(s) {
-			if n, err := strconv.ParseUint(s[i+1:i+4], 8, 8); err == nil {
-				b.WriteByte(byte(n))
-				i += 3
-				continue
-			}
-		}
-		b.WriteByte(s[i])
-	}
-	return b.String()
-}
-
-// Abort aborts FUSE connection conn through fusectl, mounting fusectl on
-// /sys/fs/fuse/connections first if it is not (root only).
-func Abort(conn uint64) error {
-	ctl := filepath.Join(fusectlDir, strconv.FormatUint(conn, 10))
-	if _, err := os.Stat(ctl); err != nil {
-		if merr := unix.Mount("none", fusectlDir, "fusectl", 0, ""); merr != nil && !errors.Is(merr, unix.EBUSY) {
-			return fmt.Errorf("mount fusectl on %s: %w", fusectlDir, merr)
-		}
-	}
-	if err := os.WriteFile(filepath.Join(ctl, "abort"), []byte("1"), 0); err != nil {
-		return fmt.Errorf("abort FUSE connection %d: %w", conn, err)
-	}
-	return nil
-}
+// Abort is fusectl.Abort.
+var Abort = fusectl.Abort
 
 // Detach unmounts dir lazily (umount -l; fusermount3 -u -z when not
 // root). A dir with nothing mounted on it is not an error: an unmount that

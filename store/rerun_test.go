@@ -1,0 +1,205 @@
+package store_test
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"log/slog"
+	"path/filepath"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/alkblobfs/alkblobfs/blob"
+	"github.com/alkblobfs/alkblobfs/engines/local"
+	"github.com/alkblobfs/alkblobfs/engines/sqlite"
+	"github.com/alkblobfs/alkblobfs/gc"
+	"github.com/alkblobfs/alkblobfs/store"
+)
+
+// rerunHost is the SQLite engine whose next Arbitrate runs fn the way the
+// Batcher may when it shares the transaction: first in a transaction
+// where another writer's job came before it (and removed the link of
+// unlink), then a later job ends that transaction (SQLite does on a full
+// disk: everything in it rolls back), and fn runs again alone — where the
+// link is back, the other job's own run alone having failed too (the disk
+// is still full).
+type rerunHost struct {
+	*sqlite.Engine
+	armed  atomic.Bool
+	unlink blob.Digest
+	runs   atomic.Int32 // runs of fn, both kinds
+}
+
+var errLost = errors.New("test: a later job of the shared transaction ended it")
+
+func (h *rerunHost) Arbitrate(ctx context.Context, ds []blob.Digest, fn func(ctx context.Context, tx *sql.Tx) error) error {
+	if h.armed.CompareAndSwap(true, false) {
+		err := h.Engine.Arbitrate(ctx, ds, func(ctx context.Context, tx *sql.Tx) error {
+			if _, err := tx.ExecContext(ctx, `DELETE FROM refs WHERE digest = ?`, h.unlink[:]); err != nil {
+				return err
+			}
+			h.runs.Add(1)
+			if err := fn(ctx, tx); err != nil {
+				return err
+			}
+			return errLost
+		})
+		if !errors.Is(err, errLost) {
+			return err
+		}
+	}
+	h.runs.Add(1)
+	return h.Engine.Arbitrate(ctx, ds, fn)
+}
+
+// TestSQLiteArbitrationRerun: an arbitration run again after its shared
+// transaction rolled back reports what it did — deleted is what is gone,
+// cancelled what is still there — and no large-tier blob is unlinked on
+// the strength of work that rolled back: a link whose removal rolled back
+// still has its blob.
+func TestSQLiteArbitrationRerun(t *testing.T) {
+	dir := t.TempDir()
+	kv, err := sqlite.Open(t.Context(), filepath.Join(dir, "kv.db"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	large, err := local.Open(t.Context(), filepath.Join(dir, "large"), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	h := &rerunHost{Engine: kv}
+	s := openWith(t, store.Config{KV: h, Large: large})
+	if _, err := kv.DB().Exec(`CREATE TABLE refs (digest BLOB NOT NULL)`); err != nil {
+		t.Fatal(err)
+	}
+	refs, err := gc.NewTable(t.Context(), kv.DB(), "sqlite", "refs")
+	if err != nil {
+		t.Fatal(err)
+	}
+	s.GC().Register(refs)
+	ds := putN(t, s, 8) // even: kv tier, odd: large tier
+	if r := sweep(t, s); r.Staged != 8 {
+		t.Fatalf("sweep 1: %+v", r)
+	}
+	// Linked after the mark, so arbitration must cancel them: a kv blob,
+	// a large one, and a large one whose link the other job removes.
+	lost := ds[5]
+	linked := map[blob.Digest]bool{ds[2]: true, ds[3]: true, lost: true}
+	for d := range linked {
+		if _, err := kv.DB().Exec(`INSERT INTO refs (digest) VALUES (?)`, d[:]); err != nil {
+			t.Fatal(err)
+		}
+	}
+	h.unlink = lost
+	h.armed.Store(true)
+	r := sweep(t, s)
+	if h.runs.Load() < 2 {
+		t.Fatalf("the arbitration ran %d times; the test wants it run again", h.runs.Load())
+	}
+	gone := 0
+	for i, d := range ds {
+		ok, err := s.Has(t.Context(), d)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !ok {
+			gone++
+		}
+		if linked[d] && !ok {
+			t.Errorf("blob %d (tier %s) is linked and gone", i, map[bool]string{true: "large", false: "kv"}[i%2 == 1])
+		}
+	}
+	if r.Deleted != gone || r.Cancelled != len(ds)-gone {
+		t.Errorf("report: %d deleted, %d cancelled; but %d of %d are gone", r.Deleted, r.Cancelled, gone, len(ds))
+	}
+	if gone != len(ds)-len(linked) {
+		t.Errorf("%d gone, want %d: every blob not linked", gone, len(ds)-len(linked))
+	}
+}
+
+// between is the SQLite engine where something happens between the two
+// holds of the arbitration lock: after the kv rows' delete committed,
+// before the large tier's unlinks.
+type between struct {
+	*sqlite.Engine
+	hook func(ctx context.Context) error // nil: nothing
+}
+
+func (h *between) ArbitrateAlone(ctx context.Context, ds []blob.Digest, fn func(ctx context.Context, tx *sql.Tx) error) error {
+	if h.hook != nil {
+		if err := h.hook(ctx); err != nil {
+			return err
+		}
+	}
+	return h.Engine.ArbitrateAlone(ctx, ds, fn)
+}
+
+func openBetween(t *testing.T) (*store.Store, *between) {
+	t.Helper()
+	dir := t.TempDir()
+	kv, err := sqlite.Open(t.Context(), filepath.Join(dir, "kv.db"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	large, err := local.Open(t.Context(), filepath.Join(dir, "large"), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	h := &between{Engine: kv}
+	s := openWith(t, store.Config{KV: h, Large: large, Logger: slog.New(slog.DiscardHandler)})
+	s.GC().Register(&refs{m: map[blob.Digest]bool{}})
+	return s, h
+}
+
+// TestSQLiteUnlinkChecksAgain: the large tier's unlinks, which come after
+// the transaction that decided them, check pins again: a pin committed in
+// between (another process's put of the same content, which found the
+// file and deduped on it) keeps its file.
+func TestSQLiteUnlinkChecksAgain(t *testing.T) {
+	s, h := openBetween(t)
+	ds := putN(t, s, 4) // even: kv tier, odd: large tier
+	if r := sweep(t, s); r.Staged != 4 {
+		t.Fatalf("sweep 1: %+v", r)
+	}
+	h.hook = func(ctx context.Context) error {
+		return h.PinRows(ctx, nil, "another-process", []blob.Digest{ds[1]}, time.Hour)
+	}
+	r := sweep(t, s)
+	if ok, err := s.Has(t.Context(), ds[1]); err != nil || !ok {
+		t.Fatalf("the blob pinned before its unlink is gone (%v)", err)
+	}
+	if r.Deleted != 3 || r.Cancelled != 1 {
+		t.Errorf("report %+v; want 3 deleted, 1 cancelled", r)
+	}
+}
+
+// TestSQLiteUnlinkLeftOver: when the process stops between the two holds
+// (here the second fails), the large tier's blobs it decided stay,
+// unreferenced, and a later sweep deletes them.
+func TestSQLiteUnlinkLeftOver(t *testing.T) {
+	s, h := openBetween(t)
+	ds := putN(t, s, 4)
+	if r := sweep(t, s); r.Staged != 4 {
+		t.Fatalf("sweep 1: %+v", r)
+	}
+	h.hook = func(context.Context) error { return errors.New("test: stopped between the two") }
+	if _, err := s.Sweep(t.Context()); err == nil {
+		t.Fatal("sweep 2 succeeded")
+	}
+	for i, d := range ds {
+		ok, err := s.Has(t.Context(), d)
+		if err != nil || ok != (i%2 == 1) {
+			t.Fatalf("after the stop, blob %d present=%v (%v); want only the large tier's", i, ok, err)
+		}
+	}
+	// Their window rows are still there (the failed sweep removed none):
+	// the next sweep executes them, the kv rows vanished, the files not.
+	h.hook = nil
+	if r := sweep(t, s); r.Deleted != 2 || r.Cancelled != 2 {
+		t.Errorf("sweep 3: %+v; want the 2 large blobs deleted, the 2 kv rows cancelled as vanished", r)
+	}
+	if n := count(t, s); n != 0 {
+		t.Errorf("%d blobs left; want the large tier's collected", n)
+	}
+}
