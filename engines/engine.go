@@ -139,22 +139,22 @@ type StatFS interface {
 	Root() string
 }
 
-// Candidate is one staged delete in the GC window.
-type Candidate struct {
-	Digest       blob.Digest
-	VisibleAfter time.Time
-}
-
 // WindowHost is implemented by SQL-backed engines that can hold the GC's
 // durable delete window (the gc_window table). The store picks exactly one
 // window host per instance (kv engine first, else the large engine); engines
 // without it get the in-process window.
+//
+// A row's time is the engine's (see "Times" at GCHost): the caller passes
+// how long a candidate waits, never when it is due, so that the processes
+// and hosts that stage and execute rows agree on when that is.
 type WindowHost interface {
-	// WindowStage records candidates (insert or keep the earlier row).
-	WindowStage(ctx context.Context, cs []Candidate) error
-	// WindowDue lists up to limit candidates with VisibleAfter <= now,
-	// ascending by digest, after `after`.
-	WindowDue(ctx context.Context, now time.Time, after blob.Digest, limit int) ([]Candidate, error)
+	// WindowStage records each digest of ds as a candidate due delay
+	// (>= 0) from now on the engine's clock. A digest already staged keeps
+	// its row, and its time.
+	WindowStage(ctx context.Context, ds []blob.Digest, delay time.Duration) error
+	// WindowDue lists up to limit candidates due now on the engine's
+	// clock, ascending by digest, after `after`.
+	WindowDue(ctx context.Context, after blob.Digest, limit int) ([]blob.Digest, error)
 	// WindowRemove drops rows for ds (executed or cancelled).
 	WindowRemove(ctx context.Context, ds []blob.Digest) error
 	// WindowLen counts staged rows.

@@ -15,8 +15,8 @@ import (
 //	gc_pins(digest, owner, expiry)    primary key (digest, owner)
 //
 // and the arbitration lock. The engine contributes rows and locks; the
-// collector (package gc) owns what they mean — which owner, which expiry,
-// what protects a key. An engine never decides liveness.
+// collector (package gc) owns what they mean — which owner, how long a row
+// lives, what protects a key. An engine never decides liveness.
 //
 // # The arbitration lock
 //
@@ -28,30 +28,39 @@ import (
 // SQLite the lock is the database's write lock (transactions begin
 // IMMEDIATE); on PostgreSQL a transaction-scoped advisory lock per digest.
 //
-// Times are stored as unix nanoseconds. Every method ends its transaction
-// on every path: no connection goes back to a pool inside a transaction.
+// # Times
+//
+// An expiry is written and compared on the engine's clock (see "Row times"
+// in clock.go): PinRows and RenewPins take a TTL and store the engine's now
+// plus it; ReapPins, PinCount and PinnedAmong compare with the engine's now
+// when they run. No method takes an instant, so no process's clock decides
+// whether another process's row has expired. A TTL <= 0 writes a row that
+// has already expired. Times are stored as unix nanoseconds.
+//
+// Every method ends its transaction on every path: no connection goes back
+// to a pool inside a transaction.
 type GCHost interface {
 	Engine
 	SQL
-	// PinRows upserts a row (d, owner, expiry) for each d of ds, taking
+	// PinRows upserts a row (d, owner, now + ttl) for each d of ds, taking
 	// each digest's arbitration lock in shared mode first. An existing row
 	// keeps the later of its expiry and the new one. With tx nil it runs in
 	// a transaction of its own; otherwise in tx, which the caller commits.
-	PinRows(ctx context.Context, tx *sql.Tx, owner string, ds []blob.Digest, expiry time.Time) error
-	// RenewPins sets owner's rows that are unexpired at now to expiry, in
-	// one statement, and returns the set of digests it moved. A row
-	// expired at now is never revived.
-	RenewPins(ctx context.Context, owner string, now, expiry time.Time) (map[blob.Digest]bool, error)
+	PinRows(ctx context.Context, tx *sql.Tx, owner string, ds []blob.Digest, ttl time.Duration) error
+	// RenewPins sets owner's rows that are unexpired now to now + ttl, in
+	// one statement (one reading of the clock), and returns the set of
+	// digests it moved. A row expired now is never revived.
+	RenewPins(ctx context.Context, owner string, ttl time.Duration) (map[blob.Digest]bool, error)
 	// DropPins deletes owner's rows for ds (none when ds is empty).
 	DropPins(ctx context.Context, owner string, ds []blob.Digest) error
 	// DropOwner deletes every row of owner.
 	DropOwner(ctx context.Context, owner string) error
-	// ReapPins deletes every row, of any owner, expired at now, and returns
+	// ReapPins deletes every row, of any owner, expired now, and returns
 	// how many.
-	ReapPins(ctx context.Context, now time.Time) (int64, error)
-	// PinCount counts the rows unexpired at now, of any owner (for stats
-	// and tests).
-	PinCount(ctx context.Context, now time.Time) (int64, error)
+	ReapPins(ctx context.Context) (int64, error)
+	// PinCount counts the rows unexpired now, of any owner (for stats and
+	// tests).
+	PinCount(ctx context.Context) (int64, error)
 
 	// Arbitrate runs fn in one transaction that holds the exclusive
 	// arbitration lock of every digest of ds, and commits if fn succeeds.
@@ -62,9 +71,10 @@ type GCHost interface {
 	// and does nothing a rollback does not undo (gc.AloneHost is the hold
 	// for that).
 	Arbitrate(ctx context.Context, ds []blob.Digest, fn func(ctx context.Context, tx *sql.Tx) error) error
-	// PinnedAmong returns the digests of ds that have a row unexpired at
-	// now whose owner is not except, read in tx.
-	PinnedAmong(ctx context.Context, tx *sql.Tx, ds []blob.Digest, now time.Time, except string) (map[blob.Digest]bool, error)
+	// PinnedAmong returns the digests of ds that have a row unexpired now
+	// (read once, when the query runs: after fn's locks are held) whose
+	// owner is not except, read in tx.
+	PinnedAmong(ctx context.Context, tx *sql.Tx, ds []blob.Digest, except string) (map[blob.Digest]bool, error)
 	// DeleteManyTx is BatchDeleter.DeleteMany inside tx.
 	DeleteManyTx(ctx context.Context, tx *sql.Tx, ds []blob.Digest) ([]int64, error)
 

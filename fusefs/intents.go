@@ -122,7 +122,7 @@ func alive(rest string) bool {
 
 // pending returns an intent for a publish at a close.
 func (in *intents) pending(replaces namespaces.Intent) namespaces.Pending {
-	return namespaces.Pending{Holder: in.holder, Until: time.Now().Add(in.ttl), Replaces: replaces}
+	return namespaces.Pending{Holder: in.holder, TTL: in.ttl, Replaces: replaces}
 }
 
 func (in *intents) recorded() { in.open.Add(1) }
@@ -183,7 +183,7 @@ func (in *intents) tick(ctx context.Context) {
 	if !recovered {
 		in.recover(ctx)
 	}
-	if err := f.reg.Renew(ctx, in.holder, time.Now().Add(in.ttl)); err != nil {
+	if err := f.reg.Renew(ctx, in.holder, in.ttl); err != nil {
 		f.log.Warn("could not renew the intents of files being written; they lapse after the pin TTL", "err", err)
 	}
 	for i, settle := range work {

@@ -100,7 +100,13 @@ type AloneHost interface {
 	ArbitrateAlone(ctx context.Context, ds []blob.Digest, fn func(ctx context.Context, tx *sql.Tx) error) error
 }
 
-// Clock is injected so that window logic is tested without sleeping.
+// Clock times what the collector does in its own process: how long a sweep
+// with the in-process window waits, that window's rows, the times in a
+// Report. It never times a row another process reads — pin expiries and the
+// durable window are the host's and the window host's clock (see
+// engines.GCHost), given TTLs and delays — so a process whose clock is
+// wrong, or jumps, misjudges nothing of another's. Injected so that the
+// in-process window is tested without sleeping.
 type Clock interface {
 	Now() time.Time
 	// After behaves like time.After.
@@ -208,11 +214,11 @@ func New(pool Pool, o Options) *Collector {
 		ttl:     o.PinTTL,
 		sources: make(map[*Registration]Source),
 	}
-	if c.window == nil {
-		c.window = newMemWindow()
-	}
 	if c.clock == nil {
 		c.clock = RealClock
+	}
+	if c.window == nil {
+		c.window = newMemWindow(c.clock)
 	}
 	if c.log == nil {
 		c.log = slog.Default()
@@ -472,7 +478,7 @@ func (c *Collector) arbitrateTx(ctx context.Context, run func(context.Context, [
 		for k := range rest {
 			rest[k] = k
 		}
-		pinned, err := c.host.PinnedAmong(ctx, tx, ds, c.clock.Now(), "")
+		pinned, err := c.host.PinnedAmong(ctx, tx, ds, "")
 		if err != nil {
 			return err
 		}

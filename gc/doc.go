@@ -20,10 +20,11 @@
 // re-arbitrated now; a candidate that vanished meanwhile counts as
 // cancelled) → mark (a sorted merge of the pool's listing with every
 // source's sorted enumeration and the pins: memory does not grow with the
-// pool) → stage the dead at visible_after = mark_end + delay. With a durable
-// window (a SQL gc_window table) the staged candidates wait for the next
-// sweep; with the in-process window they are executed by this same sweep
-// once the delay has passed on the injected Clock.
+// pool) → stage the dead at visible_after = mark_end + delay, on the window
+// host's clock. With a durable window (a SQL gc_window table) the staged
+// candidates wait for the next sweep; with the in-process window they are
+// executed by this same sweep once the delay has passed on the injected
+// Clock.
 //
 // Executing the window arbitrates candidates in batches under one hold of
 // the arbitration lock, with one liveness query per source that can answer
@@ -36,7 +37,13 @@
 // With a host (engines.GCHost: the SQL kv engine), the GC state that
 // other processes and hosts must see lives in the pool's database:
 //
-//   - Pins are rows gc_pins(digest, owner, expiry). The first pin of a
+//   - Pins are rows gc_pins(digest, owner, expiry). An expiry is the host's
+//     clock plus the TTL, written and compared by the host (the database
+//     server's clock on PostgreSQL, the machine's boot clock on SQLite):
+//     the collector passes TTLs, never instants, so no process's clock —
+//     wrong by minutes, or jumping — decides whether another's row has
+//     expired. The same holds for the durable window's rows and for
+//     namespace intents. The first pin of a
 //     digest in this collector commits a row (inside the put's own
 //     transaction for a kv put; before the commit-rename for a large one)
 //     and later pins only count in process. Every TTL/3 one tick drops

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/alkblobfs/alkblobfs/blob"
+	"github.com/alkblobfs/alkblobfs/engines/enginetest"
 	"github.com/alkblobfs/alkblobfs/gc"
 	"github.com/alkblobfs/alkblobfs/gc/gctest"
 )
@@ -75,8 +76,28 @@ func TestAbortNoLivenessSources(t *testing.T) {
 	}
 }
 
+// TestMemWindow: the in-process window keeps the WindowHost contract, on
+// the real clock and on a test's.
+func TestMemWindow(t *testing.T) {
+	enginetest.WindowHost(t, gc.NewMemWindow(nil))
+	clock := gctest.NewClock()
+	w := gc.NewMemWindow(clock)
+	d := dg(1)
+	if err := w.WindowStage(t.Context(), []blob.Digest{d}, time.Minute); err != nil {
+		t.Fatal(err)
+	}
+	clock.Advance(time.Minute - time.Nanosecond)
+	if due, err := w.WindowDue(t.Context(), blob.Digest{}, 10); len(due) != 0 || err != nil {
+		t.Fatalf("due a nanosecond before its delay on the collector's clock: %v, %v", due, err)
+	}
+	clock.Advance(time.Nanosecond)
+	if due, err := w.WindowDue(t.Context(), blob.Digest{}, 10); len(due) != 1 || err != nil {
+		t.Fatalf("not due at its delay on the collector's clock: %v, %v", due, err)
+	}
+}
+
 func TestAbortProtectFailed(t *testing.T) {
-	w := gc.NewMemWindow()
+	w := gc.NewMemWindow(nil)
 	p := gctest.NewPool(gc.Options{Window: w})
 	fill(p, 5)
 	c := p.C
@@ -158,7 +179,7 @@ func TestDeleteRefusesProtected(t *testing.T) {
 // Durable schedule at delay 0: sweep N stages, sweep N+1 executes exactly
 // what was staged.
 func TestTwoSweepExactCounts(t *testing.T) {
-	p := gctest.NewPool(gc.Options{Window: gc.NewMemWindow()})
+	p := gctest.NewPool(gc.Options{Window: gc.NewMemWindow(nil)})
 	ds := fill(p, 100)
 	c := p.C
 	src := gctest.NewSource(ds[:10]...)
@@ -202,7 +223,7 @@ func TestTwoSweepExactCounts(t *testing.T) {
 func TestRaceAcrossDelay(t *testing.T) {
 	clock := gctest.NewClock()
 	a, b := dg(1), dg(2)
-	p := gctest.NewPool(gc.Options{Window: gc.NewMemWindow(), Delay: time.Minute, Clock: clock}, a, b)
+	p := gctest.NewPool(gc.Options{Window: gc.NewMemWindow(clock), Delay: time.Minute, Clock: clock}, a, b)
 	c := p.C
 	c.Register(gctest.NewSource())
 	if r := mustSweep(t, c); r.Staged != 2 {

@@ -309,7 +309,7 @@ func (c *Collector) PinPublish(ctx context.Context, d blob.Digest, publish func(
 			return c.rows.write(ctx, d)
 		}
 		return publish(func(ctx context.Context, tx *sql.Tx) error {
-			return c.host.PinRows(ctx, tx, c.owner, []blob.Digest{d}, c.clock.Now().Add(c.ttl))
+			return c.host.PinRows(ctx, tx, c.owner, []blob.Digest{d}, c.ttl)
 		})
 	})
 	c.rowMu.RUnlock()
@@ -350,7 +350,7 @@ func (c *Collector) PinMany(ctx context.Context, ds []blob.Digest) ([]*Pin, erro
 		return nil, blob.Wrap("pin", "", blob.Digest{}, blob.ErrClosed)
 	}
 	_, err := c.pins.ensureRows(ctx, ds, func(need []blob.Digest) error {
-		return c.host.PinRows(ctx, nil, c.owner, need, c.clock.Now().Add(c.ttl))
+		return c.host.PinRows(ctx, nil, c.owner, need, c.ttl)
 	})
 	if err != nil {
 		ReleaseAll(ps)
@@ -370,9 +370,10 @@ func (c *Collector) PinMany(ctx context.Context, ds []blob.Digest) ([]*Pin, erro
 // logged and the next one retries; the rows' expiry is the protection, so a
 // missed renewal degrades to expiry, never to an error on a put or an open.
 //
-// The cadence is wall time even under an injected Clock (which times the
-// rows): a test clock that stands still must not stop renewal. Tests tick
-// by hand with Renew.
+// The cadence is real time even under an injected Clock: a test clock
+// that stands still must not stop renewal. The rows themselves are timed by
+// the host's clock (engines.GCHost), which renewal asks for a fresh TTL.
+// Tests tick by hand with Renew.
 func (c *Collector) renewLoop(stop <-chan struct{}, done chan<- struct{}) {
 	defer close(done)
 	t := time.NewTicker(max(c.ttl/3, time.Millisecond))
@@ -413,8 +414,7 @@ func (c *Collector) Renew(ctx context.Context) error {
 		c.log.Warn("drop released pin rows; retrying at the next tick", "err", err, "rows", len(gone))
 	}
 	held := c.pins.withRows()
-	now := c.clock.Now()
-	got, err := c.host.RenewPins(ctx, c.owner, now, now.Add(c.ttl))
+	got, err := c.host.RenewPins(ctx, c.owner, c.ttl)
 	if err != nil {
 		return err
 	}
@@ -438,7 +438,7 @@ func (c *Collector) Renew(ctx context.Context) error {
 		"owner", c.owner, "lapsed", len(lapsed), "held", len(held))
 	c.rowMu.RLock()
 	defer c.rowMu.RUnlock()
-	if err := c.host.PinRows(ctx, nil, c.owner, lapsed, now.Add(c.ttl)); err != nil {
+	if err := c.host.PinRows(ctx, nil, c.owner, lapsed, c.ttl); err != nil {
 		c.pins.forgetRows(lapsed) // the next pin of each writes its row
 		return fmt.Errorf("re-pin %d digests: %w", len(lapsed), err)
 	}
@@ -519,7 +519,7 @@ func (w *rowWriter) flush(ctx context.Context) {
 		for i, r := range batch {
 			ds[i] = r.d
 		}
-		err := w.c.host.PinRows(ctx, nil, w.c.owner, ds, w.c.clock.Now().Add(w.c.ttl))
+		err := w.c.host.PinRows(ctx, nil, w.c.owner, ds, w.c.ttl)
 		for _, r := range batch {
 			r.done <- err
 		}

@@ -41,7 +41,7 @@ func stress(t *testing.T, durable, batch bool, rounds int) {
 	src := gctest.NewSource()
 	opts := gc.Options{}
 	if durable {
-		opts.Window = gc.NewMemWindow()
+		opts.Window = gc.NewMemWindow(nil)
 	}
 	p := gctest.NewPool(opts)
 	if batch {

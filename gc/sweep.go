@@ -123,7 +123,7 @@ func (c *Collector) sweep(ctx context.Context, r *Report, lease engines.Lease) e
 	// overdue execution, as hygiene only — arbitration already ignores
 	// expired rows, so the answers are the same either way.
 	if c.host != nil {
-		n, err := c.host.ReapPins(ctx, c.clock.Now())
+		n, err := c.host.ReapPins(ctx)
 		if err != nil {
 			return fmt.Errorf("reap expired pin rows: %w", err)
 		}
@@ -139,13 +139,14 @@ func (c *Collector) sweep(ctx context.Context, r *Report, lease engines.Lease) e
 	if err != nil {
 		return err
 	}
-	visibleAfter, err := VisibleAfter(c.clock.Now(), c.delay)
-	if err != nil {
+	// Checked here too for a collector made without a store (which checks
+	// at Open); the window host adds the delay to its own clock.
+	if _, err := VisibleAfter(c.clock.Now(), c.delay); err != nil {
 		return err
 	}
 	for _, batch := range dead.chunks {
-		if err := c.stage(ctx, batch, visibleAfter); err != nil {
-			return err
+		if err := c.window.WindowStage(ctx, batch, c.delay); err != nil {
+			return fmt.Errorf("stage delete candidates: %w", err)
 		}
 	}
 	r.Staged = dead.len()
@@ -169,7 +170,9 @@ var maxTime = time.Unix(0, math.MaxInt64)
 
 // VisibleAfter is now + delay, checked: a delay that would carry the
 // window past what the window table can store is an error, never a wrapped
-// time in the past (which would make a candidate due at once).
+// time in the past (which would make a candidate due at once). The window
+// hosts add a delay to their own clocks; this is how a delay is checked
+// before it gets there.
 func VisibleAfter(now time.Time, delay time.Duration) (time.Time, error) {
 	at := now.Add(delay)
 	if delay < 0 || at.After(maxTime) {
@@ -178,25 +181,13 @@ func VisibleAfter(now time.Time, delay time.Duration) (time.Time, error) {
 	return at, nil
 }
 
-func (c *Collector) stage(ctx context.Context, batch []blob.Digest, at time.Time) error {
-	cs := make([]engines.Candidate, len(batch))
-	for i, d := range batch {
-		cs[i] = engines.Candidate{Digest: d, VisibleAfter: at}
-	}
-	if err := c.window.WindowStage(ctx, cs); err != nil {
-		return fmt.Errorf("stage delete candidates: %w", err)
-	}
-	return nil
-}
-
 // executeDue deletes every window candidate whose time has come, each
 // re-arbitrated now. Protected or vanished candidates are cancelled; both
 // leave the window (a still-dead one is staged again by a later mark).
 func (c *Collector) executeDue(ctx context.Context, r *Report, sources []Source, protected func(blob.Digest) bool, lease engines.Lease) error {
-	now := c.clock.Now()
 	var after blob.Digest
 	for {
-		due, err := c.window.WindowDue(ctx, now, after, executeBatch)
+		due, err := c.window.WindowDue(ctx, after, executeBatch)
 		if err != nil {
 			return fmt.Errorf("read delete window: %w", err)
 		}
@@ -218,10 +209,7 @@ func (c *Collector) executeDue(ctx context.Context, r *Report, sources []Source,
 					return err
 				}
 			}
-			ds := make([]blob.Digest, 0, arbitrateBatch)
-			for _, cand := range due[lo:min(len(due), lo+arbitrateBatch)] {
-				ds = append(ds, cand.Digest)
-			}
+			ds := due[lo:min(len(due), lo+arbitrateBatch)]
 			out, err := c.arbitratedDeleteMany(ctx, ds, sources, protected)
 			if err != nil {
 				c.removeDone(ctx, done)
@@ -240,7 +228,7 @@ func (c *Collector) executeDue(ctx context.Context, r *Report, sources []Source,
 		if err := c.window.WindowRemove(ctx, done); err != nil {
 			return fmt.Errorf("clear delete window: %w", err)
 		}
-		after = due[len(due)-1].Digest
+		after = due[len(due)-1]
 	}
 }
 

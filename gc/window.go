@@ -11,37 +11,49 @@ import (
 )
 
 // memWindow is the in-process delete window for stores whose engines
-// cannot hold a gc_window table (mem, local).
+// cannot hold a gc_window table (mem, local). Its rows are timed by the
+// collector's Clock: no other process reads them. RealClock's readings
+// carry Go's monotonic clock, and comparisons of two of them use it, so a
+// jump of the wall clock moves no candidate.
 type memWindow struct {
+	clock  Clock
 	mu     sync.Mutex
 	m      map[blob.Digest]time.Time
 	sorted []blob.Digest // keys in order, rebuilt after a stage; may hold removed keys
 	dirty  bool
 }
 
-func newMemWindow() *memWindow { return &memWindow{m: make(map[blob.Digest]time.Time)} }
+func newMemWindow(clock Clock) *memWindow {
+	if clock == nil {
+		clock = RealClock
+	}
+	return &memWindow{clock: clock, m: make(map[blob.Digest]time.Time)}
+}
 
-// NewMemWindow returns an in-process window. A collector uses one by
-// default; passing one as Options.Window instead gives the durable
-// schedule (a later sweep executes what one stages) without durability,
-// which is how tests exercise that schedule without a database.
-func NewMemWindow() engines.WindowHost { return newMemWindow() }
+// NewMemWindow returns an in-process window timed by clock (nil:
+// RealClock). A collector uses one by default; passing one as
+// Options.Window instead gives the durable schedule (a later sweep
+// executes what one stages) without durability, which is how tests
+// exercise that schedule without a database.
+func NewMemWindow(clock Clock) engines.WindowHost { return newMemWindow(clock) }
 
 var _ engines.WindowHost = (*memWindow)(nil)
 
-func (w *memWindow) WindowStage(_ context.Context, cs []engines.Candidate) error {
+func (w *memWindow) WindowStage(_ context.Context, ds []blob.Digest, delay time.Duration) error {
+	at := w.clock.Now().Add(max(delay, 0))
 	w.mu.Lock()
 	defer w.mu.Unlock()
-	for _, c := range cs {
-		if _, ok := w.m[c.Digest]; !ok {
-			w.m[c.Digest] = c.VisibleAfter
+	for _, d := range ds {
+		if _, ok := w.m[d]; !ok {
+			w.m[d] = at
 			w.dirty = true
 		}
 	}
 	return nil
 }
 
-func (w *memWindow) WindowDue(_ context.Context, now time.Time, after blob.Digest, limit int) ([]engines.Candidate, error) {
+func (w *memWindow) WindowDue(_ context.Context, after blob.Digest, limit int) ([]blob.Digest, error) {
+	now := w.clock.Now()
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	if w.dirty {
@@ -53,11 +65,11 @@ func (w *memWindow) WindowDue(_ context.Context, now time.Time, after blob.Diges
 		w.dirty = false
 	}
 	i, _ := slices.BinarySearchFunc(w.sorted, after, blob.Digest.Compare)
-	var out []engines.Candidate
+	var out []blob.Digest
 	for ; i < len(w.sorted) && len(out) < limit; i++ {
 		d := w.sorted[i]
 		if t, ok := w.m[d]; ok && d != after && !t.After(now) {
-			out = append(out, engines.Candidate{Digest: d, VisibleAfter: t})
+			out = append(out, d)
 		}
 	}
 	return out, nil

@@ -55,7 +55,12 @@
 // close; superseded intents are dropped (Pending.Replaces), so no
 // intermediate version is ever listed. Intents are rows (ns_pending) where
 // the registry is SQL, so a crash loses none: Recover settles a dead
-// holder's intents, and lapsed ones of any holder.
+// holder's intents, and lapsed ones of any holder. A holder renews its
+// intents with a TTL (Pending.TTL, Renew); whether one has lapsed is
+// decided on the registry's clock for rows — the database server's on
+// PostgreSQL, the host's boot clock on SQLite — never on a holder's or a
+// recoverer's own, so hosts whose clocks disagree settle nothing early
+// and leave nothing late.
 //
 // # Concurrency
 //

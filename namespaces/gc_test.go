@@ -57,7 +57,7 @@ func TestGCDurableWindow(t *testing.T) {
 	forEachRegistry(t, func(t *testing.T, r namespaces.Registry) {
 		ctx := t.Context()
 		d, junk, late := blob.Sum([]byte("shared")), blob.Sum([]byte("junk")), blob.Sum([]byte("late"))
-		p := gctest.NewPool(gc.Options{Window: gc.NewMemWindow()}, d, junk, late)
+		p := gctest.NewPool(gc.Options{Window: gc.NewMemWindow(nil)}, d, junk, late)
 		p.C.Register(r)
 		svc := namespaces.NewService(r, p)
 		mustDo(t, r.Create(ctx, "a"))
@@ -175,7 +175,7 @@ func TestServiceLinkPinsAcrossCheck(t *testing.T) {
 	forEachRegistry(t, func(t *testing.T, r namespaces.Registry) {
 		ctx := t.Context()
 		d := blob.Sum([]byte("raced"))
-		p := gctest.NewPool(gc.Options{Window: gc.NewMemWindow()}, d)
+		p := gctest.NewPool(gc.Options{Window: gc.NewMemWindow(nil)}, d)
 		p.C.Register(r)
 		mustDo(t, r.Create(ctx, "a"))
 		sweep(t, p) // stages d: due at the next sweep

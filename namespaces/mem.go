@@ -16,6 +16,10 @@ import (
 // usable; call NewMem.
 type Mem struct {
 	clock Clock
+	// base is what intents are timed from: time.Since(base) reads the
+	// process's monotonic clock, which no setting of the wall clock moves
+	// (the Clock stamps links only).
+	base time.Time
 
 	mu    sync.RWMutex
 	ns    map[string]*ordered // namespace → digest → linked_at (unix ns)
@@ -31,7 +35,7 @@ type memIntent struct {
 	ns     string
 	d      blob.Digest
 	holder string
-	until  time.Time
+	until  time.Duration // since Mem.base
 }
 
 var _ Registry = (*Mem)(nil)
@@ -39,7 +43,7 @@ var _ Registry = (*Mem)(nil)
 // NewMem returns an empty in-memory registry. clock stamps LinkedAt; nil
 // means the wall clock.
 func NewMem(clock Clock) *Mem {
-	return &Mem{clock: orWall(clock), ns: make(map[string]*ordered),
+	return &Mem{clock: orWall(clock), base: time.Now(), ns: make(map[string]*ordered),
 		pending: make(map[Intent]memIntent), pendingIn: make(map[string]int)}
 }
 
@@ -178,7 +182,7 @@ func (m *Mem) Pend(ctx context.Context, name string, d blob.Digest, p Pending) (
 	}
 	m.dropIntentLocked(p.Replaces)
 	i := newIntent()
-	m.pending[i] = memIntent{ns: name, d: d, holder: p.Holder, until: p.Until}
+	m.pending[i] = memIntent{ns: name, d: d, holder: p.Holder, until: time.Since(m.base) + p.TTL}
 	m.pendingIn[name]++
 	m.live.add(d, 1)
 	return i, nil
@@ -231,10 +235,11 @@ func (m *Mem) Cancel(ctx context.Context, i Intent) error {
 }
 
 // Renew implements Registry.
-func (m *Mem) Renew(ctx context.Context, holder string, until time.Time) error {
+func (m *Mem) Renew(ctx context.Context, holder string, ttl time.Duration) error {
 	if err := ctx.Err(); err != nil {
 		return wrap("renew", "", blob.Digest{}, err)
 	}
+	until := time.Since(m.base) + ttl
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	for i, p := range m.pending {
@@ -266,12 +271,12 @@ func (m *Mem) Recover(ctx context.Context, holder string) (int, error) {
 	if err := ctx.Err(); err != nil {
 		return 0, wrap("recover", "", blob.Digest{}, err)
 	}
-	now := m.clock.Now()
+	now := time.Since(m.base)
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	n := 0
 	for i, p := range m.pending {
-		if p.holder == holder || p.until.Before(now) {
+		if p.holder == holder || p.until < now {
 			m.settleLocked(i)
 			n++
 		}

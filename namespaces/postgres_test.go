@@ -27,7 +27,7 @@ func openPostgres(t *testing.T, dsn string, c namespaces.Clock) (*namespaces.SQL
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { e.Close() })
-	r, err := namespaces.OpenSQL(t.Context(), e.DB(), e.Dialect(), c)
+	r, err := namespaces.OpenSQL(t.Context(), e, c)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -92,8 +92,8 @@ type Registry interface {
 	// canceled, d is live (the registry reports it to the GC) but not
 	// referenced: Has, Entries and Count do not show it. The intent is
 	// durable where the registry is (SQL): after a crash, Recover links
-	// it. holder names the writer (see Recover); until is when the intent
-	// lapses unless renewed. replaces, when non-zero, is the same writer's
+	// it. holder names the writer (see Recover); the TTL is how long the
+	// intent lives unless renewed. replaces, when non-zero, is the same writer's
 	// earlier intent, dropped atomically with this one's recording: a
 	// version superseded before its writer finished is never linked.
 	// ErrNotFound if the namespace is absent.
@@ -106,8 +106,8 @@ type Registry interface {
 	// Cancel drops an intent without linking. An intent already gone is
 	// not an error.
 	Cancel(ctx context.Context, i Intent) error
-	// Renew moves the lapse time of every intent of holder to until.
-	Renew(ctx context.Context, holder string, until time.Time) error
+	// Renew gives every intent of holder ttl more to live, from now.
+	Renew(ctx context.Context, holder string, ttl time.Duration) error
 	// Recover settles every intent of holder (a previous life of the same
 	// writer, which crashed before settling) and every lapsed intent of
 	// any holder (a writer that died and never came back), and returns
@@ -161,15 +161,22 @@ type Pending struct {
 	// Holder names the writer: stable across its restarts (a mount's host
 	// and mountpoint), so that its next life settles what it left.
 	Holder string
-	// Until is when the intent lapses unless renewed; after it, any
-	// Recover settles it.
-	Until time.Time
+	// TTL is how long the intent lives unless renewed (Renew); once it has
+	// lapsed, any Recover settles it. It counts on the registry's clock for
+	// rows, never the writer's: the database server's on PostgreSQL, the
+	// host's boot clock on SQLite (engines.RowClock), the process's
+	// monotonic clock in memory. So a host whose clock runs ahead does not
+	// settle another host's intents while their writer still renews them,
+	// and one whose clock runs behind does not leave a dead writer's
+	// intents unsettled for longer than their TTL.
+	TTL time.Duration
 	// Replaces is the writer's earlier intent for the same file, or 0.
 	Replaces Intent
 }
 
-// Clock stamps LinkedAt and created_at. gc.Clock satisfies it, so a store's
-// clock can be shared.
+// Clock stamps LinkedAt and created_at: wall times, which a mount shows as
+// mtimes. It times no intent (see Pending.TTL). gc.Clock satisfies it, so a
+// store's clock can be shared.
 type Clock interface{ Now() time.Time }
 
 // ClockFunc adapts a function to Clock.
@@ -196,7 +203,7 @@ const pageSize = 1000
 // gets the in-memory registry.
 func Open(ctx context.Context, kv engines.Engine, clock Clock) (Registry, error) {
 	if s, ok := kv.(engines.SQL); ok {
-		r, err := OpenSQL(ctx, s.DB(), s.Dialect(), clock)
+		r, err := OpenSQL(ctx, s, clock)
 		if err != nil {
 			return nil, err
 		}

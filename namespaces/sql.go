@@ -25,9 +25,14 @@ import (
 //	ns_pending(id INTEGER PRIMARY KEY, ns TEXT REFERENCES ns, digest BLOB, holder TEXT, expiry INTEGER)
 //	indexes ns_pending(digest) for liveness, ns_pending(holder) for Renew
 //
-// Times are unix nanoseconds. The DDL is per dialect (BLOB/BYTEA, BIGINT,
-// byte-order collation on PostgreSQL); every DML statement is shared, with
-// `?` placeholders rebound to `$n` for PostgreSQL.
+// Times are unix nanoseconds. linked_at and created_at are the registry's
+// Clock (wall time). An intent's expiry is the row clock's, which every
+// process sharing the database reads alike: the server's on PostgreSQL
+// (engines.PGNow, read in the statement), the engine's on SQLite
+// (engines.RowClock, bound); writers pass a TTL. The DDL is per dialect
+// (BLOB/BYTEA, BIGINT, byte-order collation on PostgreSQL); every DML
+// statement is shared, with `?` placeholders rebound to `$n` for
+// PostgreSQL and {now} standing for the row clock (see args).
 //
 // On SQLite the pool must begin transactions IMMEDIATE (_txlock=immediate,
 // as engines/sqlite does): Link reads and then writes in one transaction.
@@ -35,7 +40,10 @@ type SQL struct {
 	db      *sql.DB
 	dialect string
 	clock   Clock
-	q       queries
+	// rows is the row clock on SQLite; nil on PostgreSQL, whose
+	// statements read the server's.
+	rows engines.RowClock
+	q    queries
 	// The statements of a put's joint link, prepared once: parsing them
 	// per put was a tenth of the CPU of a `cp -r` of small files.
 	existsStmt, linkStmt, pendStmt, unpendStmt *sql.Stmt
@@ -130,7 +138,11 @@ type queries struct {
 const linkBatch = 256
 
 func newQueries(dialect string) queries {
-	r := func(q string) string { return rebind(dialect, q) }
+	now := "?"
+	if dialect == "postgres" {
+		now = "(SELECT " + engines.PGNow + ")"
+	}
+	r := func(q string) string { return rebind(dialect, strings.ReplaceAll(q, "{now}", now)) }
 	q := queries{
 		create:  r(`INSERT INTO ns (name, created_at, uid, gid, mode) VALUES (?, ?, ?, ?, ?) ON CONFLICT (name) DO NOTHING`),
 		perm:    r(`SELECT uid, gid, mode FROM ns WHERE name = ?`),
@@ -146,15 +158,15 @@ func newQueries(dialect string) queries {
 		count:   r(`SELECT COUNT(*) FROM ns_refs WHERE ns = ?`),
 		entries: r(`SELECT digest, linked_at FROM ns_refs WHERE ns = ? AND digest > ? ORDER BY digest LIMIT ?`),
 
-		pend:   r(`INSERT INTO ns_pending (id, ns, digest, holder, expiry) SELECT ?, ?, ?, ?, ? WHERE EXISTS (SELECT 1 FROM ns WHERE name = ?)`),
+		pend:   r(`INSERT INTO ns_pending (id, ns, digest, holder, expiry) SELECT ?, ?, ?, ?, {now} + ? WHERE EXISTS (SELECT 1 FROM ns WHERE name = ?)`),
 		unpend: r(`DELETE FROM ns_pending WHERE id = ?`),
-		renew:  r(`UPDATE ns_pending SET expiry = ? WHERE holder = ?`),
+		renew:  r(`UPDATE ns_pending SET expiry = {now} + ? WHERE holder = ?`),
 		// Settle and Recover on SQLite: take the rows, then link them, in
 		// one IMMEDIATE transaction.
 		settleTake:  r(`DELETE FROM ns_pending WHERE id = ? RETURNING ns, digest`),
 		settleLink:  r(`INSERT INTO ns_refs (ns, digest, linked_at) VALUES (?, ?, ?) ON CONFLICT (ns, digest) DO NOTHING`),
-		recoverLink: r(`INSERT INTO ns_refs (ns, digest, linked_at) SELECT DISTINCT ns, digest, ? FROM ns_pending WHERE holder = ? OR expiry < ? ON CONFLICT (ns, digest) DO NOTHING`),
-		recoverTake: r(`DELETE FROM ns_pending WHERE holder = ? OR expiry < ?`),
+		recoverLink: r(`INSERT INTO ns_refs (ns, digest, linked_at) SELECT DISTINCT ns, digest, ? FROM ns_pending WHERE holder = ? OR expiry < {now} ON CONFLICT (ns, digest) DO NOTHING`),
+		recoverTake: r(`DELETE FROM ns_pending WHERE holder = ? OR expiry < {now}`),
 
 		// A digest is live while a namespace references it or an intent
 		// means to.
@@ -172,8 +184,8 @@ func newQueries(dialect string) queries {
 		q.settleTake = `WITH p AS (DELETE FROM ns_pending WHERE id = $1 RETURNING ns, digest),
 			l AS (INSERT INTO ns_refs (ns, digest, linked_at) SELECT ns, digest, $2::bigint FROM p ON CONFLICT (ns, digest) DO NOTHING RETURNING 1)
 			SELECT count(*) FROM l`
-		q.recoverTake = `WITH p AS (DELETE FROM ns_pending WHERE holder = $1 OR expiry < $2 RETURNING ns, digest),
-			l AS (INSERT INTO ns_refs (ns, digest, linked_at) SELECT DISTINCT ns, digest, $3::bigint FROM p ON CONFLICT (ns, digest) DO NOTHING)
+		q.recoverTake = `WITH p AS (DELETE FROM ns_pending WHERE holder = $1 OR expiry < ` + now + ` RETURNING ns, digest),
+			l AS (INSERT INTO ns_refs (ns, digest, linked_at) SELECT DISTINCT ns, digest, $2::bigint FROM p ON CONFLICT (ns, digest) DO NOTHING)
 			SELECT count(*) FROM p`
 	}
 	q.linkRows = linkRowsQuery(dialect, linkBatch)
@@ -196,14 +208,20 @@ func linkRowsQuery(dialect string, rows int) string {
 // rebind is engines.Rebind: the statements here are written once with `?`.
 func rebind(dialect, q string) string { return engines.Rebind(dialect, q) }
 
-// OpenSQL creates the registry's tables in db if needed and returns the
-// registry. dialect is "sqlite" or "postgres" (engines.SQL.Dialect). clock
-// stamps LinkedAt; nil means the wall clock. The registry does not own db:
-// closing the engine closes it.
-func OpenSQL(ctx context.Context, db *sql.DB, dialect string, clock Clock) (*SQL, error) {
+// OpenSQL creates the registry's tables in e's database if needed and
+// returns the registry. e's dialect is "sqlite" or "postgres"; a SQLite
+// engine must be an engines.RowClock (engines/sqlite is), which times the
+// intents. clock stamps LinkedAt; nil means the wall clock. The registry
+// does not own e's database: closing the engine closes it.
+func OpenSQL(ctx context.Context, e engines.SQL, clock Clock) (*SQL, error) {
+	db, dialect := e.DB(), e.Dialect()
 	stmts, ok := ddl[dialect]
 	if !ok {
 		return nil, fmt.Errorf("namespaces: open: unknown SQL dialect %q (want sqlite or postgres)", dialect)
+	}
+	rows, _ := e.(engines.RowClock)
+	if dialect == "sqlite" && rows == nil {
+		return nil, fmt.Errorf("namespaces: open sqlite: %T keeps no row clock (engines.RowClock) to time intents with; open the database with engines/sqlite", e)
 	}
 	if err := createSchema(ctx, db, dialect, stmts); err != nil {
 		return nil, fmt.Errorf("namespaces: open %s: create schema: %w", dialect, err)
@@ -217,6 +235,9 @@ func OpenSQL(ctx context.Context, db *sql.DB, dialect string, clock Clock) (*SQL
 		return nil, fmt.Errorf("namespaces: open %s: add the ns permission columns: %w", dialect, err)
 	}
 	r := &SQL{db: db, dialect: dialect, clock: orWall(clock), q: newQueries(dialect), noPerm: !permCols}
+	if dialect == "sqlite" {
+		r.rows = rows
+	}
 	if r.noPerm {
 		// A store made before namespaces had permissions, opened
 		// read-only: none is recorded, and none can be.
@@ -269,6 +290,32 @@ func (r *SQL) prepare(ctx context.Context) error {
 
 // Dialect is "sqlite" or "postgres".
 func (r *SQL) Dialect() string { return r.dialect }
+
+// nowArg stands for the row clock's now in a statement's arguments, where
+// the statement has {now}; see args.
+type nowArg struct{}
+
+// args resolves the nowArg among a: on SQLite it binds the row clock's
+// reading (one for the call); on PostgreSQL, whose statements read the
+// server's clock where {now} was, it is dropped.
+func (r *SQL) args(a ...any) []any {
+	out := a[:0:0]
+	var now any
+	for _, v := range a {
+		if _, ok := v.(nowArg); !ok {
+			out = append(out, v)
+			continue
+		}
+		if r.rows == nil {
+			continue
+		}
+		if now == nil {
+			now = r.rows.RowNow()
+		}
+		out = append(out, now)
+	}
+	return out
+}
 
 // querier is what *sql.DB and *sql.Tx share.
 type querier interface {
@@ -569,7 +616,7 @@ func (r *SQL) PendTx(ctx context.Context, tx *sql.Tx, name string, d blob.Digest
 		}
 	}
 	i := newIntent()
-	res, err := tx.StmtContext(ctx, r.pendStmt).ExecContext(ctx, int64(i), name, d[:], p.Holder, p.Until.UnixNano(), name)
+	res, err := tx.StmtContext(ctx, r.pendStmt).ExecContext(ctx, r.args(int64(i), name, d[:], p.Holder, nowArg{}, int64(p.TTL), name)...)
 	var n int64
 	if err == nil {
 		n, err = res.RowsAffected()
@@ -639,23 +686,28 @@ func (r *SQL) CancelTx(ctx context.Context, tx *sql.Tx, i Intent) error {
 }
 
 // Renew implements Registry: one UPDATE over the holder's index.
-func (r *SQL) Renew(ctx context.Context, holder string, until time.Time) error {
-	if _, err := r.db.ExecContext(ctx, r.q.renew, until.UnixNano(), holder); err != nil {
+func (r *SQL) Renew(ctx context.Context, holder string, ttl time.Duration) error {
+	if _, err := r.db.ExecContext(ctx, r.q.renew, r.args(nowArg{}, int64(ttl), holder)...); err != nil {
 		return wrap("renew", "", blob.Digest{}, err)
 	}
 	return nil
 }
 
-// Recover implements Registry, in one transaction.
+// Recover implements Registry, in one transaction (one statement on
+// PostgreSQL). Lapse is judged on the row clock; the references it makes
+// are stamped with the registry's Clock.
 func (r *SQL) Recover(ctx context.Context, holder string) (int, error) {
-	now := r.clock.Now().UnixNano()
+	linkedAt := r.clock.Now().UnixNano()
 	var n int64
 	var err error
 	if r.dialect == "postgres" {
-		err = r.db.QueryRowContext(ctx, r.q.recoverTake, holder, now, now).Scan(&n)
+		err = r.db.QueryRowContext(ctx, r.q.recoverTake, holder, linkedAt).Scan(&n)
 	} else {
 		err = r.inTx(ctx, func(ctx context.Context, tx *sql.Tx) error {
-			if _, err := tx.ExecContext(ctx, r.q.recoverLink, now, holder, now); err != nil {
+			// One reading for both statements: an intent that lapsed
+			// between them would be taken without being linked.
+			now := r.rows.RowNow()
+			if _, err := tx.ExecContext(ctx, r.q.recoverLink, linkedAt, holder, now); err != nil {
 				return err
 			}
 			res, err := tx.ExecContext(ctx, r.q.recoverTake, holder, now)

@@ -36,7 +36,7 @@ func TestSQLiteQueryPlans(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer e.Close()
-	r, err := OpenSQL(ctx, e.DB(), "sqlite", nil)
+	r, err := OpenSQL(ctx, e, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -50,7 +50,7 @@ func TestSQLiteQueryPlans(t *testing.T) {
 		{"entries", r.q.entries, []any{"a", k, 10}},
 		{"names", r.q.names, []any{"a", 10}},
 		{"count", r.q.count, []any{"a"}},
-		{"renew", r.q.renew, []any{1, "h"}},
+		{"renew", r.q.renew, []any{1, 1, "h"}},
 	} {
 		rows, err := e.DB().QueryContext(ctx, "EXPLAIN QUERY PLAN "+tc.q, tc.args...)
 		if err != nil {

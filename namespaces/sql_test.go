@@ -62,10 +62,29 @@ func TestOpenPicksImplementation(t *testing.T) {
 		t.Fatalf("Open(nil) = %T, want *namespaces.Mem", r)
 	}
 	openSQLite(t, nil) // asserts *SQL
-	if _, err := namespaces.OpenSQL(ctx, &sql.DB{}, "oracle", nil); err == nil {
+	if _, err := namespaces.OpenSQL(ctx, bareSQL{&sql.DB{}, "oracle"}, nil); err == nil {
 		t.Fatal("OpenSQL accepted an unknown dialect")
 	}
+	// SQLite intents are timed by the engine's row clock: a database
+	// without one is refused rather than timed by the process's clock.
+	e, err := sqlite.Open(ctx, filepath.Join(t.TempDir(), "kv.db"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer e.Close()
+	if _, err := namespaces.OpenSQL(ctx, bareSQL{e.DB(), "sqlite"}, nil); err == nil {
+		t.Fatal("OpenSQL accepted a SQLite database without a row clock")
+	}
 }
+
+// bareSQL is an engines.SQL that is nothing else.
+type bareSQL struct {
+	db      *sql.DB
+	dialect string
+}
+
+func (b bareSQL) DB() *sql.DB     { return b.db }
+func (b bareSQL) Dialect() string { return b.dialect }
 
 // TestSQLitePersists: namespaces and references survive closing and
 // reopening the database, and opening twice is harmless.
@@ -81,7 +100,7 @@ func TestSQLitePersists(t *testing.T) {
 	if _, err := r.Link(ctx, "keep", d); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := namespaces.OpenSQL(ctx, e.DB(), e.Dialect(), clock); err != nil {
+	if _, err := namespaces.OpenSQL(ctx, e, clock); err != nil {
 		t.Fatalf("second OpenSQL on the same database: %v", err)
 	}
 	if err := e.Close(); err != nil {
@@ -198,31 +217,30 @@ func TestPermColumnsAdded(t *testing.T) {
 		}
 		t.Cleanup(func() { e.Close() })
 		testPermColumnsAdded(t, e.DB(), `CREATE TABLE ns (name TEXT PRIMARY KEY, created_at INTEGER NOT NULL) WITHOUT ROWID`,
-			func() (*sql.DB, string) {
+			func() engines.SQL {
 				e, err := sqlite.Open(t.Context(), path)
 				if err != nil {
 					t.Fatal(err)
 				}
 				t.Cleanup(func() { e.Close() })
-				return e.DB(), e.Dialect()
+				return e
 			})
 	})
 	t.Run("postgres", func(t *testing.T) {
 		dsn := pgtest.DSN(t)
-		open := func() (*sql.DB, string) {
+		open := func() engines.SQL {
 			e, err := postgres.Open(t.Context(), dsn)
 			if err != nil {
 				t.Fatal(err)
 			}
 			t.Cleanup(func() { e.Close() })
-			return e.DB(), e.Dialect()
+			return e
 		}
-		db, _ := open()
-		testPermColumnsAdded(t, db, `CREATE TABLE ns (name TEXT COLLATE "C" PRIMARY KEY, created_at BIGINT NOT NULL)`, open)
+		testPermColumnsAdded(t, open().DB(), `CREATE TABLE ns (name TEXT COLLATE "C" PRIMARY KEY, created_at BIGINT NOT NULL)`, open)
 	})
 }
 
-func testPermColumnsAdded(t *testing.T, old *sql.DB, oldDDL string, open func() (*sql.DB, string)) {
+func testPermColumnsAdded(t *testing.T, old *sql.DB, oldDDL string, open func() engines.SQL) {
 	ctx := t.Context()
 	if _, err := old.ExecContext(ctx, oldDDL); err != nil {
 		t.Fatal(err)
@@ -234,8 +252,8 @@ func testPermColumnsAdded(t *testing.T, old *sql.DB, oldDDL string, open func() 
 	regs := make([]*namespaces.SQL, 3)
 	errs := make([]error, 3)
 	for i := range regs {
-		db, dialect := open()
-		wg.Go(func() { regs[i], errs[i] = namespaces.OpenSQL(ctx, db, dialect, nil) })
+		e := open()
+		wg.Go(func() { regs[i], errs[i] = namespaces.OpenSQL(ctx, e, nil) })
 	}
 	wg.Wait()
 	if err := errors.Join(errs...); err != nil {
@@ -279,7 +297,7 @@ func TestOpenBesideAWriter(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer other.Close()
-	if _, err := namespaces.OpenSQL(t.Context(), other.DB(), other.Dialect(), nil); err != nil {
+	if _, err := namespaces.OpenSQL(t.Context(), other, nil); err != nil {
 		t.Fatalf("open beside a writer: %v", err)
 	}
 	if d := time.Since(start); d > 2*time.Second {

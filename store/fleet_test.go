@@ -192,12 +192,11 @@ func TestFleetPutDuringDelay(t *testing.T) {
 }
 
 // TestFleetPinExpiry: a pin row protects other instances only until its
-// expiry; renewal moves it forward, an expired row is never renewed back
-// to life (the holder pins afresh and counts the lapse), and sweeps reap
-// expired rows.
+// expiry, which is the server's clock plus the TTL; renewal moves it
+// forward, an expired row is never renewed back to life (the holder pins
+// afresh and counts the lapse), and sweeps reap expired rows.
 func TestFleetPinExpiry(t *testing.T) {
-	c := &clock{now: time.Unix(1_900_000_000, 0)}
-	ss, dsn := fleet(t, 2, c)
+	ss, dsn := fleet(t, 2, nil)
 	a, b := ss[0], ss[1]
 	ctx := t.Context()
 	pool, err := pgxpool.New(ctx, dsn)
@@ -205,35 +204,39 @@ func TestFleetPinExpiry(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer pool.Close()
-	expiry := func(d blob.Digest) time.Time {
+	// left is how long A's row of d has to live on the server's clock.
+	left := func(d blob.Digest) time.Duration {
 		t.Helper()
 		var ns int64
-		if err := pool.QueryRow(ctx, `SELECT expiry FROM gc_pins WHERE digest = $1 AND owner = $2`, d[:], a.GC().Owner()).Scan(&ns); err != nil {
+		if err := pool.QueryRow(ctx, `SELECT expiry - `+engines.PGNow+` FROM gc_pins WHERE digest = $1 AND owner = $2`, d[:], a.GC().Owner()).Scan(&ns); err != nil {
 			t.Fatal(err)
 		}
-		return time.Unix(0, ns)
+		return time.Duration(ns)
 	}
 	d, pin := putPinned(t, a, randBytes(50))
 	defer pin.Release()
 	ttl := a.GC().PinTTL()
-	if got := expiry(d); !got.Equal(c.Now().Add(ttl)) {
-		t.Fatalf("row expiry %v; want now+TTL %v", got, c.Now().Add(ttl))
+	if got := left(d); got > ttl || got < ttl-5*time.Second {
+		t.Fatalf("row expires in %s; want the TTL, %s, from the server's now", got, ttl)
 	}
-	c.advance(ttl / 3)
+	time.Sleep(50 * time.Millisecond)
+	before := left(d)
 	if err := a.GC().Renew(ctx); err != nil {
 		t.Fatal(err)
 	}
-	if got := expiry(d); !got.Equal(c.Now().Add(ttl)) {
-		t.Fatalf("renewed expiry %v; want %v", got, c.Now().Add(ttl))
+	if got := left(d); got <= before || got > ttl {
+		t.Fatalf("renewed row expires in %s (%s before the renewal); want a fresh TTL, %s", got, before, ttl)
 	}
-	// A stalls past its TTL: its row no longer protects d from B.
-	c.advance(ttl + time.Second)
+	// A stalls past its TTL (here: its row is made to have expired): the
+	// row no longer protects d from B.
+	if _, err := pool.Exec(ctx, `UPDATE gc_pins SET expiry = `+engines.PGNow+` - 1 WHERE owner = $1`, a.GC().Owner()); err != nil {
+		t.Fatal(err)
+	}
 	if err := b.Delete(ctx, d); err != nil {
 		t.Fatalf("B's delete once A's row expired: %v", err)
 	}
-	if r := sweep(t, b); r.Reaped != 0 {
-		// The expired row is A's; B's sweep reaps it (nothing else expired).
-		t.Logf("reaped %d", r.Reaped)
+	if r := sweep(t, b); r.Reaped != 1 {
+		t.Fatalf("B's sweep reaped %d rows; want A's expired one", r.Reaped)
 	}
 	// A's next tick finds the lapse and pins afresh: a new row, not the
 	// old one renewed, and the blob deleted meanwhile stays deleted.
@@ -243,21 +246,28 @@ func TestFleetPinExpiry(t *testing.T) {
 	if a.GC().Lapsed() != 1 || has(t, a, d) {
 		t.Fatalf("lapsed = %d, has = %v; want 1 lapse and the blob gone", a.GC().Lapsed(), has(t, a, d))
 	}
-	if got := expiry(d); !got.Equal(c.Now().Add(ttl)) {
-		t.Fatalf("re-pinned expiry %v; want %v", got, c.Now().Add(ttl))
+	if got := left(d); got > ttl || got < ttl-5*time.Second {
+		t.Fatalf("re-pinned row expires in %s; want the TTL, %s", got, ttl)
 	}
 }
 
 // TestFleetReap: a sweep removes exactly the expired rows.
 func TestFleetReap(t *testing.T) {
-	c := &clock{now: time.Unix(1_900_000_000, 0)}
-	ss, _ := fleet(t, 2, c)
+	ss, dsn := fleet(t, 2, nil)
 	a, b := ss[0], ss[1]
 	_, p1 := putPinned(t, a, randBytes(10))
 	_, p2 := putPinned(t, a, randBytes(11))
 	defer p1.Release()
 	defer p2.Release()
-	c.advance(a.GC().PinTTL() + time.Second)
+	// A's rows expire (as they would after a stall of a TTL).
+	pool, err := pgxpool.New(t.Context(), dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pool.Close()
+	if _, err := pool.Exec(t.Context(), `UPDATE gc_pins SET expiry = `+engines.PGNow+` - 1 WHERE owner = $1`, a.GC().Owner()); err != nil {
+		t.Fatal(err)
+	}
 	d3, p3 := putPinned(t, b, randBytes(12)) // unexpired
 	defer p3.Release()
 	if r := sweep(t, b); r.Reaped != 2 {
@@ -289,7 +299,7 @@ func TestPostgresFailedJointPut(t *testing.T) {
 	if has(t, s, d) {
 		t.Fatal("a failed joint put left its entry")
 	}
-	if n, err := kv.PinCount(ctx, time.Now()); n != 0 || err != nil {
+	if n, err := kv.PinCount(ctx); n != 0 || err != nil {
 		t.Fatalf("pin rows after failed puts: %d, %v", n, err)
 	}
 	if pins, _ := s.GC().PinCount(); pins != 0 {

@@ -23,7 +23,7 @@ func TestPinRowsLifecycle(t *testing.T) {
 	ctx := t.Context()
 	rows := func() int64 {
 		t.Helper()
-		n, err := host.PinCount(ctx, time.Now())
+		n, err := host.PinCount(ctx)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -68,7 +68,7 @@ func TestPinRowsLifecycle(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	n, err := other.PinCount(ctx, time.Now())
+	n, err := other.PinCount(ctx)
 	other.Close()
 	if err != nil || n != 0 {
 		t.Fatalf("%d rows after Close (%v); want 0", n, err)

@@ -60,7 +60,10 @@ type Config struct {
 	Threshold int64
 	// GCDelay is the delete window (see package gc).
 	GCDelay time.Duration
-	// Clock is injected into the GC; nil means the wall clock.
+	// Clock is the GC's in-process clock (gc.Options.Clock): it times the
+	// in-process window and reports, never a row another process reads
+	// (pin expiries and the durable window are the database's clock). nil
+	// means the wall clock.
 	Clock  gc.Clock
 	Logger *slog.Logger
 	// ScratchDir holds upload scratch files when the large engine cannot

@@ -143,6 +143,9 @@ func (a *app) storeConfig(cmd *cobra.Command) (store.Config, error) {
 	if cfg.SyncEvery, err = syncEvery(); err != nil {
 		return cfg, usage(cmd, err)
 	}
+	if cfg.Clock, err = processClock(); err != nil {
+		return cfg, usage(cmd, err)
+	}
 	if a.shared && !a.fleet {
 		return cfg, usagef(cmd, "--shared-media declares a fleet's storage: use it with --fleet")
 	}

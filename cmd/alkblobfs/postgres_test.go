@@ -104,7 +104,7 @@ func TestPostgresSweepLease(t *testing.T) {
 	}
 	// A foreign process's unexpired pin row refuses rm.
 	dg := blob.MustParse(d)
-	if err := other.PinRows(t.Context(), nil, "other-host:1:x", []blob.Digest{dg}, time.Now().Add(time.Hour)); err != nil {
+	if err := other.PinRows(t.Context(), nil, "other-host:1:x", []blob.Digest{dg}, time.Hour); err != nil {
 		t.Fatal(err)
 	}
 	c.fail(1, "protected", "rm", d)

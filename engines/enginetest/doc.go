@@ -25,6 +25,12 @@
 //     [engines.DeleteSafe] and [engines.SQL]: their extra contracts, when the
 //     engine (or its stage or cursor) implements them.
 //
-// Tests use t.Context() and never sleep; a possible deadlock is detected
-// with a deadline.
+// GCHost and WindowHost are suites of their own: [GCHost] for engines that
+// host the GC's shared state, [WindowHost] for any delete window (Run calls
+// it for an engine that is one).
+//
+// Tests use t.Context() and sleep only to watch a TTL or a delay pass: row
+// times are the engine's clock (see engines.GCHost), which no test can
+// move, so those parts poll with TTLs of a fraction of a second. A possible
+// deadlock is detected with a deadline.
 package enginetest

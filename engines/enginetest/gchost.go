@@ -4,7 +4,6 @@ import (
 	"context"
 	"database/sql"
 	"errors"
-	"math"
 	"testing"
 	"time"
 
@@ -13,9 +12,14 @@ import (
 )
 
 // GCHost checks the engines.GCHost contract: pin rows, their renewal and
-// reaping, the arbitration transaction and its lock, and the sweep lease.
-// share opens the same storage on every call: two engines from it stand
-// for two processes sharing one pool.
+// reaping, that a TTL counts on the engine's clock, the arbitration
+// transaction and its lock, and the sweep lease. share opens the same
+// storage on every call: two engines from it stand for two processes
+// sharing one pool.
+//
+// No test can move the engine's clock: rows that must be expired are
+// written with a TTL <= 0 (expired on arrival), rows that must live with
+// an hour, and the TTL itself is watched passing with short ones.
 func GCHost(t *testing.T, share func(t *testing.T) engines.Engine) {
 	host := func(t *testing.T) engines.GCHost {
 		t.Helper()
@@ -26,7 +30,7 @@ func GCHost(t *testing.T, share func(t *testing.T) engines.Engine) {
 			t.Fatalf("%s is not an engines.GCHost", e.Name())
 		}
 		// Subtests share the storage: start each from no rows.
-		if _, err := h.ReapPins(t.Context(), time.Unix(0, math.MaxInt64)); err != nil {
+		if _, err := h.DB().ExecContext(t.Context(), `DELETE FROM gc_pins`); err != nil {
 			t.Fatal(err)
 		}
 		return h
@@ -34,21 +38,24 @@ func GCHost(t *testing.T, share func(t *testing.T) engines.Engine) {
 	t.Run("Rows", func(t *testing.T) { testPinRows(t, host(t)) })
 	t.Run("RenewNeverRevives", func(t *testing.T) { testRenew(t, host(t)) })
 	t.Run("Reap", func(t *testing.T) { testReap(t, host(t)) })
+	t.Run("TTLCounts", func(t *testing.T) { testTTLCounts(t, host(t), host(t)) })
 	t.Run("Arbitrate", func(t *testing.T) { testArbitrate(t, host(t)) })
 	t.Run("ArbitrationLock", func(t *testing.T) { testArbitrationLock(t, host(t), host(t)) })
 	t.Run("SweepLease", func(t *testing.T) { testSweepLease(t, host(t), host(t)) })
 }
 
-var gcBase = time.Unix(1_900_000_000, 0)
+// The TTLs of rows that outlive a test, and of rows expired on arrival.
+const (
+	live    = time.Hour
+	expired = -time.Second
+)
 
-func gcAt(sec int) time.Time { return gcBase.Add(time.Duration(sec) * time.Second) }
-
-func pinned(t *testing.T, h engines.GCHost, ds []blob.Digest, now time.Time, except string) map[blob.Digest]bool {
+func pinned(t *testing.T, h engines.GCHost, ds []blob.Digest, except string) map[blob.Digest]bool {
 	t.Helper()
 	var got map[blob.Digest]bool
 	err := h.Arbitrate(t.Context(), ds, func(ctx context.Context, tx *sql.Tx) error {
 		var err error
-		got, err = h.PinnedAmong(ctx, tx, ds, now, except)
+		got, err = h.PinnedAmong(ctx, tx, ds, except)
 		return err
 	})
 	if err != nil {
@@ -57,53 +64,63 @@ func pinned(t *testing.T, h engines.GCHost, ds []blob.Digest, now time.Time, exc
 	return got
 }
 
+func pinRows(t *testing.T, h engines.GCHost, owner string, ttl time.Duration, ds ...blob.Digest) {
+	t.Helper()
+	if err := h.PinRows(t.Context(), nil, owner, ds, ttl); err != nil {
+		t.Fatal(err)
+	}
+}
+
 func testPinRows(t *testing.T, h engines.GCHost) {
 	ctx := t.Context()
 	a, b, c := blob.Sum([]byte("a")), blob.Sum([]byte("b")), blob.Sum([]byte("c"))
-	if err := h.PinRows(ctx, nil, "A", []blob.Digest{a, b}, gcAt(60)); err != nil {
-		t.Fatal(err)
-	}
-	if err := h.PinRows(ctx, nil, "B", []blob.Digest{b}, gcAt(60)); err != nil {
-		t.Fatal(err)
-	}
+	pinRows(t, h, "A", live, a, b)
+	pinRows(t, h, "B", live, b)
 	all := []blob.Digest{a, b, c}
-	if got := pinned(t, h, all, gcAt(0), "nobody"); !got[a] || !got[b] || got[c] {
+	if got := pinned(t, h, all, "nobody"); !got[a] || !got[b] || got[c] {
 		t.Fatalf("pinned = %v; want a and b", got)
 	}
 	// Rows of the excepted owner do not count; another owner's do.
-	if got := pinned(t, h, all, gcAt(0), "A"); got[a] || !got[b] {
+	if got := pinned(t, h, all, "A"); got[a] || !got[b] {
 		t.Fatalf("pinned except A = %v; want b alone (B's row)", got)
 	}
-	if got := pinned(t, h, all, gcAt(60), "nobody"); len(got) != 0 {
-		t.Fatalf("pinned at expiry = %v; want none (expiry is exclusive)", got)
+	// A TTL of zero or less writes a row that has already expired.
+	pinRows(t, h, "C", 0, c)
+	pinRows(t, h, "D", expired, c)
+	if got := pinned(t, h, []blob.Digest{c}, "nobody"); got[c] {
+		t.Fatal("a row with a TTL of 0 protects its digest (expiry is exclusive)")
+	}
+	if err := h.DropOwner(ctx, "C"); err != nil {
+		t.Fatal(err)
+	}
+	if err := h.DropOwner(ctx, "D"); err != nil {
+		t.Fatal(err)
 	}
 	// The upsert keeps the later expiry; a re-pin by the same owner is
 	// one row.
-	if err := h.PinRows(ctx, nil, "A", []blob.Digest{a}, gcAt(30)); err != nil {
-		t.Fatal(err)
-	}
-	if got := pinned(t, h, []blob.Digest{a}, gcAt(45), "nobody"); !got[a] {
+	pinRows(t, h, "A", expired, a)
+	if got := pinned(t, h, []blob.Digest{a}, "nobody"); !got[a] {
 		t.Fatal("a re-pin with an earlier expiry shortened the row")
 	}
-	if n, err := h.PinCount(ctx, gcAt(0)); n != 3 || err != nil {
+	if n, err := h.PinCount(ctx); n != 3 || err != nil {
 		t.Fatalf("PinCount = %d, %v; want 3 rows", n, err)
 	}
 	if err := h.DropPins(ctx, "A", []blob.Digest{b}); err != nil {
 		t.Fatal(err)
 	}
-	if got := pinned(t, h, all, gcAt(0), "B"); !got[a] || got[b] {
+	if got := pinned(t, h, all, "B"); !got[a] || got[b] {
 		t.Fatalf("after dropping A's b: pinned except B = %v; want a", got)
 	}
 	if err := h.DropPins(ctx, "A", nil); err != nil {
 		t.Fatal(err)
 	}
-	if n, err := h.PinCount(ctx, gcAt(0)); n != 2 || err != nil {
+	if n, err := h.PinCount(ctx); n != 2 || err != nil {
 		t.Fatalf("PinCount after DropPins of no digests = %d, %v; want 2 (nothing dropped)", n, err)
 	}
 	if err := h.DropOwner(ctx, "A"); err != nil {
 		t.Fatal(err)
 	}
-	if n, err := h.PinCount(ctx, gcAt(0)); n != 1 || err != nil {
+	if n, err := h.PinCount(ctx); n != 1 || err != nil {
 		t.Fatalf("PinCount after dropping all of A = %d, %v; want B's row", n, err)
 	}
 	// Many digests at once, as a sweep's batches ask.
@@ -111,10 +128,8 @@ func testPinRows(t *testing.T, h engines.GCHost) {
 	for i := range many {
 		many[i] = blob.Sum([]byte{byte(i), byte(i >> 8), 'm'})
 	}
-	if err := h.PinRows(ctx, nil, "M", append(many[:1100:1100], many[0]), gcAt(60)); err != nil { // a repeat too
-		t.Fatal(err)
-	}
-	if got := pinned(t, h, many, gcAt(0), "nobody"); len(got) != 1100 || got[many[1150]] {
+	pinRows(t, h, "M", live, append(many[:1100:1100], many[0])...) // a repeat too
+	if got := pinned(t, h, many, "nobody"); len(got) != 1100 || got[many[1150]] {
 		t.Fatalf("PinnedAmong over %d digests found %d; want the 1100 pinned", len(many), len(got))
 	}
 	if err := h.DropOwner(ctx, "M"); err != nil {
@@ -122,7 +137,7 @@ func testPinRows(t *testing.T, h engines.GCHost) {
 	}
 	// Inside a caller's transaction, the row commits with it or not at all.
 	err := h.Arbitrate(ctx, []blob.Digest{c}, func(ctx context.Context, tx *sql.Tx) error {
-		if err := h.PinRows(ctx, tx, "C", []blob.Digest{c}, gcAt(60)); err != nil {
+		if err := h.PinRows(ctx, tx, "C", []blob.Digest{c}, live); err != nil {
 			return err
 		}
 		return errRollback
@@ -130,7 +145,7 @@ func testPinRows(t *testing.T, h engines.GCHost) {
 	if !errors.Is(err, errRollback) {
 		t.Fatalf("Arbitrate = %v; want fn's error", err)
 	}
-	if got := pinned(t, h, []blob.Digest{c}, gcAt(0), "nobody"); got[c] {
+	if got := pinned(t, h, []blob.Digest{c}, "nobody"); got[c] {
 		t.Fatal("a pin row written in a rolled-back transaction survived")
 	}
 }
@@ -139,51 +154,85 @@ var errRollback = errors.New("roll back")
 
 func testRenew(t *testing.T, h engines.GCHost) {
 	ctx := t.Context()
-	live, dead := blob.Sum([]byte("live")), blob.Sum([]byte("dead"))
-	if err := h.PinRows(ctx, nil, "A", []blob.Digest{live}, gcAt(60)); err != nil {
-		t.Fatal(err)
-	}
-	if err := h.PinRows(ctx, nil, "A", []blob.Digest{dead}, gcAt(10)); err != nil {
-		t.Fatal(err)
-	}
-	if err := h.PinRows(ctx, nil, "B", []blob.Digest{dead}, gcAt(10)); err != nil {
-		t.Fatal(err)
-	}
-	// At 20 the dead row has expired: renewal moves only the live one.
-	moved, err := h.RenewPins(ctx, "A", gcAt(20), gcAt(120))
-	if len(moved) != 1 || !moved[live] || err != nil {
+	kept, dead := blob.Sum([]byte("live")), blob.Sum([]byte("dead"))
+	pinRows(t, h, "A", live, kept)
+	pinRows(t, h, "A", expired, dead)
+	pinRows(t, h, "B", expired, dead)
+	// The dead rows have expired: renewal moves only the live one.
+	moved, err := h.RenewPins(ctx, "A", live)
+	if len(moved) != 1 || !moved[kept] || err != nil {
 		t.Fatalf("RenewPins = %v, %v; want the live row alone", moved, err)
 	}
-	if got := pinned(t, h, []blob.Digest{live, dead}, gcAt(100), "nobody"); !got[live] || got[dead] {
-		t.Fatalf("pinned at 100 = %v; want the renewed row only (an expired row is never revived)", got)
+	if got := pinned(t, h, []blob.Digest{kept, dead}, "nobody"); !got[kept] || got[dead] {
+		t.Fatalf("pinned after renewal = %v; want the renewed row only (an expired row is never revived)", got)
 	}
-	// Another owner's rows are untouched.
-	if got := pinned(t, h, []blob.Digest{dead}, gcAt(5), "A"); !got[dead] {
-		t.Fatal("renewing A changed B's row")
+	// Renewing no rows moves none.
+	if moved, err := h.RenewPins(ctx, "nobody", live); len(moved) != 0 || err != nil {
+		t.Fatalf("RenewPins of an owner without rows = %v, %v", moved, err)
 	}
 }
 
 func testReap(t *testing.T, h engines.GCHost) {
 	ctx := t.Context()
 	k1, k2 := blob.Sum([]byte("k1")), blob.Sum([]byte("k2"))
-	for _, r := range []struct {
-		owner string
-		d     blob.Digest
-		exp   int
-	}{{"A", k1, 10}, {"B", k1, 100}, {"A", k2, 10}, {"B", k2, 20}} {
-		if err := h.PinRows(ctx, nil, r.owner, []blob.Digest{r.d}, gcAt(r.exp)); err != nil {
-			t.Fatal(err)
-		}
-	}
-	n, err := h.ReapPins(ctx, gcAt(20))
+	pinRows(t, h, "A", expired, k1)
+	pinRows(t, h, "B", live, k1)
+	pinRows(t, h, "A", expired, k2)
+	pinRows(t, h, "B", 0, k2)
+	n, err := h.ReapPins(ctx)
 	if n != 3 || err != nil {
-		t.Fatalf("ReapPins = %d, %v; want exactly the 3 rows expired at 20", n, err)
+		t.Fatalf("ReapPins = %d, %v; want exactly the 3 expired rows", n, err)
 	}
-	if got := pinned(t, h, []blob.Digest{k1, k2}, gcAt(50), "nobody"); !got[k1] || got[k2] {
+	if got := pinned(t, h, []blob.Digest{k1, k2}, "nobody"); !got[k1] || got[k2] {
 		t.Fatalf("after reaping: %v; want k1's live row to remain", got)
 	}
-	if n, err := h.PinCount(ctx, gcAt(0)); n != 1 || err != nil {
+	if n, err := h.PinCount(ctx); n != 1 || err != nil {
 		t.Fatalf("PinCount = %d, %v; want 1", n, err)
+	}
+	if n, err := h.ReapPins(ctx); n != 0 || err != nil {
+		t.Fatalf("second ReapPins = %d, %v; want nothing left to reap", n, err)
+	}
+}
+
+// testTTLCounts: a row protects its digest for its TTL on the engine's
+// clock, and renewal counts a fresh TTL from when it runs; another
+// process (b) sees the same. Renewing one owner leaves another's rows
+// alone.
+func testTTLCounts(t *testing.T, a, b engines.GCHost) {
+	ctx := t.Context()
+	const ttl = 400 * time.Millisecond
+	d, other := blob.Sum([]byte("ttl")), blob.Sum([]byte("other's"))
+	start := time.Now()
+	pinRows(t, a, "A", ttl, d)
+	pinRows(t, a, "B", ttl, other)
+	if got := pinned(t, b, []blob.Digest{d, other}, "nobody"); !got[d] || !got[other] {
+		t.Fatalf("pinned right after pinning with a TTL of %s = %v; want both", ttl, got)
+	}
+	time.Sleep(ttl / 2)
+	renewed := time.Now()
+	if moved, err := a.RenewPins(ctx, "A", ttl); !moved[d] || err != nil {
+		t.Fatalf("RenewPins halfway through the TTL = %v, %v; want the row moved", moved, err)
+	}
+	// B's row was not renewed: it lapses a TTL after it was written, A's a
+	// TTL after its renewal.
+	lapsed := func(x blob.Digest, from time.Time, what string) {
+		t.Helper()
+		for deadline := from.Add(ttl + 10*time.Second); ; time.Sleep(20 * time.Millisecond) {
+			if !pinned(t, b, []blob.Digest{x}, "nobody")[x] {
+				if d := time.Since(from); d < ttl {
+					t.Fatalf("%s lapsed %s after it was written; want no sooner than its TTL, %s", what, d, ttl)
+				}
+				return
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("%s still protects its digest %s after it was written, with a TTL of %s", what, time.Since(from), ttl)
+			}
+		}
+	}
+	lapsed(other, start, "a row renewal of another owner did not touch")
+	lapsed(d, renewed, "a renewed row")
+	if moved, err := a.RenewPins(ctx, "A", ttl); len(moved) != 0 || err != nil {
+		t.Fatalf("RenewPins after the row lapsed = %v, %v; want nothing revived", moved, err)
 	}
 }
 
@@ -233,7 +282,7 @@ func testArbitrationLock(t *testing.T, sweeper, pinner engines.GCHost) {
 	done := make(chan error, 1)
 	go func() {
 		done <- sweeper.Arbitrate(ctx, []blob.Digest{d}, func(ctx context.Context, tx *sql.Tx) error {
-			got, err := sweeper.PinnedAmong(ctx, tx, []blob.Digest{d}, time.Now(), "sweeper")
+			got, err := sweeper.PinnedAmong(ctx, tx, []blob.Digest{d}, "sweeper")
 			if err == nil && got[d] {
 				err = errors.New("pinned before the pinner ran")
 			}
@@ -244,7 +293,7 @@ func testArbitrationLock(t *testing.T, sweeper, pinner engines.GCHost) {
 	}()
 	<-inside
 	pinDone := make(chan error, 1)
-	go func() { pinDone <- pinner.PinRows(ctx, nil, "pinner", []blob.Digest{d}, time.Now().Add(time.Hour)) }()
+	go func() { pinDone <- pinner.PinRows(ctx, nil, "pinner", []blob.Digest{d}, live) }()
 	select {
 	case err := <-pinDone:
 		close(release)
@@ -258,7 +307,7 @@ func testArbitrationLock(t *testing.T, sweeper, pinner engines.GCHost) {
 	if err := <-pinDone; err != nil {
 		t.Fatal(err)
 	}
-	if got := pinned(t, sweeper, []blob.Digest{d}, time.Now(), "sweeper"); !got[d] {
+	if got := pinned(t, sweeper, []blob.Digest{d}, "sweeper"); !got[d] {
 		t.Fatal("the pin row that waited for the lock is not seen by the next arbitration")
 	}
 }

@@ -1,6 +1,7 @@
 package enginetest
 
 import (
+	"slices"
 	"testing"
 	"time"
 
@@ -8,37 +9,56 @@ import (
 	"github.com/alkblobfs/alkblobfs/engines"
 )
 
-// testWindow checks the durable delete window with explicit times.
+// testWindow runs WindowHost on the engine, then checks that the window is
+// independent of the pool.
 func (s *suite) testWindow(t *testing.T) {
 	e := s.engine(t)
 	w := e.(engines.WindowHost)
+	WindowHost(t, w)
 	ctx := t.Context()
-	base := time.Unix(1_700_000_000, 123_456_789)
-	at := func(sec int) time.Time { return base.Add(time.Duration(sec) * time.Second) }
+	n, err := w.WindowLen(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	d := put(t, e, []byte("window-independent"))
+	if err := e.Delete(ctx, d); err != nil {
+		t.Fatal(err)
+	}
+	if m, err := w.WindowLen(ctx); m != n || err != nil {
+		t.Fatalf("WindowLen after a put and a delete in the pool = %d, %v; want %d", m, err, n)
+	}
+}
 
+// WindowHost checks the engines.WindowHost contract on an empty window:
+// staging with delays, what is due (and in what order, in pages), that a
+// staged row keeps its time, removal, and that a delay counts on the
+// window's own clock — which no test can move, so that part watches a
+// short delay pass.
+func WindowHost(t *testing.T, w engines.WindowHost) {
+	ctx := t.Context()
 	ds := make([]blob.Digest, 6)
 	for i := range ds {
 		ds[i] = blob.Sum([]byte{byte(i), 'w'})
 	}
 	sortDigests(ds)
-	due := func(now time.Time, after blob.Digest, limit int) []engines.Candidate {
+	due := func(after blob.Digest, limit int) []blob.Digest {
 		t.Helper()
-		cs, err := w.WindowDue(ctx, now, after, limit)
+		got, err := w.WindowDue(ctx, after, limit)
 		if err != nil {
 			t.Fatalf("WindowDue: %v", err)
 		}
-		return cs
+		return got
 	}
-	expect := func(step string, got []engines.Candidate, want ...engines.Candidate) {
+	expect := func(step string, got []blob.Digest, want ...blob.Digest) {
 		t.Helper()
-		if len(got) != len(want) {
-			t.Fatalf("%s: %d candidates %v; want %d", step, len(got), got, len(want))
+		if !slices.Equal(got, want) {
+			t.Fatalf("%s: due %v; want %v", step, got, want)
 		}
-		for i := range got {
-			if got[i].Digest != want[i].Digest || !got[i].VisibleAfter.Equal(want[i].VisibleAfter) {
-				t.Fatalf("%s: candidate %d = %s at %v; want %s at %v", step, i,
-					got[i].Digest.Short(), got[i].VisibleAfter, want[i].Digest.Short(), want[i].VisibleAfter)
-			}
+	}
+	stage := func(delay time.Duration, ds ...blob.Digest) {
+		t.Helper()
+		if err := w.WindowStage(ctx, ds, delay); err != nil {
+			t.Fatalf("WindowStage: %v", err)
 		}
 	}
 	length := func(want int) {
@@ -49,49 +69,21 @@ func (s *suite) testWindow(t *testing.T) {
 	}
 
 	length(0)
-	expect("empty window", due(at(1000), blob.Digest{}, 100))
-	// Due times out of digest order, so ordering by time would show.
-	c := []engines.Candidate{
-		{Digest: ds[0], VisibleAfter: at(3)},
-		{Digest: ds[1], VisibleAfter: at(0)},
-		{Digest: ds[2], VisibleAfter: at(10)},
-		{Digest: ds[3], VisibleAfter: at(2)},
-		{Digest: ds[4], VisibleAfter: at(1)},
-	}
-	if err := w.WindowStage(ctx, c); err != nil {
-		t.Fatalf("WindowStage: %v", err)
-	}
+	expect("empty window", due(blob.Digest{}, 100))
+	// A delay of 0 is due at once; an hour is not due in this test.
+	stage(0, ds[3], ds[1], ds[4])
+	stage(time.Hour, ds[0], ds[2])
 	length(5)
 	// A re-staged candidate keeps its existing row, earlier or later.
-	if err := w.WindowStage(ctx, []engines.Candidate{
-		{Digest: ds[1], VisibleAfter: at(100)},
-		{Digest: ds[2], VisibleAfter: at(0)},
-		{Digest: ds[5], VisibleAfter: at(4)},
-	}); err != nil {
-		t.Fatalf("WindowStage again: %v", err)
-	}
-	if err := w.WindowStage(ctx, nil); err != nil {
-		t.Fatalf("WindowStage(nil): %v", err)
-	}
+	stage(time.Hour, ds[1])
+	stage(0, ds[2], ds[5])
+	stage(0)
 	length(6)
-	c = append(c, engines.Candidate{Digest: ds[5], VisibleAfter: at(4)})
-
-	expect("before the first", due(base.Add(-time.Nanosecond), blob.Digest{}, 100))
-	expect("at the first, to the nanosecond", due(base, blob.Digest{}, 100), c[1])
-	expect("at +3s", due(at(3), blob.Digest{}, 100), c[0], c[1], c[3], c[4])
-	expect("page 1", due(at(3), blob.Digest{}, 3), c[0], c[1], c[3])
-	expect("page 2", due(at(3), ds[3], 3), c[4])
-	expect("after the last due", due(at(3), ds[4], 3))
-	expect("limit 0", due(at(3), blob.Digest{}, 0))
-	expect("all", due(at(1000), blob.Digest{}, 100), c...)
-
-	// The window is independent of the pool.
-	v := []byte("window-independent")
-	d := put(t, e, v)
-	if err := e.Delete(ctx, d); err != nil {
-		t.Fatal(err)
-	}
-	length(6)
+	expect("due, in digest order", due(blob.Digest{}, 100), ds[1], ds[3], ds[4], ds[5])
+	expect("page 1", due(blob.Digest{}, 2), ds[1], ds[3])
+	expect("page 2", due(ds[3], 2), ds[4], ds[5])
+	expect("after the last due", due(ds[5], 2))
+	expect("limit 0", due(blob.Digest{}, 0))
 
 	if err := w.WindowRemove(ctx, []blob.Digest{ds[1], ds[3], blob.Sum([]byte("never staged"))}); err != nil {
 		t.Fatalf("WindowRemove: %v", err)
@@ -100,11 +92,34 @@ func (s *suite) testWindow(t *testing.T) {
 		t.Fatalf("WindowRemove(nil): %v", err)
 	}
 	length(4)
-	expect("after remove", due(at(1000), blob.Digest{}, 100), c[0], c[2], c[4], c[5])
+	expect("after remove", due(blob.Digest{}, 100), ds[4], ds[5])
 	// A removed candidate can be staged again with a new time.
-	if err := w.WindowStage(ctx, []engines.Candidate{{Digest: ds[1], VisibleAfter: at(50)}}); err != nil {
+	if err := w.WindowRemove(ctx, []blob.Digest{ds[0]}); err != nil {
 		t.Fatal(err)
 	}
-	expect("re-staged", due(at(50), ds[0], 1), engines.Candidate{Digest: ds[1], VisibleAfter: at(50)})
-	length(5)
+	stage(0, ds[0])
+	expect("re-staged", due(blob.Digest{}, 100), ds[0], ds[4], ds[5])
+	length(4)
+
+	// A delay passes on the window's clock: not due before it, due after.
+	const delay = 300 * time.Millisecond
+	late := blob.Sum([]byte("late"))
+	start := time.Now()
+	stage(delay, late)
+	for deadline := start.Add(delay + 10*time.Second); ; time.Sleep(20 * time.Millisecond) {
+		got := due(blob.Digest{}, 100)
+		if slices.Contains(got, late) {
+			if d := time.Since(start); d < delay {
+				t.Fatalf("a candidate staged with a delay of %s was due after %s", delay, d)
+			}
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("a candidate staged with a delay of %s is not due after %s", delay, time.Since(start))
+		}
+	}
+	if err := w.WindowRemove(ctx, append(ds, late)); err != nil {
+		t.Fatal(err)
+	}
+	length(0)
 }

@@ -23,6 +23,12 @@ import (
 // take their keys in ascending order, so two of them never deadlock. Under
 // READ COMMITTED every statement reads a fresh snapshot, so the reads that
 // follow the lock see every pin row committed before it was granted.
+//
+// Expiries are the server's clock (engines.PGNow) plus the TTL, computed
+// and compared in the statements: the hosts of a fleet never compare their
+// own clocks with each other's rows. nowOnce reads the clock once per
+// statement (an uncorrelated subquery is evaluated once), so every row of
+// a renewal or a reap is judged at one instant.
 
 const pinsSchema = `CREATE TABLE IF NOT EXISTS gc_pins (
 	digest BYTEA NOT NULL,
@@ -30,6 +36,8 @@ const pinsSchema = `CREATE TABLE IF NOT EXISTS gc_pins (
 	expiry BIGINT NOT NULL,
 	PRIMARY KEY (digest, owner)
 )`
+
+const nowOnce = `(SELECT ` + engines.PGNow + `)`
 
 const pinsOwnerIndex = `CREATE INDEX IF NOT EXISTS gc_pins_owner ON gc_pins (owner)`
 
@@ -68,7 +76,7 @@ func byteas(ds []blob.Digest) [][]byte {
 }
 
 // PinRows implements engines.GCHost.
-func (e *Engine) PinRows(ctx context.Context, tx *sql.Tx, owner string, ds []blob.Digest, expiry time.Time) error {
+func (e *Engine) PinRows(ctx context.Context, tx *sql.Tx, owner string, ds []blob.Digest, ttl time.Duration) error {
 	if len(ds) == 0 {
 		return nil
 	}
@@ -82,10 +90,12 @@ func (e *Engine) PinRows(ctx context.Context, tx *sql.Tx, owner string, ds []blo
 		if err := tx.QueryRowContext(ctx, lockShared, lockKeys(ds)).Scan(&n); err != nil {
 			return e.wrap("pin", err)
 		}
+		// After the lock: a row that waited for an arbitration counts its
+		// TTL from when it commits, not from before the wait.
 		_, err := tx.ExecContext(ctx, `INSERT INTO gc_pins (digest, owner, expiry)
-			SELECT d, $2, $3 FROM unnest($1::bytea[]) AS d
+			SELECT d, $2, `+nowOnce+` + $3::bigint FROM unnest($1::bytea[]) AS d
 			ON CONFLICT (digest, owner) DO UPDATE SET expiry = greatest(gc_pins.expiry, excluded.expiry)`,
-			byteas(ds), owner, expiry.UnixNano())
+			byteas(ds), owner, int64(ttl))
 		return e.wrap("pin", err)
 	}
 	if tx != nil {
@@ -105,9 +115,10 @@ func (e *Engine) inTx(ctx context.Context, op string, fn func(tx *sql.Tx) error)
 }
 
 // RenewPins implements engines.GCHost.
-func (e *Engine) RenewPins(ctx context.Context, owner string, now, expiry time.Time) (map[blob.Digest]bool, error) {
-	rows, err := e.pool.Query(ctx, `UPDATE gc_pins SET expiry = $1 WHERE owner = $2 AND expiry > $3 RETURNING digest`,
-		expiry.UnixNano(), owner, now.UnixNano())
+func (e *Engine) RenewPins(ctx context.Context, owner string, ttl time.Duration) (map[blob.Digest]bool, error) {
+	rows, err := e.pool.Query(ctx, `WITH c AS (SELECT `+engines.PGNow+` AS t)
+		UPDATE gc_pins SET expiry = c.t + $1::bigint FROM c WHERE owner = $2 AND expiry > c.t RETURNING digest`,
+		int64(ttl), owner)
 	if err != nil {
 		return nil, e.wrap("renew pins", err)
 	}
@@ -133,8 +144,8 @@ func (e *Engine) DropOwner(ctx context.Context, owner string) error {
 }
 
 // ReapPins implements engines.GCHost.
-func (e *Engine) ReapPins(ctx context.Context, now time.Time) (int64, error) {
-	tag, err := e.pool.Exec(ctx, `DELETE FROM gc_pins WHERE expiry <= $1`, now.UnixNano())
+func (e *Engine) ReapPins(ctx context.Context) (int64, error) {
+	tag, err := e.pool.Exec(ctx, `DELETE FROM gc_pins WHERE expiry <= `+nowOnce)
 	if err != nil {
 		return 0, e.wrap("reap pins", err)
 	}
@@ -142,9 +153,9 @@ func (e *Engine) ReapPins(ctx context.Context, now time.Time) (int64, error) {
 }
 
 // PinCount implements engines.GCHost.
-func (e *Engine) PinCount(ctx context.Context, now time.Time) (int64, error) {
+func (e *Engine) PinCount(ctx context.Context) (int64, error) {
 	var n int64
-	err := e.pool.QueryRow(ctx, `SELECT count(*) FROM gc_pins WHERE expiry > $1`, now.UnixNano()).Scan(&n)
+	err := e.pool.QueryRow(ctx, `SELECT count(*) FROM gc_pins WHERE expiry > `+nowOnce).Scan(&n)
 	return n, e.wrap("count pins", err)
 }
 
@@ -160,13 +171,13 @@ func (e *Engine) Arbitrate(ctx context.Context, ds []blob.Digest, fn func(ctx co
 }
 
 // PinnedAmong implements engines.GCHost.
-func (e *Engine) PinnedAmong(ctx context.Context, tx *sql.Tx, ds []blob.Digest, now time.Time, except string) (map[blob.Digest]bool, error) {
+func (e *Engine) PinnedAmong(ctx context.Context, tx *sql.Tx, ds []blob.Digest, except string) (map[blob.Digest]bool, error) {
 	out := make(map[blob.Digest]bool)
 	if len(ds) == 0 {
 		return out, nil
 	}
 	rows, err := tx.QueryContext(ctx, `SELECT DISTINCT digest FROM gc_pins
-		WHERE digest = ANY($1::bytea[]) AND expiry > $2 AND owner <> $3`, byteas(ds), now.UnixNano(), except)
+		WHERE digest = ANY($1::bytea[]) AND expiry > `+nowOnce+` AND owner <> $2`, byteas(ds), except)
 	if err != nil {
 		return nil, e.wrap("pinned", err)
 	}

@@ -16,7 +16,9 @@ import (
 //
 //	gc_window(digest BYTEA PRIMARY KEY, visible_after BIGINT NOT NULL)
 //
-// visible_after is unix nanoseconds. Both PostgreSQL engines embed it (the
+// visible_after is unix nanoseconds on the server's clock (engines.PGNow):
+// a row staged by one host is due at the same moment for every host,
+// whatever their own clocks say. Both PostgreSQL engines embed it (the
 // table is shared when they share a database); the store uses one window
 // host per instance, so with kv=postgres the pglo engine's stays dormant.
 type Window struct {
@@ -58,49 +60,32 @@ func CreateSchema(ctx context.Context, pool *pgxpool.Pool, ddl ...string) error 
 
 // WindowStage implements engines.WindowHost in one statement. A digest
 // already staged keeps its row (and its time).
-func (w *Window) WindowStage(ctx context.Context, cs []engines.Candidate) error {
-	if len(cs) == 0 {
+func (w *Window) WindowStage(ctx context.Context, ds []blob.Digest, delay time.Duration) error {
+	if len(ds) == 0 {
 		return nil
 	}
-	ds := make([][]byte, len(cs))
-	at := make([]int64, len(cs))
-	for i, c := range cs {
-		ds[i] = c.Digest[:]
-		at[i] = c.VisibleAfter.UnixNano()
-	}
 	_, err := w.pool.Exec(ctx, `INSERT INTO gc_window (digest, visible_after)
-		SELECT * FROM unnest($1::bytea[], $2::bigint[]) ON CONFLICT (digest) DO NOTHING`, ds, at)
+		SELECT d, `+nowOnce+` + $2::bigint FROM unnest($1::bytea[]) AS d ON CONFLICT (digest) DO NOTHING`,
+		byteas(ds), int64(max(delay, 0)))
 	return w.wrap("window stage", err)
 }
 
 // WindowDue implements engines.WindowHost.
-func (w *Window) WindowDue(ctx context.Context, now time.Time, after blob.Digest, limit int) ([]engines.Candidate, error) {
+func (w *Window) WindowDue(ctx context.Context, after blob.Digest, limit int) ([]blob.Digest, error) {
 	if limit <= 0 {
 		return nil, nil
 	}
-	rows, err := w.pool.Query(ctx, `SELECT digest, visible_after FROM gc_window
-		WHERE digest > $1 AND visible_after <= $2 ORDER BY digest LIMIT $3`, Key(after), now.UnixNano(), limit)
+	rows, err := w.pool.Query(ctx, `SELECT digest FROM gc_window
+		WHERE digest > $1 AND visible_after <= `+nowOnce+` ORDER BY digest LIMIT $2`, Key(after), limit)
 	if err != nil {
 		return nil, w.wrap("window due", err)
 	}
 	defer rows.Close()
-	var cs []engines.Candidate
-	for rows.Next() {
-		var raw []byte
-		var ns int64
-		if err := rows.Scan(&raw, &ns); err != nil {
-			return nil, w.wrap("window due", err)
-		}
-		d, err := blob.FromBytes(raw)
-		if err != nil {
-			return nil, w.wrap("window due", err)
-		}
-		cs = append(cs, engines.Candidate{Digest: d, VisibleAfter: time.Unix(0, ns)})
-	}
-	if err := rows.Err(); err != nil {
+	var ds []blob.Digest
+	if err := engines.ScanDigests(rows, func(d blob.Digest) { ds = append(ds, d) }); err != nil {
 		return nil, w.wrap("window due", err)
 	}
-	return cs, nil
+	return ds, nil
 }
 
 // WindowRemove implements engines.WindowHost; absent digests are ignored.

@@ -5,10 +5,47 @@
 //
 //	blobs(digest BLOB PRIMARY KEY, size INTEGER NOT NULL, value BLOB NOT NULL) WITHOUT ROWID
 //	gc_window(digest BLOB PRIMARY KEY, visible_after INTEGER NOT NULL) WITHOUT ROWID
+//	gc_pins(digest BLOB, owner TEXT, expiry INTEGER, PRIMARY KEY (digest, owner)) WITHOUT ROWID
+//	gc_clock(id INTEGER PRIMARY KEY CHECK (id = 1), boot_id TEXT, epoch INTEGER, seen INTEGER)
 //
 // size precedes value in the record, so Size and List read the size column
-// without touching the value's overflow pages. visible_after is unix
-// nanoseconds.
+// without touching the value's overflow pages. visible_after and expiry are
+// unix nanoseconds on the row clock.
+//
+// # Time
+//
+// Every time in a row that another process compares — a pin row's expiry,
+// a window row's visible_after, a namespace intent's expiry — is the row
+// clock's ([engines.RowClock]; clock.go): the host's CLOCK_BOOTTIME, which
+// every process of the host reads alike and which never jumps, plus an
+// epoch recorded in gc_clock by the first process of the boot to open the
+// database. Callers pass TTLs and delays; the engine reads the clock inside
+// the write transaction.
+//
+// A jump of the wall clock (settimeofday, NTP stepping it, a VM restored
+// from a snapshot with the wall time of its snapshot) does nothing to pin
+// rows, window rows or intents: no process reads the wall clock for them
+// once the boot's epoch is recorded, so none expires early, none lingers
+// late, and two processes whose wall clocks disagree agree on every row.
+// (The wall clock still stamps what is meant as wall time: a namespace
+// reference's linked_at, a file's mtime on the mount, sweep reports.)
+// The boot clock counts suspend: after a host sleeps past a TTL its pin
+// rows have expired, and each owner's next renewal finds that and pins
+// afresh (gc's lapse), as after any stall longer than the TTL.
+//
+// At boot the clock restarts, so a process that opens the database under a
+// boot id (/proc/sys/kernel/random/boot_id) other than the recorded one
+// treats the old boot's rows as what they are — their processes are gone:
+// it deletes every pin row, lapses every intent (the next Recover settles
+// it), and moves every window row to now plus what was left of its delay
+// when the old boot last staged a row, so that no candidate waits longer
+// than its window, and none less than what it had left. A database from
+// before gc_clock keeps its rows, which are on the wall clock, and the
+// first epoch continues that clock. A database must therefore be used by
+// one host at a time (SQLite's locks do not span hosts anyway): a second
+// host opening it would take the first one's rows for a dead boot's. Two
+// containers in different time namespaces (CLOCK_BOOTTIME offset) must not
+// share one either.
 //
 // # Contract
 //

@@ -19,16 +19,22 @@ import (
 // (_txlock=immediate), so Arbitrate's transaction excludes every writer of
 // every process for its whole length — pin rows, links, puts alike — and
 // PinRows needs no lock of its own.
+//
+// Expiries are the row clock (clock.go) plus the TTL, read inside the
+// write transaction, after the lock is held: a row that waited for an
+// arbitration counts its TTL from when it commits, and an arbitration
+// judges rows at the moment it excludes every writer.
 
 // PinRows implements engines.GCHost.
-func (e *Engine) PinRows(ctx context.Context, tx *sql.Tx, owner string, ds []blob.Digest, expiry time.Time) error {
+func (e *Engine) PinRows(ctx context.Context, tx *sql.Tx, owner string, ds []blob.Digest, ttl time.Duration) error {
 	if len(ds) == 0 {
 		return nil
 	}
 	run := func(ctx context.Context, tx *sql.Tx) error {
 		st := tx.StmtContext(ctx, e.pinUp)
+		expiry := engines.AddNanos(e.clock.now(), ttl)
 		for _, d := range ds {
-			if _, err := st.ExecContext(ctx, d[:], owner, expiry.UnixNano()); err != nil {
+			if _, err := st.ExecContext(ctx, d[:], owner, expiry); err != nil {
 				return e.wrapD("pin", d, err)
 			}
 		}
@@ -41,12 +47,13 @@ func (e *Engine) PinRows(ctx context.Context, tx *sql.Tx, owner string, ds []blo
 }
 
 // RenewPins implements engines.GCHost.
-func (e *Engine) RenewPins(ctx context.Context, owner string, now, expiry time.Time) (map[blob.Digest]bool, error) {
+func (e *Engine) RenewPins(ctx context.Context, owner string, ttl time.Duration) (map[blob.Digest]bool, error) {
 	var out map[blob.Digest]bool
 	err := e.inTx(ctx, "renew pins", func(ctx context.Context, tx *sql.Tx) error {
 		out = make(map[blob.Digest]bool) // afresh: a job may run twice
+		now := e.clock.now()
 		if err := e.scanDigests(ctx, tx, `UPDATE gc_pins SET expiry = ? WHERE owner = ? AND expiry > ? RETURNING digest`,
-			[]any{expiry.UnixNano(), owner, now.UnixNano()}, out); err != nil {
+			[]any{engines.AddNanos(now, ttl), owner, now}, out); err != nil {
 			return e.wrap("renew pins", err)
 		}
 		return nil
@@ -77,8 +84,8 @@ func (e *Engine) DropOwner(ctx context.Context, owner string) error {
 }
 
 // ReapPins implements engines.GCHost.
-func (e *Engine) ReapPins(ctx context.Context, now time.Time) (int64, error) {
-	res, err := e.db.ExecContext(ctx, `DELETE FROM gc_pins WHERE expiry <= ?`, now.UnixNano())
+func (e *Engine) ReapPins(ctx context.Context) (int64, error) {
+	res, err := e.db.ExecContext(ctx, `DELETE FROM gc_pins WHERE expiry <= ?`, e.clock.now())
 	if err != nil {
 		return 0, e.wrap("reap pins", err)
 	}
@@ -87,9 +94,9 @@ func (e *Engine) ReapPins(ctx context.Context, now time.Time) (int64, error) {
 }
 
 // PinCount implements engines.GCHost.
-func (e *Engine) PinCount(ctx context.Context, now time.Time) (int64, error) {
+func (e *Engine) PinCount(ctx context.Context) (int64, error) {
 	var n int64
-	err := e.db.QueryRowContext(ctx, `SELECT count(*) FROM gc_pins WHERE expiry > ?`, now.UnixNano()).Scan(&n)
+	err := e.db.QueryRowContext(ctx, `SELECT count(*) FROM gc_pins WHERE expiry > ?`, e.clock.now()).Scan(&n)
 	return n, e.wrap("count pins", err)
 }
 
@@ -103,15 +110,16 @@ func (e *Engine) Arbitrate(ctx context.Context, ds []blob.Digest, fn func(ctx co
 // primary key, sizeManyBatch digests at a time: a sweep asks for
 // arbitrateBatch candidates at once, and one query per digest was a sixth
 // of a million-entry sweep's delete pass.
-func (e *Engine) PinnedAmong(ctx context.Context, tx *sql.Tx, ds []blob.Digest, now time.Time, except string) (map[blob.Digest]bool, error) {
+func (e *Engine) PinnedAmong(ctx context.Context, tx *sql.Tx, ds []blob.Digest, except string) (map[blob.Digest]bool, error) {
 	out := make(map[blob.Digest]bool)
+	now := e.clock.now() // one instant for every batch
 	for lo := 0; lo < len(ds); lo += sizeManyBatch {
 		batch := ds[lo:min(len(ds), lo+sizeManyBatch)]
 		args := make([]any, 0, len(batch)+2)
 		for _, d := range batch {
 			args = append(args, d[:])
 		}
-		args = append(args, now.UnixNano(), except)
+		args = append(args, now, except)
 		q := "SELECT DISTINCT digest FROM gc_pins WHERE digest IN (?" + strings.Repeat(", ?", len(batch)-1) + ") AND expiry > ? AND owner <> ?"
 		if err := e.scanDigests(ctx, tx, q, args, out); err != nil {
 			return nil, blob.Wrap("pinned", e.name, blob.Digest{}, err)

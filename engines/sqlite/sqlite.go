@@ -33,6 +33,8 @@ type Engine struct {
 	has, size, get, put, del, delRet, list *sql.Stmt
 	wStage, wDue, wRemove, wLen            *sql.Stmt
 	pinUp, pinDel                          *sql.Stmt
+	// clock times the rows of every process of the host alike (clock.go).
+	clock rowClock
 }
 
 var (
@@ -47,6 +49,7 @@ var (
 	_ engines.GCHost       = (*Engine)(nil)
 	_ engines.Batching     = (*Engine)(nil)
 	_ engines.Syncer       = (*Engine)(nil)
+	_ engines.RowClock     = (*Engine)(nil)
 )
 
 const schema = `
@@ -73,7 +76,10 @@ const listPage = 1000
 
 // Open opens (creating if needed) the database at path. The directory must
 // exist.
-func Open(ctx context.Context, path string) (*Engine, error) {
+func Open(ctx context.Context, path string) (*Engine, error) { return open(ctx, path, hostBoot) }
+
+// open is Open with the row clock's source: the host's, or a test's.
+func open(ctx context.Context, path string, b boot) (*Engine, error) {
 	e := &Engine{name: "sqlite:" + path}
 	abs, err := filepath.Abs(path)
 	if err != nil {
@@ -116,6 +122,11 @@ func Open(ctx context.Context, path string) (*Engine, error) {
 		db.Close()
 		return nil, err
 	}
+	if err := e.openClock(ctx, b); err != nil {
+		e.closeStmts()
+		db.Close()
+		return nil, err
+	}
 	if !e.ro {
 		if err := e.wal.open(ctx, dsn, abs+"-wal"); err != nil {
 			e.closeStmts()
@@ -146,7 +157,7 @@ func (e *Engine) init(ctx context.Context) error {
 		{&e.del, `DELETE FROM blobs WHERE digest = ?`},
 		{&e.list, `SELECT digest, size FROM blobs WHERE digest > coalesce(?, x'') ORDER BY digest LIMIT ?`},
 		{&e.wStage, `INSERT INTO gc_window (digest, visible_after) VALUES (?, ?) ON CONFLICT (digest) DO NOTHING`},
-		{&e.wDue, `SELECT digest, visible_after FROM gc_window WHERE digest > coalesce(?, x'') AND visible_after <= ? ORDER BY digest LIMIT ?`},
+		{&e.wDue, `SELECT digest FROM gc_window WHERE digest > coalesce(?, x'') AND visible_after <= ? ORDER BY digest LIMIT ?`},
 		{&e.wRemove, `DELETE FROM gc_window WHERE digest = ?`},
 		{&e.wLen, `SELECT count(*) FROM gc_window`},
 		{&e.pinUp, `INSERT INTO gc_pins (digest, owner, expiry) VALUES (?, ?, ?)

@@ -10,49 +10,44 @@ import (
 )
 
 // WindowStage implements engines.WindowHost in one transaction. A digest
-// already staged keeps its row (and its time).
-func (e *Engine) WindowStage(ctx context.Context, cs []engines.Candidate) error {
-	if len(cs) == 0 {
+// already staged keeps its row (and its time). The transaction also moves
+// gc_clock.seen to now: what a reboot counts the rows' remaining delays
+// from (clock.go).
+func (e *Engine) WindowStage(ctx context.Context, ds []blob.Digest, delay time.Duration) error {
+	if len(ds) == 0 {
 		return nil
 	}
 	return e.inTx(ctx, "window stage", func(ctx context.Context, tx *sql.Tx) error {
+		now := e.clock.now()
+		at := engines.AddNanos(now, max(delay, 0))
 		st := tx.StmtContext(ctx, e.wStage)
-		for _, c := range cs {
-			if _, err := st.ExecContext(ctx, c.Digest[:], c.VisibleAfter.UnixNano()); err != nil {
-				return blob.Wrap("window stage", e.name, c.Digest, err)
+		for _, d := range ds {
+			if _, err := st.ExecContext(ctx, d[:], at); err != nil {
+				return blob.Wrap("window stage", e.name, d, err)
 			}
+		}
+		if _, err := tx.ExecContext(ctx, `UPDATE gc_clock SET seen = max(seen, ?) WHERE id = 1`, now); err != nil {
+			return e.wrap("window stage", err)
 		}
 		return nil
 	})
 }
 
 // WindowDue implements engines.WindowHost.
-func (e *Engine) WindowDue(ctx context.Context, now time.Time, after blob.Digest, limit int) ([]engines.Candidate, error) {
+func (e *Engine) WindowDue(ctx context.Context, after blob.Digest, limit int) ([]blob.Digest, error) {
 	if limit <= 0 {
 		return nil, nil
 	}
-	rows, err := e.wDue.QueryContext(ctx, cursorArg(after), now.UnixNano(), limit)
+	rows, err := e.wDue.QueryContext(ctx, cursorArg(after), e.clock.now(), limit)
 	if err != nil {
 		return nil, e.wrap("window due", err)
 	}
 	defer rows.Close()
-	var cs []engines.Candidate
-	for rows.Next() {
-		var raw sql.RawBytes
-		var ns int64
-		if err := rows.Scan(&raw, &ns); err != nil {
-			return nil, e.wrap("window due", err)
-		}
-		d, err := blob.FromBytes(raw)
-		if err != nil {
-			return nil, e.wrap("window due", err)
-		}
-		cs = append(cs, engines.Candidate{Digest: d, VisibleAfter: time.Unix(0, ns)})
-	}
-	if err := rows.Err(); err != nil {
+	var ds []blob.Digest
+	if err := engines.ScanDigests(rows, func(d blob.Digest) { ds = append(ds, d) }); err != nil {
 		return nil, e.wrap("window due", err)
 	}
-	return cs, nil
+	return ds, nil
 }
 
 // WindowRemove implements engines.WindowHost; absent digests are ignored.

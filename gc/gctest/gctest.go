@@ -1,6 +1,7 @@
 // Package gctest holds fakes for testing code against the collector: a map
 // pool that can check invariants at the moment of each delete, a set
-// liveness source, and a clock that moves only when told.
+// liveness source, a clock that moves only when told, and one that is off
+// by a fixed skew.
 package gctest
 
 import (
@@ -245,6 +246,16 @@ func (c *Clock) Advance(d time.Duration) {
 	}
 	c.waiters = kept
 }
+
+// Skewed is a gc.Clock off the real clock by a fixed offset: the clock of
+// a host that is wrong about the time. It still measures durations right,
+// as a host's clock that is merely set wrong does.
+type Skewed time.Duration
+
+var _ gc.Clock = Skewed(0)
+
+func (s Skewed) Now() time.Time                         { return time.Now().Add(time.Duration(s)) }
+func (s Skewed) After(d time.Duration) <-chan time.Time { return time.After(d) }
 
 // BatchPool is a Pool with gc.BatchPool's DeleteMany, so tests can run the
 // sweep's batched delete path as well as the per-key one.

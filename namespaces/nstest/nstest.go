@@ -873,14 +873,15 @@ func testLiveAmong(t *testing.T, open Opener) {
 
 // testIntents: an intent keeps its digest live without showing it; Settle
 // links it once, Cancel and Replaces drop it unseen, Recover settles a
-// holder's intents and lapsed ones.
+// holder's intents and lapsed ones — lapsed on the registry's own clock,
+// after their TTL, which the registry's Clock (it stamps links) does not
+// shorten.
 func testIntents(t *testing.T, open Opener) {
 	r, clock := fresh(t, open)
 	ctx := t.Context()
 	create(t, r, "a", "b")
 	d1, d2, d3 := D(1), D(2), D(3)
-	until := clock.Now().Add(time.Minute)
-	p := namespaces.Pending{Holder: "h1", Until: until}
+	p := namespaces.Pending{Holder: "h1", TTL: time.Minute}
 
 	before := state(t, r, d1)
 	if _, err := r.Pend(ctx, "nope", d1, p); !errors.Is(err, namespaces.ErrNotFound) {
@@ -916,7 +917,7 @@ func testIntents(t *testing.T, open Opener) {
 	}
 
 	// A newer version replaces the intent: the old one never shows.
-	i2, err := r.Pend(ctx, "a", d2, namespaces.Pending{Holder: "h1", Until: until, Replaces: i1})
+	i2, err := r.Pend(ctx, "a", d2, namespaces.Pending{Holder: "h1", TTL: time.Minute, Replaces: i1})
 	must(t, err)
 	if ok, _ := r.IsLive(ctx, d1); ok {
 		t.Fatal("a replaced intent keeps its digest live")
@@ -949,22 +950,41 @@ func testIntents(t *testing.T, open Opener) {
 	}
 	must(t, r.Remove(ctx, "b"))
 
-	// Recover: a holder's own intents at once, others' once lapsed.
+	// Recover: a holder's own intents at once, others' once lapsed. No
+	// test can move the registry's clock for intents: watch a short TTL
+	// pass.
+	const ttl = 500 * time.Millisecond
 	create(t, r, "c")
-	_, err = r.Pend(ctx, "c", d1, namespaces.Pending{Holder: "h1", Until: until})
+	start := time.Now()
+	_, err = r.Pend(ctx, "c", d1, namespaces.Pending{Holder: "h1", TTL: ttl})
 	must(t, err)
-	_, err = r.Pend(ctx, "c", d3, namespaces.Pending{Holder: "h2", Until: until})
+	_, err = r.Pend(ctx, "c", d3, namespaces.Pending{Holder: "h2", TTL: ttl})
 	must(t, err)
 	if hs, err := r.Holders(ctx); err != nil || len(hs) != 2 {
 		t.Fatalf("Holders = %v, %v; want h1 and h2", hs, err)
 	}
+	must(t, r.Renew(ctx, "h2", time.Hour))
+	// The Clock runs two hours ahead of the intents: it lapses nothing.
+	clock.Advance(2 * time.Hour)
 	if n, err := r.Recover(ctx, "h3"); n != 0 || err != nil {
-		t.Fatalf("Recover before any lapse = %d, %v; want 0", n, err)
+		t.Fatalf("Recover before any lapse = %d, %v; want 0 (the registry's Clock, 2 h ahead, must not lapse intents)", n, err)
 	}
-	must(t, r.Renew(ctx, "h2", until.Add(time.Hour)))
-	clock.Advance(2 * time.Minute)
-	if n, err := r.Recover(ctx, "h3"); n != 1 || err != nil {
-		t.Fatalf("Recover after h1's intent lapsed = %d, %v; want 1", n, err)
+	for {
+		n, err := r.Recover(ctx, "h3")
+		must(t, err)
+		if n == 1 {
+			break
+		}
+		if n != 0 {
+			t.Fatalf("Recover once h1's intent lapsed = %d; want 1 (h2's was renewed)", n)
+		}
+		if time.Since(start) > ttl+10*time.Second {
+			t.Fatalf("h1's intent, with a TTL of %s, has not lapsed after %s", ttl, time.Since(start))
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	if d := time.Since(start); d < ttl {
+		t.Fatalf("an intent with a TTL of %s lapsed after %s", ttl, d)
 	}
 	if got := digests(entries(t, r, "c", blob.Digest{})); !slices.Equal(got, []blob.Digest{d1}) {
 		t.Fatalf("after recovering lapsed intents, c lists %v; want d1", got)

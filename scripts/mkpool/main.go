@@ -114,7 +114,7 @@ func run(ctx context.Context, data string, n int, frac float64, ns string, batch
 	}
 	inserted := time.Since(start)
 
-	reg, err := namespaces.OpenSQL(ctx, db, e.Dialect(), nil)
+	reg, err := namespaces.OpenSQL(ctx, e, nil)
 	if err != nil {
 		return err
 	}
@@ -153,9 +153,9 @@ func writePins(ctx context.Context, e *sqlite.Engine, n, batch int) error {
 		ds[j] = sha256.Sum256(key("mkpin", uint64(j)))
 	}
 	slices.SortFunc(ds, blob.Digest.Compare)
-	expiry := time.Now().AddDate(10, 0, 0)
+	const ttl = 10 * 365 * 24 * time.Hour
 	for chunk := range slices.Chunk(ds, batch) {
-		if err := e.PinRows(ctx, nil, pinOwner, chunk, expiry); err != nil {
+		if err := e.PinRows(ctx, nil, pinOwner, chunk, ttl); err != nil {
 			return err
 		}
 	}

@@ -1,0 +1,72 @@
+//go:build linux
+
+package main
+
+import (
+	"io"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/alkblobfs/alkblobfs/engines/postgres/pgtest"
+)
+
+// TestClockSkewProcesses: a mount whose clock runs 5 minutes slow holds a
+// file open; commands whose clock runs 5 minutes fast (ALKBLOBFS_CLOCK_SKEW)
+// rm it and sweep, on one PostgreSQL pool, for over two TTLs. The file is
+// never deleted under the reader, who reads it to its last byte; once it is
+// closed, the fast sweeps collect it within TTL + window. The pin row is
+// timed by the server's clock: neither process's clock says anything about
+// it.
+func TestClockSkewProcesses(t *testing.T) {
+	requireFUSE(t)
+	const ttl, window = 3 * time.Second, time.Second
+	dsn := pgtest.DSN(t)
+	flags := []string{"--kv", dsn, "--large", "pglo", "--fleet", "--pin-ttl", ttl.String(), "--gc-window", window.String()}
+	c := newCLI(t, flags...)
+	c.ok("ns", "create", "p")
+	src := filepath.Join(t.TempDir(), "big")
+	content := randomBytes(8<<20, 41)
+	if err := os.WriteFile(src, content, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	d := strings.TrimSpace(c.ok("put", "--ns", "p", src))
+
+	t.Setenv(clockSkewEnv, "-5m")
+	mnt := t.TempDir()
+	dm := startDaemon(t, c.data, mnt, flags...)
+	f := openWithin(t, filepath.Join(mnt, "p", d), 5*time.Second)
+	defer f.Close()
+	head := make([]byte, 4096)
+	if _, err := io.ReadFull(f, head); err != nil {
+		t.Fatal(err)
+	}
+
+	t.Setenv(clockSkewEnv, "+5m")
+	c.ok("unlink", "p", d)
+	for start := time.Now(); time.Since(start) < 2*ttl+window; time.Sleep(200 * time.Millisecond) {
+		c.fail(1, "protected", "rm", d)
+		c.ok("sweep")
+		if !strings.Contains(c.ok("ls"), d) {
+			t.Fatalf("a sweep 10 min ahead of the mount deleted the file open there, %s after the unlink", time.Since(start).Round(time.Millisecond))
+		}
+	}
+	readsTo(t, f, head, d)
+	f.Close()
+	if took := collected(t, c, d, func() { c.ok("sweep") }); took > ttl+window+5*time.Second {
+		t.Fatalf("the closed file was collected %s after its close; want about TTL + window (%s)", took, ttl+window)
+	}
+	stopDaemon(t, dm)
+}
+
+// TestClockSkewEnv: the knob takes a Go duration; anything else is a
+// usage error.
+func TestClockSkewEnv(t *testing.T) {
+	c := newCLI(t)
+	t.Setenv(clockSkewEnv, "+5m")
+	c.ok("ls")
+	t.Setenv(clockSkewEnv, "soon")
+	c.fail(2, clockSkewEnv, "ls")
+}
