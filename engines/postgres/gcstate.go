@@ -262,7 +262,10 @@ func (l *pgLease) Check(ctx context.Context) error {
 	return nil
 }
 
-// Release ends the lease's session, which drops the lock with it.
+// Release unlocks, then ends the lease's session. Closing alone would drop
+// the lock too, but only once the server's backend has gone, a moment
+// after the close returns: a sweep right after this one, on this host or
+// another, would find the pool still being swept.
 func (l *pgLease) Release() {
 	l.mu.Lock()
 	defer l.mu.Unlock()
@@ -271,6 +274,7 @@ func (l *pgLease) Release() {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
+	l.conn.Exec(ctx, `SELECT pg_advisory_unlock($1, $2)`, int32(sweepLeaseClass), int32(sweepLeaseObj))
 	l.conn.Close(ctx)
 	l.conn = nil
 }
