@@ -372,7 +372,8 @@ func (c *Collector) PinMany(ctx context.Context, ds []blob.Digest) ([]*Pin, erro
 //
 // The cadence is real time even under an injected Clock: a test clock
 // that stands still must not stop renewal. The rows themselves are timed by
-// the host's clock (engines.GCHost), which renewal asks for a fresh TTL.
+// the engine's clock (engines.GCHost: the database server's on PostgreSQL),
+// which renewal asks for a fresh TTL.
 // Tests tick by hand with Renew.
 func (c *Collector) renewLoop(stop <-chan struct{}, done chan<- struct{}) {
 	defer close(done)
@@ -390,7 +391,9 @@ func (c *Collector) renewLoop(stop <-chan struct{}, done chan<- struct{}) {
 			return
 		case <-t.C:
 		}
-		if err := c.Renew(ctx); err != nil {
+		if err := c.Renew(ctx); err != nil && ctx.Err() == nil {
+			// (A tick that Close cut short is no failure to report: a
+			// command would print it on its way out.)
 			c.log.Warn("renew pin rows", "err", err, "owner", c.owner)
 		}
 	}
