@@ -3,7 +3,7 @@ package fusefs
 // The publish state machine of a file in incoming/ (and of a verified put
 // by path): what FLUSH, RELEASE, a write, a truncate by path, an unlink and
 // an expiry do, as a pure function of the file's state. fileNode keeps the
-// state and carries out the steps (incoming.go); this file only decides.
+// state and carries out the steps (filenode.go, filehandle.go); this file only decides.
 //
 // The rules, and why:
 //
