@@ -391,6 +391,15 @@ func (e *Engine) putSmall(ctx context.Context, key string, b []byte) error {
 			e.noCond.Store(true)
 			continue
 		}
+		// A server may refuse a conditional put before it reads the body
+		// (versitygw answers 412 at once and closes the connection), so a
+		// client still writing the body sees a reset instead of the 412,
+		// at every retry. A PUT is atomic: if the key is there now, another
+		// put of the same content won, and this one has nothing to do.
+		if ok, herr := e.present(ctx, key); herr == nil && ok {
+			e.log.Debug("S3 put failed and the key is present: another put of the same content won", "key", key, "err", err)
+			return errPresent
+		}
 		return e.reqErr("PUT", key, err)
 	}
 }
