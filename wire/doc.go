@@ -31,14 +31,14 @@
 //
 //	400  bad input: a malformed digest, namespace, JSON body, digest field or range; a body cut off
 //	401  no bearer token, or the wrong one (WWW-Authenticate: Bearer)
-//	403  a put or delete on a read-only server            blob.ErrReadOnly
-//	404  no such blob, namespace or token                 blob.ErrMissing
-//	409  a delete refused because the blob is live         blob.ErrGcRefuse
-//	413  a blob over a kv-only store's threshold           blob.ErrTooLarge
+//	403  a put or delete on a read-only server                        blob.ErrReadOnly
+//	404  no such blob, namespace or token                             blob.ErrMissing
+//	409  a delete refused because the blob is live                    blob.ErrGcRefuse
+//	413  a blob over a kv-only store's threshold                      blob.ErrTooLarge
 //	416  a range that selects nothing (Content-Range: bytes */SIZE)
-//	422  the content does not match a digest claimed for it blob.ErrVerification
+//	422  the content does not match a digest claimed for it           blob.ErrVerification
 //	503  the backend failed: try again (Retry-After)
-//	507  the store is full                                 blob.ErrNoSpace
+//	507  the store is full                                            blob.ErrNoSpace
 //
 // # Compatibility
 //
