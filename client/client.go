@@ -5,14 +5,15 @@
 // EOF unless it hashes to its digest; GetRange checks the slice against the
 // digest the server sent for it. Errors from the server keep its message
 // and match the blob sentinels with errors.Is (a 404 is blob.ErrMissing, a
-// 422 blob.ErrVerification, a 413 blob.ErrTooLarge).
+// 422 blob.ErrVerification, a 413 blob.ErrTooLarge: wire.Sentinel). The
+// bodies and the digest fields are package wire's, which the server uses
+// too.
 package client
 
 import (
 	"bytes"
 	"context"
 	"crypto/sha256"
-	"encoding/base64"
 	"encoding/json"
 	"fmt"
 	"hash"
@@ -23,6 +24,7 @@ import (
 	"time"
 
 	"github.com/alkblobfs/alkblobfs/blob"
+	"github.com/alkblobfs/alkblobfs/wire"
 )
 
 // Digest is a blob's sha256.
@@ -30,31 +32,7 @@ type Digest = blob.Digest
 
 // MaxHave is the most digests the server answers in one have; Have splits
 // longer lists.
-const MaxHave = 10000
-
-// PutResponse is the server's answer to a put.
-type PutResponse struct {
-	Token  string `json:"token"`
-	Digest string `json:"digest"`
-}
-
-// HaveRequest asks which digests a namespace holds, or, with Token, renews
-// the token's pin on its one digest.
-type HaveRequest struct {
-	Namespace string   `json:"namespace"`
-	Digests   []string `json:"digests"`
-	Token     string   `json:"token,omitempty"`
-}
-
-// HaveResponse answers a HaveRequest: Present[i] is about Digests[i].
-type HaveResponse struct {
-	Present []bool `json:"present"`
-}
-
-// ErrorResponse is the body of every error answer.
-type ErrorResponse struct {
-	Error string `json:"error"`
-}
+const MaxHave = wire.MaxHave
 
 // Client is a connection to one server. It is safe for concurrent use.
 type Client struct {
@@ -92,19 +70,10 @@ type Error struct {
 
 func (e *Error) Error() string { return fmt.Sprintf("server: %s (%d)", e.Msg, e.Status) }
 
-// Is maps statuses to the blob sentinels.
+// Is maps statuses to the blob sentinels (wire.Sentinel).
 func (e *Error) Is(target error) bool {
-	switch e.Status {
-	case http.StatusNotFound:
-		return target == blob.ErrMissing
-	case http.StatusUnprocessableEntity:
-		return target == blob.ErrVerification
-	case http.StatusRequestEntityTooLarge:
-		return target == blob.ErrTooLarge
-	case http.StatusConflict:
-		return target == blob.ErrGcRefuse
-	}
-	return false
+	s := wire.Sentinel(e.Status)
+	return s != nil && target == s
 }
 
 func (c *Client) url(path string, q url.Values) string {
@@ -124,7 +93,7 @@ func (c *Client) do(req *http.Request) (*http.Response, error) {
 	}
 	if resp.StatusCode >= 400 {
 		defer resp.Body.Close()
-		var e ErrorResponse
+		var e wire.ErrorResponse
 		body, _ := io.ReadAll(io.LimitReader(resp.Body, 64<<10))
 		if json.Unmarshal(body, &e) != nil || e.Error == "" {
 			e.Error = strings.TrimSpace(string(body))
@@ -171,14 +140,14 @@ func (c *Client) Put(ctx context.Context, ns string, r io.Reader, size int64, wa
 	}
 	req.Header.Set("Content-Type", "application/octet-stream")
 	if want != nil {
-		req.Header.Set("Content-Digest", DigestField(*want))
+		req.Header.Set("Content-Digest", wire.DigestField(*want))
 	}
 	resp, err := c.do(req)
 	if err != nil {
 		return Digest{}, "", err
 	}
 	defer resp.Body.Close()
-	var out PutResponse
+	var out wire.PutResponse
 	if err := json.NewDecoder(resp.Body).Decode(&out); err != nil {
 		return Digest{}, "", fmt.Errorf("put: the server's answer: %w", err)
 	}
@@ -194,11 +163,11 @@ func (c *Client) Have(ctx context.Context, ns string, ds []Digest) ([]bool, erro
 	present := make([]bool, 0, len(ds))
 	for len(ds) > 0 {
 		n := min(len(ds), MaxHave)
-		req := HaveRequest{Namespace: ns, Digests: make([]string, n)}
+		req := wire.HaveRequest{Namespace: ns, Digests: make([]string, n)}
 		for i, d := range ds[:n] {
 			req.Digests[i] = d.String()
 		}
-		var out HaveResponse
+		var out wire.HaveResponse
 		if err := c.postJSON(ctx, "/v1/blobs/have", req, &out); err != nil {
 			return nil, err
 		}
@@ -214,8 +183,8 @@ func (c *Client) Have(ctx context.Context, ns string, ds []Digest) ([]bool, erro
 // Renew renews the pin token names on d, and reports whether it was still
 // live. false means the pin lapsed: put the content again.
 func (c *Client) Renew(ctx context.Context, ns, token string, d Digest) (bool, error) {
-	var out HaveResponse
-	err := c.postJSON(ctx, "/v1/blobs/have", HaveRequest{Namespace: ns, Digests: []string{d.String()}, Token: token}, &out)
+	var out wire.HaveResponse
+	err := c.postJSON(ctx, "/v1/blobs/have", wire.HaveRequest{Namespace: ns, Digests: []string{d.String()}, Token: token}, &out)
 	if err != nil {
 		return false, err
 	}
@@ -295,7 +264,7 @@ func (c *Client) getSlice(ctx context.Context, d Digest, off, n int64) ([]byte, 
 		return nil, 0, err
 	}
 	field := strings.Join(resp.Header.Values("Repr-Digest"), ",")
-	want, ok, err := ParseDigestField(field)
+	want, ok, err := wire.ParseDigestField(field)
 	if err != nil || !ok {
 		return nil, 0, fmt.Errorf("range %d+%d of %s: the server sent no usable Repr-Digest (%q)", off, n, d, field)
 	}
@@ -318,51 +287,6 @@ func (c *Client) get(ctx context.Context, d Digest, ns, rng string) (*http.Respo
 		req.Header.Set("Range", rng)
 	}
 	return c.do(req)
-}
-
-// DigestField is d as an RFC 9530 digest field value: sha-256=:BASE64:.
-func DigestField(d Digest) string {
-	return "sha-256=:" + base64.StdEncoding.EncodeToString(d[:]) + ":"
-}
-
-// DigestMembers returns every sha-256 member of a digest field, in order:
-// RFC 9530's sha-256=:BASE64: (Content-Digest, Repr-Digest) or RFC 3230's
-// SHA-256=BASE64 (Digest). A field sent as several lines is one value, the
-// lines joined with commas (strings.Join(h.Values(name), ",")). Other
-// algorithms are skipped, as RFC 9530 lets a recipient do with those it
-// does not know: a field with no sha-256 member gives none. A malformed
-// sha-256 member is an error.
-func DigestMembers(v string) ([]Digest, error) {
-	var ds []Digest
-	for item := range strings.SplitSeq(v, ",") {
-		alg, val, ok := strings.Cut(strings.TrimSpace(item), "=")
-		if !ok || !strings.EqualFold(alg, "sha-256") {
-			continue
-		}
-		b, err := base64.StdEncoding.DecodeString(strings.Trim(val, ":"))
-		if err != nil || len(b) != sha256.Size {
-			return nil, fmt.Errorf("sha-256 wants the 32-byte digest in base64 (sha-256=:…:), got %q", val)
-		}
-		ds = append(ds, Digest(b))
-	}
-	return ds, nil
-}
-
-// ParseDigestField is the sha-256 digest a field states (see
-// DigestMembers): found is false if it has no sha-256 member, and sha-256
-// members that disagree are an error, since taking either would be a
-// guess.
-func ParseDigestField(v string) (d Digest, found bool, err error) {
-	ds, err := DigestMembers(v)
-	if err != nil || len(ds) == 0 {
-		return Digest{}, false, err
-	}
-	for _, o := range ds[1:] {
-		if o != ds[0] {
-			return Digest{}, false, fmt.Errorf("sha-256 members disagree: %s and %s", ds[0], o)
-		}
-	}
-	return ds[0], true, nil
 }
 
 // verifying hashes a blob's body as it is read.

@@ -59,38 +59,11 @@
 // # Write path
 //
 // Every file created under incoming/ is a store Upload: random-access
-// writes, truncation, reads back. Publishing is in two steps, so that a
-// close reports every error and yet no version but the final one is ever
-// visible (publish.go has the state machine and its reasons):
-//
-//   - A FLUSH (a close) with new content commits it: hash, store in the
-//     right tier, and record an intent to link it (namespaces.Intent), in
-//     one transaction where the kv engine allows. Errors (ENOSPC, EIO, a
-//     digest mismatch) reach close(2). The intent keeps the blob from the
-//     GC and survives a crash: the next mount of the same mountpoint links
-//     it, and so does any process once it lapses (its holder never came
-//     back).
-//   - The last RELEASE (no descriptor open for writing remains) settles
-//     the newest intent into the namespace reference. A fork, a dup or a
-//     shell's `{ a; b; } > f` closes descriptors while the writer goes on;
-//     each such close's version is replaced by the next commit, never
-//     linked.
-//   - The kernel sends the RELEASE just after the last close returns, so
-//     a lookup of the digest (or a listing of the namespace) waits for a
-//     RELEASE owed by a close of the last 200 ms: `cp f incoming/ && stat
-//     ns/<digest>` finds the file.
-//   - A FLUSH commits nothing until something was written since the file
-//     was created or truncated: a shell's `cmd > file` flushes once before
-//     cmd writes, and that empty version is never committed. A file left
-//     empty (`: > file`, touch) publishes at its last RELEASE.
-//   - A write or commit that fails ends the upload: nothing of it is
-//     published, every later close reports the error, and the name goes
-//     when its last handle closes.
-//   - rm of a file still open for writing (or a rename over it) takes the
-//     name, not the content: the writer's closes go on committing, and its
-//     last RELEASE publishes the final version.
-//   - fsync and fdatasync commit like a close and return once the commit
-//     is durable (store.Store.Sync).
+// writes, truncation, reads back. When it publishes (a FLUSH stores the
+// content and records a pending link, namespaces.Intent; the last RELEASE
+// links it) is docs/publish.md, with the test behind each rule; publish.go
+// decides it as a pure function of the file's state, and its doc is the
+// state table.
 //
 // After publish the name stays as a receipt: same size and content
 // (served from the store), the digest in xattr user.alkblobfs.digest, and
@@ -101,20 +74,10 @@
 // --inplace, dd conv=notrunc, >>). A seed copies nothing at open: the
 // upload reads unwritten ranges from the published blob (pinned until the
 // upload ends) and copies the rest into its stage when it publishes, so
-// opening a 1 GiB receipt takes about a millisecond. Directories and symbolic links under
-// incoming/ live in memory; files in them publish flat into the namespace.
-// A directory goes a TTL after it is found empty, like a receipt.
-// Renames within one incoming/ tree move names (rsync's temp-then-rename);
-// to anywhere else they are EXDEV, whatever the flags, so mv copies; a file
-// open for writing, or a directory holding one, is EBUSY there instead.
-//
-// A file created directly in a namespace under a digest name is a verified
-// put by path: published only if the content hashes to the name, else the
-// close fails with EIO and nothing is published. Such a put publishes at a
-// FLUSH that follows writes through the closing descriptor (a shell's
-// early flush must not try the empty content against the name), or at the
-// last RELEASE. Closed empty, it is EIO at that close, unless its name is
-// the empty content's digest: that one publishes there.
+// opening a 1 GiB receipt takes about a millisecond. Directories and
+// symbolic links under incoming/ live in memory (inctree.go, incdir.go,
+// symlink.go); a directory goes a TTL after it is found empty, like a
+// receipt.
 //
 // # Pins
 //

@@ -3,45 +3,38 @@ package fusefs
 // The publish state machine of a file in incoming/ (and of a verified put
 // by path): what FLUSH, RELEASE, a write, a truncate by path, an unlink and
 // an expiry do, as a pure function of the file's state. fileNode keeps the
-// state and carries out the steps (filenode.go, filehandle.go); this file only decides.
+// state and carries out the steps (filenode.go, filehandle.go); this file
+// only decides. The rules it keeps, and why, are docs/publish.md; this is
+// them as a table (TestDecide has a row per line, and more):
 //
-// The rules, and why:
+//	event     state (and facts of the event)                       steps
+//	FLUSH     written since create/truncate; no other writer busy  commit+intent, owe
+//	FLUSH     another writer has unflushed writes (othersBusy)     - (the last of them commits)
+//	FLUSH     nothing written since create/truncate                owe (`cmd > f`: nothing committed)
+//	FLUSH     committed already, nothing new (a fork's close)      -
+//	FLUSH     failed                                               fail (the close reports it)
+//	FLUSH     put by path, wrote through this descriptor           commit+link
+//	FLUSH     put by path, empty, named e3b0…                      commit+link
+//	FLUSH     put by path, empty, another name                     refuse (EIO)
+//	FSYNC     dirty, othersBusy or not                             commit+intent, owe; the caller syncs
+//	FSYNC     put by path                                          commit+link (incomplete: EIO)
+//	RELEASE   last writer, intent pending                          settle, pay
+//	RELEASE   last writer, written since the last commit           commit+link, pay
+//	RELEASE   last writer, re-opened and unchanged                 discard (and settle an intent)
+//	RELEASE   last writer, failed                                  cancel; at the last handle, gone
+//	RELEASE   a writer remains                                     -
+//	WRITE     receipt, or intent pending with no upload            reopen (seeded with the content)
+//	TRUNCATE  by path, nobody writing, changed                     commit+link
+//	UNLINK    a writer open                                        detach (its last RELEASE links)
+//	UNLINK    no writer open, upload in flight                     detach, discard
+//	EXPIRE    in use / idle / detached                             rearm / detach / -
 //
-//   - FLUSH is close(2) of one descriptor, not "the file is finished": a
-//     forked child, a dup'd copy or the first command of `{ a; b; } > f`
-//     closes its descriptor while the writer goes on. So a FLUSH commits
-//     the content (hash, store, and an intent to link, all durable: the
-//     close reports any error and a crash after it loses nothing) but does
-//     not link it. The last RELEASE (no writer descriptor left) settles
-//     the newest intent into the namespace reference; every earlier one
-//     was replaced unseen. No version but the final one is ever visible.
-//   - A FLUSH commits only once something was written since the file was
-//     created or truncated to nothing: a shell's `cmd > f` flushes before
-//     cmd writes, and that empty version is never committed. A file left
-//     empty (`: > f`, touch) publishes at its last RELEASE.
-//   - A FLUSH commits only when every other writer descriptor has flushed
-//     since its last write: two opens writing one file finish with the
-//     last of them.
-//   - A put by path links at its FLUSH: its name is its digest, so there
-//     is no other version it could show. It commits only at a FLUSH after
-//     writes through that descriptor (its early empty flush would fail).
-//   - A failed write or commit ends the upload; every later close reports
-//     the error, the intent is dropped, and the name goes with the last
-//     descriptor.
-//   - An unlink (rm, a rename over the name, mv's copy-and-unlink of a
-//     rename into another namespace) takes the name, not the content: a
-//     descriptor still open for writing goes on committing at its closes,
-//     and the last RELEASE links the final version, as if the name were
-//     still there. A close that returned 0 is never lost, and `cp f
-//     incoming/ && rm incoming/f` publishes f even when the unlink reaches
-//     the daemon before the kernel's RELEASE does. Only an upload nobody
-//     has open for writing is dropped at the unlink (there is no close to
-//     come that could report on it).
-//   - An fsync commits like a FLUSH that nothing else holds back (other
-//     writers' unflushed writes, an early empty flush), and makes the
-//     commit durable before it returns: after a crash, or a power loss, the
-//     next mount publishes the newest version that an fsync or a close
-//     committed.
+// A decision never links an incoming file's version at a FLUSH
+// (TestDecideNeverLinksEarly): only a put by path links there, its name
+// being its digest. "owe" is why a close is visible through this mount as
+// soon as it returns: the kernel sends the RELEASE just after the last
+// close, so a lookup of the digest (or a listing of the namespace) waits
+// for a RELEASE owed by a close of the last 200 ms (incTree.owe).
 
 // fileState is what the decisions depend on.
 type fileState struct {

@@ -137,14 +137,10 @@ type TxLinker interface {
 	CancelTx(ctx context.Context, tx *sql.Tx, i Intent) error
 }
 
-// Intent names one pending link (Registry.Pend).
-//
-// Pending links are how a file written into a namespace's incoming/
-// directory becomes visible only in its final version: every close of a
-// descriptor commits the content and records an intent, which protects it
-// from the GC and survives a crash; the last close settles the newest
-// intent into a reference, and an intent superseded before that is
-// dropped without ever having been visible.
+// Intent names one pending link (Registry.Pend): a digest kept live but not
+// yet listed, until Settle links it or Cancel drops it. The mount's publish
+// rules, which record one at each close and settle the newest at the last,
+// are docs/publish.md.
 type Intent int64
 
 // newIntent returns a random non-zero intent id.

@@ -10,16 +10,16 @@ import (
 	"strconv"
 	"strings"
 
-	"github.com/alkblobfs/alkblobfs/client"
 	"github.com/alkblobfs/alkblobfs/namespaces"
 	"github.com/alkblobfs/alkblobfs/store"
+	"github.com/alkblobfs/alkblobfs/wire"
 )
 
-// The wire shapes are the client package's.
+// The wire shapes are package wire's, shared with the wire.
 type (
-	PutResponse  = client.PutResponse
-	HaveRequest  = client.HaveRequest
-	HaveResponse = client.HaveResponse
+	PutResponse  = wire.PutResponse
+	HaveRequest  = wire.HaveRequest
+	HaveResponse = wire.HaveResponse
 )
 
 // put: POST /v1/blobs?namespace=NS, the body is the blob.
@@ -148,7 +148,7 @@ func claimedDigest(h http.Header) (*store.Digest, error) {
 		return nil
 	}
 	for _, name := range []string{"Content-Digest", "Repr-Digest", "Digest"} {
-		ds, err := client.DigestMembers(strings.Join(h.Values(name), ","))
+		ds, err := wire.DigestMembers(strings.Join(h.Values(name), ","))
 		if err != nil {
 			return nil, badRequest("%s: %v", name, err)
 		}
@@ -385,7 +385,7 @@ func kindOf(err error) string { _, k := classify(err); return k }
 // on every response, ranged ones included (where RFC 9530 would give the
 // whole representation's digest; ETag carries that one).
 func setDigest(h http.Header, d store.Digest) {
-	v := client.DigestField(d)
+	v := wire.DigestField(d)
 	h.Set("Repr-Digest", v)
 	h.Set("Content-Digest", v)
 }

@@ -7,8 +7,8 @@ import (
 	"net/http"
 
 	"github.com/alkblobfs/alkblobfs/blob"
-	"github.com/alkblobfs/alkblobfs/client"
 	"github.com/alkblobfs/alkblobfs/namespaces"
+	"github.com/alkblobfs/alkblobfs/wire"
 )
 
 // httpError is an error with the status and kind it is answered with.
@@ -62,4 +62,4 @@ func writeJSON(w http.ResponseWriter, status int, v any) {
 	json.NewEncoder(w).Encode(v) // a failed write is the client gone
 }
 
-type errorBody = client.ErrorResponse
+type errorBody = wire.ErrorResponse

@@ -17,10 +17,10 @@ import (
 
 	"golang.org/x/sync/semaphore"
 
-	"github.com/alkblobfs/alkblobfs/client"
 	"github.com/alkblobfs/alkblobfs/gc"
 	"github.com/alkblobfs/alkblobfs/namespaces"
 	"github.com/alkblobfs/alkblobfs/store"
+	"github.com/alkblobfs/alkblobfs/wire"
 )
 
 // DefaultTokenTTL is how long a pin token lives after its put or its last
@@ -28,7 +28,7 @@ import (
 const DefaultTokenTTL = 60 * time.Second
 
 // MaxHave is the most digests one have request may ask about.
-const MaxHave = client.MaxHave
+const MaxHave = wire.MaxHave
 
 // maxJSON bounds a JSON request body: MaxHave digests of 64 hex digits
 // with their quotes and commas, and room to spare.

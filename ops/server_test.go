@@ -31,6 +31,7 @@ import (
 	"github.com/alkblobfs/alkblobfs/namespaces"
 	"github.com/alkblobfs/alkblobfs/ops"
 	"github.com/alkblobfs/alkblobfs/store"
+	"github.com/alkblobfs/alkblobfs/wire"
 )
 
 // env is a store on SQLite + a local directory served by a real listener.
@@ -600,7 +601,7 @@ func TestBadInput(t *testing.T) {
 	before := e.st.Stats()
 	post := func(path, body string) (int, string) {
 		status, _, b := request(t, "POST", e.url+path, strings.NewReader(body), nil)
-		var er client.ErrorResponse
+		var er wire.ErrorResponse
 		if err := json.Unmarshal(b, &er); status >= 400 && (err != nil || er.Error == "") {
 			t.Fatalf("POST %s: %d with body %q; want {\"error\": …}", path, status, b)
 		}
@@ -627,7 +628,7 @@ func TestBadInput(t *testing.T) {
 			t.Errorf("POST %s %.40q: %d %q; want %d mentioning %q", tc.path, tc.body, status, msg, tc.status, tc.want)
 		}
 	}
-	many := client.HaveRequest{Namespace: "builds", Digests: make([]string, ops.MaxHave+1)}
+	many := wire.HaveRequest{Namespace: "builds", Digests: make([]string, ops.MaxHave+1)}
 	for i := range many.Digests {
 		many.Digests[i] = blob.Sum(fmt.Append(nil, i)).String()
 	}
