@@ -20,7 +20,9 @@
 #	                         directory a test makes must be this user's
 #
 # The exit status is the command's. The servers are for tests only: fsync is
-# off (set ALKBLOBFS_PG_FSYNC=on to measure with it), the password is random
+# off (set ALKBLOBFS_PG_FSYNC=on to measure with it; ALKBLOBFS_PG_CONF adds
+# a line of postgresql.conf, e.g. shared_preload_libraries =
+# 'pg_stat_statements' to profile), the password is random
 # per run, and they listen on loopback only. As root, the servers run as the
 # "postgres" user if it exists, else "nobody" (postgres refuses to run as
 # root). initdb, pg_ctl and postgres come from PATH or
@@ -127,6 +129,7 @@ start() {
 			full_page_writes = $fsync
 			shared_buffers = 128MB
 			log_min_messages = warning
+			${ALKBLOBFS_PG_CONF:-}
 		EOF
 		as_db cp "$tmp/$(basename "$dir").conf" "$dir/postgresql.auto.conf"
 		if as_db "$bindir/pg_ctl" -D "$dir" -l "$dir.log" -w -t 60 start >/dev/null 2>&1; then
