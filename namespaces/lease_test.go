@@ -290,14 +290,18 @@ func TestLeaseLockFileRemoved(t *testing.T) {
 }
 
 // TestLeaseWithoutLock: a lease that cannot take its lock (its directory
-// cannot be made) still holds intents, and no other life judges it.
+// cannot be made) still holds intents, and no other life judges it, even
+// one that finds the directory (made since) without its lock file.
 func TestLeaseWithoutLock(t *testing.T) {
 	e := newLeaseEnv(t, leaseRegistries[0].open)
-	if err := os.WriteFile(filepath.Join(filepath.Dir(e.dir), "leases"), nil, 0o600); err != nil {
+	if err := os.WriteFile(e.dir, nil, 0o600); err != nil {
 		t.Fatal(err) // a file where the directory should be
 	}
 	a := e.open(time.Hour)
 	d := e.pend(a.Holder())
+	if err := os.Remove(e.dir); err != nil {
+		t.Fatal(err)
+	}
 	e.open(time.Hour)
 	if e.linked(d) {
 		t.Fatal("a lease without a lock was judged dead")
