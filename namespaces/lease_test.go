@@ -321,6 +321,7 @@ func TestLeaseOtherHost(t *testing.T) {
 		"test:w:" + e.host + "-other:1:" + id,
 		"test:w:" + e.host + ":1:" + id[:16], // an earlier version's holder
 		"test:w2:" + e.host + ":1:" + id,     // another writer
+		"1:" + id,                            // nobody's
 	}
 	var ds []blob.Digest
 	for _, h := range hs {
