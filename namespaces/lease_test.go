@@ -18,12 +18,13 @@ import (
 	"time"
 
 	"github.com/alkblobfs/alkblobfs/blob"
+	"github.com/alkblobfs/alkblobfs/engines/postgres/pgtest"
 	"github.com/alkblobfs/alkblobfs/engines/sqlite"
 	"github.com/alkblobfs/alkblobfs/namespaces"
 )
 
 // leaseRegistries are the registries a lease is tested over: rows in
-// memory, and rows in SQLite.
+// memory, in SQLite and in PostgreSQL.
 var leaseRegistries = []struct {
 	name string
 	open func(t *testing.T) namespaces.Registry
@@ -39,6 +40,10 @@ var leaseRegistries = []struct {
 		if err != nil {
 			t.Fatal(err)
 		}
+		return r
+	}},
+	{"postgres", func(t *testing.T) namespaces.Registry {
+		r, _ := openPostgres(t, pgtest.DSN(t), nil)
 		return r
 	}},
 }
