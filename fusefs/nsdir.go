@@ -4,6 +4,9 @@ import (
 	"context"
 	"encoding/hex"
 	"fmt"
+	"os"
+	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"syscall"
@@ -137,8 +140,9 @@ func (d *nsDir) Getattr(ctx context.Context, f fs.FileHandle, out *fuse.AttrOut)
 
 // Setattr records chmod, chown and chgrp of the namespace, which decide
 // who may use it when other users reach the mount. The kernel checks them
-// first when it checks permissions (--allow-other); the daemon checks too:
-// only the owner or root changes the mode or group, only root the owner.
+// first when it checks permissions (--allow-other); the daemon checks too,
+// by namespaces.ChangePerm: only the owner or root changes the mode or
+// the group (the owner to one of its groups), only root the owner.
 // Time changes are accepted and ignored, so that rsync and cp -a
 // finishing a copy do not fail on the directory.
 func (d *nsDir) Setattr(ctx context.Context, f fs.FileHandle, in *fuse.SetAttrIn, out *fuse.AttrOut) syscall.Errno {
@@ -150,18 +154,10 @@ func (d *nsDir) Setattr(ctx context.Context, f fs.FileHandle, in *fuse.SetAttrIn
 		if err != nil {
 			return d.fsys.errno("setattr", blob.Digest{}, err)
 		}
-		who, _ := caller(ctx, d.fsys)
-		if who != 0 && (who != p.Uid || setUID && uid != p.Uid) {
-			return d.fsys.errno("setattr", blob.Digest{}, errNotPermitted)
-		}
-		if setMode {
-			p.Mode = mode & 0o7777
-		}
-		if setUID {
-			p.Uid = uid
-		}
-		if setGID {
-			p.Gid = gid
+		p, err = namespaces.ChangePerm(p, principal(ctx, d.fsys), namespaces.PermChange{
+			Mode: mode, UID: uid, GID: gid, SetMode: setMode, SetUID: setUID, SetGID: setGID})
+		if err != nil {
+			return d.fsys.errno("setattr", blob.Digest{}, fmt.Errorf("%w: %w", errNotPermitted, err))
 		}
 		if err := d.fsys.reg.SetPerm(ctx, d.name, p); err != nil {
 			return d.fsys.errno("setattr", blob.Digest{}, err)
@@ -173,6 +169,35 @@ func (d *nsDir) Setattr(ctx context.Context, f fs.FileHandle, in *fuse.SetAttrIn
 		return d.fsys.errno("setattr", blob.Digest{}, err)
 	}
 	return 0
+}
+
+// principal is the user behind a request and its groups, for the access
+// rules of namespaces: the caller's uid and gid from the request, and its
+// supplementary groups from /proc (a request carries none). A caller gone
+// by the time it is asked is only its primary group; the kernel has
+// checked a request from it already when it checks permissions.
+func principal(ctx context.Context, f *FS) namespaces.Principal {
+	uid, gid := caller(ctx, f)
+	p := namespaces.Principal{UID: uid, GIDs: []uint32{gid}}
+	c, ok := fuse.FromContext(ctx)
+	if !ok || c.Pid == 0 {
+		return p
+	}
+	b, err := os.ReadFile("/proc/" + strconv.FormatUint(uint64(c.Pid), 10) + "/status")
+	if err != nil {
+		return p
+	}
+	for _, l := range strings.Split(string(b), "\n") {
+		if v, ok := strings.CutPrefix(l, "Groups:"); ok {
+			for _, g := range strings.Fields(v) {
+				if n, err := strconv.ParseUint(g, 10, 32); err == nil {
+					p.GIDs = append(p.GIDs, uint32(n))
+				}
+			}
+			break
+		}
+	}
+	return p
 }
 
 // busy reports whether puts are in flight in the namespace.

@@ -62,6 +62,21 @@
 // recoverer's own, so hosts whose clocks disagree settle nothing early
 // and leave nothing late.
 //
+// A [Lease] is how a surface holds intents: one per life of a writer (a
+// mount of a mountpoint), with the renewal loop, the retries and the
+// recovery of the writer's dead lives. A life on the same host is dead
+// when the flock it held for its life is free, which no reused pid can
+// fake; a holder on another host is settled only once it lapses.
+//
+// # Access
+//
+// [Allowed] is who may use a namespace: its [Perm] against a [Principal]
+// (uid and groups), by the rule the kernel applies to a directory, for
+// every surface: the kernel applies it to what a mount with
+// --allow-other shows, and an HTTP surface calls it. [ChangePerm] is who
+// may chmod, chown or chgrp one. Their errors wrap [ErrDenied] (EACCES)
+// and [ErrNotOwner] (EPERM).
+//
 // # Concurrency
 //
 // Every method is safe for concurrent use. Mem serializes writers on one

@@ -154,8 +154,10 @@ func newIntent() Intent {
 
 // Pending describes an intent being recorded.
 type Pending struct {
-	// Holder names the writer: stable across its restarts (a mount's host
-	// and mountpoint), so that its next life settles what it left.
+	// Holder names the life of the writer that records the intent (see
+	// Lease, which makes holders and decides when one is dead), so that
+	// its next life settles what it left and no other life settles what
+	// it still holds.
 	Holder string
 	// TTL is how long the intent lives unless renewed (Renew); once it has
 	// lapsed, any Recover settles it. It counts on the registry's clock for

@@ -1,0 +1,170 @@
+//go:build linux
+
+package main
+
+import (
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/alkblobfs/alkblobfs/engines/sqlite"
+)
+
+// holdOpen starts a shell that writes "onetwo" into path through fd 3,
+// with two children closing their copies of it after "one" and after
+// "onetwo" (so two closes returned 0), and keeps fd 3 open until it is
+// killed. It returns once both copies are closed.
+func holdOpen(t *testing.T, path string) *exec.Cmd {
+	t.Helper()
+	marker := filepath.Join(t.TempDir(), "closed")
+	sh := exec.Command("bash", "-c", fmt.Sprintf(`exec 3>%q; printf one >&3; ( exec 3>&- ); printf two >&3; ( exec 3>&- ); touch %q; exec sleep 60`, path, marker))
+	if err := sh.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		sh.Process.Kill()
+		sh.Wait()
+	})
+	eventually(t, 10*time.Second, "the writer to close its copies", func() bool {
+		_, err := os.Stat(marker)
+		return err == nil
+	})
+	return sh
+}
+
+// TestCrashRecoveryIgnoresReusedPID: the next mount of a mountpoint
+// publishes what a daemon killed by SIGKILL had committed at a close
+// (and would have linked at the last RELEASE), even when the pid its
+// holder row names belongs to another live process by then: liveness is
+// the dead daemon's lock, which the kernel dropped, not its pid. The
+// row's pid is rewritten to that of a running sleep, as a reused pid
+// would have it. Without the lock, the next mount would take the sleep
+// for the daemon and leave the file unpublished until the intent lapses
+// (the 60 s pin TTL).
+func TestCrashRecoveryIgnoresReusedPID(t *testing.T) {
+	requireFUSE(t)
+	c := newCLI(t)
+	c.ok("ns", "create", "ns")
+	mnt := t.TempDir()
+	dm := startDaemon(t, c.data, mnt)
+	sh := holdOpen(t, filepath.Join(mnt, "ns", "incoming", "f"))
+	dm.cmd.Process.Kill()
+	dm.wait(20 * time.Second)
+	sh.Process.Kill()
+	sh.Wait()
+
+	other := exec.Command("sleep", "60")
+	if err := other.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		other.Process.Kill()
+		other.Wait()
+	})
+	holders := rewriteHolderPid(t, filepath.Join(c.data, "kv.db"), dm.cmd.Process.Pid, other.Process.Pid)
+	if len(holders) != 1 {
+		t.Fatalf("holders of pending links after the crash: %v; want the dead daemon's", holders)
+	}
+	if err := syscall.Kill(other.Process.Pid, 0); err != nil {
+		t.Fatalf("the process now named by the row is not running: %v", err)
+	}
+	if listed := lines(c.ok("ls", "ns")); len(listed) != 0 {
+		t.Fatalf("the namespace lists %v before the mount came back", listed)
+	}
+
+	dm = startDaemon(t, c.data, mnt)
+	final := sum([]byte("onetwo"))
+	if listed := lines(c.ok("ls", "ns")); !slices.Equal(listed, []string{final}) {
+		t.Fatalf("after the restart, with the dead daemon's row naming live pid %d, the namespace lists %v; want %s\n%s",
+			other.Process.Pid, listed, final[:12], dm.stderr.String())
+	}
+	if b, err := os.ReadFile(filepath.Join(mnt, "ns", final)); err != nil || string(b) != "onetwo" {
+		t.Fatalf("the recovered version reads as %q, %v", b, err)
+	}
+	stopDaemon(t, dm)
+}
+
+// rewriteHolderPid makes every pending-link holder that names pid from
+// name to instead, and returns the holders after.
+func rewriteHolderPid(t *testing.T, db string, from, to int) []string {
+	t.Helper()
+	e, err := sqlite.Open(t.Context(), db)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer e.Close()
+	rows, err := e.DB().QueryContext(t.Context(), `SELECT DISTINCT holder FROM ns_pending`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var hs []string
+	for rows.Next() {
+		var h string
+		if err := rows.Scan(&h); err != nil {
+			t.Fatal(err)
+		}
+		hs = append(hs, h)
+	}
+	rows.Close()
+	var out []string
+	for _, h := range hs {
+		// mount:<mountpoint>:<host>:<pid>:<id>
+		i := strings.LastIndexByte(h, ':')
+		j := strings.LastIndexByte(h[:i], ':')
+		if h[j+1:i] != strconv.Itoa(from) {
+			out = append(out, h)
+			continue
+		}
+		nh := h[:j+1] + strconv.Itoa(to) + h[i:]
+		if _, err := e.DB().ExecContext(t.Context(), `UPDATE ns_pending SET holder = ? WHERE holder = ?`, nh, h); err != nil {
+			t.Fatal(err)
+		}
+		out = append(out, nh)
+	}
+	return out
+}
+
+// TestDetachedMountKeepsItsIntents: two daemons of one mountpoint — one
+// lazily unmounted and still serving a file open for writing, and its
+// successor — never settle each other's live intents: the successor
+// publishes nothing of the file whose closes returned 0 while its writer
+// keeps it open, and the first daemon publishes it at the last close.
+func TestDetachedMountKeepsItsIntents(t *testing.T) {
+	requireFUSE(t)
+	c := newCLI(t)
+	c.ok("ns", "create", "ns")
+	mnt := t.TempDir()
+	first := startDaemon(t, c.data, mnt)
+	sh := holdOpen(t, filepath.Join(mnt, "ns", "incoming", "f"))
+	if err := syscall.Unmount(mnt, syscall.MNT_DETACH); err != nil {
+		t.Fatal(err)
+	}
+	second := startDaemon(t, c.data, mnt)
+	if listed := lines(c.ok("ls", "ns")); len(listed) != 0 {
+		t.Fatalf("the successor mount published %v while the detached one still serves its writer", listed)
+	}
+	select {
+	case <-first.done:
+		t.Fatalf("the detached daemon exited while a file was open:\n%s", first.stderr.String())
+	default:
+	}
+
+	sh.Process.Kill()
+	sh.Wait()
+	final := sum([]byte("onetwo"))
+	eventually(t, 10*time.Second, "the detached daemon to publish the file at its last close", func() bool {
+		return slices.Equal(lines(c.ok("ls", "ns")), []string{final})
+	})
+	first.wait(20 * time.Second)
+	if b, err := os.ReadFile(filepath.Join(mnt, "ns", final)); err != nil || string(b) != "onetwo" {
+		t.Fatalf("through the successor, the file reads as %q, %v", b, err)
+	}
+	stopDaemon(t, second)
+}
