@@ -131,6 +131,10 @@ func toErrno(err error) syscall.Errno {
 	case errors.Is(err, blob.ErrReadOnly):
 		return syscall.EROFS
 
+	case errors.Is(err, namespaces.ErrDenied):
+		return syscall.EACCES
+	case errors.Is(err, namespaces.ErrNotOwner):
+		return syscall.EPERM
 	case errors.Is(err, namespaces.ErrExists):
 		return syscall.EEXIST
 	case errors.Is(err, namespaces.ErrNotEmpty):

@@ -53,6 +53,8 @@ func TestToErrno(t *testing.T) {
 		{"gc refuse", blob.ErrGcRefuse, syscall.EBUSY},
 		{"store closed", blob.ErrClosed, syscall.EIO},
 		{"store on read-only media", blob.ErrReadOnly, syscall.EROFS},
+		{"namespace access denied", fmt.Errorf("lookup: %w", namespaces.ErrDenied), syscall.EACCES},
+		{"namespace change by non-owner", fmt.Errorf("chmod: %w", namespaces.ErrNotOwner), syscall.EPERM},
 		{"namespace exists", nsErr(namespaces.ErrExists), syscall.EEXIST},
 		{"namespace not empty", nsErr(namespaces.ErrNotEmpty), syscall.ENOTEMPTY},
 		{"namespace not found", nsErr(namespaces.ErrNotFound), syscall.ENOENT},

@@ -157,7 +157,7 @@ func (d *nsDir) Setattr(ctx context.Context, f fs.FileHandle, in *fuse.SetAttrIn
 		p, err = namespaces.ChangePerm(p, principal(ctx, d.fsys), namespaces.PermChange{
 			Mode: mode, UID: uid, GID: gid, SetMode: setMode, SetUID: setUID, SetGID: setGID})
 		if err != nil {
-			return d.fsys.errno("setattr", blob.Digest{}, fmt.Errorf("%w: %w", errNotPermitted, err))
+			return d.fsys.errno("setattr", blob.Digest{}, err)
 		}
 		if err := d.fsys.reg.SetPerm(ctx, d.name, p); err != nil {
 			return d.fsys.errno("setattr", blob.Digest{}, err)
