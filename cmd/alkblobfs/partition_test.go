@@ -139,9 +139,10 @@ func boundedErr(t *testing.T, what string, op func() error) error {
 //   - on A, requests that need the database (a lookup, a cat, a close)
 //     fail within the op timeout instead of hanging;
 //   - C keeps serving;
-//   - once A is back, it logs and counts the lapse, re-pins what it still
-//     holds, serves Y to its last byte, and answers a read of X's unread
-//     part with EIO, never wrong bytes.
+//   - once A is back, it logs and counts the lapse and re-pins what it
+//     still holds: Y, unlinked then, survives B's sweeps and reads to its
+//     last byte on A; a read of X's unread part fails (EIO), never wrong
+//     bytes.
 func TestPartitionPinsLapse(t *testing.T) {
 	requireFUSE(t)
 	dsn := pgtest.DSN(t)
@@ -219,9 +220,15 @@ func TestPartitionPinsLapse(t *testing.T) {
 		return strings.Contains(a.dm.stderr.String(), "pin rows lapsed")
 	})
 
-	// Y, re-pinned, survives B's sweeps and reads to its last byte.
-	for range 2 {
+	// Y, re-pinned, is A's alone once unlinked: it survives B's sweeps
+	// and reads to its last byte.
+	c.ok("unlink", "p", y)
+	stopDaemon(t, cc.dm) // C read Y: its released row may linger a tick
+	for range 3 {
 		b.sweep(t)
+	}
+	if !strings.Contains(c.ok("ls"), y) {
+		t.Fatal("Y, open on A and re-pinned after the cut, was deleted once unlinked")
 	}
 	readsTo(t, fy, yHead, y)
 	// X's unread part: EIO, or — had the kernel cached it — X's own bytes.
@@ -251,7 +258,7 @@ func TestPartitionPinsLapse(t *testing.T) {
 	}
 	fx.Close()
 	fy.Close()
-	for _, h := range []*fleetHost{a, b, cc} {
+	for _, h := range []*fleetHost{a, b} {
 		stopDaemon(t, h.dm)
 	}
 }
@@ -292,7 +299,7 @@ func TestPartitionMidClose(t *testing.T) {
 		blackhole := i == 1
 		done := make(chan error, 1)
 		go func() { done <- f.Close() }()
-		time.Sleep(time.Duration(rng.IntN(40)) * time.Millisecond) // the moment of the cut
+		time.Sleep(time.Duration(rng.IntN(80)) * time.Millisecond) // the moment of the cut
 		if blackhole {
 			a.proxy.Blackhole()
 		} else {
