@@ -185,6 +185,11 @@ func TestPartitionPinsLapse(t *testing.T) {
 		return os.WriteFile(filepath.Join(a.mnt, "p", "incoming", "during-cut"), []byte("written while cut off"), 0o644)
 	})
 
+	// Each failure is logged with its cause.
+	if log := a.dm.stderr.String(); !strings.Contains(log, "request failed") || !strings.Contains(log, "sent nothing for "+cutOpWait.String()) {
+		t.Fatalf("A's log does not name the cause of its failed requests:\n%s", log)
+	}
+
 	// B sweeps until X is gone; A's rows protect it for at least the
 	// part of the TTL left after their last renewal.
 	var deletedAt time.Duration
