@@ -205,6 +205,25 @@ func (p *pins) forgetRows(ds []blob.Digest) {
 	}
 }
 
+// forgetReleased forgets the rows of the digests among ds that no
+// reference holds (and none is writing), and returns the rest.
+func (p *pins) forgetReleased(ds []blob.Digest) []blob.Digest {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	held := ds[:0]
+	for _, d := range ds {
+		switch e := p.m[d]; {
+		case e == nil: // taken by a sweep's arbitration meanwhile
+			continue
+		case e.releasedRow():
+			delete(p.m, d)
+			continue
+		}
+		held = append(held, d)
+	}
+	return held
+}
+
 // withRows lists the digests that hold a committed row.
 func (p *pins) withRows() []blob.Digest {
 	p.mu.Lock()
@@ -385,16 +404,34 @@ func (c *Collector) renewLoop(stop <-chan struct{}, done chan<- struct{}) {
 		<-stop
 		cancel() // a tick stuck on the database must not hold up Close
 	}()
+	// Cut off from the database (every tick failing), this process can
+	// tell when its rows have lapsed before it can reach them again: a
+	// TTL after the last renewal that committed. It says so then, once
+	// per outage; the rows themselves are counted and re-pinned by the
+	// first tick that gets through (Renew). Monotonic time: this process
+	// alone compares it.
+	renewed, told := time.Now(), false
 	for {
 		select {
 		case <-stop:
 			return
 		case <-t.C:
 		}
-		if err := c.Renew(ctx); err != nil && ctx.Err() == nil {
-			// (A tick that Close cut short is no failure to report: a
-			// command would print it on its way out.)
+		err := c.Renew(ctx)
+		switch {
+		case err == nil:
+			renewed, told = time.Now(), false
+		case ctx.Err() != nil:
+			// A tick that Close cut short is no failure to report: a
+			// command would print it on its way out.
+		default:
 			c.log.Warn("renew pin rows", "err", err, "owner", c.owner)
+			if cut := time.Since(renewed); cut > c.ttl && !told {
+				told = true
+				digests, _ := c.pins.count()
+				c.log.Error("pin rows lapsing: no renewal reached the database for longer than the pin TTL; other hosts may now delete blobs that only this process holds (reads of those fail with EIO; the rest are re-pinned on reconnect)",
+					"owner", c.owner, "since_renewal", cut.Round(time.Millisecond), "ttl", c.ttl, "held", digests)
+			}
 		}
 	}
 }
@@ -429,6 +466,10 @@ func (c *Collector) Renew(ctx context.Context) error {
 			lapsed = append(lapsed, d)
 		}
 	}
+	// A lapsed row of a digest released meanwhile (its drop failed, the
+	// database being out of reach) has nothing left to protect: forget
+	// it rather than pin it afresh.
+	lapsed = c.pins.forgetReleased(lapsed)
 	if len(lapsed) == 0 {
 		return nil
 	}

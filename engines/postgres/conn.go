@@ -12,6 +12,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 )
@@ -80,11 +81,29 @@ func Connect(ctx context.Context, dsn string) (*pgxpool.Pool, Server, error) {
 	if !strings.Contains(dsn, "pool_max_conn_idle_time") {
 		cfg.MaxConnIdleTime = idleConnLife
 	}
-	if cfg.ConnConfig.ConnectTimeout == 0 {
-		cfg.ConnConfig.ConnectTimeout = defaultConnTimeout
+	limit, err := opTimeout(cfg.ConnConfig.RuntimeParams)
+	if err != nil {
+		return nil, Server{}, fmt.Errorf("%w: %s", ErrBadDSN, err)
 	}
+	// The connect is bounded by the dialer and the connection's watch
+	// (watch), not by pgconn's ConnectTimeout, whose context deadline
+	// would read as the caller's own.
+	connect := cfg.ConnConfig.ConnectTimeout
+	if connect == 0 {
+		connect = min(defaultConnTimeout, limit)
+	}
+	cfg.ConnConfig.ConnectTimeout = 0
+	tr, h := &waitTracer{limit: limit}, &health{}
+	cfg.ConnConfig.Tracer = tr
+	watch(&cfg.ConnConfig.Config, tr, h, connect)
+	// A pooled connection's health check at acquire (ShouldPing below)
+	// waits no longer than a statement; a silent one is dropped and the
+	// next tried. Connections older than a timed-out wait are dropped
+	// unpinged.
+	cfg.PingTimeout = limit
+	cfg.PrepareConn = func(_ context.Context, c *pgx.Conn) (bool, error) { return !h.suspect(c), nil }
 	cfg.ShouldPing = func(_ context.Context, p pgxpool.ShouldPingParams) bool {
-		return p.IdleDuration > time.Second || peerSpoke(p.Conn)
+		return !h.suspect(p.Conn) && (p.IdleDuration > time.Second || peerSpoke(p.Conn))
 	}
 	pool, err := pgxpool.NewWithConfig(ctx, cfg)
 	if err != nil {

@@ -44,4 +44,15 @@
 // to while it sat idle — the "terminating connection" message and EOF a
 // restart leaves — is pinged too, found dead and replaced. The next
 // operation succeeds on the same engine; nothing needs reopening.
+//
+// A server that goes silent instead (a partition, a dropping firewall) is
+// bounded too: every statement and connect on a connection of [Connect]'s
+// pool, or of a connection made from its config, fails with a
+// *[TimeoutError] once the server has sent nothing for the op timeout
+// ([DefaultOpTimeout], or the DSN's alkblobfs_op_timeout) while it waits,
+// and the pool drops the connections older than that failure. TCP
+// keepalives run on both ends, so that a dead peer is noticed under an
+// idle connection, and the server ends a vanished client's session
+// (rolling back its transaction, dropping its locks) within about 25 s.
+// docs/fleet.md states what a fleet host promises under these bounds.
 package postgres

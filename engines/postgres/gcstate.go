@@ -204,10 +204,21 @@ func (e *Engine) DeleteManyTx(ctx context.Context, tx *sql.Tx, ds []blob.Digest)
 	if err := engines.ScanSizes(rows, func(d blob.Digest, n int64) { got[d] = n }); err != nil {
 		return nil, e.wrap("delete", err)
 	}
+	gone := make([][]byte, 0, len(got))
 	for i, d := range ds {
 		if n, ok := got[d]; ok {
 			sizes[i] = n
+			gone = append(gone, d[:])
 			delete(got, d) // a repeated digest was deleted once
+		}
+	}
+	// A deleted blob leaves the delete window with its row, in the same
+	// transaction: a sweeper killed after the commit, before it clears
+	// the window (WindowRemove), leaves no candidate that the next sweep
+	// would find vanished and count as cancelled, when it was deleted.
+	if len(gone) > 0 {
+		if _, err := tx.ExecContext(ctx, `DELETE FROM gc_window WHERE digest = ANY($1::bytea[])`, gone); err != nil {
+			return nil, e.wrap("delete", err)
 		}
 	}
 	return sizes, nil
