@@ -112,7 +112,7 @@ func (r *Reader) materialize() error {
 	if got := blob.Sum(buf); got != r.d {
 		// Known corrupt now, as a scrub would find it: the same refusal
 		// as a marked large blob's, naming no engine (verdicts.go).
-		r.s.log.Error("blob's stored value does not match its digest; refusing to serve it", "digest", r.d.String(), "engine", r.engine, "hashes_to", got.String())
+		r.s.log.Debug("blob's stored value does not match its digest; refusing to serve it", "digest", r.d.String(), "engine", r.engine, "hashes_to", got.String())
 		return blob.Wrap("get", "", r.d, fmt.Errorf("%w (%w): its stored value hashes to %s", ErrCorrupt, ErrVerification, got))
 	}
 	r.cur.Close()

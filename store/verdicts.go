@@ -226,7 +226,9 @@ func (r *Reader) judge(ctx context.Context) error {
 	}
 	if marked {
 		if bytes.Equal(m.File, fileIdent(id, isFile)) {
-			r.s.log.Error("blob was found corrupt and has not changed since; refusing to serve it",
+			// Debug: the error says it all, and each surface reports it
+			// its own way (the mount logs every EIO).
+			r.s.log.Debug("blob was found corrupt and has not changed since; refusing to serve it",
 				"digest", r.d.String(), "engine", r.engine, "marked", m.Marked, "reason", m.Reason)
 			return corruptError(r.d, m)
 		}
