@@ -45,6 +45,11 @@ var (
 	// cannot grow, a full disk). Nothing was stored; the same put works
 	// once space is freed.
 	ErrNoSpace = errors.New("no space left in the store")
+	// ErrCorrupt: the store knows the blob to be corrupt (a scrub found
+	// that its content does not match its digest) and refuses it before
+	// serving a byte, until the right content is put again or its file is
+	// restored. Errors wrapping it wrap ErrVerification too.
+	ErrCorrupt = errors.New("blob is known corrupt")
 	// ErrCorruptRow: a stored key is not 32 bytes (FromBytes).
 	ErrCorruptRow = errors.New("corrupt row")
 )

@@ -107,3 +107,44 @@ type Locator interface {
 type Ephemeral interface {
 	Ephemeral() bool
 }
+
+// CorruptLedger is implemented by the kv engines (mem, sqlite, postgres):
+// the store's record of the blobs a scrub found corrupt, kept with the
+// rest of the GC state, in the one place every process and host that opens
+// the pool reads. So a blob that a scrub in one process (a mount, serve,
+// alkblobfs verify) found corrupt is refused by every other one up front,
+// before any byte of it is sent, and not only found bad again, chunk by
+// chunk, by whoever reads it next. On SQL engines it is one table,
+//
+//	gc_corrupt(digest PRIMARY KEY, file, reason, marked)
+//
+// file is opaque to the engine: the store's identity of the backing file
+// the verdict is about (device, inode, size, times), or empty for a blob
+// that is not a file. The engine never interprets it, and decides nothing:
+// the store compares it with the file as it is now (a changed file makes
+// the verdict suspect instead of corrupt) and clears the record on a
+// repair. marked is the engine's row clock, for reports only; nothing
+// compares it. A mem engine keeps its ledger in the process, as long as
+// its blobs.
+type CorruptLedger interface {
+	Engine
+	// MarkCorrupt records d as corrupt as file, replacing any record of d.
+	MarkCorrupt(ctx context.Context, d blob.Digest, file []byte, reason string) error
+	// CorruptMark returns d's record; ok is false when there is none.
+	CorruptMark(ctx context.Context, d blob.Digest) (m CorruptMark, ok bool, err error)
+	// ClearCorrupt deletes d's record if it still names file (so that a
+	// later verdict about another version of the file survives), and
+	// reports whether it did. No record is not an error.
+	ClearCorrupt(ctx context.Context, d blob.Digest, file []byte) (bool, error)
+	// CorruptMarks returns every record in digest order. Corrupt blobs are
+	// few: the list is not paged.
+	CorruptMarks(ctx context.Context) ([]CorruptMark, error)
+}
+
+// CorruptMark is one record of a CorruptLedger.
+type CorruptMark struct {
+	Digest blob.Digest
+	File   []byte // the store's file identity; empty: not a file
+	Reason string
+	Marked time.Time // on the engine's row clock
+}

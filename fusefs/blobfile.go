@@ -5,7 +5,6 @@ import (
 	"errors"
 	"io"
 	"sync"
-	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -13,8 +12,6 @@ import (
 	"github.com/hanwen/go-fuse/v2/fuse"
 
 	"github.com/alkblobfs/alkblobfs/blob"
-	"github.com/alkblobfs/alkblobfs/engines"
-	"github.com/alkblobfs/alkblobfs/gc"
 	"github.com/alkblobfs/alkblobfs/namespaces"
 	"github.com/alkblobfs/alkblobfs/store"
 )
@@ -55,7 +52,7 @@ type blobFile struct {
 // backing file is that reader's descriptor.
 type blobOpen struct {
 	rd   *store.Reader
-	rdID engines.FileID // rd's backing file's identity at its open (zero: not a file)
+	ptFd uintptr // the backing file handed to the kernel, while pt > 0
 	// open handles by I/O mode. The kernel refuses (EIO at open) a
 	// passthrough open while the inode has cached-mode files open, and
 	// the reverse, so a new open takes the mode of those already open.
@@ -140,6 +137,9 @@ func (b *blobFile) Open(ctx context.Context, flags uint32) (fs.FileHandle, uint3
 	o := b.open
 	fresh := o == nil
 	if fresh {
+		// The store refuses a blob known corrupt (ErrCorrupt, EIO here),
+		// in every verify mode, until it is repaired; one whose file
+		// changed since is served verified only (store: verdicts.go).
 		r, ok, err := f.st.Get(ctx, dg)
 		if err == nil && !ok {
 			err = blob.Wrap("open", "", dg, blob.ErrMissing)
@@ -149,48 +149,32 @@ func (b *blobFile) Open(ctx context.Context, flags uint32) (fs.FileHandle, uint3
 			return nil, 0, f.errno("open", dg, err)
 		}
 		o = &blobOpen{rd: r}
-	}
-	// The file's identity now, checked on every open; the shared
-	// reader's when it opened the file.
-	id, isFile := engines.CursorFileID(o.rd.Cursor())
-	if fresh {
-		o.rdID = id
-	}
-	state, changed := f.verdicts.check(dg, id)
-	if fresh && f.cfg.Verify == VerifyPublish && state != suspect {
-		// A blob once found corrupt is verified even here, until a full
-		// read or a scrub finds it good.
-		o.rd.Trust()
-	}
-	if changed {
-		f.stats.changedOnDisk.Add(1)
-		f.log.Warn("blob file changed on disk since it was last verified; verifying it again before serving it",
-			"digest", b.name, "file", o.fileName())
-	}
-	// A local blob found corrupt stays refused, in every verify mode,
-	// until its file changes (a restore) or a scrub finds it good. Other
-	// blobs need no such record: the daemon checks every read of them.
-	if state == corrupt && isFile {
-		f.log.Error("blob failed its last verification and its file has not changed since; refusing to serve it",
-			"digest", b.name, "file", o.fileName())
-		if fresh {
-			o.rd.Close()
+		if f.cfg.Verify == VerifyPublish {
+			// Not for a suspect blob: the store verifies it even here,
+			// until a full read or a scrub finds it good.
+			o.rd.Trust()
 		}
+	} else if err := o.rd.Recheck(ctx); err != nil {
+		// The shared reader is judged again at every open: its file may
+		// have changed, or a scrub found it corrupt, since.
 		pin.Release()
-		return nil, 0, f.errno("open", dg, blob.Wrap("open", "", dg, blob.ErrVerification))
+		return nil, 0, f.errno("open", dg, err)
+	}
+	if o.rd.Changed() {
+		f.stats.changedOnDisk.Add(1)
 	}
 	b.open = o
 	o.n++
 	f.refs.add(dg)
 	f.stats.opens.Add(1)
 	f.stats.openHandles.Add(1)
-	h := &blobHandle{b: b, d: dg, rd: o.rd, pin: pin, openedAs: o.rdID}
+	h := &blobHandle{b: b, d: dg, rd: o.rd, pin: pin}
 	if f.cfg.Verify == VerifyStrict {
 		h.seq = newSeqCheck(dg, b.size)
 	}
-	if o.pt > 0 || o.cached == 0 && f.passthroughOK(o.rd, isFile, state) {
+	if o.pt > 0 || o.cached == 0 && o.choosePassthrough(f) {
 		o.pt++
-		h.pt = true
+		h.pt, h.ptFd = true, o.ptFd
 		f.stats.ptOpens.Add(1)
 		// go-fuse registers the backing file and clears KEEP_CACHE.
 		return &ptHandle{h}, 0, 0
@@ -206,32 +190,20 @@ func (b *blobFile) Open(ctx context.Context, flags uint32) (fs.FileHandle, uint3
 	return h, fuse.FOPEN_KEEP_CACHE, 0
 }
 
-// passthroughOK: the kernel may read the blob rd reads from its file
-// directly — passthrough works on this mount, the blob is a local file,
-// and the verify mode allows unverified bytes or the blob is known good as
-// the file it is now (same device, inode, size, mtime and ctime as when a
-// reader or a scrub verified it end to end). A file changed on disk since
-// is verified again through the daemon first: a stray dd or a restored
-// backup gives EIO, never wrong bytes. Never in --verify=strict.
-func (f *FS) passthroughOK(rd *store.Reader, isFile bool, state verdict) bool {
-	if !f.ptAvailable.Load() || rd.Tier() != store.TierLarge || !isFile {
+// choosePassthrough picks the backing file the kernel may read the blob from
+// directly: passthrough works on this mount, the verify mode is not
+// strict, and the store allows it (store.Reader.Passthrough: a local file,
+// trusted in --verify=publish, known good as the file it is now in
+// --verify=full — a file changed on disk since is verified again through
+// the daemon first: a stray dd or a restored backup gives EIO, never wrong
+// bytes).
+func (o *blobOpen) choosePassthrough(f *FS) bool {
+	if !f.ptAvailable.Load() || f.cfg.Verify == VerifyStrict {
 		return false
 	}
-	switch f.cfg.Verify {
-	case VerifyPublish:
-		return state != suspect
-	case VerifyFull:
-		return state == good
-	}
-	return false
-}
-
-// fileName is the blob's backing file, for logs ("" if not a file).
-func (o *blobOpen) fileName() string {
-	if fc, ok := o.rd.Cursor().(engines.FileCursor); ok {
-		return fc.File().Name()
-	}
-	return ""
+	fd, ok := o.rd.Passthrough()
+	o.ptFd = fd
+	return ok
 }
 
 func (b *blobFile) release(h *blobHandle) {
@@ -293,17 +265,13 @@ func xattrValue(f *FS, dest []byte, v string) (uint32, syscall.Errno) {
 // blobHandle is one open of a blob file, served through the daemon:
 // verified reads from the shared Reader, kept in the page cache.
 type blobHandle struct {
-	b   *blobFile
-	d   blob.Digest
-	rd  *store.Reader
-	pin *gc.Pin
-	pt  bool // asked for passthrough (ptHandle)
-	// openedAs is the backing file's identity when the shared reader
-	// opened it (zero for kv blobs); recorded: the blob's verification
-	// was recorded in the verdicts.
-	openedAs engines.FileID
-	recorded atomic.Bool
-	seq      *seqCheck // --verify=strict: the sha256 of a read from 0 to the end
+	b    *blobFile
+	d    blob.Digest
+	rd   *store.Reader
+	pin  *store.Pin
+	pt   bool      // asked for passthrough (ptHandle)
+	ptFd uintptr   // the backing file it asked with
+	seq  *seqCheck // --verify=strict: the sha256 of a read from 0 to the end
 }
 
 // ptHandle asks go-fuse for passthrough. If the kernel does not take it,
@@ -312,13 +280,7 @@ type ptHandle struct{ *blobHandle }
 
 // PassthroughFd hands the kernel the blob file's descriptor. go-fuse calls
 // it once per inode, right after Open, while the reader is open.
-func (h *ptHandle) PassthroughFd() (int, bool) {
-	fc, ok := h.rd.Cursor().(engines.FileCursor)
-	if !ok {
-		return 0, false
-	}
-	return int(fc.File().Fd()), true
-}
+func (h *ptHandle) PassthroughFd() (int, bool) { return int(h.ptFd), true }
 
 func (h *blobHandle) Read(ctx context.Context, dest []byte, off int64) (fuse.ReadResult, syscall.Errno) {
 	b, f := h.b, h.b.fsys
@@ -335,10 +297,10 @@ func (h *blobHandle) Read(ctx context.Context, dest []byte, off int64) (fuse.Rea
 	}
 	if h.rd.Trusted() {
 		// Trusted and local: let go-fuse splice straight from the file.
-		if fc, ok := h.rd.Cursor().(engines.FileCursor); ok {
+		if fd, ok := h.rd.Passthrough(); ok {
 			n := min(int64(len(dest)), h.rd.Len()-off)
 			f.stats.bytesRead.Add(n)
-			return fuse.ReadResultFd(fc.File().Fd(), off, int(n)), 0
+			return fuse.ReadResultFd(fd, off, int(n)), 0
 		}
 	}
 	n, err := h.rd.ReadAt(dest, off)
@@ -351,9 +313,6 @@ func (h *blobHandle) Read(ctx context.Context, dest []byte, off int64) (fuse.Rea
 		}
 	}
 	f.stats.bytesRead.Add(int64(n))
-	if h.rd.FullyVerified() {
-		h.verified()
-	}
 	return fuse.ReadResultData(dest[:n]), 0
 }
 
@@ -361,23 +320,18 @@ func (h *blobHandle) Read(ctx context.Context, dest []byte, off int64) (fuse.Rea
 // verification failure) and returns its errno.
 func (h *blobHandle) failed(off int64, n int, err error) syscall.Errno {
 	f := h.b.fsys
-	if errors.Is(err, blob.ErrVerification) {
+	switch {
+	case errors.Is(err, blob.ErrVerification):
 		f.stats.verifyFailures.Add(1)
 		f.log.Error("blob fails verification; refusing to serve it", "digest", h.b.name, "offset", off, "length", n, "err", err)
+	case errors.Is(err, blob.ErrMissing):
+		// Deleted under an open handle (its pin lapsed while this host
+		// was cut off from the database): an I/O error on a file that is
+		// open, not ENOENT, which read(2) never returns.
+		f.log.Error("blob deleted while open; its pin lapsed", "digest", h.b.name, "offset", off, "length", n, "err", err)
+		return syscall.EIO
 	}
 	return f.errno("read", h.d, err)
-}
-
-// verified records, once per handle, that the blob was verified end to end
-// as its file is now. A file that changed while the reader was open (its
-// chunks were checked across the change) is not recorded.
-func (h *blobHandle) verified() {
-	if h.recorded.Swap(true) {
-		return
-	}
-	if id, ok := engines.CursorFileID(h.rd.Cursor()); ok && id == h.openedAs {
-		h.b.fsys.verdicts.recordGood(h.d, id)
-	}
 }
 
 func (h *blobHandle) Release(ctx context.Context) syscall.Errno {

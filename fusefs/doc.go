@@ -34,11 +34,11 @@
 // registration) decides, logs, and shows in stats. In --verify=full only a
 // blob verified end to end (by an earlier read through the daemon, or a
 // scrub) passes through, and only while its file keeps the identity it had
-// then (device, inode, size, mtime, ctime: verdicts); a changed file is
-// verified again; --verify=publish passes through from the first open, and
-// --verify=strict never (seqCheck adds the sha256 of a handle's whole
-// read). A local blob a scrub found corrupt is EIO at open until its file
-// changes (scrub.go). The kernel refuses to mix passthrough and
+// then (the store's verification memory: store.Reader.Passthrough); a
+// changed file is verified again; --verify=publish passes through from the
+// first open, and --verify=strict never (seqCheck adds the sha256 of a
+// handle's whole read). A blob a scrub (in any process) found corrupt is
+// EIO at open, as the store refuses it, until it is repaired. The kernel refuses to mix passthrough and
 // page-cached opens on one inode, so a new open takes the mode of the
 // opens already there. The writeback cache
 // would pipeline writes into incoming/, but the kernel refuses passthrough
@@ -82,7 +82,7 @@
 // # Pins
 //
 // Every open handle on a blob holds a store Pin until RELEASE, minted
-// before the blob is opened; the mount also registers a gc.Source fed by
+// before the blob is opened; the mount also registers a store.Source fed by
 // the digests of its open handles. So a blob unlinked (rm) or no longer
 // referenced while open stays readable until closed, and a sweep meanwhile
 // keeps it — a sweep of this mount, of another mount of the same store, or

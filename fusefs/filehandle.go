@@ -11,7 +11,6 @@ import (
 	"github.com/hanwen/go-fuse/v2/fuse"
 
 	"github.com/alkblobfs/alkblobfs/blob"
-	"github.com/alkblobfs/alkblobfs/gc"
 	"github.com/alkblobfs/alkblobfs/store"
 )
 
@@ -24,7 +23,7 @@ type fileHandle struct {
 
 	rmu sync.Mutex
 	rd  *store.Reader // reading a published version
-	pin *gc.Pin
+	pin *store.Pin
 }
 
 func (n *fileNode) newHandleLocked(flags uint32) *fileHandle {

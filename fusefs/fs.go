@@ -18,34 +18,43 @@ import (
 	"github.com/hanwen/go-fuse/v2/fuse"
 
 	"github.com/alkblobfs/alkblobfs/blob"
-	"github.com/alkblobfs/alkblobfs/engines"
-	"github.com/alkblobfs/alkblobfs/gc"
 	"github.com/alkblobfs/alkblobfs/namespaces"
 	"github.com/alkblobfs/alkblobfs/store"
 	"github.com/alkblobfs/alkblobfs/upkeep"
 )
 
 // Store is what the mount needs of the blob pool; *store.Store satisfies
-// it. The mount never sees an engine, only this facade (and the optional
-// engines.StatFS of the large tier, for df).
+// it. The mount never sees an engine or the collector, only this facade:
+// the store owns what is known of each blob (verdicts, passthrough) and
+// what the large tier's filesystem holds (StatFS).
 type Store interface {
 	Has(ctx context.Context, d blob.Digest) (bool, error)
 	Stat(ctx context.Context, d blob.Digest) (store.Info, bool, error)
 	StatMany(ctx context.Context, ds []blob.Digest) (map[blob.Digest]store.Info, error)
 	Get(ctx context.Context, d blob.Digest) (*store.Reader, bool, error)
 	NewUpload(ctx context.Context) (*store.Upload, error)
-	Pin(ctx context.Context, d blob.Digest) (*gc.Pin, error)
-	PinMany(ctx context.Context, ds []blob.Digest) ([]*gc.Pin, error)
-	Sweep(ctx context.Context) (gc.Report, error)
+	Pin(ctx context.Context, d blob.Digest) (*store.Pin, error)
+	PinMany(ctx context.Context, ds []blob.Digest) ([]*store.Pin, error)
+	Sweep(ctx context.Context) (store.Report, error)
+	LastReport() (store.Report, bool)
 	Pool(ctx context.Context) iter.Seq2[blob.Digest, error]
 	Scrub(ctx context.Context, seq iter.Seq2[blob.Digest, error], o store.ScrubOptions) (store.ScrubSummary, error)
+	// Corrupt lists the blobs the store refuses (a scrub found them
+	// corrupt), for the stats.
+	Corrupt(ctx context.Context) ([]store.CorruptBlob, error)
 	Stats() store.Stats
 	ReadOnly() bool
 	// Sync makes what was committed before it durable against a power
 	// loss (an fsync of an incoming file).
 	Sync(ctx context.Context) error
-	GC() *gc.Collector
-	Large() engines.Large
+	// Register adds the mount's open references as a liveness source.
+	Register(src store.Source) *store.Registration
+	// PinTTL is the life of an unrenewed pin row (the writer leases'
+	// renewal follows it).
+	PinTTL() time.Duration
+	// StatFS is the large tier's filesystem, for df and the passthrough
+	// probe; ok is false when the large tier is not local files.
+	StatFS() (store.FSUsage, bool, error)
 }
 
 var _ Store = (*store.Store)(nil)
@@ -173,7 +182,7 @@ type FS struct {
 	mount   *Server
 	refs    *openRefs
 	intents *intents
-	reg1    *gc.Registration
+	reg1    *store.Registration
 	// upkeep sweeps and scrubs the store for the control files and the
 	// timers; it stops at unmount.
 	upkeep *upkeep.Upkeep
@@ -182,8 +191,6 @@ type FS struct {
 	ns   map[string]*nsDir // namespace directories the kernel has seen
 
 	receipts receiptList
-
-	verdicts verdicts
 
 	// Passthrough: available once the probe at mount succeeded; off again
 	// if go-fuse silently gave up registering a backing file (a read then
@@ -298,24 +305,23 @@ func (n *node) Listxattr(ctx context.Context, dest []byte) (uint32, syscall.Errn
 // Statfs reports the large tier's backing filesystem, so df shows real
 // capacity; a store without one reports zeros.
 func (n *node) Statfs(ctx context.Context, out *fuse.StatfsOut) syscall.Errno {
-	sf, ok := n.fsys.st.Large().(engines.StatFS)
-	if !ok {
+	u, ok, err := n.fsys.st.StatFS()
+	switch {
+	case err != nil:
+		return n.fsys.errno("statfs", blob.Digest{}, err)
+	case !ok:
 		out.NameLen = 255
 		out.Bsize = 4096
 		out.Frsize = 4096
 		return 0
 	}
-	var s syscall.Statfs_t
-	if err := syscall.Statfs(sf.Root(), &s); err != nil {
-		return n.fsys.errno("statfs", blob.Digest{}, fmt.Errorf("statfs %s: %w", sf.Root(), err))
-	}
-	out.Blocks = s.Blocks
-	out.Bfree = s.Bfree
-	out.Bavail = s.Bavail
-	out.Files = s.Files
-	out.Ffree = s.Ffree
-	out.Bsize = uint32(s.Bsize)
-	out.Frsize = uint32(s.Frsize)
+	out.Blocks = u.Blocks
+	out.Bfree = u.Bfree
+	out.Bavail = u.Bavail
+	out.Files = u.Files
+	out.Ffree = u.Ffree
+	out.Bsize = uint32(u.Bsize)
+	out.Frsize = uint32(u.Frsize)
 	out.NameLen = 255
 	return 0
 }
@@ -342,108 +348,6 @@ func setSize(out *fuse.Attr, size int64) {
 }
 
 const ioBlockSize = 1 << 20
-
-// verdicts remembers what the last end-to-end check of a blob found — a
-// reader that verified every chunk, or a scrub — with the identity its
-// backing file had then (zero for blobs that are not local files).
-//
-//   - good: in --verify=full a local blob passes through only while it is
-//     known good as the file it is now. Bounded: when full the good
-//     verdicts start over, which costs only a re-verification.
-//   - corrupt: a local blob found corrupt is EIO at open, in every mode,
-//     while its file is the one found corrupt.
-//   - suspect: a corrupt blob whose file changed since (a restore, or just
-//     a chmod) is verified before anything is served: no passthrough, no
-//     trust in --verify=publish, until a full read or a scrub finds it
-//     good (or corrupt again).
-//
-// Corrupt and suspect verdicts are kept apart and never dropped to make
-// room for good ones: forgetting one would let --verify=publish serve the
-// bytes a scrub refused.
-type verdicts struct {
-	mu   sync.Mutex
-	good map[blob.Digest]engines.FileID
-	bad  map[blob.Digest]badVerdict
-}
-
-type badVerdict struct {
-	id      engines.FileID
-	suspect bool // the file changed since it was found corrupt
-}
-
-// verdict is what check knows of a blob.
-type verdict int
-
-const (
-	unknown verdict = iota
-	good
-	corrupt
-	suspect
-)
-
-const verdictsMax = 1 << 16
-
-// recordGood notes that d verified end to end as file id.
-func (v *verdicts) recordGood(d blob.Digest, id engines.FileID) {
-	v.mu.Lock()
-	defer v.mu.Unlock()
-	delete(v.bad, d)
-	if v.good == nil || len(v.good) >= verdictsMax {
-		v.good = make(map[blob.Digest]engines.FileID)
-	}
-	v.good[d] = id
-}
-
-// recordCorrupt notes that d failed its check as file id.
-func (v *verdicts) recordCorrupt(d blob.Digest, id engines.FileID) {
-	v.mu.Lock()
-	defer v.mu.Unlock()
-	delete(v.good, d)
-	if v.bad == nil {
-		v.bad = make(map[blob.Digest]badVerdict)
-	}
-	v.bad[d] = badVerdict{id: id}
-}
-
-// check reports what is known of d as the file id names now; changed
-// reports that a verdict was about another version of the file (a good
-// one is then forgotten, a corrupt one becomes suspect).
-func (v *verdicts) check(d blob.Digest, id engines.FileID) (state verdict, changed bool) {
-	v.mu.Lock()
-	defer v.mu.Unlock()
-	if b, ok := v.bad[d]; ok {
-		switch {
-		case b.suspect:
-			return suspect, false
-		case b.id == id:
-			return corrupt, false
-		}
-		v.bad[d] = badVerdict{id: id, suspect: true}
-		return suspect, true
-	}
-	was, ok := v.good[d]
-	switch {
-	case !ok:
-		return unknown, false
-	case was != id:
-		delete(v.good, d)
-		return unknown, true
-	}
-	return good, false
-}
-
-// corrupt counts the blobs refused now.
-func (v *verdicts) corrupt() int {
-	v.mu.Lock()
-	defer v.mu.Unlock()
-	n := 0
-	for _, b := range v.bad {
-		if !b.suspect {
-			n++
-		}
-	}
-	return n
-}
 
 // nsDirFor returns the directory node state of namespace name, creating it
 // on first sight. The map keeps one nsDir per namespace for the mount's

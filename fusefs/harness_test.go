@@ -93,9 +93,13 @@ type env struct {
 	mnt  string
 	data string
 	st   *store.Store
-	reg  namespaces.Registry
-	srv  *Server
-	logs *logBuffer
+	// The engines under st, for what a test checks around the store
+	// (stage residue, a swept object).
+	kv    engines.KV
+	large engines.Large
+	reg   namespaces.Registry
+	srv   *Server
+	logs  *logBuffer
 }
 
 type mountOpt func(*Config)
@@ -132,11 +136,11 @@ func mountOn(t testing.TB, data string, cfg store.Config, opts ...mountOpt) *env
 	if err != nil {
 		t.Fatal(err)
 	}
-	reg, err := namespaces.Open(ctx, st.KV(), nil)
+	reg, err := namespaces.Open(ctx, cfg.KV, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
-	h := st.GC().Register(reg)
+	h := st.Register(reg)
 	c := Config{Store: st, Namespaces: reg, Logger: lg, Debug: debugFUSE}
 	for _, o := range opts {
 		o(&c)
@@ -153,7 +157,7 @@ func mountOn(t testing.TB, data string, cfg store.Config, opts ...mountOpt) *env
 		st.Close()
 		t.Fatalf("the new mount's FUSE connection: %v", err)
 	}
-	e := &env{t: t, mnt: mnt, data: data, st: st, reg: reg, srv: srv, logs: logs}
+	e := &env{t: t, mnt: mnt, data: data, st: st, kv: cfg.KV, large: cfg.Large, reg: reg, srv: srv, logs: logs}
 	t.Cleanup(func() {
 		// A test that failed with a file open would leave a lazy unmount
 		// waiting for it forever, and the binary hung at exit: give up

@@ -35,7 +35,7 @@ func (in *intents) start(mountpoint string) {
 	l, err := namespaces.OpenLease(in.f.ctx, namespaces.LeaseConfig{
 		Registry: in.f.reg,
 		Name:     "mount:" + mountpoint,
-		TTL:      in.f.st.GC().PinTTL(),
+		TTL:      in.f.st.PinTTL(),
 		LockDir:  dir,
 		Logger:   in.f.log,
 	})

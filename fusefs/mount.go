@@ -22,7 +22,6 @@ import (
 	"github.com/hanwen/go-fuse/v2/fuse"
 	"golang.org/x/sys/unix"
 
-	"github.com/alkblobfs/alkblobfs/engines"
 	"github.com/alkblobfs/alkblobfs/fusefs/fusectl"
 	"github.com/alkblobfs/alkblobfs/upkeep"
 )
@@ -133,7 +132,7 @@ func Mount(dir string, cfg Config) (*Server, error) {
 	if err := raiseReadahead(abs); err != nil {
 		f.log.Debug("could not raise the mount's readahead", "err", err)
 	}
-	f.reg1 = f.st.GC().Register(f.refs)
+	f.reg1 = f.st.Register(f.refs)
 	f.upkeep.Start()
 	pt := "active"
 	if !f.ptAvailable.Load() {
@@ -372,12 +371,12 @@ func (f *FS) probePassthrough(srv *fuse.Server) {
 		no("the kernel does not offer FUSE passthrough")
 		return
 	}
-	sf, ok := f.st.Large().(engines.StatFS)
-	if !ok {
+	u, ok, err := f.st.StatFS()
+	if !ok || err != nil {
 		no("no local large tier")
 		return
 	}
-	fd, err := unix.Open(sf.Root(), unix.O_TMPFILE|unix.O_RDWR|unix.O_CLOEXEC, 0o600)
+	fd, err := unix.Open(u.Dir, unix.O_TMPFILE|unix.O_RDWR|unix.O_CLOEXEC, 0o600)
 	if err != nil {
 		no(fmt.Sprintf("probe file: %v", err))
 		return

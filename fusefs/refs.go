@@ -7,7 +7,7 @@ import (
 	"sync"
 
 	"github.com/alkblobfs/alkblobfs/blob"
-	"github.com/alkblobfs/alkblobfs/gc"
+	"github.com/alkblobfs/alkblobfs/store"
 )
 
 // openRefs is the mount's liveness source: every digest with an open
@@ -57,18 +57,18 @@ func (c *openRefs) sorted() []blob.Digest {
 	return ds
 }
 
-var _ gc.Source = (*openRefs)(nil)
+var _ store.Source = (*openRefs)(nil)
 
 func newOpenRefs() *openRefs { return &openRefs{} }
 
-// IsLive implements gc.Source.
+// IsLive implements store.Source.
 func (o *openRefs) IsLive(ctx context.Context, d blob.Digest) (bool, error) {
 	o.mu.Lock()
 	defer o.mu.Unlock()
 	return o.m[d] > 0, nil
 }
 
-// Live implements gc.Source: a sorted snapshot (open files are few).
+// Live implements store.Source: a sorted snapshot (open files are few).
 func (o *openRefs) Live(ctx context.Context) iter.Seq2[blob.Digest, error] {
 	ds := o.sorted()
 	return func(yield func(blob.Digest, error) bool) {

@@ -152,7 +152,7 @@ func TestReopenBigReceipt(t *testing.T) {
 	if got, w := publishedDigest(t, p), <-m.sum(); got != w {
 		t.Fatalf("after >>: published %s, want %s", got[:12], w[:12])
 	}
-	if n := stageResidue(t, e.st.Large()); n != 0 {
+	if n := stageResidue(t, e.large); n != 0 {
 		t.Fatalf("%d stage files left", n)
 	}
 }
@@ -243,7 +243,7 @@ func TestReopenReceiptRewrites(t *testing.T) {
 		ok, _ := e.st.Has(ctx, oldD)
 		return !ok
 	})
-	if n := stageResidue(t, e.st.Large()); n != 0 {
+	if n := stageResidue(t, e.large); n != 0 {
 		t.Fatalf("%d stage files left", n)
 	}
 }
@@ -328,7 +328,7 @@ func TestSparseIncoming(t *testing.T) {
 	if !bytes.Equal(b[:4<<10], make([]byte, 4<<10)) || !bytes.Equal(b[4<<10:], src) {
 		t.Fatal("the published sparse blob reads back wrong")
 	}
-	if n := stageResidue(t, e.st.Large()); n != 0 {
+	if n := stageResidue(t, e.large); n != 0 {
 		t.Fatalf("%d stage files left", n)
 	}
 }

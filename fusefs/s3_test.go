@@ -157,7 +157,7 @@ func TestS3Fleet(t *testing.T) {
 		ok, _ := a.st.Has(ctx, dg)
 		return !ok
 	})
-	if ok, err := b.st.Large().Has(ctx, dg); ok || err != nil {
+	if ok, err := b.large.Has(ctx, dg); ok || err != nil {
 		t.Fatalf("the bucket still has the swept blob: %v, %v", ok, err)
 	}
 }

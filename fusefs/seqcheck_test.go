@@ -2,13 +2,9 @@ package fusefs
 
 import (
 	"errors"
-	"fmt"
 	"testing"
 
-	"golang.org/x/sys/unix"
-
 	"github.com/alkblobfs/alkblobfs/blob"
-	"github.com/alkblobfs/alkblobfs/engines"
 )
 
 // TestSeqCheck: reads that cover the blob from 0 to its end, in any order
@@ -62,35 +58,5 @@ func TestSeqCheck(t *testing.T) {
 
 	if err := newSeqCheck(blob.Sum(nil), 0).add(nil, 0); err != nil {
 		t.Fatalf("empty blob: %v", err)
-	}
-}
-
-// TestVerdicts: corrupt verdicts survive any number of good ones, a
-// corrupt blob whose file changed is suspect until found good, and a
-// good verdict about another version of the file is forgotten.
-func TestVerdicts(t *testing.T) {
-	var v verdicts
-	id := engines.FileID{Dev: 1, Ino: 2, Size: 3}
-	other := engines.FileID{Dev: 1, Ino: 2, Size: 3, Ctime: unix.Timespec{Sec: 9}}
-	bad := blob.Sum([]byte("bad"))
-	v.recordCorrupt(bad, id)
-	for i := range 3 * verdictsMax {
-		v.recordGood(blob.Sum([]byte(fmt.Sprint(i))), id)
-	}
-	if s, _ := v.check(bad, id); s != corrupt || v.corrupt() != 1 {
-		t.Fatalf("after %d good verdicts the corrupt one is %v (%d refused)", 3*verdictsMax, s, v.corrupt())
-	}
-	if s, changed := v.check(bad, other); s != suspect || !changed {
-		t.Fatalf("corrupt blob whose file changed: %v, changed %v; want suspect", s, changed)
-	}
-	if s, _ := v.check(bad, id); s != suspect {
-		t.Fatalf("a suspect blob is %v until verified, whatever its file", s)
-	}
-	v.recordGood(bad, other)
-	if s, _ := v.check(bad, other); s != good || v.corrupt() != 0 {
-		t.Fatalf("after a good verification: %v", s)
-	}
-	if s, changed := v.check(bad, id); s != unknown || !changed {
-		t.Fatalf("good verdict about another version: %v, changed %v", s, changed)
 	}
 }

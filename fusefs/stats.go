@@ -3,7 +3,6 @@ package fusefs
 import (
 	"context"
 
-	"github.com/alkblobfs/alkblobfs/gc"
 	"github.com/alkblobfs/alkblobfs/store"
 	"github.com/alkblobfs/alkblobfs/upkeep"
 )
@@ -36,9 +35,9 @@ type Stats struct {
 
 	Scrub ScrubStats `json:"scrub"`
 
-	SweepTimer string     `json:"sweep_timer"`
-	Sweeps     int64      `json:"sweeps"`
-	LastSweep  *gc.Report `json:"last_sweep,omitempty"`
+	SweepTimer string        `json:"sweep_timer"`
+	Sweeps     int64         `json:"sweeps"`
+	LastSweep  *store.Report `json:"last_sweep,omitempty"`
 }
 
 // ScrubStats describes the mount's scrubs.
@@ -49,7 +48,9 @@ type ScrubStats struct {
 	Runs int64 `json:"runs"`
 	// Found counts the blobs scrubs found corrupt or unreadable.
 	Found int64 `json:"found_bad"`
-	// Refused counts the local blobs refused at open now (known corrupt).
+	// Refused counts the blobs the store knows to be corrupt (a scrub in
+	// any process found them so): refused at open, or served verified only
+	// when their file has changed since, until they are repaired.
 	Refused int                 `json:"refused"`
 	Last    *upkeep.ScrubReport `json:"last,omitempty"`
 }
@@ -66,6 +67,11 @@ type PassthroughStats struct {
 // Stats is a snapshot of the mount's counters and its namespace count.
 func (f *FS) Stats(ctx context.Context) Stats {
 	s := f.Counters()
+	if bad, err := f.st.Corrupt(ctx); err == nil {
+		s.Scrub.Refused = len(bad)
+	} else {
+		f.log.Warn("stats: listing the blobs known corrupt", "err", err)
+	}
 	for _, err := range f.reg.Names(ctx, "") {
 		if err != nil {
 			break
@@ -104,11 +110,10 @@ func (f *FS) Counters() Stats {
 			FellBackOnce: f.ptFellBack.Load(),
 		},
 		Scrub: ScrubStats{
-			Every:   "off",
-			Rate:    f.upkeep.Scrubber.Rate(),
-			Runs:    f.upkeep.Scrubber.Runs(),
-			Found:   f.upkeep.Scrubber.Found(),
-			Refused: f.verdicts.corrupt(),
+			Every: "off",
+			Rate:  f.upkeep.Scrubber.Rate(),
+			Runs:  f.upkeep.Scrubber.Runs(),
+			Found: f.upkeep.Scrubber.Found(),
 		},
 		SweepTimer: f.upkeep.Sweeper.String(),
 		Sweeps:     f.upkeep.Sweeper.Runs(),

@@ -36,16 +36,17 @@ func TestStorePublishAndLink(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			ctx := t.Context()
-			st, err := store.Open(ctx, store.Config{KV: tc.kv(t), Logger: slog.New(slog.DiscardHandler)})
+			kv := tc.kv(t)
+			st, err := store.Open(ctx, store.Config{KV: kv, Logger: slog.New(slog.DiscardHandler)})
 			if err != nil {
 				t.Fatal(err)
 			}
 			defer st.Close()
-			r, err := namespaces.Open(ctx, st.KV(), nil)
+			r, err := namespaces.Open(ctx, kv, nil)
 			if err != nil {
 				t.Fatal(err)
 			}
-			st.GC().Register(r)
+			st.Register(r)
 			svc := namespaces.NewService(r, st)
 			mustDo(t, svc.Create(ctx, "builds"))
 

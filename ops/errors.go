@@ -45,6 +45,11 @@ func classify(err error) (status int, kind string) {
 		return http.StatusConflict, "refused"
 	case errors.Is(err, blob.ErrTooLarge):
 		return http.StatusRequestEntityTooLarge, "too_large"
+	case errors.Is(err, blob.ErrCorrupt):
+		// Before ErrVerification, which it wraps too: the stored copy is
+		// bad (a scrub found it so), a fault of the server, not of the
+		// request. The message names the digest, never a path.
+		return http.StatusInternalServerError, "corrupt"
 	case errors.Is(err, blob.ErrVerification):
 		return http.StatusUnprocessableEntity, "verification"
 	case errors.Is(err, blob.ErrNoSpace):

@@ -11,7 +11,6 @@ import (
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
-	"github.com/alkblobfs/alkblobfs/engines"
 	"github.com/alkblobfs/alkblobfs/store"
 	"github.com/alkblobfs/alkblobfs/upkeep"
 )
@@ -274,26 +273,10 @@ func (t *tierSizes) count(ctx context.Context, cancel context.CancelFunc, done c
 	defer close(done)
 	defer cancel()
 	var sizes []tierSize
-	for _, tier := range []struct {
-		name store.Tier
-		e    engines.Engine
-	}{{store.TierKV, t.st.KV()}, {store.TierLarge, t.st.Large()}} {
-		if tier.e == nil {
-			continue
-		}
-		ts := tierSize{tier: tier.name}
-		ok := true
-		for e, err := range tier.e.List(ctx, store.Digest{}) {
-			if err != nil {
-				ok = false
-				break
-			}
-			ts.blobs++
-			ts.bytes += e.Size
-		}
-		if ok {
-			sizes = append(sizes, ts)
-		}
+	// A tier whose listing fails is left out of this count.
+	got, _ := t.st.TierSizes(ctx)
+	for _, ts := range got {
+		sizes = append(sizes, tierSize{tier: ts.Tier, blobs: ts.Blobs, bytes: ts.Bytes})
 	}
 	t.mu.Lock()
 	defer t.mu.Unlock()

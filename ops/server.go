@@ -17,7 +17,6 @@ import (
 
 	"golang.org/x/sync/semaphore"
 
-	"github.com/alkblobfs/alkblobfs/gc"
 	"github.com/alkblobfs/alkblobfs/namespaces"
 	"github.com/alkblobfs/alkblobfs/store"
 	"github.com/alkblobfs/alkblobfs/wire"
@@ -45,7 +44,7 @@ type Config struct {
 	TokenTTL time.Duration
 	// Clock times tokens; nil means the wall clock. Tests share one fake
 	// clock between the store's GC and the server.
-	Clock gc.Clock
+	Clock store.Clock
 	// AuthToken, if set, is the bearer token every request must carry.
 	AuthToken string
 	// Metrics, if set, is shared with a mount; nil makes the store's own.
@@ -91,7 +90,7 @@ func New(cfg Config) *Server {
 		cfg.TokenTTL = DefaultTokenTTL
 	}
 	if cfg.Clock == nil {
-		cfg.Clock = gc.RealClock
+		cfg.Clock = store.RealClock
 	}
 	if cfg.Logger == nil {
 		cfg.Logger = slog.New(slog.DiscardHandler)

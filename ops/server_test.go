@@ -37,6 +37,7 @@ import (
 // env is a store on SQLite + a local directory served by a real listener.
 type env struct {
 	st    *store.Store
+	large engines.Large // under st (nil: kv only), for what a test checks around it
 	svc   *namespaces.Service
 	srv   *ops.Server
 	url   string
@@ -82,7 +83,7 @@ func newEnv(t testing.TB, o envOptions) *env {
 	if err != nil {
 		t.Fatal(err)
 	}
-	return &env{st: st, svc: svc, srv: srv, url: hs.URL, c: c, clock: clock, log: logs}
+	return &env{st: st, large: cfg.Large, svc: svc, srv: srv, url: hs.URL, c: c, clock: clock, log: logs}
 }
 
 // openStore opens a store on cfg (closed when t ends) with a namespaces
@@ -98,7 +99,7 @@ func openStore(t testing.TB, cfg store.Config) (*store.Store, *namespaces.Servic
 	if err != nil {
 		t.Fatal(err)
 	}
-	st.GC().Register(reg)
+	st.Register(reg)
 	return st, namespaces.NewService(reg, st)
 }
 
@@ -376,9 +377,9 @@ func TestPutEveryClaim(t *testing.T) {
 			if got, _ := e.c.Have(t.Context(), "builds", []blob.Digest{right}); got[0] {
 				t.Errorf("%s, %d bytes: a refused put linked its content", tc.name, size)
 			}
-			if st := e.st.Stats(); st.Puts != before.Puts || st.Pins != before.Pins || st.UploadMemory != 0 || residue(t, e.st) != 0 {
+			if st := e.st.Stats(); st.Puts != before.Puts || st.Pins != before.Pins || st.UploadMemory != 0 || residue(t, e.large) != 0 {
 				t.Errorf("%s, %d bytes: after the refusal puts +%d, pins +%d, upload memory %d, %d stage files",
-					tc.name, size, st.Puts-before.Puts, st.Pins-before.Pins, st.UploadMemory, residue(t, e.st))
+					tc.name, size, st.Puts-before.Puts, st.Pins-before.Pins, st.UploadMemory, residue(t, e.large))
 			}
 		}
 	}
@@ -677,9 +678,9 @@ func TestBadInput(t *testing.T) {
 			time.Sleep(10 * time.Millisecond)
 		}
 		cuts++
-		if st := e.st.Stats(); st.Pins != 0 || st.UploadMemory != 0 || residue(t, e.st) != 0 {
+		if st := e.st.Stats(); st.Pins != 0 || st.UploadMemory != 0 || residue(t, e.large) != 0 {
 			t.Fatalf("chunked=%v: pins %d, upload memory %d, %d stage files left after a cut-off put",
-				chunked, st.Pins, st.UploadMemory, residue(t, e.st))
+				chunked, st.Pins, st.UploadMemory, residue(t, e.large))
 		}
 		if e.has(t, blob.Sum(content)) || e.has(t, blob.Sum(part)) {
 			t.Fatalf("chunked=%v: a cut-off body was published", chunked)
@@ -715,9 +716,9 @@ func TestBackendDown(t *testing.T) {
 	}
 }
 
-func residue(t *testing.T, st *store.Store) int {
+func residue(t *testing.T, large engines.Large) int {
 	t.Helper()
-	rc, ok := st.Large().(engines.ResidueCounter)
+	rc, ok := large.(engines.ResidueCounter)
 	if !ok {
 		return 0
 	}
@@ -735,7 +736,7 @@ func TestCorruptBlobCutOff(t *testing.T) {
 	e := newEnv(t, envOptions{})
 	b := randBytes(3<<20, 31)
 	d, _ := e.put(t, "builds", b)
-	cur, err := e.st.Large().Open(t.Context(), d)
+	cur, err := e.large.Open(t.Context(), d)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -6,13 +6,12 @@ import (
 	"sync"
 	"time"
 
-	"github.com/alkblobfs/alkblobfs/gc"
 	"github.com/alkblobfs/alkblobfs/store"
 )
 
 // tokens maps pin tokens to the pins they name. A token is the pin a put
 // handed out (seeds ADR-010 §4: the token is the pin, there is no second
-// pin state): while the token lives, its gc.Pin is held, which protects the
+// pin state): while the token lives, its store.Pin is held, which protects the
 // blob in this process and, where the store keeps pin rows, in every process
 // and host sharing the pool. A token lives TTL after its put or its last
 // renewal; then its pin is released and the token is forgotten.
@@ -23,7 +22,7 @@ import (
 // for any lapse.
 type tokens struct {
 	ttl   time.Duration
-	clock gc.Clock
+	clock store.Clock
 
 	mu sync.Mutex
 	m  map[string]*token
@@ -35,7 +34,7 @@ type token struct {
 	expires time.Time
 }
 
-func newTokens(ttl time.Duration, clock gc.Clock) *tokens {
+func newTokens(ttl time.Duration, clock store.Clock) *tokens {
 	return &tokens{ttl: ttl, clock: clock, m: make(map[string]*token)}
 }
 
@@ -96,7 +95,7 @@ func (t *tokens) expire() int {
 		}
 	}
 	t.mu.Unlock()
-	gc.ReleaseAll(lapsed)
+	store.ReleaseAll(lapsed)
 	return len(lapsed)
 }
 

@@ -54,3 +54,24 @@ func BenchmarkNativeWrite(b *testing.B) {
 		os.Remove(f.Name())
 	}
 }
+
+// BenchmarkGetLarge is the open and close of a large blob on sqlite+local
+// (a mount's open of a blob file, a CLI get before its first byte): what
+// the corrupt ledger's lookup adds to every large Get.
+func BenchmarkGetLarge(b *testing.B) {
+	s := openStore(b, layouts[2], b.TempDir())
+	buf := make([]byte, 1<<20)
+	rand.Read(buf)
+	d, pin, err := s.PutBytes(b.Context(), buf)
+	if err != nil {
+		b.Fatal(err)
+	}
+	pin.Release()
+	for b.Loop() {
+		r, ok, err := s.Get(b.Context(), d)
+		if err != nil || !ok {
+			b.Fatal(ok, err)
+		}
+		r.Close()
+	}
+}

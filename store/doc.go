@@ -23,6 +23,35 @@
 // at publish (sums.go), and a blob without them is hashed whole before its
 // first byte is served (verify.go).
 //
+// # Verification memory
+//
+// The store remembers what end-to-end checks found (verdicts.go), so that
+// every surface — the mount, serve's HTTP, the CLI — keeps one rule: a
+// blob a scrub found corrupt is refused at Get, with an error wrapping
+// ErrCorrupt (and ErrVerification) that names the digest, before a byte is
+// served. The corrupt verdict is durable and shared: it is recorded in the
+// kv engine's engines.CorruptLedger, gc_corrupt beside the GC's pin rows,
+// which every process and fleet host that opens the pool already reads —
+// so a scrub in a mount, in serve or in alkblobfs verify protects all of
+// them, with no daemon to ask. (Stores without such a kv engine keep it in
+// the process, as they keep pins.) The verdict is about one version of the
+// blob's file (device, inode, size, times): a changed file makes it
+// suspect, served verified only (no passthrough, no Trust), until a reader
+// that checked every byte or a scrub finds it good, which clears it. A put
+// of the right content repairs it: it replaces the corrupt copy, where a
+// put of present content otherwise writes nothing. Good verdicts stay in
+// the process: they only let a local blob pass through (Reader.Passthrough)
+// in --verify=full.
+//
+// # Capabilities
+//
+// The facade never hands out an engine, the collector or a cursor. What
+// the surfaces need of them is a method here: Reader.Passthrough (the
+// backing file the kernel may read directly), StatFS (the large tier's
+// filesystem, for df), TierSizes (for metrics), Register, SetProtect,
+// PinTTL and LastReport (the collector's), EngineNames (for messages); the
+// collector's types are re-exported (Report, Source, Registration, Clock).
+//
 // # Uploads
 //
 // NewUpload is the put for content written at random offsets (the mount's

@@ -17,4 +17,5 @@ var (
 	ErrGcRefuse     = blob.ErrGcRefuse
 	ErrClosed       = blob.ErrClosed
 	ErrReadOnly     = blob.ErrReadOnly
+	ErrCorrupt      = blob.ErrCorrupt
 )

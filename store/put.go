@@ -167,8 +167,56 @@ func (s *Store) putSmall(ctx context.Context, b []byte, want *Digest, o putOptio
 	if err != nil {
 		return Digest{}, nil, blob.Wrap("put", s.kv.Name(), d, err)
 	}
+	if !inserted {
+		// A dedup: unless the stored copy is known corrupt, in which case
+		// this content replaces it (the pin protects it meanwhile).
+		mark, err := s.repairing(ctx, s.kv, d)
+		if err == nil && mark != nil {
+			inserted, err = s.kv.Put(ctx, d, b)
+			s.repaired(ctx, d, mark)
+		}
+		if err != nil {
+			pin.Release()
+			return Digest{}, nil, blob.Wrap("put", s.kv.Name(), d, err)
+		}
+	}
 	s.count(inserted, int64(len(b)))
 	return d, pin, nil
+}
+
+// repairing prepares a put of d, whose content the caller has hashed, to
+// repair a copy known corrupt: if the ledger marks d, the stored copy in e
+// is deleted, so that the put stores the new content instead of keeping
+// the bad bytes as a dedup would. The caller holds a pin on d, so no sweep
+// takes it meanwhile; a reader that opens d in between finds it missing
+// for that moment, which beats being refused. It returns the mark, for
+// repaired; nil when d is not marked.
+func (s *Store) repairing(ctx context.Context, e engines.Engine, d Digest) (*engines.CorruptMark, error) {
+	m, ok, err := s.ledger.get(ctx, d)
+	if err != nil {
+		return nil, blob.Wrap("put", e.Name(), d, fmt.Errorf("read the corrupt ledger: %w", err))
+	}
+	if !ok {
+		return nil, nil
+	}
+	if err := e.Delete(ctx, d); err != nil && !errors.Is(err, ErrMissing) {
+		return nil, blob.Wrap("repair", e.Name(), d, err)
+	}
+	return &m, nil
+}
+
+// repaired ends the corrupt record of d once the put that repairs it has
+// published.
+func (s *Store) repaired(ctx context.Context, d Digest, m *engines.CorruptMark) {
+	if m == nil {
+		return
+	}
+	s.verdicts.forget(d)
+	if err := s.ledger.clear(ctx, d, m.File); err != nil {
+		s.log.Warn("blob put again over a corrupt copy, but its corrupt record stays", "digest", d.String(), "err", err)
+		return
+	}
+	s.log.Info("blob known corrupt repaired: its content was put again", "digest", d.String())
 }
 
 func (s *Store) count(inserted bool, n int64) {
@@ -216,10 +264,16 @@ func (s *Store) commitLarge(ctx context.Context, st engines.Stage, h *contentHas
 	if err != nil {
 		return Digest{}, nil, err
 	}
+	mark, err := s.repairing(ctx, s.large, d)
+	if err != nil {
+		pin.Release()
+		return Digest{}, nil, err
+	}
 	if err := st.Commit(ctx, d); err != nil {
 		pin.Release()
 		return Digest{}, nil, blob.Wrap("commit", s.large.Name(), d, err)
 	}
+	s.repaired(ctx, d, mark)
 	if o.link != nil {
 		if err := o.link(ctx, nil, d); err != nil {
 			pin.Release()

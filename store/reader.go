@@ -8,6 +8,8 @@ import (
 	"fmt"
 	"hash"
 	"io"
+	"sync"
+	"sync/atomic"
 
 	"github.com/alkblobfs/alkblobfs/blob"
 	"github.com/alkblobfs/alkblobfs/engines"
@@ -40,10 +42,30 @@ type Reader struct {
 
 	v       *verifier // range verification of large blobs; nil for kv
 	trusted bool      // Trust was called
+
+	// What the store knows of the blob as its file is now (verdicts.go),
+	// set by judge at Get and at each Recheck, under jmu.
+	jmu      sync.Mutex
+	fileNow  engines.FileID // the backing file's identity when judged
+	isFile   bool           // the blob is a local file
+	suspect  bool           // marked corrupt as another version of its file
+	good     bool           // verified end to end as this very file
+	changed  bool           // a verdict was about another version of the file
+	markFile []byte         // a suspect blob's mark, cleared once verified
+	whole    atomic.Bool    // verifiedWhole ran
 }
 
-// Get opens d for reading. A miss is ok=false.
+// Get opens d for reading. A miss is ok=false. A blob a scrub found
+// corrupt (in any process that shares the store) is refused with an error
+// wrapping ErrCorrupt and ErrVerification, until it is repaired (see
+// verdicts.go); one whose file changed since is served verified only.
 func (s *Store) Get(ctx context.Context, d Digest) (*Reader, bool, error) {
+	return s.open(ctx, d, true)
+}
+
+// open is Get; judge false skips the verdicts (a scrub reads a blob to
+// judge it).
+func (s *Store) open(ctx context.Context, d Digest, judge bool) (*Reader, bool, error) {
 	if s.closed.Load() {
 		return nil, false, ErrClosed
 	}
@@ -62,6 +84,13 @@ func (s *Store) Get(ctx context.Context, d Digest) (*Reader, bool, error) {
 				return nil, false, err
 			}
 		} else {
+			// kv blobs need no verdict: each Get verifies them whole.
+			if judge {
+				if err := r.judge(ctx); err != nil {
+					cur.Close()
+					return nil, false, err
+				}
+			}
 			r.v = newVerifier(ctx, r, t.e)
 		}
 		s.stats.reads.Add(1)
@@ -80,8 +109,11 @@ func (r *Reader) materialize() error {
 		}
 		return blob.Wrap("read", r.engine, r.d, err)
 	}
-	if blob.Sum(buf) != r.d {
-		return blob.Wrap("read", r.engine, r.d, ErrVerification)
+	if got := blob.Sum(buf); got != r.d {
+		// Known corrupt now, as a scrub would find it: the same refusal
+		// as a marked large blob's, naming no engine (verdicts.go).
+		r.s.log.Debug("blob's stored value does not match its digest; refusing to serve it", "digest", r.d.String(), "engine", r.engine, "hashes_to", got.String())
+		return blob.Wrap("get", "", r.d, fmt.Errorf("%w (%w): its stored value hashes to %s", ErrCorrupt, ErrVerification, got))
 	}
 	r.cur.Close()
 	r.cur = engines.BytesCursor(buf)
@@ -98,10 +130,45 @@ func (r *Reader) Tier() Tier { return r.tier }
 // Len is the blob's size.
 func (r *Reader) Len() int64 { return r.size }
 
-// Cursor exposes the engine cursor for optional fast paths (FUSE
-// passthrough of an engines.FileCursor). Bytes read from it are not
-// verified.
-func (r *Reader) Cursor() engines.Cursor { return r.cur }
+// Passthrough returns the descriptor of the blob's backing file when the
+// bytes may be read from it directly, bypassing verification (FUSE
+// passthrough, a splice): the blob is a local file, not suspect, and
+// either the reader is trusted (Trust) or the blob is known good as the
+// file it is now. The descriptor is the reader's, valid until Close; ok is
+// false otherwise.
+func (r *Reader) Passthrough() (fd uintptr, ok bool) {
+	fc, isFile := r.cur.(engines.FileCursor)
+	if !isFile {
+		return 0, false
+	}
+	r.jmu.Lock()
+	defer r.jmu.Unlock()
+	if r.suspect || !r.trusted && !r.good {
+		return 0, false
+	}
+	return fc.File().Fd(), true
+}
+
+// Recheck judges a reader kept open across uses (the mount shares one
+// between the handles of a blob) again, as Get did: its file may have
+// changed, or a scrub (in any process) found it corrupt since. It returns
+// Get's refusal for a corrupt blob.
+func (r *Reader) Recheck(ctx context.Context) error {
+	if r.tier != TierLarge {
+		return nil
+	}
+	r.jmu.Lock()
+	defer r.jmu.Unlock()
+	return r.judge(ctx)
+}
+
+// Changed reports that, when Get or the last Recheck judged it, the blob's
+// file had changed since a verdict about it (it is then verified again).
+func (r *Reader) Changed() bool {
+	r.jmu.Lock()
+	defer r.jmu.Unlock()
+	return r.changed
+}
 
 // Read implements io.Reader with verification at EOF.
 func (r *Reader) Read(p []byte) (int, error) {
@@ -145,6 +212,8 @@ func (r *Reader) eof() error {
 		r.h = nil
 		if got != r.d {
 			r.err = blob.Wrap("read", r.engine, r.d, fmt.Errorf("%w: content hashes to %s", ErrVerification, got))
+		} else {
+			r.verifiedWhole()
 		}
 	}
 	if r.err != nil {
@@ -189,11 +258,24 @@ func (r *Reader) ReadAt(p []byte, off int64) (int, error) {
 
 // Trust turns off range verification for this reader: ReadAt returns the
 // stored bytes as they are (the mount's --verify=publish). Sequential
-// Read still verifies at EOF.
-func (r *Reader) Trust() { r.v, r.trusted = nil, true }
+// Read still verifies at EOF. A suspect blob (found corrupt, its file
+// changed since) is not trusted: Trust does nothing until it verifies
+// good.
+func (r *Reader) Trust() {
+	r.jmu.Lock()
+	defer r.jmu.Unlock()
+	if r.suspect {
+		return
+	}
+	r.v, r.trusted = nil, true
+}
 
 // Trusted reports whether Trust turned range verification off.
-func (r *Reader) Trusted() bool { return r.trusted }
+func (r *Reader) Trusted() bool {
+	r.jmu.Lock()
+	defer r.jmu.Unlock()
+	return r.trusted
+}
 
 // FullyVerified reports whether every byte of the blob has been checked by
 // this reader (or at open, for kv blobs): from then on, serving the stored

@@ -171,14 +171,22 @@ func (s *Store) Scrub(ctx context.Context, seq iter.Seq2[Digest, error], o Scrub
 	return sum, parent.Err() // interrupted: the counts are partial
 }
 
-// scrubOne reads d to EOF through the verifying reader; ok is false when
-// the scrub is stopping and d was not read.
+// scrubOne reads d to EOF through the verifying reader, bypassing the
+// verdicts (a scrub is what judges), and records its verdict
+// (recordScrub); ok is false when the scrub is stopping and d was not
+// read.
 func (s *Store) scrubOne(ctx context.Context, d Digest, p *pacer) (ScrubResult, bool) {
 	res := ScrubResult{Digest: d}
 	if ctx.Err() != nil {
 		return res, false
 	}
-	r, ok, err := s.Get(ctx, d)
+	var mark *engines.CorruptMark
+	if m, ok, err := s.ledger.get(ctx, d); err != nil {
+		s.log.Warn("scrub: reading the corrupt ledger", "digest", d.String(), "err", err)
+	} else if ok {
+		mark = &m
+	}
+	r, ok, err := s.open(ctx, d, false)
 	switch {
 	case err != nil:
 		// Get verifies kv blobs as it opens them, so a corrupt kv blob
@@ -186,17 +194,21 @@ func (s *Store) scrubOne(ctx context.Context, d Digest, p *pacer) (ScrubResult, 
 		if info, ok, serr := s.Stat(ctx, d); serr == nil && ok {
 			res.Tier = info.Tier
 		}
-		return classify(res, err)
+		res, ok := classify(res, err)
+		if ok {
+			s.recordScrub(ctx, res, engines.FileID{}, false, false, mark)
+		}
+		return res, ok
 	case !ok:
 		res.Status = ScrubMissing
 		return res, true
 	}
 	defer r.Close()
 	res.Tier, res.Size = r.Tier(), r.Len()
-	before, isFile := engines.CursorFileID(r.Cursor())
+	before, isFile := cursorFile(r.cur)
 	if isFile {
-		dropCached(r.Cursor())
-		defer dropCached(r.Cursor())
+		dropCached(r.cur)
+		defer dropCached(r.cur)
 	}
 	bp := copyBufs.Get().(*[]byte)
 	defer copyBufs.Put(bp)
@@ -214,7 +226,9 @@ func (s *Store) scrubOne(ctx context.Context, d Digest, p *pacer) (ScrubResult, 
 			break
 		}
 	}
-	if after, ok := engines.CursorFileID(r.Cursor()); isFile && ok && after == before {
+	after, ok := cursorFile(r.cur)
+	stable := isFile && ok && after == before
+	if stable {
 		res.File = &after
 	}
 	if rerr != nil {
@@ -224,9 +238,14 @@ func (s *Store) scrubOne(ctx context.Context, d Digest, p *pacer) (ScrubResult, 
 			res.Status = ScrubMissing
 			return res, true
 		}
-		return classify(res, rerr)
+		res, ok := classify(res, rerr)
+		if ok {
+			s.recordScrub(ctx, res, after, stable, isFile, mark)
+		}
+		return res, ok
 	}
 	res.Status = ScrubOK
+	s.recordScrub(ctx, res, after, stable, isFile, mark)
 	return res, true
 }
 

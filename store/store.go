@@ -113,6 +113,10 @@ type Store struct {
 	// syncs is the timer that syncs the engines every Config.SyncEvery;
 	// nil when off.
 	syncs *syncTimer
+	// Verification memory (verdicts.go): blobs known good in this
+	// process, and the ledger of blobs found corrupt.
+	verdicts goodVerdicts
+	ledger   ledger
 }
 
 type counters struct {
@@ -175,6 +179,9 @@ func Open(ctx context.Context, cfg Config) (*Store, error) {
 	} else if w, ok := cfg.Large.(engines.WindowHost); ok {
 		window = w
 	}
+	if l, ok := cfg.KV.(engines.CorruptLedger); ok {
+		s.ledger.shared, s.ledger.writable = l, !kvReadOnly
+	}
 	s.gc = gc.New(pool{s}, gc.Options{Window: window, Delay: cfg.GCDelay, Host: host, PinTTL: cfg.PinTTL,
 		Clock: cfg.Clock, Logger: s.log})
 	s.syncs = s.startSyncTimer(cfg.SyncEvery)
@@ -218,18 +225,6 @@ func (s *Store) Mode() Mode { return s.mode }
 
 // Threshold is the kv tier's size limit.
 func (s *Store) Threshold() int64 { return s.threshold }
-
-// KV returns the kv engine (nil in large-only mode). For wiring namespace
-// registries into the same database; not for reading blobs around the
-// store.
-func (s *Store) KV() engines.KV { return s.kv }
-
-// Large returns the large engine, or nil.
-func (s *Store) Large() engines.Large { return s.large }
-
-// GC exposes the collector for registering sources and the protect
-// callback.
-func (s *Store) GC() *gc.Collector { return s.gc }
 
 // Pin mints a pin on d (see gc.Collector.Pin).
 func (s *Store) Pin(ctx context.Context, d Digest) (*gc.Pin, error) { return s.gc.Pin(ctx, d) }

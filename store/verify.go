@@ -114,6 +114,9 @@ func (v *verifier) readChunks(p []byte, off int64) (int, error) {
 		}
 		v.mark(i)
 	}
+	if v.left.Load() == 0 {
+		r.verifiedWhole()
+	}
 	if !aligned {
 		copy(p, span[off-spanOff:end-spanOff])
 	}
@@ -174,6 +177,7 @@ func (v *verifier) hashAll() error {
 		return v.bad
 	}
 	v.good.Store(true)
+	r.verifiedWhole()
 	return nil
 }
 

@@ -7,9 +7,10 @@
 // the mount's control files parse nothing themselves and map ErrBadInput
 // and ErrStopped to errnos; serve turns its flags into a Config.
 //
-// What a surface does about a bad blob stays with the surface: a scrub hands
-// every verdict to Config.OnScrub, where the mount records which local blobs
-// it must refuse at open.
+// What a scrub finds is kept by the store itself (store.Scrub records a
+// corrupt blob where every process that opens the store refuses it), so a
+// scrub run here protects every surface alike. Config.OnScrub only lets a
+// surface count and log the verdicts its own way.
 package upkeep
 
 import (
@@ -20,7 +21,6 @@ import (
 	"time"
 
 	"github.com/alkblobfs/alkblobfs/blob"
-	"github.com/alkblobfs/alkblobfs/gc"
 	"github.com/alkblobfs/alkblobfs/store"
 )
 
@@ -35,8 +35,9 @@ var (
 // Store is what upkeep needs of a store (*store.Store; a surface may hand
 // on a wrapper of its own).
 type Store interface {
-	Sweep(ctx context.Context) (gc.Report, error)
-	GC() *gc.Collector
+	Sweep(ctx context.Context) (store.Report, error)
+	// LastReport is the last sweep's report in this process.
+	LastReport() (store.Report, bool)
 	Pool(ctx context.Context) iter.Seq2[blob.Digest, error]
 	Scrub(ctx context.Context, seq iter.Seq2[blob.Digest, error], o store.ScrubOptions) (store.ScrubSummary, error)
 }

@@ -9,7 +9,7 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/alkblobfs/alkblobfs/gc"
+	"github.com/alkblobfs/alkblobfs/store"
 )
 
 // MinSweepInterval is the shortest sweep timer: a sweep lists the whole
@@ -64,7 +64,7 @@ func newSweeper(st Store, lg *slog.Logger, every time.Duration) *Sweeper {
 
 // Run sweeps now, after a sweep in progress has ended; trigger says who
 // asked, for the log.
-func (s *Sweeper) Run(ctx context.Context, trigger string) (gc.Report, error) {
+func (s *Sweeper) Run(ctx context.Context, trigger string) (store.Report, error) {
 	s.runMu.Lock()
 	defer s.runMu.Unlock()
 	rep, err := s.st.Sweep(ctx)
@@ -84,7 +84,7 @@ func (s *Sweeper) Runs() int64 { return s.runs.Load() }
 // LastReport is the report of the store's most recent sweep in this
 // process, if any: the collector keeps it, so a sweep run past the
 // Sweeper (the store's Sweep) is the last one too.
-func (s *Sweeper) LastReport() (gc.Report, bool) { return s.st.GC().LastReport() }
+func (s *Sweeper) LastReport() (store.Report, bool) { return s.st.LastReport() }
 
 // Set applies a timer command: off, on, or a Go duration of at least
 // MinSweepInterval. 0 is not off here, unlike a flag's 0: a stray `echo 0`

@@ -56,7 +56,7 @@ func (f *fakeStore) Sweep(ctx context.Context) (gc.Report, error) {
 	return gc.Report{}, f.wait(ctx)
 }
 
-func (f *fakeStore) GC() *gc.Collector { return nil }
+func (f *fakeStore) LastReport() (gc.Report, bool) { return gc.Report{}, false }
 
 func (f *fakeStore) Pool(ctx context.Context) iter.Seq2[blob.Digest, error] {
 	return func(func(blob.Digest, error) bool) {}

@@ -60,18 +60,27 @@ func (a *app) open(cmd *cobra.Command) (*store.Store, error) {
 // liveness source, or nil when the store keeps no namespaces (see
 // registerSources).
 func (a *app) openNS(cmd *cobra.Command) (*store.Store, *namespaces.Service, error) {
+	st, _, svc, err := a.openStore(cmd)
+	return st, svc, err
+}
+
+// openStore is openNS that also returns the configuration the store was
+// opened on: its engines, which the store does not hand out, for what
+// must live in the kv engine's own database (namespaces, liveness
+// tables).
+func (a *app) openStore(cmd *cobra.Command) (*store.Store, store.Config, *namespaces.Service, error) {
 	ctx := cmd.Context()
 	cfg, err := a.storeConfig(cmd)
 	if err != nil {
-		return nil, nil, err
+		return nil, cfg, nil, err
 	}
 	st, err := store.Open(ctx, cfg)
 	if err != nil {
 		closeEngines(cfg)
 		if errors.Is(err, store.ErrFleetConfig) {
-			return nil, nil, usage(cmd, err)
+			return nil, cfg, nil, usage(cmd, err)
 		}
-		return nil, nil, err
+		return nil, cfg, nil, err
 	}
 	if st.ReadOnly() && cmd.Annotations[annWrites] != "" {
 		st.Close()
@@ -79,19 +88,19 @@ func (a *app) openNS(cmd *cobra.Command) (*store.Store, *namespaces.Service, err
 		if a.kv == "" && a.kvFile == "" || a.large == "" {
 			where = fmt.Sprintf("its data directory %s (%s) is", a.data, a.dataSource(cmd))
 		}
-		return nil, nil, fmt.Errorf("%s changes the store: %w: %s on a read-only filesystem, or not writable by this user; get, cat, ls, stat, verify and mount --read-only still work",
+		return nil, cfg, nil, fmt.Errorf("%s changes the store: %w: %s on a read-only filesystem, or not writable by this user; get, cat, ls, stat, verify and mount --read-only still work",
 			cmd.CommandPath(), store.ErrReadOnly, where)
 	}
-	svc, err := registerSources(ctx, st)
+	svc, err := registerSources(ctx, st, cfg)
 	if err == nil {
-		err = a.registerTables(cmd, st)
+		err = a.registerTables(cmd, st, cfg)
 	}
 	if err != nil {
 		st.Close()
-		return nil, nil, err
+		return nil, cfg, nil, err
 	}
 	a.log.Debug("store open", "mode", st.Mode(), "threshold", st.Threshold(), "kv", engineName(cfg.KV), "large", engineName(cfg.Large), "namespaces", svc != nil)
-	return st, svc, nil
+	return st, cfg, svc, nil
 }
 
 // writes annotates the commands that change the store: on read-only

@@ -246,11 +246,6 @@ func TestPartitionPinsLapse(t *testing.T) {
 			t.Fatal("A read wrong bytes from a deleted blob")
 		}
 		t.Logf("the deleted blob's tail came from a cache: %d right bytes", n)
-	case errors.Is(err, syscall.ENOENT):
-		// The large tier reports the deleted object as blob.ErrMissing,
-		// which the mount's read still maps to ENOENT; EIO is the
-		// contract (docs/fleet.md). An error either way, never bytes.
-		t.Logf("a read of the deleted blob: %v (want EIO: fusefs maps a missing blob under an open handle to ENOENT)", err)
 	case !errors.Is(err, syscall.EIO):
 		t.Fatalf("a read on A of a blob deleted while A was cut = %v; want EIO", err)
 	}

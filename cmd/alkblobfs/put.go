@@ -105,7 +105,7 @@ func (a *app) putOne(cmd *cobra.Command, st *store.Store, name string, opts ...s
 	d, pin, err := st.Put(cmd.Context(), t.reader(in), size, opts...)
 	t.done(err)
 	if err != nil {
-		if errors.Is(err, store.ErrTooLarge) && st.Large() == nil {
+		if errors.Is(err, store.ErrTooLarge) && (st.Mode() == store.ModeKVOnly || st.Mode() == store.ModeMemOnly) {
 			return d, fmt.Errorf("%s: %w (this store has no large tier: --large none)", label, err)
 		}
 		return d, fmt.Errorf("%s: %w", label, err)

@@ -242,7 +242,7 @@ func fillNamespace(t *testing.T, data, ns string, n int) {
 		t.Fatal(err)
 	}
 	defer st.Close()
-	reg, err := namespaces.Open(ctx, st.KV(), nil)
+	reg, err := namespaces.Open(ctx, kv, nil)
 	if err != nil {
 		t.Fatal(err)
 	}

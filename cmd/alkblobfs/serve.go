@@ -58,8 +58,10 @@ until interrupted (SIGINT, SIGTERM):
 Nothing collects garbage unless asked: --sweep-every sweeps on a timer, as
 alkblobfs sweep does by hand (a blob goes once no namespace links it and no
 pin token holds it). --scrub-every re-reads every blob from disk on a timer,
-at most --scrub-rate MB/s, and logs each one it finds corrupt or unreadable.
-Both stop when the server does.
+at most --scrub-rate MB/s, and logs each one it finds corrupt or unreadable;
+a corrupt one is refused from then on (500), here and by every process that
+opens the store, until the right content is put again. Both stop when the
+server does.
 
 mount --listen serves the same requests beside a mount, with the mount's
 counters added to the metrics.`,

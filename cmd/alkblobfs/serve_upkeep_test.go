@@ -118,6 +118,10 @@ func TestServeScrubEvery(t *testing.T) {
 		if runs, bad := metricValue(fams, "alkblobfs_scrubs_total", ""), metricValue(fams, "alkblobfs_scrub_found_bad_total", ""); runs < 1 || bad < 1 {
 			t.Fatalf("metrics: %v scrubs, %v bad blobs", runs, bad)
 		}
+		// From then on serve refuses the blob, and so does every process
+		// that opens the store.
+		wantHTTPRefused(t, s.url, digest, c.data)
+		wantCLIRefused(t, c, digest)
 		s.cmd.Process.Signal(syscall.SIGINT)
 		<-s.done
 	})

@@ -28,10 +28,11 @@ func (a *app) mountSource(st *store.Store, given string) string {
 		return resolvePath(given)
 	case a.inData && a.data != "":
 		return resolvePath(a.data)
-	case st.KV() != nil:
-		return st.KV().Name()
-	case st.Large() != nil:
-		return st.Large().Name()
+	}
+	if kv, large := st.EngineNames(); kv != "" {
+		return kv
+	} else if large != "" {
+		return large
 	}
 	return "alkblobfs"
 }

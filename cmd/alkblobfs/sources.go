@@ -19,21 +19,22 @@ import (
 // needs them to refuse a referenced blob (store.ErrGcRefuse).
 //
 // The one source today is the namespaces registry, opened in the kv
-// engine's own database (namespaces.Open) so that put --ns links in the
-// put's transaction. It returns the service the commands link through, or
-// nil when the store keeps no namespaces (see namespacesUnavailable): then
-// no source is registered and a sweep aborts with NoLivenessSources,
-// deleting nothing. The registration lives as long as st; nothing
-// deregisters it because the process ends with the store.
-func registerSources(ctx context.Context, st *store.Store) (*namespaces.Service, error) {
-	if namespacesUnavailable(st) != "" {
+// engine's own database (namespaces.Open; cfg holds the engines the store
+// was opened on) so that put --ns links in the put's transaction. It
+// returns the service the commands link through, or nil when the store
+// keeps no namespaces (see namespacesUnavailable): then no source is
+// registered and a sweep aborts with NoLivenessSources, deleting nothing.
+// The registration lives as long as st; nothing deregisters it because the
+// process ends with the store.
+func registerSources(ctx context.Context, st *store.Store, cfg store.Config) (*namespaces.Service, error) {
+	if namespacesUnavailable(cfg) != "" {
 		return nil, nil
 	}
-	reg, err := namespaces.Open(ctx, st.KV(), nil)
+	reg, err := namespaces.Open(ctx, cfg.KV, nil)
 	if err != nil {
 		return nil, err
 	}
-	st.GC().Register(reg)
+	st.Register(reg)
 	return namespaces.NewService(reg, st), nil
 }
 
@@ -41,13 +42,13 @@ func registerSources(ctx context.Context, st *store.Store) (*namespaces.Service,
 // embedder's table in the kv engine's database whose digest column names
 // live blobs (gc.Table). A name that does not parse is a usage error; a
 // table that is not there fails like any open.
-func (a *app) registerTables(cmd *cobra.Command, st *store.Store) error {
+func (a *app) registerTables(cmd *cobra.Command, st *store.Store, cfg store.Config) error {
 	if len(a.tables) == 0 {
 		return nil
 	}
-	sq, ok := st.KV().(engines.SQL)
+	sq, ok := cfg.KV.(engines.SQL)
 	if !ok {
-		return usagef(cmd, "--liveness-table reads a table in the kv engine's database; this store's kv engine %s has none", engineName(st.KV()))
+		return usagef(cmd, "--liveness-table reads a table in the kv engine's database; this store's kv engine %s has none", engineName(cfg.KV))
 	}
 	for _, name := range a.tables {
 		tbl, err := gc.NewTable(cmd.Context(), sq.DB(), sq.Dialect(), name)
@@ -57,27 +58,28 @@ func (a *app) registerTables(cmd *cobra.Command, st *store.Store) error {
 		if err != nil {
 			return err
 		}
-		st.GC().Register(tbl)
+		st.Register(tbl)
 	}
 	return nil
 }
 
-// namespacesUnavailable says why st cannot keep namespaces, or "" when it
-// can. Namespaces must last as long as the blobs they protect: a SQL kv
-// engine keeps them in its database; a store that is all mem: dies with the
-// process anyway, so an in-memory registry is as durable as its blobs. Any
-// other store would hold durable blobs under references that vanish when
-// the command exits: every sweep would then collect everything, so it gets
-// no registry at all and its sweeps abort with NoLivenessSources.
-func namespacesUnavailable(st *store.Store) string {
-	kv := st.KV()
+// namespacesUnavailable says why a store on the engines of cfg cannot keep
+// namespaces, or "" when it can. Namespaces must last as long as the blobs
+// they protect: a SQL kv engine keeps them in its database; a store that is
+// all mem: dies with the process anyway, so an in-memory registry is as
+// durable as its blobs. Any other store would hold durable blobs under
+// references that vanish when the command exits: every sweep would then
+// collect everything, so it gets no registry at all and its sweeps abort
+// with NoLivenessSources.
+func namespacesUnavailable(cfg store.Config) string {
+	kv := cfg.KV
 	if _, ok := kv.(engines.SQL); ok {
 		return ""
 	}
 	_, kvMem := kv.(*mem.Engine)
-	_, largeMem := st.Large().(*mem.Engine)
+	_, largeMem := cfg.Large.(*mem.Engine)
 	switch {
-	case kvMem && (st.Large() == nil || largeMem):
+	case kvMem && (cfg.Large == nil || largeMem):
 		return ""
 	case kv == nil:
 		return "it has no kv tier (--kv none), and namespaces live in the kv engine's database; use --kv sqlite:PATH"
@@ -90,12 +92,12 @@ func namespacesUnavailable(st *store.Store) string {
 // keeps no namespaces is a usage error: the flags chose engines that cannot
 // hold them.
 func (a *app) openNamespaces(cmd *cobra.Command) (*store.Store, *namespaces.Service, error) {
-	st, svc, err := a.openNS(cmd)
+	st, cfg, svc, err := a.openStore(cmd)
 	if err != nil {
 		return nil, nil, err
 	}
 	if svc == nil {
-		why := namespacesUnavailable(st)
+		why := namespacesUnavailable(cfg)
 		st.Close()
 		return nil, nil, usagef(cmd, "this store keeps no namespaces: %s", why)
 	}

@@ -30,9 +30,13 @@ bounded whatever the size of the store or of a blob: blobs stream through
 --jobs readers of 1 MiB buffers. With --jobs above 1 the bad lines come in
 the order found, not sorted.
 
-verify repairs nothing. A re-put of content already present writes nothing,
-so to restore a corrupt blob, first unlink it from its namespaces and delete
-it (alkblobfs rm DIGEST), then put the good content again with --ns.
+verify repairs nothing, but the store remembers what it finds: a corrupt
+blob is refused from then on by every process that opens the store (a
+mount: EIO; HTTP: 500; get and cat: an error, nothing written), until it is
+repaired. To repair one, put the good content again (alkblobfs put FILE):
+that replaces the corrupt copy, where a put of content already present
+otherwise writes nothing. A blob whose file was restored since is served
+verified only, until a whole read or another verify finds it intact.
 
 With --json it prints one JSON document instead: {"bad":[{"digest","tier",
 "status","error"}...], "checked", "bytes", "corrupt", "unreadable",

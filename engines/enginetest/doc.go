@@ -25,9 +25,10 @@
 //     [engines.DeleteSafe] and [engines.SQL]: their extra contracts, when the
 //     engine (or its stage or cursor) implements them.
 //
-// GCHost and WindowHost are suites of their own: [GCHost] for engines that
-// host the GC's shared state, [WindowHost] for any delete window (Run calls
-// it for an engine that is one).
+// GCHost, CorruptLedger and WindowHost are suites of their own: [GCHost]
+// for engines that host the GC's shared state, [CorruptLedger] for the
+// kv engines' record of blobs found corrupt, [WindowHost] for any delete
+// window (Run calls it for an engine that is one).
 //
 // Tests use t.Context() and sleep only to watch a TTL or a delay pass: row
 // times are the engine's clock (see engines.GCHost), which no test can

@@ -19,6 +19,9 @@ type Engine struct {
 
 	// stages counts stages neither committed nor discarded.
 	stages atomic.Int64
+
+	lmu     sync.Mutex
+	corrupt ledger // corrupt.go
 }
 
 var (

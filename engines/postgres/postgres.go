@@ -50,7 +50,7 @@ func Open(ctx context.Context, dsn string) (*Engine, error) {
 		return nil, err
 	}
 	e := &Engine{name: srv.String(), srv: srv, pool: pool}
-	if err := CreateSchema(ctx, pool, blobsSchema, pinsSchema, pinsOwnerIndex); err != nil {
+	if err := CreateSchema(ctx, pool, blobsSchema, pinsSchema, pinsOwnerIndex, corruptSchema); err != nil {
 		pool.Close()
 		return nil, e.wrap("open", err)
 	}

@@ -162,3 +162,8 @@ func TestSweepLeaseLost(t *testing.T) {
 		time.Sleep(20 * time.Millisecond)
 	}
 }
+
+func TestCorruptLedger(t *testing.T) {
+	dsn := pgtest.DSN(t)
+	enginetest.CorruptLedger(t, func(t *testing.T) engines.Engine { return open(t, dsn) })
+}

@@ -23,6 +23,8 @@ type Engine struct {
 	path string // absolute path of the database file
 	db   *sql.DB
 	ro   bool // opened read-only (readOnly)
+	// noLedger: read-only, and the database predates gc_corrupt.
+	noLedger bool
 	// batch commits PutTx and the registry's links in shared
 	// transactions; nil when read-only.
 	batch *engines.Batcher
@@ -170,7 +172,7 @@ func (e *Engine) init(ctx context.Context) error {
 		}
 		*s.stmt = st
 	}
-	return nil
+	return e.initCorrupt(ctx)
 }
 
 // Name implements engines.Engine: "sqlite:" and the path given to Open.

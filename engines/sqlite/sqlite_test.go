@@ -84,3 +84,8 @@ func TestPrivateFiles(t *testing.T) {
 		}
 	}
 }
+
+func TestCorruptLedger(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "kv.db")
+	enginetest.CorruptLedger(t, func(t *testing.T) engines.Engine { return open(t, path) })
+}
