@@ -41,6 +41,13 @@ func TestFleetPropagation(t *testing.T) {
 	dmA := startDaemon(t, t.TempDir(), mntA, flags...)
 	dmB := startDaemon(t, t.TempDir(), mntB, flags...)
 
+	// A's changes must succeed; if one fails, its daemon's log says why.
+	must := func(err error) {
+		t.Helper()
+		if err != nil {
+			t.Fatalf("%v; mount A's log:\n%s", err, dmA.stderr.String())
+		}
+	}
 	const giveUp = 5 * time.Second
 	m := newPropagation(giveUp)
 	for round := range rounds {
@@ -49,13 +56,13 @@ func TestFleetPropagation(t *testing.T) {
 		// B looks the namespace up first: its absence is not cached.
 		m.absent(t, mntB, ns)
 
-		must(t, os.Mkdir(nsA, 0o755))
+		must(os.Mkdir(nsA, 0o755))
 		m.time(t, "mkdir", mntB, ns, func(listed bool, fi fs.FileInfo) (bool, bool) {
 			return listed, fi != nil && fi.IsDir()
 		})
 
 		mode := fs.FileMode(0o750)
-		must(t, os.Chmod(nsA, mode))
+		must(os.Chmod(nsA, mode))
 		m.time(t, "chmod", mntB, ns, func(listed bool, fi fs.FileInfo) (bool, bool) {
 			ok := fi != nil && fi.Mode().Perm() == mode
 			return ok, ok // a listing shows no mode: the stat decides
@@ -63,18 +70,18 @@ func TestFleetPropagation(t *testing.T) {
 
 		content := []byte(fmt.Sprintf("propagation round %d", round))
 		d := sum(content)
-		must(t, os.WriteFile(filepath.Join(nsA, "incoming", "f"), content, 0o644))
+		must(os.WriteFile(filepath.Join(nsA, "incoming", "f"), content, 0o644))
 		m.time(t, "put", nsB, d, func(listed bool, fi fs.FileInfo) (bool, bool) {
 			return listed, fi != nil
 		})
 
-		must(t, os.Remove(filepath.Join(nsA, d)))
+		must(os.Remove(filepath.Join(nsA, d)))
 		m.time(t, "rm", nsB, d, func(listed bool, fi fs.FileInfo) (bool, bool) {
 			return !listed, fi == nil
 		})
 
 		// incoming/'s receipt does not keep the namespace.
-		must(t, os.Remove(nsA))
+		must(os.Remove(nsA))
 		m.time(t, "rmdir", mntB, ns, func(listed bool, fi fs.FileInfo) (bool, bool) {
 			return !listed, fi == nil
 		})
@@ -192,11 +199,4 @@ func quantile(ds []time.Duration, q float64) time.Duration {
 	slices.Sort(s)
 	i := int(q*float64(len(s))+0.999999) - 1
 	return s[min(max(i, 0), len(s)-1)]
-}
-
-func must(t *testing.T, err error) {
-	t.Helper()
-	if err != nil {
-		t.Fatal(err)
-	}
 }
