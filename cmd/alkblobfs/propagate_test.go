@@ -200,3 +200,59 @@ func quantile(ds []time.Duration, q float64) time.Duration {
 	i := int(q*float64(len(s))+0.999999) - 1
 	return s[min(max(i, 0), len(s)-1)]
 }
+
+// TestFleetLookupCost measures what a lookup costs on fleet mount B: a
+// cold stat (the kernel asks the daemon, which asks the registry and the
+// store), a warm one (the kernel answers), and a listing, over blobs put
+// through mount A. A change feed must not make any of them slower; the
+// figures go to the log. ALKBLOBFS_LONG=1 only: it is a measurement.
+func TestFleetLookupCost(t *testing.T) {
+	if os.Getenv("ALKBLOBFS_LONG") != "1" {
+		t.Skip("a measurement: ALKBLOBFS_LONG=1")
+	}
+	requireFUSE(t)
+	dsn := pgtest.DSN(t)
+	flags := []string{"--kv", dsn, "--large", "pglo", "--fleet"}
+	mntA, mntB := t.TempDir(), t.TempDir()
+	dmA := startDaemon(t, t.TempDir(), mntA, flags...)
+	dmB := startDaemon(t, t.TempDir(), mntB, flags...)
+	const n = 1000
+	if err := os.Mkdir(filepath.Join(mntA, "l"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	var names []string
+	for i := range n {
+		b := []byte(fmt.Sprintf("lookup cost %d", i))
+		if err := os.WriteFile(filepath.Join(mntA, "l", "incoming", fmt.Sprint(i)), b, 0o644); err != nil {
+			t.Fatal(err)
+		}
+		names = append(names, sum(b))
+	}
+	statAll := func() []time.Duration {
+		ds := make([]time.Duration, 0, n)
+		for _, name := range names {
+			start := time.Now()
+			if _, err := os.Stat(filepath.Join(mntB, "l", name)); err != nil {
+				t.Fatal(err)
+			}
+			ds = append(ds, time.Since(start))
+		}
+		return ds
+	}
+	cold, warm := statAll(), statAll()
+	var lists []time.Duration
+	for range 20 {
+		start := time.Now()
+		ents, err := os.ReadDir(filepath.Join(mntB, "l"))
+		if err != nil || len(ents) != n+1 {
+			t.Fatalf("ls l on B: %d entries, %v", len(ents), err)
+		}
+		lists = append(lists, time.Since(start))
+	}
+	us := func(d time.Duration) string { return fmt.Sprintf("%.0fµs", float64(d)/1e3) }
+	t.Logf("on mount B, %d blobs: cold stat p50 %s p99 %s; warm stat p50 %s p99 %s; ls of %d entries p50 %s",
+		n, us(quantile(cold, 0.5)), us(quantile(cold, 0.99)), us(quantile(warm, 0.5)), us(quantile(warm, 0.99)),
+		n+1, us(quantile(lists, 0.5)))
+	stopDaemon(t, dmA)
+	stopDaemon(t, dmB)
+}
