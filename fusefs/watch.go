@@ -3,6 +3,7 @@ package fusefs
 import (
 	"context"
 	"errors"
+	"log/slog"
 	"time"
 
 	"github.com/alkblobfs/alkblobfs/namespaces"
@@ -36,7 +37,13 @@ import (
 type watch struct {
 	cancel context.CancelFunc
 	done   chan struct{}
+	log    *slog.Logger
 }
+
+// watchStopWait bounds how long an unmount waits for the consumer: one
+// stuck in a notification (the kernel waiting for a directory lock) must
+// not keep the daemon from exiting.
+const watchStopWait = 5 * time.Second
 
 // startWatch starts consuming the registry's changes, if it has a feed;
 // nil if it has none (SQLite: every process is on this host, and the
@@ -55,7 +62,7 @@ func (f *FS) startWatch() *watch {
 		}
 		return nil
 	}
-	w := &watch{cancel: cancel, done: make(chan struct{})}
+	w := &watch{cancel: cancel, done: make(chan struct{}), log: f.log}
 	go func() {
 		defer close(w.done)
 		for c := range ch {
@@ -65,13 +72,17 @@ func (f *FS) startWatch() *watch {
 	return w
 }
 
-// stop ends the consumer and waits for it.
+// stop ends the consumer and waits for it, at most watchStopWait.
 func (w *watch) stop() {
 	if w == nil {
 		return
 	}
 	w.cancel()
-	<-w.done
+	select {
+	case <-w.done:
+	case <-time.After(watchStopWait):
+		w.log.Warn("the namespace change consumer did not stop; leaving it", "waited", watchStopWait)
+	}
 }
 
 // applyChange drops what the mount caches about c. It runs on the watch
