@@ -18,7 +18,9 @@
 // max_write are 1 MiB too). A name a publish adds needs no announcement:
 // lookups of absent names are never cached (no negative entries). Names
 // that go away outside a kernel request are announced with NotifyEntry only
-// where a cached entry would lie for long: a put by path's name. That is kept off the hot
+// where a cached entry would lie for long: a put by path's name, and the
+// changes other hosts of a fleet make (watch.go: from one goroutine fed by
+// the registry's change feed, never from a request). That is kept off the hot
 // paths on purpose: the kernel takes the directory's lock to invalidate,
 // and a LOOKUP that holds it may be waiting on the daemon; a daemon killed
 // while a thread waits there cannot exit, and its mount hangs. Expired

@@ -36,6 +36,7 @@ type Server struct {
 
 	done      chan struct{}
 	closeOnce sync.Once
+	watch     *watch // other hosts' changes (watch.go); nil without a feed
 }
 
 // Mount request sizes. 1 MiB is the kernel's largest FUSE request (256
@@ -133,6 +134,7 @@ func Mount(dir string, cfg Config) (*Server, error) {
 		f.log.Debug("could not raise the mount's readahead", "err", err)
 	}
 	f.reg1 = f.st.Register(f.refs)
+	m.watch = f.startWatch()
 	f.upkeep.Start()
 	pt := "active"
 	if !f.ptAvailable.Load() {
@@ -205,6 +207,7 @@ func (m *Server) cleanup() {
 		f := m.fs
 		f.upkeep.Stop()
 		f.cancel()
+		m.watch.stop()
 		for _, d := range f.nsDirs() {
 			d.teardown()
 		}

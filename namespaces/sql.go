@@ -54,6 +54,9 @@ type SQL struct {
 	// noPerm: the ns table has no permission columns (an older store on
 	// read-only media): Perm reports none.
 	noPerm bool
+	// listen and origin serve Watch on PostgreSQL (watch_postgres.go).
+	listen listener
+	origin string
 }
 
 var (
@@ -243,6 +246,7 @@ func OpenSQL(ctx context.Context, e engines.SQL, clock Clock) (*SQL, error) {
 		// read-only: none is recorded, and none can be.
 		r.q.perm = rebind(dialect, `SELECT NULL, NULL, NULL FROM ns WHERE name = ?`)
 	}
+	r.watchOpen(e)
 	if err := retryDeadlock(func() error { return r.prepare(ctx) }); err != nil {
 		return nil, fmt.Errorf("namespaces: open %s: prepare: %w", dialect, err)
 	}

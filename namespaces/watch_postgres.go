@@ -1,0 +1,138 @@
+package namespaces
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"fmt"
+	"strings"
+	"time"
+
+	"github.com/alkblobfs/alkblobfs/blob"
+	"github.com/alkblobfs/alkblobfs/engines"
+)
+
+// notifyChannel is the PostgreSQL channel that namespace changes are
+// notified on (LISTEN/NOTIFY), in the kv database.
+const notifyChannel = "alkblobfs_ns"
+
+// listener is a kv engine that LISTENs on a connection of its own
+// (engines/postgres.Engine.Listen).
+type listener interface {
+	Listen(ctx context.Context, channel string, ready func(), note func(payload string)) error
+}
+
+var _ Watcher = (*SQL)(nil)
+
+// watchOpen readies Watch on PostgreSQL. Each statement that commits a
+// reported change (Create, SetPerm, Remove, Unlink) becomes one that
+// also sends a notification for each row it changed, with pg_notify in
+// the same statement: the server delivers it when the change commits and
+// never for one that rolls back, and it costs no round trip. The payload
+// is "<kind> <origin> <namespace> [<digest hex>]"; namespace names hold no
+// space (ValidName). origin, random per registry, lets Watch leave out the
+// registry's own changes.
+func (r *SQL) watchOpen(e engines.SQL) {
+	if r.dialect != "postgres" {
+		return
+	}
+	r.listen, _ = e.(listener)
+	var b [8]byte
+	rand.Read(b[:])
+	r.origin = hex.EncodeToString(b[:])
+	o := " " + r.origin + " ' || "
+	r.q.create = notifying(r.q.create, "name", "'c"+o+"name")
+	r.q.setPerm = notifying(r.q.setPerm, "name", "'p"+o+"name")
+	r.q.remove = notifying(r.q.remove, "name", "'r"+o+"name")
+	r.q.unlink = notifying(r.q.unlink, "ns, digest", "'u"+o+"ns || ' ' || encode(digest, 'hex')")
+	// The statements still report the rows they changed: a SELECT's
+	// command tag counts the rows it returned, one per row changed.
+}
+
+func notifying(stmt, returning, payload string) string {
+	return "WITH n AS (" + stmt + " RETURNING " + returning + ") SELECT pg_notify('" + notifyChannel + "', " + payload + ") FROM n"
+}
+
+// Watch implements Watcher on PostgreSQL: one listener on a connection of
+// its own, reconnecting with backoff (listenBackoff) after a failure; a
+// Resync follows every connection, carrying the error that ended the last
+// one. Elsewhere (SQLite, whose processes share one host and no feed) it
+// returns ErrNoFeed.
+func (r *SQL) Watch(ctx context.Context) (<-chan Change, error) {
+	if r.listen == nil {
+		return nil, fmt.Errorf("namespaces: watch %s registry: %w", r.dialect, ErrNoFeed)
+	}
+	f := newFeed(ctx)
+	go r.listenLoop(ctx, f)
+	return f.out, nil
+}
+
+// listenBackoff bounds the wait between listener connections: it starts
+// at the first and doubles up to the second, and starts over once a
+// connection has listened for listenSteady.
+var (
+	listenBackoff = [2]time.Duration{100 * time.Millisecond, 10 * time.Second}
+	listenSteady  = time.Minute
+)
+
+func (r *SQL) listenLoop(ctx context.Context, f *feed) {
+	wait := listenBackoff[0]
+	var lastErr error
+	for ctx.Err() == nil {
+		var since time.Time
+		err := r.listen.Listen(ctx, notifyChannel, func() {
+			since = time.Now()
+			f.push(Change{Kind: Resync, Err: lastErr})
+		}, func(payload string) {
+			if c, ok := r.parseNote(payload); ok {
+				f.push(c)
+			}
+		})
+		if err == nil || ctx.Err() != nil {
+			return
+		}
+		lastErr = err
+		if !since.IsZero() && time.Since(since) >= listenSteady {
+			wait = listenBackoff[0]
+		}
+		t := time.NewTimer(wait)
+		select {
+		case <-t.C:
+		case <-ctx.Done():
+			t.Stop()
+			return
+		}
+		wait = min(2*wait, listenBackoff[1])
+	}
+}
+
+// parseNote reads a payload (see watchOpen). Its own changes and unknown
+// kinds report nothing; a payload it cannot read reports a Resync, since
+// some change went by unread.
+func (r *SQL) parseNote(payload string) (Change, bool) {
+	f := strings.Fields(payload)
+	if len(f) < 3 {
+		return Change{Kind: Resync, Err: fmt.Errorf("unreadable notification %q", payload)}, true
+	}
+	if f[1] == r.origin {
+		return Change{}, false
+	}
+	c := Change{Namespace: f[2]}
+	switch f[0] {
+	case "c":
+		c.Kind = Created
+	case "p":
+		c.Kind = PermChanged
+	case "r":
+		c.Kind = Removed
+	case "u":
+		d, err := blob.Parse(strings.Join(f[3:], ""))
+		if len(f) != 4 || err != nil {
+			return Change{Kind: Resync, Err: fmt.Errorf("unreadable notification %q", payload)}, true
+		}
+		c.Kind, c.Digest = Unlinked, d
+	default:
+		return Change{}, false
+	}
+	return c, true
+}
