@@ -393,3 +393,11 @@ func notifyEntry(parent *fs.Inode, name string) {
 	// cached, nothing to do.
 	_ = parent.NotifyEntry(name)
 }
+
+// uninterrupted is the context of a namespace change (mkdir, rmdir, chmod,
+// rm): once begun it runs to its end, because an interrupt (a signal to
+// the caller) that cut it after its commit would report EINTR for a change
+// that happened, and the retry that glibc and Go make of an interrupted
+// mkdir or unlink would then fail with EEXIST or ENOENT. The wait stays
+// bounded: every database wait has the store's own bound.
+func uninterrupted(ctx context.Context) context.Context { return context.WithoutCancel(ctx) }

@@ -159,7 +159,7 @@ func (d *nsDir) Setattr(ctx context.Context, f fs.FileHandle, in *fuse.SetAttrIn
 		if err != nil {
 			return d.fsys.errno("setattr", blob.Digest{}, err)
 		}
-		if err := d.fsys.reg.SetPerm(ctx, d.name, p); err != nil {
+		if err := d.fsys.reg.SetPerm(uninterrupted(ctx), d.name, p); err != nil {
 			return d.fsys.errno("setattr", blob.Digest{}, err)
 		}
 		d.cachePerm(p)
@@ -403,7 +403,7 @@ func (d *nsDir) Unlink(ctx context.Context, name string) syscall.Errno {
 		return syscall.ENOENT
 	}
 	dg, _ := blob.Parse(name)
-	if err := d.fsys.reg.Unlink(ctx, d.name, dg); err != nil {
+	if err := d.fsys.reg.Unlink(uninterrupted(ctx), d.name, dg); err != nil {
 		return d.fsys.errno("unlink", dg, err)
 	}
 	return 0

@@ -203,7 +203,7 @@ func (r *rootDir) Mkdir(ctx context.Context, name string, mode uint32, out *fuse
 	// kernel has applied the umask).
 	uid, gid := caller(ctx, r.fsys)
 	p := namespaces.Perm{Uid: uid, Gid: gid, Mode: mode & 0o7777}
-	if err := r.fsys.reg.CreatePerm(ctx, name, p); err != nil {
+	if err := r.fsys.reg.CreatePerm(uninterrupted(ctx), name, p); err != nil {
 		return nil, r.fsys.errno("mkdir", blob.Digest{}, err)
 	}
 	r.fsys.log.Info("namespace created", "namespace", name, "uid", uid, "gid", gid, "mode", fmt.Sprintf("%04o", p.Mode))
@@ -225,7 +225,7 @@ func (r *rootDir) Rmdir(ctx context.Context, name string) syscall.Errno {
 	if d.busy() {
 		return r.fsys.errno("rmdir", blob.Digest{}, errDirNotEmpty)
 	}
-	if err := r.fsys.reg.Remove(ctx, name); err != nil {
+	if err := r.fsys.reg.Remove(uninterrupted(ctx), name); err != nil {
 		return r.fsys.errno("rmdir", blob.Digest{}, err)
 	}
 	r.fsys.log.Info("namespace removed", "namespace", name)
