@@ -178,11 +178,11 @@ type FS struct {
 	ctx    context.Context
 	cancel context.CancelFunc
 
-	root    *rootDir
-	mount   *Server
-	refs    *openRefs
-	intents *intents
-	reg1    *store.Registration
+	root       *rootDir
+	mount      *Server
+	refs       *openRefs
+	intents    *intents
+	refsSource *store.Registration // refs, registered as a liveness source
 	// upkeep sweeps and scrubs the store for the control files and the
 	// timers; it stops at unmount.
 	upkeep *upkeep.Upkeep

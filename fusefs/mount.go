@@ -133,7 +133,7 @@ func Mount(dir string, cfg Config) (*Server, error) {
 	if err := raiseReadahead(abs); err != nil {
 		f.log.Debug("could not raise the mount's readahead", "err", err)
 	}
-	f.reg1 = f.st.Register(f.refs)
+	f.refsSource = f.st.Register(f.refs)
 	m.watch = f.startWatch()
 	f.upkeep.Start()
 	pt := "active"
@@ -212,8 +212,8 @@ func (m *Server) cleanup() {
 			d.teardown()
 		}
 		f.intents.close()
-		if f.reg1 != nil {
-			f.reg1.Deregister()
+		if f.refsSource != nil {
+			f.refsSource.Deregister()
 		}
 		removePidFile(m.dir)
 		f.log.Info("unmounted", "mountpoint", m.dir)
