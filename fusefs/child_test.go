@@ -27,7 +27,8 @@ const childEnv = "FUSEFS_TEST_CHILD"
 
 // childModes are what a child can do, given the arguments inChild passed.
 var childModes = map[string]func(args []string) error{
-	"mmap-write": mmapWriteChild,
+	"mmap-write":      mmapWriteChild,
+	"mkdir-signalled": mkdirSignalledChild,
 }
 
 func init() {
