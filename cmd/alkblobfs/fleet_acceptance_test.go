@@ -182,9 +182,9 @@ func TestFleetAcceptance(t *testing.T) {
 		cut := time.Now()
 		var bSweeps, bAborted, bDeleted int
 		for time.Since(cut) < 2*cutTTL {
-			rep := b.sweep(t)
+			rep, fresh := b.sweep(t)
 			bSweeps++
-			if rep["aborted"] != nil {
+			if !fresh {
 				bAborted++
 			} else {
 				bDeleted += int(rep["deleted"].(float64))
@@ -277,10 +277,13 @@ func TestFleetAcceptance(t *testing.T) {
 		}
 		var rep map[string]any
 		eventually(t, 15*time.Second, "A to take the sweep lease", func() bool {
-			rep = a.sweep(t)
-			return rep["aborted"] == nil
+			var fresh bool
+			rep, fresh = a.sweep(t)
+			return fresh
 		})
-		leaseTaken = append(leaseTaken, time.Since(killed))
+		// When A's sweep began: the report's start is on A's clock, which
+		// is 5 minutes off; its duration is not.
+		leaseTaken = append(leaseTaken, time.Since(killed)-time.Duration(rep["duration_ns"].(float64)))
 		after := sizes(t, c)
 		var gone int
 		var freed int64
@@ -290,7 +293,7 @@ func TestFleetAcceptance(t *testing.T) {
 				freed += n
 			}
 		}
-		t.Logf("round %d: A took the lease %s after the kill: %v", round, time.Since(killed).Round(time.Millisecond), rep)
+		t.Logf("round %d: A took the lease %s after the kill: %v", round, leaseTaken[len(leaseTaken)-1].Round(time.Millisecond), rep)
 		if got := int(rep["deleted"].(float64)); got != gone {
 			t.Fatalf("round %d: A's report after the kill: %d deleted; %d blobs went", round, got, gone)
 		}
@@ -321,7 +324,7 @@ func TestFleetAcceptance(t *testing.T) {
 				return ls && fi != nil
 			})
 			if err := unlinkEINTR(a.path("prop", d)); err != nil {
-				t.Fatalf("rm through A: %v", err)
+				t.Fatalf("rm through A: %v; A's log:\n%s", err, tail(a.dm.stderr.String(), 30))
 			}
 			prop.time(t, "rm", b.path("prop"), d, func(listed bool, fi os.FileInfo) (bool, bool) { return !listed, fi == nil })
 		}
@@ -440,6 +443,12 @@ func TestFleetAcceptance(t *testing.T) {
 			t.Errorf("an rm on A showed on B after %s; want within 1s", got)
 		}
 	}
+}
+
+// tail is the last n lines of s.
+func tail(s string, n int) string {
+	l := strings.Split(strings.TrimSuffix(s, "\n"), "\n")
+	return strings.Join(l[max(0, len(l)-n):], "\n")
 }
 
 // cliSweep runs a sweep through the CLI and returns its report, or nil if

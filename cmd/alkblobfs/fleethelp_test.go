@@ -38,22 +38,24 @@ type skewHost struct {
 	past  string // the logs of its daemons before dm
 }
 
-// fleetFlags are the global flags of a fleet process on PostgreSQL dsn
-// (through p, or straight when p is nil) and the large tier large, with the
-// short pin TTL and op timeout of the partition tests (cutTTL, cutOpWait).
+// fleetFlags are the global flags of a fleet process on PostgreSQL dsn and
+// the large tier large, with the short pin TTL of the partition tests
+// (cutTTL). A host's go through its proxy p, with their short op timeout
+// (cutOpWait); the CLI's (p nil) go straight, with the default one: a
+// loaded machine may take longer than cutOpWait over the schema lock.
 func fleetFlags(t *testing.T, dsn, large string, p *faultproxy.Proxy) []string {
 	t.Helper()
 	if p != nil {
-		dsn = p.URL(t, dsn)
+		u, err := url.Parse(p.URL(t, dsn))
+		if err != nil {
+			t.Fatal(err)
+		}
+		q := u.Query()
+		q.Set(postgres.OpTimeoutParam, cutOpWait.String())
+		u.RawQuery = q.Encode()
+		dsn = u.String()
 	}
-	u, err := url.Parse(dsn)
-	if err != nil {
-		t.Fatal(err)
-	}
-	q := u.Query()
-	q.Set(postgres.OpTimeoutParam, cutOpWait.String())
-	u.RawQuery = q.Encode()
-	return []string{"--kv", u.String(), "--large", large, "--fleet", "--pin-ttl", cutTTL.String()}
+	return []string{"--kv", dsn, "--large", large, "--fleet", "--pin-ttl", cutTTL.String()}
 }
 
 // startSkewHost mounts a new host. extra are mount flags (after the
@@ -99,24 +101,34 @@ func (h *skewHost) path(elem ...string) string {
 	return filepath.Join(append([]string{h.mnt}, elem...)...)
 }
 
-// sweep runs a sweep through the host's control file and returns its
-// report (bounded: the host must answer).
-func (h *skewHost) sweep(t *testing.T) map[string]any {
+// sweep runs a sweep through the host's control file (bounded: the host
+// must answer) and returns the control file's report, and whether that is
+// this sweep's: a sweep aborted because another process held the lease
+// leaves the previous report in place (gc: only a sweep that ran is
+// recorded), so a report is fresh only if it started after the last one.
+func (h *skewHost) sweep(t *testing.T) (rep map[string]any, fresh bool) {
 	t.Helper()
-	var b []byte
+	read := func() map[string]any {
+		b, err := os.ReadFile(h.path(".alkblobfs", "sweep"))
+		if err != nil {
+			t.Fatalf("the sweep report of %s: %v", h.name, err)
+		}
+		var rep map[string]any
+		if err := json.Unmarshal(b, &rep); err != nil {
+			t.Fatalf("sweep report of %s: %v\n%s", h.name, err, b)
+		}
+		return rep
+	}
+	var prev map[string]any
 	within(t, 30*time.Second, "a sweep through "+h.name+"'s control file", func() error {
+		prev = read()
 		if err := os.WriteFile(h.path(".alkblobfs", "sweep"), []byte("run\n"), 0o644); err != nil {
 			return fmt.Errorf("sweep through %s: %w", h.name, err)
 		}
-		var err error
-		b, err = os.ReadFile(h.path(".alkblobfs", "sweep"))
-		return err
+		rep = read()
+		return nil
 	})
-	var rep map[string]any
-	if err := json.Unmarshal(b, &rep); err != nil {
-		t.Fatalf("sweep report of %s: %v\n%s", h.name, err, b)
-	}
-	return rep
+	return rep, rep["started"] != nil && rep["started"] != prev["started"] && rep["aborted"] == nil
 }
 
 // within runs op in a goroutine and fails the test if it errs or takes
