@@ -223,7 +223,12 @@ func TestFleetAcceptance(t *testing.T) {
 			t.Logf("round %d: C reset mid-close: close = %v, published = %v", round, cerr, published)
 			switch {
 			case cerr == nil && !published:
-				t.Fatalf("round %d: the close on C returned 0 but %s is not linked", round, d)
+				late := time.Now()
+				for !slices.Contains(lines(c.ok("ls", "mc")), d) && time.Since(late) < 10*time.Second {
+					time.Sleep(50 * time.Millisecond) // polling, bounded
+				}
+				t.Fatalf("round %d: the close on C returned 0 but %s was not linked (linked %s later: %v); C's log:\n%s", round, d,
+					time.Since(late).Round(time.Millisecond), slices.Contains(lines(c.ok("ls", "mc")), d), tail(cc.dm.stderr.String(), 40))
 			case published:
 				midClosePublished++
 				mustPublish = append(mustPublish, "mc "+d)
@@ -392,18 +397,24 @@ func TestFleetAcceptance(t *testing.T) {
 	// Nothing unpinned and unlinked outlives TTL + window: a sweep pair
 	// after the last holder let go leaves only the linked blobs.
 	released := time.Now()
-	var lingering []string
-	eventually(t, cutTTL+15*time.Second, "the sweeps to leave only linked blobs", func() bool {
+	for {
 		cliSweep(c)
 		cliSweep(c)
-		lingering = lingering[:0]
+		var lingering []string
 		for d := range sizes(t, c) {
 			if !linked[d] {
 				lingering = append(lingering, d)
 			}
 		}
-		return len(lingering) == 0
-	})
+		if len(lingering) == 0 {
+			break
+		}
+		if time.Since(released) > cutTTL+15*time.Second {
+			t.Fatalf("%s after the last holder let go, %d unlinked blobs are still stored:\n%s",
+				time.Since(released).Round(time.Millisecond), len(lingering), whyKept(t, db, lingering))
+		}
+		time.Sleep(100 * time.Millisecond) // polling, bounded above
+	}
 	if took := time.Since(released); took > cutTTL+5*time.Second {
 		t.Fatalf("unlinked blobs outlived their last holder by %s; want about the TTL (%s)", took, cutTTL)
 	}
@@ -443,6 +454,27 @@ func TestFleetAcceptance(t *testing.T) {
 			t.Errorf("an rm on A showed on B after %s; want within 1s", got)
 		}
 	}
+}
+
+// whyKept says, for each digest, what the database holds about it: pin
+// rows (owner, seconds left on the server's clock), pending puts, links
+// and the window.
+func whyKept(t *testing.T, db *pgx.Conn, ds []string) string {
+	t.Helper()
+	var b strings.Builder
+	for _, d := range ds[:min(len(ds), 20)] {
+		var pins, pending, refs, window string
+		if err := db.QueryRow(t.Context(), `SELECT
+			(SELECT coalesce(string_agg(owner || ' ' || round((expiry/1e9 - extract(epoch from clock_timestamp()))::numeric, 1) || 's', ', '), '') FROM gc_pins WHERE digest = decode($1, 'hex')),
+			(SELECT coalesce(string_agg(ns || ' ' || holder, ', '), '') FROM ns_pending WHERE digest = decode($1, 'hex')),
+			(SELECT coalesce(string_agg(ns, ', '), '') FROM ns_refs WHERE digest = decode($1, 'hex')),
+			(SELECT coalesce(string_agg(round((visible_after/1e9 - extract(epoch from clock_timestamp()))::numeric, 1) || 's', ', '), '') FROM gc_window WHERE digest = decode($1, 'hex'))`,
+			d).Scan(&pins, &pending, &refs, &window); err != nil {
+			t.Fatal(err)
+		}
+		fmt.Fprintf(&b, "%s: pins [%s] pending [%s] links [%s] window [%s]\n", d[:12], pins, pending, refs, window)
+	}
+	return b.String()
 }
 
 // tail is the last n lines of s.
