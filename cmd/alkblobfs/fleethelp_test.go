@@ -12,7 +12,6 @@ import (
 	"os/exec"
 	"path/filepath"
 	"regexp"
-	"strings"
 	"syscall"
 	"testing"
 	"time"
@@ -286,15 +285,4 @@ func unlinkEINTR(p string) error {
 			return nil
 		}
 	}
-}
-
-// digestsOf returns the first field of each line of s.
-func digestsOf(s string) []string {
-	var out []string
-	for _, l := range lines(s) {
-		if f := strings.Fields(l); len(f) > 0 {
-			out = append(out, f[0])
-		}
-	}
-	return out
 }
