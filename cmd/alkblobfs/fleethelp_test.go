@@ -1,0 +1,288 @@
+//go:build linux
+
+package main
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net/url"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/alkblobfs/alkblobfs/engines/enginetest/faultproxy"
+	"github.com/alkblobfs/alkblobfs/engines/postgres"
+)
+
+// Helpers for fleet tests whose hosts run with clocks of their own, on
+// any large tier, each behind its own fault proxy.
+
+// skewHost is one fleet mount: its own data directory, mountpoint, proxy
+// to PostgreSQL and clock skew (ALKBLOBFS_CLOCK_SKEW of its daemon). It
+// can be killed and mounted again on the same mountpoint.
+type skewHost struct {
+	name  string
+	skew  string // a Go duration, or "" for the wall clock
+	proxy *faultproxy.Proxy
+	data  string
+	mnt   string
+	flags []string
+	dm    *daemon
+	past  string // the logs of its daemons before dm
+}
+
+// fleetFlags are the global flags of a fleet process on PostgreSQL dsn and
+// the large tier large, with the short pin TTL of the partition tests
+// (cutTTL). A host's go through its proxy p, with their short op timeout
+// (cutOpWait); the CLI's (p nil) go straight, with the default one: a
+// loaded machine may take longer than cutOpWait over the schema lock.
+func fleetFlags(t *testing.T, dsn, large string, p *faultproxy.Proxy) []string {
+	t.Helper()
+	if p != nil {
+		u, err := url.Parse(p.URL(t, dsn))
+		if err != nil {
+			t.Fatal(err)
+		}
+		q := u.Query()
+		q.Set(postgres.OpTimeoutParam, cutOpWait.String())
+		u.RawQuery = q.Encode()
+		dsn = u.String()
+	}
+	return []string{"--kv", dsn, "--large", large, "--fleet", "--pin-ttl", cutTTL.String()}
+}
+
+// startSkewHost mounts a new host. extra are mount flags (after the
+// global ones).
+func startSkewHost(t *testing.T, name, skew, dsn, large string, extra ...string) *skewHost {
+	t.Helper()
+	u, err := url.Parse(dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	h := &skewHost{name: name, skew: skew, proxy: faultproxy.New(t, u.Host), data: t.TempDir(), mnt: t.TempDir()}
+	h.flags = append(fleetFlags(t, dsn, large, h.proxy), extra...)
+	h.mount(t)
+	return h
+}
+
+// mount starts the host's daemon (again, after a kill: same data
+// directory, same mountpoint) with its skew. The process environment is
+// changed only for the start: the caller must not run a CLI command
+// concurrently.
+func (h *skewHost) mount(t *testing.T) {
+	t.Helper()
+	prev, had := os.LookupEnv(clockSkewEnv)
+	os.Setenv(clockSkewEnv, h.skew)
+	defer func() {
+		if had {
+			os.Setenv(clockSkewEnv, prev)
+		} else {
+			os.Unsetenv(clockSkewEnv)
+		}
+	}()
+	if h.dm != nil {
+		h.past += h.dm.stderr.String()
+	}
+	h.dm = startDaemon(t, h.data, h.mnt, h.flags...)
+}
+
+// log is what every daemon of the host has logged.
+func (h *skewHost) log() string { return h.past + h.dm.stderr.String() }
+
+// path is a path inside the host's mount.
+func (h *skewHost) path(elem ...string) string {
+	return filepath.Join(append([]string{h.mnt}, elem...)...)
+}
+
+// sweep runs a sweep through the host's control file (bounded: the host
+// must answer) and returns the control file's report, and whether that is
+// this sweep's: a sweep aborted because another process held the lease
+// leaves the previous report in place (gc: only a sweep that ran is
+// recorded), so a report is fresh only if it started after the last one.
+func (h *skewHost) sweep(t *testing.T) (rep map[string]any, fresh bool) {
+	t.Helper()
+	read := func() map[string]any {
+		b, err := os.ReadFile(h.path(".alkblobfs", "sweep"))
+		if err != nil {
+			t.Fatalf("the sweep report of %s: %v", h.name, err)
+		}
+		var rep map[string]any
+		if err := json.Unmarshal(b, &rep); err != nil {
+			t.Fatalf("sweep report of %s: %v\n%s", h.name, err, b)
+		}
+		return rep
+	}
+	var prev map[string]any
+	within(t, 30*time.Second, "a sweep through "+h.name+"'s control file", func() error {
+		prev = read()
+		if err := os.WriteFile(h.path(".alkblobfs", "sweep"), []byte("run\n"), 0o644); err != nil {
+			return fmt.Errorf("sweep through %s: %w", h.name, err)
+		}
+		rep = read()
+		return nil
+	})
+	return rep, rep["started"] != nil && rep["started"] != prev["started"] && rep["aborted"] == nil
+}
+
+// within runs op in a goroutine and fails the test if it errs or takes
+// longer than d. A goroutine left blocked in a mount is freed when the
+// daemons' cleanups abort their connections.
+func within(t *testing.T, d time.Duration, what string, op func() error) {
+	t.Helper()
+	done := make(chan error, 1)
+	go func() { done <- op() }()
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Fatalf("%s: %v", what, err)
+		}
+	case <-time.After(d):
+		t.Fatalf("%s: still waiting after %s", what, d)
+	}
+}
+
+// heldFile is a blob held open on a host, its head read.
+type heldFile struct {
+	host   string
+	digest string
+	f      *os.File
+	head   []byte
+}
+
+// hold opens blob d through h's namespace ns and reads its first 4 KiB.
+func hold(t *testing.T, h *skewHost, ns, d string) *heldFile {
+	t.Helper()
+	f := openWithin(t, h.path(ns, d), 5*time.Second)
+	t.Cleanup(func() { f.Close() })
+	head := make([]byte, 4096)
+	within(t, 10*time.Second, "reading the head of "+d[:12]+" on "+h.name, func() error {
+		_, err := io.ReadFull(f, head)
+		return err
+	})
+	return &heldFile{host: h.name, digest: d, f: f, head: head}
+}
+
+// readWhole reads the rest of the held file and closes it; the whole must
+// hash to its name.
+func (hf *heldFile) readWhole(t *testing.T) {
+	t.Helper()
+	within(t, 30*time.Second, "reading held "+hf.digest[:12]+" on "+hf.host+" to its end", func() error {
+		rest, err := io.ReadAll(hf.f)
+		if err != nil {
+			return fmt.Errorf("a file held open on %s since before the faults: %w", hf.host, err)
+		}
+		if got := sum(append(hf.head, rest...)); got != hf.digest {
+			return fmt.Errorf("a file held open on %s read back as %s, want %s", hf.host, got, hf.digest)
+		}
+		return hf.f.Close()
+	})
+}
+
+// loop is a shell loop run in its own process group until stopped.
+type loop struct {
+	name string
+	cmd  *exec.Cmd
+	stop string // the file whose existence ends the loop
+	done chan struct{}
+}
+
+// startLoop runs script, which must end soon after $STOP exists.
+func startLoop(t *testing.T, name, script string) *loop {
+	t.Helper()
+	l := &loop{name: name, stop: filepath.Join(t.TempDir(), "stop"), done: make(chan struct{})}
+	l.cmd = exec.Command("sh", "-c", script)
+	l.cmd.Env = append(os.Environ(), "STOP="+l.stop)
+	l.cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	if err := l.cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	go func() {
+		l.cmd.Wait()
+		close(l.done)
+	}()
+	t.Cleanup(func() {
+		syscall.Kill(-l.cmd.Process.Pid, syscall.SIGKILL)
+		<-l.done
+	})
+	return l
+}
+
+// end asks the loop to stop and waits for it, bounded; a loop that does
+// not end (a command stuck in a mount) fails the test.
+func (l *loop) end(t *testing.T) {
+	t.Helper()
+	if err := os.WriteFile(l.stop, nil, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-l.done:
+	case <-time.After(30 * time.Second):
+		t.Fatalf("the %s loop did not end within 30s of its stop file", l.name)
+	}
+}
+
+var hexName = regexp.MustCompile(`^[0-9a-f]{64}$`)
+
+// listed is the set of digests that dir (a namespace, through a mount)
+// lists.
+func listed(dir string) (map[string]bool, error) {
+	ents, err := os.ReadDir(dir)
+	if err != nil {
+		return nil, err
+	}
+	out := map[string]bool{}
+	for _, e := range ents {
+		if hexName.MatchString(e.Name()) {
+			out[e.Name()] = true
+		}
+	}
+	return out, nil
+}
+
+// sweepLines sums the "sweep done" log lines of a daemon's stderr: how
+// many sweeps ended, how many were aborted (the lease was elsewhere), and
+// what they staged and deleted.
+type sweepTally struct{ runs, aborted, staged, deleted int }
+
+var sweepLine = regexp.MustCompile(`msg="sweep done".*? aborted=(\S*) deleted=(\d+) staged=(\d+)`)
+
+func tallySweeps(log string) sweepTally {
+	var s sweepTally
+	for _, m := range sweepLine.FindAllStringSubmatch(log, -1) {
+		s.runs++
+		if m[1] != "" && m[1] != `""` {
+			s.aborted++
+		}
+		var d, st int
+		fmt.Sscan(m[2], &d)
+		fmt.Sscan(m[3], &st)
+		s.deleted += d
+		s.staged += st
+	}
+	return s
+}
+
+func (s sweepTally) String() string {
+	return fmt.Sprintf("%d sweeps (%d aborted), %d staged, %d deleted", s.runs, s.aborted, s.staged, s.deleted)
+}
+
+// unlinkEINTR unlinks p with one system call at a time: a retried unlink
+// whose first try committed before an interrupt fails with ENOENT, so an
+// EINTR counts as done once p is gone.
+func unlinkEINTR(p string) error {
+	for {
+		err := syscall.Unlink(p)
+		if !errors.Is(err, syscall.EINTR) {
+			return err
+		}
+		if _, serr := os.Stat(p); errors.Is(serr, os.ErrNotExist) {
+			return nil
+		}
+	}
+}
