@@ -419,6 +419,17 @@ func createSchema(ctx context.Context, db *sql.DB, dialect string, stmts []strin
 		}
 		return nil
 	}
+	// A schema that exists is left alone (see engines.DDLRelations: the
+	// DDL's locks deadlock with a busy mount's writes).
+	if names, ok := engines.DDLRelations(stmts); ok {
+		var missing int
+		if err := db.QueryRowContext(ctx, engines.PGMissingRelations, names).Scan(&missing); err != nil {
+			return err
+		}
+		if missing == 0 {
+			return nil
+		}
+	}
 	return engines.InTx(ctx, db, nil, func(tx *sql.Tx) error {
 		if _, err := tx.ExecContext(ctx, `SELECT pg_advisory_xact_lock($1)`, engines.PGSchemaLock); err != nil {
 			return err

@@ -43,8 +43,20 @@ func NewWindow(ctx context.Context, pool *pgxpool.Pool, name string) (*Window, e
 }
 
 // CreateSchema runs ddl in one transaction under an advisory lock, so that
-// engines opening the same database at once do not trip over each other.
+// engines opening the same database at once do not trip over each other,
+// unless every table and index it makes exists already: then it runs
+// nothing, and takes no lock that a writer of those tables holds (see
+// engines.DDLRelations).
 func CreateSchema(ctx context.Context, pool *pgxpool.Pool, ddl ...string) error {
+	if names, ok := engines.DDLRelations(ddl); ok {
+		var missing int
+		if err := pool.QueryRow(ctx, engines.PGMissingRelations, names).Scan(&missing); err != nil {
+			return fmt.Errorf("create schema: %w", err)
+		}
+		if missing == 0 {
+			return nil
+		}
+	}
 	return pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
 		if _, err := tx.Exec(ctx, `SELECT pg_advisory_xact_lock($1)`, engines.PGSchemaLock); err != nil {
 			return fmt.Errorf("create schema: %w", err)
