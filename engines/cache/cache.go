@@ -52,7 +52,6 @@ type Engine struct {
 
 	mu    sync.Mutex
 	fills map[blob.Digest]*fill
-	open  map[blob.Digest]int // hit cursors open in this process
 
 	proc   counters // this process, since Open
 	unsent counters // not yet added to the index's host counters
@@ -129,7 +128,7 @@ func New(ctx context.Context, remote engines.Large, opt Options) (engines.Large,
 		return nil, nil, fmt.Errorf("cache %s: not writable by this user, or on a read-only filesystem", opt.Dir)
 	}
 	e := &Engine{remote: remote, dir: opt.Dir, limit: opt.Limit, log: opt.Log, par: opt.Parallel, seg: opt.Segment,
-		fills: map[blob.Digest]*fill{}, open: map[blob.Digest]int{}}
+		fills: map[blob.Digest]*fill{}}
 	unlock, err := e.lock(unix.LOCK_EX)
 	if err != nil {
 		return nil, nil, err
@@ -349,9 +348,6 @@ func (e *Engine) openHit(ctx context.Context, d blob.Digest) (engines.Cursor, bo
 	if err := e.idx.touch(ctx, d); err != nil {
 		e.log.Debug("cache: could not record an access", "digest", d.String(), "err", err)
 	}
-	e.mu.Lock()
-	e.open[d]++
-	e.mu.Unlock()
 	return &hitCursor{e: e, d: d, FileCursor: fc}, true
 }
 
@@ -424,11 +420,6 @@ func (h *hitCursor) Close() error {
 		return nil
 	}
 	h.closed = true
-	h.e.mu.Lock()
-	if h.e.open[h.d]--; h.e.open[h.d] <= 0 {
-		delete(h.e.open, h.d)
-	}
-	h.e.mu.Unlock()
 	var err error
 	if h.refetch != nil {
 		err = h.refetch.Close()

@@ -94,17 +94,12 @@ func (e *Engine) filling() int64 {
 	return n
 }
 
-// evict removes d's copy unless it is open in any process of the host:
-// every open cursor holds a shared flock on the file, and the exclusive
-// one taken here without waiting fails while any does. A copy whose file
-// is gone only loses its row.
+// evict removes d's copy unless it is open in any process of the host,
+// this one included: every open cursor holds a shared flock on its own
+// descriptor of the file, and the exclusive one taken here on another
+// descriptor, without waiting, fails while any does. A copy whose file is
+// gone only loses its row.
 func (e *Engine) evict(ctx context.Context, d blob.Digest) (bool, error) {
-	e.mu.Lock()
-	busy := e.open[d] > 0
-	e.mu.Unlock()
-	if busy {
-		return false, nil
-	}
 	f, err := os.Open(e.loc.Path(d))
 	if errors.Is(err, os.ErrNotExist) {
 		return true, e.idx.remove(ctx, d)
