@@ -144,6 +144,7 @@ Commands: %s
 		newServeCmd(a),
 		newHaveCmd(a),
 		newVersionCmd(a),
+		newCacheCmd(a),
 	)
 	root.AddCommand(newManCmd(root))
 	root.SetVersionTemplate("{{.Version}}\n")
