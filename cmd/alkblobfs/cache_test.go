@@ -152,4 +152,49 @@ func cacheStat(t *testing.T, c *cli) map[string]any {
 	return m
 }
 
-var _ = strings.Contains
+
+
+// TestCacheSharedAndSweep: two mounts of one store with the same --cache
+// fill it once between them (the second reads the first's copy), and a
+// sweep that deletes the blob from S3 deletes it from the cache too.
+func TestCacheSharedAndSweep(t *testing.T) {
+	requireFUSE(t)
+	cdir := filepath.Join(t.TempDir(), "cache")
+	flags := []string{"--large", s3test.URL(t), "--cache", cdir, "--gc-window", "0"}
+	c := newCLI(t, flags...)
+	c.ok("ns", "create", "p")
+	f, b, d := writeFile(t, t.TempDir(), 4<<20, 4)
+	c.ok("put", "--ns", "p", f)
+	mntA, mntB := t.TempDir(), t.TempDir()
+	dmA := startDaemon(t, c.data, mntA, flags...)
+	dmB := startDaemon(t, c.data, mntB, flags...)
+	if got, err := os.ReadFile(filepath.Join(mntA, "p", d)); err != nil || !bytes.Equal(got, b) {
+		t.Fatalf("read through A: %v", err)
+	}
+	waitCached(t, cdir, d)
+	if got, err := os.ReadFile(filepath.Join(mntB, "p", d)); err != nil || !bytes.Equal(got, b) {
+		t.Fatalf("read through B: %v", err)
+	}
+	stopDaemon(t, dmB) // its counters go to the host's
+	var s map[string]any
+	eventually(t, 10*time.Second, "A's counters to reach the host's (flushed every 2 s)", func() bool {
+		s = cacheStat(t, c)
+		return s["host"].(map[string]any)["fills"].(float64) >= 1
+	})
+	host := s["host"].(map[string]any)
+	if host["fills"].(float64) != 1 || host["hits"].(float64) < 1 || s["blobs"].(float64) != 1 {
+		t.Fatalf("two mounts, one cache: %v", s)
+	}
+	if err := os.Remove(filepath.Join(mntA, "p", d)); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, 15*time.Second, "the sweep to delete the blob and its cached copy", func() bool {
+		sweepVia(t, mntA)
+		_, err := os.Stat(cachedFile(cdir, d))
+		return os.IsNotExist(err)
+	})
+	if strings.Contains(c.ok("ls"), d) {
+		t.Fatal("the blob is still in the pool")
+	}
+	stopDaemon(t, dmA)
+}
