@@ -152,8 +152,6 @@ func cacheStat(t *testing.T, c *cli) map[string]any {
 	return m
 }
 
-
-
 // TestCacheSharedAndSweep: two mounts of one store with the same --cache
 // fill it once between them (the second reads the first's copy), and a
 // sweep that deletes the blob from S3 deletes it from the cache too.

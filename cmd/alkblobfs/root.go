@@ -37,8 +37,8 @@ type app struct {
 	shared    bool
 	tables    []string
 	logLevel  levelValue
-	remote    string // --remote: put, get, cat and have go to this server
-	tokenFile string // --auth-token-file: the bearer token, server and client
+	remote    string     // --remote: put, get, cat and have go to this server
+	tokenFile string     // --auth-token-file: the bearer token, server and client
 	cache     cacheFlags // --cache, --cache-size (config.go)
 
 	// inData: storeConfig put a tier in the data directory (a mount then

@@ -3,8 +3,8 @@ package cache_test
 import (
 	"bytes"
 	"context"
-	"errors"
 	"crypto/sha256"
+	"errors"
 	"io"
 	"math/rand/v2"
 	"os"
