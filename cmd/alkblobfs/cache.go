@@ -9,7 +9,6 @@ import (
 
 	"github.com/spf13/cobra"
 
-	"github.com/alkblobfs/alkblobfs/blob"
 	"github.com/alkblobfs/alkblobfs/namespaces"
 	"github.com/alkblobfs/alkblobfs/store"
 )
@@ -103,10 +102,10 @@ are skipped. Small blobs live in the kv tier and need no cache.`,
 			}
 			defer st.Close()
 			var ds []store.Digest
-			if d, perr := blob.Parse(args[0]); perr == nil {
+			if d, perr := store.ParseDigest(args[0]); perr == nil {
 				ds = append(ds, d)
 				for _, s := range args[1:] {
-					d, err := blob.Parse(s)
+					d, err := store.ParseDigest(s)
 					if err != nil {
 						return usagef(cmd, "%q: not a digest", s)
 					}
