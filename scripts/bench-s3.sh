@@ -11,6 +11,12 @@
 #   read   dd of that blob, cold (page cache dropped, fresh mount) and warm
 #          (the third read); local reads use passthrough, S3 reads ranged
 #          GETs
+#   again  dd of the blob after drop_caches and a remount: for s3+cache,
+#          a read of the --cache copy (the first cold read filled it)
+#
+# Systems: local (the local large tier), s3, and s3+cache (s3 with
+# --cache in the work directory, on its own prefix so that no put dedups
+# against the s3 system's).
 #
 # Each workload runs BENCH_REPS times (default 3), interleaved across the
 # two systems; the table gives median, min and max seconds and MB/s of the
@@ -47,11 +53,13 @@ bin=$work/alkblobfs
 
 # The bucket URL with a prefix of this run's own.
 s3url=$(printf '%s' "$ALKBLOBFS_S3_URL" | sed -E "s|^s3://([^/?]+)[^?]*|s3://\\1/bench-$$|")
-declare -A large=([local]="local:$work/local/large" [s3]="$s3url")
+declare -A large=([local]="local:$work/local/large" [s3]="$s3url" [s3c]="${s3url/bench-$$/bench-$$-c}")
+declare -A extra=([local]="" [s3]="" [s3c]="--cache $work/s3c/cache --cache-size 4GiB")
 
 results=$work/results
 # mnt SYSTEM: mounts SYSTEM's store on $work/mnt-SYSTEM.
-mnt() { mountfs "$bin" "$work/mnt-$1" --data "$work/$1" --large "${large[$1]}" mount; }
+# shellcheck disable=SC2086 # extra is words
+mnt() { mountfs "$bin" "$work/mnt-$1" --data "$work/$1" --large "${large[$1]}" ${extra[$1]} mount; }
 
 echo "== sources ($size_mb MiB x $reps)"
 head -c "$((size_mb << 20))" /dev/urandom >"$work/src.bin"
@@ -59,18 +67,19 @@ for r in $(seq 1 "$reps"); do
 	cp "$work/src.bin" "$work/src-$r.bin"
 	printf 'repetition %d' "$r" | dd of="$work/src-$r.bin" conv=notrunc status=none
 done
-for s in local s3; do
+systems=(local s3 s3c)
+for s in "${systems[@]}"; do
 	mkdir -p "$work/$s"
 	chmod 700 "$work/$s"
-	"$bin" --data "$work/$s" --large "${large[$s]}" ns create bench >/dev/null
+	# shellcheck disable=SC2086
+	"$bin" --data "$work/$s" --large "${large[$s]}" ${extra[$s]} ns create bench >/dev/null
 done
 
-systems=(local s3)
 for r in $(seq 1 "$reps"); do
 	echo "== repetition $r of $reps"
 	d=$(sha256sum "$work/src-$r.bin" | cut -c1-64)
-	for i in 0 1; do
-		s=${systems[$(((i + r - 1) % 2))]}
+	for i in 0 1 2; do
+		s=${systems[$(((i + r - 1) % 3))]}
 		mnt "$s"
 		rec "cp $size_mb MiB into incoming/" "alkblobfs $s" "$(secs cp "$work/src-$r.bin" "$work/mnt-$s/bench/incoming/w-$r")"
 		umountfs "$work/mnt-$s"
@@ -79,6 +88,10 @@ for r in $(seq 1 "$reps"); do
 		rec "read $size_mb MiB, cold" "alkblobfs $s" "$(secs ddread "$work/mnt-$s/bench/$d")"
 		secs ddread "$work/mnt-$s/bench/$d" >/dev/null
 		rec "read $size_mb MiB, warm" "alkblobfs $s" "$(secs ddread "$work/mnt-$s/bench/$d")"
+		umountfs "$work/mnt-$s"
+		dropcaches
+		mnt "$s"
+		rec "read $size_mb MiB, again" "alkblobfs $s" "$(secs ddread "$work/mnt-$s/bench/$d")"
 		umountfs "$work/mnt-$s"
 	done
 done

@@ -69,6 +69,10 @@ func (s *Store) open(ctx context.Context, d Digest, judge bool) (*Reader, bool, 
 	if s.closed.Load() {
 		return nil, false, ErrClosed
 	}
+	if !judge {
+		// A scrub checks the pool, not this host's cache of it.
+		ctx = engines.Direct(ctx)
+	}
 	for _, t := range s.tiers() {
 		cur, err := t.e.Open(ctx, d)
 		if errors.Is(err, ErrMissing) {
@@ -146,6 +150,9 @@ func (r *Reader) Passthrough() (fd uintptr, ok bool) {
 	if r.suspect || !r.trusted && !r.good {
 		return 0, false
 	}
+	if _, ok := cursorFile(r.cur); !ok {
+		return 0, false // a cache's copy dropped since (engines.Refetcher)
+	}
 	return fc.File().Fd(), true
 }
 
@@ -212,6 +219,7 @@ func (r *Reader) eof() error {
 		r.h = nil
 		if got != r.d {
 			r.err = blob.Wrap("read", r.engine, r.d, fmt.Errorf("%w: content hashes to %s", ErrVerification, got))
+			r.refetch() // a cache's copy: dropped, so that the next Get fetches it again
 		} else {
 			r.verifiedWhole()
 		}
@@ -250,6 +258,9 @@ func (r *Reader) WriteTo(w io.Writer) (int64, error) {
 func (r *Reader) ReadAt(p []byte, off int64) (int, error) {
 	if r.v != nil {
 		n, err := r.v.readAt(p, off)
+		if err != nil && errors.Is(err, ErrVerification) && r.refetch() {
+			n, err = r.v.readAt(p, off) // from the remote tier now
+		}
 		r.s.stats.bytesOut.Add(int64(n))
 		return n, err
 	}

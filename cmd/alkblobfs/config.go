@@ -11,9 +11,11 @@ import (
 	"time"
 
 	"github.com/spf13/cobra"
+	"github.com/spf13/pflag"
 	"golang.org/x/sys/unix"
 
 	"github.com/alkblobfs/alkblobfs/engines"
+	"github.com/alkblobfs/alkblobfs/engines/cache"
 	"github.com/alkblobfs/alkblobfs/engines/local"
 	"github.com/alkblobfs/alkblobfs/engines/mem"
 	"github.com/alkblobfs/alkblobfs/engines/pglo"
@@ -206,6 +208,9 @@ func (a *app) storeConfig(cmd *cobra.Command) (store.Config, error) {
 	if kvURL == "none" && largeURL == "none" {
 		return cfg, usagef(cmd, "--kv and --large are both none: a store needs at least one engine")
 	}
+	if err := a.cache.check(largeURL); err != nil {
+		return cfg, usage(cmd, err)
+	}
 	kv, err := openEngine(ctx, roleKV, kvURL, a.log)
 	if err != nil {
 		return cfg, a.urlError(cmd, "--kv", err)
@@ -222,6 +227,14 @@ func (a *app) storeConfig(cmd *cobra.Command) (store.Config, error) {
 	}
 	if large != nil {
 		cfg.Large = large.(engines.Large)
+	}
+	if a.cache.dir != "" {
+		c, _, err := cache.New(ctx, cfg.Large, cache.Options{Dir: a.cache.dir, Limit: int64(a.cache.size), Log: a.log})
+		if err != nil {
+			closeEngines(cfg)
+			return cfg, err
+		}
+		cfg.Large = c
 	}
 	if large == nil && strings.HasPrefix(kvURL, "mem:") {
 		cfg.Mode = store.ModeMemOnly
@@ -359,4 +372,56 @@ func pgOpenError(dsn string, err error) error {
 		return &badURLError{postgres.Redact(dsn, dsn), err.Error()}
 	}
 	return err
+}
+
+// cacheFlags are --cache and --cache-size: a local cache of a remote
+// large tier (engines/cache), shared by every process of the host that
+// names the same directory.
+type cacheFlags struct {
+	dir  string
+	size sizeValue
+}
+
+// defaultCacheSize bounds a cache given no --cache-size.
+const defaultCacheSize = 10 << 30
+
+func (c *cacheFlags) register(f *pflag.FlagSet) {
+	c.size = defaultCacheSize
+	f.StringVar(&c.dir, "cache", "", "keep local copies of the s3:// or pglo large tier's blobs in this `DIR` (shared by every process of the host that names it)")
+	f.Var(&c.size, "cache-size", "most bytes the --cache directory holds, e.g. 50GiB (least recently used copies go first)")
+}
+
+// check refuses a cache of a large tier that is local already, and a
+// size without a cache.
+func (c *cacheFlags) check(largeURL string) error {
+	if c.dir == "" {
+		if c.size != defaultCacheSize {
+			return errors.New("--cache-size bounds the --cache directory: give --cache DIR too")
+		}
+		return nil
+	}
+	scheme, _, _ := strings.Cut(largeURL, ":")
+	if scheme != "s3" && scheme != "pglo" {
+		return fmt.Errorf("--cache keeps local copies of a remote large tier (--large s3://… or pglo); the large tier here is %s, which is not remote", redactedScheme(largeURL))
+	}
+	if !filepath.IsAbs(c.dir) {
+		abs, err := filepath.Abs(c.dir)
+		if err != nil {
+			return fmt.Errorf("--cache %s: %v", c.dir, err)
+		}
+		c.dir = abs
+	}
+	return nil
+}
+
+// redactedScheme names a large-tier URL by its kind, never its secrets.
+func redactedScheme(url string) string {
+	scheme, rest, _ := strings.Cut(url, ":")
+	switch scheme {
+	case "local":
+		return "local:" + rest
+	case "none":
+		return "none"
+	}
+	return scheme + ":"
 }

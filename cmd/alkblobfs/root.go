@@ -37,8 +37,9 @@ type app struct {
 	shared    bool
 	tables    []string
 	logLevel  levelValue
-	remote    string // --remote: put, get, cat and have go to this server
-	tokenFile string // --auth-token-file: the bearer token, server and client
+	remote    string     // --remote: put, get, cat and have go to this server
+	tokenFile string     // --auth-token-file: the bearer token, server and client
+	cache     cacheFlags // --cache, --cache-size (config.go)
 
 	// inData: storeConfig put a tier in the data directory (a mount then
 	// shows it as its source).
@@ -123,6 +124,7 @@ Commands: %s
 	f.BoolVar(&a.shared, "shared-media", false, "with --fleet: the local large tier is on storage every host mounts at the same path")
 	f.Var(&a.logLevel, "log-level", "log level on stderr: debug, info, warn or error")
 	f.StringVar(&a.remote, "remote", "", "send put, get, cat and have to the alkblobfs HTTP server at this `URL` (http://HOST:PORT) instead of opening a store")
+	a.cache.register(f)
 	f.StringVar(&a.tokenFile, "auth-token-file", "", "bearer token (first line of `FILE`) that serve and mount --listen require, and that --remote sends")
 
 	root.AddCommand(
@@ -142,6 +144,7 @@ Commands: %s
 		newServeCmd(a),
 		newHaveCmd(a),
 		newVersionCmd(a),
+		newCacheCmd(a),
 	)
 	root.AddCommand(newManCmd(root))
 	root.SetVersionTemplate("{{.Version}}\n")

@@ -134,6 +134,10 @@ func (e *Engine) shardDir(d blob.Digest) string {
 	return filepath.Join(e.blobDir, d.String()[:2])
 }
 
+// Path is where d's file is (or would be): dir/blobs/ab/abcdef…. A cache
+// in the local layout (engines/cache) locks and checks it.
+func (e *Engine) Path(d blob.Digest) string { return e.path(d) }
+
 func (e *Engine) path(d blob.Digest) string {
 	s := d.String()
 	return filepath.Join(e.blobDir, s[:2], s)

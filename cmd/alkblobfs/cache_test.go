@@ -1,0 +1,198 @@
+package main
+
+import (
+	"bytes"
+	"encoding/json"
+	"os"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/alkblobfs/alkblobfs/engines/s3/s3test"
+)
+
+// TestCacheFlagsRefused: --cache is for a remote large tier; with a local,
+// mem or no large tier, and --cache-size alone, it is a usage error that
+// opens nothing.
+func TestCacheFlagsRefused(t *testing.T) {
+	c := newCLI(t)
+	cdir := filepath.Join(t.TempDir(), "cache")
+	c.fail(2, "not remote", "--cache", cdir, "ls")
+	c.fail(2, "not remote", "--cache", cdir, "--large", "mem:", "ls")
+	c.fail(2, "not remote", "--cache", cdir, "--large", "none", "ls")
+	c.fail(2, "give --cache DIR too", "--cache-size", "1GiB", "ls")
+	if _, err := os.Stat(cdir); !os.IsNotExist(err) {
+		t.Fatalf("a refused --cache created its directory: %v", err)
+	}
+}
+
+// dropPageCache makes the next read of a mounted file reach the daemon.
+func dropPageCache(t *testing.T) {
+	t.Helper()
+	if err := os.WriteFile("/proc/sys/vm/drop_caches", []byte("1\n"), 0o200); err != nil {
+		t.Skipf("cannot drop the page cache: %v", err)
+	}
+}
+
+func cachedFile(cdir, d string) string { return filepath.Join(cdir, "blobs", d[:2], d) }
+
+func waitCached(t *testing.T, cdir, d string) {
+	t.Helper()
+	eventually(t, 20*time.Second, d+" to be in the cache", func() bool {
+		_, err := os.Stat(cachedFile(cdir, d))
+		return err == nil
+	})
+}
+
+// TestCacheMountS3Down: a mount on S3 with --cache fills the cache on the
+// first read; with the S3 server stopped, the cached blob still reads
+// through the mount and an uncached one is EIO.
+func TestCacheMountS3Down(t *testing.T) {
+	requireFUSE(t)
+	srv := s3test.FaultServer(t)
+	cdir := filepath.Join(t.TempDir(), "cache")
+	flags := []string{"--large", srv.URL, "--cache", cdir, "--cache-size", "64MiB"}
+	c := newCLI(t, flags...)
+	c.ok("ns", "create", "p")
+	src := t.TempDir()
+	fa, a, da := writeFile(t, src, 3<<20, 1)
+	fb, _, db := writeFile(t, src, 3<<20, 2)
+	c.ok("put", "--ns", "p", fa, fb)
+	mnt := t.TempDir()
+	dm := startDaemon(t, c.data, mnt, flags...)
+	got, err := os.ReadFile(filepath.Join(mnt, "p", da))
+	if err != nil || !bytes.Equal(got, a) {
+		t.Fatalf("first read through the mount: %v", err)
+	}
+	waitCached(t, cdir, da)
+	if _, err := os.Stat(cachedFile(cdir, db)); err == nil {
+		t.Fatalf("%s is cached without a read", db)
+	}
+
+	srv.Stop(t)
+	dropPageCache(t)
+	got, err = os.ReadFile(filepath.Join(mnt, "p", da))
+	if err != nil || !bytes.Equal(got, a) {
+		t.Fatalf("cached blob with S3 stopped: %v", err)
+	}
+	_, err = os.ReadFile(filepath.Join(mnt, "p", db))
+	if !errorsIsErrno(err, syscall.EIO) {
+		t.Fatalf("uncached blob with S3 stopped: %v, want EIO", err)
+	}
+	srv.Start(t)
+	stopDaemon(t, dm)
+}
+
+func errorsIsErrno(err error, want syscall.Errno) bool {
+	var pe *os.PathError
+	if e, ok := err.(*os.PathError); ok {
+		pe = e
+	}
+	return pe != nil && pe.Err == want
+}
+
+// TestCacheKill9MidFill: a mount killed while it fills the cache leaves a
+// stage file and no copy; the next process that opens the cache removes
+// the stage, and the blob then fills and reads whole.
+func TestCacheKill9MidFill(t *testing.T) {
+	requireFUSE(t)
+	cdir := filepath.Join(t.TempDir(), "cache")
+	flags := []string{"--large", s3test.URL(t), "--cache", cdir}
+	c := newCLI(t, flags...)
+	c.ok("ns", "create", "p")
+	f, b, d := writeFile(t, t.TempDir(), 96<<20, 3)
+	c.ok("put", "--ns", "p", f)
+	mnt := t.TempDir()
+	dm := startDaemon(t, c.data, mnt, flags...)
+	fh, err := os.Open(filepath.Join(mnt, "p", d))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer fh.Close()
+	if _, err := fh.Read(make([]byte, 4096)); err != nil {
+		t.Fatal(err)
+	}
+	stages := func() []string { m, _ := filepath.Glob(filepath.Join(cdir, "stage", "stage-*")); return m }
+	if len(stages()) == 0 {
+		t.Skip("the fill ended before the test saw its stage (a fast machine): nothing to kill mid-fill")
+	}
+	dm.cmd.Process.Kill()
+	dm.wait(15 * time.Second)
+	abortFUSE(t, mnt)
+	if _, err := os.Stat(cachedFile(cdir, d)); err == nil {
+		t.Fatal("a fill cut by kill -9 published a copy")
+	}
+	if len(stages()) == 0 {
+		t.Fatal("the kill left no stage (nothing was mid-fill)")
+	}
+	c.ok("ls", "p") // opens the cache
+	if s := stages(); len(s) != 0 {
+		t.Fatalf("stages left after the next start: %v", s)
+	}
+	mnt2 := t.TempDir()
+	dm2 := startDaemon(t, c.data, mnt2, flags...)
+	got, err := os.ReadFile(filepath.Join(mnt2, "p", d))
+	if err != nil || !bytes.Equal(got, b) {
+		t.Fatalf("read after the restart: %v", err)
+	}
+	waitCached(t, cdir, d)
+	stopDaemon(t, dm2)
+}
+
+// cacheStat runs `alkblobfs cache stat --json`.
+func cacheStat(t *testing.T, c *cli) map[string]any {
+	t.Helper()
+	var m map[string]any
+	out := c.ok("cache", "stat", "--json")
+	if err := json.Unmarshal([]byte(out), &m); err != nil {
+		t.Fatalf("cache stat --json: %v\n%s", err, out)
+	}
+	return m
+}
+
+// TestCacheSharedAndSweep: two mounts of one store with the same --cache
+// fill it once between them (the second reads the first's copy), and a
+// sweep that deletes the blob from S3 deletes it from the cache too.
+func TestCacheSharedAndSweep(t *testing.T) {
+	requireFUSE(t)
+	cdir := filepath.Join(t.TempDir(), "cache")
+	flags := []string{"--large", s3test.URL(t), "--cache", cdir, "--gc-window", "0"}
+	c := newCLI(t, flags...)
+	c.ok("ns", "create", "p")
+	f, b, d := writeFile(t, t.TempDir(), 4<<20, 4)
+	c.ok("put", "--ns", "p", f)
+	mntA, mntB := t.TempDir(), t.TempDir()
+	dmA := startDaemon(t, c.data, mntA, flags...)
+	dmB := startDaemon(t, c.data, mntB, flags...)
+	if got, err := os.ReadFile(filepath.Join(mntA, "p", d)); err != nil || !bytes.Equal(got, b) {
+		t.Fatalf("read through A: %v", err)
+	}
+	waitCached(t, cdir, d)
+	if got, err := os.ReadFile(filepath.Join(mntB, "p", d)); err != nil || !bytes.Equal(got, b) {
+		t.Fatalf("read through B: %v", err)
+	}
+	stopDaemon(t, dmB) // its counters go to the host's
+	var s map[string]any
+	eventually(t, 10*time.Second, "A's counters to reach the host's (flushed every 2 s)", func() bool {
+		s = cacheStat(t, c)
+		return s["host"].(map[string]any)["fills"].(float64) >= 1
+	})
+	host := s["host"].(map[string]any)
+	if host["fills"].(float64) != 1 || host["hits"].(float64) < 1 || s["blobs"].(float64) != 1 {
+		t.Fatalf("two mounts, one cache: %v", s)
+	}
+	if err := os.Remove(filepath.Join(mntA, "p", d)); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, 15*time.Second, "the sweep to delete the blob and its cached copy", func() bool {
+		sweepVia(t, mntA)
+		_, err := os.Stat(cachedFile(cdir, d))
+		return os.IsNotExist(err)
+	})
+	if strings.Contains(c.ok("ls"), d) {
+		t.Fatal("the blob is still in the pool")
+	}
+	stopDaemon(t, dmA)
+}

@@ -1,0 +1,97 @@
+// Package cache is a bounded local disk cache in front of a remote large
+// tier (engines/s3, engines/pglo): a decorator of engines.Large, so that
+// the store — and through it every surface, the mount, serve and the CLI —
+// reads through it without knowing it is there.
+//
+// # Layout
+//
+// The cache directory is a local tier (engines/local) plus two files:
+//
+//	DIR/blobs/ab/abcdef…   a cached blob, named by its digest, mode 0444
+//	DIR/sums/ab/abcdef…    its chunk checksums (the remote's sidecar, copied)
+//	DIR/stage/stage-*      fills in flight (flocked by their process)
+//	DIR/index.db           SQLite (WAL): one row per copy (size, last
+//	                       access) and the host's counters
+//	DIR/lock               flock: shared by publishes and evictions,
+//	                       exclusive for the rebuild at open
+//
+// A hit is the local tier's file cursor (an engines.FileCursor), so the
+// store judges it as it judges a local blob: passthrough in
+// --verify=publish, and in --verify=full once a reader of this process has
+// checked every chunk of the file as it is now; a file whose identity
+// changed is verified again first (store/verdicts.go).
+//
+// # Fill on read
+//
+// A miss opens the remote cursor and starts a fill (fill.go): Parallel
+// workers (4) fetch Segment-sized (16 MiB) ranges — each one S3 ranged GET
+// or a run of pglo lo_get windows — and write them into a stage file; a
+// reader is served from the stage for a segment already written, waits
+// for one being fetched, and fetches one nobody has started itself, so its
+// first byte never waits for the whole blob. Readers of the blob in this
+// process join the fill in flight (one fill, the blob's bytes fetched
+// once). The store still checks every chunk a reader is given against the
+// chunk checksums (store/verify.go), as it does without a cache. The
+// fill's hasher reads the segments back in order and the stage is
+// published (fsync, rename without replace) only when the whole blob
+// hashed to its digest; any failure drops the stage and the readers go on
+// from the remote tier. Two processes that miss the same blob at once
+// fill it twice; the rename keeps one copy.
+//
+// # Bound and policy
+//
+// Before a fill, least recently accessed copies are evicted until the
+// blob fits both Limit (the index's total plus this process's fills in
+// flight) and the filesystem's free space less 1/50 of it: the cache never
+// fills its disk. LRU by last open: a content-addressed blob never goes
+// stale, so recency is the only signal, and the workloads the cache serves
+// (build outputs, datasets, images) re-read their recent working set; a
+// frequency policy (LFU, ARC) would keep last month's hot blobs over
+// today's. A copy open in any process of the host is never evicted: every
+// hit cursor holds a shared flock on its descriptor and eviction takes an
+// exclusive one without waiting; a blob being filled is not in blobs/ yet.
+// Eviction and "cache drop" skip those. A fill that finds no room, or a
+// disk that is full anyway (ENOSPC creating or writing the stage), gives
+// the fill up with a log line and a counter; the read goes on from the
+// remote tier.
+//
+// # Shared by the processes of a host
+//
+// Every process that opens the same directory shares its files and one
+// bound through index.db: a row is added in the publish and removed with
+// the file, so the total is SUM(size) with no double counting, and
+// eviction picks the oldest row whoever filled it. The alternative, flock
+// and a directory scan per fill, costs time in proportion to the cache's
+// files at every fill; the index costs one short SQLite write per open.
+// Counters are added to the index every 2 s and at close (cache stat sums
+// the host's processes).
+//
+// # Restarts
+//
+// Open removes stage files no live process holds locked (a fill cut by
+// kill -9, engines/local), then reconciles the index with blobs/ in one
+// merge of two digest-ordered listings: time in proportion to the number
+// of files, not their bytes (a million files is a million directory
+// entries read, seconds), and one transaction for what differs.
+//
+// # Corruption and deletes
+//
+// A cached copy whose chunk fails its checksum is never served: the
+// store's reader asks the cursor to Refetch (engines.Refetcher), which
+// drops the copy and serves the rest from the remote tier, filling the
+// cache again; the failed read is retried once. Scrubs read the remote tier
+// itself (engines.Direct), so a bad copy on one host never marks the blob
+// corrupt in the shared ledger. A Delete (a sweep) deletes from the remote
+// tier, then this host's copy. Other hosts' copies of a deleted blob are
+// garbage only: namespaces decide lookups, so no path leads to them once
+// no namespace links the blob, and they go by LRU eviction (they are never
+// opened again, so they are the oldest). Has asks the remote tier, never
+// the copy: a copy does not prove the pool still holds the blob. Size is
+// answered from the copy (content addressing: it cannot differ), so ls and
+// stat of a cached blob do not reach the remote.
+//
+// # Puts
+//
+// Puts go to the remote tier's stage, unchanged; a put does not fill the
+// cache (write-through is to do: see docs/s3.md).
+package cache
