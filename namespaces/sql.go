@@ -616,7 +616,7 @@ func (r *SQL) PendTx(ctx context.Context, tx *sql.Tx, name string, d blob.Digest
 		}
 	}
 	i := newIntent()
-	res, err := tx.StmtContext(ctx, r.pendStmt).ExecContext(ctx, r.args(int64(i), name, d[:], p.Holder, nowArg{}, int64(p.TTL), name)...)
+	res, err := r.txExec(ctx, tx, r.pendStmt, r.q.pend, r.args(int64(i), name, d[:], p.Holder, nowArg{}, int64(p.TTL), name)...)
 	var n int64
 	if err == nil {
 		n, err = res.RowsAffected()
@@ -637,7 +637,7 @@ func (r *SQL) Settle(ctx context.Context, i Intent) (bool, error) {
 	now := r.clock.Now().UnixNano()
 	if r.dialect == "postgres" {
 		var n int
-		if err := r.settleTakeStmt.QueryRowContext(ctx, int64(i), now).Scan(&n); err != nil {
+		if err := r.db.QueryRowContext(ctx, r.q.settleTake, int64(i), now).Scan(&n); err != nil {
 			return false, wrap("settle", "", blob.Digest{}, err)
 		}
 		return n == 1, nil
@@ -679,10 +679,24 @@ func (r *SQL) Cancel(ctx context.Context, i Intent) error {
 
 // CancelTx implements TxLinker.
 func (r *SQL) CancelTx(ctx context.Context, tx *sql.Tx, i Intent) error {
-	if _, err := tx.StmtContext(ctx, r.unpendStmt).ExecContext(ctx, int64(i)); err != nil {
+	if _, err := r.txExec(ctx, tx, r.unpendStmt, r.q.unpend, int64(i)); err != nil {
 		return wrap("cancel", "", blob.Digest{}, err)
 	}
 	return nil
+}
+
+// txExec runs a hot statement of a put's transaction: st, prepared once,
+// on SQLite; on PostgreSQL its text q, which pgx prepares once per pooled
+// connection and keeps in that connection's statement cache. A
+// database/sql Stmt would cost two round trips more per put there: the
+// pool hands database/sql a fresh driver connection for every
+// transaction, on which st is prepared again, and deallocated when the
+// transaction ends.
+func (r *SQL) txExec(ctx context.Context, tx *sql.Tx, st *sql.Stmt, q string, args ...any) (sql.Result, error) {
+	if r.dialect == "postgres" {
+		return tx.ExecContext(ctx, q, args...)
+	}
+	return tx.StmtContext(ctx, st).ExecContext(ctx, args...)
 }
 
 // Renew implements Registry: one UPDATE over the holder's index.
