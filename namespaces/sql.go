@@ -8,6 +8,7 @@ import (
 	"iter"
 	"slices"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/alkblobfs/alkblobfs/blob"
@@ -51,6 +52,8 @@ type SQL struct {
 	// batch, when the engine has one (SQLite), carries the registry's
 	// write transactions (write), settles lazily.
 	batch *engines.Batcher
+	// settles groups concurrent settles in one statement (PostgreSQL).
+	settles *settleGroup
 	// noPerm: the ns table has no permission columns (an older store on
 	// read-only media): Perm reports none.
 	noPerm bool
@@ -238,6 +241,7 @@ func OpenSQL(ctx context.Context, e engines.SQL, clock Clock) (*SQL, error) {
 		return nil, fmt.Errorf("namespaces: open %s: add the ns permission columns: %w", dialect, err)
 	}
 	r := &SQL{db: db, dialect: dialect, clock: orWall(clock), q: newQueries(dialect), noPerm: !permCols}
+	r.settles = &settleGroup{db: db}
 	if dialect == "sqlite" {
 		r.rows = rows
 	}
@@ -631,7 +635,7 @@ func (r *SQL) PendTx(ctx context.Context, tx *sql.Tx, name string, d blob.Digest
 		}
 	}
 	i := newIntent()
-	res, err := tx.StmtContext(ctx, r.pendStmt).ExecContext(ctx, r.args(int64(i), name, d[:], p.Holder, nowArg{}, int64(p.TTL), name)...)
+	res, err := r.txExec(ctx, tx, r.pendStmt, r.q.pend, r.args(int64(i), name, d[:], p.Holder, nowArg{}, int64(p.TTL), name)...)
 	var n int64
 	if err == nil {
 		n, err = res.RowsAffected()
@@ -651,11 +655,11 @@ func (r *SQL) PendTx(ctx context.Context, tx *sql.Tx, name string, d blob.Digest
 func (r *SQL) Settle(ctx context.Context, i Intent) (bool, error) {
 	now := r.clock.Now().UnixNano()
 	if r.dialect == "postgres" {
-		var n int
-		if err := r.settleTakeStmt.QueryRowContext(ctx, int64(i), now).Scan(&n); err != nil {
+		linked, err := r.settles.do(ctx, i, now)
+		if err != nil {
 			return false, wrap("settle", "", blob.Digest{}, err)
 		}
-		return n == 1, nil
+		return linked, nil
 	}
 	var linked bool
 	settle := func(ctx context.Context, tx *sql.Tx) error {
@@ -694,10 +698,24 @@ func (r *SQL) Cancel(ctx context.Context, i Intent) error {
 
 // CancelTx implements TxLinker.
 func (r *SQL) CancelTx(ctx context.Context, tx *sql.Tx, i Intent) error {
-	if _, err := tx.StmtContext(ctx, r.unpendStmt).ExecContext(ctx, int64(i)); err != nil {
+	if _, err := r.txExec(ctx, tx, r.unpendStmt, r.q.unpend, int64(i)); err != nil {
 		return wrap("cancel", "", blob.Digest{}, err)
 	}
 	return nil
+}
+
+// txExec runs a hot statement of a put's transaction: st, prepared once,
+// on SQLite; on PostgreSQL its text q, which pgx prepares once per pooled
+// connection and keeps in that connection's statement cache. A
+// database/sql Stmt would cost two round trips more per put there: the
+// pool hands database/sql a fresh driver connection for every
+// transaction, on which st is prepared again, and deallocated when the
+// transaction ends.
+func (r *SQL) txExec(ctx context.Context, tx *sql.Tx, st *sql.Stmt, q string, args ...any) (sql.Result, error) {
+	if r.dialect == "postgres" {
+		return tx.ExecContext(ctx, q, args...)
+	}
+	return tx.StmtContext(ctx, st).ExecContext(ctx, args...)
 }
 
 // Renew implements Registry: one UPDATE over the holder's index.
@@ -1109,4 +1127,106 @@ func key(d blob.Digest) []byte {
 		return []byte{}
 	}
 	return d[:]
+}
+
+// settleGroup settles the intents of concurrent callers in one statement
+// on PostgreSQL (settleManySQL): a cp -r of small files settles one per
+// file at its RELEASE, and a statement each was a round trip and a
+// transaction each. One statement runs at a time; the settles that arrive
+// meanwhile go together in the next. The statement is one transaction, so
+// it links every intent of the group or none: a failure is every caller's,
+// and each retries (Lease).
+type settleGroup struct {
+	db *sql.DB
+
+	mu      sync.Mutex
+	queue   []*settleJob
+	running bool
+}
+
+type settleJob struct {
+	i      Intent
+	now    int64 // linked_at
+	ctx    context.Context
+	linked bool
+	err    error
+	done   chan struct{}
+}
+
+// settleGroupMax bounds the intents of one statement.
+const settleGroupMax = 256
+
+// settleManySQL takes the intents $1 and links their (namespace, digest)
+// pairs, inserted in key order (two hosts' groups never wait for each
+// other in a cycle), stamped $2. It returns, for each pair it linked anew,
+// the smallest of the intents that named it: that settle linked, the
+// others found it linked.
+const settleManySQL = `WITH p AS (DELETE FROM ns_pending WHERE id = ANY($1::bigint[]) RETURNING id, ns, digest),
+	l AS (INSERT INTO ns_refs (ns, digest, linked_at)
+		SELECT DISTINCT ns, digest, $2::bigint FROM p ORDER BY ns, digest
+		ON CONFLICT (ns, digest) DO NOTHING RETURNING ns, digest)
+	SELECT min(p.id) FROM p JOIN l ON p.ns = l.ns AND p.digest = l.digest GROUP BY p.ns, p.digest`
+
+// do settles i with the next group and reports whether it linked. The
+// statement runs with the context of the group's first caller, without
+// its cancellation: it is the other callers' statement too.
+func (g *settleGroup) do(ctx context.Context, i Intent, now int64) (bool, error) {
+	j := &settleJob{i: i, now: now, ctx: context.WithoutCancel(ctx), done: make(chan struct{})}
+	g.mu.Lock()
+	g.queue = append(g.queue, j)
+	start := !g.running
+	g.running = true
+	g.mu.Unlock()
+	if start {
+		go g.run()
+	}
+	<-j.done
+	return j.linked, j.err
+}
+
+func (g *settleGroup) run() {
+	for {
+		g.mu.Lock()
+		if len(g.queue) == 0 {
+			g.running = false
+			g.mu.Unlock()
+			return
+		}
+		n := min(len(g.queue), settleGroupMax)
+		jobs := slices.Clone(g.queue[:n])
+		g.queue = slices.Delete(g.queue, 0, n)
+		g.mu.Unlock()
+		g.settle(jobs)
+	}
+}
+
+func (g *settleGroup) settle(jobs []*settleJob) {
+	defer func() {
+		for _, j := range jobs {
+			close(j.done)
+		}
+	}()
+	ids := make([]int64, len(jobs))
+	for k, j := range jobs {
+		ids[k] = int64(j.i)
+	}
+	linked := make(map[int64]bool)
+	rows, err := g.db.QueryContext(jobs[0].ctx, settleManySQL, ids, jobs[0].now)
+	if err == nil {
+		for rows.Next() {
+			var id int64
+			if err = rows.Scan(&id); err != nil {
+				break
+			}
+			linked[id] = true
+		}
+		rows.Close()
+		if err == nil {
+			err = rows.Err()
+		}
+	}
+	for _, j := range jobs {
+		j.linked, j.err = err == nil && linked[int64(j.i)], err
+		delete(linked, int64(j.i)) // an intent settled twice links once
+	}
 }

@@ -75,26 +75,21 @@ func notNil(b []byte) []byte {
 	return b
 }
 
-// PutTx implements engines.TxPutter on the database/sql handle: the insert
-// (or the no-op insert of a dedup) and also commit together or not at all.
+// PutTx implements engines.TxPutter: the insert (or the no-op insert of a
+// dedup) and also commit together or not at all, in a transaction shared
+// with the puts of other callers (putGroup). also runs in that
+// transaction with the group's context (the caller's without its
+// cancellation), and may run twice (see putGroup).
 func (e *Engine) PutTx(ctx context.Context, d blob.Digest, value []byte, also func(ctx context.Context, tx *sql.Tx) error) (bool, error) {
-	var n int64
-	err := engines.InTx(ctx, e.db, nil, func(tx *sql.Tx) error {
-		if also != nil {
-			if err := also(ctx, tx); err != nil {
-				return err
-			}
-		}
-		res, err := tx.ExecContext(ctx, putSQL, d[:], len(value), notNil(value))
-		if err == nil {
-			n, err = res.RowsAffected()
-		}
-		return err
-	})
-	if err != nil {
-		return false, e.wrapD("put", d, err)
+	j := &putJob{d: d, value: notNil(value), also: also, ctx: context.WithoutCancel(ctx), done: make(chan struct{})}
+	e.puts.do(j)
+	if j.panic != nil {
+		panic(j.panic)
 	}
-	return n == 1, nil
+	if j.err != nil {
+		return false, e.wrapD("put", d, j.err)
+	}
+	return j.inserted, nil
 }
 
 // Delete implements engines.Engine.

@@ -23,7 +23,10 @@
 //     while the caller's loop body runs.
 //   - [engines.SQL]: DB is a database/sql handle over the same pool
 //     (pgx stdlib), for namespace registries and [engines.TxPutter], whose
-//     PutTx runs the caller's statements in the insert's transaction.
+//     PutTx runs the caller's statements in the insert's transaction, which
+//     concurrent puts share (group commit: one statement takes the
+//     arbitration locks, writes the pin rows and inserts the blobs of
+//     every put of it; see putGroup).
 //   - [engines.WindowHost]: the delete window in gc_window, durable across
 //     restarts. The store uses exactly one window host: this
 //     engine's when it is the kv engine.

@@ -99,6 +99,14 @@ func (e *Engine) PinRows(ctx context.Context, tx *sql.Tx, owner string, ds []blo
 		return e.wrap("pin", err)
 	}
 	if tx != nil {
+		if b := e.puts.batchOf(tx); b != nil {
+			// A put's pin row: the batch's own statement writes it,
+			// under the same lock and in the same transaction (putGroup).
+			for _, d := range ds {
+				b.pins = append(b.pins, pinReq{d: d, owner: owner, ttl: ttl})
+			}
+			return nil
+		}
 		return run(tx)
 	}
 	return e.inTx(ctx, "pin", run)

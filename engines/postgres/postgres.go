@@ -18,6 +18,7 @@ type Engine struct {
 	srv     Server
 	pool    *pgxpool.Pool
 	db      *sql.DB
+	puts    *putGroup // PutTx's group commit
 }
 
 var (
@@ -59,6 +60,7 @@ func Open(ctx context.Context, dsn string) (*Engine, error) {
 		return nil, err
 	}
 	e.db = stdlib.OpenDBFromPool(pool)
+	e.puts = newPutGroup(e)
 	return e, nil
 }
 
@@ -84,6 +86,7 @@ func (e *Engine) CursorsSurviveDelete() bool { return true }
 
 // Close closes the database/sql handle and the pool.
 func (e *Engine) Close() error {
+	e.puts.wait()
 	err := e.db.Close()
 	e.pool.Close()
 	return e.wrap("close", err)

@@ -1,0 +1,293 @@
+package postgres
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"fmt"
+	"runtime/debug"
+	"slices"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/alkblobfs/alkblobfs/blob"
+	"github.com/alkblobfs/alkblobfs/engines"
+)
+
+// Group commit of puts (PutTx). A small blob's put through a fleet mount
+// was about eleven round trips and two transactions: BEGIN, the pin row's
+// arbitration lock, the pin row, the namespace intent (prepared again on
+// every pooled connection, and deallocated after), the blob, COMMIT, and
+// the settle at RELEASE. Concurrent puts of one engine now share
+// transactions: each caller queues its put, and up to putRunners batches
+// run at once, each taking what has queued meanwhile (up to putMaxBatch
+// puts). A batch is BEGIN, each put's own statements (also: the intent),
+// then one statement for every put of the batch — the arbitration locks,
+// the pin rows and the blobs — and COMMIT.
+//
+// The order the GC needs holds in that statement: its pin rows and
+// entries commit together, after the shared arbitration lock of every
+// digest is granted (every row it inserts is built from the CTE that
+// takes them), so a delete's arbitration either commits before it — and
+// the put then inserts the content afresh, ON CONFLICT judging on the
+// latest committed rows — or waits for its COMMIT and sees its pin rows.
+// The pin rows a put's also writes with PinRows inside the batch's
+// transaction are the ones deferred to that statement (batchOf): nothing
+// else reads them before it. A put's intent is written before the lock,
+// which nothing requires: an arbitration that deletes the blob first is
+// undone by the put's insert, under the lock, in the same transaction as
+// the intent. Every batch takes its locks and inserts its rows in digest
+// order, so two batches never wait for each other in a cycle, nor a batch
+// and an arbitration (whose locks are in key order too).
+//
+// A put's statements may fail (an intent for a namespace just removed, a
+// server error), and PostgreSQL then aborts the whole transaction: the
+// batch rolls back, and each of its puts runs again alone, so that each
+// caller gets its own answer. A job may therefore run twice, as under
+// engines.Batcher, whose rules it follows: also starts from scratch each
+// time and uses the context it is given (the first caller's, without its
+// cancellation). A failed BEGIN of a batch of one, or any failed COMMIT,
+// fails every put of the batch; no caller is told its put committed before
+// the COMMIT returned.
+type putGroup struct {
+	e *Engine
+
+	mu      sync.Mutex
+	queue   []*putJob
+	running int
+	wg      sync.WaitGroup
+
+	txMu sync.Mutex
+	txs  map[*sql.Tx]*putBatch
+}
+
+// putRunners is how many batches of one engine run at once, each on a
+// connection of its own: two keep the server working while a batch's
+// round trip is on the way, and let puts queue behind them into batches.
+const putRunners = 2
+
+// putMaxBatch bounds the puts of one transaction.
+const putMaxBatch = 64
+
+type putJob struct {
+	d        blob.Digest
+	value    []byte
+	also     func(ctx context.Context, tx *sql.Tx) error
+	ctx      context.Context
+	inserted bool
+	err      error
+	panic    any
+	done     chan struct{}
+}
+
+func (j *putJob) failed() bool { return j.err != nil || j.panic != nil }
+
+// putBatch is the state of one batch's transaction: the pin rows its puts
+// asked for (PinRows), written by the batch's last statement.
+type putBatch struct {
+	pins []pinReq
+}
+
+type pinReq struct {
+	d     blob.Digest
+	owner string
+	ttl   time.Duration
+}
+
+func newPutGroup(e *Engine) *putGroup {
+	return &putGroup{e: e, txs: make(map[*sql.Tx]*putBatch)}
+}
+
+// do queues j and returns once its batch committed or failed.
+func (g *putGroup) do(j *putJob) {
+	g.mu.Lock()
+	g.queue = append(g.queue, j)
+	start := g.running < putRunners
+	if start {
+		g.running++
+		g.wg.Add(1)
+	}
+	g.mu.Unlock()
+	if start {
+		go g.run()
+	}
+	<-j.done
+}
+
+// wait returns once no batch runs (Close).
+func (g *putGroup) wait() { g.wg.Wait() }
+
+// run commits batches until the queue is empty.
+func (g *putGroup) run() {
+	defer g.wg.Done()
+	for {
+		g.mu.Lock()
+		if len(g.queue) == 0 {
+			g.running--
+			g.mu.Unlock()
+			return
+		}
+		n := min(len(g.queue), putMaxBatch)
+		jobs := slices.Clone(g.queue[:n])
+		g.queue = slices.Delete(g.queue, 0, n)
+		g.mu.Unlock()
+		g.runBatch(jobs)
+	}
+}
+
+// runBatch commits jobs and tells their callers.
+func (g *putGroup) runBatch(jobs []*putJob) {
+	defer func() {
+		for _, j := range jobs {
+			close(j.done)
+		}
+	}()
+	// Digest order: the batch's statements take locks and insert rows in
+	// the order every other batch and arbitration does.
+	slices.SortStableFunc(jobs, func(a, b *putJob) int { return a.d.Compare(b.d) })
+	if g.attempt(jobs) || len(jobs) == 1 {
+		return
+	}
+	for _, j := range jobs {
+		j.err, j.panic, j.inserted = nil, nil, false
+		g.attempt([]*putJob{j})
+	}
+}
+
+// attempt runs jobs in one transaction. It reports false when that rolled
+// back (a job, or the batch's statement, failed), leaving every job an
+// error; a failed COMMIT fails every job, and reports true: what
+// committed is unknown, and nothing runs again.
+func (g *putGroup) attempt(jobs []*putJob) bool {
+	ctx := jobs[0].ctx
+	fail := func(err error) {
+		for _, j := range jobs {
+			if !j.failed() {
+				j.err = err
+			}
+		}
+	}
+	tx, err := g.e.db.BeginTx(ctx, nil)
+	if err != nil {
+		fail(err)
+		return false
+	}
+	b := &putBatch{}
+	g.txMu.Lock()
+	g.txs[tx] = b
+	g.txMu.Unlock()
+	defer func() {
+		g.txMu.Lock()
+		delete(g.txs, tx)
+		g.txMu.Unlock()
+	}()
+	for _, j := range jobs {
+		if j.also == nil {
+			continue
+		}
+		if call(j, tx); j.failed() {
+			tx.Rollback()
+			fail(errRolledBack)
+			return false
+		}
+	}
+	inserted, err := g.e.insertBatch(ctx, tx, jobs, b.pins)
+	if err != nil {
+		tx.Rollback()
+		fail(err)
+		return false
+	}
+	if err := tx.Commit(); err != nil {
+		fail(err)
+		return true
+	}
+	for _, j := range jobs {
+		// The first put of a digest inserted it; a repeat is a dedup.
+		if inserted[j.d] {
+			j.inserted = true
+			delete(inserted, j.d)
+		}
+	}
+	return true
+}
+
+// errRolledBack is the error of the puts of a batch that rolled back for
+// another's failure, until they run again alone.
+var errRolledBack = errors.New("postgres: put rolled back with another of its batch")
+
+// call runs j's also in tx, keeping a panic for PutTx to raise again in
+// the caller's goroutine.
+func call(j *putJob, tx *sql.Tx) {
+	defer func() {
+		if r := recover(); r != nil {
+			j.panic = fmt.Sprintf("%v\n\n(in a batched put)\n%s", r, debug.Stack())
+		}
+	}()
+	j.err = j.also(j.ctx, tx)
+}
+
+// batchOf returns the batch whose transaction tx is, or nil.
+func (g *putGroup) batchOf(tx *sql.Tx) *putBatch {
+	g.txMu.Lock()
+	defer g.txMu.Unlock()
+	return g.txs[tx]
+}
+
+// batchPutSQL takes the shared arbitration lock of every digest of the
+// batch ($1, in key order), then inserts the pin rows ($2-$4) and the
+// blobs ($5-$7), both from rows joined with the lock's CTE, so that no
+// row goes in before every lock is granted. It returns the digests it
+// inserted (not those already stored: a dedup).
+const batchPutSQL = `WITH l AS (` + lockShared + `),
+	p AS (INSERT INTO gc_pins (digest, owner, expiry)
+		SELECT u.d, u.o, ` + nowOnce + ` + u.t FROM l, unnest($2::bytea[], $3::text[], $4::bigint[]) AS u(d, o, t)
+		ON CONFLICT (digest, owner) DO UPDATE SET expiry = greatest(gc_pins.expiry, excluded.expiry))
+	INSERT INTO blobs (digest, size, value)
+	SELECT u.d, u.n, u.v FROM l, unnest($5::bytea[], $6::bigint[], $7::bytea[]) AS u(d, n, v)
+	ON CONFLICT (digest) DO NOTHING RETURNING digest`
+
+// insertBatch runs batchPutSQL for jobs (in digest order) and pins.
+func (e *Engine) insertBatch(ctx context.Context, tx *sql.Tx, jobs []*putJob, pins []pinReq) (map[blob.Digest]bool, error) {
+	// One row per (digest, owner), the longest TTL: ON CONFLICT cannot
+	// update a row twice in one statement.
+	slices.SortFunc(pins, func(a, b pinReq) int {
+		if c := a.d.Compare(b.d); c != 0 {
+			return c
+		}
+		return strings.Compare(a.owner, b.owner)
+	})
+	var pd [][]byte
+	var po []string
+	var pt []int64
+	for i, p := range pins {
+		if i > 0 && p.d == pins[i-1].d && p.owner == pins[i-1].owner {
+			pt[len(pt)-1] = max(pt[len(pt)-1], int64(p.ttl))
+			continue
+		}
+		pd, po, pt = append(pd, p.d[:]), append(po, p.owner), append(pt, int64(p.ttl))
+	}
+	var bd, bv [][]byte
+	var bn []int64
+	ds := make([]blob.Digest, 0, len(jobs)+len(pins))
+	for i, j := range jobs {
+		ds = append(ds, j.d)
+		if i > 0 && j.d == jobs[i-1].d {
+			continue // one insert per digest
+		}
+		bd, bn, bv = append(bd, j.d[:]), append(bn, int64(len(j.value))), append(bv, j.value)
+	}
+	for _, p := range pins {
+		ds = append(ds, p.d)
+	}
+	rows, err := tx.QueryContext(ctx, batchPutSQL, lockKeys(ds), pd, po, pt, bd, bn, bv)
+	if err != nil {
+		return nil, e.wrap("put", err)
+	}
+	defer rows.Close()
+	inserted := make(map[blob.Digest]bool, len(jobs))
+	if err := engines.ScanDigests(rows, func(d blob.Digest) { inserted[d] = true }); err != nil {
+		return nil, e.wrap("put", err)
+	}
+	return inserted, nil
+}
