@@ -82,6 +82,14 @@ func (c *Collector) Sweep(ctx context.Context) (Report, error) {
 		if !held {
 			r.Aborted = AbortSweeperLock
 			r.Detail = "another process is sweeping this pool"
+			// Recorded as the last report: no sweep of this process will
+			// replace it, and a reader of the last report (the control
+			// file after `echo run`) must not take the report of an
+			// earlier sweep for this one's.
+			c.lastMu.Lock()
+			rr := r
+			c.last = &rr
+			c.lastMu.Unlock()
 			c.count(r, nil)
 			return r, nil
 		}

@@ -138,8 +138,14 @@ func TestFleetTwoInstances(t *testing.T) {
 	if err != nil || !held {
 		t.Fatalf("SweepLease: %v %v", held, err)
 	}
-	if r := sweep(t, b); r.Aborted != gc.AbortSweeperLock || r.Staged != 0 || r.Deleted != 0 {
+	r := sweep(t, b)
+	if r.Aborted != gc.AbortSweeperLock || r.Staged != 0 || r.Deleted != 0 {
 		t.Fatalf("sweep under another's lease: %+v", r)
+	}
+	// B's last report is that abort, not an earlier sweep's: a control
+	// file read after `echo run` tells what this run did.
+	if last, ok := b.LastReport(); !ok || last.Aborted != gc.AbortSweeperLock || !last.Started.Equal(r.Started) {
+		t.Fatalf("B's last report after a sweep another's lease aborted = %+v, %v; want that abort", last, ok)
 	}
 	lease.Release()
 
