@@ -377,4 +377,3 @@ func (w *statusWriter) Write(p []byte) (int, error) {
 
 // Unwrap lets http.ResponseController reach the connection.
 func (w *statusWriter) Unwrap() http.ResponseWriter { return w.ResponseWriter }
-
