@@ -16,6 +16,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/alkblobfs/alkblobfs/client"
 	"github.com/alkblobfs/alkblobfs/fusefs/fusetest"
 )
 
@@ -310,4 +311,69 @@ func successOf(op httpOp) int {
 		return http.StatusNoContent
 	}
 	return http.StatusOK
+}
+
+// TestHTTPIssue26: the four commands of issue 26, which bob ran against
+// alice's 0700 namespace over HTTP, are each refused as the mount refuses
+// him; the CLI (--remote unix:PATH), curl and the Go client work on the
+// Unix socket for whoever may; a TCP listener beside --allow-other needs
+// tokens.
+func TestHTTPIssue26(t *testing.T) {
+	f := newAccessFixture(t)
+	sh(t, fmt.Sprintf("chmod 0700 %s/a", f.mnt))
+	fusetest.Reachable(t, bin)
+	bob := func(script string) string {
+		out, _ := f.bob.Sh(script)
+		return strings.TrimSpace(out)
+	}
+	curl := "curl -s --unix-socket " + f.sock + " "
+	f.bob.Denied(t, "cat by digest path", fmt.Sprintf("cat %s/a/%s", f.mnt, f.d), "Permission denied")
+	for _, c := range []struct{ what, script, want string }{
+		{"GET ?namespace=alice's", curl + fmt.Sprintf("-w ' %%{http_code}' 'http://x/v1/blobs/%s?namespace=a'", f.d), `"code":"forbidden"} 403`},
+		{"have", curl + fmt.Sprintf(`-w ' %%{http_code}' -X POST -d '{"namespace":"a","digests":["%s"]}' http://x/v1/blobs/have`, f.d), `"code":"forbidden"} 403`},
+		{"put into alice's", curl + "-w ' %{http_code}' --data-binary 'planted by bob' 'http://x/v1/blobs?namespace=a'", `"code":"forbidden"} 403`},
+		{"DELETE from the store", curl + fmt.Sprintf("-w ' %%{http_code}' -X DELETE http://x/v1/blobs/%s", f.d), `"code":"forbidden"} 403`},
+		{"get --remote", bin + " --remote unix:" + f.sock + " cat " + f.d + " 2>&1; echo \" $?\"", "(404) 1"},
+	} {
+		if got := strings.ReplaceAll(bob(c.script), "\n", ""); !strings.HasSuffix(got, c.want) || strings.Contains(got, "alice only") {
+			t.Errorf("bob's %s: %q; want it to end %q", c.what, got, c.want)
+		}
+	}
+	if got := f.c.ok("have", "--ns", "a", hexSum("planted by bob")); !strings.Contains(got, "absent") {
+		t.Errorf("bob's put is in alice's namespace: %s", got)
+	}
+	// alice, on the same socket: curl, the CLI.
+	if out, err := f.alice.Sh(curl + fmt.Sprintf("'http://x/v1/blobs/%s?namespace=a'", f.d)); err != nil || out != "alice only" {
+		t.Errorf("alice's curl: %v %q", err, out)
+	}
+	if out, err := f.alice.Sh(bin + " --remote unix:" + f.sock + " cat " + f.d); err != nil || out != "alice only" {
+		t.Errorf("alice's cat --remote: %v %q", err, out)
+	}
+	// The Go client, as root.
+	c, err := client.New("unix:"+f.sock, "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	d, tok, err := c.Put(t.Context(), "a", strings.NewReader("by root"), 7, nil)
+	if err != nil || d.String() != hexSum("by root") {
+		t.Fatalf("client put on the socket: %s %v", d, err)
+	}
+	// A pin token is its minter's: bob cannot release root's.
+	if got := bob(curl + "-w ' %{http_code}' -X DELETE http://x/v1/pins/" + tok); !strings.HasSuffix(got, "404") {
+		t.Errorf("bob releasing root's pin token: %q; want 404", got)
+	}
+	if err := c.Release(t.Context(), tok); err != nil {
+		t.Errorf("root releasing its own token: %v", err)
+	}
+
+	// TCP beside --allow-other: tokens, never --insecure-loopback.
+	mnt := t.TempDir()
+	r := f.c.run(nil, "mount", "--allow-other", "--listen", "127.0.0.1:0", "--insecure-loopback", mnt)
+	if r.code != 2 || !strings.Contains(r.stderr, "--insecure-loopback with --allow-other") {
+		t.Errorf("mount --allow-other --insecure-loopback: %d %s", r.code, r.stderr)
+	}
+	r = f.c.run(nil, "mount", "--allow-other", "--listen", "127.0.0.1:0", mnt)
+	if r.code != 2 || !strings.Contains(r.stderr, "needs a token file") {
+		t.Errorf("mount --allow-other --listen 127.0.0.1:0 without tokens: %d %s", r.code, r.stderr)
+	}
 }
