@@ -719,6 +719,20 @@ func TestBackendDown(t *testing.T) {
 	if status != http.StatusServiceUnavailable || h.Get("Retry-After") == "" || !bytes.Contains(body, []byte(`"code":"unavailable"`)) {
 		t.Fatalf("GET on a closed store: %d %s", status, body)
 	}
+	// The store's own error names its engine and files: the body names
+	// neither, only the request's digest and the code.
+	_, _, put := request(t, "POST", e.url+"/v1/blobs?namespace=builds", strings.NewReader("after"), nil)
+	_, _, del := request(t, "DELETE", e.url+"/v1/blobs/"+d.String(), nil, nil)
+	for _, b := range [][]byte{body, put, del} {
+		for _, leak := range []string{"sqlite", "kv.db", "large", "/tmp", os.TempDir(), "closed"} {
+			if bytes.Contains(b, []byte(leak)) {
+				t.Errorf("an error body names %q: %s", leak, b)
+			}
+		}
+	}
+	if !strings.Contains(e.log.String(), "closed") {
+		t.Errorf("the log lacks the store's error:\n%s", e.log.String())
+	}
 }
 
 func residue(t *testing.T, large engines.Large) int {
