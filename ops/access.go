@@ -26,7 +26,20 @@ import (
 // perm is namespace ns's Perm as the mount shows it: the recorded one, or
 // for a namespace made without one the server's owner and 0755.
 // ErrNotFound (404) if there is no such namespace.
+//
+// Perms are cached for PermTTL (250 ms by default, under the 400 ms in
+// which a chmod through one mount shows on another): a chmod is enforced
+// over HTTP within that, and a burst of reads asks the registry once.
 func (s *Server) perm(ctx context.Context, ns string) (namespaces.Perm, error) {
+	now := time.Now()
+	if s.permTTL > 0 {
+		s.permMu.Lock()
+		e, ok := s.perms[ns]
+		s.permMu.Unlock()
+		if ok && now.Sub(e.at) < s.permTTL {
+			return e.p, nil
+		}
+	}
 	p, ok, err := s.ns.Perm(ctx, ns)
 	if err != nil {
 		return p, noNamespace(ns, err)
@@ -34,8 +47,24 @@ func (s *Server) perm(ctx context.Context, ns string) (namespaces.Perm, error) {
 	if !ok {
 		p = namespaces.Perm{Uid: s.owner.UID, Gid: s.owner.GIDs[0], Mode: 0o755}
 	}
+	if s.permTTL > 0 {
+		s.permMu.Lock()
+		if len(s.perms) >= maxPerms {
+			clear(s.perms) // many namespaces: start again rather than grow
+		}
+		s.perms[ns] = permEntry{p, now}
+		s.permMu.Unlock()
+	}
 	return p, nil
 }
+
+type permEntry struct {
+	p  namespaces.Perm
+	at time.Time
+}
+
+// maxPerms bounds the perm cache.
+const maxPerms = 10000
 
 // allow checks that c may use verb on namespace ns with access want: the
 // token's verbs and namespaces first (so that a token bound elsewhere

@@ -230,3 +230,35 @@ func TestTokenFile(t *testing.T) {
 		t.Fatalf("ReadAuthToken: %q %v", tok, err)
 	}
 }
+
+// TestPermCache: a chmod (SetPerm, as a mount records it) is enforced
+// over HTTP within PermTTL.
+func TestPermCache(t *testing.T) {
+	e := newEnv(t, envOptions{})
+	const ttl = 200 * time.Millisecond
+	_, url := serveBounded(t, e, ops.Config{PermTTL: ttl})
+	d, _ := e.put(t, "builds", []byte("cached"))
+	get := func() int {
+		req, _ := http.NewRequest("GET", url+"/v1/blobs/"+d.String()+"?namespace=builds", nil)
+		req.Header.Set("Authorization", "Bearer "+bobTok)
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		return resp.StatusCode
+	}
+	if s := get(); s != http.StatusOK {
+		t.Fatalf("bob's GET of a 0777 namespace: %d", s)
+	}
+	p, _, _ := e.svc.Perm(t.Context(), "builds")
+	p.Mode = 0o700
+	if err := e.svc.SetPerm(t.Context(), "builds", p); err != nil {
+		t.Fatal(err)
+	}
+	start := time.Now()
+	waitFor(t, "the chmod to be enforced", 5*time.Second, func() bool { return get() == http.StatusForbidden })
+	if el := time.Since(start); el > ttl+time.Second {
+		t.Fatalf("the chmod was enforced after %s; PermTTL is %s", el, ttl)
+	}
+}

@@ -30,6 +30,7 @@ const (
 	DefaultBodyTimeout       = 30 * time.Second
 	DefaultIdleTimeout       = 120 * time.Second
 	DefaultMaxTokens         = 65536
+	DefaultPermTTL           = 250 * time.Millisecond
 )
 
 // MaxHave is the most digests one have request may ask about.
@@ -73,6 +74,9 @@ type Config struct {
 	// write of an answer; IdleTimeout how long a kept-alive connection
 	// waits for its next request. 0 means the Default* values.
 	ReadHeaderTimeout, BodyTimeout, IdleTimeout time.Duration
+	// PermTTL is how long a namespace's Perm is cached: a chmod is
+	// enforced within it. 0 means DefaultPermTTL; negative, no cache.
+	PermTTL time.Duration
 	// MaxTokens bounds the live pin tokens of one principal; a put past it
 	// is 429. 0 means DefaultMaxTokens.
 	MaxTokens int
@@ -111,6 +115,10 @@ type Server struct {
 	insecure  bool
 
 	readHeader, body, idle time.Duration
+
+	permTTL time.Duration
+	permMu  sync.Mutex
+	perms   map[string]permEntry
 
 	// handlers counts the requests being handled; once closing is set no
 	// request starts (503), so that Serve can wait for the rest.
@@ -169,11 +177,16 @@ func New(cfg Config) *Server {
 		readHeader: orDefault(cfg.ReadHeaderTimeout, DefaultReadHeaderTimeout),
 		body:       orDefault(cfg.BodyTimeout, DefaultBodyTimeout),
 		idle:       orDefault(cfg.IdleTimeout, DefaultIdleTimeout),
+		permTTL:    orDefault(cfg.PermTTL, DefaultPermTTL),
+		perms:      map[string]permEntry{},
 		mem:        semaphore.NewWeighted(memSize),
 		memSize:    memSize,
 		// A put holds up to the threshold at once: a share is never less.
 		share:  min(memSize, max(cfg.MemoryShare, cfg.Store.Threshold())),
 		shares: map[uint32]*semaphore.Weighted{},
+	}
+	if cfg.PermTTL < 0 {
+		s.permTTL = 0
 	}
 	s.owner = &Caller{Principal: s.ids.principal(cfg.Owner.UID, first(cfg.Owner.GIDs)), Verbs: AllVerbs}
 	if cfg.AuthToken != "" {

@@ -100,7 +100,7 @@ func newAccessFixture(t *testing.T) *accessFixture {
 	f.sock = filepath.Join(t.TempDir(), "http.sock")
 	fusetest.Reachable(t, filepath.Dir(f.sock))
 	fusetest.Reachable(t, f.mnt)
-	startDaemon(t, f.c.data, f.mnt, "--allow-other", "--listen", "unix:"+f.sock)
+	startDaemon(t, f.c.data, f.mnt, "--allow-other", "--listen", "unix:"+f.sock, "--perm-cache", "-1s")
 	eventually(t, 10*time.Second, "the Unix socket", func() bool { _, err := os.Stat(f.sock); return err == nil })
 
 	f.tokens = map[string]string{}
@@ -120,7 +120,7 @@ func newAccessFixture(t *testing.T) *accessFixture {
 	if err := os.WriteFile(file, []byte("# the matrix's tokens\n"+lines.String()), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	s := startServe(t, f.c, "--listen", "127.0.0.1:0", "--auth-token-file", file)
+	s := startServe(t, f.c, "--listen", "127.0.0.1:0", "--auth-token-file", file, "--perm-cache", "-1s")
 	f.url = s.url
 
 	sh(t, fmt.Sprintf("mkdir %[1]s/a %[1]s/z && chown %[2]d:%[3]d %[1]s/a %[1]s/z && printf 'alice only' > %[1]s/a/incoming/f && printf 'z only' > %[1]s/z/incoming/f",

@@ -33,6 +33,7 @@ func newMountCmd(a *app) *cobra.Command {
 		heapTarget heapTargetValue = defaultHeapTarget
 		listen     string
 		insecure   bool
+		permTTL    time.Duration
 		tokenTTL   time.Duration
 		source     string
 	)
@@ -211,6 +212,7 @@ As root the mount uses mount(2) directly; otherwise fusermount3.`,
 				metrics.AttachUpkeep(srv.Upkeep())
 				oc := a.opsConfig(st, svc, toks, insecure, tokenTTL, lg)
 				oc.Metrics, oc.ReadOnly = metrics, ro
+				oc.PermTTL = permTTL
 				stopHTTP = serveBeside(ctx, ops.New(oc), ln, lg)
 				defer stopHTTP()
 				lg.Info("serving HTTP beside the mount", "url", listenURL(ln), "tokens", toks.Len())
@@ -258,6 +260,7 @@ As root the mount uses mount(2) directly; otherwise fusermount3.`,
 	f.MarkHidden("memprofile")
 	f.StringVar(&listen, "listen", "", "also serve the HTTP surface (see alkblobfs serve --help) at `ADDR`, with the mount's counters and FUSE latencies in /metrics: unix: (the default socket), unix:PATH, or HOST:PORT with --auth-token-file (default off)")
 	f.BoolVar(&insecure, "insecure-loopback", false, "with --listen on loopback: no tokens, every local user acts as the mounting user (refused with --allow-other)")
+	permCacheFlag(f, &permTTL)
 	f.DurationVar(&tokenTTL, "token-ttl", ops.DefaultTokenTTL, "with --listen: life of a put's pin token after the put or its last renewal")
 	f.StringVar(&source, "source", "", "what the mount shows as its source in /proc/mounts, findmnt and df (default: the data directory, or the kv engine's URL without its password when no tier is there); the fstab helper passes the line's SOURCE")
 	return cmd

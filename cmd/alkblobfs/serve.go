@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/spf13/cobra"
+	"github.com/spf13/pflag"
 
 	"github.com/alkblobfs/alkblobfs/namespaces"
 	"github.com/alkblobfs/alkblobfs/ops"
@@ -58,6 +59,7 @@ func newServeCmd(a *app) *cobra.Command {
 	var (
 		listen   string
 		insecure bool
+		permTTL  time.Duration
 		tokenTTL time.Duration
 		sched    upkeepFlags
 	)
@@ -117,6 +119,7 @@ counters added to the metrics.`,
 			}
 			oc := a.opsConfig(st, svc, toks, insecure, tokenTTL, lg)
 			oc.Metrics = ops.NewMetrics(st)
+			oc.PermTTL = permTTL
 			oc.Metrics.AttachUpkeep(u)
 			srv := ops.New(oc)
 			lg.Info("serving", "url", listenURL(ln), "tokens", toks.Len(), "token_ttl", tokenTTL,
@@ -134,6 +137,7 @@ counters added to the metrics.`,
 	cmd.Flags().StringVar(&listen, "listen", defaultListen, "`ADDR` to listen on: unix:PATH (unix: alone is the default socket, see above) or HOST:PORT (needs --auth-token-file)")
 	cmd.Flags().BoolVar(&insecure, "insecure-loopback", false, "serve a loopback HOST:PORT without tokens: every local user acts as this server's user")
 	cmd.Flags().DurationVar(&tokenTTL, "token-ttl", ops.DefaultTokenTTL, "life of a put's pin token after the put or its last renewal")
+	permCacheFlag(cmd.Flags(), &permTTL)
 	sched.register(cmd.Flags(), "")
 	return cmd
 }
@@ -195,4 +199,12 @@ func serveBeside(ctx context.Context, srv *ops.Server, ln net.Listener, lg *slog
 		cancel()
 		<-done
 	})
+}
+
+// permCacheFlag registers the hidden --perm-cache: how long the HTTP
+// surface caches a namespace's owner, group and mode (tests turn it off
+// with a negative value to see a chmod at once).
+func permCacheFlag(f *pflag.FlagSet, v *time.Duration) {
+	f.DurationVar(v, "perm-cache", ops.DefaultPermTTL, "how long HTTP caches a namespace's owner, group and mode")
+	f.MarkHidden("perm-cache")
 }
