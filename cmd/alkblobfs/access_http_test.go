@@ -366,6 +366,22 @@ func TestHTTPIssue26(t *testing.T) {
 		t.Errorf("root releasing its own token: %v", err)
 	}
 
+	// The socket is 0666; /metrics answers any caller it accepts, with
+	// counts and no digests.
+	if fi, err := os.Stat(f.sock); err != nil || fi.Mode().Perm() != 0o666 {
+		t.Errorf("the socket: %v, mode %v; want 0666", err, fi.Mode())
+	}
+	if got := bob(curl + "-w ' %{http_code}' http://x/metrics"); !strings.HasSuffix(got, " 200") || strings.Contains(got, f.d) || !strings.Contains(got, "alkblobfs_puts_total") {
+		t.Errorf("bob's /metrics: %.300q", got)
+	}
+
+	// --insecure-loopback gives every local user the server's own user:
+	// bob reads alice's 0700 namespace through it.
+	s := startServe(t, f.c, "--listen", "127.0.0.1:0", "--insecure-loopback")
+	if got := bob(fmt.Sprintf("curl -s '%s/v1/blobs/%s?namespace=a'", s.url, f.d)); got != "alice only" {
+		t.Errorf("bob through --insecure-loopback (serving as root): %q; want alice's bytes, as the README warns", got)
+	}
+
 	// TCP beside --allow-other: tokens, never --insecure-loopback.
 	mnt := t.TempDir()
 	r := f.c.run(nil, "mount", "--allow-other", "--listen", "127.0.0.1:0", "--insecure-loopback", mnt)
@@ -375,5 +391,25 @@ func TestHTTPIssue26(t *testing.T) {
 	r = f.c.run(nil, "mount", "--allow-other", "--listen", "127.0.0.1:0", mnt)
 	if r.code != 2 || !strings.Contains(r.stderr, "needs a token file") {
 		t.Errorf("mount --allow-other --listen 127.0.0.1:0 without tokens: %d %s", r.code, r.stderr)
+	}
+}
+
+// TestServeDefaultSocket: serve without --listen listens on
+// $XDG_RUNTIME_DIR/alkblobfs/http.sock, and the CLI reaches it with
+// --remote unix:PATH.
+func TestServeDefaultSocket(t *testing.T) {
+	c := newCLI(t)
+	c.ok("ns", "create", "builds")
+	run := t.TempDir()
+	t.Setenv("XDG_RUNTIME_DIR", run)
+	s := startServeURL(t, c, `url=(unix:\S+)`)
+	want := "unix:" + filepath.Join(run, "alkblobfs", "http.sock")
+	if s.url != want {
+		t.Fatalf("serve listens at %s; want %s", s.url, want)
+	}
+	src, _, digest := writeFile(t, t.TempDir(), 5000, 3)
+	remote := newCLI(t, "--remote", s.url)
+	if got := strings.TrimSpace(remote.ok("put", "--ns", "builds", src)); got != digest {
+		t.Fatalf("put --remote %s: %q", s.url, got)
 	}
 }

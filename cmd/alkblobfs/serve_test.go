@@ -34,6 +34,17 @@ var servingURL = regexp.MustCompile(`url=(http://[0-9.:\[\]]+)`)
 // startServe runs alkblobfs serve with args and waits until it listens.
 func startServe(t *testing.T, c *cli, args ...string) *server {
 	t.Helper()
+	return startServeAt(t, c, servingURL, args...)
+}
+
+// startServeURL is startServe finding the URL in the log by pattern.
+func startServeURL(t *testing.T, c *cli, pattern string, args ...string) *server {
+	t.Helper()
+	return startServeAt(t, c, regexp.MustCompile(pattern), args...)
+}
+
+func startServeAt(t *testing.T, c *cli, servingURL *regexp.Regexp, args ...string) *server {
+	t.Helper()
 	if buildErr != nil {
 		t.Fatal(buildErr)
 	}
