@@ -262,3 +262,15 @@ func TestPermCache(t *testing.T) {
 		t.Fatalf("the chmod was enforced after %s; PermTTL is %s", el, ttl)
 	}
 }
+
+// TestDefaultSocket: under $XDG_RUNTIME_DIR when set, else in /run.
+func TestDefaultSocket(t *testing.T) {
+	t.Setenv("XDG_RUNTIME_DIR", "/run/user/1234")
+	if got := ops.DefaultSocket(); got != "/run/user/1234/alkblobfs/http.sock" {
+		t.Errorf("with XDG_RUNTIME_DIR: %s", got)
+	}
+	t.Setenv("XDG_RUNTIME_DIR", "")
+	if got := ops.DefaultSocket(); got != "/run/alkblobfs/http.sock" {
+		t.Errorf("without XDG_RUNTIME_DIR: %s", got)
+	}
+}

@@ -31,7 +31,8 @@ const httpHelp = `  POST   /v1/blobs?namespace=NS   store the body, link it into
   GET    /v1/blobs/DIGEST         the blob (Range, If-None-Match, HEAD); every
                                   answer carries Repr-Digest, the sha256 of
                                   the bytes it returns
-  DELETE /v1/blobs/DIGEST         delete now, unless something keeps it (409)
+  DELETE /v1/blobs/DIGEST         delete now, unless something keeps it (409);
+                                  with ?namespace=NS drop NS's reference
   DELETE /v1/pins/TOKEN           release a put's pin
   GET    /metrics                 Prometheus metrics
 
