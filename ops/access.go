@@ -153,6 +153,11 @@ func (s *Server) MemoryHeld() int64 { return s.held.Load() }
 // deadlineReader sets a read deadline before each read of a request body:
 // a client that sends nothing for d is cut (the read fails), and whatever
 // the request held is given back.
+//
+// At the body's end the deadline is cleared: the server's own read of the
+// connection after it (which watches for the client hanging up) must not
+// time out while the handler still works. After a failed read it stays,
+// so that the server, discarding the rest of the body, gives up too.
 type deadlineReader struct {
 	r  io.Reader
 	rc *http.ResponseController
@@ -161,7 +166,11 @@ type deadlineReader struct {
 
 func (b *deadlineReader) Read(p []byte) (int, error) {
 	b.rc.SetReadDeadline(time.Now().Add(b.d))
-	return b.r.Read(p)
+	n, err := b.r.Read(p)
+	if err == io.EOF {
+		b.rc.SetReadDeadline(time.Time{})
+	}
+	return n, err
 }
 
 // deadlineWriter sets a write deadline before each write of an answer: a
@@ -176,3 +185,5 @@ func (b *deadlineWriter) Write(p []byte) (int, error) {
 	b.rc.SetWriteDeadline(time.Now().Add(b.d))
 	return b.w.Write(p)
 }
+
+// (net/http clears both deadlines once a request is answered.)

@@ -58,6 +58,8 @@ func (s *Server) put(w http.ResponseWriter, r *http.Request) error {
 		return err
 	}
 	defer release()
+	// The deadline clears at the body's end; a put that returns before it
+	// leaves it, so that the server's discarding of the rest is bounded.
 	body := &bodyReader{r: &deadlineReader{r: r.Body, rc: http.NewResponseController(w), d: s.body}}
 	link := store.WithLink(s.ns.LinkFunc(ns))
 	var d store.Digest
@@ -210,6 +212,9 @@ func (s *Server) have(w http.ResponseWriter, r *http.Request) error {
 		if err := s.checkNamespace(req.Namespace); err != nil {
 			return err
 		}
+		if err := caller(r).may(VerbWrite); err != nil {
+			return err
+		}
 		present[0] = s.tokens.renew(req.Token, req.Namespace, ds[0], caller(r).UID)
 	} else {
 		if err := s.allow(r.Context(), caller(r), req.Namespace, VerbRead, namespaces.Search); err != nil {
@@ -265,6 +270,9 @@ func (s *Server) delete(w http.ResponseWriter, r *http.Request) error {
 
 // release: DELETE /v1/pins/{token}.
 func (s *Server) release(w http.ResponseWriter, r *http.Request) error {
+	if err := caller(r).may(VerbWrite); err != nil {
+		return err
+	}
 	if !s.tokens.release(r.PathValue("token"), caller(r).UID) {
 		return notFound("no such pin token of yours (it may have expired)")
 	}
@@ -344,7 +352,8 @@ func (s *Server) get(w http.ResponseWriter, r *http.Request) error {
 		h.Set("Content-Length", strconv.FormatInt(size, 10))
 		w.WriteHeader(http.StatusOK)
 		if r.Method != http.MethodHead {
-			s.send(&deadlineWriter{w: w, rc: http.NewResponseController(w), d: s.body}, r, rd, 0, size)
+			dw := &deadlineWriter{w: w, rc: http.NewResponseController(w), d: s.body}
+			s.send(dw, r, rd, 0, size)
 		}
 		return nil
 	}
