@@ -274,3 +274,23 @@ func TestDefaultSocket(t *testing.T) {
 		t.Errorf("without XDG_RUNTIME_DIR: %s", got)
 	}
 }
+
+// TestDocumentedDefaults: the bounds README and docs/http.md state.
+func TestDocumentedDefaults(t *testing.T) {
+	for _, c := range []struct {
+		name      string
+		got, want time.Duration
+	}{
+		{"ReadHeaderTimeout", ops.DefaultReadHeaderTimeout, 10 * time.Second},
+		{"BodyTimeout", ops.DefaultBodyTimeout, 30 * time.Second},
+		{"IdleTimeout", ops.DefaultIdleTimeout, 120 * time.Second},
+		{"PermTTL", ops.DefaultPermTTL, 250 * time.Millisecond},
+	} {
+		if c.got != c.want {
+			t.Errorf("%s is %s; the docs say %s", c.name, c.got, c.want)
+		}
+	}
+	if ops.DefaultMaxTokens != 65536 {
+		t.Errorf("DefaultMaxTokens is %d; the docs say 65 536", ops.DefaultMaxTokens)
+	}
+}
