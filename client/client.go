@@ -15,9 +15,11 @@ import (
 	"context"
 	"crypto/sha256"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"hash"
 	"io"
+	"net"
 	"net/http"
 	"net/url"
 	"strings"
@@ -41,15 +43,30 @@ type Client struct {
 	token string
 }
 
-// New returns a client of the server at baseURL (http://HOST:PORT).
-// authToken, if not empty, is sent as a bearer token.
+// New returns a client of the server at baseURL: http://HOST:PORT, or
+// unix:PATH for the server's Unix socket (where the server knows the
+// caller by its uid and needs no token). authToken, if not empty, is sent
+// as a bearer token.
 func New(baseURL, authToken string) (*Client, error) {
+	if path, ok := strings.CutPrefix(baseURL, "unix:"); ok {
+		if path == "" {
+			return nil, fmt.Errorf("remote URL %q: want unix:PATH, the server's socket", baseURL)
+		}
+		tr := http.DefaultTransport.(*http.Transport).Clone()
+		tr.ResponseHeaderTimeout = 5 * time.Minute
+		tr.Proxy = nil
+		tr.DialContext = func(ctx context.Context, _, _ string) (net.Conn, error) {
+			var d net.Dialer
+			return d.DialContext(ctx, "unix", path)
+		}
+		return &Client{base: &url.URL{Scheme: "http", Host: "alkblobfs"}, hc: &http.Client{Transport: tr}, token: authToken}, nil
+	}
 	u, err := url.Parse(baseURL)
 	if err != nil {
 		return nil, fmt.Errorf("remote URL %q: %w", baseURL, err)
 	}
 	if u.Scheme != "http" && u.Scheme != "https" || u.Host == "" {
-		return nil, fmt.Errorf("remote URL %q: want http://HOST:PORT or https://HOST:PORT", baseURL)
+		return nil, fmt.Errorf("remote URL %q: want http://HOST:PORT, https://HOST:PORT or unix:PATH", baseURL)
 	}
 	if u.User != nil {
 		return nil, fmt.Errorf("remote URL %q: no credentials in the URL; use an auth token file", u.Redacted())
@@ -65,15 +82,17 @@ func New(baseURL, authToken string) (*Client, error) {
 // Error is an error answer of the server.
 type Error struct {
 	Status int
+	Code   string // wire.Code*; empty from a server older than codes
 	Msg    string
 }
 
 func (e *Error) Error() string { return fmt.Sprintf("server: %s (%d)", e.Msg, e.Status) }
 
-// Is maps statuses to the blob sentinels (wire.Sentinel).
+// Is maps statuses and codes to the sentinels (wire.SentinelOf): a 403
+// for permission matches fs.ErrPermission.
 func (e *Error) Is(target error) bool {
-	s := wire.Sentinel(e.Status)
-	return s != nil && target == s
+	s := wire.SentinelOf(e.Status, e.Code)
+	return s != nil && (target == s || errors.Is(s, target))
 }
 
 func (c *Client) url(path string, q url.Values) string {
@@ -101,7 +120,7 @@ func (c *Client) do(req *http.Request) (*http.Response, error) {
 				e.Error = resp.Status
 			}
 		}
-		return nil, &Error{Status: resp.StatusCode, Msg: e.Error}
+		return nil, &Error{Status: resp.StatusCode, Code: e.Code, Msg: e.Error}
 	}
 	return resp, nil
 }

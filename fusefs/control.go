@@ -239,13 +239,20 @@ func (h *ctlHandle) Write(ctx context.Context, data []byte, off int64) (uint32, 
 	return uint32(len(data)), 0
 }
 
+// render is the file's content for the reader behind ctx: reports name
+// digests and operators' details only to root and the mounting user
+// (Stats.ForReader), counts to everyone.
 func (c *ctlFile) render(ctx context.Context) ([]byte, error) {
 	f := c.fsys
+	priv := f.privileged(ctx)
 	switch c.kind {
 	case ctlSweep:
 		rep, ok := f.upkeep.Sweeper.LastReport()
 		if !ok {
 			return []byte("{}\n"), nil
+		}
+		if !priv {
+			rep = *redactSweep(&rep)
 		}
 		return marshal(rep)
 	case ctlSweepTimer:
@@ -255,9 +262,12 @@ func (c *ctlFile) render(ctx context.Context) ([]byte, error) {
 		if !ok {
 			return []byte("{}\n"), nil
 		}
+		if !priv {
+			rep = *redactScrub(&rep)
+		}
 		return marshal(rep)
 	default:
-		return marshal(f.Stats(ctx))
+		return marshal(f.Stats(ctx).ForReader(priv))
 	}
 }
 

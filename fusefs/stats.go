@@ -143,3 +143,41 @@ func (f *FS) Counters() Stats {
 	}
 	return s
 }
+
+// ForReader is s as a reader who is not root nor the mounting user sees
+// it, unless privileged: counts only. The digests of the blobs a scrub
+// found bad may be any namespace's, and the operators' details of a
+// sweep or scrub that stopped early may name files and engine URLs.
+func (s Stats) ForReader(privileged bool) Stats {
+	if privileged {
+		return s
+	}
+	s.LastSweep = redactSweep(s.LastSweep)
+	s.Scrub.Last = redactScrub(s.Scrub.Last)
+	return s
+}
+
+func redactSweep(r *store.Report) *store.Report {
+	if r == nil {
+		return nil
+	}
+	c := *r
+	c.Detail = ""
+	return &c
+}
+
+func redactScrub(r *upkeep.ScrubReport) *upkeep.ScrubReport {
+	if r == nil {
+		return nil
+	}
+	c := *r
+	c.BadDigests, c.Error = nil, ""
+	return &c
+}
+
+// privileged reports whether the caller behind ctx sees names in the
+// control files' reports: root and the mounting user.
+func (f *FS) privileged(ctx context.Context) bool {
+	uid, _ := caller(ctx, f)
+	return uid == 0 || uid == f.uid
+}

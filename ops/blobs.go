@@ -10,6 +10,7 @@ import (
 	"strconv"
 	"strings"
 
+	"github.com/alkblobfs/alkblobfs/blob"
 	"github.com/alkblobfs/alkblobfs/namespaces"
 	"github.com/alkblobfs/alkblobfs/store"
 	"github.com/alkblobfs/alkblobfs/wire"
@@ -27,14 +28,24 @@ func (s *Server) put(w http.ResponseWriter, r *http.Request) error {
 	if s.ro {
 		return errReadOnly
 	}
-	ns, err := s.namespace(r, r.URL.Query().Get("namespace"))
-	if err != nil {
+	c := caller(r)
+	ns := r.URL.Query().Get("namespace")
+	if err := s.allow(r.Context(), c, ns, VerbWrite, namespaces.Write|namespaces.Search); err != nil {
 		return err
 	}
 	want, err := claimedDigest(r.Header)
 	if err != nil {
 		return err
 	}
+	if !s.tokens.reserve(c.UID) {
+		return &httpError{http.StatusTooManyRequests, wire.CodeTooMany, fmt.Sprintf("you hold %d live pin tokens, the most one user may: release some (DELETE /v1/pins/TOKEN) or let them lapse", s.tokens.max)}
+	}
+	minted := false
+	defer func() {
+		if !minted {
+			s.tokens.unreserve(c.UID)
+		}
+	}()
 	size := r.ContentLength // -1: unknown (chunked)
 	// A body up to the kv threshold is held in memory whole: its share of
 	// the server's memory first.
@@ -42,11 +53,14 @@ func (s *Server) put(w http.ResponseWriter, r *http.Request) error {
 	if size >= 0 {
 		held = min(size, held)
 	}
-	if err := s.mem.Acquire(r.Context(), held); err != nil {
+	release, err := s.acquire(r.Context(), c.UID, held)
+	if err != nil {
 		return err
 	}
-	defer s.mem.Release(held)
-	body := &bodyReader{r: r.Body}
+	defer release()
+	// The deadline clears at the body's end; a put that returns before it
+	// leaves it, so that the server's discarding of the rest is bounded.
+	body := &bodyReader{r: &deadlineReader{r: r.Body, rc: http.NewResponseController(w), d: s.body}}
 	link := store.WithLink(s.ns.LinkFunc(ns))
 	var d store.Digest
 	var pin *store.Pin
@@ -62,7 +76,8 @@ func (s *Server) put(w http.ResponseWriter, r *http.Request) error {
 	if err != nil {
 		return err
 	}
-	tok := s.tokens.mint(pin, ns)
+	tok := s.tokens.mint(pin, ns, c.UID)
+	minted = true
 	w.Header().Set("Location", "/v1/blobs/"+d.String())
 	writeJSON(w, http.StatusCreated, PutResponse{Token: tok, Digest: d.String()})
 	return nil
@@ -108,22 +123,6 @@ func noNamespace(ns string, err error) error {
 		return notFound("namespace %q does not exist", ns)
 	}
 	return err
-}
-
-// namespace checks that ns names an existing namespace: a put asks before
-// it reads the body.
-func (s *Server) namespace(r *http.Request, ns string) (string, error) {
-	if err := s.checkNamespace(ns); err != nil {
-		return "", err
-	}
-	ok, err := s.ns.Exists(r.Context(), ns)
-	if err != nil {
-		return "", err
-	}
-	if !ok {
-		return "", noNamespace(ns, namespaces.ErrNotFound)
-	}
-	return ns, nil
 }
 
 // claimedDigest reads the digest a putter claims for the body. Every
@@ -213,10 +212,12 @@ func (s *Server) have(w http.ResponseWriter, r *http.Request) error {
 		if err := s.checkNamespace(req.Namespace); err != nil {
 			return err
 		}
-		present[0] = s.tokens.renew(req.Token, req.Namespace, ds[0])
+		if err := caller(r).may(VerbWrite); err != nil {
+			return err
+		}
+		present[0] = s.tokens.renew(req.Token, req.Namespace, ds[0], caller(r).UID)
 	} else {
-		// HasMany reports an absent namespace itself: no Exists first.
-		if err := s.checkNamespace(req.Namespace); err != nil {
+		if err := s.allow(r.Context(), caller(r), req.Namespace, VerbRead, namespaces.Search); err != nil {
 			return err
 		}
 		var err error
@@ -228,8 +229,10 @@ func (s *Server) have(w http.ResponseWriter, r *http.Request) error {
 	return nil
 }
 
-// delete: DELETE /v1/blobs/{digest} removes the blob now, unless
-// something keeps it (a namespace links it, a pin holds it): 409.
+// delete: DELETE /v1/blobs/{digest}?namespace=NS drops the namespace's
+// reference, as rm on the mount does; without a namespace it removes the
+// blob from the store now, as alkblobfs rm does, unless something keeps it
+// (a namespace links it, a pin holds it): 409.
 func (s *Server) delete(w http.ResponseWriter, r *http.Request) error {
 	if s.ro {
 		return errReadOnly
@@ -237,6 +240,26 @@ func (s *Server) delete(w http.ResponseWriter, r *http.Request) error {
 	d, err := store.ParseDigest(r.PathValue("digest"))
 	if err != nil {
 		return badRequest("%q is not a digest: %v", clip(r.PathValue("digest")), err)
+	}
+	c := caller(r)
+	if ns := r.URL.Query().Get("namespace"); ns != "" {
+		if err := s.allow(r.Context(), c, ns, VerbDelete, namespaces.Write|namespaces.Search); err != nil {
+			return err
+		}
+		if err := s.ns.Unlink(r.Context(), ns, d); err != nil {
+			if errors.Is(err, blob.ErrMissing) {
+				return notFound("namespace %q does not hold %s", ns, d)
+			}
+			return noNamespace(ns, err)
+		}
+		w.WriteHeader(http.StatusNoContent)
+		return nil
+	}
+	if err := c.may(VerbDelete); err != nil {
+		return err
+	}
+	if c.Namespaces != nil || (c.UID != 0 && c.UID != s.owner.UID) {
+		return forbidden("deleting %s from the store needs root or the server's own user, as alkblobfs rm does; to drop a namespace's reference give ?namespace=NS", d)
 	}
 	if err := s.st.Delete(r.Context(), d); err != nil {
 		return err
@@ -247,8 +270,11 @@ func (s *Server) delete(w http.ResponseWriter, r *http.Request) error {
 
 // release: DELETE /v1/pins/{token}.
 func (s *Server) release(w http.ResponseWriter, r *http.Request) error {
-	if !s.tokens.release(r.PathValue("token")) {
-		return notFound("no such pin token (it may have expired)")
+	if err := caller(r).may(VerbWrite); err != nil {
+		return err
+	}
+	if !s.tokens.release(r.PathValue("token"), caller(r).UID) {
+		return notFound("no such pin token of yours (it may have expired)")
 	}
 	w.WriteHeader(http.StatusNoContent)
 	return nil
@@ -260,14 +286,29 @@ func (s *Server) get(w http.ResponseWriter, r *http.Request) error {
 	if err != nil {
 		return badRequest("%q is not a digest: %v", clip(r.PathValue("digest")), err)
 	}
+	c := caller(r)
 	if ns := r.URL.Query().Get("namespace"); ns != "" {
-		if err := s.checkNamespace(ns); err != nil {
+		if err := s.allow(r.Context(), c, ns, VerbRead, namespaces.Search); err != nil {
 			return err
 		}
 		if _, ok, err := s.ns.Has(r.Context(), ns, d); err != nil {
 			return noNamespace(ns, err)
 		} else if !ok {
 			return notFound("namespace %q does not hold %s", ns, d)
+		}
+	} else if err := c.may(VerbRead); err != nil {
+		return err
+	} else if c.UID != 0 || c.Namespaces != nil {
+		if s.ns == nil {
+			return forbidden("this store keeps no namespaces: only root reads a blob here")
+		}
+		ok, err := s.readableLink(r.Context(), c, d)
+		if err != nil {
+			return err
+		}
+		if !ok {
+			// The same answer whether the blob exists or not.
+			return notFound("no namespace you may read links %s (name one: ?namespace=NS)", d)
 		}
 	}
 	rd, ok, err := s.st.Get(r.Context(), d)
@@ -286,11 +327,9 @@ func (s *Server) get(w http.ResponseWriter, r *http.Request) error {
 	// token: a shared cache must not serve the blob to clients without it.
 	cacheable := func() {
 		h.Set("ETag", etag)
-		if s.hasAuth {
-			h.Set("Cache-Control", "private, max-age=31536000, immutable")
-		} else {
-			h.Set("Cache-Control", "public, max-age=31536000, immutable")
-		}
+		// Never "public": who may read a blob depends on the caller, and a
+		// shared cache must not serve it to others.
+		h.Set("Cache-Control", "private, max-age=31536000, immutable")
 	}
 	h.Set("Accept-Ranges", "bytes")
 	if inm := r.Header.Get("If-None-Match"); inm != "" && etagMatch(inm, etag) {
@@ -313,7 +352,8 @@ func (s *Server) get(w http.ResponseWriter, r *http.Request) error {
 		h.Set("Content-Length", strconv.FormatInt(size, 10))
 		w.WriteHeader(http.StatusOK)
 		if r.Method != http.MethodHead {
-			s.send(w, r, rd, 0, size)
+			dw := &deadlineWriter{w: w, rc: http.NewResponseController(w), d: s.body}
+			s.send(dw, r, rd, 0, size)
 		}
 		return nil
 	}
@@ -321,11 +361,12 @@ func (s *Server) get(w http.ResponseWriter, r *http.Request) error {
 	// chunks checked) first. A longer range than store.MaxReadRange gets
 	// its first MaxReadRange bytes, and Content-Range says so: the client
 	// asks again for the rest (RFC 9110 §15.3.7).
-	n = min(n, store.MaxReadRange)
-	if err := s.mem.Acquire(r.Context(), n); err != nil {
+	n = min(n, store.MaxReadRange, s.share)
+	release, err := s.acquire(r.Context(), c.UID, n)
+	if err != nil {
 		return err
 	}
-	defer s.mem.Release(n)
+	defer release()
 	body := make([]byte, n)
 	if k, err := rd.ReadAt(body, off); k < len(body) {
 		if err == nil || err == io.EOF {
@@ -340,7 +381,14 @@ func (s *Server) get(w http.ResponseWriter, r *http.Request) error {
 	h.Set("Content-Length", strconv.FormatInt(n, 10))
 	w.WriteHeader(http.StatusPartialContent)
 	if r.Method != http.MethodHead {
-		w.Write(body)
+		dw := &deadlineWriter{w: w, rc: http.NewResponseController(w), d: s.body}
+		for len(body) > 0 { // a deadline per MiB, not for the whole range
+			k := min(len(body), 1<<20)
+			if _, err := dw.Write(body[:k]); err != nil {
+				panic(http.ErrAbortHandler) // the client is gone, or too slow
+			}
+			body = body[k:]
+		}
 	}
 	return nil
 }
@@ -348,7 +396,7 @@ func (s *Server) get(w http.ResponseWriter, r *http.Request) error {
 // send streams n bytes of rd from off through ReadAt, which checks every
 // chunk before it returns it: a byte is written only once it has passed.
 // A failure cuts the connection (abort).
-func (s *Server) send(w http.ResponseWriter, r *http.Request, rd *store.Reader, off, n int64) {
+func (s *Server) send(w io.Writer, r *http.Request, rd *store.Reader, off, n int64) {
 	buf := make([]byte, min(n, 1<<20))
 	for n > 0 {
 		k, err := rd.ReadAt(buf[:min(int64(len(buf)), n)], off)

@@ -6,7 +6,7 @@
 //	POST   /v1/blobs?namespace=NS   body: the blob → 201 {"token", "digest"}
 //	POST   /v1/blobs/have           {"namespace", "digests": […], "token"?} → {"present": […]}
 //	GET    /v1/blobs/{digest}       [?namespace=NS], Range, If-None-Match; HEAD too
-//	DELETE /v1/blobs/{digest}       delete now unless live (409) → 204
+//	DELETE /v1/blobs/{digest}       [?namespace=NS: unlink] delete now unless live (409) → 204
 //	DELETE /v1/pins/{token}         release a put's pin → 204
 //	GET    /metrics                 Prometheus text format
 //
@@ -24,18 +24,28 @@
 // pool. Tokens live in the memory of the server that minted it: renewals
 // must reach that server, and a restart ends them all.
 //
+// # Who may call
+//
+// Every request is a Caller: the peer of a Unix socket (SO_PEERCRED, its
+// groups from the passwd and group databases), the user a bearer token of
+// the token file stands for (narrowed to the token's namespaces and
+// verbs), or, with InsecureLoopback, the server's owner. Every route
+// decides with namespaces.Allowed, the mount's rule (access.go has the
+// table). Listen refuses a TCP listener without tokens, loopback included,
+// unless InsecureLoopback; tokens are compared in constant time and never
+// logged.
+//
 // # Errors
 //
-// Errors are {"error": "…"}: 400 for bad input (a malformed digest,
-// namespace, range or body), 401 without the bearer token, 404 for an
-// absent blob, namespace or token, 409 for a refused delete, 413 for a blob
-// over a kv-only store's threshold, 416 for a range past the end, 422 when
-// the content does not match a claimed digest, 503 (with Retry-After) when
-// the backend fails.
+// Errors are wire.ErrorResponse, {"error": "…", "code": "…"}: the message
+// names only the request's inputs (an error of the store is answered by
+// its code alone; the log has it), the code is one of wire.Code*. The
+// statuses are wire's table.
 //
-// # Exposure
+// # Bounds
 //
-// Listen refuses an address that is not loopback unless a bearer token is
-// configured; with one, every request must carry it ("Authorization:
-// Bearer T"), compared in constant time. The token is never logged.
+// ReadHeaderTimeout (10 s), a deadline per read of a body and per write of
+// an answer (BodyTimeout, 30 s), IdleTimeout (120 s); MaxTokens live pin
+// tokens per principal (429 past it); MemoryShare of the memory budget per
+// principal.
 package ops

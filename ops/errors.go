@@ -12,9 +12,11 @@ import (
 )
 
 // httpError is an error with the status and kind it is answered with.
+// Its msg is built by ops from the request's own inputs, and is what the
+// client reads.
 type httpError struct {
 	status int
-	kind   string // the metrics label
+	kind   string // the metrics label and the answer's code (wire.Code*)
 	msg    string
 }
 
@@ -26,6 +28,56 @@ func badRequest(format string, args ...any) error {
 
 func notFound(format string, args ...any) error {
 	return &httpError{http.StatusNotFound, "not_found", fmt.Sprintf(format, args...)}
+}
+
+func forbidden(format string, args ...any) error {
+	return &httpError{http.StatusForbidden, wire.CodeForbidden, fmt.Sprintf(format, args...)}
+}
+
+// answer is the status, code and message err is answered with. An
+// httpError's message is ops' own, naming the request's inputs; any other
+// error (the store's, an engine's) is answered with its code's message
+// alone, since its text may name server paths, engine URLs or other
+// namespaces: the server's log has it whole.
+func answer(err error, r *http.Request) (status int, code, msg string) {
+	status, code = classify(err)
+	var he *httpError
+	if errors.As(err, &he) {
+		return status, code, he.msg
+	}
+	return status, code, publicMessage(code, r)
+}
+
+// publicMessage is the message of an error answered by its code alone.
+func publicMessage(code string, r *http.Request) string {
+	subject := clip(r.PathValue("digest"))
+	if subject == "" {
+		subject = "the request"
+	}
+	switch code {
+	case wire.CodeBadRequest:
+		return "bad input: a malformed digest or namespace name"
+	case wire.CodeNotFound:
+		return "not found: " + subject
+	case wire.CodeRefused:
+		return subject + " is live (a namespace links it or a pin holds it): nothing was deleted"
+	case wire.CodeTooLarge:
+		return "the blob is over this store's size limit: nothing was stored"
+	case wire.CodeCorrupt:
+		return subject + ": the server's copy is known corrupt; put the content again"
+	case wire.CodeVerification:
+		return "the content does not match the digest claimed for it: nothing was stored"
+	case wire.CodeNoSpace:
+		return "the store is full: nothing was stored"
+	case wire.CodeReadOnly:
+		return "the store is read-only"
+	case wire.CodeForbidden:
+		return "permission denied"
+	}
+	if r.Context().Err() != nil {
+		return "the request was canceled"
+	}
+	return "the store failed to answer; try again (the server's log has the cause)"
 }
 
 // classify maps an error to its status and kind. Errors of the store and the
@@ -56,6 +108,8 @@ func classify(err error) (status int, kind string) {
 		return http.StatusInsufficientStorage, "no_space"
 	case errors.Is(err, blob.ErrReadOnly):
 		return http.StatusForbidden, "read_only"
+	case errors.Is(err, namespaces.ErrDenied), errors.Is(err, namespaces.ErrNotOwner):
+		return http.StatusForbidden, wire.CodeForbidden
 	}
 	return http.StatusServiceUnavailable, "unavailable"
 }

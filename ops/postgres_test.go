@@ -45,7 +45,7 @@ func TestFleetTokens(t *testing.T) {
 		st *store.Store
 		ns *namespaces.Service
 	}{{a, nsA}, {b, nsB}} {
-		srv := ops.New(ops.Config{Store: h.st, Namespaces: h.ns})
+		srv := ops.New(ops.Config{Store: h.st, Namespaces: h.ns, InsecureLoopback: true})
 		hs := httptest.NewServer(srv.Handler())
 		t.Cleanup(func() { hs.Close(); srv.Close() })
 		c, err := client.New(hs.URL, "")

@@ -3,16 +3,14 @@ package ops
 import (
 	"context"
 	"crypto/sha256"
-	"crypto/subtle"
 	"errors"
 	"fmt"
-	"io"
 	"log/slog"
 	"net"
 	"net/http"
 	"os"
-	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"golang.org/x/sync/semaphore"
@@ -25,6 +23,15 @@ import (
 // DefaultTokenTTL is how long a pin token lives after its put or its last
 // renewal (seeds: the pin TTL; a putter renews every TTL/3).
 const DefaultTokenTTL = 60 * time.Second
+
+// The defaults of Config's bounds.
+const (
+	DefaultReadHeaderTimeout = 10 * time.Second
+	DefaultBodyTimeout       = 30 * time.Second
+	DefaultIdleTimeout       = 120 * time.Second
+	DefaultMaxTokens         = 65536
+	DefaultPermTTL           = 250 * time.Millisecond
+)
 
 // MaxHave is the most digests one have request may ask about.
 const MaxHave = wire.MaxHave
@@ -45,8 +52,38 @@ type Config struct {
 	// Clock times tokens; nil means the wall clock. Tests share one fake
 	// clock between the store's GC and the server.
 	Clock store.Clock
-	// AuthToken, if set, is the bearer token every request must carry.
+	// Tokens are the bearer tokens a TCP request may carry, each acting as
+	// its principal (ReadTokenFile). A request on a Unix socket is its
+	// peer's and needs none.
+	Tokens *Tokens
+	// AuthToken, if set, is one more bearer token, acting as Owner with
+	// every verb.
 	AuthToken string
+	// Owner is the server's own user: a namespace made without a Perm
+	// (alkblobfs ns create) shows as Owner's, mode 0755, as on the mount,
+	// and Owner (like root) may delete a blob from the store. Nil means
+	// the process's uid and gid.
+	Owner *namespaces.Principal
+	// InsecureLoopback lets a request without credentials act as Owner
+	// (a loopback listener for a single-user machine: every local user
+	// then acts as Owner).
+	InsecureLoopback bool
+	// ReadHeaderTimeout bounds the wait for a request's headers;
+	// BodyTimeout the wait for each read of a body (an upload that sends
+	// nothing for that long is cut, and its memory returned) and for each
+	// write of an answer; IdleTimeout how long a kept-alive connection
+	// waits for its next request. 0 means the Default* values.
+	ReadHeaderTimeout, BodyTimeout, IdleTimeout time.Duration
+	// PermTTL is how long a namespace's Perm is cached: a chmod is
+	// enforced within it. 0 means DefaultPermTTL; negative, no cache.
+	PermTTL time.Duration
+	// MaxTokens bounds the live pin tokens of one principal; a put past it
+	// is 429. 0 means DefaultMaxTokens.
+	MaxTokens int
+	// MemoryShare bounds the bytes one principal's requests hold in memory
+	// together, so that one user cannot take all of Memory; 0 means a
+	// quarter of Memory (at least the kv threshold).
+	MemoryShare int64
 	// Metrics, if set, is shared with a mount; nil makes the store's own.
 	// The server's Close closes it.
 	Metrics *Metrics
@@ -67,10 +104,21 @@ type Server struct {
 	tokens  *tokens
 	metrics *Metrics
 	log     *slog.Logger
-	auth    [sha256.Size]byte
-	hasAuth bool
 	ro      bool
 	mux     *http.ServeMux
+
+	// Who may call: tokenFile's tokens, the Unix socket's peers (ids
+	// resolves their groups), and, with insecure, anyone as owner.
+	tokenFile *Tokens
+	ids       identities
+	owner     *Caller
+	insecure  bool
+
+	readHeader, body, idle time.Duration
+
+	permTTL time.Duration
+	permMu  sync.Mutex
+	perms   map[string]permEntry
 
 	// handlers counts the requests being handled; once closing is set no
 	// request starts (503), so that Serve can wait for the rest.
@@ -79,8 +127,14 @@ type Server struct {
 	handlers sync.WaitGroup
 
 	// mem bounds the bytes requests hold in memory together: put bodies
-	// up to the kv threshold, ranged reads.
-	mem *semaphore.Weighted
+	// up to the kv threshold, ranged reads; shares[uid] the part of it one
+	// principal's requests hold, at most share.
+	mem     *semaphore.Weighted
+	memSize int64
+	share   int64
+	sharesM sync.Mutex
+	shares  map[uint32]*semaphore.Weighted
+	held    atomic.Int64
 }
 
 // New returns a server over cfg.Store. Close releases the pins its
@@ -101,18 +155,45 @@ func New(cfg Config) *Server {
 	if cfg.Memory <= 0 {
 		cfg.Memory = store.DefaultUploadMemory
 	}
-	s := &Server{
-		st:      cfg.Store,
-		ns:      cfg.Namespaces,
-		tokens:  newTokens(cfg.TokenTTL, cfg.Clock),
-		metrics: cfg.Metrics,
-		log:     cfg.Logger,
-		ro:      cfg.ReadOnly || cfg.Store.ReadOnly(),
-		mem:     semaphore.NewWeighted(max(cfg.Memory, store.MaxReadRange)),
+	if cfg.MaxTokens <= 0 {
+		cfg.MaxTokens = DefaultMaxTokens
 	}
+	if cfg.Owner == nil {
+		cfg.Owner = &namespaces.Principal{UID: uint32(os.Getuid()), GIDs: []uint32{uint32(os.Getgid())}}
+	}
+	memSize := max(cfg.Memory, cfg.Store.Threshold())
+	if cfg.MemoryShare <= 0 {
+		cfg.MemoryShare = memSize / 4
+	}
+	s := &Server{
+		st:         cfg.Store,
+		ns:         cfg.Namespaces,
+		tokens:     newTokens(cfg.TokenTTL, cfg.Clock, cfg.MaxTokens),
+		metrics:    cfg.Metrics,
+		log:        cfg.Logger,
+		ro:         cfg.ReadOnly || cfg.Store.ReadOnly(),
+		tokenFile:  cfg.Tokens,
+		insecure:   cfg.InsecureLoopback,
+		readHeader: orDefault(cfg.ReadHeaderTimeout, DefaultReadHeaderTimeout),
+		body:       orDefault(cfg.BodyTimeout, DefaultBodyTimeout),
+		idle:       orDefault(cfg.IdleTimeout, DefaultIdleTimeout),
+		permTTL:    orDefault(cfg.PermTTL, DefaultPermTTL),
+		perms:      map[string]permEntry{},
+		mem:        semaphore.NewWeighted(memSize),
+		memSize:    memSize,
+		// A put holds up to the threshold at once: a share is never less.
+		share:  min(memSize, max(cfg.MemoryShare, cfg.Store.Threshold())),
+		shares: map[uint32]*semaphore.Weighted{},
+	}
+	if cfg.PermTTL < 0 {
+		s.permTTL = 0
+	}
+	s.owner = &Caller{Principal: s.ids.principal(cfg.Owner.UID, first(cfg.Owner.GIDs)), Verbs: AllVerbs}
 	if cfg.AuthToken != "" {
-		// Compared as digests: constant time, whatever the lengths.
-		s.auth, s.hasAuth = sha256.Sum256([]byte(cfg.AuthToken)), true
+		if s.tokenFile == nil {
+			s.tokenFile = &Tokens{}
+		}
+		s.tokenFile.entries = append(s.tokenFile.entries, tokenEntry{sum: sha256.Sum256([]byte(cfg.AuthToken)), uid: cfg.Owner.UID, verbs: AllVerbs})
 	}
 	live := s.tokens.len
 	s.metrics.tokens.Store(&live)
@@ -161,9 +242,11 @@ func (s *Server) Serve(ctx context.Context, ln net.Listener) error {
 	defer cutOff()
 	hs := &http.Server{
 		Handler:           s.mux,
-		ReadHeaderTimeout: 30 * time.Second,
+		ReadHeaderTimeout: s.readHeader,
+		IdleTimeout:       s.idle,
 		ErrorLog:          slog.NewLogLogger(s.log.Handler(), slog.LevelDebug),
 		BaseContext:       func(net.Listener) context.Context { return reqCtx },
+		ConnContext:       s.connContext,
 	}
 	stop := make(chan struct{})
 	go s.expireLoop(stop)
@@ -231,6 +314,7 @@ func (s *Server) counted(name string, h func(http.ResponseWriter, *http.Request)
 			s.metrics.requests.WithLabelValues(name, fmt.Sprint(sw.status)).Inc()
 		}()
 		var err error
+		var c *Caller
 		s.gate.Lock()
 		closing := s.closing
 		if !closing {
@@ -241,17 +325,18 @@ func (s *Server) counted(name string, h func(http.ResponseWriter, *http.Request)
 		switch {
 		case closing:
 			err = errShuttingDown
-		case !s.authorized(r):
-			sw.Header().Set("WWW-Authenticate", `Bearer realm="alkblobfs"`)
-			err = &httpError{http.StatusUnauthorized, "unauthorized", "missing or wrong bearer token (Authorization: Bearer …)"}
 		default:
-			s.log.Debug("http request", "route", name, "method", r.Method, "path", r.URL.Path)
-			err = h(sw, r)
+			if c, err = s.identify(r); err != nil {
+				sw.Header().Set("WWW-Authenticate", `Bearer realm="alkblobfs"`)
+				break
+			}
+			s.log.Debug("http request", "route", name, "method", r.Method, "path", r.URL.Path, "uid", c.UID)
+			err = h(sw, r.WithContext(context.WithValue(r.Context(), callerKey{}, c)))
 		}
 		if err == nil {
 			return
 		}
-		status, kind := classify(err)
+		status, kind, msg := answer(err, r)
 		s.metrics.countError(kind)
 		if status >= 500 {
 			s.log.Error("http request failed", "route", name, "method", r.Method, "path", r.URL.Path, "status", status, "err", err)
@@ -262,23 +347,25 @@ func (s *Server) counted(name string, h func(http.ResponseWriter, *http.Request)
 			if status == http.StatusServiceUnavailable {
 				sw.Header().Set("Retry-After", "5")
 			}
-			writeJSON(sw, status, errorBody{Error: err.Error()})
+			writeJSON(sw, status, errorBody{Error: msg, Code: kind})
 		}
 	})
 }
 
-var errShuttingDown = &httpError{http.StatusServiceUnavailable, "unavailable", "the server is shutting down"}
+var errShuttingDown = &httpError{http.StatusServiceUnavailable, wire.CodeUnavailable, "the server is shutting down"}
 
-func (s *Server) authorized(r *http.Request) bool {
-	if !s.hasAuth {
-		return true
+func orDefault(d, def time.Duration) time.Duration {
+	if d <= 0 {
+		return def
 	}
-	scheme, tok, ok := strings.Cut(r.Header.Get("Authorization"), " ")
-	if !ok || !strings.EqualFold(scheme, "Bearer") {
-		return false
+	return d
+}
+
+func first(gids []uint32) *uint32 {
+	if len(gids) == 0 {
+		return nil
 	}
-	got := sha256.Sum256([]byte(strings.TrimSpace(tok)))
-	return subtle.ConstantTimeCompare(got[:], s.auth[:]) == 1
+	return &gids[0]
 }
 
 // statusWriter remembers the status written.
@@ -303,54 +390,3 @@ func (w *statusWriter) Write(p []byte) (int, error) {
 
 // Unwrap lets http.ResponseController reach the connection.
 func (w *statusWriter) Unwrap() http.ResponseWriter { return w.ResponseWriter }
-
-// Listen opens addr for the server. An address that is not loopback needs
-// an auth token: without one Listen refuses, so that a store is never
-// served to the network unauthenticated by accident.
-func Listen(addr string, authToken string) (net.Listener, error) {
-	ln, err := net.Listen("tcp", addr)
-	if err != nil {
-		return nil, err
-	}
-	if authToken == "" && !loopback(ln.Addr()) {
-		ln.Close()
-		return nil, fmt.Errorf("listen %s: %w", addr, ErrNeedsAuth)
-	}
-	return ln, nil
-}
-
-// ErrNeedsAuth: a non-loopback listen address without an auth token.
-var ErrNeedsAuth = errors.New("a non-loopback address needs a bearer token: give --auth-token-file FILE, or listen on 127.0.0.1 or [::1]")
-
-func loopback(a net.Addr) bool {
-	ta, ok := a.(*net.TCPAddr)
-	return ok && ta.IP.IsLoopback()
-}
-
-// ReadAuthToken reads a bearer token from file: its first line, trimmed.
-// An empty token is an error, and so is a file others may read (it would
-// hand the store to every local user).
-func ReadAuthToken(file string) (string, error) {
-	f, err := os.Open(file)
-	if err != nil {
-		return "", fmt.Errorf("auth token file: %w", err)
-	}
-	defer f.Close()
-	fi, err := f.Stat() // the file read, not whatever the name points at later
-	if err != nil {
-		return "", fmt.Errorf("auth token file: %w", err)
-	}
-	if fi.Mode().Perm()&0o077 != 0 {
-		return "", fmt.Errorf("auth token file %s: mode %04o lets other users read it; chmod 600 %s", file, fi.Mode().Perm(), file)
-	}
-	b, err := io.ReadAll(io.LimitReader(f, 64<<10))
-	if err != nil {
-		return "", fmt.Errorf("auth token file: %w", err)
-	}
-	tok, _, _ := strings.Cut(string(b), "\n")
-	tok = strings.TrimSpace(tok)
-	if tok == "" {
-		return "", fmt.Errorf("auth token file %s is empty", file)
-	}
-	return tok, nil
-}

@@ -74,7 +74,7 @@ func newEnv(t testing.TB, o envOptions) *env {
 	}
 	logs := &syncBuffer{}
 	srv := ops.New(ops.Config{
-		Store: st, Namespaces: svc, Clock: clock, AuthToken: o.authToken,
+		Store: st, Namespaces: svc, Clock: clock, AuthToken: o.authToken, InsecureLoopback: o.authToken == "",
 		Logger: slog.New(slog.NewTextHandler(logs, &slog.HandlerOptions{Level: slog.LevelDebug})),
 	})
 	hs := httptest.NewServer(srv.Handler())
@@ -444,7 +444,7 @@ func TestTokenRelease(t *testing.T) {
 	}
 	// A direct delete is refused while the token's pin holds the blob.
 	url := e.url + "/v1/blobs/" + d.String()
-	if status, _, body := request(t, "DELETE", url, nil, nil); status != http.StatusConflict || !bytes.Contains(body, []byte("protected")) {
+	if status, _, body := request(t, "DELETE", url, nil, nil); status != http.StatusConflict || !bytes.Contains(body, []byte(`"code":"refused"`)) {
 		t.Fatalf("DELETE of a pinned blob: %d %s; want 409", status, body)
 	}
 	if err := e.c.Release(t.Context(), tok); err != nil {
@@ -549,17 +549,22 @@ func TestRangeOverReadLimit(t *testing.T) {
 }
 
 func TestAuth(t *testing.T) {
-	if _, err := ops.Listen("0.0.0.0:0", ""); !errors.Is(err, ops.ErrNeedsAuth) {
-		t.Fatalf("a non-loopback listen without a token: %v; want ErrNeedsAuth", err)
+	for _, addr := range []string{"0.0.0.0:0", "127.0.0.1:0"} {
+		if _, err := ops.Listen(addr, ops.ListenConfig{}); !errors.Is(err, ops.ErrNeedsAuth) {
+			t.Fatalf("a TCP listen on %s without tokens: %v; want ErrNeedsAuth", addr, err)
+		}
 	}
-	ln, err := ops.Listen("127.0.0.1:0", "")
+	if _, err := ops.Listen("0.0.0.0:0", ops.ListenConfig{InsecureLoopback: true}); !errors.Is(err, ops.ErrNeedsAuth) {
+		t.Fatalf("--insecure-loopback on a non-loopback address: %v; want ErrNeedsAuth", err)
+	}
+	ln, err := ops.Listen("127.0.0.1:0", ops.ListenConfig{InsecureLoopback: true})
 	if err != nil {
-		t.Fatalf("loopback without a token: %v", err)
+		t.Fatalf("loopback with InsecureLoopback: %v", err)
 	}
 	ln.Close()
-	ln, err = ops.Listen("0.0.0.0:0", "s3cret")
+	ln, err = ops.Listen("0.0.0.0:0", ops.ListenConfig{Tokens: true})
 	if err != nil {
-		t.Fatalf("non-loopback with a token: %v", err)
+		t.Fatalf("non-loopback with tokens: %v", err)
 	}
 	ln.Close()
 
@@ -711,8 +716,22 @@ func TestBackendDown(t *testing.T) {
 	d, _ := e.put(t, "builds", []byte("before"))
 	e.st.Close()
 	status, h, body := request(t, "GET", e.url+"/v1/blobs/"+d.String(), nil, nil)
-	if status != http.StatusServiceUnavailable || h.Get("Retry-After") == "" || !bytes.Contains(body, []byte("closed")) {
+	if status != http.StatusServiceUnavailable || h.Get("Retry-After") == "" || !bytes.Contains(body, []byte(`"code":"unavailable"`)) {
 		t.Fatalf("GET on a closed store: %d %s", status, body)
+	}
+	// The store's own error names its engine and files: the body names
+	// neither, only the request's digest and the code.
+	_, _, put := request(t, "POST", e.url+"/v1/blobs?namespace=builds", strings.NewReader("after"), nil)
+	_, _, del := request(t, "DELETE", e.url+"/v1/blobs/"+d.String(), nil, nil)
+	for _, b := range [][]byte{body, put, del} {
+		for _, leak := range []string{"sqlite", "kv.db", "large", "/tmp", os.TempDir(), "closed"} {
+			if bytes.Contains(b, []byte(leak)) {
+				t.Errorf("an error body names %q: %s", leak, b)
+			}
+		}
+	}
+	if !strings.Contains(e.log.String(), "closed") {
+		t.Errorf("the log lacks the store's error:\n%s", e.log.String())
 	}
 }
 
@@ -778,9 +797,9 @@ func TestServeLifecycle(t *testing.T) {
 	e := newEnv(t, envOptions{})
 	st, svc := e.st, e.svc
 	logs := &syncBuffer{}
-	srv := ops.New(ops.Config{Store: st, Namespaces: svc, TokenTTL: 300 * time.Millisecond,
+	srv := ops.New(ops.Config{Store: st, Namespaces: svc, TokenTTL: 300 * time.Millisecond, InsecureLoopback: true,
 		Logger: slog.New(slog.NewTextHandler(logs, &slog.HandlerOptions{Level: slog.LevelDebug}))})
-	ln, err := ops.Listen("127.0.0.1:0", "")
+	ln, err := ops.Listen("127.0.0.1:0", ops.ListenConfig{InsecureLoopback: true})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -838,7 +857,7 @@ func TestServeLifecycle(t *testing.T) {
 		t.Fatal("the put in flight at shutdown was lost")
 	}
 
-	ro := ops.New(ops.Config{Store: st, Namespaces: svc, ReadOnly: true})
+	ro := ops.New(ops.Config{Store: st, Namespaces: svc, ReadOnly: true, InsecureLoopback: true})
 	hs := httptest.NewServer(ro.Handler())
 	defer hs.Close()
 	defer ro.Close()

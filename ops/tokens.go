@@ -20,38 +20,73 @@ import (
 // it, for that server's life. After a restart the putter's renewal answers
 // present=false and the putter re-puts, which is the contract's backstop
 // for any lapse.
+//
+// Each token is its minter's: only the principal that put (or root) renews
+// or releases it, and one principal holds at most max live tokens (counted
+// in per, reserved before its put starts).
 type tokens struct {
 	ttl   time.Duration
 	clock store.Clock
+	max   int
 
-	mu sync.Mutex
-	m  map[string]*token
+	mu  sync.Mutex
+	m   map[string]*token
+	per map[uint32]int
 }
 
 type token struct {
 	pin     *store.Pin
 	ns      string
+	uid     uint32 // the minter
 	expires time.Time
 }
 
-func newTokens(ttl time.Duration, clock store.Clock) *tokens {
-	return &tokens{ttl: ttl, clock: clock, m: make(map[string]*token)}
+func newTokens(ttl time.Duration, clock store.Clock, max int) *tokens {
+	return &tokens{ttl: ttl, clock: clock, max: max, m: make(map[string]*token), per: make(map[uint32]int)}
 }
 
-// mint takes ownership of pin and returns a fresh token naming it.
-func (t *tokens) mint(pin *store.Pin, ns string) string {
+// reserve counts a token uid is about to mint, and reports false, counting
+// nothing, if uid holds max already. A reservation ends in mint or unreserve.
+func (t *tokens) reserve(uid uint32) bool {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if t.per[uid] >= t.max {
+		return false
+	}
+	t.per[uid]++
+	return true
+}
+
+func (t *tokens) unreserve(uid uint32) {
+	t.mu.Lock()
+	t.dropLocked(uid)
+	t.mu.Unlock()
+}
+
+func (t *tokens) dropLocked(uid uint32) {
+	if t.per[uid]--; t.per[uid] <= 0 {
+		delete(t.per, uid)
+	}
+}
+
+// mint takes ownership of pin and returns a fresh token naming it, minted
+// by uid on its reservation.
+func (t *tokens) mint(pin *store.Pin, ns string, uid uint32) string {
 	var b [18]byte
 	rand.Read(b[:]) // never fails (crypto/rand)
 	id := base64.RawURLEncoding.EncodeToString(b[:])
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	t.m[id] = &token{pin: pin, ns: ns, expires: t.clock.Now().Add(t.ttl)}
+	t.m[id] = &token{pin: pin, ns: ns, uid: uid, expires: t.clock.Now().Add(t.ttl)}
 	return id
 }
 
-// renew extends the token if it is live and names d in namespace ns, and
-// reports whether it did. A lapsed token is released on the spot.
-func (t *tokens) renew(id, ns string, d store.Digest) bool {
+// mine reports whether uid may renew or release tk.
+func (tk *token) mine(uid uint32) bool { return uid == 0 || uid == tk.uid }
+
+// renew extends the token if it is live, uid's, and names d in namespace
+// ns, and reports whether it did. A lapsed token is released on the spot.
+func (t *tokens) renew(id, ns string, d store.Digest, uid uint32) bool {
 	now := t.clock.Now()
 	t.mu.Lock()
 	defer t.mu.Unlock()
@@ -61,21 +96,27 @@ func (t *tokens) renew(id, ns string, d store.Digest) bool {
 	}
 	if !now.Before(tk.expires) {
 		delete(t.m, id)
+		t.dropLocked(tk.uid)
 		tk.pin.Release()
 		return false
 	}
-	if tk.pin.Digest() != d || tk.ns != ns {
+	if tk.pin.Digest() != d || tk.ns != ns || !tk.mine(uid) {
 		return false
 	}
 	tk.expires = now.Add(t.ttl)
 	return true
 }
 
-// release drops the token and its pin; false if there was no such token.
-func (t *tokens) release(id string) bool {
+// release drops the token and its pin; false if there was no such token
+// of uid's.
+func (t *tokens) release(id string, uid uint32) bool {
 	t.mu.Lock()
 	tk, ok := t.m[id]
-	delete(t.m, id)
+	ok = ok && tk.mine(uid)
+	if ok {
+		delete(t.m, id)
+		t.dropLocked(tk.uid)
+	}
 	t.mu.Unlock()
 	if ok {
 		tk.pin.Release()
@@ -91,6 +132,7 @@ func (t *tokens) expire() int {
 	for id, tk := range t.m {
 		if !now.Before(tk.expires) {
 			delete(t.m, id)
+			t.dropLocked(tk.uid)
 			lapsed = append(lapsed, tk.pin)
 		}
 	}
@@ -112,6 +154,7 @@ func (t *tokens) close() {
 	t.mu.Lock()
 	m := t.m
 	t.m = make(map[string]*token)
+	t.per = make(map[uint32]int)
 	t.mu.Unlock()
 	for _, tk := range m {
 		tk.pin.Release()

@@ -10,8 +10,14 @@
 #    and `sync` of the copy, the disk's floor for a durable put.
 #    Interleaved, medians of REPS.
 # 2. PUTS puts of distinct 1 KiB blobs over keep-alive connections, 8 at a
-#    time (scripts/httpbench), against both servers.
-# Everything listens on loopback; the stores live in $TMPDIR (default /tmp).
+#    time (scripts/httpbench), against both servers, then PUTS gets of one
+#    1 KiB blob against alkblobfs.
+# SIZE_MIB 0 skips part 1. With BASE=BINARY, part 2 runs REPS times
+# against BINARY (an older build: the "before") and this tree's build
+# (the "after"), interleaved, each on a fresh store, and prints medians.
+# alkblobfs serve listens on loopback TCP with a token file (every request
+# carries its bearer token and is authorised); a BASE binary that predates
+# token files gets none. The stores live in $TMPDIR (default /tmp).
 set -euo pipefail
 
 size_mib=${1:-1024}
@@ -30,16 +36,24 @@ trap cleanup EXIT
 (cd "$root" && go build -o "$work/alkblobfs" ./cmd/alkblobfs && go build -o "$work/httpbench" ./scripts/httpbench)
 command -v curl >/dev/null || { echo "measure-http: curl is missing" >&2; exit 1; }
 
-# start_serve DATA: runs alkblobfs serve on a free port; sets url and pid.
+token=$(head -c 16 /dev/urandom | od -An -tx1 | tr -d ' \n')
+printf '%s %s\n' "$token" "$(id -u)" >"$work/tokens"
+chmod 600 "$work/tokens"
+
+# start_serve DATA [BINARY]: runs alkblobfs serve on a free port; sets url
+# and pid.
 start_serve() {
-	local data=$1
+	local data=$1 bin=${2:-$work/alkblobfs} auth=()
 	mkdir -p "$data" && chmod 700 "$data"
-	"$work/alkblobfs" --data "$data" ns create bench
-	"$work/alkblobfs" --data "$data" serve --listen 127.0.0.1:0 2>"$data.log" &
+	"$bin" --data "$data" ns create bench
+	if [[ $("$bin" serve --help) == *--insecure-loopback* ]]; then
+		auth=(--auth-token-file "$work/tokens")
+	fi
+	"$bin" --data "$data" serve --listen 127.0.0.1:0 "${auth[@]}" 2>"$data.log" &
 	pid=$!
 	pids+=("$pid")
 	for _ in $(seq 100); do
-		url=$(grep -o 'url=http://[0-9.:]*' "$data.log" | head -n 1 | cut -d= -f2) || true
+		url=$(grep -o 'url=http://[0-9.:]*' "$data.log" | head -n 1 | cut -d= -f2-) || true
 		[[ -n $url ]] && return
 		sleep 0.05
 	done
@@ -61,7 +75,7 @@ upload() { # URL → seconds
 	local t0 t1
 	t0=$(date +%s%N)
 	# -T streams the file (--data-binary would read it all into memory).
-	curl -sS -o /dev/null --fail -X POST -H 'Content-Type: application/octet-stream' -T "$work/blob" "$1" || {
+	curl -sS -o /dev/null --fail -X POST -H 'Content-Type: application/octet-stream' -H "Authorization: Bearer $token" -T "$work/blob" "$1" || {
 		echo "measure-http: upload to $1 failed" >&2
 		kill $$
 	}
@@ -79,6 +93,7 @@ copysync() { # → seconds of cp + sync of the copy
 	echo "scale=3; ($t1 - $t0) / 1000000000" | bc
 }
 
+if ((size_mib > 0)); then
 declare -a tn ta tc
 for r in $(seq "$reps"); do
 	start_serve "$work/store$r"
@@ -111,6 +126,36 @@ echo "one $size_mib MiB file, medians of $reps (s): curl→discard ${tn[*]} → 
 echo "  MB/s: curl→discard $(mbs "$mn"), curl→alkblobfs $(mbs "$ma"), cp+sync $(mbs "$mc")"
 echo "  ratios: alkblobfs/discard $(echo "scale=2; $mn / $ma" | bc), alkblobfs/(cp+sync) $(echo "scale=2; $mc / $ma" | bc)"
 
+fi
+
+# rate LINE: the per-second figure of an httpbench line.
+rate() { awk '{for (i = 1; i < NF; i++) if ($(i + 1) ~ /\/s,$/) print $i}' <<<"$1"; }
+
+# bench BINARY LABEL: puts then gets against a fresh store; appends the
+# rates to puts_LABEL and gets_LABEL.
+bench() {
+	local bin=$1 label=$2 p g d
+	start_serve "$work/bench-$label" "$bin"
+	p=$("$work/httpbench" puts -url "$url/v1/blobs?namespace=bench" -n "$nputs" -token "$token")
+	d=$(head -c 1024 /dev/urandom | tee "$work/one" | curl -sS --fail -H "Authorization: Bearer $token" --data-binary @- "$url/v1/blobs?namespace=bench" | grep -o '"digest":"[0-9a-f]*"' | cut -d'"' -f4)
+	g=$("$work/httpbench" gets -url "$url/v1/blobs/$d?namespace=bench" -n "$nputs" -token "$token")
+	kill "$pid"; wait "$pid" 2>/dev/null || true
+	rm -rf "$work/bench-$label"
+	eval "puts_$label+=(\"$(rate "$p")\")"
+	eval "gets_$label+=(\"$(rate "$g")\")"
+}
+
+if [[ -n ${BASE:-} ]]; then
+	declare -a puts_before puts_after gets_before gets_after
+	for r in $(seq "$reps"); do
+		if ((r % 2)); then bench "$BASE" before; bench "$work/alkblobfs" after
+		else bench "$work/alkblobfs" after; bench "$BASE" before; fi
+	done
+	echo "1 KiB puts/s, $reps runs interleaved: before ${puts_before[*]} → $(printf '%s\n' "${puts_before[@]}" | median); after ${puts_after[*]} → $(printf '%s\n' "${puts_after[@]}" | median)"
+	echo "1 KiB gets/s, $reps runs interleaved: before ${gets_before[*]} → $(printf '%s\n' "${gets_before[@]}" | median); after ${gets_after[*]} → $(printf '%s\n' "${gets_after[@]}" | median)"
+	exit 0
+fi
+
 start_serve "$work/puts"
 echo "discard:   $("$work/httpbench" puts -url "http://$discard/" -n "$nputs")"
-echo "alkblobfs: $("$work/httpbench" puts -url "$url/v1/blobs?namespace=bench" -n "$nputs")"
+echo "alkblobfs: $("$work/httpbench" puts -url "$url/v1/blobs?namespace=bench" -n "$nputs" -token "$token")"

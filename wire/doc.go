@@ -21,22 +21,26 @@
 //	DELETE /v1/pins/TOKEN           → 204
 //	GET    /metrics                 Prometheus text format
 //
-// Every request carries "Authorization: Bearer T" when the server has a
-// token.
+// Over TCP every request carries "Authorization: Bearer T", a token of
+// the server's token file; over its Unix socket the caller is identified
+// by the socket's peer credentials and needs none.
 //
 // # Statuses
 //
-// Every error answer is an ErrorResponse. Its status says what to do, and
-// Sentinel maps it to the blob sentinel it stands for:
+// Every error answer is an ErrorResponse with a Code. Its status says
+// what to do, and SentinelOf maps status and code to the sentinel it
+// stands for:
 //
 //	400  bad input: a malformed digest, namespace, JSON body, digest field or range; a body cut off
 //	401  no bearer token, or the wrong one (WWW-Authenticate: Bearer)
-//	403  a put or delete on a read-only server                        blob.ErrReadOnly
+//	403  the caller may not do this (code forbidden)                  ErrDenied (fs.ErrPermission)
+//	403  a put or delete on a read-only server (code read_only)       blob.ErrReadOnly
 //	404  no such blob, namespace or token                             blob.ErrMissing
 //	409  a delete refused because the blob is live                    blob.ErrGcRefuse
 //	413  a blob over a kv-only store's threshold                      blob.ErrTooLarge
 //	416  a range that selects nothing (Content-Range: bytes */SIZE)
 //	422  the content does not match a digest claimed for it           blob.ErrVerification
+//	429  the caller holds as many live pin tokens as it may           ErrTooMany
 //	503  the backend failed: try again (Retry-After)
 //	507  the store is full                                            blob.ErrNoSpace
 //

@@ -6,6 +6,7 @@ import (
 	"encoding/base64"
 	"encoding/json"
 	"errors"
+	"io/fs"
 	"net/http"
 	"reflect"
 	"testing"
@@ -35,6 +36,8 @@ var golden = []struct {
 		`{"present":[true,false]}`},
 	{"error", &ErrorResponse{Error: "no such blob"},
 		`{"error":"no such blob"}`},
+	{"error-code", &ErrorResponse{Error: "no such blob", Code: CodeNotFound},
+		`{"error":"no such blob","code":"not_found"}`},
 }
 
 const emptyHex = "e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855"
@@ -130,5 +133,29 @@ func TestSentinel(t *testing.T) {
 		if got := Sentinel(status); !errors.Is(got, want) || (want == nil) != (got == nil) {
 			t.Errorf("Sentinel(%d) = %v, want %v", status, got, want)
 		}
+	}
+}
+
+// TestSentinelOf: a 403 is a permission refusal unless its code says the
+// server is read-only (an older server sends no code: read-only, as
+// Sentinel says); a 429 is too many tokens.
+func TestSentinelOf(t *testing.T) {
+	for _, tc := range []struct {
+		status int
+		code   string
+		want   error
+	}{
+		{http.StatusForbidden, CodeForbidden, ErrDenied},
+		{http.StatusForbidden, CodeReadOnly, blob.ErrReadOnly},
+		{http.StatusForbidden, "", blob.ErrReadOnly},
+		{http.StatusTooManyRequests, CodeTooMany, ErrTooMany},
+		{http.StatusNotFound, CodeNotFound, blob.ErrMissing},
+	} {
+		if got := SentinelOf(tc.status, tc.code); got != tc.want {
+			t.Errorf("SentinelOf(%d, %q) = %v, want %v", tc.status, tc.code, got, tc.want)
+		}
+	}
+	if !errors.Is(ErrDenied, fs.ErrPermission) {
+		t.Error("ErrDenied does not match fs.ErrPermission")
 	}
 }

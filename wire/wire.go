@@ -1,6 +1,9 @@
 package wire
 
 import (
+	"errors"
+	"fmt"
+	"io/fs"
 	"net/http"
 
 	"github.com/alkblobfs/alkblobfs/blob"
@@ -30,9 +33,51 @@ type HaveResponse struct {
 	Present []bool `json:"present"`
 }
 
-// ErrorResponse is the body of every error answer.
+// ErrorResponse is the body of every error answer. Error is for people:
+// it names the request's own inputs (a digest, a namespace it asked for),
+// never a server path, an engine URL or another namespace's contents.
+// Code is for programs: one of the Code constants, stable across versions.
 type ErrorResponse struct {
 	Error string `json:"error"`
+	Code  string `json:"code,omitempty"`
+}
+
+// The error codes (ErrorResponse.Code). A client decides by these and the
+// status, never by the message.
+const (
+	CodeBadRequest   = "bad_request"  // 400
+	CodeUnauthorized = "unauthorized" // 401: no credentials, or a token the server does not know
+	CodeForbidden    = "forbidden"    // 403: the caller may not do this (namespace mode, token binding)
+	CodeReadOnly     = "read_only"    // 403: the server is read-only
+	CodeNotFound     = "not_found"    // 404
+	CodeRefused      = "refused"      // 409: a delete of a live blob
+	CodeTooLarge     = "too_large"    // 413
+	CodeBadRange     = "bad_range"    // 416
+	CodeVerification = "verification" // 422
+	CodeTooMany      = "too_many"     // 429: the caller's live pin tokens are at the bound
+	CodeCorrupt      = "corrupt"      // 500: the stored copy is known corrupt
+	CodeUnavailable  = "unavailable"  // 503: the backend failed, or the server is shutting down
+	CodeNoSpace      = "no_space"     // 507
+)
+
+// ErrDenied is what a 403 with CodeForbidden stands for: the caller may
+// not do this. It matches fs.ErrPermission.
+var ErrDenied = fmt.Errorf("permission denied: %w", fs.ErrPermission)
+
+// ErrTooMany is what a 429 stands for: too many live pin tokens.
+var ErrTooMany = errors.New("too many live pin tokens")
+
+// SentinelOf is the sentinel an error answer stands for, by its status
+// and code: Sentinel's, except that a 403 is ErrDenied unless its code is
+// CodeReadOnly, and a 429 is ErrTooMany.
+func SentinelOf(status int, code string) error {
+	switch {
+	case status == http.StatusForbidden && code != CodeReadOnly && code != "":
+		return ErrDenied
+	case status == http.StatusTooManyRequests:
+		return ErrTooMany
+	}
+	return Sentinel(status)
 }
 
 // Sentinel is the blob sentinel an error status stands for (see the

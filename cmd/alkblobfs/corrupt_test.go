@@ -86,7 +86,7 @@ func TestCorruptRefusedEverywhere(t *testing.T) {
 	src, content, digest := writeFile(t, t.TempDir(), 300<<10, 41) // the large tier
 	c.ok("put", "--ns", "s", src)
 	mnt := t.TempDir()
-	dm := startDaemon(t, c.data, mnt, "--listen", "127.0.0.1:0")
+	dm := startDaemon(t, c.data, mnt, "--listen", "127.0.0.1:0", "--insecure-loopback")
 	var url string
 	eventually(t, 10*time.Second, "the mount's HTTP surface", func() bool {
 		if m := servingURL.FindStringSubmatch(dm.stderr.String()); m != nil {

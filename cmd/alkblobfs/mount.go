@@ -32,6 +32,8 @@ func newMountCmd(a *app) *cobra.Command {
 		memProfile string
 		heapTarget heapTargetValue = defaultHeapTarget
 		listen     string
+		insecure   bool
+		permTTL    time.Duration
 		tokenTTL   time.Duration
 		source     string
 	)
@@ -156,12 +158,15 @@ As root the mount uses mount(2) directly; otherwise fusermount3.`,
 			ctx := cmd.Context()
 			// The HTTP surface's address is checked before anything mounts.
 			var ln net.Listener
-			var authTok string
+			var toks *ops.Tokens
+			if insecure && listen == "" {
+				return usagef(cmd, "--insecure-loopback goes with --listen HOST:PORT")
+			}
 			if listen != "" {
 				if tokenTTL <= 0 {
 					return usagef(cmd, "--token-ttl %s: must be positive", tokenTTL)
 				}
-				if ln, authTok, err = a.listen(cmd, listen); err != nil {
+				if ln, toks, err = a.listen(cmd, listen, insecure, allowOther); err != nil {
 					return err
 				}
 				defer ln.Close()
@@ -205,11 +210,12 @@ As root the mount uses mount(2) directly; otherwise fusermount3.`,
 			if ln != nil {
 				metrics.AttachMount(func() ops.MountStats { return mountStats(srv.Counters()) })
 				metrics.AttachUpkeep(srv.Upkeep())
-				oc := a.opsConfig(st, svc, authTok, tokenTTL, lg)
+				oc := a.opsConfig(st, svc, toks, insecure, tokenTTL, lg)
 				oc.Metrics, oc.ReadOnly = metrics, ro
+				oc.PermTTL = permTTL
 				stopHTTP = serveBeside(ctx, ops.New(oc), ln, lg)
 				defer stopHTTP()
-				lg.Info("serving HTTP beside the mount", "url", "http://"+ln.Addr().String(), "auth", authTok != "")
+				lg.Info("serving HTTP beside the mount", "url", listenURL(ln), "tokens", toks.Len())
 			}
 			if err := sdNotify("READY=1\nSTATUS=serving " + srv.Dir()); err != nil {
 				lg.Warn("could not tell the service manager that the mount is ready", "err", err)
@@ -252,7 +258,9 @@ As root the mount uses mount(2) directly; otherwise fusermount3.`,
 	f.Var(&heapTarget, "heap-target", "the Go heap the daemon collects garbage to stay under, while that costs at most four times Go's default collection work (0: Go's default; see above)")
 	f.StringVar(&memProfile, "memprofile", "", "write a heap profile of the daemon to this file when it is told to stop, before it unmounts (for go tool pprof)")
 	f.MarkHidden("memprofile")
-	f.StringVar(&listen, "listen", "", "also serve the HTTP surface (see alkblobfs serve --help) at `ADDR`, HOST:PORT, with the mount's counters and FUSE latencies in /metrics (default off)")
+	f.StringVar(&listen, "listen", "", "also serve the HTTP surface (see alkblobfs serve --help) at `ADDR`, with the mount's counters and FUSE latencies in /metrics: unix: (the default socket), unix:PATH, or HOST:PORT with --auth-token-file (default off)")
+	f.BoolVar(&insecure, "insecure-loopback", false, "with --listen on loopback: no tokens, every local user acts as the mounting user (refused with --allow-other)")
+	permCacheFlag(f, &permTTL)
 	f.DurationVar(&tokenTTL, "token-ttl", ops.DefaultTokenTTL, "with --listen: life of a put's pin token after the put or its last renewal")
 	f.StringVar(&source, "source", "", "what the mount shows as its source in /proc/mounts, findmnt and df (default: the data directory, or the kv engine's URL without its password when no tier is there); the fstab helper passes the line's SOURCE")
 	return cmd

@@ -123,9 +123,9 @@ Commands: %s
 	f.StringArrayVar(&a.tables, "liveness-table", nil, "a table in the kv engine's database whose digest column keeps blobs alive (repeatable; TABLE or SCHEMA.TABLE)")
 	f.BoolVar(&a.shared, "shared-media", false, "with --fleet: the local large tier is on storage every host mounts at the same path")
 	f.Var(&a.logLevel, "log-level", "log level on stderr: debug, info, warn or error")
-	f.StringVar(&a.remote, "remote", "", "send put, get, cat and have to the alkblobfs HTTP server at this `URL` (http://HOST:PORT) instead of opening a store")
+	f.StringVar(&a.remote, "remote", "", "send put, get, cat and have to the alkblobfs HTTP server at this `URL` (unix:PATH, or http://HOST:PORT) instead of opening a store")
 	a.cache.register(f)
-	f.StringVar(&a.tokenFile, "auth-token-file", "", "bearer token (first line of `FILE`) that serve and mount --listen require, and that --remote sends")
+	f.StringVar(&a.tokenFile, "auth-token-file", "", "token file (mode 0600): serve and mount --listen HOST:PORT accept its tokens, one a line (TOKEN USER [namespaces=NS,...] [verbs=...]); --remote sends the first token of `FILE`")
 
 	root.AddCommand(
 		newPutCmd(a),

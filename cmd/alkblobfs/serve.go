@@ -6,10 +6,12 @@ import (
 	"fmt"
 	"log/slog"
 	"net"
+	"strings"
 	"sync"
 	"time"
 
 	"github.com/spf13/cobra"
+	"github.com/spf13/pflag"
 
 	"github.com/alkblobfs/alkblobfs/namespaces"
 	"github.com/alkblobfs/alkblobfs/ops"
@@ -17,8 +19,9 @@ import (
 	"github.com/alkblobfs/alkblobfs/upkeep"
 )
 
-// defaultListen is serve's address when --listen is not given.
-const defaultListen = "127.0.0.1:8437"
+// defaultListen is serve's address when --listen is not given: the
+// default Unix socket (ops.DefaultSocket).
+const defaultListen = "unix:"
 
 const httpHelp = `  POST   /v1/blobs?namespace=NS   store the body, link it into NS; answers
                                   {"token", "digest"}: the token pins the blob
@@ -28,7 +31,8 @@ const httpHelp = `  POST   /v1/blobs?namespace=NS   store the body, link it into
   GET    /v1/blobs/DIGEST         the blob (Range, If-None-Match, HEAD); every
                                   answer carries Repr-Digest, the sha256 of
                                   the bytes it returns
-  DELETE /v1/blobs/DIGEST         delete now, unless something keeps it (409)
+  DELETE /v1/blobs/DIGEST         delete now, unless something keeps it (409);
+                                  with ?namespace=NS drop NS's reference
   DELETE /v1/pins/TOKEN           release a put's pin
   GET    /metrics                 Prometheus metrics
 
@@ -37,13 +41,26 @@ A put's pin keeps its blob through sweeps until it is released, or until
 memory: a restarted server has none, and a putter whose renewal answers
 false puts the content again.
 
-An address that is not loopback is refused unless --auth-token-file names
-a bearer token; with one, every request must carry "Authorization: Bearer
-TOKEN".`
+Who calls is a user, and every request gets what the mount would give that
+user (a namespace's owner, group and mode; see "Who may do what" in the
+README). --listen unix:PATH serves a Unix socket (mode 0666) where the kernel
+says who each caller is; unix: alone is $XDG_RUNTIME_DIR/alkblobfs/http.sock,
+or /run/alkblobfs/http.sock without XDG_RUNTIME_DIR. --listen HOST:PORT
+serves TCP, loopback included, only with --auth-token-file FILE (mode 0600),
+one token per line:
+
+  TOKEN USER [namespaces=NS,...] [verbs=read,write,delete,sweep]
+
+Every request then carries "Authorization: Bearer TOKEN" and acts as USER (a
+uid or a user name), limited to the namespaces and verbs given.
+--insecure-loopback serves loopback without tokens instead: every local user
+then acts as the server's own user (refused with mount --allow-other).`
 
 func newServeCmd(a *app) *cobra.Command {
 	var (
 		listen   string
+		insecure bool
+		permTTL  time.Duration
 		tokenTTL time.Duration
 		sched    upkeepFlags
 	)
@@ -66,9 +83,9 @@ server does.
 mount --listen serves the same requests beside a mount, with the mount's
 counters added to the metrics.`,
 		Example: `  alkblobfs serve
-  alkblobfs serve --listen 0.0.0.0:8437 --auth-token-file /etc/alkblobfs/token
+  alkblobfs serve --listen 0.0.0.0:8437 --auth-token-file /etc/alkblobfs/tokens
   alkblobfs serve --sweep-every 1h --scrub-every 24h
-  curl --data-binary @app.tar 'http://127.0.0.1:8437/v1/blobs?namespace=builds'`,
+  curl --unix-socket /run/alkblobfs/http.sock --data-binary @app.tar 'http://x/v1/blobs?namespace=builds'`,
 		Args: argsRange(0, 0, "no arguments"),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			if tokenTTL <= 0 {
@@ -80,7 +97,7 @@ counters added to the metrics.`,
 			if err != nil {
 				return err
 			}
-			ln, tok, err := a.listen(cmd, listen)
+			ln, toks, err := a.listen(cmd, listen, insecure, false)
 			if err != nil {
 				return err
 			}
@@ -101,11 +118,12 @@ counters added to the metrics.`,
 			if err != nil {
 				return usagef(cmd, "--sweep-every: %v", err)
 			}
-			oc := a.opsConfig(st, svc, tok, tokenTTL, lg)
+			oc := a.opsConfig(st, svc, toks, insecure, tokenTTL, lg)
 			oc.Metrics = ops.NewMetrics(st)
+			oc.PermTTL = permTTL
 			oc.Metrics.AttachUpkeep(u)
 			srv := ops.New(oc)
-			lg.Info("serving", "url", "http://"+ln.Addr().String(), "auth", tok != "", "token_ttl", tokenTTL,
+			lg.Info("serving", "url", listenURL(ln), "tokens", toks.Len(), "token_ttl", tokenTTL,
 				"sweep_every", sched.sweepEvery, "scrub_every", sched.scrubEvery)
 			u.Start()
 			// Before the store closes: a timer's sweep or scrub ends first.
@@ -117,37 +135,54 @@ counters added to the metrics.`,
 			return st.Close()
 		},
 	}
-	cmd.Flags().StringVar(&listen, "listen", defaultListen, "`ADDR` to listen on, HOST:PORT")
+	cmd.Flags().StringVar(&listen, "listen", defaultListen, "`ADDR` to listen on: unix:PATH (unix: alone is the default socket, see above) or HOST:PORT (needs --auth-token-file)")
+	cmd.Flags().BoolVar(&insecure, "insecure-loopback", false, "serve a loopback HOST:PORT without tokens: every local user acts as this server's user")
 	cmd.Flags().DurationVar(&tokenTTL, "token-ttl", ops.DefaultTokenTTL, "life of a put's pin token after the put or its last renewal")
+	permCacheFlag(cmd.Flags(), &permTTL)
 	sched.register(cmd.Flags(), "")
 	return cmd
 }
 
-// listen opens addr for the HTTP surface, with the auth token from
-// --auth-token-file. A non-loopback address without one is a usage error.
-func (a *app) listen(cmd *cobra.Command, addr string) (net.Listener, string, error) {
-	tok := ""
-	if a.tokenFile != "" {
-		t, err := ops.ReadAuthToken(a.tokenFile)
-		if err != nil {
-			return nil, "", usage(cmd, err)
-		}
-		tok = t
+// listen opens addr for the HTTP surface, with the tokens of
+// --auth-token-file for a TCP address. A TCP address without them, or
+// --insecure-loopback beside --allow-other, is a usage error.
+func (a *app) listen(cmd *cobra.Command, addr string, insecure, allowOther bool) (net.Listener, *ops.Tokens, error) {
+	if insecure && allowOther {
+		return nil, nil, usagef(cmd, "--insecure-loopback with --allow-other: every local user would act as you over HTTP, whatever the namespaces' modes; serve them on the Unix socket (--listen unix:) or give --auth-token-file")
 	}
-	ln, err := ops.Listen(addr, tok)
+	if addr == "unix:" {
+		addr += ops.DefaultSocket()
+	}
+	var toks *ops.Tokens
+	if a.tokenFile != "" && !strings.HasPrefix(addr, "unix:") {
+		t, err := ops.ReadTokenFile(a.tokenFile)
+		if err != nil {
+			return nil, nil, usage(cmd, err)
+		}
+		toks = t
+	}
+	ln, err := ops.Listen(addr, ops.ListenConfig{Tokens: toks != nil, InsecureLoopback: insecure})
 	if errors.Is(err, ops.ErrNeedsAuth) {
-		return nil, "", usage(cmd, err)
+		return nil, nil, usage(cmd, err)
 	}
 	if err != nil {
-		return nil, "", fmt.Errorf("--listen: %w", err)
+		return nil, nil, fmt.Errorf("--listen: %w", err)
 	}
-	return ln, tok, nil
+	return ln, toks, nil
+}
+
+// listenURL is where clients reach ln: unix:PATH or http://HOST:PORT.
+func listenURL(ln net.Listener) string {
+	if ln.Addr().Network() == "unix" {
+		return "unix:" + ln.Addr().String()
+	}
+	return "http://" + ln.Addr().String()
 }
 
 // opsConfig is the HTTP surface's configuration for st from the global
 // flags (the memory budget is --upload-memory's).
-func (a *app) opsConfig(st *store.Store, svc *namespaces.Service, tok string, ttl time.Duration, lg *slog.Logger) ops.Config {
-	return ops.Config{Store: st, Namespaces: svc, AuthToken: tok, TokenTTL: ttl, Memory: int64(a.uploadMem), Logger: lg}
+func (a *app) opsConfig(st *store.Store, svc *namespaces.Service, toks *ops.Tokens, insecure bool, ttl time.Duration, lg *slog.Logger) ops.Config {
+	return ops.Config{Store: st, Namespaces: svc, Tokens: toks, InsecureLoopback: insecure, TokenTTL: ttl, Memory: int64(a.uploadMem), Logger: lg}
 }
 
 // serveBeside runs srv on ln until the returned stop is called; stop
@@ -165,4 +200,12 @@ func serveBeside(ctx context.Context, srv *ops.Server, ln net.Listener, lg *slog
 		cancel()
 		<-done
 	})
+}
+
+// permCacheFlag registers the hidden --perm-cache: how long the HTTP
+// surface caches a namespace's owner, group and mode (tests turn it off
+// with a negative value to see a chmod at once).
+func permCacheFlag(f *pflag.FlagSet, v *time.Duration) {
+	f.DurationVar(v, "perm-cache", ops.DefaultPermTTL, "how long HTTP caches a namespace's owner, group and mode")
+	f.MarkHidden("perm-cache")
 }

@@ -34,6 +34,17 @@ var servingURL = regexp.MustCompile(`url=(http://[0-9.:\[\]]+)`)
 // startServe runs alkblobfs serve with args and waits until it listens.
 func startServe(t *testing.T, c *cli, args ...string) *server {
 	t.Helper()
+	return startServeAt(t, c, servingURL, args...)
+}
+
+// startServeURL is startServe finding the URL in the log by pattern.
+func startServeURL(t *testing.T, c *cli, pattern string, args ...string) *server {
+	t.Helper()
+	return startServeAt(t, c, regexp.MustCompile(pattern), args...)
+}
+
+func startServeAt(t *testing.T, c *cli, servingURL *regexp.Regexp, args ...string) *server {
+	t.Helper()
 	if buildErr != nil {
 		t.Fatal(buildErr)
 	}
@@ -71,7 +82,7 @@ func startServe(t *testing.T, c *cli, args ...string) *server {
 func tokenFile(t *testing.T, tok string) string {
 	t.Helper()
 	p := filepath.Join(t.TempDir(), "token")
-	if err := os.WriteFile(p, []byte(tok+"\n"), 0o600); err != nil {
+	if err := os.WriteFile(p, []byte(tok+" 0\n"), 0o600); err != nil {
 		t.Fatal(err)
 	}
 	return p
@@ -146,7 +157,8 @@ func TestServe(t *testing.T) {
 	}
 
 	// Refusals before anything is served.
-	c.fail(2, "needs a bearer token", "serve", "--listen", "0.0.0.0:0")
+	c.fail(2, "needs a token file", "serve", "--listen", "0.0.0.0:0")
+	c.fail(2, "needs a token file", "serve", "--listen", "127.0.0.1:0")
 	loose := tokenFile(t, secret)
 	os.Chmod(loose, 0o604)
 	c.fail(2, "other users", "--auth-token-file", loose, "serve", "--listen", "0.0.0.0:0")
@@ -160,7 +172,7 @@ func TestMountListen(t *testing.T) {
 	c := newCLI(t)
 	c.ok("ns", "create", "builds")
 	mnt := t.TempDir()
-	d := startDaemon(t, c.data, mnt, "--listen", "127.0.0.1:0")
+	d := startDaemon(t, c.data, mnt, "--listen", "127.0.0.1:0", "--insecure-loopback")
 	m := servingURL.FindStringSubmatch(d.stderr.String())
 	eventually(t, 10*time.Second, "the HTTP server", func() bool {
 		m = servingURL.FindStringSubmatch(d.stderr.String())

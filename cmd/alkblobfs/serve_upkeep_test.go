@@ -38,7 +38,7 @@ func TestServeSweepEvery(t *testing.T) {
 		t.Run(every, func(t *testing.T) {
 			c := newCLI(t)
 			c.ok("ns", "create", "builds")
-			args := []string{"--listen", "127.0.0.1:0"}
+			args := []string{"--listen", "127.0.0.1:0", "--insecure-loopback"}
 			if every != "default" {
 				args = append(args, "--sweep-every", every)
 			}
@@ -109,7 +109,7 @@ func TestServeScrubEvery(t *testing.T) {
 			t.Fatal(err)
 		}
 		f.Close()
-		s := startServe(t, c, "--listen", "127.0.0.1:0", "--scrub-every", "1s")
+		s := startServe(t, c, "--listen", "127.0.0.1:0", "--insecure-loopback", "--scrub-every", "1s")
 		eventually(t, 20*time.Second, "a timed scrub to find the rot", func() bool {
 			log := s.stderr.String()
 			return strings.Contains(log, `msg="scrub: blob is corrupt" digest=`+digest) && strings.Contains(log, `msg="scrub done" trigger=timer`)
@@ -128,7 +128,7 @@ func TestServeScrubEvery(t *testing.T) {
 
 	t.Run("stops with the server", func(t *testing.T) {
 		// 10 kB/s: the scrub of 300 KiB takes half a minute.
-		s := startServe(t, c, "--listen", "127.0.0.1:0", "--scrub-every", "1s", "--scrub-rate", "0.01")
+		s := startServe(t, c, "--listen", "127.0.0.1:0", "--insecure-loopback", "--scrub-every", "1s", "--scrub-rate", "0.01")
 		eventually(t, 20*time.Second, "a timed scrub to start", func() bool {
 			return strings.Contains(s.stderr.String(), `msg="scrub started" trigger=timer`)
 		})
@@ -148,8 +148,8 @@ func TestServeScrubEvery(t *testing.T) {
 // --scrub-rate as mount does, before it listens.
 func TestServeUpkeepFlagsBound(t *testing.T) {
 	c := newCLI(t)
-	c.fail(2, "at least 1s", "serve", "--listen", "127.0.0.1:0", "--sweep-every", "1ms")
-	c.fail(2, "at least 1s", "serve", "--listen", "127.0.0.1:0", "--sweep-every", "-1s")
-	c.fail(2, "at least 1s", "serve", "--listen", "127.0.0.1:0", "--scrub-every", "10ms")
-	c.fail(2, "scrub-rate", "serve", "--listen", "127.0.0.1:0", "--scrub-rate", "-1")
+	c.fail(2, "at least 1s", "serve", "--listen", "127.0.0.1:0", "--insecure-loopback", "--sweep-every", "1ms")
+	c.fail(2, "at least 1s", "serve", "--listen", "127.0.0.1:0", "--insecure-loopback", "--sweep-every", "-1s")
+	c.fail(2, "at least 1s", "serve", "--listen", "127.0.0.1:0", "--insecure-loopback", "--scrub-every", "10ms")
+	c.fail(2, "scrub-rate", "serve", "--listen", "127.0.0.1:0", "--insecure-loopback", "--scrub-rate", "-1")
 }
