@@ -146,18 +146,18 @@ type StatFS interface {
 //
 // A row's time is the engine's (see "Times" at GCHost): the caller passes
 // how long a candidate waits, never when it is due, so that the processes
-// and hosts that stage and execute rows agree on when that is.
+// and hosts that queue and execute rows agree on when that is.
 type WindowHost interface {
-	// WindowStage records each digest of ds as a candidate due delay
-	// (>= 0) from now on the engine's clock. A digest already staged keeps
+	// WindowQueue records each digest of ds as a candidate due delay
+	// (>= 0) from now on the engine's clock. A digest already queued keeps
 	// its row, and its time.
-	WindowStage(ctx context.Context, ds []blob.Digest, delay time.Duration) error
+	WindowQueue(ctx context.Context, ds []blob.Digest, delay time.Duration) error
 	// WindowDue lists up to limit candidates due now on the engine's
 	// clock, ascending by digest, after `after`.
 	WindowDue(ctx context.Context, after blob.Digest, limit int) ([]blob.Digest, error)
 	// WindowRemove drops rows for ds (executed or cancelled).
 	WindowRemove(ctx context.Context, ds []blob.Digest) error
-	// WindowLen counts staged rows.
+	// WindowLen counts queued rows.
 	WindowLen(ctx context.Context) (int, error)
 }
 

@@ -37,7 +37,7 @@ type Store interface {
 	PinMany(ctx context.Context, ds []blob.Digest) ([]*store.Pin, error)
 	Sweep(ctx context.Context) (store.Report, error)
 	LastReport() (store.Report, bool)
-	Pool(ctx context.Context) iter.Seq2[blob.Digest, error]
+	Digests(ctx context.Context) iter.Seq2[blob.Digest, error]
 	Scrub(ctx context.Context, seq iter.Seq2[blob.Digest, error], o store.ScrubOptions) (store.ScrubSummary, error)
 	// Corrupt lists the blobs the store refuses (a scrub found them
 	// corrupt), for the stats.

@@ -124,7 +124,7 @@ var RealClock Clock = realClock{}
 // Options configure a Collector.
 type Options struct {
 	// Window, when non-nil, is the durable delete window (an SQL-backed
-	// engine's gc_window table): candidates staged by one sweep are executed
+	// engine's gc_window table): candidates queued by one sweep are executed
 	// by a later one. When nil, an in-process window is used and each sweep
 	// executes its own candidates once Delay has passed.
 	Window engines.WindowHost
@@ -256,7 +256,7 @@ func (c *Collector) PinTTL() time.Duration { return c.ttl }
 // Lapsed counts pin rows found expired at renewal (see renewLoop).
 func (c *Collector) Lapsed() int64 { return c.lapsed.Load() }
 
-// Durable reports whether staged candidates survive a restart.
+// Durable reports whether queued candidates survive a restart.
 func (c *Collector) Durable() bool { return c.durable }
 
 // Delay is the configured delete window.
@@ -413,7 +413,7 @@ func (c *Collector) arbitratedDeleteMany(ctx context.Context, ds []blob.Digest, 
 	// of the lock, alone and once, that checks the survivors again: a pin
 	// row committed in between (a put that found the file and deduped on
 	// it) or a link keeps the file. A crash between the two leaves
-	// unreferenced large-tier blobs, which the next sweeps stage and
+	// unreferenced large-tier blobs, which the next sweeps queue and
 	// delete like any other.
 	res, err := c.arbitrateTx(actx, c.host.Arbitrate, batch, txSources, tp.DeleteManyTx)
 	if err != nil {
@@ -634,7 +634,7 @@ type Totals struct {
 	// Aborted counts the runs that deliberately did nothing, by cause.
 	Aborted    map[AbortCause]int64 `json:"aborted,omitempty"`
 	Scanned    int64                `json:"scanned"`
-	Staged     int64                `json:"candidates_staged"`
+	Queued     int64                `json:"candidates_queued"`
 	Deleted    int64                `json:"deleted"`
 	Cancelled  int64                `json:"cancelled_by_arbitration"`
 	BytesFreed int64                `json:"bytes_freed"`
@@ -666,7 +666,7 @@ func (c *Collector) count(r Report, err error) {
 		t.Aborted[r.Aborted]++
 	}
 	t.Scanned += r.Scanned
-	t.Staged += int64(r.Staged)
+	t.Queued += int64(r.Queued)
 	t.Deleted += int64(r.Deleted)
 	t.Cancelled += int64(r.Cancelled)
 	t.BytesFreed += r.BytesFreed

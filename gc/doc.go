@@ -20,8 +20,8 @@
 // re-arbitrated now; a candidate that vanished meanwhile counts as
 // cancelled) → mark (a sorted merge of the pool's listing with every
 // source's sorted enumeration and the pins: memory does not grow with the
-// pool) → stage the dead at visible_after = mark_end + delay, on the window
-// host's clock. With a durable window (a SQL gc_window table) the staged
+// pool) → queue the dead at visible_after = mark_end + delay, on the window
+// host's clock. With a durable window (a SQL gc_window table) the queued
 // candidates wait for the next sweep; with the in-process window they are
 // executed by this same sweep once the delay has passed on the injected
 // Clock.

@@ -62,7 +62,7 @@ func TestAbortNoLivenessSources(t *testing.T) {
 	fill(p, 5)
 	c := p.C
 	r := mustSweep(t, c)
-	if r.Aborted != gc.AbortNoLivenessSources || r.Deleted != 0 || r.Staged != 0 || p.Len() != 5 {
+	if r.Aborted != gc.AbortNoLivenessSources || r.Deleted != 0 || r.Queued != 0 || p.Len() != 5 {
 		t.Fatalf("report %+v, pool %d", r, p.Len())
 	}
 	reg := c.Register(gctest.NewSource())
@@ -83,7 +83,7 @@ func TestMemWindow(t *testing.T) {
 	clock := gctest.NewClock()
 	w := gc.NewMemWindow(clock)
 	d := dg(1)
-	if err := w.WindowStage(t.Context(), []blob.Digest{d}, time.Minute); err != nil {
+	if err := w.WindowQueue(t.Context(), []blob.Digest{d}, time.Minute); err != nil {
 		t.Fatal(err)
 	}
 	clock.Advance(time.Minute - time.Nanosecond)
@@ -102,8 +102,8 @@ func TestAbortProtectFailed(t *testing.T) {
 	fill(p, 5)
 	c := p.C
 	c.Register(gctest.NewSource())
-	if r := mustSweep(t, c); r.Staged != 5 {
-		t.Fatalf("first sweep staged %d, want 5", r.Staged)
+	if r := mustSweep(t, c); r.Queued != 5 {
+		t.Fatalf("first sweep queued %d, want 5", r.Queued)
 	}
 	c.SetProtect(func(context.Context) (func(blob.Digest) bool, error) { return nil, errors.New("catalog down") })
 	r := mustSweep(t, c)
@@ -176,8 +176,8 @@ func TestDeleteRefusesProtected(t *testing.T) {
 	}
 }
 
-// Durable schedule at delay 0: sweep N stages, sweep N+1 executes exactly
-// what was staged.
+// Durable schedule at delay 0: sweep N queues, sweep N+1 executes exactly
+// what was queued.
 func TestTwoSweepExactCounts(t *testing.T) {
 	p := gctest.NewPool(gc.Options{Window: gc.NewMemWindow(nil)})
 	ds := fill(p, 100)
@@ -185,7 +185,7 @@ func TestTwoSweepExactCounts(t *testing.T) {
 	src := gctest.NewSource(ds[:10]...)
 	c.Register(src)
 	r1 := mustSweep(t, c)
-	if r1.Staged != 90 || r1.Deleted != 0 || r1.Cancelled != 0 || r1.Live != 10 || r1.Scanned != 100 || r1.Pending != 90 {
+	if r1.Queued != 90 || r1.Deleted != 0 || r1.Cancelled != 0 || r1.Live != 10 || r1.Scanned != 100 || r1.Pending != 90 {
 		t.Fatalf("sweep 1: %+v", r1)
 	}
 	// Between the sweeps: one candidate is pinned, one linked, one deleted
@@ -196,13 +196,13 @@ func TestTwoSweepExactCounts(t *testing.T) {
 		t.Fatal(err)
 	}
 	r2 := mustSweep(t, c)
-	if r2.Deleted+r2.Cancelled != 90 || r2.Cancelled != 3 || r2.Deleted != 87 || r2.Staged != 0 {
+	if r2.Deleted+r2.Cancelled != 90 || r2.Cancelled != 3 || r2.Deleted != 87 || r2.Queued != 0 {
 		t.Fatalf("sweep 2: %+v", r2)
 	}
 	pin.Release()
 	src.Set(ds[11], false)
 	r3 := mustSweep(t, c)
-	if r3.Staged != 2 {
+	if r3.Queued != 2 {
 		t.Fatalf("sweep 3: %+v", r3)
 	}
 	r4 := mustSweep(t, c)
@@ -210,7 +210,7 @@ func TestTwoSweepExactCounts(t *testing.T) {
 		t.Fatalf("sweep 4: %+v, pool %d", r4, p.Len())
 	}
 	tot := c.Totals()
-	if tot.Runs != 4 || tot.Failed != 0 || len(tot.Aborted) != 0 || tot.Staged != 92 || tot.Deleted != 89 ||
+	if tot.Runs != 4 || tot.Failed != 0 || len(tot.Aborted) != 0 || tot.Queued != 92 || tot.Deleted != 89 ||
 		tot.Cancelled != 3 || tot.Scanned != r1.Scanned+r2.Scanned+r3.Scanned+r4.Scanned ||
 		tot.BytesFreed != r2.BytesFreed+r4.BytesFreed {
 		t.Fatalf("totals %+v", tot)
@@ -226,7 +226,7 @@ func TestRaceAcrossDelay(t *testing.T) {
 	p := gctest.NewPool(gc.Options{Window: gc.NewMemWindow(clock), Delay: time.Minute, Clock: clock}, a, b)
 	c := p.C
 	c.Register(gctest.NewSource())
-	if r := mustSweep(t, c); r.Staged != 2 {
+	if r := mustSweep(t, c); r.Queued != 2 {
 		t.Fatalf("sweep 1: %+v", r)
 	}
 	if r := mustSweep(t, c); r.Deleted != 0 || r.Cancelled != 0 || r.Pending != 2 {
@@ -242,7 +242,7 @@ func TestRaceAcrossDelay(t *testing.T) {
 		t.Fatalf("after the window: %+v, a=%v b=%v", r, p.Holds(a), p.Holds(b))
 	}
 	pin.Release()
-	mustSweep(t, c) // stages a again
+	mustSweep(t, c) // queues a again
 	clock.Advance(time.Minute)
 	if r := mustSweep(t, c); r.Deleted != 1 || p.Holds(a) {
 		t.Fatalf("unpinned survivor not collected: %+v", r)
@@ -259,11 +259,11 @@ func TestInlineWindowWithDelay(t *testing.T) {
 	c.Register(gctest.NewSource())
 	done := make(chan gc.Report)
 	go func() { r, _ := c.Sweep(context.Background()); done <- r }()
-	<-clock.Waiting             // the sweep staged and is waiting out the delay
+	<-clock.Waiting             // the sweep queued and is waiting out the delay
 	pin := mustPin(t, c, ds[0]) // a put lands during the delay
 	clock.Advance(time.Hour)
 	r := <-done
-	if r.Staged != 3 || r.Deleted != 2 || r.Cancelled != 1 || !p.Holds(ds[0]) || r.Pending != 0 {
+	if r.Queued != 3 || r.Deleted != 2 || r.Cancelled != 1 || !p.Holds(ds[0]) || r.Pending != 0 {
 		t.Fatalf("report %+v", r)
 	}
 	pin.Release()
@@ -278,7 +278,7 @@ func TestInlineWindowDelayZero(t *testing.T) {
 	c := p.C
 	c.Register(gctest.NewSource(ds[:5]...))
 	r := mustSweep(t, c)
-	if r.Staged != 45 || r.Deleted != 45 || r.BytesFreed == 0 || p.Len() != 5 {
+	if r.Queued != 45 || r.Deleted != 45 || r.BytesFreed == 0 || p.Len() != 5 {
 		t.Fatalf("report %+v", r)
 	}
 }

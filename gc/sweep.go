@@ -27,8 +27,8 @@ const (
 
 // Report is what one sweep did. Counts are exact relative to the window
 // schedule: Deleted and Cancelled describe the candidates executed by this
-// sweep (staged by an earlier sweep in the durable form, or by this one in
-// the in-process form); Staged counts what this sweep's mark found dead.
+// sweep (queued by an earlier sweep in the durable form, or by this one in
+// the in-process form); Queued counts what this sweep's mark found dead.
 type Report struct {
 	Started    time.Time     `json:"started"`
 	Duration   time.Duration `json:"duration_ns"`
@@ -36,7 +36,7 @@ type Report struct {
 	Detail     string        `json:"detail,omitempty"` // why ProtectFailed, for operators
 	Scanned    int64         `json:"scanned"`          // pool entries the mark enumerated
 	Live       int64         `json:"live"`             // of those, protected at mark time
-	Staged     int           `json:"candidates_staged"`
+	Queued     int           `json:"candidates_queued"`
 	Deleted    int           `json:"deleted"`
 	Cancelled  int           `json:"cancelled_by_arbitration"`
 	BytesFreed int64         `json:"bytes_freed"`
@@ -110,7 +110,7 @@ func (c *Collector) Sweep(ctx context.Context) (Report, error) {
 		c.log.Error("sweep failed", "err", err, "deleted", r.Deleted)
 		return r, err
 	}
-	c.log.Debug("sweep", "aborted", string(r.Aborted), "scanned", r.Scanned, "staged", r.Staged,
+	c.log.Debug("sweep", "aborted", string(r.Aborted), "scanned", r.Scanned, "queued", r.Queued,
 		"deleted", r.Deleted, "cancelled", r.Cancelled, "bytes_freed", r.BytesFreed, "duration", r.Duration)
 	return r, nil
 }
@@ -153,11 +153,11 @@ func (c *Collector) sweep(ctx context.Context, r *Report, lease engines.Lease) e
 		return err
 	}
 	for _, batch := range dead.chunks {
-		if err := c.window.WindowStage(ctx, batch, c.delay); err != nil {
-			return fmt.Errorf("stage delete candidates: %w", err)
+		if err := c.window.WindowQueue(ctx, batch, c.delay); err != nil {
+			return fmt.Errorf("queue delete candidates: %w", err)
 		}
 	}
-	r.Staged = dead.len()
+	r.Queued = dead.len()
 	if c.durable || dead.len() == 0 {
 		return nil
 	}
@@ -191,7 +191,7 @@ func VisibleAfter(now time.Time, delay time.Duration) (time.Time, error) {
 
 // executeDue deletes every window candidate whose time has come, each
 // re-arbitrated now. Protected or vanished candidates are cancelled; both
-// leave the window (a still-dead one is staged again by a later mark).
+// leave the window (a still-dead one is queued again by a later mark).
 func (c *Collector) executeDue(ctx context.Context, r *Report, sources []Source, protected func(blob.Digest) bool, lease engines.Lease) error {
 	var after blob.Digest
 	for {
@@ -254,7 +254,7 @@ func (c *Collector) removeDone(ctx context.Context, done []blob.Digest) {
 // mark merges the pool listing (ascending) with every source's ascending
 // enumeration and a snapshot of the pins, and returns the digests nothing
 // protects. Memory is O(dead + pins), never O(pool): the dead are held, 32
-// bytes each, until mark ends, because they are all staged at
+// bytes each, until mark ends, because they are all queued at
 // mark_end + delay.
 func (c *Collector) mark(ctx context.Context, r *Report, sources []Source, protected func(blob.Digest) bool) (*digestList, error) {
 	cursors := make([]*cursor, 0, len(sources))

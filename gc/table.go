@@ -23,7 +23,7 @@ import (
 // reads the table and never creates, alters or writes it.
 //
 // Design point (tables in the mark): never enumerated — Live yields
-// nothing. A blob only a table keeps alive is staged by a sweep and
+// nothing. A blob only a table keeps alive is queued by a sweep and
 // cancelled when its candidate is arbitrated, inside the arbitration
 // transaction, where the table is read (LiveAmongTx).
 //

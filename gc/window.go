@@ -19,7 +19,7 @@ type memWindow struct {
 	clock  Clock
 	mu     sync.Mutex
 	m      map[blob.Digest]time.Time
-	sorted []blob.Digest // keys in order, rebuilt after a stage; may hold removed keys
+	sorted []blob.Digest // keys in order, rebuilt after a queue; may hold removed keys
 	dirty  bool
 }
 
@@ -33,13 +33,13 @@ func newMemWindow(clock Clock) *memWindow {
 // NewMemWindow returns an in-process window timed by clock (nil:
 // RealClock). A collector uses one by default; passing one as
 // Options.Window instead gives the durable schedule (a later sweep
-// executes what one stages) without durability, which is how tests
+// executes what one queues) without durability, which is how tests
 // exercise that schedule without a database.
 func NewMemWindow(clock Clock) engines.WindowHost { return newMemWindow(clock) }
 
 var _ engines.WindowHost = (*memWindow)(nil)
 
-func (w *memWindow) WindowStage(_ context.Context, ds []blob.Digest, delay time.Duration) error {
+func (w *memWindow) WindowQueue(_ context.Context, ds []blob.Digest, delay time.Duration) error {
 	at := w.clock.Now().Add(max(delay, 0))
 	w.mu.Lock()
 	defer w.mu.Unlock()

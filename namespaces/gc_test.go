@@ -71,7 +71,7 @@ func TestGCDurableWindow(t *testing.T) {
 		// Unlinked from a, still referenced by b: survives.
 		mustDo(t, r.Unlink(ctx, "a", d))
 		rep := sweep(t, p) // stages junk and late
-		if rep.Staged != 2 || rep.Live != 1 {
+		if rep.Queued != 2 || rep.Live != 1 {
 			t.Fatalf("first sweep: %+v; want 2 staged, 1 live", rep)
 		}
 
@@ -91,7 +91,7 @@ func TestGCDurableWindow(t *testing.T) {
 		// Unlinked from b too: staged by one sweep, gone after the next.
 		mustDo(t, r.Unlink(ctx, "b", d))
 		rep = sweep(t, p)
-		if rep.Staged != 1 || rep.Deleted != 0 {
+		if rep.Queued != 1 || rep.Deleted != 0 {
 			t.Fatalf("sweep after the last unlink: %+v; want 1 staged, 0 deleted", rep)
 		}
 		survives(t, p, d, true, "staged, not yet executed")
@@ -161,7 +161,7 @@ func TestGCLinkDuringInProcessWindow(t *testing.T) {
 		}
 		clock.Advance(delay)
 		rep := <-done
-		if rep.Staged != 1 || rep.Cancelled != 1 || rep.Deleted != 0 {
+		if rep.Queued != 1 || rep.Cancelled != 1 || rep.Deleted != 0 {
 			t.Fatalf("sweep: %+v; want 1 staged, 1 cancelled, 0 deleted", rep)
 		}
 		survives(t, p, d, true, "linked inside the delete window")

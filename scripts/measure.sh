@@ -348,7 +348,7 @@ mode_sweep() {
 				record "$lab" "sweep$i-wall-s" "$secs"
 				record "$lab" "sweep$i-peak-rss-MiB" "$(awk -v k="$kib" 'BEGIN { printf "%.1f", k / 1024 }')"
 				record "$lab" "sweep$i-report-s" "$(jq '.duration_ns / 1e9 * 1000 | round / 1000' "$work/rep.json")"
-				echo "  $lab sweep $i: $(jq -c '{scanned, candidates_staged, deleted, cancelled_by_arbitration, pins_reaped}' "$work/rep.json")"
+				echo "  $lab sweep $i: $(jq -c '{scanned, candidates_queued, deleted, cancelled_by_arbitration, pins_reaped}' "$work/rep.json")"
 			done
 			left=$("$bin" --data "$data" ls | wc -l)
 			[[ $left == "$linked" ]] || die "$lab: $left blobs left, want the $linked linked"

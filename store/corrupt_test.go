@@ -14,7 +14,7 @@ import (
 // scrubAll scrubs s whole and returns the summary.
 func scrubAll(t *testing.T, s *store.Store) store.ScrubSummary {
 	t.Helper()
-	sum, err := s.Scrub(t.Context(), s.Pool(t.Context()), store.ScrubOptions{Jobs: 2})
+	sum, err := s.Scrub(t.Context(), s.Digests(t.Context()), store.ScrubOptions{Jobs: 2})
 	if err != nil {
 		t.Fatal(err)
 	}

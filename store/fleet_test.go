@@ -139,7 +139,7 @@ func TestFleetTwoInstances(t *testing.T) {
 		t.Fatalf("SweepLease: %v %v", held, err)
 	}
 	r := sweep(t, b)
-	if r.Aborted != gc.AbortSweeperLock || r.Staged != 0 || r.Deleted != 0 {
+	if r.Aborted != gc.AbortSweeperLock || r.Queued != 0 || r.Deleted != 0 {
 		t.Fatalf("sweep under another's lease: %+v", r)
 	}
 	// B's last report is that abort, not an earlier sweep's: a control
@@ -150,7 +150,7 @@ func TestFleetTwoInstances(t *testing.T) {
 	lease.Release()
 
 	r1, r2 := sweep(t, b), sweep(t, b)
-	if r1.Staged != 3 || r2.Deleted != 1 || r2.Cancelled != 2 {
+	if r1.Queued != 3 || r2.Deleted != 1 || r2.Cancelled != 2 {
 		t.Fatalf("B's sweeps with A's pins held: %+v then %+v; want 3 staged, twin deleted, 2 cancelled", r1, r2)
 	}
 	if !has(t, b, small) || !has(t, b, large) || has(t, b, twin) {
@@ -178,7 +178,7 @@ func TestFleetPutDuringDelay(t *testing.T) {
 	content := randBytes(300)
 	d, pin := putPinned(t, b, content)
 	pin.Release()
-	if r := sweep(t, b); r.Staged != 1 {
+	if r := sweep(t, b); r.Queued != 1 {
 		t.Fatalf("stage: %+v", r)
 	}
 	d2, pinA := putPinned(t, a, content) // dedup re-put on A, during the delay

@@ -161,7 +161,7 @@ func testTwoSweepExactCounts(t *testing.T, o durable) {
 	}
 	s.GC().Register(src)
 	r1 := sweep(t, s)
-	if r1.Staged != 30 || r1.Deleted != 0 || r1.Scanned != 40 {
+	if r1.Queued != 30 || r1.Deleted != 0 || r1.Scanned != 40 {
 		t.Fatalf("sweep 1: %+v", r1)
 	}
 	pin, err := s.Pin(context.Background(), ds[20])
@@ -190,7 +190,7 @@ func testRaceAcrossDelay(t *testing.T, o durable) {
 	a, pa, _ := s.Put(t.Context(), bytes.NewReader(twin), -1)
 	pa.Release()
 	b := putN(t, s, 1)[0]
-	if r := sweep(t, s); r.Staged != 2 {
+	if r := sweep(t, s); r.Queued != 2 {
 		t.Fatalf("sweep 1: %+v", r)
 	}
 	// Not due before the delay has passed.
@@ -230,7 +230,7 @@ func testWindowSurvivesReopen(t *testing.T, o durable) {
 	s := o.open(t, 0, nil)
 	putN(t, s, 6)
 	s.GC().Register(&refs{m: map[blob.Digest]bool{}})
-	if r := sweep(t, s); r.Staged != 6 {
+	if r := sweep(t, s); r.Queued != 6 {
 		t.Fatalf("sweep 1: %+v", r)
 	}
 	s.Close()
@@ -256,7 +256,7 @@ func testWindowSurvivesReopen(t *testing.T, o durable) {
 func TestStoreAborts(t *testing.T) {
 	s := openDurable(t, t.TempDir(), 0, nil)
 	putN(t, s, 4)
-	if r := sweep(t, s); r.Aborted != gc.AbortNoLivenessSources || r.Staged != 0 {
+	if r := sweep(t, s); r.Aborted != gc.AbortNoLivenessSources || r.Queued != 0 {
 		t.Fatalf("no sources: %+v", r)
 	}
 	s.GC().Register(&refs{m: map[blob.Digest]bool{}})

@@ -74,7 +74,7 @@ func TestPostgresOneWindowHost(t *testing.T) {
 	s := openWith(t, store.Config{KV: kv, Large: large})
 	putN(t, s, 4)
 	s.GC().Register(&refs{m: map[blob.Digest]bool{}})
-	if r := sweep(t, s); r.Staged != 4 {
+	if r := sweep(t, s); r.Queued != 4 {
 		t.Fatalf("sweep: %+v", r)
 	}
 	for _, w := range []struct {

@@ -79,7 +79,7 @@ func TestSQLiteArbitrationRerun(t *testing.T) {
 	}
 	s.GC().Register(refs)
 	ds := putN(t, s, 8) // even: kv tier, odd: large tier
-	if r := sweep(t, s); r.Staged != 8 {
+	if r := sweep(t, s); r.Queued != 8 {
 		t.Fatalf("sweep 1: %+v", r)
 	}
 	// Linked after the mark, so arbitration must cancel them: a kv blob,
@@ -159,7 +159,7 @@ func openBetween(t *testing.T) (*store.Store, *between) {
 func TestSQLiteUnlinkChecksAgain(t *testing.T) {
 	s, h := openBetween(t)
 	ds := putN(t, s, 4) // even: kv tier, odd: large tier
-	if r := sweep(t, s); r.Staged != 4 {
+	if r := sweep(t, s); r.Queued != 4 {
 		t.Fatalf("sweep 1: %+v", r)
 	}
 	h.hook = func(ctx context.Context) error {
@@ -180,7 +180,7 @@ func TestSQLiteUnlinkChecksAgain(t *testing.T) {
 func TestSQLiteUnlinkLeftOver(t *testing.T) {
 	s, h := openBetween(t)
 	ds := putN(t, s, 4)
-	if r := sweep(t, s); r.Staged != 4 {
+	if r := sweep(t, s); r.Queued != 4 {
 		t.Fatalf("sweep 1: %+v", r)
 	}
 	h.hook = func(context.Context) error { return errors.New("test: stopped between the two") }

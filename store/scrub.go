@@ -73,7 +73,7 @@ type ScrubOptions struct {
 }
 
 // Pool is every digest in the store, in List order.
-func (s *Store) Pool(ctx context.Context) iter.Seq2[Digest, error] {
+func (s *Store) Digests(ctx context.Context) iter.Seq2[Digest, error] {
 	return func(yield func(Digest, error) bool) {
 		for e, err := range s.List(ctx) {
 			if !yield(e.Digest, err) || err != nil {

@@ -31,7 +31,7 @@ func TestScrub(t *testing.T) {
 	const rate = 2 << 20 // 3 MiB at 2 MiB/s: at least 1.5 s
 	var got []store.ScrubResult
 	start := time.Now()
-	sum, err := s.Scrub(ctx, s.Pool(ctx), store.ScrubOptions{Jobs: 2, Rate: rate, Result: func(r store.ScrubResult) error {
+	sum, err := s.Scrub(ctx, s.Digests(ctx), store.ScrubOptions{Jobs: 2, Rate: rate, Result: func(r store.ScrubResult) error {
 		got = append(got, r)
 		return nil
 	}})
@@ -62,7 +62,7 @@ func TestScrub(t *testing.T) {
 	// Cancelled: the scrub stops and says so.
 	cctx, cancel := context.WithCancel(ctx)
 	cancel()
-	if _, err := s.Scrub(cctx, s.Pool(ctx), store.ScrubOptions{}); err == nil {
+	if _, err := s.Scrub(cctx, s.Digests(ctx), store.ScrubOptions{}); err == nil {
 		t.Fatal("a cancelled scrub reported no error")
 	}
 	// Named digests: one the store lacks is missing.

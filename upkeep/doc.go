@@ -38,7 +38,7 @@ type Store interface {
 	Sweep(ctx context.Context) (store.Report, error)
 	// LastReport is the last sweep's report in this process.
 	LastReport() (store.Report, bool)
-	Pool(ctx context.Context) iter.Seq2[blob.Digest, error]
+	Digests(ctx context.Context) iter.Seq2[blob.Digest, error]
 	Scrub(ctx context.Context, seq iter.Seq2[blob.Digest, error], o store.ScrubOptions) (store.ScrubSummary, error)
 }
 

@@ -120,7 +120,7 @@ func (s *Scrubber) Run(ctx context.Context, trigger string) (ScrubReport, error)
 	}
 	rep := ScrubReport{Trigger: trigger, Started: time.Now()}
 	s.log.Info("scrub started", "trigger", trigger, "rate_bytes_per_s", s.rate)
-	sum, err := s.st.Scrub(ctx, s.st.Pool(ctx), store.ScrubOptions{
+	sum, err := s.st.Scrub(ctx, s.st.Digests(ctx), store.ScrubOptions{
 		Jobs: 1,
 		Rate: s.rate,
 		Result: func(r store.ScrubResult) error {

@@ -74,7 +74,7 @@ func (s *Sweeper) Run(ctx context.Context, trigger string) (store.Report, error)
 		return rep, err
 	}
 	s.log.Info("sweep done", "trigger", trigger, "aborted", string(rep.Aborted), "deleted", rep.Deleted,
-		"staged", rep.Staged, "bytes_freed", rep.BytesFreed, "duration", rep.Duration)
+		"queued", rep.Queued, "bytes_freed", rep.BytesFreed, "duration", rep.Duration)
 	return rep, nil
 }
 

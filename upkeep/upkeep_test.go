@@ -58,7 +58,7 @@ func (f *fakeStore) Sweep(ctx context.Context) (gc.Report, error) {
 
 func (f *fakeStore) LastReport() (gc.Report, bool) { return gc.Report{}, false }
 
-func (f *fakeStore) Pool(ctx context.Context) iter.Seq2[blob.Digest, error] {
+func (f *fakeStore) Digests(ctx context.Context) iter.Seq2[blob.Digest, error] {
 	return func(func(blob.Digest, error) bool) {}
 }
 

@@ -142,7 +142,7 @@ func TestFleetAcceptance(t *testing.T) {
 				r, err := c.exec(nil, "sweep", "--json")
 				var rep struct {
 					Aborted string `json:"aborted"`
-					Staged  int    `json:"candidates_staged"`
+					Queued  int    `json:"candidates_queued"`
 					Deleted int    `json:"deleted"`
 				}
 				cliMu.Lock()
@@ -153,7 +153,7 @@ func TestFleetAcceptance(t *testing.T) {
 					if rep.Aborted != "" {
 						cliTally.aborted++
 					}
-					cliTally.staged += rep.Staged
+					cliTally.staged += rep.Queued
 					cliTally.deleted += rep.Deleted
 				}
 				cliMu.Unlock()

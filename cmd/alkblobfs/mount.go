@@ -147,7 +147,7 @@ As root the mount uses mount(2) directly; otherwise fusermount3.`,
 				}
 				lg = slog.New(slog.NewTextHandler(out, &slog.HandlerOptions{Level: lvl}))
 			}
-			defer paceGC(uint64(heapTarget))()
+			defer paceHeap(uint64(heapTarget))()
 			if cpuProfile != "" {
 				stop, err := startCPUProfile(cpuProfile)
 				if err != nil {

@@ -147,7 +147,7 @@ func TestSweepCollectsUnlinked(t *testing.T) {
 	}
 
 	rep := c.sweep()
-	if rep["candidates_staged"] != float64(2) || rep["deleted"] != float64(0) || rep["live"] != float64(2) {
+	if rep["candidates_queued"] != float64(2) || rep["deleted"] != float64(0) || rep["live"] != float64(2) {
 		t.Fatalf("first sweep = %v, want 2 staged, 0 deleted, 2 live", rep)
 	}
 	if got := len(lines(c.ok("ls"))); got != 4 {

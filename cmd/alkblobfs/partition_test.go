@@ -378,7 +378,7 @@ func TestKillSweepLeaseHolder(t *testing.T) {
 	if _, err := db.Exec(t.Context(), `INSERT INTO blobs (digest, size, value) SELECT * FROM unnest($1::bytea[], $2::bigint[], $3::bytea[])`, ds, sz, vs); err != nil {
 		t.Fatal(err)
 	}
-	if rep := c.sweep(); int(rep["candidates_staged"].(float64)) != n {
+	if rep := c.sweep(); int(rep["candidates_queued"].(float64)) != n {
 		t.Fatalf("the staging sweep: %v; want %d candidates", rep, n)
 	}
 	count := func() (blobs, window int, bytes int64) {
@@ -422,7 +422,7 @@ func TestKillSweepLeaseHolder(t *testing.T) {
 		t.Fatalf("after B's sweep: %d blobs, %d window rows", left, w)
 	}
 	rep = b.sweep(t)
-	if rep["deleted"].(float64) != 0 || rep["candidates_staged"].(float64) != 0 {
+	if rep["deleted"].(float64) != 0 || rep["candidates_queued"].(float64) != 0 {
 		t.Fatalf("the sweep after: %v; want nothing to do", rep)
 	}
 	stopDaemon(t, b.dm)

@@ -89,7 +89,7 @@ func printReport(w io.Writer, r gc.Report) {
 		window = "durable"
 	}
 	fmt.Fprintf(w, "scanned    %d blobs, %d live\n", r.Scanned, r.Live)
-	fmt.Fprintf(w, "staged     %d candidates\n", r.Staged)
+	fmt.Fprintf(w, "queued     %d candidates\n", r.Queued)
 	fmt.Fprintf(w, "deleted    %d (%s freed)\n", r.Deleted, humanSize(r.BytesFreed))
 	fmt.Fprintf(w, "cancelled  %d by arbitration\n", r.Cancelled)
 	fmt.Fprintf(w, "pending    %d in the %s window (delay %s)\n", r.Pending, window, r.Delay)

@@ -167,8 +167,8 @@ func TestTransferProgress(t *testing.T) {
 
 func TestPrintReport(t *testing.T) {
 	var buf bytes.Buffer
-	printReport(&buf, gc.Report{Scanned: 10, Live: 7, Staged: 3, Deleted: 2, Cancelled: 1, BytesFreed: 3 << 20, Durable: true, Delay: time.Minute, Duration: 1500 * time.Microsecond})
-	for _, want := range []string{"scanned    10 blobs, 7 live\n", "deleted    2 (3.0 MiB freed)\n", "cancelled  1 by arbitration\n", "durable window (delay 1m0s)", "duration   1.5ms\n"} {
+	printReport(&buf, gc.Report{Scanned: 10, Live: 7, Queued: 3, Deleted: 2, Cancelled: 1, BytesFreed: 3 << 20, Durable: true, Delay: time.Minute, Duration: 1500 * time.Microsecond})
+	for _, want := range []string{"scanned    10 blobs, 7 live\n", "queued     3 candidates\n", "deleted    2 (3.0 MiB freed)\n", "cancelled  1 by arbitration\n", "durable window (delay 1m0s)", "duration   1.5ms\n"} {
 		if !strings.Contains(buf.String(), want) {
 			t.Errorf("report %q lacks %q", buf.String(), want)
 		}

@@ -62,7 +62,7 @@ With --json it prints one JSON document instead: {"bad":[{"digest","tier",
 			if asJSON {
 				out = &jsonScrub{w: a.stdout}
 			}
-			seq := st.Pool(cmd.Context())
+			seq := st.Digests(cmd.Context())
 			if len(ds) > 0 {
 				seq = store.Digests(ds...)
 			}

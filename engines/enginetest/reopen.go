@@ -21,10 +21,10 @@ func Reopen(t *testing.T, reopen func(t *testing.T) engines.Engine) {
 	w, later := blob.Sum([]byte("window")), blob.Sum([]byte("window, later"))
 	_, isWindow := e.(engines.WindowHost)
 	if isWindow {
-		if err := e.(engines.WindowHost).WindowStage(ctx, []blob.Digest{w}, 0); err != nil {
+		if err := e.(engines.WindowHost).WindowQueue(ctx, []blob.Digest{w}, 0); err != nil {
 			t.Fatal(err)
 		}
-		if err := e.(engines.WindowHost).WindowStage(ctx, []blob.Digest{later}, time.Hour); err != nil {
+		if err := e.(engines.WindowHost).WindowQueue(ctx, []blob.Digest{later}, time.Hour); err != nil {
 			t.Fatal(err)
 		}
 	}

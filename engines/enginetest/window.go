@@ -31,7 +31,7 @@ func (s *suite) testWindow(t *testing.T) {
 
 // WindowHost checks the engines.WindowHost contract on an empty window:
 // staging with delays, what is due (and in what order, in pages), that a
-// staged row keeps its time, removal, and that a delay counts on the
+// queued row keeps its time, removal, and that a delay counts on the
 // window's own clock — which no test can move, so that part watches a
 // short delay pass.
 func WindowHost(t *testing.T, w engines.WindowHost) {
@@ -55,10 +55,10 @@ func WindowHost(t *testing.T, w engines.WindowHost) {
 			t.Fatalf("%s: due %v; want %v", step, got, want)
 		}
 	}
-	stage := func(delay time.Duration, ds ...blob.Digest) {
+	queue := func(delay time.Duration, ds ...blob.Digest) {
 		t.Helper()
-		if err := w.WindowStage(ctx, ds, delay); err != nil {
-			t.Fatalf("WindowStage: %v", err)
+		if err := w.WindowQueue(ctx, ds, delay); err != nil {
+			t.Fatalf("WindowQueue: %v", err)
 		}
 	}
 	length := func(want int) {
@@ -71,13 +71,13 @@ func WindowHost(t *testing.T, w engines.WindowHost) {
 	length(0)
 	expect("empty window", due(blob.Digest{}, 100))
 	// A delay of 0 is due at once; an hour is not due in this test.
-	stage(0, ds[3], ds[1], ds[4])
-	stage(time.Hour, ds[0], ds[2])
+	queue(0, ds[3], ds[1], ds[4])
+	queue(time.Hour, ds[0], ds[2])
 	length(5)
-	// A re-staged candidate keeps its existing row, earlier or later.
-	stage(time.Hour, ds[1])
-	stage(0, ds[2], ds[5])
-	stage(0)
+	// A re-queued candidate keeps its existing row, earlier or later.
+	queue(time.Hour, ds[1])
+	queue(0, ds[2], ds[5])
+	queue(0)
 	length(6)
 	expect("due, in digest order", due(blob.Digest{}, 100), ds[1], ds[3], ds[4], ds[5])
 	expect("page 1", due(blob.Digest{}, 2), ds[1], ds[3])
@@ -85,7 +85,7 @@ func WindowHost(t *testing.T, w engines.WindowHost) {
 	expect("after the last due", due(ds[5], 2))
 	expect("limit 0", due(blob.Digest{}, 0))
 
-	if err := w.WindowRemove(ctx, []blob.Digest{ds[1], ds[3], blob.Sum([]byte("never staged"))}); err != nil {
+	if err := w.WindowRemove(ctx, []blob.Digest{ds[1], ds[3], blob.Sum([]byte("never queued"))}); err != nil {
 		t.Fatalf("WindowRemove: %v", err)
 	}
 	if err := w.WindowRemove(ctx, nil); err != nil {
@@ -93,29 +93,29 @@ func WindowHost(t *testing.T, w engines.WindowHost) {
 	}
 	length(4)
 	expect("after remove", due(blob.Digest{}, 100), ds[4], ds[5])
-	// A removed candidate can be staged again with a new time.
+	// A removed candidate can be queued again with a new time.
 	if err := w.WindowRemove(ctx, []blob.Digest{ds[0]}); err != nil {
 		t.Fatal(err)
 	}
-	stage(0, ds[0])
-	expect("re-staged", due(blob.Digest{}, 100), ds[0], ds[4], ds[5])
+	queue(0, ds[0])
+	expect("re-queued", due(blob.Digest{}, 100), ds[0], ds[4], ds[5])
 	length(4)
 
 	// A delay passes on the window's clock: not due before it, due after.
 	const delay = 300 * time.Millisecond
 	late := blob.Sum([]byte("late"))
 	start := time.Now()
-	stage(delay, late)
+	queue(delay, late)
 	for deadline := start.Add(delay + 10*time.Second); ; time.Sleep(20 * time.Millisecond) {
 		got := due(blob.Digest{}, 100)
 		if slices.Contains(got, late) {
 			if d := time.Since(start); d < delay {
-				t.Fatalf("a candidate staged with a delay of %s was due after %s", delay, d)
+				t.Fatalf("a candidate queued with a delay of %s was due after %s", delay, d)
 			}
 			break
 		}
 		if time.Now().After(deadline) {
-			t.Fatalf("a candidate staged with a delay of %s is not due after %s", delay, time.Since(start))
+			t.Fatalf("a candidate queued with a delay of %s is not due after %s", delay, time.Since(start))
 		}
 	}
 	if err := w.WindowRemove(ctx, append(ds, late)); err != nil {

@@ -17,7 +17,7 @@ import (
 //	gc_window(digest BYTEA PRIMARY KEY, visible_after BIGINT NOT NULL)
 //
 // visible_after is unix nanoseconds on the server's clock (engines.PGNow):
-// a row staged by one host is due at the same moment for every host,
+// a row queued by one host is due at the same moment for every host,
 // whatever their own clocks say. Both PostgreSQL engines embed it (the
 // table is shared when they share a database); the store uses one window
 // host per instance, so with kv=postgres the pglo engine's stays dormant.
@@ -70,16 +70,16 @@ func CreateSchema(ctx context.Context, pool *pgxpool.Pool, ddl ...string) error 
 	})
 }
 
-// WindowStage implements engines.WindowHost in one statement. A digest
-// already staged keeps its row (and its time).
-func (w *Window) WindowStage(ctx context.Context, ds []blob.Digest, delay time.Duration) error {
+// WindowQueue implements engines.WindowHost in one statement. A digest
+// already queued keeps its row (and its time).
+func (w *Window) WindowQueue(ctx context.Context, ds []blob.Digest, delay time.Duration) error {
 	if len(ds) == 0 {
 		return nil
 	}
 	_, err := w.pool.Exec(ctx, `INSERT INTO gc_window (digest, visible_after)
 		SELECT d, `+nowOnce+` + $2::bigint FROM unnest($1::bytea[]) AS d ON CONFLICT (digest) DO NOTHING`,
 		byteas(ds), int64(max(delay, 0)))
-	return w.wrap("window stage", err)
+	return w.wrap("window queue", err)
 }
 
 // WindowDue implements engines.WindowHost.

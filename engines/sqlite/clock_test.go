@@ -83,15 +83,15 @@ func TestRowClockOnReboot(t *testing.T) {
 	}
 	// past is due before the reboot; soon has 10 s left at the last
 	// staging, later 50 min.
-	if err := e.WindowStage(ctx, []blob.Digest{past}, time.Minute); err != nil {
+	if err := e.WindowQueue(ctx, []blob.Digest{past}, time.Minute); err != nil {
 		t.Fatal(err)
 	}
 	old.advance(2 * time.Minute)
-	if err := e.WindowStage(ctx, []blob.Digest{soon}, 30*time.Second); err != nil {
+	if err := e.WindowQueue(ctx, []blob.Digest{soon}, 30*time.Second); err != nil {
 		t.Fatal(err)
 	}
 	old.advance(20 * time.Second)
-	if err := e.WindowStage(ctx, []blob.Digest{later}, 50*time.Minute); err != nil {
+	if err := e.WindowQueue(ctx, []blob.Digest{later}, 50*time.Minute); err != nil {
 		t.Fatal(err)
 	}
 	if err := e.Close(); err != nil {

@@ -9,25 +9,25 @@ import (
 	"github.com/alkblobfs/alkblobfs/engines"
 )
 
-// WindowStage implements engines.WindowHost in one transaction. A digest
-// already staged keeps its row (and its time). The transaction also moves
+// WindowQueue implements engines.WindowHost in one transaction. A digest
+// already queued keeps its row (and its time). The transaction also moves
 // gc_clock.seen to now: what a reboot counts the rows' remaining delays
 // from (clock.go).
-func (e *Engine) WindowStage(ctx context.Context, ds []blob.Digest, delay time.Duration) error {
+func (e *Engine) WindowQueue(ctx context.Context, ds []blob.Digest, delay time.Duration) error {
 	if len(ds) == 0 {
 		return nil
 	}
-	return e.inTx(ctx, "window stage", func(ctx context.Context, tx *sql.Tx) error {
+	return e.inTx(ctx, "window queue", func(ctx context.Context, tx *sql.Tx) error {
 		now := e.clock.now()
 		at := engines.AddNanos(now, max(delay, 0))
 		st := tx.StmtContext(ctx, e.wStage)
 		for _, d := range ds {
 			if _, err := st.ExecContext(ctx, d[:], at); err != nil {
-				return blob.Wrap("window stage", e.name, d, err)
+				return blob.Wrap("window queue", e.name, d, err)
 			}
 		}
 		if _, err := tx.ExecContext(ctx, `UPDATE gc_clock SET seen = max(seen, ?) WHERE id = 1`, now); err != nil {
-			return e.wrap("window stage", err)
+			return e.wrap("window queue", err)
 		}
 		return nil
 	})

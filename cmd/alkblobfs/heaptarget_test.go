@@ -7,7 +7,7 @@ import (
 	"time"
 )
 
-func TestGCPercentFor(t *testing.T) {
+func TestGoGCPercentFor(t *testing.T) {
 	const mib = 1 << 20
 	for _, tc := range []struct {
 		live, target uint64
@@ -24,22 +24,22 @@ func TestGCPercentFor(t *testing.T) {
 		{1000 * mib, 4096 * mib, 100}, // a large target
 		{3000 * mib, 4096 * mib, 36},  // 3000 + 1096
 	} {
-		if got := gcPercentFor(tc.live, tc.target); got != tc.want {
-			t.Errorf("gcPercentFor(%d MiB, %d MiB) = %d, want %d", tc.live/mib, tc.target/mib, got, tc.want)
+		if got := goGCPercentFor(tc.live, tc.target); got != tc.want {
+			t.Errorf("goGCPercentFor(%d MiB, %d MiB) = %d, want %d", tc.live/mib, tc.target/mib, got, tc.want)
 		}
 	}
 }
 
-// TestPaceGC paces this process for a target under its live heap: after a
+// TestPaceHeap paces this process for a target under its live heap: after a
 // collection GOGC is the floor, and stop restores 100.
-func TestPaceGC(t *testing.T) {
+func TestPaceHeap(t *testing.T) {
 	t.Setenv("GOGC", "") // an operator's GOGC would turn pacing off
 	defer debug.SetGCPercent(debug.SetGCPercent(100))
 	live := make([][]byte, 0, 64)
 	for range cap(live) {
 		live = append(live, make([]byte, 256<<10)) // 16 MiB live
 	}
-	stop := paceGC(8 << 20)
+	stop := paceHeap(8 << 20)
 	gogc := func() int {
 		p := debug.SetGCPercent(100)
 		debug.SetGCPercent(p)
@@ -60,9 +60,9 @@ func TestPaceGC(t *testing.T) {
 	runtime.KeepAlive(live)
 }
 
-// TestPaceGCLeavesGOGC: a GOGC in the environment, or a target of 0,
+// TestPaceHeapLeavesGOGC: a GOGC in the environment, or a target of 0,
 // leaves Go's pacing alone (README: --heap-target).
-func TestPaceGCLeavesGOGC(t *testing.T) {
+func TestPaceHeapLeavesGOGC(t *testing.T) {
 	defer debug.SetGCPercent(debug.SetGCPercent(100))
 	live := make([][]byte, 0, 64)
 	for range cap(live) {
@@ -74,7 +74,7 @@ func TestPaceGCLeavesGOGC(t *testing.T) {
 	}{{"100", 8 << 20}, {"", 0}} {
 		t.Setenv("GOGC", c.env)
 		debug.SetGCPercent(100)
-		stop := paceGC(c.target)
+		stop := paceHeap(c.target)
 		for range 5 {
 			runtime.GC()
 		}

@@ -36,9 +36,9 @@ const (
 	minGCPercent      = 25
 )
 
-// gcPercentFor is the GOGC that sets the next collection at target bytes
+// goGCPercentFor is the GOGC that sets the next collection at target bytes
 // of heap, with live bytes live, within [minGCPercent, 100].
-func gcPercentFor(live, target uint64) int {
+func goGCPercentFor(live, target uint64) int {
 	switch {
 	case live == 0 || 2*live <= target:
 		return 100
@@ -48,22 +48,22 @@ func gcPercentFor(live, target uint64) int {
 	return max(minGCPercent, int((target-live)*100/live))
 }
 
-// paceGC paces the collector for a heap of target bytes until the returned
+// paceHeap paces the collector for a heap of target bytes until the returned
 // stop runs, which restores GOGC=100. It does nothing when target is 0 or
 // GOGC is set in the environment.
-func paceGC(target uint64) (stop func()) {
+func paceHeap(target uint64) (stop func()) {
 	if target == 0 || os.Getenv("GOGC") != "" {
 		return func() {}
 	}
-	p := &gcPacer{target: target, percent: 100, sample: []metrics.Sample{{Name: "/gc/heap/live:bytes"}}}
+	p := &heapPacer{target: target, percent: 100, sample: []metrics.Sample{{Name: "/gc/heap/live:bytes"}}}
 	p.arm()
 	return p.stop
 }
 
-// gcPacer sets GOGC after each collection: a finalizer on a sentinel
+// heapPacer sets GOGC after each collection: a finalizer on a sentinel
 // object runs once the collection that found it unreachable is done, and
 // arms the next.
-type gcPacer struct {
+type heapPacer struct {
 	target uint64
 	sample []metrics.Sample
 
@@ -72,10 +72,10 @@ type gcPacer struct {
 	percent int // the GOGC set last
 }
 
-type gcSentinel struct{ p *gcPacer }
+type heapSentinel struct{ p *heapPacer }
 
-func (p *gcPacer) arm() {
-	runtime.SetFinalizer(&gcSentinel{p}, func(s *gcSentinel) {
+func (p *heapPacer) arm() {
+	runtime.SetFinalizer(&heapSentinel{p}, func(s *heapSentinel) {
 		if s.p.tune() {
 			s.p.arm()
 		}
@@ -85,7 +85,7 @@ func (p *gcPacer) arm() {
 // tune sets GOGC from the live heap the last collection found, and
 // reports whether to go on (false once stopped). It runs on the finalizer
 // goroutine, one collection at a time.
-func (p *gcPacer) tune() bool {
+func (p *heapPacer) tune() bool {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	if p.stopped {
@@ -95,14 +95,14 @@ func (p *gcPacer) tune() bool {
 	if p.sample[0].Value.Kind() != metrics.KindUint64 {
 		return false // a runtime without the metric: leave Go's pacing alone
 	}
-	if pct := gcPercentFor(p.sample[0].Value.Uint64(), p.target); pct != p.percent {
+	if pct := goGCPercentFor(p.sample[0].Value.Uint64(), p.target); pct != p.percent {
 		p.percent = pct
 		debug.SetGCPercent(pct)
 	}
 	return true
 }
 
-func (p *gcPacer) stop() {
+func (p *heapPacer) stop() {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	if !p.stopped {
