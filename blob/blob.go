@@ -3,8 +3,10 @@
 // that engines, gc, namespaces, store and fusefs can all name the same key
 // type and match the same errors with errors.Is without importing each other.
 //
-// The store package re-exports these names; callers above the store should
-// use store.Digest and store.ErrMissing.
+// Inside this module every package names them from here (blob.Digest,
+// blob.ErrMissing). The store package re-exports them as aliases (the same
+// types and values) only so that a program outside the module that uses
+// the store needs no second import.
 package blob
 
 import (
