@@ -29,7 +29,7 @@ const (
 	VerbRead   Verb = 1 << iota // GET, HEAD, have
 	VerbWrite                   // put, and renewing and releasing its pin token
 	VerbDelete                  // DELETE of a blob (unlink, or delete from the store)
-	VerbSweep                   // sweeps and scrubs (no route offers them yet)
+	VerbSweep                   // sweeps, scrubs and the sweep timer (/v1/upkeep)
 
 	AllVerbs = VerbRead | VerbWrite | VerbDelete | VerbSweep
 )

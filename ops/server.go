@@ -17,6 +17,7 @@ import (
 
 	"github.com/alkblobfs/alkblobfs/namespaces"
 	"github.com/alkblobfs/alkblobfs/store"
+	"github.com/alkblobfs/alkblobfs/upkeep"
 	"github.com/alkblobfs/alkblobfs/wire"
 )
 
@@ -90,6 +91,9 @@ type Config struct {
 	// ReadOnly refuses puts and deletes (403), as a read-only mount
 	// refuses changes.
 	ReadOnly bool
+	// Upkeep, if set, is the upkeep that sweeps and scrubs the store (the
+	// mount's, or serve's): the /v1/upkeep routes read and drive it.
+	Upkeep *upkeep.Upkeep
 	// Memory bounds the bytes requests hold in memory together (put bodies
 	// up to the kv threshold, ranged reads); 0 means
 	// store.DefaultUploadMemory. A request waits for its share.
@@ -203,13 +207,16 @@ func New(cfg Config) *Server {
 	s.route("GET /v1/blobs/{digest}", "get", s.get) // and HEAD
 	s.route("DELETE /v1/blobs/{digest}", "delete", s.delete)
 	s.route("DELETE /v1/pins/{token}", "release", s.release)
+	if cfg.Upkeep != nil {
+		s.upkeepRoutes(cfg.Upkeep)
+	}
 	metrics := s.metrics.Handler()
 	s.mux.Handle("GET /metrics", s.counted("metrics", func(w http.ResponseWriter, r *http.Request) error {
 		metrics.ServeHTTP(w, r)
 		return nil
 	}))
 	s.mux.Handle("/", s.counted("unknown", func(w http.ResponseWriter, r *http.Request) error {
-		return notFound("no such endpoint: %s %s (see GET /v1/blobs/DIGEST, POST /v1/blobs, POST /v1/blobs/have, /metrics)", r.Method, clip(r.URL.Path))
+		return notFound("no such endpoint: %s %s (see GET /v1/blobs/DIGEST, POST /v1/blobs, POST /v1/blobs/have, /v1/upkeep/sweep, /v1/upkeep/scrub, /metrics)", r.Method, clip(r.URL.Path))
 	}))
 	return s
 }

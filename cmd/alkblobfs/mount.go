@@ -212,6 +212,7 @@ As root the mount uses mount(2) directly; otherwise fusermount3.`,
 				metrics.AttachUpkeep(srv.Upkeep())
 				oc := a.opsConfig(st, svc, toks, insecure, tokenTTL, lg)
 				oc.Metrics, oc.ReadOnly = metrics, ro
+				oc.Upkeep = srv.Upkeep()
 				oc.PermTTL = permTTL
 				stopHTTP = serveBeside(ctx, ops.New(oc), ln, lg)
 				defer stopHTTP()

@@ -122,6 +122,7 @@ counters added to the metrics.`,
 			oc.Metrics = ops.NewMetrics(st)
 			oc.PermTTL = permTTL
 			oc.Metrics.AttachUpkeep(u)
+			oc.Upkeep = u
 			srv := ops.New(oc)
 			lg.Info("serving", "url", listenURL(ln), "tokens", toks.Len(), "token_ttl", tokenTTL,
 				"sweep_every", sched.sweepEvery, "scrub_every", sched.scrubEvery)
