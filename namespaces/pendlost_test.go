@@ -87,7 +87,7 @@ var errCommitLost = errors.New("test: the COMMIT's answer was lost")
 // sqlOn is an engines.SQL on db (PostgreSQL).
 type sqlOn struct{ db *sql.DB }
 
-func (s sqlOn) DB() *sql.DB      { return s.db }
+func (s sqlOn) DB() *sql.DB     { return s.db }
 func (s sqlOn) Dialect() string { return "postgres" }
 
 // lostCommits is a connector whose transactions, while lose is set, commit
