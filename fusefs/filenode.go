@@ -338,6 +338,9 @@ func (n *fileNode) commitLocked(ctx context.Context, intent bool) ([]notice, err
 		if prev != 0 {
 			n.cancelLocked(pctx)
 		}
+		// The intent may have committed with its answer lost: this close
+		// reports the failure, so it must not publish (Lease.Abandon).
+		f.intents.abandon(rec)
 		if n.want != nil {
 			n.ns.dropPending(n.name, n)
 			return []notice{{&n.ns.Inode, n.name}}, err

@@ -67,6 +67,14 @@ func (in *intents) cancel(ctx context.Context, i namespaces.Intent) error {
 	return in.lease.Cancel(ctx, i)
 }
 
+// abandon drops i, recorded by a commit that failed: its fate is unknown
+// (namespaces.Lease.Abandon). i is 0 when nothing was recorded.
+func (in *intents) abandon(i namespaces.Intent) {
+	if i != 0 {
+		in.lease.Abandon(i)
+	}
+}
+
 // dropped notes that a commit replaced or dropped i in its own transaction.
 func (in *intents) dropped() { in.open.Add(-1) }
 

@@ -161,6 +161,21 @@ func (l *Lease) Cancel(ctx context.Context, i Intent) error {
 	return err
 }
 
+// Abandon drops i, an intent whose recording failed with its fate unknown:
+// the put that wrote it failed at or after its COMMIT, whose answer may
+// have been lost with the row committed (SQL.Pend, Service.PendFunc).
+// Its writer reported the failure, so i must never be linked; left
+// pending, it would be renewed with the lease's others and linked at
+// Close. The cancel runs at the next tick, not now: by then the server is
+// done with the transaction, so a cancel cannot run before a COMMIT still
+// on its way lands. It is retried like Cancel; only if this life dies
+// first does a recoverer link i (the failed close then publishes whole).
+func (l *Lease) Abandon(i Intent) {
+	if i != 0 {
+		l.retry(i, false)
+	}
+}
+
 func (l *Lease) retry(i Intent, settle bool) {
 	l.mu.Lock()
 	l.unfinished[i] = settle

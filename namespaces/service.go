@@ -160,7 +160,10 @@ func (s *Service) SettleFunc(name string, p Pending) func(ctx context.Context, t
 }
 
 // PendFunc is LinkFunc for an intent (Registry.Pend): the publish records
-// p, and *out receives the intent once it is recorded.
+// p, and *out receives the intent once it is written — also when the put
+// then fails, as its transaction's COMMIT may have landed unanswered (or,
+// with tx nil, the intent's own: SQL.Pend). A caller whose put failed with
+// *out set drops it (Lease.Abandon).
 func (s *Service) PendFunc(name string, p Pending, out *Intent) func(ctx context.Context, tx *sql.Tx, d blob.Digest) error {
 	return func(ctx context.Context, tx *sql.Tx, d blob.Digest) error {
 		var i Intent
@@ -173,7 +176,7 @@ func (s *Service) PendFunc(name string, p Pending, out *Intent) func(ctx context
 				i, err = tl.PendTx(ctx, tx, name, d, p)
 			}
 		}
-		if err == nil {
+		if i != 0 {
 			*out = i
 		}
 		return err

@@ -609,7 +609,13 @@ func (r *SQL) linkTx(ctx context.Context, tx *sql.Tx, name string, d blob.Digest
 	return false, r.mustExist(ctx, tx, name)
 }
 
-// Pend implements Registry, in its own transaction.
+// Pend implements Registry, in its own transaction. When the intent was
+// written and the COMMIT then failed, Pend returns the intent with the
+// error: the COMMIT may have reached the server and its answer been lost
+// (a connection reset), so the row may exist. The caller, which reports
+// the failure, drops it (Lease.Abandon); otherwise it would stay pending
+// under a live holder, renewed, and be linked at the lease's Close — a
+// close that failed published at unmount.
 func (r *SQL) Pend(ctx context.Context, name string, d blob.Digest, p Pending) (Intent, error) {
 	var i Intent
 	err := r.inTx(ctx, func(ctx context.Context, tx *sql.Tx) error {
@@ -617,6 +623,9 @@ func (r *SQL) Pend(ctx context.Context, name string, d blob.Digest, p Pending) (
 		i, err = r.PendTx(ctx, tx, name, d, p)
 		return err
 	})
+	if err != nil && i == 0 {
+		return 0, err
+	}
 	return i, err
 }
 

@@ -219,16 +219,29 @@ func TestFleetAcceptance(t *testing.T) {
 				t.Fatalf("round %d: a close on C, reset, still waiting after %s", round, cutBound)
 			}
 			cc.proxy.Restore()
+			// A close that returned 0 is published once its RELEASE's
+			// settle has run, and the kernel sends that RELEASE after the
+			// close returns: it may reach C while the proxy still resets
+			// (before the Restore above), or join a settle group whose
+			// statement the reset cut. The settle then fails and the
+			// lease retries it at its next tick (TTL/3). So the listing
+			// right after the close may miss it (TestCloseThenSettleCut);
+			// only one that never shows is a loss.
 			published := slices.Contains(lines(c.ok("ls", "mc")), d)
+			if cerr == nil && !published {
+				late := time.Now()
+				for !published && time.Since(late) < 10*time.Second {
+					time.Sleep(50 * time.Millisecond) // polling, bounded
+					published = slices.Contains(lines(c.ok("ls", "mc")), d)
+				}
+				if !published {
+					t.Fatalf("round %d: the close on C returned 0 but %s was not linked within %s; C's log:\n%s", round, d,
+						time.Since(late).Round(time.Millisecond), tail(cc.dm.stderr.String(), 40))
+				}
+				t.Logf("round %d: the close on C returned 0; %s was linked %s later (its settle was retried)", round, d, time.Since(late).Round(time.Millisecond))
+			}
 			t.Logf("round %d: C reset mid-close: close = %v, published = %v", round, cerr, published)
 			switch {
-			case cerr == nil && !published:
-				late := time.Now()
-				for !slices.Contains(lines(c.ok("ls", "mc")), d) && time.Since(late) < 10*time.Second {
-					time.Sleep(50 * time.Millisecond) // polling, bounded
-				}
-				t.Fatalf("round %d: the close on C returned 0 but %s was not linked (linked %s later: %v); C's log:\n%s", round, d,
-					time.Since(late).Round(time.Millisecond), slices.Contains(lines(c.ok("ls", "mc")), d), tail(cc.dm.stderr.String(), 40))
 			case published:
 				midClosePublished++
 				mustPublish = append(mustPublish, "mc "+d)
