@@ -278,3 +278,38 @@ func TestENOSPCAtWrite(t *testing.T) {
 	run(t, "", "cp", "/dev/null", e.path("k", "incoming", "ok"))
 	e.expectNS(t, "k", []string{sum(nil)})
 }
+
+// TestFailureAfterAcknowledgedClose: a close that returned 0 is published
+// even when writes through another descriptor of the file fail after it:
+// the failed version never shows, the acknowledged one does (at the last
+// RELEASE). Before, the failure dropped the acknowledged version too.
+func TestFailureAfterAcknowledgedClose(t *testing.T) {
+	requireFUSE(t)
+	data := t.TempDir()
+	kv, err := sqlite.Open(context.Background(), filepath.Join(data, "kv.db"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	e := mountOn(t, data, store.Config{KV: kv, Threshold: 64 << 10, ScratchDir: data})
+	e.mkns("k")
+	f, err := os.Create(e.path("k", "incoming", "f"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	v1 := randBytes(41, 1000)
+	if _, err := f.Write(v1); err != nil {
+		t.Fatal(err)
+	}
+	fd2, err := syscall.Dup(int(f.Fd()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	g := os.NewFile(uintptr(fd2), "dup")
+	if err := f.Close(); err != nil {
+		t.Fatalf("the first close: %v", err) // acknowledged: v1 is committed
+	}
+	_, err = g.Write(randBytes(42, 128<<10))
+	wantErrno(t, "a write over the threshold after the close", err, syscall.ENOSPC)
+	wantErrno(t, "the last close", g.Close(), syscall.ENOSPC)
+	e.expectNS(t, "k", []string{sum(v1)})
+}

@@ -246,9 +246,6 @@ func (h *fileHandle) Release(ctx context.Context) syscall.Errno {
 	if p.has(stepSettle) {
 		n.settleLocked(ctx)
 	}
-	if p.has(stepCancel) {
-		n.cancelLocked(ctx)
-	}
 	if p.has(stepPay) {
 		n.owing = false
 		n.tree.paid(n)

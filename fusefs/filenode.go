@@ -335,10 +335,9 @@ func (n *fileNode) commitLocked(ctx context.Context, intent bool) ([]notice, err
 		} else {
 			f.log.Error("publish failed; nothing published", "namespace", n.ns.name, "name", n.logName(), "err", err)
 		}
-		if prev != 0 {
-			n.cancelLocked(pctx)
-		}
-		// The intent may have committed with its answer lost: this close
+		// The version before, if pending, stays so: its close returned
+		// 0, and the last RELEASE links it (docs/publish.md). This one's
+		// intent may have committed with its answer lost: this close
 		// reports the failure, so it must not publish (Lease.Abandon).
 		f.intents.abandon(rec)
 		if n.want != nil {
@@ -384,8 +383,8 @@ func (n *fileNode) commitLocked(ctx context.Context, intent bool) ([]notice, err
 	return nil, nil
 }
 
-// settleLocked links the pending version (the last RELEASE). Like
-// cancelLocked, it takes the intent off the version first: whatever the
+// settleLocked links the pending version (the last RELEASE). It takes
+// the intent off the version first: whatever the
 // database answers, this process is done with it (a failure is retried
 // by the intents loop).
 func (n *fileNode) settleLocked(ctx context.Context) {
@@ -400,17 +399,6 @@ func (n *fileNode) settleLocked(ctx context.Context) {
 	}
 	f.stats.publishes.Add(1)
 	f.log.Debug("published", "namespace", n.ns.name, "name", n.logName(), "digest", n.pub.d.String(), "new_ref", linked)
-}
-
-// cancelLocked drops the pending version unseen: the file failed.
-func (n *fileNode) cancelLocked(ctx context.Context) {
-	f := n.fsys
-	i := n.pub.intent
-	n.pub.intent = 0
-	f.stats.superseded.Add(1)
-	if err := f.intents.cancel(context.WithoutCancel(ctx), i); err != nil {
-		f.log.Warn("could not drop an unfinished version's intent; retrying", "namespace", n.ns.name, "name", n.logName(), "err", err)
-	}
 }
 
 // scheduleExpiryLocked (re)arms the receipt's expiry.

@@ -21,7 +21,7 @@ package fusefs
 //	RELEASE   last writer, intent pending                          settle, pay
 //	RELEASE   last writer, written since the last commit           commit+link, pay
 //	RELEASE   last writer, re-opened and unchanged                 discard (and settle an intent)
-//	RELEASE   last writer, failed                                  cancel; at the last handle, gone
+//	RELEASE   last writer, failed                                  settle an intent; at the last handle, gone
 //	RELEASE   a writer remains                                     -
 //	WRITE     receipt, or intent pending with no upload            reopen (seeded with the content)
 //	TRUNCATE  by path, nobody writing, changed                     commit+link
@@ -88,7 +88,6 @@ const (
 	stepCommitIntent                  // commit the upload and record an intent replacing any earlier one
 	stepCommitLink                    // commit the upload and link it now; drop any intent
 	stepSettle                        // link the intent's version
-	stepCancel                        // drop the intent
 	stepDiscard                       // drop the upload unpublished
 	stepOwe                           // lookups wait for this file's RELEASE
 	stepPay                           // stop waiting for it
@@ -152,7 +151,10 @@ func decide(s fileState, e event) step {
 		if e.lastWriter {
 			switch {
 			case s.failed:
-				p = stepCancel
+				// What failed came after the pending version, whose
+				// close returned 0: that version is published, the
+				// failed one never.
+				p = stepSettle
 			case s.uploading && s.dirty:
 				p = stepCommitLink
 			case s.uploading:
@@ -161,7 +163,7 @@ func decide(s fileState, e event) step {
 				p = stepSettle
 			}
 			if !s.pending {
-				p &^= stepSettle | stepCancel
+				p &^= stepSettle
 			}
 			if !s.uploading {
 				p &^= stepDiscard

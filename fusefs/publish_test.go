@@ -7,7 +7,7 @@ import (
 )
 
 func (p step) String() string {
-	names := []string{"fail", "reopen", "commit-intent", "commit-link", "settle", "cancel",
+	names := []string{"fail", "reopen", "commit-intent", "commit-link", "settle",
 		"discard", "owe", "pay", "detach", "gone", "rearm", "refuse"}
 	var out []string
 	for i, n := range names {
@@ -84,7 +84,7 @@ func TestDecide(t *testing.T) {
 		{"release re-opened unchanged, pending", with(reopened, func(s *fileState) { s.pending = true }), last, stepSettle | stepDiscard, ""},
 		{"release re-opened unchanged", reopened, last, stepDiscard, "back to the receipt"},
 		{"release receipt", published, last, 0, ""},
-		{"release failed, pending", with(failed, func(s *fileState) { s.pending = true }), last, stepCancel | stepGone, "nothing of it shows"},
+		{"release failed, pending", with(failed, func(s *fileState) { s.pending = true }), last, stepSettle | stepGone, "the version whose close returned 0, not the failed one"},
 		{"release failed, a reader remains", failed, event{kind: evRelease, lastWriter: true}, 0, ""},
 		{"release detached, written after a close", with(pendingWriting, func(s *fileState) { s.detached = true }), last, stepCommitLink | stepPay, "the final version, as if the name were there"},
 		{"release detached after a close", with(pending, func(s *fileState) { s.detached = true }), last, stepSettle | stepPay, "cp f incoming/ && rm incoming/f"},
