@@ -61,8 +61,8 @@ type Engine struct {
 
 // counters are engines.CacheCounters, atomically.
 type counters struct {
-	hits, misses, fills, bytesFilled, evictions, dropped atomic.Int64
-	fillErr                                              sync.Map // cause → *atomic.Int64
+	hits, misses, fills, bytesFilled, evictions, dropped, adopted atomic.Int64
+	fillErr                                                       sync.Map // cause → *atomic.Int64
 }
 
 func (c *counters) fillError(cause string) {
@@ -79,7 +79,7 @@ func (c *counters) snapshot(take bool) engines.CacheCounters {
 		return a.Load()
 	}
 	out := engines.CacheCounters{Hits: ld(&c.hits), Misses: ld(&c.misses), Fills: ld(&c.fills),
-		BytesFilled: ld(&c.bytesFilled), Evictions: ld(&c.evictions), Dropped: ld(&c.dropped), FillErrors: map[string]int64{}}
+		BytesFilled: ld(&c.bytesFilled), Evictions: ld(&c.evictions), Dropped: ld(&c.dropped), Adopted: ld(&c.adopted), FillErrors: map[string]int64{}}
 	c.fillErr.Range(func(k, v any) bool {
 		if n := ld(v.(*atomic.Int64)); n != 0 || !take {
 			out.FillErrors[k.(string)] = n
@@ -186,7 +186,7 @@ func (e *Engine) flusher() {
 // flush adds what this process counted to the host's counters.
 func (e *Engine) flush() {
 	c := e.unsent.snapshot(true)
-	if c.Hits == 0 && c.Misses == 0 && c.Fills == 0 && c.BytesFilled == 0 && c.Evictions == 0 && c.Dropped == 0 && len(c.FillErrors) == 0 {
+	if c.Hits == 0 && c.Misses == 0 && c.Fills == 0 && c.BytesFilled == 0 && c.Evictions == 0 && c.Dropped == 0 && c.Adopted == 0 && len(c.FillErrors) == 0 {
 		return
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)

@@ -91,7 +91,7 @@ func (e *Engine) openMiss(ctx context.Context, d blob.Digest) (engines.Cursor, e
 		src.Close()
 		return c, nil
 	}
-	if err := e.makeRoom(ctx, size); err != nil {
+	if err := e.makeRoom(ctx, size, size); err != nil {
 		cause := "local"
 		if errors.Is(err, errFull) {
 			cause = "full"

@@ -87,7 +87,7 @@ func (x *index) oldest(ctx context.Context, skip, n int) ([]engines.Entry, error
 // addCounters adds c to the host's counters.
 func (x *index) addCounters(ctx context.Context, c engines.CacheCounters) error {
 	vals := map[string]int64{"hits": c.Hits, "misses": c.Misses, "fills": c.Fills, "bytes_filled": c.BytesFilled,
-		"evictions": c.Evictions, "dropped": c.Dropped}
+		"evictions": c.Evictions, "dropped": c.Dropped, "adopted": c.Adopted}
 	for k, v := range c.FillErrors {
 		vals["fill_error."+k] = v
 	}
@@ -131,6 +131,8 @@ func (x *index) counters(ctx context.Context) (engines.CacheCounters, error) {
 			c.Evictions = v
 		case "dropped":
 			c.Dropped = v
+		case "adopted":
+			c.Adopted = v
 		default:
 			if len(k) > 11 && k[:11] == "fill_error." {
 				c.FillErrors[k[11:]] = v
