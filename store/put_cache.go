@@ -7,6 +7,8 @@ import (
 	"os"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/alkblobfs/alkblobfs/engines"
 )
 
 // Write-through to the large tier's local cache (engines/cache): a blob
@@ -74,6 +76,12 @@ func (s *Store) writeThrough(ctx context.Context, d Digest, f *os.File, n int64,
 	case err != nil:
 		s.log.Info("a put's content was not linked into the cache; the first read will fill it", "digest", d.String(), "size", n, "err", err)
 	case adopted:
+		// The put hashed this file's bytes, read back from it, and no one
+		// else holds it: it is known good as it is now, as after a read
+		// that checked it whole, so the mount may pass it through at once.
+		if id, err := engines.FileIDOf(f); err == nil {
+			s.verdicts.record(d, id)
+		}
 		s.log.Debug("a put's content linked into the cache", "digest", d.String(), "size", n)
 	}
 }
