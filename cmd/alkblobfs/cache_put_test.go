@@ -12,6 +12,7 @@ import (
 	"syscall"
 	"testing"
 
+	"github.com/alkblobfs/alkblobfs/engines/postgres/pgtest"
 	"github.com/alkblobfs/alkblobfs/engines/s3/s3test"
 )
 
@@ -125,5 +126,50 @@ func TestCacheMountWriteThrough(t *testing.T) {
 	s = cacheStat(t, c)
 	if h := s["host"].(map[string]any); h["adopted"].(float64) != 1 || h["fills"].(float64) != 0 || h["bytes_filled"].(float64) != 0 {
 		t.Fatalf("host counters after the put and the read: %v; want 1 adopted, nothing filled", h)
+	}
+}
+
+// TestCachePglo: with --large pglo, a mount's first read of a blob fills
+// the cache, the next ones (new opens, the page cache dropped) are hits
+// and passed through from the cached file once verified, and a cp into incoming/ lands in
+// the cache by its scratch file.
+func TestCachePglo(t *testing.T) {
+	requireFUSE(t)
+	cdir := filepath.Join(t.TempDir(), "cache")
+	flags := []string{"--kv", pgtest.DSN(t), "--large", "pglo", "--cache", cdir, "--cache-size", "64MiB"}
+	c := newCLI(t, flags...)
+	c.ok("ns", "create", "p")
+	src := t.TempDir()
+	fa, a, da := writeFile(t, src, 5<<20+7, 21)
+	c.ok("put", "--ns", "p", fa)
+	mnt := t.TempDir()
+	dm := startDaemon(t, c.data, mnt, flags...)
+	if got, err := os.ReadFile(filepath.Join(mnt, "p", da)); err != nil || !bytes.Equal(got, a) {
+		t.Fatalf("first read: %v", err)
+	}
+	waitCached(t, cdir, da)
+	// --verify=full: the second read checks the cached file whole through
+	// the daemon, as a local blob's first read in a process; the third
+	// is passed through.
+	for i := range 2 {
+		dropPageCache(t)
+		if got, err := os.ReadFile(filepath.Join(mnt, "p", da)); err != nil || !bytes.Equal(got, a) {
+			t.Fatalf("read %d: %v", i+2, err)
+		}
+	}
+	if pt := mountStatsFile(t, mnt)["passthrough"].(map[string]any); pt["active"] != true || pt["opens"].(float64) < 1 {
+		t.Fatalf("the cached pglo blob was not passed through: %v", pt)
+	}
+	fb, _, db := writeFile(t, src, 4<<20, 22)
+	if out, err := exec.Command("cp", fb, filepath.Join(mnt, "p", "incoming", "b")).CombinedOutput(); err != nil {
+		t.Fatalf("cp into incoming/: %v\n%s", err, out)
+	}
+	if _, err := os.Stat(cachedFile(cdir, db)); err != nil {
+		t.Fatalf("the put is not in the cache once cp returned: %v", err)
+	}
+	stopDaemon(t, dm)
+	h := cacheStat(t, c)["host"].(map[string]any)
+	if h["fills"].(float64) != 1 || h["hits"].(float64) < 1 || h["adopted"].(float64) != 1 {
+		t.Fatalf("host counters: %v; want 1 fill, a hit, 1 adopted", h)
 	}
 }
