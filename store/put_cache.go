@@ -105,7 +105,9 @@ func createScratch(dir string) (f *os.File, linkable bool, err error) {
 	if err != nil {
 		return nil, false, fmt.Errorf("upload: scratch file: %w", err)
 	}
-	if err := os.Remove(f.Name()); err != nil {
+	// A stage sweep of the cache's directory (engines/local at open) may
+	// have removed it first: nameless either way.
+	if err := os.Remove(f.Name()); err != nil && !errors.Is(err, os.ErrNotExist) {
 		f.Close()
 		return nil, false, fmt.Errorf("upload: scratch file: %w", err)
 	}
