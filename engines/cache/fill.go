@@ -429,7 +429,10 @@ func (f *fill) read(p []byte, off int64) (int, error) {
 		case f.state[i] == segDone:
 			f.mu.Unlock()
 			f.rw.RLock()
-			if f.pub != nil || f.err != nil {
+			f.mu.Lock() // pub and err change under mu (fail, publish)
+			ended := f.pub != nil || f.err != nil
+			f.mu.Unlock()
+			if ended {
 				f.rw.RUnlock()
 				continue
 			}
