@@ -27,6 +27,9 @@ type CacheCounters struct {
 	Fills       int64 `json:"fills"`
 	BytesFilled int64 `json:"bytes_filled"`
 	Evictions   int64 `json:"evictions"`
+	// Adopted counts puts whose verified file became the cached copy by
+	// a hard link (write-through, no byte copied).
+	Adopted int64 `json:"adopted"`
 	// FillErrors counts fills given up, by cause: "remote" (the remote
 	// tier failed), "nospace" (the cache's disk was full), "full"
 	// (everything cached is open or filling), "verify" (the fetched

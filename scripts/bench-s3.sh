@@ -11,8 +11,17 @@
 #   read   dd of that blob, cold (page cache dropped, fresh mount) and warm
 #          (the third read); local reads use passthrough, S3 reads ranged
 #          GETs
+#          for s3+cache the cold read is a fill: the put's copy (the
+#          cp's scratch file, linked into the cache) is dropped first
+#          (cache drop), so that it fetches the blob from S3
 #   again  dd of the blob after drop_caches and a remount: for s3+cache,
-#          a read of the --cache copy (the first cold read filled it)
+#          a read of the --cache copy (the cold read filled it). Both
+#          systems read a local file in the same state: a new process
+#          (so under --verify=full the first open reads through the
+#          daemon, verifying, on both), nothing in the page cache
+#          (sync, then drop_caches). Until the cache's directory was the
+#          mount's passthrough probe (engines/cache Root) s3+cache always
+#          read through the daemon and local could not be compared
 #
 # Systems: local (the local large tier), s3, and s3+cache (s3 with
 # --cache in the work directory, on its own prefix so that no put dedups
@@ -83,6 +92,10 @@ for r in $(seq 1 "$reps"); do
 		mnt "$s"
 		rec "cp $size_mb MiB into incoming/" "alkblobfs $s" "$(secs cp "$work/src-$r.bin" "$work/mnt-$s/bench/incoming/w-$r")"
 		umountfs "$work/mnt-$s"
+		if [[ $s == s3c ]]; then
+			# shellcheck disable=SC2086
+			"$bin" --data "$work/$s" --large "${large[$s]}" ${extra[$s]} cache drop >/dev/null
+		fi
 		dropcaches
 		mnt "$s"
 		rec "read $size_mb MiB, cold" "alkblobfs $s" "$(secs ddread "$work/mnt-$s/bench/$d")"

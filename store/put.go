@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"os"
 	"sync"
 
 	"github.com/alkblobfs/alkblobfs/blob"
@@ -30,6 +31,9 @@ type PutOption func(*putOptions)
 
 type putOptions struct {
 	link LinkFunc
+	// local is a file holding the put's content, which the large tier's
+	// cache may adopt once the put has committed (put_cache.go).
+	local *os.File
 }
 
 // WithLink runs link at publish (see LinkFunc).
@@ -279,6 +283,9 @@ func (s *Store) commitLarge(ctx context.Context, st engines.Stage, h *contentHas
 			pin.Release()
 			return Digest{}, nil, blob.Wrap("link", s.large.Name(), d, err)
 		}
+	}
+	if o.local != nil {
+		s.writeThrough(ctx, d, o.local, h.n, h.sidecar())
 	}
 	s.count(true, h.n)
 	return d, pin, nil

@@ -150,22 +150,19 @@ func (s *Store) newStage(ctx context.Context) (engines.RandomStage, bool, error)
 		}
 		st.Discard()
 	}
-	if s.scratch != "" {
-		if err := os.MkdirAll(s.scratch, 0o700); err != nil {
+	dir := s.scratchDir() // the cache's, with one (put_cache.go)
+	if dir != "" {
+		if err := os.MkdirAll(dir, 0o700); err != nil {
 			return nil, false, fmt.Errorf("upload: scratch directory: %w", err)
 		}
 	}
-	f, err := os.CreateTemp(s.scratch, "upload-*")
-	if err != nil {
-		return nil, false, fmt.Errorf("upload: scratch file: %w", err)
-	}
 	// Nameless from the start: the descriptor is all an upload uses, and a
 	// crash then leaves nothing behind in the scratch directory.
-	if err := os.Remove(f.Name()); err != nil {
-		f.Close()
-		return nil, false, fmt.Errorf("upload: scratch file: %w", err)
+	f, linkable, err := createScratch(dir)
+	if err != nil {
+		return nil, false, err
 	}
-	return &scratchFile{f: f}, false, nil
+	return &scratchFile{f: f, linkable: linkable}, false, nil
 }
 
 // WriteAt writes p at off.
@@ -368,6 +365,7 @@ func (u *Upload) Commit(ctx context.Context, want *Digest, opts ...PutOption) (D
 		return Digest{}, nil, fmt.Errorf("upload: %d bytes over the %s limit of %d bytes: %w", u.size, s.mode, s.threshold, ErrTooLarge)
 	}
 	if !u.own {
+		o.local = u.writeThroughFile() // the cache may adopt it (put_cache.go)
 		return s.putLarge(ctx, nil, content, u.size, want, o)
 	}
 	if h == nil {
@@ -425,8 +423,9 @@ func (u *Upload) stopHash() {
 // scratchFile stages an upload outside the engines, for stores whose large
 // engine has no random-access stage (or no large engine at all).
 type scratchFile struct {
-	f    *os.File
-	once sync.Once
+	f        *os.File
+	linkable bool // made with O_TMPFILE (put_cache.go)
+	once     sync.Once
 }
 
 func (s *scratchFile) Write(p []byte) (int, error) {

@@ -61,8 +61,8 @@ type Engine struct {
 
 // counters are engines.CacheCounters, atomically.
 type counters struct {
-	hits, misses, fills, bytesFilled, evictions, dropped atomic.Int64
-	fillErr                                              sync.Map // cause → *atomic.Int64
+	hits, misses, fills, bytesFilled, evictions, dropped, adopted atomic.Int64
+	fillErr                                                       sync.Map // cause → *atomic.Int64
 }
 
 func (c *counters) fillError(cause string) {
@@ -79,7 +79,7 @@ func (c *counters) snapshot(take bool) engines.CacheCounters {
 		return a.Load()
 	}
 	out := engines.CacheCounters{Hits: ld(&c.hits), Misses: ld(&c.misses), Fills: ld(&c.fills),
-		BytesFilled: ld(&c.bytesFilled), Evictions: ld(&c.evictions), Dropped: ld(&c.dropped), FillErrors: map[string]int64{}}
+		BytesFilled: ld(&c.bytesFilled), Evictions: ld(&c.evictions), Dropped: ld(&c.dropped), Adopted: ld(&c.adopted), FillErrors: map[string]int64{}}
 	c.fillErr.Range(func(k, v any) bool {
 		if n := ld(v.(*atomic.Int64)); n != 0 || !take {
 			out.FillErrors[k.(string)] = n
@@ -100,6 +100,8 @@ var (
 	_ engines.Large         = (*Engine)(nil)
 	_ engines.SidecarReader = (*Engine)(nil)
 	_ engines.Cache         = (*Engine)(nil)
+	_ engines.BatchSizer    = (*Engine)(nil)
+	_ engines.StatFS        = (*Engine)(nil)
 )
 
 // New opens the cache in opt.Dir in front of remote and returns it as a
@@ -186,7 +188,7 @@ func (e *Engine) flusher() {
 // flush adds what this process counted to the host's counters.
 func (e *Engine) flush() {
 	c := e.unsent.snapshot(true)
-	if c.Hits == 0 && c.Misses == 0 && c.Fills == 0 && c.BytesFilled == 0 && c.Evictions == 0 && c.Dropped == 0 && len(c.FillErrors) == 0 {
+	if c.Hits == 0 && c.Misses == 0 && c.Fills == 0 && c.BytesFilled == 0 && c.Evictions == 0 && c.Dropped == 0 && c.Adopted == 0 && len(c.FillErrors) == 0 {
 		return
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
@@ -202,6 +204,11 @@ func (e *Engine) Name() string { return e.remote.Name() }
 // Dir is the cache directory.
 func (e *Engine) Dir() string { return e.dir }
 
+// Root implements engines.StatFS: the cache directory. A hit is a local
+// file, so the mount probes this filesystem for passthrough (without it,
+// every cached read went through the daemon) and its df reports it.
+func (e *Engine) Root() string { return e.dir }
+
 // Remote is the remote tier.
 func (e *Engine) Remote() engines.Large { return e.remote }
 
@@ -210,16 +217,67 @@ func (e *Engine) Remote() engines.Large { return e.remote }
 // deleted it).
 func (e *Engine) Has(ctx context.Context, d blob.Digest) (bool, error) { return e.remote.Has(ctx, d) }
 
-// Size implements engines.Engine: a cached blob's size is its file's
-// (content addressing: it cannot differ), so ls and stat of a cached blob
-// do not reach the remote tier.
+// Size implements engines.Engine without reaching the remote tier for a
+// blob whose size this host knows (content addressing: it cannot change):
+// a cached blob's is its file's, and any other's is the one the remote
+// gave once, to any process of the host (the index's sizes), so that ls
+// -l and stat answer with the remote tier slow or down. A size row goes
+// with the blob's Delete here; another host's sweep leaves it, as it
+// leaves a cached copy (see Corruption and deletes in the package doc).
+// Under engines.Direct it is the remote's answer.
 func (e *Engine) Size(ctx context.Context, d blob.Digest) (int64, error) {
-	if !engines.IsDirect(ctx) {
-		if fi, err := os.Stat(e.loc.Path(d)); err == nil {
-			return fi.Size(), nil
+	if engines.IsDirect(ctx) {
+		return e.remote.Size(ctx, d)
+	}
+	if n, ok := e.localSize(ctx, d); ok {
+		return n, nil
+	}
+	n, err := e.remote.Size(ctx, d)
+	if err == nil {
+		e.learn(ctx, []engines.Entry{{Digest: d, Size: n}})
+	}
+	return n, err
+}
+
+// SizeMany implements engines.BatchSizer: Size for many digests, with the
+// sizes the remote gives recorded in one transaction (a listing).
+func (e *Engine) SizeMany(ctx context.Context, ds []blob.Digest) ([]int64, error) {
+	out := make([]int64, len(ds))
+	var learnt []engines.Entry
+	defer func() { e.learn(ctx, learnt) }()
+	direct := engines.IsDirect(ctx)
+	for i, d := range ds {
+		if !direct {
+			if n, ok := e.localSize(ctx, d); ok {
+				out[i] = n
+				continue
+			}
+		}
+		n, err := e.remote.Size(ctx, d)
+		switch {
+		case err == nil:
+			out[i] = n
+			learnt = append(learnt, engines.Entry{Digest: d, Size: n})
+		case errors.Is(err, blob.ErrMissing):
+			out[i] = -1
+		default:
+			return nil, err
 		}
 	}
-	return e.remote.Size(ctx, d)
+	return out, nil
+}
+
+func (e *Engine) localSize(ctx context.Context, d blob.Digest) (int64, bool) {
+	if fi, err := os.Stat(e.loc.Path(d)); err == nil {
+		return fi.Size(), true
+	}
+	return e.idx.knownSize(ctx, d)
+}
+
+func (e *Engine) learn(ctx context.Context, es []engines.Entry) {
+	if err := e.idx.learnSizes(ctx, es); err != nil {
+		e.log.Debug("cache: could not record sizes", "err", err)
+	}
 }
 
 // List implements engines.Engine: the remote tier's listing.
@@ -255,6 +313,9 @@ func remoteSidecar(ctx context.Context, r engines.Engine, d blob.Digest) ([]byte
 func (e *Engine) Delete(ctx context.Context, d blob.Digest) error {
 	err := e.remote.Delete(ctx, d)
 	e.dropLocal(ctx, d, false)
+	if ferr := e.idx.forgetSize(ctx, d); ferr != nil {
+		e.log.Warn("cache: could not forget a deleted blob's size", "digest", d.String(), "err", ferr)
+	}
 	return err
 }
 

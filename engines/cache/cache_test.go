@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/minio/minio-go/v7"
+	"golang.org/x/sys/unix"
 
 	"github.com/alkblobfs/alkblobfs/blob"
 	"github.com/alkblobfs/alkblobfs/engines"
@@ -379,5 +380,118 @@ func TestWrongBytesNotCached(t *testing.T) {
 	s := f.settled()
 	if f.cached(d) || s.Process.FillErrors["verify"] != 1 {
 		t.Fatalf("wrong bytes: cached %v, %+v", f.cached(d), s.Process)
+	}
+}
+
+// TestUploadWriteThrough: an upload through the store (as the mount's
+// incoming/ files are) lands in the cache when it commits, by a link of
+// its scratch file: no fill, no byte fetched, and with S3 stopped it
+// reads from the cache, passed through. The cache is on a filesystem of
+// its own (a tmpfs), away from the store's scratch directory (the system's
+// temp directory): the store makes its scratch files in the cache's.
+func TestUploadWriteThrough(t *testing.T) {
+	srv := s3test.FaultServer(t)
+	fsdir := t.TempDir()
+	if err := mountTmpfs(fsdir, "size=64m"); err != nil {
+		t.Skipf("cannot mount a tmpfs: %v", err)
+	}
+	t.Cleanup(func() { unmount(fsdir) })
+	f := newFixture(t, srv.URL, filepath.Join(fsdir, "cache"), 32<<20)
+	ctx := context.Background()
+	b := randBytes(6<<20+17, 9)
+	u, err := f.st.NewUpload(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for off := 0; off < len(b); off += 1 << 20 {
+		if _, err := u.WriteAt(b[off:min(off+1<<20, len(b))], int64(off)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	d, pin, err := u.Commit(ctx, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	pin.Release()
+	s := f.stats()
+	if !f.cached(d) || s.Blobs != 1 || s.Bytes != int64(len(b)) || s.Process.Adopted != 1 || s.Process.Fills != 0 || s.Process.BytesFilled != 0 {
+		t.Fatalf("after the put: cached %v, %+v; want the upload's file adopted", f.cached(d), s)
+	}
+	if _, err := f.c.Sidecar(ctx, d); err != nil {
+		t.Fatalf("the adopted copy has no chunk checksums: %v", err)
+	}
+	if m, _ := filepath.Glob(filepath.Join(f.dir, "stage", "*")); len(m) != 0 {
+		t.Fatalf("the put left files in the cache's stage: %v", m)
+	}
+	srv.Stop(t)
+	f.read(d)
+	r, _, err := f.st.Get(ctx, d)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer r.Close()
+	r.Trust()
+	if _, ok := r.Passthrough(); !ok {
+		t.Fatal("the adopted copy offers no passthrough")
+	}
+	srv.Start(t)
+}
+
+// TestAdoptLinks: Adopt publishes the very file it is given (same inode:
+// no copy), and refuses, leaving nothing, a nameless file that was not
+// made with O_TMPFILE.
+func TestAdoptLinks(t *testing.T) {
+	dir := t.TempDir()
+	f := newFixture(t, s3test.URL(t), dir, 64<<20)
+	ctx := context.Background()
+	b := randBytes(3<<20, 10)
+	d := blob.Sum(b)
+	if err := os.MkdirAll(f.c.ScratchDir(), 0o700); err != nil {
+		t.Fatal(err)
+	}
+
+	plain, err := os.CreateTemp(f.c.ScratchDir(), "x-*")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer plain.Close()
+	os.Remove(plain.Name())
+	if _, err := plain.Write(b); err != nil {
+		t.Fatal(err)
+	}
+	if ok, err := f.c.Adopt(ctx, d, plain, int64(len(b)), []byte("sums")); ok || err == nil {
+		t.Fatalf("adopted an unlinked, non-O_TMPFILE file: %v %v", ok, err)
+	}
+	if s := f.stats(); f.cached(d) || s.Blobs != 0 {
+		t.Fatalf("a refused adoption left a copy: %+v", s)
+	}
+	if _, err := f.c.Sidecar(engines.Direct(ctx), d); err == nil {
+		t.Fatal("a refused adoption left a sidecar")
+	}
+
+	fd, err := unix.Open(f.c.ScratchDir(), unix.O_TMPFILE|unix.O_RDWR, 0o600)
+	if err != nil {
+		t.Skipf("no O_TMPFILE here: %v", err)
+	}
+	tmp := os.NewFile(uintptr(fd), "tmpfile")
+	defer tmp.Close()
+	if _, err := tmp.Write(b); err != nil {
+		t.Fatal(err)
+	}
+	if ok, err := f.c.Adopt(ctx, d, tmp, int64(len(b)), nil); !ok || err != nil {
+		t.Fatalf("adopt an O_TMPFILE file: %v %v", ok, err)
+	}
+	var mine, there unix.Stat_t
+	if err := unix.Fstat(fd, &mine); err != nil {
+		t.Fatal(err)
+	}
+	if err := unix.Stat(filepath.Join(dir, "blobs", d.String()[:2], d.String()), &there); err != nil {
+		t.Fatal(err)
+	}
+	if mine.Ino != there.Ino || mine.Dev != there.Dev || there.Nlink != 1 {
+		t.Fatalf("the cached copy is inode %d (links %d), the adopted file %d: a copy, not a link", there.Ino, there.Nlink, mine.Ino)
+	}
+	if s := f.stats(); s.Blobs != 1 || s.Bytes != int64(len(b)) || s.Process.Adopted != 1 {
+		t.Fatalf("after the adoption: %+v", s)
 	}
 }

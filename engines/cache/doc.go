@@ -87,11 +87,28 @@
 // no namespace links the blob, and they go by LRU eviction (they are never
 // opened again, so they are the oldest). Has asks the remote tier, never
 // the copy: a copy does not prove the pool still holds the blob. Size is
-// answered from the copy (content addressing: it cannot differ), so ls and
-// stat of a cached blob do not reach the remote.
+// answered locally when it can be (see Sizes).
 //
-// # Puts
+// # Puts (write-through)
 //
-// Puts go to the remote tier's stage, unchanged; a put does not fill the
-// cache (write-through is to do: see docs/s3.md).
+// Puts go to the remote tier's stage, unchanged. An upload (the mount's
+// incoming/ files) past the kv threshold is written to a scratch file,
+// which the store makes nameless with O_TMPFILE in ScratchDir (DIR/stage,
+// on the cache's filesystem) and streams to the remote, hashing it and
+// computing its chunk checksums on the way. Once the remote has committed
+// the blob, Adopt links that very file into blobs/ (local.Engine.Link:
+// linkat of /proc/self/fd/N, no byte copied) with the checksums as its
+// sidecar, after evicting for its size (the bytes are on the disk
+// already: only the limit binds). A streamed put (store.Put) has no
+// local file and is cached at its first read, as is a put that does not
+// fit or whose scratch file cannot be linked. See store/put_cache.go.
+//
+// # Sizes
+//
+// Size answers from the copy, else from the sizes the remote gave this
+// host before (index.db's sizes table, one row per blob seen, removed by
+// this host's Delete), else asks the remote and records the answer:
+// ls -l and stat of a blob the host knows never reach the remote.
+// Root is the cache directory (engines.StatFS), so the mount probes it for
+// passthrough.
 package cache

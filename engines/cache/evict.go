@@ -22,9 +22,11 @@ var errFull = errors.New("every cached blob is open or being filled")
 const minFreeDiv = 50
 
 // makeRoom evicts least recently used copies until need more bytes fit
-// both the limit (the index's total plus the fills in flight in this
-// process) and the filesystem's free space (less its reserve).
-func (e *Engine) makeRoom(ctx context.Context, need int64) error {
+// the limit (the index's total plus the fills in flight in this process)
+// and onDisk more fit the filesystem's free space (less its reserve): a
+// fill writes need bytes, an adopted put's file (adopt.go) is on the disk
+// already.
+func (e *Engine) makeRoom(ctx context.Context, need, onDisk int64) error {
 	unlock, err := e.lock(unix.LOCK_SH)
 	if err != nil {
 		return err
@@ -37,8 +39,8 @@ func (e *Engine) makeRoom(ctx context.Context, need int64) error {
 			return err
 		}
 		over := used + e.filling() + need - e.limit
-		if free, ok := e.free(); ok && free-need < 0 {
-			over = max(over, need-free)
+		if free, ok := e.free(); ok && free-onDisk < 0 {
+			over = max(over, onDisk-free)
 		}
 		if over <= 0 {
 			return nil

@@ -91,7 +91,7 @@ func (e *Engine) openMiss(ctx context.Context, d blob.Digest) (engines.Cursor, e
 		src.Close()
 		return c, nil
 	}
-	if err := e.makeRoom(ctx, size); err != nil {
+	if err := e.makeRoom(ctx, size, size); err != nil {
 		cause := "local"
 		if errors.Is(err, errFull) {
 			cause = "full"
@@ -429,7 +429,10 @@ func (f *fill) read(p []byte, off int64) (int, error) {
 		case f.state[i] == segDone:
 			f.mu.Unlock()
 			f.rw.RLock()
-			if f.pub != nil || f.err != nil {
+			f.mu.Lock() // pub and err change under mu (fail, publish)
+			ended := f.pub != nil || f.err != nil
+			f.mu.Unlock()
+			if ended {
 				f.rw.RUnlock()
 				continue
 			}

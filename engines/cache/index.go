@@ -27,6 +27,9 @@ var indexSchema = []string{
 	`CREATE TABLE IF NOT EXISTS blobs (digest BLOB PRIMARY KEY, size INTEGER NOT NULL, atime INTEGER NOT NULL) WITHOUT ROWID`,
 	`CREATE INDEX IF NOT EXISTS blobs_atime ON blobs (atime)`,
 	`CREATE TABLE IF NOT EXISTS counters (name TEXT PRIMARY KEY, value INTEGER NOT NULL) WITHOUT ROWID`,
+	// The sizes the remote tier gave for blobs this host does not hold
+	// (Engine.Size): a blob's size never changes.
+	`CREATE TABLE IF NOT EXISTS sizes (digest BLOB PRIMARY KEY, size INTEGER NOT NULL) WITHOUT ROWID`,
 }
 
 func openIndex(ctx context.Context, dir string) (*index, error) {
@@ -52,6 +55,35 @@ func now() int64 { return time.Now().UnixNano() }
 func (x *index) add(ctx context.Context, d blob.Digest, size int64) error {
 	_, err := x.db.ExecContext(ctx, `INSERT INTO blobs (digest, size, atime) VALUES (?, ?, ?)
 		ON CONFLICT (digest) DO UPDATE SET size = excluded.size, atime = excluded.atime`, d[:], size, now())
+	return err
+}
+
+// knownSize is the size the remote tier once gave for d; ok false if none.
+func (x *index) knownSize(ctx context.Context, d blob.Digest) (int64, bool) {
+	var n int64
+	if err := x.db.QueryRowContext(ctx, `SELECT size FROM sizes WHERE digest = ?`, d[:]).Scan(&n); err != nil {
+		return 0, false
+	}
+	return n, true
+}
+
+// learnSizes records sizes the remote tier gave.
+func (x *index) learnSizes(ctx context.Context, es []engines.Entry) error {
+	if len(es) == 0 {
+		return nil
+	}
+	return engines.InTx(ctx, x.db, nil, func(tx *sql.Tx) error {
+		for _, e := range es {
+			if _, err := tx.ExecContext(ctx, `INSERT INTO sizes (digest, size) VALUES (?, ?) ON CONFLICT (digest) DO NOTHING`, e.Digest[:], e.Size); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+}
+
+func (x *index) forgetSize(ctx context.Context, d blob.Digest) error {
+	_, err := x.db.ExecContext(ctx, `DELETE FROM sizes WHERE digest = ?`, d[:])
 	return err
 }
 
@@ -87,7 +119,7 @@ func (x *index) oldest(ctx context.Context, skip, n int) ([]engines.Entry, error
 // addCounters adds c to the host's counters.
 func (x *index) addCounters(ctx context.Context, c engines.CacheCounters) error {
 	vals := map[string]int64{"hits": c.Hits, "misses": c.Misses, "fills": c.Fills, "bytes_filled": c.BytesFilled,
-		"evictions": c.Evictions, "dropped": c.Dropped}
+		"evictions": c.Evictions, "dropped": c.Dropped, "adopted": c.Adopted}
 	for k, v := range c.FillErrors {
 		vals["fill_error."+k] = v
 	}
@@ -131,6 +163,8 @@ func (x *index) counters(ctx context.Context) (engines.CacheCounters, error) {
 			c.Evictions = v
 		case "dropped":
 			c.Dropped = v
+		case "adopted":
+			c.Adopted = v
 		default:
 			if len(k) > 11 && k[:11] == "fill_error." {
 				c.FillErrors[k[11:]] = v
