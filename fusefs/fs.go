@@ -55,6 +55,9 @@ type Store interface {
 	// StatFS is the large tier's filesystem, for df and the passthrough
 	// probe; ok is false when the large tier is not local files.
 	StatFS() (store.FSUsage, bool, error)
+	// CacheStats is the large tier's local cache (store.ErrNoCache
+	// without one), for the stats file.
+	CacheStats(ctx context.Context) (store.CacheStats, error)
 }
 
 var _ Store = (*store.Store)(nil)

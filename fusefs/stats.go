@@ -2,6 +2,7 @@ package fusefs
 
 import (
 	"context"
+	"errors"
 
 	"github.com/alkblobfs/alkblobfs/store"
 	"github.com/alkblobfs/alkblobfs/upkeep"
@@ -13,6 +14,8 @@ type Stats struct {
 	Verify     Verify      `json:"verify"`
 	Store      store.Stats `json:"store"`
 	Namespaces int         `json:"namespaces"`
+	// Cache is the large tier's local cache (--cache), if any.
+	Cache *store.CacheStats `json:"cache,omitempty"`
 
 	OpenHandles  int64 `json:"open_handles"`
 	OpenDigests  int   `json:"open_digests"`
@@ -67,6 +70,12 @@ type PassthroughStats struct {
 // Stats is a snapshot of the mount's counters and its namespace count.
 func (f *FS) Stats(ctx context.Context) Stats {
 	s := f.Counters()
+	switch cs, err := f.st.CacheStats(ctx); {
+	case err == nil:
+		s.Cache = &cs
+	case !errors.Is(err, store.ErrNoCache):
+		f.log.Warn("stats: could not read the cache's", "err", err)
+	}
 	if bad, err := f.st.Corrupt(ctx); err == nil {
 		s.Scrub.Refused = len(bad)
 	} else {

@@ -175,13 +175,27 @@ func TestCacheSharedAndSweep(t *testing.T) {
 	}
 	stopDaemon(t, dmB) // its counters go to the host's
 	var s map[string]any
-	eventually(t, 10*time.Second, "A's counters to reach the host's (flushed every 2 s)", func() bool {
+	eventually(t, 10*time.Second, "A's fill and B's hit to reach the host's counters (A flushes every 2 s, B at its exit)", func() bool {
 		s = cacheStat(t, c)
-		return s["host"].(map[string]any)["fills"].(float64) >= 1
+		h := s["host"].(map[string]any)
+		return h["fills"].(float64) >= 1 && h["hits"].(float64) >= 1
 	})
 	host := s["host"].(map[string]any)
 	if host["fills"].(float64) != 1 || host["hits"].(float64) < 1 || s["blobs"].(float64) != 1 {
 		t.Fatalf("two mounts, one cache: %v", s)
+	}
+	// The mount's stats file shows the cache too.
+	st, err := os.ReadFile(filepath.Join(mntA, ".alkblobfs", "stats"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var ms struct {
+		Cache *struct {
+			Blobs int64 `json:"blobs"`
+		} `json:"cache"`
+	}
+	if err := json.Unmarshal(st, &ms); err != nil || ms.Cache == nil || ms.Cache.Blobs != 1 {
+		t.Fatalf("A's stats file: %v, cache %+v:\n%s", err, ms.Cache, st)
 	}
 	if err := os.Remove(filepath.Join(mntA, "p", d)); err != nil {
 		t.Fatal(err)
