@@ -210,3 +210,47 @@ func TestCacheSharedAndSweep(t *testing.T) {
 	}
 	stopDaemon(t, dmA)
 }
+
+// TestCacheWarmDrop: `cache warm NS` fetches a namespace's remote blobs
+// into the cache ahead of any read, `cache warm DIGEST` one blob, and
+// `cache drop` empties it; the blobs stay in the store.
+func TestCacheWarmDrop(t *testing.T) {
+	cdir := filepath.Join(t.TempDir(), "cache")
+	c := newCLI(t, "--large", s3test.URL(t), "--cache", cdir)
+	c.ok("ns", "create", "w")
+	var ds []string
+	for i := range 2 {
+		f, _, d := writeFile(t, t.TempDir(), 300<<10, uint64(60+i))
+		c.ok("put", "--ns", "w", f)
+		ds = append(ds, d)
+	}
+	f, _, loose := writeFile(t, t.TempDir(), 300<<10, 62)
+	c.ok("put", f)
+	c.ok("cache", "drop") // whatever the puts left there
+	if n := cacheStat(t, c)["blobs"].(float64); n != 0 {
+		t.Fatalf("after drop: %v blobs cached", n)
+	}
+	c.ok("cache", "warm", "w")
+	for _, d := range ds {
+		if _, err := os.Stat(cachedFile(cdir, d)); err != nil {
+			t.Fatalf("warm w: %s not cached: %v", d[:12], err)
+		}
+	}
+	if _, err := os.Stat(cachedFile(cdir, loose)); !os.IsNotExist(err) {
+		t.Fatalf("warm w cached a blob w does not link: %v", err)
+	}
+	c.ok("cache", "warm", loose)
+	if n := cacheStat(t, c)["blobs"].(float64); n != 3 {
+		t.Fatalf("after warming w and one digest: %v blobs cached; want 3", n)
+	}
+	c.ok("cache", "drop")
+	if n := cacheStat(t, c)["blobs"].(float64); n != 0 {
+		t.Fatalf("after drop: %v blobs cached", n)
+	}
+	for _, d := range append(ds, loose) {
+		if _, err := os.Stat(cachedFile(cdir, d)); !os.IsNotExist(err) {
+			t.Fatalf("drop left %s: %v", d[:12], err)
+		}
+		c.ok("stat", d) // still in the store
+	}
+}
