@@ -35,9 +35,11 @@
 # so neither build opens a store the other wrote. The table gains their
 # rows and ratios, and a last table gives current ÷ base (of median
 # seconds: below 1.00 the current build is faster), flagging a row whose
-# medians differ by more than the wider of the two min–max spreads. With
-# BENCH_PROFILE the base daemon's profiles are base-read.pprof,
-# base-write.pprof and base-ls.pprof.
+# two min–max ranges do not overlap. With BENCH_PROFILE the base daemon's
+# profiles are base-read.pprof, base-write.pprof and base-ls.pprof.
+#
+# A timed command that fails (a read, a copy, a listing) stops the bench
+# with its stderr: a listing that fails fast must not pass for a fast one.
 #
 # Work happens in $BENCH_DIR (default /var/tmp), so store, sources and the
 # native targets share one filesystem. The table is also written as JSON
@@ -148,18 +150,35 @@ bindmount "$work/lsdir" "$work/bindls"
 mkdir -p "$native/b"
 bindmount "$native/b" "$work/bindw"
 
+# timed WORKLOAD SYSTEM CMD... records CMD's wall time, and stops the bench
+# with CMD's stderr if CMD fails: a listing or read that fails fast must not
+# pass for a fast one.
+timed() {
+	local t
+	t=$(secs checked "${@:3}")
+	if [[ -e $work/failed ]]; then
+		echo "bench.sh: $1 on $2 failed: $(<"$work/failed")" >&2
+		exit 1
+	fi
+	rec "$1" "$2" "$t"
+}
+checked() {
+	"$@" 2>"$work/stderr" || { { echo "$* (exit status $?)"; cat "$work/stderr"; } >"$work/failed"; return 1; }
+}
+
 # reads SYSTEM FILE: cold, second and warm (third) reads of FILE.
 reads() {
 	dropcaches
-	rec "read $size_mb MiB, cold" "$1" "$(secs ddread "$2")"
-	secs ddread "$2" >/dev/null
-	rec "read $size_mb MiB, warm" "$1" "$(secs ddread "$2")"
+	timed "read $size_mb MiB, cold" "$1" ddread "$2"
+	secs checked ddread "$2" >/dev/null
+	[[ ! -e $work/failed ]] || { echo "bench.sh: the second read of $2 failed: $(<"$work/failed")" >&2; exit 1; }
+	timed "read $size_mb MiB, warm" "$1" ddread "$2"
 }
 # listing SYSTEM DIR: cold and warm ls -l of DIR.
 listing() {
 	dropcaches
-	rec "ls -l $ls_n entries, cold" "$1" "$(secs ls -l "$2")"
-	rec "ls -l $ls_n entries, warm" "$1" "$(secs ls -l "$2")"
+	timed "ls -l $ls_n entries, cold" "$1" ls -l "$2"
+	timed "ls -l $ls_n entries, warm" "$1" ls -l "$2"
 }
 
 # readsys SYSTEM: the read workload on one system.
@@ -194,8 +213,8 @@ listers=(native bindfs alkblobfs)
 [[ -n $basebin ]] && listers+=(base)
 
 # bigwrite and smallwrite LABEL MNT: the write workloads, into a mount at MNT.
-bigwrite() { rec "cp $size_mb MiB (+ sync)" "$1" "$(secs cp "$work/write-$r.bin" "$2/bench/incoming/w-$r")"; }
-smallwrite() { rec "cp -r $small_n x 4 KiB (+ sync)" "$1" "$(secs sh -c "cp -r '$work/small-$r' '$2/bench/incoming/s-$r' && sync")"; }
+bigwrite() { timed "cp $size_mb MiB (+ sync)" "$1" cp "$work/write-$r.bin" "$2/bench/incoming/w-$r"; }
+smallwrite() { timed "cp -r $small_n x 4 KiB (+ sync)" "$1" sh -c "cp -r '$work/small-$r' '$2/bench/incoming/s-$r' && sync"; }
 # listmount BIN DATA MNT LABEL PROFILE: the ls workload on a mount of BIN.
 listmount() {
 	local lflags=()
@@ -216,9 +235,9 @@ for r in $(seq 1 "$reps"); do
 		readsys "${readers[$(((i + r - 1) % ${#readers[@]}))]}"
 	done
 
-	rec "cp $size_mb MiB (+ sync)" native "$(secs sh -c "cp '$work/write-$r.bin' '$native/w-$r' && sync '$native/w-$r'")"
+	timed "cp $size_mb MiB (+ sync)" native sh -c "cp '$work/write-$r.bin' '$native/w-$r' && sync '$native/w-$r'"
 	rm -f "$native/w-$r"
-	rec "cp $size_mb MiB (+ sync)" bindfs "$(secs sh -c "cp '$work/write-$r.bin' '$work/bindw/w-$r' && sync '$work/bindw/w-$r'")"
+	timed "cp $size_mb MiB (+ sync)" bindfs sh -c "cp '$work/write-$r.bin' '$work/bindw/w-$r' && sync '$work/bindw/w-$r'"
 	rm -f "$native/b/w-$r"
 	wflags=()
 	[[ -n $profile && $r == 1 ]] && wflags=(--cpuprofile "$profile/write.pprof")
@@ -240,9 +259,9 @@ for r in $(seq 1 "$reps"); do
 		bigwrite "alkblobfs full" "$mnt"
 	fi
 
-	rec "cp -r $small_n x 4 KiB (+ sync)" native "$(secs sh -c "cp -r '$work/small-$r' '$native/s-$r' && sync")"
+	timed "cp -r $small_n x 4 KiB (+ sync)" native sh -c "cp -r '$work/small-$r' '$native/s-$r' && sync"
 	rm -rf "$native/s-$r"
-	rec "cp -r $small_n x 4 KiB (+ sync)" bindfs "$(secs sh -c "cp -r '$work/small-$r' '$work/bindw/s-$r' && sync")"
+	timed "cp -r $small_n x 4 KiB (+ sync)" bindfs sh -c "cp -r '$work/small-$r' '$work/bindw/s-$r' && sync"
 	rm -rf "$native/b/s-$r"
 	if [[ -n $basebin ]]; then
 		if ((r % 2)); then
@@ -316,14 +335,12 @@ awk -F'\t' -v json="$json" -v basedesc="$basedesc" "$MEDIAN_AWK"'
 		}
 		printf "\n]}\n" > json
 		if (nb == 0) exit
-		printf "\ncurrent ÷ base (median seconds; below 1.00 the current build is faster)\n"
+		printf "\ncurrent ÷ base (median seconds; below 1.00 the current build is faster; flagged where the min-max ranges do not overlap)\n"
 		printf "%-34s %-20s %-23s %-23s %7s\n", "workload", "mode", "base s (min-max)", "current s (min-max)", "cur÷base"
 		for (i = 1; i <= nb; i++) {
 			k = cmp[i]; bk = cmpb[i]
 			split(k, kw, SUBSEP)
-			d = med[k] - med[bk]; d = d < 0 ? -d : d
-			spread = hi[k] - lo[k]; if (hi[bk] - lo[bk] > spread) spread = hi[bk] - lo[bk]
-			flag = d > spread ? "  beyond spread" : ""
+			flag = lo[k] > hi[bk] ? "  slower: ranges apart" : hi[k] < lo[bk] ? "  faster: ranges apart" : ""
 			printf "%-34s %-20s %-23s %-23s %7.2f%s\n", kw[1], substr(kw[2], 11), \
 				sprintf("%.3f (%.3f-%.3f)", med[bk], lo[bk], hi[bk]), \
 				sprintf("%.3f (%.3f-%.3f)", med[k], lo[k], hi[k]), (med[bk] > 0 ? med[k] / med[bk] : 0), flag
