@@ -24,7 +24,22 @@
 #   sudo scripts/bench.sh                    # as root: drop_caches, mount(2)
 #   BENCH_SIZE_MB=256 BENCH_SMALL=2000 BENCH_LS=20000 BENCH_REPS=3 scripts/bench.sh   # quick
 #   BENCH_PROFILE=/tmp/prof scripts/bench.sh # CPU profiles of the daemon's
-#                                            # read and write runs (go tool pprof)
+#                                            # read, write and ls runs (go tool pprof)
+#   BENCH_BASE=b419ce4 scripts/bench.sh      # also a base build, "before"
+#
+# BENCH_BASE names a commit of this repository (built from `git archive`
+# of it, so no worktree is touched) or an alkblobfs binary. Its mounts join
+# every workload as systems of their own, "base MODE" beside each
+# "alkblobfs MODE", interleaved with the others the same way, each on a
+# store of its own that the base binary made (same content, same digests),
+# so neither build opens a store the other wrote. The table gains their
+# rows and ratios, and a last table gives current ÷ base (of median
+# seconds: below 1.00 the current build is faster), flagging a row whose
+# two min–max ranges do not overlap. With BENCH_PROFILE the base daemon's
+# profiles are base-read.pprof, base-write.pprof and base-ls.pprof.
+#
+# A timed command that fails (a read, a copy, a listing) stops the bench
+# with its stderr: a listing that fails fast must not pass for a fast one.
 #
 # Work happens in $BENCH_DIR (default /var/tmp), so store, sources and the
 # native targets share one filesystem. The table is also written as JSON
@@ -38,6 +53,7 @@ small_n=${BENCH_SMALL:-10000}
 ls_n=${BENCH_LS:-100000}
 reps=${BENCH_REPS:-3}
 profile=${BENCH_PROFILE:-}
+base=${BENCH_BASE:-}
 json=${BENCH_JSON:-bench-results.json}
 root=$(cd "$(dirname "$0")/.." && pwd)
 
@@ -63,8 +79,28 @@ cleanup() {
 	rm -rf "$work"
 }
 trap cleanup EXIT
+load0=$(cut -d' ' -f1-3 /proc/loadavg)
 bin=$work/alkblobfs
 (cd "$root" && go build -o "$bin" ./cmd/alkblobfs)
+# basebin, when BENCH_BASE is set: the base build (basedesc says which).
+basebin= basedesc=
+if [[ -n $base ]]; then
+	basebin=$work/alkblobfs-base
+	if [[ -f $base ]]; then
+		[[ -x $base ]] || { echo "bench.sh: BENCH_BASE=$base is a file but not executable" >&2; exit 1; }
+		cp "$base" "$basebin"
+		basedesc="binary $base"
+	else
+		rev=$(git -C "$root" rev-parse --verify --quiet "$base^{commit}") ||
+			{ echo "bench.sh: BENCH_BASE=$base is neither a binary nor a commit of $root" >&2; exit 1; }
+		mkdir "$work/base-src"
+		git -C "$root" archive "$rev" | tar -x -C "$work/base-src"
+		(cd "$work/base-src" && go build -o "$basebin" ./cmd/alkblobfs)
+		rm -rf "$work/base-src"
+		basedesc="commit $(git -C "$root" log -1 --format='%h %cs' "$rev")"
+	fi
+	echo "== base: $basedesc"
+fi
 [[ -n $profile ]] && mkdir -p "$profile"
 
 results=$work/results
@@ -76,6 +112,8 @@ bindmount() {
 
 data=$work/data
 mnt=$work/mnt
+based=$work/data-base
+mntb=$work/mnt-base
 native=$work/native
 mkdir -p "$native"
 
@@ -91,11 +129,20 @@ done
 mkdir -p "$work/lsdir"
 seq -w 1 "$ls_n" | (cd "$work/lsdir" && split -l 1 -a 6 - f)
 
+# fill BIN DATA puts the blob to read and the namespace to list into the
+# store at DATA with BIN, and prints the blob's digest.
+fill() {
+	"$1" --data "$2" ns create bench >/dev/null
+	"$1" --data "$2" ns create ls >/dev/null
+	"$1" --data "$2" put --ns bench "$work/read.bin"
+	(cd "$work/lsdir" && ls | xargs -n 20000 "$1" --data "$2" put --ns ls >/dev/null)
+}
 echo "== the blob to read, and the namespace to list"
-"$bin" --data "$data" ns create bench >/dev/null
-"$bin" --data "$data" ns create ls >/dev/null
-digest=$("$bin" --data "$data" put --ns bench "$work/read.bin")
-(cd "$work/lsdir" && ls | xargs -n 20000 "$bin" --data "$data" put --ns ls >/dev/null)
+digest=$(fill "$bin" "$data")
+if [[ -n $basebin ]]; then
+	bdigest=$(fill "$basebin" "$based")
+	[[ $bdigest == "$digest" ]] || { echo "bench.sh: the base build stored $bdigest, this one $digest" >&2; exit 1; }
+fi
 backing=$data/large/blobs/${digest:0:2}/$digest
 [[ -f $backing ]] || { echo "bench.sh: no backing file $backing" >&2; exit 1; }
 bindmount "$data/large/blobs" "$work/bindr"
@@ -103,18 +150,35 @@ bindmount "$work/lsdir" "$work/bindls"
 mkdir -p "$native/b"
 bindmount "$native/b" "$work/bindw"
 
+# timed WORKLOAD SYSTEM CMD... records CMD's wall time, and stops the bench
+# with CMD's stderr if CMD fails: a listing or read that fails fast must not
+# pass for a fast one.
+timed() {
+	local t
+	t=$(secs checked "${@:3}")
+	if [[ -e $work/failed ]]; then
+		echo "bench.sh: $1 on $2 failed: $(<"$work/failed")" >&2
+		exit 1
+	fi
+	rec "$1" "$2" "$t"
+}
+checked() {
+	"$@" 2>"$work/stderr" || { { echo "$* (exit status $?)"; cat "$work/stderr"; } >"$work/failed"; return 1; }
+}
+
 # reads SYSTEM FILE: cold, second and warm (third) reads of FILE.
 reads() {
 	dropcaches
-	rec "read $size_mb MiB, cold" "$1" "$(secs ddread "$2")"
-	secs ddread "$2" >/dev/null
-	rec "read $size_mb MiB, warm" "$1" "$(secs ddread "$2")"
+	timed "read $size_mb MiB, cold" "$1" ddread "$2"
+	secs checked ddread "$2" >/dev/null
+	[[ ! -e $work/failed ]] || { echo "bench.sh: the second read of $2 failed: $(<"$work/failed")" >&2; exit 1; }
+	timed "read $size_mb MiB, warm" "$1" ddread "$2"
 }
 # listing SYSTEM DIR: cold and warm ls -l of DIR.
 listing() {
 	dropcaches
-	rec "ls -l $ls_n entries, cold" "$1" "$(secs ls -l "$2")"
-	rec "ls -l $ls_n entries, warm" "$1" "$(secs ls -l "$2")"
+	timed "ls -l $ls_n entries, cold" "$1" ls -l "$2"
+	timed "ls -l $ls_n entries, warm" "$1" ls -l "$2"
 }
 
 # readsys SYSTEM: the read workload on one system.
@@ -122,18 +186,45 @@ readsys() {
 	case $1 in
 	native) reads native "$backing" ;;
 	bindfs) reads bindfs "$work/bindr/${digest:0:2}/$digest" ;;
-	*)
-		local mode=$1 flags
-		flags=(--verify="${mode%-nopassthrough}")
-		[[ $mode == full-nopassthrough ]] && flags+=(--passthrough=false)
-		[[ -n $profile && $r == 1 && $mode == full-nopassthrough ]] && flags+=(--cpuprofile "$profile/read.pprof")
-		mountfs "$bin" "$mnt" --data "$data" mount "${flags[@]}"
-		reads "alkblobfs $mode" "$mnt/bench/$digest"
-		umountfs "$mnt"
+	base-*)
+		# the base build: BIN DATA MNT LABEL PROFILE after the mode
+		alkreads "${1#base-}" "$basebin" "$based" "$mntb" "base ${1#base-}" "$profile/base-read.pprof"
 		;;
+	*) alkreads "$1" "$bin" "$data" "$mnt" "alkblobfs $1" "$profile/read.pprof" ;;
 	esac
 }
+# alkreads MODE BIN DATA MNT LABEL PROFILE: the read workload on a mount
+# of BIN in MODE.
+alkreads() {
+	local mode=$1 flags
+	flags=(--verify="${mode%-nopassthrough}")
+	[[ $mode == full-nopassthrough ]] && flags+=(--passthrough=false)
+	[[ -n $profile && $r == 1 && $mode == full-nopassthrough ]] && flags+=(--cpuprofile "$6")
+	mountfs "$2" "$4" --data "$3" mount "${flags[@]}"
+	reads "$5" "$4/bench/$digest"
+	umountfs "$4"
+}
 readers=(native bindfs full full-nopassthrough strict publish)
+# With a base build, each mode's base system follows its current one.
+[[ -n $basebin ]] && readers=(native bindfs full base-full full-nopassthrough base-full-nopassthrough
+	strict base-strict publish base-publish)
+# listers: the ls workload's systems, rotated the same way.
+listers=(native bindfs alkblobfs)
+[[ -n $basebin ]] && listers+=(base)
+
+# bigwrite and smallwrite LABEL MNT: the write workloads, into a mount at MNT.
+bigwrite() { timed "cp $size_mb MiB (+ sync)" "$1" cp "$work/write-$r.bin" "$2/bench/incoming/w-$r"; }
+smallwrite() { timed "cp -r $small_n x 4 KiB (+ sync)" "$1" sh -c "cp -r '$work/small-$r' '$2/bench/incoming/s-$r' && sync"; }
+# listmount BIN DATA MNT LABEL PROFILE: the ls workload on a mount of BIN.
+listmount() {
+	local lflags=()
+	[[ -n $profile && $r == 1 ]] && lflags=(--cpuprofile "$5")
+	mountfs "$1" "$3" --data "$2" mount "${lflags[@]}"
+	listing "$4" "$3/ls"
+	rss=$(awk '/VmHWM/ { print $2 }' "/proc/$(<"$3.pid")/status")
+	umountfs "$3"
+	echo "  (daemon peak RSS after the listing: $((rss / 1024)) MiB, $4)"
+}
 
 for r in $(seq 1 "$reps"); do
 	echo "== repetition $r of $reps"
@@ -144,71 +235,117 @@ for r in $(seq 1 "$reps"); do
 		readsys "${readers[$(((i + r - 1) % ${#readers[@]}))]}"
 	done
 
-	rec "cp $size_mb MiB (+ sync)" native "$(secs sh -c "cp '$work/write-$r.bin' '$native/w-$r' && sync '$native/w-$r'")"
+	timed "cp $size_mb MiB (+ sync)" native sh -c "cp '$work/write-$r.bin' '$native/w-$r' && sync '$native/w-$r'"
 	rm -f "$native/w-$r"
-	rec "cp $size_mb MiB (+ sync)" bindfs "$(secs sh -c "cp '$work/write-$r.bin' '$work/bindw/w-$r' && sync '$work/bindw/w-$r'")"
+	timed "cp $size_mb MiB (+ sync)" bindfs sh -c "cp '$work/write-$r.bin' '$work/bindw/w-$r' && sync '$work/bindw/w-$r'"
 	rm -f "$native/b/w-$r"
 	wflags=()
 	[[ -n $profile && $r == 1 ]] && wflags=(--cpuprofile "$profile/write.pprof")
 	mountfs "$bin" "$mnt" --data "$data" mount "${wflags[@]}"
-	rec "cp $size_mb MiB (+ sync)" "alkblobfs full" "$(secs cp "$work/write-$r.bin" "$mnt/bench/incoming/w-$r")"
+	# With a base build both daemons are mounted for the write workloads,
+	# and which of them writes first alternates between repetitions.
+	if [[ -n $basebin ]]; then
+		wflags=()
+		[[ -n $profile && $r == 1 ]] && wflags=(--cpuprofile "$profile/base-write.pprof")
+		mountfs "$basebin" "$mntb" --data "$based" mount "${wflags[@]}"
+		if ((r % 2)); then
+			bigwrite "alkblobfs full" "$mnt"
+			bigwrite "base full" "$mntb"
+		else
+			bigwrite "base full" "$mntb"
+			bigwrite "alkblobfs full" "$mnt"
+		fi
+	else
+		bigwrite "alkblobfs full" "$mnt"
+	fi
 
-	rec "cp -r $small_n x 4 KiB (+ sync)" native "$(secs sh -c "cp -r '$work/small-$r' '$native/s-$r' && sync")"
+	timed "cp -r $small_n x 4 KiB (+ sync)" native sh -c "cp -r '$work/small-$r' '$native/s-$r' && sync"
 	rm -rf "$native/s-$r"
-	rec "cp -r $small_n x 4 KiB (+ sync)" bindfs "$(secs sh -c "cp -r '$work/small-$r' '$work/bindw/s-$r' && sync")"
+	timed "cp -r $small_n x 4 KiB (+ sync)" bindfs sh -c "cp -r '$work/small-$r' '$work/bindw/s-$r' && sync"
 	rm -rf "$native/b/s-$r"
-	rec "cp -r $small_n x 4 KiB (+ sync)" "alkblobfs full" "$(secs sh -c "cp -r '$work/small-$r' '$mnt/bench/incoming/s-$r' && sync")"
+	if [[ -n $basebin ]]; then
+		if ((r % 2)); then
+			smallwrite "alkblobfs full" "$mnt"
+			smallwrite "base full" "$mntb"
+		else
+			smallwrite "base full" "$mntb"
+			smallwrite "alkblobfs full" "$mnt"
+		fi
+		umountfs "$mntb"
+	else
+		smallwrite "alkblobfs full" "$mnt"
+	fi
 	umountfs "$mnt"
 
-	for i in 0 1 2; do
-		case $(((i + r - 1) % 3)) in
-		0) listing native "$work/lsdir" ;;
-		1) listing bindfs "$work/bindls" ;;
-		2)
-			mountfs "$bin" "$mnt" --data "$data" mount
-			listing "alkblobfs full" "$mnt/ls"
-			rss=$(awk '/VmHWM/ { print $2 }' "/proc/$(<"$mnt.pid")/status")
-			umountfs "$mnt"
-			echo "  (daemon peak RSS after the listing: $((rss / 1024)) MiB)"
-			;;
+	for i in "${!listers[@]}"; do
+		case ${listers[$(((i + r - 1) % ${#listers[@]}))]} in
+		native) listing native "$work/lsdir" ;;
+		bindfs) listing bindfs "$work/bindls" ;;
+		alkblobfs) listmount "$bin" "$data" "$mnt" "alkblobfs full" "$profile/ls.pprof" ;;
+		base) listmount "$basebin" "$based" "$mntb" "base full" "$profile/base-ls.pprof" ;;
 		esac
 	done
 done
 
 echo
+load1=$(cut -d' ' -f1-3 /proc/loadavg)
 echo "alkblobfs bench — $(uname -r), $(nproc) CPUs, $(df -hT "$work" | awk 'NR == 2 { print $2 " on " $1 }'), $reps repetitions, interleaved"
-awk -F'\t' -v json="$json" "$MEDIAN_AWK"'
+echo "load average $load0 at the start, $load1 at the end${basedesc:+; base: $basedesc}"
+awk -F'\t' -v json="$json" -v basedesc="$basedesc" "$MEDIAN_AWK"'
 	{
 		k = $1 SUBSEP $2
 		if (!(k in n)) { if (!($1 in seen)) { seen[$1] = 1; wl[++nw] = $1 } ; sys[$1, ++ns[$1]] = $2 }
 		v[k, ++n[k]] = $3
 	}
 	END {
-		printf "%-34s %-28s %9s %9s %9s %7s\n", "workload", "system", "median s", "min s", "max s", "ratio"
-		printf "{\"repetitions\": %d, \"results\": [", n[wl[1], sys[wl[1], 1]] > json
-		first = 1
+		# every row: median, min, max and the list of figures
 		for (i = 1; i <= nw; i++) {
 			w = wl[i]
-			c = n[w, "native"]
-			for (j = 1; j <= c; j++) a[j] = v[w SUBSEP "native", j]
-			base = median(a, c)
 			for (s = 1; s <= ns[w]; s++) {
-				name = sys[w, s]; k = w SUBSEP name; c = n[k]; lo = ""; hi = ""; list = ""
+				k = w SUBSEP sys[w, s]; c = n[k]; lo[k] = ""; hi[k] = ""; list[k] = ""
 				for (j = 1; j <= c; j++) {
-					x = v[k, j]; a[j] = x; list = list (j > 1 ? ", " : "") x
-					if (lo == "" || x < lo) lo = x
-					if (hi == "" || x > hi) hi = x
+					x = v[k, j]; a[j] = x; list[k] = list[k] (j > 1 ? ", " : "") x
+					if (lo[k] == "" || x < lo[k]) lo[k] = x
+					if (hi[k] == "" || x > hi[k]) hi[k] = x
 				}
-				med = median(a, c)
-				ratio = med > 0 ? base / med : 0
+				med[k] = median(a, c)
+			}
+		}
+		printf "%-34s %-28s %9s %9s %9s %7s\n", "workload", "system", "median s", "min s", "max s", "ratio"
+		printf "{\"repetitions\": %d, %s\"results\": [", n[wl[1], sys[wl[1], 1]], (basedesc == "" ? "" : "\"base\": \"" basedesc "\", ") > json
+		first = 1; nb = 0
+		for (i = 1; i <= nw; i++) {
+			w = wl[i]
+			native = med[w, "native"]
+			for (s = 1; s <= ns[w]; s++) {
+				name = sys[w, s]; k = w SUBSEP name
+				ratio = med[k] > 0 ? native / med[k] : 0
 				flag = (name != "native" && ratio > 1.1) ? "  SUSPECT: faster than native" : ""
-				printf "%-34s %-28s %9.3f %9.3f %9.3f %7.2f%s\n", w, name, med, lo, hi, ratio, flag
-				printf "%s\n  {\"workload\": \"%s\", \"system\": \"%s\", \"seconds\": [%s], \"median\": %.4f, \"ratio\": %.3f}", (first ? "" : ","), w, name, list, med, ratio > json
+				printf "%-34s %-28s %9.3f %9.3f %9.3f %7.2f%s\n", w, name, med[k], lo[k], hi[k], ratio, flag
+				# a current row with a base row: current ÷ base
+				cb = ""
+				if (name ~ /^alkblobfs / && ((w SUBSEP "base " substr(name, 11)) in med)) {
+					bk = w SUBSEP "base " substr(name, 11)
+					cb = sprintf(", \"current_over_base\": %.3f", med[bk] > 0 ? med[k] / med[bk] : 0)
+					cmp[++nb] = k; cmpb[nb] = bk
+				}
+				printf "%s\n  {\"workload\": \"%s\", \"system\": \"%s\", \"seconds\": [%s], \"median\": %.4f, \"ratio\": %.3f%s}", (first ? "" : ","), w, name, list[k], med[k], ratio, cb > json
 				first = 0
 			}
 		}
 		printf "\n]}\n" > json
+		if (nb == 0) exit
+		printf "\ncurrent ÷ base (median seconds; below 1.00 the current build is faster; flagged where the min-max ranges do not overlap)\n"
+		printf "%-34s %-20s %-23s %-23s %7s\n", "workload", "mode", "base s (min-max)", "current s (min-max)", "cur÷base"
+		for (i = 1; i <= nb; i++) {
+			k = cmp[i]; bk = cmpb[i]
+			split(k, kw, SUBSEP)
+			flag = lo[k] > hi[bk] ? "  slower: ranges apart" : hi[k] < lo[bk] ? "  faster: ranges apart" : ""
+			printf "%-34s %-20s %-23s %-23s %7.2f%s\n", kw[1], substr(kw[2], 11), \
+				sprintf("%.3f (%.3f-%.3f)", med[bk], lo[bk], hi[bk]), \
+				sprintf("%.3f (%.3f-%.3f)", med[k], lo[k], hi[k]), (med[bk] > 0 ? med[k] / med[bk] : 0), flag
+		}
 	}' "$results"
 echo "(every figure: $json)"
-[[ -n $profile ]] && echo "profiles: $profile/read.pprof $profile/write.pprof (go tool pprof -top $bin FILE)"
+[[ -n $profile ]] && echo "profiles: $profile/{read,write,ls}.pprof${basebin:+ and base-*.pprof} (go tool pprof -top FILE)"
 exit 0
