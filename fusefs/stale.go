@@ -51,31 +51,65 @@ func writePidFile(dir string) error {
 	if err := os.MkdirAll(filepath.Dir(p), 0o700); err != nil {
 		return err
 	}
-	return os.WriteFile(p, []byte(fmt.Sprintf("%d %d %s\n", os.Getpid(), m.Minor, dir)), 0o600)
+	start, err := procStart(os.Getpid())
+	if err != nil {
+		return err
+	}
+	return os.WriteFile(p, []byte(fmt.Sprintf("%d %d %d %s\n", os.Getpid(), m.Minor, start, dir)), 0o600)
+}
+
+// procStart is when process pid started, in clock ticks since boot (field
+// 22 of /proc/PID/stat): with the pid, it names one process, which a
+// later process given the same pid does not match.
+func procStart(pid int) (uint64, error) {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		return 0, err
+	}
+	// The command name (field 2) is in parentheses and may hold spaces.
+	i := strings.LastIndexByte(string(b), ')')
+	if i < 0 {
+		return 0, fmt.Errorf("/proc/%d/stat: no command name", pid)
+	}
+	f := strings.Fields(string(b[i+1:]))
+	if len(f) < 20 {
+		return 0, fmt.Errorf("/proc/%d/stat: %d fields after the name", pid, len(f))
+	}
+	return strconv.ParseUint(f[19], 10, 64)
 }
 
 func removePidFile(dir string) { os.Remove(pidFile(dir)) }
 
 // recordedPid is the pid recorded for the mount on dir with connection
-// minor, or 0: a record of another connection (an older mount, someone
-// else's since) says nothing about this one.
-func recordedPid(dir string, minor uint64) int {
+// minor, and its start time, or 0: a record of another connection (an
+// older mount, someone else's since) says nothing about this one.
+func recordedPid(dir string, minor uint64) (pid int, start uint64) {
 	b, err := os.ReadFile(pidFile(dir))
 	if err != nil {
-		return 0
+		return 0, 0
 	}
-	line := strings.TrimSuffix(string(b), "\n")
-	f := strings.SplitN(line, " ", 3)
-	if len(f) < 3 || f[2] != dir || f[1] != strconv.FormatUint(minor, 10) {
-		return 0
+	f := strings.SplitN(strings.TrimSuffix(string(b), "\n"), " ", 4)
+	if len(f) < 4 || f[3] != dir || f[1] != strconv.FormatUint(minor, 10) {
+		return 0, 0
 	}
-	pid, _ := strconv.Atoi(f[0])
-	return pid
+	pid, err = strconv.Atoi(f[0])
+	if err != nil || pid <= 0 {
+		return 0, 0
+	}
+	start, err = strconv.ParseUint(f[2], 10, 64)
+	if err != nil {
+		return 0, 0
+	}
+	return pid, start
 }
 
-// daemonGone reports whether process pid has exited, is a zombie, or has
+// daemonGone reports whether the process pid that started at start has
+// exited (its pid free, or another process's now), is a zombie, or has
 // SIGKILL pending (killed, but a thread is stuck in the kernel).
-func daemonGone(pid int) bool {
+func daemonGone(pid int, start uint64) bool {
+	if now, err := procStart(pid); err != nil || now != start {
+		return true
+	}
 	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
 	if err != nil {
 		return true
@@ -105,11 +139,11 @@ func clearDeadMount(dir string, lg *slog.Logger) error {
 	if err != nil || !ok || m.FSType != "fuse.alkblobfs" {
 		return err
 	}
-	pid := recordedPid(dir, m.Minor)
+	pid, start := recordedPid(dir, m.Minor)
 	if pid == 0 {
 		return nil
 	}
-	if !daemonGone(pid) {
+	if !daemonGone(pid, start) {
 		return fmt.Errorf("mountpoint %s is busy: alkblobfs (pid %d) serves it", dir, pid)
 	}
 	lg.Warn("stale mount left by a daemon that died; aborting its FUSE connection and detaching it", "mountpoint", dir, "pid", pid, "connection", m.Minor)
