@@ -1,5 +1,5 @@
 // Package fusefs is the alkblobfs mount: a go-fuse (fs API) node tree over
-// the store facade and the namespaces registry (the README shows the tree).
+// the store facade and the namespaces registry (docs/mount.md shows the tree).
 //
 //	/                      rootDir   namespaces (from the registry) + .alkblobfs/
 //	/<ns>/                 nsDir     digests, listed a page at a time + incoming/
@@ -50,7 +50,7 @@
 //
 // Node methods produce Go errors (store and namespace sentinels, or this
 // package's policy errors such as errReadOnly) and convert them in one
-// place, toErrno, which is the README's errno table as code and is
+// place, toErrno, which is the errno table of docs/errors.md as code and is
 // table-tested. (*FS).errno wraps it: whatever maps to EIO is logged with
 // the operation, digest and engine message first. Unknown errors are EIO,
 // never ENOSYS (which would switch the operation off for the whole mount).

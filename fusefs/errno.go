@@ -67,7 +67,7 @@ func tooLong(name string) syscall.Errno {
 }
 
 // toErrno is the one mapping from Go errors to the errno the kernel gets
-// (the README's "Errors"). It is pure and table-tested; callers go
+// (docs/errors.md). It is pure and table-tested; callers go
 // through (*FS).errno, which logs every error that maps to EIO with its
 // operation and digest before the bare EIO goes to the kernel. Unknown
 // errors map to EIO, never to ENOSYS: ENOSYS would make the kernel stop
