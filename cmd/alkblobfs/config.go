@@ -188,6 +188,11 @@ func (a *app) storeConfig(cmd *cobra.Command) (store.Config, error) {
 		if largeURL == "" {
 			largeURL = "local:" + filepath.Join(a.data, "large")
 		}
+		// A regular file is not a directory, whoever asks (access(2) would
+		// say EACCES to root, for want of an x bit).
+		if fi, err := os.Stat(a.data); err == nil && !fi.IsDir() {
+			return cfg, fmt.Errorf("data directory %s (%s): %w", a.data, a.dataSource(cmd), unix.ENOTDIR)
+		}
 		if err := unix.Access(a.data, unix.R_OK|unix.X_OK); err != nil && !errors.Is(err, unix.ENOENT) {
 			return cfg, fmt.Errorf("data directory %s (%s): %w", a.data, a.dataSource(cmd), err)
 		}
