@@ -146,6 +146,7 @@ As root the mount uses mount(2) directly; otherwise fusermount3.`,
 				}
 				lg = slog.New(slog.NewTextHandler(out, &slog.HandlerOptions{Level: lvl}))
 			}
+			a.log = lg // the store and engines log where the mount does
 			defer paceHeap(uint64(heapTarget))()
 			if cpuProfile != "" {
 				stop, err := startCPUProfile(cpuProfile)

@@ -44,6 +44,8 @@ type app struct {
 	// inData: storeConfig put a tier in the data directory (a mount then
 	// shows it as its source).
 	inData bool
+	// memEngine: storeConfig chose a mem: engine (noteMem says so).
+	memEngine bool
 
 	log *slog.Logger
 }

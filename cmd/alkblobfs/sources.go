@@ -101,6 +101,7 @@ func (a *app) openNamespaces(cmd *cobra.Command) (*store.Store, *namespaces.Serv
 		st.Close()
 		return nil, nil, usagef(cmd, "this store keeps no namespaces: %s", why)
 	}
+	a.noteMem()
 	return st, svc, nil
 }
 
