@@ -1,18 +1,21 @@
 # alkblobfs — see README.md. Targets: build, test, test-long, fuzz, lint,
-# bench, man, install, clean.
+# bench, man, install, deb, clean.
 
 GO         ?= go
 BIN        := bin/alkblobfs
 TEST_FLAGS := -race -count=1 -timeout 14m
 
-.PHONY: build test test-long fuzz deps lint bench man install clean
+.PHONY: build test test-long fuzz deps lint bench man install deb clean
 
 PREFIX  ?= /usr/local
 DESTDIR ?=
 # mount(8) looks for mount.fuse.alkblobfs in /sbin only.
 SBINDIR ?= /sbin
 
+# A cold cache downloads and compiles the dependencies first, silently:
+# say so.
 build:
+	@echo "building $(BIN) (the first build downloads and compiles the dependencies: a few minutes)"
 	$(GO) build -buildvcs=auto -o $(BIN) ./cmd/alkblobfs
 
 # deps installs the Debian packages the tests call (rsync, fuse3, bindfs,
@@ -86,6 +89,24 @@ install: build man
 	$(BIN) completion fish > $(DESTDIR)$(PREFIX)/share/fish/vendor_completions.d/alkblobfs.fish
 	install -d $(DESTDIR)$(PREFIX)/lib/systemd/system
 	sed 's|/usr/local/bin/alkblobfs|$(PREFIX)/bin/alkblobfs|' contrib/systemd/alkblobfs@.service > $(DESTDIR)$(PREFIX)/lib/systemd/system/alkblobfs@.service
+
+# deb builds DEBOUT/alkblobfs_VERSION_ARCH.deb (bin/) with nfpm from what
+# install stages under DEBROOT for PREFIX=/usr: /usr/bin/alkblobfs, the
+# helper /sbin/mount.fuse.alkblobfs, man pages, completions and the systemd
+# unit; it depends on fuse3 alone. nfpm runs with go run at a pinned
+# version (checked against sum.golang.org), so that the packager's own
+# dependencies stay out of the filesystem's go.mod; the first run
+# downloads and compiles it (about 30 s).
+NFPM        ?= $(GO) run github.com/goreleaser/nfpm/v2/cmd/nfpm@v2.45.2
+DEBROOT     ?= bin/debroot
+DEBOUT      ?= bin
+DEB_VERSION ?= 0~git$(shell git log -1 --format=%cd.%h --date=format:%Y%m%d 2>/dev/null || echo 0)
+deb:
+	rm -rf $(DEBROOT)
+	$(MAKE) --no-print-directory install DESTDIR=$(abspath $(DEBROOT)) PREFIX=/usr
+	@mkdir -p $(DEBOUT)
+	DEB_ROOT=$(abspath $(DEBROOT)) DEB_VERSION='$(DEB_VERSION)' DEB_ARCH=$$($(GO) env GOARCH) \
+		$(NFPM) package --config packaging/nfpm.yaml --packager deb --target $(DEBOUT)/
 
 clean:
 	rm -rf bin

@@ -35,6 +35,7 @@ var (
 	_ = (fs.NodeGetattrer)((*ctlFile)(nil))
 	_ = (fs.NodeSetattrer)((*ctlFile)(nil))
 	_ = (fs.NodeOpener)((*ctlFile)(nil))
+	_ = (fs.FileReleaser)((*ctlHandle)(nil))
 	_ = (fs.FileReader)((*ctlHandle)(nil))
 	_ = (fs.FileWriter)((*ctlHandle)(nil))
 )
@@ -141,7 +142,14 @@ func (c *ctlFile) Open(ctx context.Context, flags uint32) (fs.FileHandle, uint32
 	if flags&syscall.O_ACCMODE != syscall.O_RDONLY && !c.writable() {
 		return nil, 0, c.fsys.errno("open", blob.Digest{}, errReadOnly)
 	}
+	c.fsys.stats.controlHandles.Add(1)
 	return &ctlHandle{c: c}, fuse.FOPEN_DIRECT_IO, 0
+}
+
+// Release: the lazy-detach warning counts the open control files.
+func (h *ctlHandle) Release(ctx context.Context) syscall.Errno {
+	h.c.fsys.stats.controlHandles.Add(-1)
+	return 0
 }
 
 type ctlHandle struct {

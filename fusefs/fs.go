@@ -122,6 +122,9 @@ type Config struct {
 	// findmnt, df): mount(8) compares it with an fstab line's to tell
 	// whether that line is mounted. "" shows "alkblobfs".
 	Source string
+	// Data is the store's data directory, if it has one: the "mounted"
+	// log line names it.
+	Data   string
 	Logger *slog.Logger
 	// Observe, if set, is told how long each FUSE request took, by
 	// operation ("lookup", "read", "flush", …): the metrics' latency
@@ -207,6 +210,7 @@ type FS struct {
 
 type counters struct {
 	opens, ptOpens, cachedOpens, openHandles atomic.Int64
+	controlHandles                           atomic.Int64 // open control files (.alkblobfs/*)
 	reads, bytesRead                         atomic.Int64
 	writes, bytesWritten                     atomic.Int64
 	publishes, publishFailures, superseded   atomic.Int64

@@ -140,7 +140,7 @@ func Mount(dir string, cfg Config) (*Server, error) {
 	if !f.ptAvailable.Load() {
 		pt = "off: " + f.ptReason.Load().(string)
 	}
-	f.log.Info("mounted", "mountpoint", abs, "verify", string(f.cfg.Verify), "passthrough", pt,
+	f.log.Info("mounted", "mountpoint", abs, "data", f.cfg.Data, "source", cmp.Or(f.cfg.Source, "alkblobfs"), "verify", string(f.cfg.Verify), "passthrough", pt,
 		"sweep_every", f.cfg.SweepEvery, "scrub_every", f.cfg.ScrubEvery, "receipt_ttl", f.cfg.ReceiptTTL)
 	go func() {
 		server.Wait()
@@ -190,7 +190,8 @@ func (m *Server) Unmount() error {
 		default:
 		}
 		m.fs.log.Warn("mount busy; detaching lazily: the mountpoint is free now and open files are served until closed",
-			"mountpoint", m.dir, "open_handles", m.fs.stats.openHandles.Load(), "err", err)
+			"mountpoint", m.dir, "open_handles", m.fs.stats.openHandles.Load(),
+			"open_control_files", m.fs.stats.controlHandles.Load(), "err", err)
 		if derr := detach(m.dir); derr != nil {
 			return fmt.Errorf("unmount %s: %v; lazy unmount: %w", m.dir, err, derr)
 		}

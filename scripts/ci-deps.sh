@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # ci-deps.sh installs the Debian packages that the test suite calls:
-# rsync, fuse3, attr, bindfs, psmisc, man-db (the man page test), strace (counts the xattr calls of ls -l), e2fsprogs (mkfs.ext4 and filefrag, for
+# rsync, fuse3, attr, bindfs, psmisc, man-db (the man page test), bash-completion, strace (counts the xattr calls of ls -l), e2fsprogs (mkfs.ext4 and filefrag, for
 # the loop-mounted filesystems of the bit-rot and power-loss tests, with
 # util-linux's mount and losetup) and the PostgreSQL server binaries.
 #
@@ -27,6 +27,9 @@ want mkfs.ext4 e2fsprogs
 want filefrag e2fsprogs
 want losetup mount
 want curl curl
+# The package test (TestDebPackage) completes through bash-completion, which
+# is what loads /usr/share/bash-completion/completions; it has no command.
+[[ -f /usr/share/bash-completion/bash_completion ]] || need+=(bash-completion)
 
 # Debian keeps the server binaries off PATH, in /usr/lib/postgresql/N/bin.
 pg_bindir() {

@@ -169,7 +169,7 @@ func (s *Store) putSmall(ctx context.Context, b []byte, want *Digest, o putOptio
 		return err
 	})
 	if err != nil {
-		return Digest{}, nil, blob.Wrap("put", s.kv.Name(), d, err)
+		return Digest{}, nil, putErr(s.kv.Name(), d, err)
 	}
 	if !inserted {
 		// A dedup: unless the stored copy is known corrupt, in which case
@@ -181,7 +181,7 @@ func (s *Store) putSmall(ctx context.Context, b []byte, want *Digest, o putOptio
 		}
 		if err != nil {
 			pin.Release()
-			return Digest{}, nil, blob.Wrap("put", s.kv.Name(), d, err)
+			return Digest{}, nil, putErr(s.kv.Name(), d, err)
 		}
 	}
 	s.count(inserted, int64(len(b)))
@@ -358,4 +358,14 @@ func fill(r io.Reader, p []byte) (int, error) {
 		}
 	}
 	return n, nil
+}
+
+// putErr is err as the put of d on engine, wrapped once: an engine that
+// already named the put (sqlite's "put sqlite:… DIGEST: …") is not named
+// again.
+func putErr(engine string, d Digest, err error) error {
+	if be, ok := errors.AsType[*blob.Error](err); ok && be.Op == "put" && be.Engine == engine && be.Digest == d {
+		return err
+	}
+	return blob.Wrap("put", engine, d, err)
 }

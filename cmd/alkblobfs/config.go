@@ -63,7 +63,17 @@ func (a *app) open(cmd *cobra.Command) (*store.Store, error) {
 // registerSources).
 func (a *app) openNS(cmd *cobra.Command) (*store.Store, *namespaces.Service, error) {
 	st, _, svc, err := a.openStore(cmd)
+	if err == nil {
+		a.noteMem()
+	}
 	return st, svc, err
+}
+
+// noteMem tells, at info, that a mem: engine forgets at exit.
+func (a *app) noteMem() {
+	if a.memEngine {
+		a.log.Info("a mem: engine keeps blobs only until this command exits")
+	}
 }
 
 // openStore is openNS that also returns the configuration the store was
@@ -188,6 +198,11 @@ func (a *app) storeConfig(cmd *cobra.Command) (store.Config, error) {
 		if largeURL == "" {
 			largeURL = "local:" + filepath.Join(a.data, "large")
 		}
+		// A regular file is not a directory, whoever asks (access(2) would
+		// say EACCES to root, for want of an x bit).
+		if fi, err := os.Stat(a.data); err == nil && !fi.IsDir() {
+			return cfg, fmt.Errorf("data directory %s (%s): %w", a.data, a.dataSource(cmd), unix.ENOTDIR)
+		}
 		if err := unix.Access(a.data, unix.R_OK|unix.X_OK); err != nil && !errors.Is(err, unix.ENOENT) {
 			return cfg, fmt.Errorf("data directory %s (%s): %w", a.data, a.dataSource(cmd), err)
 		}
@@ -239,9 +254,9 @@ func (a *app) storeConfig(cmd *cobra.Command) (store.Config, error) {
 	if large == nil && strings.HasPrefix(kvURL, "mem:") {
 		cfg.Mode = store.ModeMemOnly
 	}
-	if strings.HasPrefix(kvURL, "mem:") || strings.HasPrefix(largeURL, "mem:") {
-		a.log.Info("a mem: engine keeps blobs only until this command exits")
-	}
+	// Said once the store is open and the command goes ahead (noteMem):
+	// a refusal is one line.
+	a.memEngine = strings.HasPrefix(kvURL, "mem:") || strings.HasPrefix(largeURL, "mem:")
 	return cfg, nil
 }
 

@@ -124,6 +124,7 @@ func TestFstabMount(t *testing.T) {
 // for the test's duration (mount(8) looks for helpers only in /sbin).
 func installHelper(t *testing.T) {
 	t.Helper()
+	helperLock(t) // not while TestDebPackage has installed the package's
 	link := "/sbin/" + helperName
 	if target, err := os.Readlink(link); err == nil && target != bin {
 		t.Fatalf("%s exists (-> %s): not replacing an installed helper", link, target)

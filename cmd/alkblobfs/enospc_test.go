@@ -99,6 +99,12 @@ func diskFull(t *testing.T, c *cli, fsdir string) {
 	if got := lines(c.ok("ls", "ns")); len(got) != 0 {
 		t.Fatalf("a failed copy published %v", got)
 	}
+	// The CLI's error names the put once (issue 29: "put sqlite:… D: put
+	// sqlite:… D: no space left in the store").
+	r := c.run(nil, "put", small)
+	if r.code != 1 || strings.Count(r.stderr, smallD) != 1 || strings.Count(r.stderr, "put ") != 1 || !strings.Contains(r.stderr, "no space left") {
+		t.Fatalf("put into a full store: exit %d, stderr %q; want exit 1 naming the put of %s once", r.code, r.stderr, smallD)
+	}
 
 	if err := os.Remove(filler); err != nil {
 		t.Fatal(err)

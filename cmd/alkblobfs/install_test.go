@@ -17,8 +17,13 @@ func TestMakeInstall(t *testing.T) {
 	dest, out := t.TempDir(), t.TempDir()
 	cmd := exec.Command("make", "-s", "-C", "../..", "install", "DESTDIR="+dest, "PREFIX=/usr/local",
 		"BIN="+filepath.Join(out, "alkblobfs"), "MANOUT="+filepath.Join(out, "man"))
-	if b, err := cmd.CombinedOutput(); err != nil {
+	b, err := cmd.CombinedOutput()
+	if err != nil {
 		t.Fatalf("make install: %v\n%s", err, b)
+	}
+	// A build on a cold cache is silent for minutes: make says what it does.
+	if want := "building " + filepath.Join(out, "alkblobfs") + " (the first build downloads and compiles the dependencies"; !strings.HasPrefix(string(b), want) {
+		t.Errorf("make -s install begins %q; want %q", b, want)
 	}
 	at := func(p string) string { return filepath.Join(dest, p) }
 	if fi, err := os.Stat(at("/usr/local/bin/alkblobfs")); err != nil || fi.Mode().Perm() != 0o755 {

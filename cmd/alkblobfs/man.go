@@ -28,13 +28,36 @@ func newManCmd(root *cobra.Command) *cobra.Command {
 			}
 			// A fixed date: the pages are reproducible from the source.
 			date := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
-			if err := doc.GenManTree(root, &doc.GenManHeader{Title: "ALKBLOBFS", Section: "1", Date: &date,
+			if err := manTree(root, &doc.GenManHeader{Title: "ALKBLOBFS", Section: "1", Date: &date,
 				Source: "alkblobfs " + versionString(), Manual: "alkblobfs manual"}, dir); err != nil {
 				return err
 			}
 			return os.WriteFile(filepath.Join(dir, helperName+".8"), helperManPage(), 0o644)
 		},
 	}
+}
+
+// manTree is doc.GenManTree with each command's own --log-level default.
+func manTree(cmd *cobra.Command, header *doc.GenManHeader, dir string) error {
+	for _, c := range cmd.Commands() {
+		if !c.IsAvailableCommand() || c.IsAdditionalHelpTopicCommand() {
+			continue
+		}
+		if err := manTree(c, header, dir); err != nil {
+			return err
+		}
+	}
+	f, err := os.Create(filepath.Join(dir, strings.ReplaceAll(cmd.CommandPath(), " ", "-")+"."+header.Section))
+	if err != nil {
+		return err
+	}
+	defer f.Close()
+	defer withLogDefault(cmd)()
+	h := *header
+	if err := doc.GenMan(cmd, &h, f); err != nil {
+		return err
+	}
+	return f.Close()
 }
 
 // helperManPage is mount.fuse.alkblobfs(8), in roff.

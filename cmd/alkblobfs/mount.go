@@ -38,8 +38,9 @@ func newMountCmd(a *app) *cobra.Command {
 		source     string
 	)
 	cmd := &cobra.Command{
-		Use:   "mount MOUNTPOINT",
-		Short: "Mount the store as a filesystem (runs in the foreground)",
+		Use:         "mount MOUNTPOINT",
+		Annotations: logDefault,
+		Short:       "Mount the store as a filesystem (runs in the foreground)",
 		Long: `mount serves the store at MOUNTPOINT until interrupted (SIGINT, SIGTERM) or
 until someone runs umount on it.
 
@@ -127,7 +128,7 @@ As root the mount uses mount(2) directly; otherwise fusermount3.`,
 			}
 			defer func() { child.failed(err) }()
 			// A daemon says what it is doing: info unless asked otherwise
-			// (debug with --debug, which logs at debug level).
+			// (commandLogLevel), debug with --debug.
 			out := a.stderr
 			if logFile != "" && child == nil {
 				lf, err := os.OpenFile(logFile, os.O_WRONLY|os.O_CREATE|os.O_APPEND, 0o600)
@@ -138,15 +139,14 @@ As root the mount uses mount(2) directly; otherwise fusermount3.`,
 				out = lf
 			}
 			lg := a.log
-			if f := cmd.Flag("log-level"); f == nil || !f.Changed || out != a.stderr {
-				lvl := slog.LevelInfo
+			if debug || out != a.stderr {
+				lvl := slog.Level(a.logLevel)
 				if debug {
 					lvl = slog.LevelDebug
-				} else if f != nil && f.Changed {
-					lvl = slog.Level(a.logLevel)
 				}
 				lg = slog.New(slog.NewTextHandler(out, &slog.HandlerOptions{Level: lvl}))
 			}
+			a.log = lg // the store and engines log where the mount does
 			defer paceHeap(uint64(heapTarget))()
 			if cpuProfile != "" {
 				stop, err := startCPUProfile(cpuProfile)
@@ -185,6 +185,10 @@ As root the mount uses mount(2) directly; otherwise fusermount3.`,
 				metrics = ops.NewMetrics(st)
 				observe = metrics.ObserveFUSE
 			}
+			dataDir := "" // the "mounted" log line names it
+			if a.data != "" {
+				dataDir = resolvePath(a.data)
+			}
 			srv, err := fusefs.Mount(args[0], fusefs.Config{
 				Store:         st,
 				Namespaces:    svc.Registry,
@@ -200,6 +204,7 @@ As root the mount uses mount(2) directly; otherwise fusermount3.`,
 				ReadOnly:      ro,
 				NonEmpty:      nonEmpty,
 				Source:        a.mountSource(st, source),
+				Data:          dataDir,
 				Logger:        lg,
 				Observe:       observe,
 			})

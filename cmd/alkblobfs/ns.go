@@ -122,7 +122,7 @@ it were removed.`,
 					return fmt.Errorf("%w; unlink its blobs first: alkblobfs ls %s | xargs alkblobfs unlink %s", err, name, name)
 				}
 				if errors.Is(err, namespaces.ErrNotFound) {
-					return noNamespace(name)
+					return noNamespaceToRemove(name)
 				}
 				if err != nil {
 					return err

@@ -50,7 +50,7 @@ func TestNamespaceLifecycle(t *testing.T) {
 	}
 	c.ok("unlink", "a", d)
 	c.ok("ns", "rm", "a")
-	c.fail(1, noNamespace("a").Error(), "ns", "rm", "a")
+	c.fail(1, noNamespaceToRemove("a").Error(), "ns", "rm", "a")
 	c.fail(1, noNamespace("a").Error(), "ls", "a")
 	if got := lines(c.ok("ns", "ls")); !slices.Equal(got, []string{"b"}) {
 		t.Fatalf("ns ls after rm = %q", got)

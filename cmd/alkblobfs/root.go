@@ -44,6 +44,8 @@ type app struct {
 	// inData: storeConfig put a tier in the data directory (a mount then
 	// shows it as its source).
 	inData bool
+	// memEngine: storeConfig chose a mem: engine (noteMem says so).
+	memEngine bool
 
 	log *slog.Logger
 }
@@ -93,6 +95,9 @@ Commands: %s
 			if err := flagsFromEnv(cmd); err != nil {
 				return usage(cmd, err)
 			}
+			if err := a.commandLogLevel(cmd); err != nil {
+				return err
+			}
 			a.log = slog.New(slog.NewTextHandler(a.stderr, &slog.HandlerOptions{Level: slog.Level(a.logLevel)}))
 			if a.remote != "" && cmd.Annotations[annRemote] == "" {
 				return usagef(cmd, "%s works on a store, not through --remote (put, get, cat and have do)", cmd.CommandPath())
@@ -108,6 +113,12 @@ Commands: %s
 	root.SetOut(a.stdout)
 	root.SetErr(a.stderr)
 	root.SetFlagErrorFunc(func(cmd *cobra.Command, err error) error { return usage(cmd, err) })
+	// Each command's help shows its own --log-level default.
+	help := root.HelpFunc()
+	root.SetHelpFunc(func(cmd *cobra.Command, args []string) {
+		defer withLogDefault(cmd)()
+		help(cmd, args)
+	})
 
 	f := root.PersistentFlags()
 	f.StringVar(&a.data, "data", defaultDataDir(), "data directory of the default engines")
@@ -122,7 +133,7 @@ Commands: %s
 	f.BoolVar(&a.fleet, "fleet", false, "declare that several hosts share this PostgreSQL pool (checked: see 'Fleet mode' in the README)")
 	f.StringArrayVar(&a.tables, "liveness-table", nil, "a table in the kv engine's database whose digest column keeps blobs alive (repeatable; TABLE or SCHEMA.TABLE)")
 	f.BoolVar(&a.shared, "shared-media", false, "with --fleet: the local large tier is on storage every host mounts at the same path")
-	f.Var(&a.logLevel, "log-level", "log level on stderr: debug, info, warn or error")
+	f.Var(&a.logLevel, "log-level", "log level on stderr (and mount's --log-file): debug, info, warn or error")
 	f.StringVar(&a.remote, "remote", "", "send put, get, cat and have to the alkblobfs HTTP server at this `URL` (unix:PATH, or http://HOST:PORT) instead of opening a store")
 	a.cache.register(f)
 	f.StringVar(&a.tokenFile, "auth-token-file", "", "token file (mode 0600): serve and mount --listen HOST:PORT accept its tokens, one a line (TOKEN USER [namespaces=NS,...] [verbs=...]); --remote sends the first token of `FILE`")
@@ -183,6 +194,43 @@ func (s *sizeValue) Set(v string) error {
 	}
 	*s = sizeValue(n)
 	return nil
+}
+
+// annLogLevel gives a command its own --log-level default (mount and
+// serve log at info, as daemons do; every other command at warn).
+const annLogLevel = "alkblobfs.log-level"
+
+// logDefault is the level that the command logs at without --log-level
+// or ALKBLOBFS_LOG_LEVEL.
+var logDefault = map[string]string{annLogLevel: "info"}
+
+// commandLogLevel sets the command's own default level unless the user
+// chose one.
+func (a *app) commandLogLevel(cmd *cobra.Command) error {
+	def := cmd.Annotations[annLogLevel]
+	if def == "" {
+		return nil
+	}
+	if f := cmd.Flag("log-level"); f == nil || f.Changed {
+		return nil
+	}
+	if _, ok := os.LookupEnv(envName("log-level")); ok {
+		return nil
+	}
+	return a.logLevel.Set(def)
+}
+
+// withLogDefault makes --log-level show cmd's own default in its help and
+// man page, until the returned function restores it.
+func withLogDefault(cmd *cobra.Command) func() {
+	f := cmd.Flag("log-level")
+	def := cmd.Annotations[annLogLevel]
+	if f == nil || def == "" {
+		return func() {}
+	}
+	old := f.DefValue
+	f.DefValue = def
+	return func() { f.DefValue = old }
 }
 
 // levelValue is a slog level flag.

@@ -65,8 +65,9 @@ func newServeCmd(a *app) *cobra.Command {
 		sched    upkeepFlags
 	)
 	cmd := &cobra.Command{
-		Use:   "serve [--listen ADDR]",
-		Short: "Serve the store over HTTP: remote puts with pin tokens, reads, metrics",
+		Use:         "serve [--listen ADDR]",
+		Annotations: logDefault,
+		Short:       "Serve the store over HTTP: remote puts with pin tokens, reads, metrics",
 		Long: `serve answers HTTP requests for the store at --listen (default ` + defaultListen + `)
 until interrupted (SIGINT, SIGTERM):
 
@@ -107,10 +108,7 @@ counters added to the metrics.`,
 				return err
 			}
 			defer st.Close()
-			lg := a.log
-			if f := cmd.Flag("log-level"); f == nil || !f.Changed {
-				lg = slog.New(slog.NewTextHandler(a.stderr, &slog.HandlerOptions{Level: slog.LevelInfo}))
-			}
+			lg := a.log // at info unless asked otherwise (commandLogLevel)
 			u, err := upkeep.New(upkeep.Config{
 				Store: st, Logger: lg, SweepEvery: sched.sweepEvery, ReadOnly: st.ReadOnly(),
 				ScrubEvery: sched.scrubEvery, ScrubRate: rate,

@@ -101,6 +101,7 @@ func (a *app) openNamespaces(cmd *cobra.Command) (*store.Store, *namespaces.Serv
 		st.Close()
 		return nil, nil, usagef(cmd, "this store keeps no namespaces: %s", why)
 	}
+	a.noteMem()
 	return st, svc, nil
 }
 
@@ -135,11 +136,21 @@ func mustExist(ctx context.Context, svc *namespaces.Service, name string) error 
 
 // noNamespace says that namespace name does not exist, in the user's
 // words, with the command that creates it. It is namespaces.ErrNotFound.
-func noNamespace(name string) error { return &noNamespaceError{name} }
+func noNamespace(name string) error { return &noNamespaceError{name: name} }
 
-type noNamespaceError struct{ name string }
+// noNamespaceToRemove is noNamespace for ns rm, which has nothing to do:
+// no hint to create what the user meant to remove.
+func noNamespaceToRemove(name string) error { return &noNamespaceError{name: name, rm: true} }
+
+type noNamespaceError struct {
+	name string
+	rm   bool
+}
 
 func (e *noNamespaceError) Error() string {
+	if e.rm {
+		return fmt.Sprintf("namespace %q does not exist (nothing to remove)", e.name)
+	}
 	return fmt.Sprintf("namespace %q does not exist (create it with 'alkblobfs ns create %s')", e.name, e.name)
 }
 

@@ -87,7 +87,13 @@ func (e *Engine) PutTx(ctx context.Context, d blob.Digest, value []byte, also fu
 		panic(j.panic)
 	}
 	if j.err != nil {
-		return false, e.wrapD("put", d, j.err)
+		err := j.err
+		// The group's error names the put and the engine, for all its
+		// puts; this one adds the digest, and says the rest once.
+		if be, ok := err.(*blob.Error); ok && be.Op == "put" && be.Engine == e.name && be.Digest.IsZero() {
+			err = be.Err
+		}
+		return false, e.wrapD("put", d, err)
 	}
 	return j.inserted, nil
 }
