@@ -130,7 +130,7 @@ Commands: %s
 	f.Var(&a.uploadMem, "upload-memory", "most memory all files being written into incoming/ keep together before they spill to disk")
 	f.DurationVar(&a.gcWindow, "gc-window", 0, "delay between a sweep staging a dead blob and deleting it")
 	f.DurationVar(&a.pinTTL, "pin-ttl", gc.DefaultPinTTL, "life of a pin row that its process stops renewing (renewed every third of it)")
-	f.BoolVar(&a.fleet, "fleet", false, "declare that several hosts share this PostgreSQL pool (checked: see 'Fleet mode' in the README)")
+	f.BoolVar(&a.fleet, "fleet", false, "declare that several hosts share this PostgreSQL pool (checked: see 'Fleet mode' in docs/cli.md)")
 	f.StringArrayVar(&a.tables, "liveness-table", nil, "a table in the kv engine's database whose digest column keeps blobs alive (repeatable; TABLE or SCHEMA.TABLE)")
 	f.BoolVar(&a.shared, "shared-media", false, "with --fleet: the local large tier is on storage every host mounts at the same path")
 	f.Var(&a.logLevel, "log-level", "log level on stderr (and mount's --log-file): debug, info, warn or error")
