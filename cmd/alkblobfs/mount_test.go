@@ -472,7 +472,8 @@ func TestKilledMountPinsExpire(t *testing.T) {
 	t.Logf("collected %s after the kill (pin TTL 2s)", took.Round(100*time.Millisecond))
 }
 
-// TestUmount: umount unmounts (the daemon exits 0); --force frees the
+// TestUmount: umount with a file open fails and changes nothing; without,
+// it unmounts (the daemon exits 0); --force frees the
 // mountpoint of a daemon that cannot answer (stopped here), aborting its
 // connection; a directory that is not a mountpoint is an error.
 func TestUmount(t *testing.T) {
@@ -480,6 +481,16 @@ func TestUmount(t *testing.T) {
 	c := newCLI(t)
 	mnt := t.TempDir()
 	dm := startDaemon(t, c.data, mnt)
+	// With a file open it fails (exit 1) and changes nothing.
+	held, err := os.Open(filepath.Join(mnt, ".alkblobfs", "stats"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	c.fail(1, "busy", "umount", mnt)
+	if _, err := os.Stat(filepath.Join(mnt, ".alkblobfs", "stats")); err != nil {
+		t.Fatalf("the mount after a refused umount: %v", err)
+	}
+	held.Close()
 	c.ok("umount", mnt)
 	if code := dm.wait(20 * time.Second); code != 0 {
 		t.Fatalf("daemon exit %d after umount:\n%s", code, dm.stderr.String())
