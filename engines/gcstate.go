@@ -3,6 +3,7 @@ package engines
 import (
 	"context"
 	"database/sql"
+	"fmt"
 	"time"
 
 	"github.com/alkblobfs/alkblobfs/blob"
@@ -147,4 +148,45 @@ type CorruptMark struct {
 	File   []byte // the store's file identity; empty: not a file
 	Reason string
 	Marked time.Time // on the engine's row clock
+}
+
+// CorruptMarksSQL is the query a SQL CorruptLedger lists its marks with;
+// ScanCorruptMarks reads its rows.
+const CorruptMarksSQL = `SELECT digest, file, reason, marked FROM gc_corrupt ORDER BY digest`
+
+// Rows is what ScanCorruptMarks reads: database/sql's rows and pgx's both.
+type Rows interface {
+	Next() bool
+	Scan(dest ...any) error
+	Err() error
+}
+
+// ScanCorruptMarks reads the rows of CorruptMarksSQL (marked in unix
+// nanoseconds of the engine's row clock).
+func ScanCorruptMarks(rows Rows) ([]CorruptMark, error) {
+	var out []CorruptMark
+	for rows.Next() {
+		var m CorruptMark
+		var key []byte
+		var marked int64
+		if err := rows.Scan(&key, &m.File, &m.Reason, &marked); err != nil {
+			return nil, err
+		}
+		if len(key) != len(m.Digest) {
+			return nil, fmt.Errorf("a digest of %d bytes in gc_corrupt", len(key))
+		}
+		copy(m.Digest[:], key)
+		m.Marked = time.Unix(0, marked)
+		out = append(out, m)
+	}
+	return out, rows.Err()
+}
+
+// NonNil binds an empty byte slice (an empty file identity) as the empty
+// blob or bytea, never NULL.
+func NonNil(b []byte) []byte {
+	if b == nil {
+		return []byte{}
+	}
+	return b
 }

@@ -48,7 +48,7 @@ func (e *Engine) MarkCorrupt(ctx context.Context, d blob.Digest, file []byte, re
 	}
 	_, err := e.db.ExecContext(ctx, `INSERT INTO gc_corrupt (digest, file, reason, marked) VALUES (?, ?, ?, ?)
 		ON CONFLICT (digest) DO UPDATE SET file = excluded.file, reason = excluded.reason, marked = excluded.marked`,
-		d[:], nonNil(file), reason, e.clock.now())
+		d[:], engines.NonNil(file), reason, e.clock.now())
 	return e.wrapD("mark corrupt", d, err)
 }
 
@@ -75,7 +75,7 @@ func (e *Engine) ClearCorrupt(ctx context.Context, d blob.Digest, file []byte) (
 	if e.noLedger {
 		return false, nil
 	}
-	res, err := e.db.ExecContext(ctx, `DELETE FROM gc_corrupt WHERE digest = ? AND file = ?`, d[:], nonNil(file))
+	res, err := e.db.ExecContext(ctx, `DELETE FROM gc_corrupt WHERE digest = ? AND file = ?`, d[:], engines.NonNil(file))
 	if err != nil {
 		return false, e.wrapD("clear corrupt", d, err)
 	}
@@ -88,33 +88,11 @@ func (e *Engine) CorruptMarks(ctx context.Context) ([]engines.CorruptMark, error
 	if e.noLedger {
 		return nil, nil
 	}
-	rows, err := e.db.QueryContext(ctx, `SELECT digest, file, reason, marked FROM gc_corrupt ORDER BY digest`)
+	rows, err := e.db.QueryContext(ctx, engines.CorruptMarksSQL)
 	if err != nil {
 		return nil, e.wrap("corrupt marks", err)
 	}
 	defer rows.Close()
-	var out []engines.CorruptMark
-	for rows.Next() {
-		var m engines.CorruptMark
-		var key []byte
-		var marked int64
-		if err := rows.Scan(&key, &m.File, &m.Reason, &marked); err != nil {
-			return nil, e.wrap("corrupt marks", err)
-		}
-		if len(key) != len(m.Digest) {
-			return nil, e.wrap("corrupt marks", fmt.Errorf("a digest of %d bytes in gc_corrupt", len(key)))
-		}
-		copy(m.Digest[:], key)
-		m.Marked = time.Unix(0, marked)
-		out = append(out, m)
-	}
-	return out, e.wrap("corrupt marks", rows.Err())
-}
-
-// nonNil binds an empty identity as the empty blob, not NULL.
-func nonNil(b []byte) []byte {
-	if b == nil {
-		return []byte{}
-	}
-	return b
+	marks, err := engines.ScanCorruptMarks(rows)
+	return marks, e.wrap("corrupt marks", err)
 }
