@@ -71,3 +71,55 @@ rec() {
 
 # ddread FILE reads FILE through in 1 MiB reads.
 ddread() { dd if="$1" of=/dev/null bs=1M; }
+
+# rotation N R REPS prints the order (indices 0..N-1, space-separated) in
+# which N systems run in repetition R of REPS: a row of a balanced Latin
+# square (Williams design: the first row 0, 1, N-1, 2, N-2, ..., each next
+# row adds 1 modulo N; for odd N the reversed rows follow). With REPS at
+# least the square's rows (N, or 2N for odd N) every system takes every
+# position, and follows every other system, equally often; with fewer
+# repetitions they take rows spread evenly over the square, so no system
+# keeps its place or its predecessor from one repetition to the next.
+rotation() {
+	awk -v n="$1" -v r="$2" -v reps="$3" 'BEGIN {
+		rows = n % 2 ? 2 * n : n
+		k = reps >= rows ? (r - 1) % rows : int((r - 1) * rows / reps)
+		for (i = 0; i < n; i++) w[i] = i % 2 ? (i + 1) / 2 : (n - i / 2) % n
+		for (i = 0; i < n; i++) {
+			j = k < n ? i : n - 1 - i
+			printf "%s%d", (i ? " " : ""), (w[j] + k) % n
+		}
+		print ""
+	}'
+}
+
+# descendants PID prints PID and the ids of all its descendants, one a
+# line (a juicefs mount serves from a child of the process started).
+descendants() {
+	local c
+	echo "$1"
+	for c in $(cat /proc/"$1"/task/*/children 2>/dev/null); do descendants "$c"; done
+}
+
+# cputicks PID prints the CPU time that PID and its descendants have used so
+# far (utime + stime of all their threads, /proc/PID/stat), in clock ticks
+# (getconf CLK_TCK a second).
+cputicks() {
+	local p t=0 v
+	for p in $(descendants "$1"); do
+		v=$(awk '{ sub(/^.*\) /, ""); print $12 + $13 }' "/proc/$p/stat" 2>/dev/null) || continue
+		t=$((t + v))
+	done
+	echo "$t"
+}
+
+# peakrss PID prints the largest peak resident set size (VmHWM) in KiB of
+# PID and its descendants: that of the process that serves.
+peakrss() {
+	local p m=0 v
+	for p in $(descendants "$1"); do
+		v=$(awk '/^VmHWM:/ { print $2 }' "/proc/$p/status" 2>/dev/null) || continue
+		((${v:-0} > m)) && m=$v
+	done
+	echo "$m"
+}
