@@ -62,11 +62,18 @@ secs() {
 	awk -v a="$t0" -v b="$t1" 'BEGIN { printf "%.4f\n", (b - a) / 1e9 }'
 }
 
-# rec WORKLOAD SYSTEM SECONDS keeps one repetition's figure in $results
-# (tab-separated) and prints it.
+# rec WORKLOAD SYSTEM SECONDS [CPU [FILES]] keeps one repetition's figure
+# in $results (tab-separated) and prints it; CPU is the daemon's CPU
+# seconds over it, FILES the number of files it wrote (for CPU per file).
 rec() {
-	printf '%s\t%s\t%s\n' "$1" "$2" "$3" >>"$results"
-	printf '  %-34s %-28s %8.3f s\n' "$1" "$2" "$3"
+	printf '%s\t%s\t%s\t%s\t%s\n' "$1" "$2" "$3" "${4:-}" "${5:-}" >>"$results"
+	if [[ -z ${4:-} ]]; then
+		printf '  %-38s %-28s %8.3f s\n' "$1" "$2" "$3"
+	elif ((${5:-0} > 0)); then
+		printf '  %-38s %-28s %8.3f s  daemon CPU %.2f s, %.0f us/file\n' "$1" "$2" "$3" "$4" "$(awk -v c="$4" -v f="$5" 'BEGIN { print c * 1e6 / f }')"
+	else
+		printf '  %-38s %-28s %8.3f s  daemon CPU %.2f s\n' "$1" "$2" "$3" "$4"
+	fi
 }
 
 # ddread FILE reads FILE through in 1 MiB reads.
