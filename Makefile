@@ -56,10 +56,14 @@ lint:
 	if [ -n "$$out" ]; then echo "gofmt -l: these files need gofmt -w:"; echo "$$out"; exit 1; fi
 	$(GO) vet ./...
 
-# bench: the mount against the native directory and bindfs over it, side by
-# side in one run: every workload BENCH_REPS (3) times, interleaved across
-# the systems, printed as medians, min, max and ratios, and written to
-# bench-results.json. Needs root and FUSE.
+# bench: the mount against the native directory and FUSE peers over the same
+# filesystem (bindfs; JuiceFS with BENCH_JUICEFS=1, which scripts/juicefs.sh
+# builds into a cache outside the repository), side by side in one run:
+# reads, a large write, small files by cp -r, tar -x, rsync -a and 4 and 16
+# parallel cp -r, and ls -l; every workload BENCH_REPS (3) times in rotated
+# orders, printed as medians, min, max, ratios and the daemons' CPU (per
+# file for small files) and peak RSS, and written to bench-results.json.
+# Needs root and FUSE. BENCH_BASE=COMMIT adds a base build ("before").
 # Quick run: BENCH_SIZE_MB=256 BENCH_SMALL=2000 BENCH_LS=20000 make bench
 # BENCH_S3=1 adds the mount on an S3 large tier beside the local one.
 bench: build

@@ -152,7 +152,7 @@ case $juicefs in
 	else
 		cat "$work/juicefs.err" >&2
 		jfsbin=
-		jfsnote="JuiceFS: skipped, $(grep -m1 '^juicefs.sh: ' "$work/juicefs.err" | sed 's/^juicefs.sh: //' || echo 'scripts/juicefs.sh failed')"
+		jfsnote="JuiceFS: skipped, $(grep -m1 '^juicefs.sh: cannot build' "$work/juicefs.err" | sed 's/^juicefs.sh: //' || echo 'scripts/juicefs.sh failed')"
 		echo "bench.sh: going on without JuiceFS" >&2
 	fi
 	;;
@@ -163,7 +163,7 @@ rssfile=$work/rss
 : >"$rssfile"
 # dpid is the daemon whose CPU the timed command's row gets (none:
 # native), nfiles the files the command writes; functions set them locally.
-dpid= nfiles=0
+dpid='' nfiles=0
 
 # waitmounted MNT PID LOG waits (at most 30 s) until MNT is a mount point,
 # and stops the bench with LOG if PID exits first or the time runs out.
@@ -305,7 +305,7 @@ basehave=
 # the daemon dpid used meanwhile, and stops the bench with CMD's stderr if
 # CMD fails: a listing or read that fails fast must not pass for a fast one.
 timed() {
-	local t c0= c1= cpu=
+	local t c0='' c1='' cpu=''
 	if [[ -n $dpid ]]; then c0=$(cputicks "$dpid"); fi
 	t=$(secs checked "${@:3}")
 	if [[ -e $work/failed ]]; then
@@ -434,12 +434,13 @@ listed() {
 # waitlisted BIN DATA DIGESTS waits until namespace bench lists every
 # digest in DIGESTS, BENCH_LIST_WAIT seconds at most.
 waitlisted() {
-	local want got t0=$SECONDS
+	local want got t0
+	t0=$(date +%s%N)
 	want=$(wc -l <"$3")
 	while :; do
 		got=$(listed "$@")
 		((got == want)) && return 0
-		if ((SECONDS - t0 >= listwait)); then
+		if (($(date +%s%N) - t0 >= listwait * 1000000000)); then
 			echo "after ${listwait} s, namespace bench of $2 lists $got of the $want digests of $(basename "$3" .digests)" >&2
 			return 1
 		fi
@@ -456,7 +457,7 @@ wrote() {
 
 # writeone WORKLOAD SYSTEM: one write row on one system (repetition r).
 writeone() {
-	local lab into dpid= lbin= ldata= nfiles=$small_n src
+	local lab into dpid='' lbin='' ldata='' nfiles=$small_n src
 	case $2 in
 	native) lab=native into=$native ;;
 	bindfs) lab=bindfs into=$work/bindw dpid=$(<"$work/bindw.pid") ;;
@@ -648,7 +649,8 @@ awk -F'\t' -v json="$json" -v basedesc="$basedesc" -v jfsnote="$jfsnote" -v syso
 		for (i = 1; i <= nb; i++) {
 			k = cmp[i]; bk = cmpb[i]
 			split(k, kw, SUBSEP)
-			flag = lo[k] > hi[bk] ? "  slower: ranges apart" : hi[k] < lo[bk] ? "  faster: ranges apart" : ""
+			# one figure a side is no range
+			flag = n[k] < 2 || n[bk] < 2 ? "" : lo[k] > hi[bk] ? "  slower: ranges apart" : hi[k] < lo[bk] ? "  faster: ranges apart" : ""
 			printf "%-38s %-20s %-23s %-23s %7.2f%s\n", kw[1], substr(kw[2], 11), \
 				sprintf("%.3f (%.3f-%.3f)", med[bk], lo[bk], hi[bk]), \
 				sprintf("%.3f (%.3f-%.3f)", med[k], lo[k], hi[k]), (med[bk] > 0 ? med[k] / med[bk] : 0), flag

@@ -39,7 +39,8 @@ mkdir -p "$cache" || fail "cannot create the cache directory $cache"
 cd "$cache"
 echo "juicefs.sh: downloading $mod@$ver from the Go module proxy" >&2
 if ! dl=$(GOFLAGS=-mod=mod go mod download -json "$mod@$ver" 2>&1); then
-	fail "go mod download $mod@$ver failed: $dl"
+	err=$(sed -n 's/^[[:space:]]*"Error": "\(.*\)"$/\1/p' <<<"$dl" | sed 's/\\n\\t/: /g')
+	fail "go mod download $mod@$ver failed: ${err:-$dl}"
 fi
 dir=$(sed -n 's/^[[:space:]]*"Dir": "\(.*\)",$/\1/p' <<<"$dl")
 [[ -n $dir && -f $dir/Makefile ]] || fail "go mod download gave no source directory with a Makefile: $dl"
