@@ -41,9 +41,9 @@
 #
 # Order: in each repetition the systems of a workload run in the order of
 # one row of a balanced Latin square (lib.sh's rotation): with BENCH_REPS
-# at least the number of systems (twice that for an odd number) every
-# system takes every position and follows every other equally often; with
-# fewer the repetitions take rows spread over the square. Before each
+# a multiple of the number of systems (of twice it for an odd number)
+# every system takes every position and follows every other equally
+# often; with fewer the repetitions take rows spread over the square. Before each
 # timed write, sync flushes what earlier runs left dirty and the source is
 # read once, so every system copies from the page cache.
 #

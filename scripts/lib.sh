@@ -82,11 +82,11 @@ ddread() { dd if="$1" of=/dev/null bs=1M; }
 # rotation N R REPS prints the order (indices 0..N-1, space-separated) in
 # which N systems run in repetition R of REPS: a row of a balanced Latin
 # square (Williams design: the first row 0, 1, N-1, 2, N-2, ..., each next
-# row adds 1 modulo N; for odd N the reversed rows follow). With REPS at
-# least the square's rows (N, or 2N for odd N) every system takes every
-# position, and follows every other system, equally often; with fewer
-# repetitions they take rows spread evenly over the square, so no system
-# keeps its place or its predecessor from one repetition to the next.
+# row adds 1 modulo N; for odd N the reversed rows follow). With REPS a
+# multiple of the square's rows (N, or 2N for odd N) every system takes
+# every position, and follows every other system, equally often; with
+# fewer repetitions they take rows spread evenly over the square, so that
+# the systems change places from one repetition to the next.
 rotation() {
 	awk -v n="$1" -v r="$2" -v reps="$3" 'BEGIN {
 		rows = n % 2 ? 2 * n : n
