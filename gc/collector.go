@@ -186,6 +186,7 @@ type Collector struct {
 	stopRenew chan struct{}
 	renewDone chan struct{}
 	lapsed    atomic.Int64
+	strays    atomic.Int64
 	closed    atomic.Bool
 
 	srcMu   sync.Mutex

@@ -224,6 +224,45 @@ func (p *pins) forgetReleased(ds []blob.Digest) []blob.Digest {
 	return held
 }
 
+// strays lists the digests of got (rows of this collector's owner that
+// the database holds) that this process does not know it has a row for,
+// and is not writing one for: a row write that reported failure although
+// it committed. A candidate list only: adoptStrays decides under rowMu.
+func (p *pins) strays(got map[blob.Digest]bool) []blob.Digest {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	var ds []blob.Digest
+	for d := range got {
+		if e := p.m[d]; e == nil || (!e.row && e.writing == nil) {
+			ds = append(ds, d)
+		}
+	}
+	return ds
+}
+
+// adoptStrays settles the stray rows among ds, with no row write in
+// flight (the caller holds rowMu's write side): a digest still held takes
+// its row for its own (adopted); the rows of the others are returned, for
+// the caller to delete (and restoreRows, if that fails).
+func (p *pins) adoptStrays(ds []blob.Digest) (adopted int, drop []blob.Digest) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	for _, d := range ds {
+		switch e := p.m[d]; {
+		case e == nil:
+			drop = append(drop, d)
+		case e.row || e.writing != nil: // committed since strays looked
+		case e.n > 0:
+			e.row = true
+			adopted++
+		default:
+			delete(p.m, d)
+			drop = append(drop, d)
+		}
+	}
+	return adopted, drop
+}
+
 // withRows lists the digests that hold a committed row.
 func (p *pins) withRows() []blob.Digest {
 	p.mu.Lock()
@@ -458,6 +497,7 @@ func (c *Collector) Renew(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
+	c.settleStrays(ctx, got)
 	// Compared digest by digest: rows written since withRows are renewed
 	// too and must not hide a lapse.
 	var lapsed []blob.Digest
@@ -488,6 +528,44 @@ func (c *Collector) Renew(ctx context.Context) error {
 	}
 	return nil
 }
+
+// settleStrays deals with the rows renewal found under this collector's
+// owner that no pin of this process accounts for. A row write whose
+// COMMIT reached the server but whose answer was lost (a connection reset,
+// an op timeout) reports failure: the pin fails, its reference goes, and
+// the process forgets the digest — while the row stays in the database,
+// renewed by every tick (RenewPins renews the owner's rows, not a list),
+// and keeps the blob from every sweep for as long as this process lives.
+// Such a row is dropped here, or taken over if the digest is held again;
+// a drop that fails is retried at the next tick.
+func (c *Collector) settleStrays(ctx context.Context, got map[blob.Digest]bool) {
+	cand := c.pins.strays(got)
+	if len(cand) == 0 {
+		return
+	}
+	c.rowMu.Lock()
+	adopted, drop := c.pins.adoptStrays(cand)
+	err := c.host.DropPins(ctx, c.owner, drop)
+	if err != nil {
+		c.pins.restoreRows(drop) // ours now: released() retries the drop
+	}
+	c.rowMu.Unlock()
+	if adopted+len(drop) == 0 {
+		return
+	}
+	sortDigests(drop)
+	var first string
+	if len(drop) > 0 {
+		first = drop[0].String()
+	}
+	c.strays.Add(int64(adopted + len(drop)))
+	c.log.Warn("pin rows found that no pin of this process accounts for (a row write reported failure but committed); released rows dropped, held ones kept",
+		"owner", c.owner, "dropped", len(drop), "adopted", adopted, "first_dropped", first, "drop_err", err)
+}
+
+// Strays counts the pin rows renewal found that no pin of this process
+// accounted for (see settleStrays).
+func (c *Collector) Strays() int64 { return c.strays.Load() }
 
 // Close stops renewing and deletes this collector's pin rows: nothing it
 // pinned stays protected by it. Pins minted after Close fail. Idempotent.

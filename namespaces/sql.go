@@ -54,6 +54,9 @@ type SQL struct {
 	// noPerm: the ns table has no permission columns (an older store on
 	// read-only media): Perm reports none.
 	noPerm bool
+	// pends, when the engine has it (PostgreSQL), carries the intents of
+	// puts into the put's own batch statement (PendTx).
+	pends pendDeferrer
 	// listen and origin serve Watch on PostgreSQL (watch_postgres.go).
 	listen listener
 	origin string
@@ -239,6 +242,7 @@ func OpenSQL(ctx context.Context, e engines.SQL, clock Clock) (*SQL, error) {
 	}
 	r := &SQL{db: db, dialect: dialect, clock: orWall(clock), q: newQueries(dialect), noPerm: !permCols}
 	r.settles = &settleGroup{db: db}
+	r.pends, _ = e.(pendDeferrer)
 	if dialect == "sqlite" {
 		r.rows = rows
 	}

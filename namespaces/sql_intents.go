@@ -31,6 +31,13 @@ func (r *SQL) Pend(ctx context.Context, name string, d blob.Digest, p Pending) (
 	return i, err
 }
 
+// pendDeferrer is an engine whose puts' transactions can carry an intent
+// in the put's own statement (engines/postgres.Engine.DeferPend): it
+// reports false where tx is not such a transaction.
+type pendDeferrer interface {
+	DeferPend(tx *sql.Tx, id int64, ns string, d blob.Digest, holder string, ttl time.Duration) bool
+}
+
 // PendTx implements TxLinker: the intent commits or rolls back with tx,
 // and so does the removal of the one it replaces.
 func (r *SQL) PendTx(ctx context.Context, tx *sql.Tx, name string, d blob.Digest, p Pending) (Intent, error) {
@@ -39,6 +46,13 @@ func (r *SQL) PendTx(ctx context.Context, tx *sql.Tx, name string, d blob.Digest
 	}
 	if p.Holder == "" {
 		return 0, wrap("pend", name, d, errors.New("an intent needs a holder"))
+	}
+	if p.Replaces == 0 && r.pends != nil {
+		// Carried by the put's batch statement, which fails as a whole
+		// (and runs again with this statement) if the namespace is gone.
+		if i := newIntent(); r.pends.DeferPend(tx, int64(i), name, d, p.Holder, p.TTL) {
+			return i, nil
+		}
 	}
 	if p.Replaces != 0 {
 		if err := r.CancelTx(ctx, tx, p.Replaces); err != nil {

@@ -100,6 +100,27 @@ func (h *skewHost) path(elem ...string) string {
 	return filepath.Join(append([]string{h.mnt}, elem...)...)
 }
 
+// stats reads the host's /.alkblobfs/stats.
+func (h *skewHost) stats(t *testing.T) map[string]any {
+	t.Helper()
+	b, err := os.ReadFile(h.path(".alkblobfs", "stats"))
+	if err != nil {
+		t.Fatalf("stats of %s: %v", h.name, err)
+	}
+	var m map[string]any
+	if err := json.Unmarshal(b, &m); err != nil {
+		t.Fatal(err)
+	}
+	return m
+}
+
+// pinsLapsed is the host's count of pin rows found lapsed at renewal.
+func (h *skewHost) pinsLapsed(t *testing.T) float64 {
+	st, _ := h.stats(t)["store"].(map[string]any)
+	n, _ := st["pins_lapsed"].(float64)
+	return n
+}
+
 // sweep runs a sweep through the host's control file (bounded: the host
 // must answer) and returns the control file's report, and whether that is
 // this sweep's: a sweep aborted because another process held the lease

@@ -5,11 +5,9 @@ package main
 import (
 	"context"
 	"crypto/sha256"
-	"encoding/json"
 	"errors"
 	"io"
 	"math/rand/v2"
-	"net/url"
 	"os"
 	"path/filepath"
 	"strings"
@@ -19,8 +17,6 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
-	"github.com/alkblobfs/alkblobfs/engines/enginetest/faultproxy"
-	"github.com/alkblobfs/alkblobfs/engines/postgres"
 	"github.com/alkblobfs/alkblobfs/engines/postgres/pgtest"
 )
 
@@ -38,75 +34,6 @@ const (
 	// for its first wait, with room for a second and a loaded machine.
 	cutBound = 4 * cutOpWait
 )
-
-// fleetHost is one mount behind its own proxy.
-type fleetHost struct {
-	name  string
-	proxy *faultproxy.Proxy
-	dm    *daemon
-	mnt   string
-}
-
-// cutFlags are the fleet flags of a host reaching dsn through p (nil:
-// straight).
-func cutFlags(t *testing.T, dsn string, p *faultproxy.Proxy) []string {
-	t.Helper()
-	if p != nil {
-		dsn = p.URL(t, dsn)
-	}
-	u, err := url.Parse(dsn)
-	if err != nil {
-		t.Fatal(err)
-	}
-	q := u.Query()
-	q.Set(postgres.OpTimeoutParam, cutOpWait.String())
-	u.RawQuery = q.Encode()
-	return []string{"--kv", u.String(), "--large", "pglo", "--fleet", "--pin-ttl", cutTTL.String()}
-}
-
-func startHost(t *testing.T, name, dsn string) *fleetHost {
-	t.Helper()
-	u, _ := url.Parse(dsn)
-	h := &fleetHost{name: name, proxy: faultproxy.New(t, u.Host), mnt: t.TempDir()}
-	h.dm = startDaemon(t, t.TempDir(), h.mnt, cutFlags(t, dsn, h.proxy)...)
-	return h
-}
-
-// stats reads the host's /.alkblobfs/stats.
-func (h *fleetHost) stats(t *testing.T) map[string]any {
-	t.Helper()
-	b, err := os.ReadFile(filepath.Join(h.mnt, ".alkblobfs", "stats"))
-	if err != nil {
-		t.Fatalf("stats of %s: %v", h.name, err)
-	}
-	var m map[string]any
-	if err := json.Unmarshal(b, &m); err != nil {
-		t.Fatal(err)
-	}
-	return m
-}
-
-func (h *fleetHost) pinsLapsed(t *testing.T) float64 {
-	st, _ := h.stats(t)["store"].(map[string]any)
-	n, _ := st["pins_lapsed"].(float64)
-	return n
-}
-
-// sweep runs a sweep through the host's control file and returns its
-// report.
-func (h *fleetHost) sweep(t *testing.T) map[string]any {
-	t.Helper()
-	sweepVia(t, h.mnt)
-	b, err := os.ReadFile(filepath.Join(h.mnt, ".alkblobfs", "sweep"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	var rep map[string]any
-	if err := json.Unmarshal(b, &rep); err != nil {
-		t.Fatalf("sweep report of %s: %v\n%s", h.name, err, b)
-	}
-	return rep
-}
 
 // boundedErr runs op, which must fail within cutBound, and returns its
 // error and how long it took.
@@ -146,7 +73,7 @@ func boundedErr(t *testing.T, what string, op func() error) error {
 func TestPartitionPinsLapse(t *testing.T) {
 	requireFUSE(t)
 	dsn := pgtest.DSN(t)
-	c := newCLI(t, cutFlags(t, dsn, nil)...)
+	c := newCLI(t, fleetFlags(t, dsn, "pglo", nil)...)
 	c.ok("ns", "create", "p")
 	put := func(n int, seed uint64) (string, []byte) {
 		content := randomBytes(n, seed)
@@ -158,7 +85,7 @@ func TestPartitionPinsLapse(t *testing.T) {
 	}
 	x, xContent := put(4<<20, 1) // pglo: read window by window
 	y, _ := put(1<<20, 2)
-	a, b, cc := startHost(t, "A", dsn), startHost(t, "B", dsn), startHost(t, "C", dsn)
+	a, b, cc := startSkewHost(t, "A", "", dsn, "pglo"), startSkewHost(t, "B", "", dsn, "pglo"), startSkewHost(t, "C", "", dsn, "pglo")
 
 	head := make([]byte, 4096)
 	open := func(d string) *os.File {
@@ -194,7 +121,7 @@ func TestPartitionPinsLapse(t *testing.T) {
 	// part of the TTL left after their last renewal.
 	var deletedAt time.Duration
 	eventually(t, 6*cutTTL+10*time.Second, "B to delete X once A's pins lapsed", func() bool {
-		if rep := b.sweep(t); rep["aborted"] != nil {
+		if rep, _ := b.sweep(t); rep["aborted"] != nil {
 			t.Logf("B's sweep aborted: %v", rep["aborted"])
 		}
 		if !strings.Contains(c.ok("ls"), x) {
@@ -258,7 +185,7 @@ func TestPartitionPinsLapse(t *testing.T) {
 	}
 	fx.Close()
 	fy.Close()
-	for _, h := range []*fleetHost{a, b} {
+	for _, h := range []*skewHost{a, b} {
 		stopDaemon(t, h.dm)
 	}
 }
@@ -276,9 +203,9 @@ func TestPartitionMidClose(t *testing.T) {
 		rounds = 30
 	}
 	dsn := pgtest.DSN(t)
-	c := newCLI(t, cutFlags(t, dsn, nil)...)
+	c := newCLI(t, fleetFlags(t, dsn, "pglo", nil)...)
 	c.ok("ns", "create", "p")
-	a, b := startHost(t, "A", dsn), startHost(t, "B", dsn)
+	a, b := startSkewHost(t, "A", "", dsn, "pglo"), startSkewHost(t, "B", "", dsn, "pglo")
 	db, err := pgx.Connect(t.Context(), dsn)
 	if err != nil {
 		t.Fatal(err)
@@ -359,9 +286,9 @@ func TestKillSweepLeaseHolder(t *testing.T) {
 		n = 50000
 	}
 	dsn := pgtest.DSN(t)
-	c := newCLI(t, cutFlags(t, dsn, nil)...)
+	c := newCLI(t, fleetFlags(t, dsn, "pglo", nil)...)
 	c.ok("ns", "create", "p")
-	a, b := startHost(t, "A", dsn), startHost(t, "B", dsn)
+	a, b := startSkewHost(t, "A", "", dsn, "pglo"), startSkewHost(t, "B", "", dsn, "pglo")
 	db, err := pgx.Connect(t.Context(), dsn)
 	if err != nil {
 		t.Fatal(err)
@@ -405,7 +332,7 @@ func TestKillSweepLeaseHolder(t *testing.T) {
 
 	var rep map[string]any
 	eventually(t, 10*time.Second, "B to take the sweep lease", func() bool {
-		rep = b.sweep(t)
+		rep, _ = b.sweep(t)
 		return rep["aborted"] == nil
 	})
 	t.Logf("B took the lease %s after the kill", time.Since(killed).Round(time.Millisecond))
@@ -421,7 +348,7 @@ func TestKillSweepLeaseHolder(t *testing.T) {
 	if left, w, _ := count(); left != 0 || w != 0 {
 		t.Fatalf("after B's sweep: %d blobs, %d window rows", left, w)
 	}
-	rep = b.sweep(t)
+	rep, _ = b.sweep(t)
 	if rep["deleted"].(float64) != 0 || rep["candidates_queued"].(float64) != 0 {
 		t.Fatalf("the sweep after: %v; want nothing to do", rep)
 	}

@@ -34,9 +34,9 @@ const settleFailed = "could not link a closed file into its namespace; retrying"
 func TestCloseThenSettleCut(t *testing.T) {
 	requireFUSE(t)
 	dsn := pgtest.DSN(t)
-	c := newCLI(t, cutFlags(t, dsn, nil)...)
+	c := newCLI(t, fleetFlags(t, dsn, "pglo", nil)...)
 	c.ok("ns", "create", "p")
-	a := startHost(t, "A", dsn)
+	a := startSkewHost(t, "A", "", dsn, "pglo")
 	for i, size := range []int{3000, 2 << 20} {
 		content := randomBytes(size, uint64(700+i))
 		d := sum(content)

@@ -7,3 +7,7 @@ func QueuedPuts(e *Engine) int {
 	defer e.puts.mu.Unlock()
 	return len(e.puts.queue)
 }
+
+// FastBatches is how many put batches committed as one statement, with no
+// transaction of their own (putfast.go).
+func FastBatches(e *Engine) int64 { return e.puts.fastBatches.Load() }

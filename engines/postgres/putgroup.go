@@ -9,6 +9,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/alkblobfs/alkblobfs/blob"
@@ -51,7 +52,8 @@ import (
 // fails every put of the batch; no caller is told its put committed before
 // the COMMIT returned.
 type putGroup struct {
-	e *Engine
+	e     *Engine
+	probe *sql.DB // see fast
 
 	mu      sync.Mutex
 	queue   []*putJob
@@ -60,6 +62,8 @@ type putGroup struct {
 
 	txMu sync.Mutex
 	txs  map[*sql.Tx]*putBatch
+
+	fastBatches atomic.Int64 // batches committed by fast (tests)
 }
 
 // putRunners is how many batches of one engine run at once, each on a
@@ -86,7 +90,9 @@ func (j *putJob) failed() bool { return j.err != nil || j.panic != nil }
 // putBatch is the state of one batch's transaction: the pin rows its puts
 // asked for (PinRows), written by the batch's last statement.
 type putBatch struct {
-	pins []pinReq
+	pins  []pinReq
+	pends []pendReq // a probe's (see fast)
+	probe bool      // the probe's transaction, not the batch's (fast)
 }
 
 type pinReq struct {
@@ -96,7 +102,7 @@ type pinReq struct {
 }
 
 func newPutGroup(e *Engine) *putGroup {
-	return &putGroup{e: e, txs: make(map[*sql.Tx]*putBatch)}
+	return &putGroup{e: e, probe: probeDB(), txs: make(map[*sql.Tx]*putBatch)}
 }
 
 // do queues j and returns once its batch committed or failed.
@@ -146,11 +152,11 @@ func (g *putGroup) runBatch(jobs []*putJob) {
 	// Digest order: the batch's statements take locks and insert rows in
 	// the order every other batch and arbitration does.
 	slices.SortStableFunc(jobs, func(a, b *putJob) int { return a.d.Compare(b.d) })
-	if g.attempt(jobs) || len(jobs) == 1 {
+	if g.fast(jobs) || g.attempt(jobs) || len(jobs) == 1 {
 		return
 	}
 	for _, j := range jobs {
-		j.err, j.panic, j.inserted = nil, nil, false
+		reset([]*putJob{j})
 		g.attempt([]*putJob{j})
 	}
 }
@@ -192,7 +198,7 @@ func (g *putGroup) attempt(jobs []*putJob) bool {
 			return false
 		}
 	}
-	inserted, err := g.e.insertBatch(ctx, tx, jobs, b.pins)
+	inserted, err := g.e.insertBatch(ctx, tx, jobs, b.pins, nil)
 	if err != nil {
 		tx.Rollback()
 		fail(err)
@@ -202,13 +208,7 @@ func (g *putGroup) attempt(jobs []*putJob) bool {
 		fail(err)
 		return true
 	}
-	for _, j := range jobs {
-		// The first put of a digest inserted it; a repeat is a dedup.
-		if inserted[j.d] {
-			j.inserted = true
-			delete(inserted, j.d)
-		}
-	}
+	settled(jobs, inserted)
 	return true
 }
 
@@ -238,17 +238,27 @@ func (g *putGroup) batchOf(tx *sql.Tx) *putBatch {
 // batch ($1, in key order), then inserts the pin rows ($2-$4) and the
 // blobs ($5-$7), both from rows joined with the lock's CTE, so that no
 // row goes in before every lock is granted. It returns the digests it
-// inserted (not those already stored: a dedup).
-const batchPutSQL = `WITH l AS (` + lockShared + `),
+// inserted (not those already stored: a dedup). batchPendSQL also inserts
+// the intents deferred to the batch ($8-$12, see fast), likewise.
+const (
+	batchPutSQL  = batchLockPins + batchBlobs
+	batchPendSQL = batchLockPins + `,
+	i AS (INSERT INTO ns_pending (id, ns, digest, holder, expiry)
+		SELECT u.i, u.n, u.d, u.h, ` + nowOnce + ` + u.t FROM l, unnest($8::bigint[], $9::text[], $10::bytea[], $11::text[], $12::bigint[]) AS u(i, n, d, h, t))` + batchBlobs
+
+	batchLockPins = `WITH l AS (` + lockShared + `),
 	p AS (INSERT INTO gc_pins (digest, owner, expiry)
 		SELECT u.d, u.o, ` + nowOnce + ` + u.t FROM l, unnest($2::bytea[], $3::text[], $4::bigint[]) AS u(d, o, t)
-		ON CONFLICT (digest, owner) DO UPDATE SET expiry = greatest(gc_pins.expiry, excluded.expiry))
+		ON CONFLICT (digest, owner) DO UPDATE SET expiry = greatest(gc_pins.expiry, excluded.expiry))`
+	batchBlobs = `
 	INSERT INTO blobs (digest, size, value)
 	SELECT u.d, u.n, u.v FROM l, unnest($5::bytea[], $6::bigint[], $7::bytea[]) AS u(d, n, v)
 	ON CONFLICT (digest) DO NOTHING RETURNING digest`
+)
 
-// insertBatch runs batchPutSQL for jobs (in digest order) and pins.
-func (e *Engine) insertBatch(ctx context.Context, tx *sql.Tx, jobs []*putJob, pins []pinReq) (map[blob.Digest]bool, error) {
+// insertBatch runs batchPutSQL for jobs (in digest order), pins and
+// pends: in tx, or with tx nil as a statement of its own (fast).
+func (e *Engine) insertBatch(ctx context.Context, tx *sql.Tx, jobs []*putJob, pins []pinReq, pends []pendReq) (map[blob.Digest]bool, error) {
 	// One row per (digest, owner), the longest TTL: ON CONFLICT cannot
 	// update a row twice in one statement.
 	slices.SortFunc(pins, func(a, b pinReq) int {
@@ -280,12 +290,33 @@ func (e *Engine) insertBatch(ctx context.Context, tx *sql.Tx, jobs []*putJob, pi
 	for _, p := range pins {
 		ds = append(ds, p.d)
 	}
-	rows, err := tx.QueryContext(ctx, batchPutSQL, lockKeys(ds), pd, po, pt, bd, bn, bv)
+	var ii, it []int64
+	var in, ih []string
+	var id [][]byte
+	for _, p := range pends {
+		ii, in, id, ih, it = append(ii, p.id), append(in, p.ns), append(id, p.d[:]), append(ih, p.holder), append(it, int64(p.ttl))
+	}
+	q, args := batchPutSQL, []any{lockKeys(ds), pd, po, pt, bd, bn, bv}
+	if len(pends) > 0 {
+		q, args = batchPendSQL, append(args, ii, in, id, ih, it)
+	}
+	inserted := make(map[blob.Digest]bool, len(jobs))
+	if tx == nil {
+		rows, err := e.pool.Query(ctx, q, args...)
+		if err != nil {
+			return nil, e.wrap("put", err)
+		}
+		defer rows.Close()
+		if err := engines.ScanDigests(rows, func(d blob.Digest) { inserted[d] = true }); err != nil {
+			return nil, e.wrap("put", err)
+		}
+		return inserted, nil
+	}
+	rows, err := tx.QueryContext(ctx, q, args...)
 	if err != nil {
 		return nil, e.wrap("put", err)
 	}
 	defer rows.Close()
-	inserted := make(map[blob.Digest]bool, len(jobs))
 	if err := engines.ScanDigests(rows, func(d blob.Digest) { inserted[d] = true }); err != nil {
 		return nil, e.wrap("put", err)
 	}
