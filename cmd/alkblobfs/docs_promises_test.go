@@ -1,0 +1,256 @@
+//go:build linux
+
+package main
+
+import (
+	"bytes"
+	"encoding/json"
+	"fmt"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"strings"
+	"testing"
+	"time"
+)
+
+// Sentences of docs/ that had no test, each checked as a user meets it.
+
+// TestWrongDigestPutByPath: docs/errors.md and troubleshooting.md say a
+// create under a digest name whose content does not hash to it fails at
+// close() with EIO and publishes nothing: cp and Python report the EIO,
+// while `echo hello > NS/<wrong digest>` exits 0 because the shell ignores
+// close()'s error.
+func TestWrongDigestPutByPath(t *testing.T) {
+	requireFUSE(t)
+	c := newCLI(t)
+	c.ok("ns", "create", "builds")
+	mnt := t.TempDir()
+	startDaemon(t, c.data, mnt)
+	ns := filepath.Join(mnt, "builds")
+	src := filepath.Join(t.TempDir(), "hello")
+	if err := os.WriteFile(src, []byte("hello\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	right := sum([]byte("hello\n"))
+
+	run := func(name string, args ...string) (string, int) {
+		t.Helper()
+		out, err := exec.Command(name, args...).CombinedOutput()
+		code := 0
+		if err != nil {
+			ee, ok := err.(*exec.ExitError)
+			if !ok {
+				t.Fatalf("%s: %v", name, err)
+			}
+			code = ee.ExitCode()
+		}
+		return string(out), code
+	}
+
+	wrong := filepath.Join(ns, sum([]byte("something else")))
+	if out, code := run("cp", src, wrong); code == 0 || !strings.Contains(out, "Input/output error") {
+		t.Errorf("cp to a wrong digest name: exit %d, %q; want a failure naming Input/output error", code, out)
+	}
+	if py, err := exec.LookPath("python3"); err != nil {
+		t.Log("no python3 on PATH: the Python half is not checked")
+	} else {
+		script := `import errno, sys
+try:
+    with open(sys.argv[1], "wb") as f:
+        f.write(b"hello\n")
+except OSError as e:
+    print(errno.errorcode[e.errno])
+    sys.exit(3)
+print("no error")`
+		wrong := filepath.Join(ns, sum([]byte("a third content")))
+		if out, code := run(py, "-c", script, wrong); code != 3 || strings.TrimSpace(out) != "EIO" {
+			t.Errorf("python3 writing to a wrong digest name: exit %d, %q; want OSError EIO", code, out)
+		}
+	}
+	for _, sh := range []string{"sh", "bash"} {
+		wrong := filepath.Join(ns, sum([]byte(sh)))
+		if out, code := run(sh, "-c", "echo hello > "+wrong); code != 0 {
+			t.Errorf("%s -c 'echo hello > NS/<wrong digest>': exit %d, %q; the docs say it exits 0", sh, code, out)
+		}
+	}
+	names := func() []string {
+		ents, err := os.ReadDir(ns)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var out []string
+		for _, e := range ents {
+			out = append(out, e.Name())
+		}
+		return out
+	}
+	if got := names(); len(got) != 1 || got[0] != "incoming" {
+		t.Fatalf("after the wrong-digest writes the namespace holds %q; want incoming alone", got)
+	}
+	// The right name is a put: the failures above were the check.
+	if out, code := run("cp", src, filepath.Join(ns, right)); code != 0 {
+		t.Fatalf("cp to the right digest name: exit %d, %s", code, out)
+	}
+	if got := names(); len(got) != 2 || got[0] != right {
+		t.Fatalf("after cp to the right name the namespace holds %q; want %s and incoming", got, right)
+	}
+}
+
+// TestMountDebugAndLogLevel: docs/troubleshooting.md and mount.md say
+// `--log-level debug` adds the expected refusals (EPERM, ENOENT, …) to the
+// log and `--debug` logs every FUSE request, at debug level.
+func TestMountDebugAndLogLevel(t *testing.T) {
+	requireFUSE(t)
+	c := newCLI(t)
+	c.ok("ns", "create", "builds")
+
+	mnt := t.TempDir()
+	dm := startDaemon(t, c.data, mnt, "--log-level", "debug")
+	if err := os.Mkdir(filepath.Join(mnt, "builds", "dir"), 0o755); !os.IsPermission(err) {
+		t.Fatalf("mkdir in a namespace: %v; want EPERM", err)
+	}
+	refusal := regexp.MustCompile(`level=DEBUG msg="request failed" op=\S+ errno="operation not permitted"`)
+	eventually(t, 10*time.Second, "the EPERM refusal in the --log-level debug log", func() bool {
+		return refusal.MatchString(dm.stderr.String())
+	})
+	if strings.Contains(dm.stderr.String(), `msg="rx `) {
+		t.Errorf("--log-level debug without --debug logs FUSE requests:\n%s", dm.stderr.String())
+	}
+	stopDaemon(t, dm)
+
+	dm = startDaemon(t, c.data, mnt, "--debug")
+	if _, err := os.Stat(filepath.Join(mnt, "builds", "no-such-name")); !os.IsNotExist(err) {
+		t.Fatalf("stat of an absent name: %v; want ENOENT", err)
+	}
+	request := regexp.MustCompile(`level=DEBUG msg="rx \d+: LOOKUP n\d+ +\\"no-such-name\\"`)
+	eventually(t, 10*time.Second, "the LOOKUP request in the --debug log", func() bool {
+		return request.MatchString(dm.stderr.String())
+	})
+	stopDaemon(t, dm)
+}
+
+// TestMountUploadMemory: --upload-memory bounds what the files being
+// written into incoming/ keep in memory together; past it they spill to
+// disk, into --scratch when the large tier cannot stage (here, none).
+func TestMountUploadMemory(t *testing.T) {
+	requireFUSE(t)
+	scratch := t.TempDir()
+	mnt := t.TempDir()
+	dm := startDaemon(t, t.TempDir(), mnt, "--large", "none", "--upload-memory", "64KiB", "--scratch", scratch)
+	if err := os.Mkdir(filepath.Join(mnt, "builds"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	// Three files of 40 KiB, all open: 120 KiB against a 64 KiB bound.
+	var files []*os.File
+	var digests []string
+	for i := range 3 {
+		f, err := os.Create(filepath.Join(mnt, "builds", "incoming", fmt.Sprint(i)))
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer f.Close()
+		data := randomBytes(40<<10, uint64(i+1))
+		if _, err := f.Write(data); err != nil {
+			t.Fatal(err)
+		}
+		files, digests = append(files, f), append(digests, sum(data))
+	}
+	var stats struct {
+		Store struct {
+			UploadMemory int64 `json:"upload_memory_bytes"`
+		} `json:"store"`
+		UploadsInFlight int `json:"uploads_in_flight"`
+	}
+	b, err := os.ReadFile(filepath.Join(mnt, ".alkblobfs", "stats"))
+	if err != nil || json.Unmarshal(b, &stats) != nil {
+		t.Fatalf("stats: %v %s", err, b)
+	}
+	if stats.UploadsInFlight != 3 || stats.Store.UploadMemory > 64<<10 || stats.Store.UploadMemory == 0 {
+		t.Fatalf("3 open uploads of 40 KiB keep %d bytes in memory (%d in flight); want at most --upload-memory 64KiB, and some",
+			stats.Store.UploadMemory, stats.UploadsInFlight)
+	}
+	// The spilled ones are (nameless) scratch files the daemon holds.
+	fds, err := filepath.Glob(fmt.Sprintf("/proc/%d/fd/*", dm.cmd.Process.Pid))
+	if err != nil {
+		t.Fatal(err)
+	}
+	inScratch := 0
+	for _, fd := range fds {
+		if target, err := os.Readlink(fd); err == nil && strings.HasPrefix(target, scratch+"/") {
+			inScratch++
+		}
+	}
+	if inScratch == 0 {
+		t.Fatalf("the daemon holds no file in --scratch %s, with 120 KiB of uploads over a 64 KiB bound", scratch)
+	}
+	for i, f := range files {
+		if err := f.Close(); err != nil {
+			t.Fatalf("close %d: %v", i, err)
+		}
+		if _, err := os.Stat(filepath.Join(mnt, "builds", digests[i])); err != nil {
+			t.Errorf("upload %d is not published: %v", i, err)
+		}
+	}
+}
+
+// TestTokenTTLFlag: `mount --listen … --token-ttl` and `serve --token-ttl`
+// set the life of a put's pin token after the put or its last renewal
+// (docs/mount.md, docs/http.md#pin-tokens): renewed at once it lives; left
+// alone it lapses after the TTL, and a renewal then answers [false].
+func TestTokenTTLFlag(t *testing.T) {
+	for _, surface := range []string{"mount", "serve"} {
+		t.Run(surface, func(t *testing.T) {
+			c := newCLI(t)
+			c.ok("ns", "create", "builds")
+			var url string
+			args := []string{"--token-ttl", "2s", "--insecure-loopback"}
+			if surface == "mount" {
+				requireFUSE(t)
+				d := startDaemon(t, c.data, t.TempDir(), append(args, "--listen", "127.0.0.1:0")...)
+				eventually(t, 10*time.Second, "the HTTP server", func() bool {
+					m := servingURL.FindStringSubmatch(d.stderr.String())
+					if m != nil {
+						url = m[1]
+					}
+					return m != nil
+				})
+			} else {
+				url = startServe(t, c, append(args, "--listen", "127.0.0.1:0")...).url
+			}
+			resp, err := http.Post(url+"/v1/blobs?namespace=builds", "application/octet-stream", bytes.NewReader(randomBytes(5000, 7)))
+			if err != nil || resp.StatusCode != 201 {
+				t.Fatalf("HTTP put: %v %v", resp, err)
+			}
+			var put struct{ Token, Digest string }
+			err = json.NewDecoder(resp.Body).Decode(&put)
+			resp.Body.Close()
+			if err != nil || put.Token == "" {
+				t.Fatalf("put answer: %+v %v", put, err)
+			}
+			renew := func() string {
+				body := fmt.Sprintf(`{"namespace": "builds", "digests": [%q], "token": %q}`, put.Digest, put.Token)
+				resp, err := http.Post(url+"/v1/blobs/have", "application/json", strings.NewReader(body))
+				if err != nil {
+					t.Fatal(err)
+				}
+				defer resp.Body.Close()
+				var b bytes.Buffer
+				b.ReadFrom(resp.Body)
+				return strings.Join(strings.Fields(b.String()), "")
+			}
+			if got := renew(); got != `{"present":[true]}` {
+				t.Fatalf("renewal right after the put: %s; want [true]", got)
+			}
+			// Default 60 s: a TTL of 2 s lapses well within 20.
+			eventually(t, 20*time.Second, "the token to lapse after --token-ttl 2s", func() bool {
+				return metricValue(scrapeMetrics(t, url), "alkblobfs_pin_tokens", "") == 0
+			})
+			if got := renew(); got != `{"present":[false]}` {
+				t.Fatalf("renewal after the TTL: %s; want [false]", got)
+			}
+		})
+	}
+}
