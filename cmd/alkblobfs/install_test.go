@@ -77,7 +77,7 @@ func TestMakeInstall(t *testing.T) {
 }
 
 // TestSystemdUnit: the example unit parses — sections and the keys the
-// README promises (Type=notify, an EnvironmentFile, ExecStart of mount,
+// README and docs/mount.md promise (Type=notify, an EnvironmentFile, ExecStart of mount,
 // the hardening) — and systemd-analyze verify accepts it, run on an
 // instance whose ExecStart is the binary under test.
 func TestSystemdUnit(t *testing.T) {
