@@ -12,6 +12,7 @@ import (
 	"path/filepath"
 	"regexp"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 )
@@ -252,5 +253,66 @@ func TestTokenTTLFlag(t *testing.T) {
 				t.Fatalf("renewal after the TTL: %s; want [false]", got)
 			}
 		})
+	}
+}
+
+// TestDataDirPrivate: docs/operations.md says every file of a data
+// directory is created 0600 (a large blob's file 0444) and every directory
+// 0700: after puts, a mount that writes, sweeps and scrubs, and its log.
+func TestDataDirPrivate(t *testing.T) {
+	requireFUSE(t)
+	c := newCLI(t)
+	c.ok("ns", "create", "builds")
+	dir := t.TempDir()
+	small, _, _ := writeFile(t, dir, 1000, 21)
+	large, _, dl := writeFile(t, dir, 300<<10, 22)
+	c.ok("put", "--ns", "builds", small, large)
+	mnt := t.TempDir()
+	// --daemon: its log is mount.log in the data directory.
+	c.ok("mount", "--daemon", mnt)
+	t.Cleanup(func() { syscall.Unmount(mnt, syscall.MNT_DETACH) })
+	if err := os.WriteFile(filepath.Join(mnt, "builds", "incoming", "f"), randomBytes(200<<10, 23), 0o666); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Remove(filepath.Join(mnt, "builds", dl)); err != nil {
+		t.Fatal(err)
+	}
+	sweepVia(t, mnt)
+	if err := os.WriteFile(filepath.Join(mnt, ".alkblobfs", "scrub"), []byte("run\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	unmountAndWait(t, mnt, filepath.Join(c.data, "mount.log"))
+	c.ok("sweep")
+	if _, err := os.Stat(filepath.Join(c.data, "mount.log")); err != nil {
+		t.Fatalf("mount --daemon left no mount.log in the data directory: %v", err)
+	}
+
+	seen := 0
+	err := filepath.WalkDir(c.data, func(p string, d os.DirEntry, err error) error {
+		if err != nil {
+			return err
+		}
+		fi, err := os.Lstat(p)
+		if err != nil {
+			return err
+		}
+		want := os.FileMode(0o600)
+		switch rel, _ := filepath.Rel(c.data, p); {
+		case fi.IsDir():
+			want = 0o700
+		case strings.HasPrefix(rel, "large/blobs/"):
+			want = 0o444
+		}
+		if fi.Mode().Perm() != want {
+			t.Errorf("%s: mode %#o; want %#o", p, fi.Mode().Perm(), want)
+		}
+		seen++
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if seen < 8 {
+		t.Fatalf("the data directory holds %d entries; the test wrote more", seen)
 	}
 }
