@@ -316,3 +316,27 @@ func TestDataDirPrivate(t *testing.T) {
 		t.Fatalf("the data directory holds %d entries; the test wrote more", seen)
 	}
 }
+
+// TestFallocateTool: docs/posix.md says fallocate(2) is EOPNOTSUPP in
+// incoming/, and that `fallocate -l SIZE FILE` still creates FILE empty
+// before it fails, which then publishes the empty blob.
+func TestFallocateTool(t *testing.T) {
+	requireFUSE(t)
+	tool, err := exec.LookPath("fallocate")
+	if err != nil {
+		t.Skip("no fallocate(1) (util-linux)")
+	}
+	c := newCLI(t)
+	c.ok("ns", "create", "builds")
+	mnt := t.TempDir()
+	startDaemon(t, c.data, mnt)
+	out, err := exec.Command(tool, "-l", "1MiB", filepath.Join(mnt, "builds", "incoming", "f")).CombinedOutput()
+	if err == nil || !strings.Contains(string(out), "Operation not supported") {
+		t.Fatalf("fallocate -l 1MiB in incoming/: %v, %q; want a failure naming Operation not supported", err, out)
+	}
+	empty := filepath.Join(mnt, "builds", sum(nil))
+	eventually(t, 10*time.Second, "the empty file fallocate created to be published", func() bool {
+		fi, err := os.Stat(empty)
+		return err == nil && fi.Size() == 0
+	})
+}
