@@ -6,6 +6,7 @@ import (
 	"bytes"
 	"encoding/json"
 	"fmt"
+	"net"
 	"net/http"
 	"os"
 	"os/exec"
@@ -339,4 +340,78 @@ func TestFallocateTool(t *testing.T) {
 		fi, err := os.Stat(empty)
 		return err == nil && fi.Size() == 0
 	})
+}
+
+// TestMountDaemonInterrupted: docs/mount.md says a `mount --daemon` whose
+// command is interrupted before the mount serves stops its daemon and
+// returns non-zero. The daemon is held before serving by a kv server that
+// accepts its connection and never answers.
+func TestMountDaemonInterrupted(t *testing.T) {
+	requireFUSE(t)
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	accepted := make(chan net.Conn, 16)
+	go func() {
+		for {
+			conn, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			accepted <- conn // held open, never answered
+		}
+	}()
+	defer func() {
+		for {
+			select {
+			case conn := <-accepted:
+				conn.Close()
+			default:
+				return
+			}
+		}
+	}()
+	data, mnt := t.TempDir(), t.TempDir()
+	os.Chmod(data, 0o700)
+	log := filepath.Join(t.TempDir(), "mount.log")
+	cmd := exec.Command(bin, "--data", data, "--kv", "postgres://u@"+ln.Addr().String()+"/db", "mount", "--daemon", "--log-file", log, mnt)
+	cmd.Env = append(os.Environ(), "HOME="+t.TempDir(), "XDG_DATA_HOME=")
+	var stderr syncBuffer
+	cmd.Stderr = &stderr
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan struct{})
+	go func() { cmd.Wait(); close(done) }()
+	t.Cleanup(func() {
+		select {
+		case <-done:
+		default:
+			cmd.Process.Kill()
+			<-done
+		}
+		syscall.Unmount(mnt, syscall.MNT_DETACH)
+	})
+	select {
+	case conn := <-accepted:
+		accepted <- conn
+	case <-done:
+		t.Fatalf("mount --daemon exited before its daemon reached the kv server: %s", stderr.String())
+	case <-time.After(20 * time.Second):
+		t.Fatalf("the daemon did not connect to the kv server within 20s: %s", stderr.String())
+	}
+	cmd.Process.Signal(os.Interrupt)
+	select {
+	case <-done:
+	case <-time.After(30 * time.Second):
+		t.Fatalf("mount --daemon still running 30s after SIGINT: %s", stderr.String())
+	}
+	if code := cmd.ProcessState.ExitCode(); code == 0 || !strings.Contains(stderr.String(), "interrupted before the mount daemon") {
+		t.Fatalf("mount --daemon interrupted: exit %d, %q; want non-zero and the reason", code, stderr.String())
+	}
+	if daemonRunning(mnt) || isMounted(t, mnt) {
+		t.Fatalf("the daemon of an interrupted mount --daemon is still running or mounted")
+	}
 }
