@@ -12,6 +12,8 @@ import (
 	"os/exec"
 	"path/filepath"
 	"regexp"
+	"slices"
+	"strconv"
 	"strings"
 	"syscall"
 	"testing"
@@ -342,17 +344,16 @@ func TestFallocateTool(t *testing.T) {
 	})
 }
 
-// TestMountDaemonInterrupted: docs/mount.md says a `mount --daemon` whose
-// command is interrupted before the mount serves stops its daemon and
-// returns non-zero. The daemon is held before serving by a kv server that
-// accepts its connection and never answers.
-func TestMountDaemonInterrupted(t *testing.T) {
-	requireFUSE(t)
+// heldDaemon starts `mount --daemon` on a store whose kv server accepts
+// the daemon's connection and never answers, and returns once the daemon
+// is connected, so before it serves: the command, a channel closed when
+// it exits, its stderr and the mountpoint.
+func heldDaemon(t *testing.T) (*exec.Cmd, chan struct{}, *syncBuffer, string) {
+	t.Helper()
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer ln.Close()
 	accepted := make(chan net.Conn, 16)
 	go func() {
 		for {
@@ -363,7 +364,8 @@ func TestMountDaemonInterrupted(t *testing.T) {
 			accepted <- conn // held open, never answered
 		}
 	}()
-	defer func() {
+	t.Cleanup(func() {
+		ln.Close()
 		for {
 			select {
 			case conn := <-accepted:
@@ -372,14 +374,14 @@ func TestMountDaemonInterrupted(t *testing.T) {
 				return
 			}
 		}
-	}()
+	})
 	data, mnt := t.TempDir(), t.TempDir()
 	os.Chmod(data, 0o700)
 	log := filepath.Join(t.TempDir(), "mount.log")
 	cmd := exec.Command(bin, "--data", data, "--kv", "postgres://u@"+ln.Addr().String()+"/db", "mount", "--daemon", "--log-file", log, mnt)
 	cmd.Env = append(os.Environ(), "HOME="+t.TempDir(), "XDG_DATA_HOME=")
-	var stderr syncBuffer
-	cmd.Stderr = &stderr
+	stderr := &syncBuffer{}
+	cmd.Stderr = stderr
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
 	}
@@ -402,6 +404,15 @@ func TestMountDaemonInterrupted(t *testing.T) {
 	case <-time.After(20 * time.Second):
 		t.Fatalf("the daemon did not connect to the kv server within 20s: %s", stderr.String())
 	}
+	return cmd, done, stderr, mnt
+}
+
+// TestMountDaemonInterrupted: docs/mount.md says a `mount --daemon` whose
+// command is interrupted before the mount serves stops its daemon and
+// returns non-zero.
+func TestMountDaemonInterrupted(t *testing.T) {
+	requireFUSE(t)
+	cmd, done, stderr, mnt := heldDaemon(t)
 	cmd.Process.Signal(os.Interrupt)
 	select {
 	case <-done:
@@ -413,5 +424,45 @@ func TestMountDaemonInterrupted(t *testing.T) {
 	}
 	if daemonRunning(mnt) || isMounted(t, mnt) {
 		t.Fatalf("the daemon of an interrupted mount --daemon is still running or mounted")
+	}
+}
+
+// TestMountDaemonTimeout: docs/mount.md says a daemon that has not served
+// within two minutes is stopped, and `mount --daemon` returns non-zero
+// with the reason. The daemon is stopped (SIGSTOP) before it serves.
+// Two minutes: ALKBLOBFS_LONG only.
+func TestMountDaemonTimeout(t *testing.T) {
+	if os.Getenv("ALKBLOBFS_LONG") != "1" {
+		t.Skip("waits out the two-minute bound: ALKBLOBFS_LONG=1")
+	}
+	requireFUSE(t)
+	cmd, done, stderr, mnt := heldDaemon(t)
+	var child int
+	eventually(t, 10*time.Second, "the daemon's process", func() bool {
+		procs, _ := filepath.Glob("/proc/[0-9]*/cmdline")
+		for _, p := range procs {
+			b, err := os.ReadFile(p)
+			if err != nil || !slices.Contains(strings.Split(string(b), "\x00"), mnt) {
+				continue
+			}
+			if pid, _ := strconv.Atoi(strings.Split(p, "/")[2]); pid != cmd.Process.Pid {
+				child = pid
+			}
+		}
+		return child != 0
+	})
+	if err := syscall.Kill(child, syscall.SIGSTOP); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-done:
+	case <-time.After(3 * time.Minute):
+		t.Fatalf("mount --daemon still running after 3 minutes: %s", stderr.String())
+	}
+	if code := cmd.ProcessState.ExitCode(); code == 0 || !strings.Contains(stderr.String(), "did not serve within 2m0s, and was stopped") {
+		t.Fatalf("mount --daemon whose daemon never served: exit %d, %q; want non-zero and the reason", code, stderr.String())
+	}
+	if daemonRunning(mnt) || isMounted(t, mnt) {
+		t.Fatalf("the daemon that never served is still running or mounted")
 	}
 }
