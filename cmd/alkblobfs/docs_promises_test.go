@@ -266,6 +266,9 @@ func TestTokenTTLFlag(t *testing.T) {
 // TestDataDirPrivate: docs/operations.md says every file of a data
 // directory is created 0600 (a large blob's file 0444) and every directory
 // 0700: after puts, a mount that writes, sweeps and scrubs, and its log.
+// That log is mount.log in the data directory, and holds what
+// docs/troubleshooting.md says a mount logs at info: its start and stop,
+// namespace changes, sweeps and scrubs.
 func TestDataDirPrivate(t *testing.T) {
 	requireFUSE(t)
 	c := newCLI(t)
@@ -284,18 +287,27 @@ func TestDataDirPrivate(t *testing.T) {
 	if err := os.Remove(filepath.Join(mnt, "builds", dl)); err != nil {
 		t.Fatal(err)
 	}
+	if err := os.Mkdir(filepath.Join(mnt, "other"), 0o755); err != nil {
+		t.Fatal(err)
+	}
 	sweepVia(t, mnt)
 	if err := os.WriteFile(filepath.Join(mnt, ".alkblobfs", "scrub"), []byte("run\n"), 0o644); err != nil {
 		t.Fatal(err)
 	}
 	unmountAndWait(t, mnt, filepath.Join(c.data, "mount.log"))
 	c.ok("sweep")
-	if _, err := os.Stat(filepath.Join(c.data, "mount.log")); err != nil {
+	log, err := os.ReadFile(filepath.Join(c.data, "mount.log"))
+	if err != nil {
 		t.Fatalf("mount --daemon left no mount.log in the data directory: %v", err)
+	}
+	for _, msg := range []string{"msg=mounted", `msg="namespace created" namespace=other`, `msg="sweep done"`, `msg="scrub done"`, "msg=unmounted"} {
+		if !strings.Contains(string(log), "level=INFO "+msg) {
+			t.Errorf("mount.log has no info line %s:\n%s", msg, log)
+		}
 	}
 
 	seen := 0
-	err := filepath.WalkDir(c.data, func(p string, d os.DirEntry, err error) error {
+	err = filepath.WalkDir(c.data, func(p string, d os.DirEntry, err error) error {
 		if err != nil {
 			return err
 		}
