@@ -78,15 +78,18 @@ man: build
 	$(BIN) man $(MANOUT)
 
 # install puts the binary, the mount helper (a link to it in SBINDIR), the
-# man pages, the shell completions and the systemd unit under
-# DESTDIR/PREFIX.
+# man pages (gzipped, as Debian policy has them; an uncompressed page of
+# the same name from an older install is removed), the shell completions
+# and the systemd unit under DESTDIR/PREFIX.
 install: build man
 	install -D -m 0755 $(BIN) $(DESTDIR)$(PREFIX)/bin/alkblobfs
 	install -d $(DESTDIR)$(SBINDIR)
 	ln -sf $(PREFIX)/bin/alkblobfs $(DESTDIR)$(SBINDIR)/mount.fuse.alkblobfs
 	install -d $(DESTDIR)$(PREFIX)/share/man/man1 $(DESTDIR)$(PREFIX)/share/man/man8
-	install -m 0644 $(MANOUT)/*.1 $(DESTDIR)$(PREFIX)/share/man/man1/
-	install -m 0644 $(MANOUT)/*.8 $(DESTDIR)$(PREFIX)/share/man/man8/
+	@for p in $(MANOUT)/*.1 $(MANOUT)/*.8; do \
+		dir=$(DESTDIR)$(PREFIX)/share/man/man$${p##*.}; \
+		gzip -9nc $$p > $$dir/$${p##*/}.gz && chmod 0644 $$dir/$${p##*/}.gz && rm -f $$dir/$${p##*/} || exit 1; \
+	done
 	install -d $(DESTDIR)$(PREFIX)/share/bash-completion/completions $(DESTDIR)$(PREFIX)/share/zsh/site-functions $(DESTDIR)$(PREFIX)/share/fish/vendor_completions.d
 	$(BIN) completion bash > $(DESTDIR)$(PREFIX)/share/bash-completion/completions/alkblobfs
 	$(BIN) completion zsh > $(DESTDIR)$(PREFIX)/share/zsh/site-functions/_alkblobfs
@@ -100,14 +103,17 @@ install: build man
 # unit; it depends on fuse3 alone. nfpm runs with go run at a pinned
 # version (checked against sum.golang.org), so that the packager's own
 # dependencies stay out of the filesystem's go.mod; the first run
-# downloads and compiles it (about 30 s).
+# downloads and compiles it (about 30 s). The packaged binary is linked
+# with -s (no symbol table or DWARF, as Debian ships binaries: lintian's
+# unstripped-binary-or-object), a link-time flag that reuses the build
+# cache; it is built at BIN like any other.
 NFPM        ?= $(GO) run github.com/goreleaser/nfpm/v2/cmd/nfpm@v2.45.2
 DEBROOT     ?= bin/debroot
 DEBOUT      ?= bin
 DEB_VERSION ?= 0~git$(shell git log -1 --format=%cd.%h --date=format:%Y%m%d 2>/dev/null || echo 0)
 deb:
 	rm -rf $(DEBROOT)
-	$(MAKE) --no-print-directory install DESTDIR=$(abspath $(DEBROOT)) PREFIX=/usr
+	GOFLAGS='$(strip $(GOFLAGS) -ldflags=-s)' $(MAKE) --no-print-directory install DESTDIR=$(abspath $(DEBROOT)) PREFIX=/usr
 	@mkdir -p $(DEBOUT)
 	DEB_ROOT=$(abspath $(DEBROOT)) DEB_VERSION='$(DEB_VERSION)' DEB_ARCH=$$($(GO) env GOARCH) \
 		$(NFPM) package --config packaging/nfpm.yaml --packager deb --target $(DEBOUT)/

@@ -14,7 +14,7 @@ import (
 	"github.com/alkblobfs/alkblobfs/upkeep"
 )
 
-// TestToErrno is the errno table (README, "Errors") as data: every row, wrapped
+// TestToErrno is the errno table (docs/errors.md) as data: every row, wrapped
 // the way the layers below wrap, maps to its errno.
 func TestToErrno(t *testing.T) {
 	d := blob.Sum([]byte("x"))

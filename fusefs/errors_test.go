@@ -93,7 +93,7 @@ func wantErrno(t *testing.T, what string, err error, want syscall.Errno) {
 	}
 }
 
-// TestErrnoContract makes every row of the README's errno table happen
+// TestErrnoContract makes every row of the errno table (docs/errors.md) happen
 // through real system calls and checks the errno the caller sees.
 func TestErrnoContract(t *testing.T) {
 	requireFUSE(t)

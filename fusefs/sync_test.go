@@ -11,7 +11,7 @@ import (
 
 // TestSyncOnMount: sync(1) and syncfs(2) on the mount return 0 at once,
 // also while a file in incoming/ is open with unflushed writes (the
-// kernel sends the daemon nothing for them: see the README's Durability).
+// kernel sends the daemon nothing for them: see docs/posix.md, "close(), fsync and sync").
 func TestSyncOnMount(t *testing.T) {
 	e := mountStore(t, defaultSpec)
 	ns := e.mkns("ns")

@@ -6,7 +6,7 @@ import "fmt"
 // since a namespace is a directory at the mount root.
 const MaxNameLen = 255
 
-// ValidName checks the namespace name rules (README, "Namespaces"): 1–255 bytes of
+// ValidName checks the namespace name rules (docs/cli.md, "Namespaces and sweeps"): 1–255 bytes of
 // [A-Za-z0-9._-], not starting with '.'. The dot rule keeps ".", ".." and
 // the mount's reserved ".alkblobfs" out of the namespace space; the
 // character set keeps names safe in paths, URLs and shell scripts. A

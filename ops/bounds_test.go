@@ -275,7 +275,7 @@ func TestDefaultSocket(t *testing.T) {
 	}
 }
 
-// TestDocumentedDefaults: the bounds README and docs/http.md state.
+// TestDocumentedDefaults: the bounds docs/http.md ("Bounds") and docs/security.md state.
 func TestDocumentedDefaults(t *testing.T) {
 	for _, c := range []struct {
 		name      string

@@ -27,6 +27,7 @@ want mkfs.ext4 e2fsprogs
 want filefrag e2fsprogs
 want losetup mount
 want curl curl
+want python3 python3 # TestWrongDigestPutByPath: what Python gets from a failed close()
 # The package test (TestDebPackage) completes through bash-completion, which
 # is what loads /usr/share/bash-completion/completions; it has no command.
 [[ -f /usr/share/bash-completion/bash_completion ]] || need+=(bash-completion)

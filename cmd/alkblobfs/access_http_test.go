@@ -379,7 +379,7 @@ func TestHTTPIssue26(t *testing.T) {
 	// bob reads alice's 0700 namespace through it.
 	s := startServe(t, f.c, "--listen", "127.0.0.1:0", "--insecure-loopback")
 	if got := bob(fmt.Sprintf("curl -s '%s/v1/blobs/%s?namespace=a'", s.url, f.d)); got != "alice only" {
-		t.Errorf("bob through --insecure-loopback (serving as root): %q; want alice's bytes, as the README warns", got)
+		t.Errorf("bob through --insecure-loopback (serving as root): %q; want alice's bytes, as docs/http.md warns", got)
 	}
 
 	// TCP beside --allow-other: tokens, never --insecure-loopback.

@@ -3,6 +3,7 @@
 package main
 
 import (
+	"debug/elf"
 	"errors"
 	"fmt"
 	"os"
@@ -49,7 +50,8 @@ func debTool(t *testing.T, name string) {
 // machine; then an fstab line mounts through mount(8) and its helper,
 // man alkblobfs renders, the bash completion completes, systemd-analyze
 // verify accepts the unit, and dpkg -r leaves none of the package's files
-// behind.
+// behind. Its man pages are gzipped and its binary stripped, as Debian
+// policy has them.
 func TestDebPackage(t *testing.T) {
 	if os.Geteuid() != 0 {
 		t.Skip("installing a package needs root")
@@ -103,12 +105,27 @@ func TestDebPackage(t *testing.T) {
 			files = append(files, p)
 		}
 	}
-	for _, want := range []string{"/usr/bin/alkblobfs", "/sbin/" + helperName, "/usr/share/man/man1/alkblobfs.1",
-		"/usr/share/man/man8/" + helperName + ".8", "/usr/share/bash-completion/completions/alkblobfs",
+	for _, p := range files {
+		if strings.HasPrefix(p, "/usr/share/man/") && !strings.HasSuffix(p, ".gz") {
+			t.Errorf("the package installs %s uncompressed: Debian policy gzips man pages", p)
+		}
+	}
+	for _, want := range []string{"/usr/bin/alkblobfs", "/sbin/" + helperName, "/usr/share/man/man1/alkblobfs.1.gz",
+		"/usr/share/man/man8/" + helperName + ".8.gz", "/usr/share/bash-completion/completions/alkblobfs",
 		"/usr/lib/systemd/system/alkblobfs@.service"} {
 		if !slices.Contains(files, want) {
 			t.Errorf("the package did not install %s (it lists %v)", want, files)
 		}
+	}
+
+	// Stripped, as Debian ships binaries (lintian: unstripped-binary-or-object).
+	if exe, err := elf.Open("/usr/bin/alkblobfs"); err != nil {
+		t.Errorf("/usr/bin/alkblobfs: %v", err)
+	} else {
+		if exe.Section(".symtab") != nil {
+			t.Errorf("/usr/bin/alkblobfs has a symbol table: the package's binary should be linked with -s")
+		}
+		exe.Close()
 	}
 
 	debMount(t)

@@ -61,7 +61,7 @@ func TestPaceHeap(t *testing.T) {
 }
 
 // TestPaceHeapLeavesGOGC: a GOGC in the environment, or a target of 0,
-// leaves Go's pacing alone (README: --heap-target).
+// leaves Go's pacing alone (docs/mount.md: --heap-target).
 func TestPaceHeapLeavesGOGC(t *testing.T) {
 	defer debug.SetGCPercent(debug.SetGCPercent(100))
 	live := make([][]byte, 0, 64)

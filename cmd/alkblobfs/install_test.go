@@ -11,10 +11,18 @@ import (
 )
 
 // TestMakeInstall: make install DESTDIR=… puts the binary, the mount
-// helper, man pages that man(1) renders without a warning, shell
-// completions that bash loads, and the systemd unit where they belong.
+// helper, gzipped man pages that man(1) renders without a warning (an
+// uncompressed one an older install left is gone), shell completions that
+// bash loads, and the systemd unit where they belong.
 func TestMakeInstall(t *testing.T) {
 	dest, out := t.TempDir(), t.TempDir()
+	old := filepath.Join(dest, "/usr/local/share/man/man1/alkblobfs.1")
+	if err := os.MkdirAll(filepath.Dir(old), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(old, []byte(".TH OLD 1\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
 	cmd := exec.Command("make", "-s", "-C", "../..", "install", "DESTDIR="+dest, "PREFIX=/usr/local",
 		"BIN="+filepath.Join(out, "alkblobfs"), "MANOUT="+filepath.Join(out, "man"))
 	b, err := cmd.CombinedOutput()
@@ -32,12 +40,20 @@ func TestMakeInstall(t *testing.T) {
 	if target, err := os.Readlink(at("/sbin/" + helperName)); err != nil || target != "/usr/local/bin/alkblobfs" {
 		t.Fatalf("mount helper: %q, %v", target, err)
 	}
-	pages, _ := filepath.Glob(at("/usr/local/share/man/man1/*.1"))
-	helper, _ := filepath.Glob(at("/usr/local/share/man/man8/*.8"))
+	pages, _ := filepath.Glob(at("/usr/local/share/man/man1/*.1.gz"))
+	helper, _ := filepath.Glob(at("/usr/local/share/man/man8/*.8.gz"))
 	if len(pages) < 15 || len(helper) != 1 {
-		t.Fatalf("man pages: %d in section 1, %d in section 8", len(pages), len(helper))
+		t.Fatalf("gzipped man pages: %d in section 1, %d in section 8", len(pages), len(helper))
+	}
+	for _, glob := range []string{"/usr/local/share/man/man1/*.1", "/usr/local/share/man/man8/*.8"} {
+		if plain, _ := filepath.Glob(at(glob)); len(plain) > 0 {
+			t.Errorf("uncompressed man pages beside the gzipped ones: %v", plain)
+		}
 	}
 	for _, p := range append(pages, helper...) {
+		if b, err := os.ReadFile(p); err != nil || len(b) < 2 || b[0] != 0x1f || b[1] != 0x8b {
+			t.Errorf("%s is not gzip: %v", filepath.Base(p), err)
+		}
 		c := exec.Command("man", "--warnings", "-l", p)
 		c.Env = append(os.Environ(), "MANWIDTH=80", "MAN_KEEP_FORMATTING=0")
 		var stderr strings.Builder
@@ -61,7 +77,7 @@ func TestMakeInstall(t *testing.T) {
 }
 
 // TestSystemdUnit: the example unit parses — sections and the keys the
-// README promises (Type=notify, an EnvironmentFile, ExecStart of mount,
+// README and docs/mount.md promise (Type=notify, an EnvironmentFile, ExecStart of mount,
 // the hardening) — and systemd-analyze verify accepts it, run on an
 // instance whose ExecStart is the binary under test.
 func TestSystemdUnit(t *testing.T) {

@@ -128,10 +128,10 @@ func TestPeakRSSBounded(t *testing.T) {
 	}
 }
 
-// mountMemoryCap is the daemon's documented peak RSS (README, mount
-// --help) with --max-receipts of receipts and 10 000 directories under
-// incoming/, no upload in flight: about 2.5 KiB a receipt, the Go
-// runtime's garbage included.
+// mountMemoryCap is the daemon's documented peak RSS (docs/mount.md's
+// --max-receipts, mount --help) with --max-receipts of receipts and
+// 10 000 directories under incoming/, no upload in flight: about 2.5 KiB
+// a receipt, the Go runtime's garbage included.
 const mountMemoryCap = 320 << 20
 
 // TestMountMemoryBounded copies 100 000 files into incoming/ within one

@@ -42,8 +42,8 @@ memory: a restarted server has none, and a putter whose renewal answers
 false puts the content again.
 
 Who calls is a user, and every request gets what the mount would give that
-user (a namespace's owner, group and mode; see "Who may do what" in the
-README). --listen unix:PATH serves a Unix socket (mode 0666) where the kernel
+user (a namespace's owner, group and mode; see "Who may do what" in
+docs/security.md). --listen unix:PATH serves a Unix socket (mode 0666) where the kernel
 says who each caller is; unix: alone is $XDG_RUNTIME_DIR/alkblobfs/http.sock,
 or /run/alkblobfs/http.sock without XDG_RUNTIME_DIR. --listen HOST:PORT
 serves TCP, loopback included, only with --auth-token-file FILE (mode 0600),
