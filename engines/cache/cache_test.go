@@ -31,7 +31,7 @@ type fixture struct {
 	dir  string
 	st   *store.Store
 	c    *cache.Engine
-	opt  cache.Options                      // Dir and Limit are set by open
+	opt  cache.Options                     // Dir and Limit are set by open
 	wrap func(engines.Large) engines.Large // the remote, if set
 }
 

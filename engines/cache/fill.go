@@ -30,7 +30,7 @@ type fill struct {
 	size int64
 	src  engines.Cursor // the remote's; shared by the workers and the readers
 	st   *stageFile     // claimed: this process is the host's filler (claim.go)
-	side []byte // the remote's sidecar, stored beside the copy
+	side []byte         // the remote's sidecar, stored beside the copy
 
 	mu      sync.Mutex
 	cond    *sync.Cond
