@@ -64,6 +64,9 @@ type Engine struct {
 	closed atomic.Bool
 
 	onVerified atomic.Pointer[func(blob.Digest, engines.FileID)] // OnVerified
+
+	touchMu sync.Mutex
+	touched map[blob.Digest]int64 // opens not yet in the index (flushTouches)
 }
 
 // OnVerified sets fn to be told of each copy a fill of this process
@@ -208,14 +211,29 @@ func (e *Engine) flusher() {
 	}
 }
 
-// flush adds what this process counted to the host's counters.
+// flushTouches writes this process's opens since the last flush into the
+// index (index.touch): with the counters, and before an eviction picks
+// its victims.
+func (e *Engine) flushTouches(ctx context.Context) {
+	e.touchMu.Lock()
+	at := e.touched
+	e.touched = nil
+	e.touchMu.Unlock()
+	if err := e.idx.touch(ctx, at); err != nil {
+		e.log.Debug("cache: could not record accesses", "copies", len(at), "err", err)
+	}
+}
+
+// flush adds what this process counted to the host's counters, and its
+// opens to the index.
 func (e *Engine) flush() {
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	e.flushTouches(ctx)
 	c := e.unsent.snapshot(true)
 	if c.Hits == 0 && c.Misses == 0 && c.Fills == 0 && c.BytesFilled == 0 && c.Evictions == 0 && c.Dropped == 0 && c.Adopted == 0 && len(c.FillErrors) == 0 {
 		return
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
 	if err := e.idx.addCounters(ctx, c); err != nil {
 		e.log.Debug("cache: could not add to the host's counters", "err", err)
 	}
@@ -429,9 +447,12 @@ func (e *Engine) openHit(ctx context.Context, d blob.Digest) (engines.Cursor, bo
 		cur.Close()
 		return nil, false
 	}
-	if err := e.idx.touch(ctx, d); err != nil {
-		e.log.Debug("cache: could not record an access", "digest", d.String(), "err", err)
+	e.touchMu.Lock()
+	if e.touched == nil {
+		e.touched = map[blob.Digest]int64{}
 	}
+	e.touched[d] = now()
+	e.touchMu.Unlock()
 	return &hitCursor{e: e, d: d, FileCursor: fc}, true
 }
 
