@@ -31,8 +31,9 @@ type fixture struct {
 	dir  string
 	st   *store.Store
 	c    *cache.Engine
-	opt  cache.Options                     // Dir and Limit are set by open
-	wrap func(engines.Large) engines.Large // the remote, if set
+	opt     cache.Options                     // Dir and Limit are set by open
+	wrap    func(engines.Large) engines.Large // the remote, if set
+	scratch string                            // the store's ScratchDir
 }
 
 func newFixture(t *testing.T, url, dir string, limit int64) *fixture {
@@ -63,7 +64,7 @@ func (f *fixture) open(limit int64) {
 		remote.Close()
 		f.t.Fatal(err)
 	}
-	st, err := store.Open(ctx, store.Config{Large: large})
+	st, err := store.Open(ctx, store.Config{Large: large, ScratchDir: f.scratch})
 	if err != nil {
 		large.Close()
 		f.t.Fatal(err)
