@@ -59,6 +59,11 @@ const (
 
 var segBufs sync.Pool
 
+// hashBuf is the hasher's read size: the stage's pages are in the page
+// cache, so it needs no segment-sized buffer (the daemon's peak memory is
+// Parallel segments, whatever the blob's size).
+const hashBuf = 1 << 20
+
 func (f *fill) getBuf() *[]byte {
 	if bp, ok := segBufs.Get().(*[]byte); ok && int64(cap(*bp)) >= f.e.seg {
 		return bp
@@ -278,8 +283,7 @@ func (f *fill) fail(err error) {
 // publishes the stage.
 func (f *fill) hashAndPublish() {
 	h := sha256.New()
-	bp := f.getBuf()
-	defer segBufs.Put(bp)
+	buf := make([]byte, min(f.e.seg, hashBuf)) // from the page cache: small reads are as fast
 	for i := range f.state {
 		f.mu.Lock()
 		for f.state[i] != segDone && f.err == nil && f.e.ctx.Err() == nil {
@@ -295,14 +299,18 @@ func (f *fill) hashAndPublish() {
 			return
 		}
 		off, n := f.segSpan(i)
-		f.rw.RLock()
-		k, rerr := f.st.ReadAt((*bp)[:n], off)
-		f.rw.RUnlock()
-		if int64(k) < n {
-			f.fail(fmt.Errorf("read the stage back: %w", rerr))
-			return
+		for end := off + n; off < end; {
+			p := buf[:min(int64(len(buf)), end-off)]
+			f.rw.RLock()
+			k, rerr := f.st.ReadAt(p, off)
+			f.rw.RUnlock()
+			if k < len(p) {
+				f.fail(fmt.Errorf("read the stage back: %w", rerr))
+				return
+			}
+			h.Write(p)
+			off += int64(k)
 		}
-		h.Write((*bp)[:n])
 	}
 	var got blob.Digest
 	h.Sum(got[:0])
