@@ -26,11 +26,11 @@ import (
 
 // fixture is a large-only store on a fresh S3 prefix with a cache in dir.
 type fixture struct {
-	t    *testing.T
-	url  string
-	dir  string
-	st   *store.Store
-	c    *cache.Engine
+	t       *testing.T
+	url     string
+	dir     string
+	st      *store.Store
+	c       *cache.Engine
 	opt     cache.Options                     // Dir and Limit are set by open
 	wrap    func(engines.Large) engines.Large // the remote, if set
 	scratch string                            // the store's ScratchDir
