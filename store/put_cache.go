@@ -54,13 +54,32 @@ func (s *Store) scratchDir() string {
 // writeback, so that the fsync of the adoption, after the remote put,
 // finds little left to write.
 func (u *Upload) writeThroughFile() *os.File {
-	sf, ok := u.st.(*scratchFile)
-	if _, has := u.s.adopter(); !has || !ok || u.base != nil || !sf.linkable {
+	if _, has := u.s.adopter(); !has || u.base != nil {
+		return nil
+	}
+	var f *os.File
+	switch st := u.st.(type) {
+	case *scratchFile:
+		if st.linkable {
+			f = st.f
+		}
+	case interface{ LinkableFile() *os.File }: // a scratchMaker's
+		f = st.LinkableFile()
+	}
+	if f == nil {
 		return nil
 	}
 	// Only a hint: the adoption's fsync is what makes the copy durable.
-	_ = unix.SyncFileRange(int(sf.f.Fd()), 0, 0, unix.SYNC_FILE_RANGE_WRITE)
-	return sf.f
+	_ = unix.SyncFileRange(int(f.Fd()), 0, 0, unix.SYNC_FILE_RANGE_WRITE)
+	return f
+}
+
+// scratchMaker is a cache that makes uploads' scratch files itself
+// (engines/cache.Engine.NewScratch): on its filesystem, so that Adopt can
+// link them, and moved to fallback (the store's scratch directory) when
+// its disk fills, so that a full cache disk never fails a put.
+type scratchMaker interface {
+	NewScratch(fallback string) (engines.RandomStage, error)
 }
 
 // writeThrough offers f, holding d's n verified bytes, to the cache, once

@@ -182,6 +182,9 @@ func Open(ctx context.Context, cfg Config) (*Store, error) {
 	if l, ok := cfg.KV.(engines.CorruptLedger); ok {
 		s.ledger.shared, s.ledger.writable = l, !kvReadOnly
 	}
+	if v, ok := cfg.Large.(verifiedFiller); ok {
+		v.OnVerified(s.verdicts.record)
+	}
 	s.gc = gc.New(pool{s}, gc.Options{Window: window, Delay: cfg.GCDelay, Host: host, PinTTL: cfg.PinTTL,
 		Clock: cfg.Clock, Logger: s.log})
 	s.syncs = s.startSyncTimer(cfg.SyncEvery)

@@ -150,6 +150,10 @@ func (s *Store) newStage(ctx context.Context) (engines.RandomStage, bool, error)
 		}
 		st.Discard()
 	}
+	if sm, ok := s.large.(scratchMaker); ok {
+		st, err := sm.NewScratch(s.scratch) // the cache's (put_cache.go)
+		return st, false, err
+	}
 	dir := s.scratchDir() // the cache's, with one (put_cache.go)
 	if dir != "" {
 		if err := os.MkdirAll(dir, 0o700); err != nil {

@@ -51,6 +51,14 @@ func fileIdent(id engines.FileID, isFile bool) []byte {
 // cursorFile is the identity of c's backing file, if it is one.
 func cursorFile(c engines.Cursor) (engines.FileID, bool) { return engines.CursorFileID(c) }
 
+// verifiedFiller is a large engine that publishes local files it has
+// hashed whole to their digest (engines/cache's fills): each one it
+// reports is known good as that file, as after a read that checked it
+// whole.
+type verifiedFiller interface {
+	OnVerified(func(d Digest, id engines.FileID))
+}
+
 // goodVerdicts is the in-process memory of blobs verified end to end, and
 // of the suspect blobs this process has already reported as changed.
 type goodVerdicts struct {

@@ -31,6 +31,10 @@ type Options struct {
 	// (default 4); Segment the size of each (default 16 MiB).
 	Parallel int
 	Segment  int64
+	// FillWait is how long a miss waits for another process's fill of
+	// the same blob to make progress before it reads the blob from the
+	// remote tier without filling (default 10 s; claim.go).
+	FillWait time.Duration
 }
 
 // Engine is a remote large tier with a local cache in front (see the
@@ -45,6 +49,7 @@ type Engine struct {
 	log    *slog.Logger
 	par    int
 	seg    int64
+	wait   time.Duration // Options.FillWait
 
 	ctx    context.Context // fills' lifetime; Close cancels it
 	cancel context.CancelFunc
@@ -57,6 +62,24 @@ type Engine struct {
 	unsent counters // not yet added to the index's host counters
 	flushT *time.Ticker
 	closed atomic.Bool
+
+	onVerified atomic.Pointer[func(blob.Digest, engines.FileID)] // OnVerified
+
+	touchMu sync.Mutex
+	touched map[blob.Digest]int64 // opens not yet in the index (flushTouches)
+}
+
+// OnVerified sets fn to be told of each copy a fill of this process
+// published after hashing it whole to its digest, with the identity of
+// the file published (fill.go: publish); the store records it as known
+// good (store/verdicts.go), so that --verify=full passes the copy through
+// from its next open instead of verifying it once more. fn must be cheap.
+func (e *Engine) OnVerified(fn func(d blob.Digest, id engines.FileID)) { e.onVerified.Store(&fn) }
+
+func (e *Engine) verified(d blob.Digest, id engines.FileID) {
+	if fn := e.onVerified.Load(); fn != nil {
+		(*fn)(d, id)
+	}
 }
 
 // counters are engines.CacheCounters, atomically.
@@ -123,13 +146,16 @@ func New(ctx context.Context, remote engines.Large, opt Options) (engines.Large,
 	if opt.Segment <= 0 {
 		opt.Segment = 16 << 20
 	}
+	if opt.FillWait <= 0 {
+		opt.FillWait = 10 * time.Second
+	}
 	if err := os.MkdirAll(opt.Dir, 0o700); err != nil {
 		return nil, nil, fmt.Errorf("cache %s: %w", opt.Dir, err)
 	}
 	if !engines.Writable(opt.Dir) {
 		return nil, nil, fmt.Errorf("cache %s: not writable by this user, or on a read-only filesystem", opt.Dir)
 	}
-	e := &Engine{remote: remote, dir: opt.Dir, limit: opt.Limit, log: opt.Log, par: opt.Parallel, seg: opt.Segment,
+	e := &Engine{remote: remote, dir: opt.Dir, limit: opt.Limit, log: opt.Log, par: opt.Parallel, seg: opt.Segment, wait: opt.FillWait,
 		fills: map[blob.Digest]*fill{}}
 	unlock, err := e.lock(unix.LOCK_EX)
 	if err != nil {
@@ -185,14 +211,29 @@ func (e *Engine) flusher() {
 	}
 }
 
-// flush adds what this process counted to the host's counters.
+// flushTouches writes this process's opens since the last flush into the
+// index (index.touch): with the counters, and before an eviction picks
+// its victims.
+func (e *Engine) flushTouches(ctx context.Context) {
+	e.touchMu.Lock()
+	at := e.touched
+	e.touched = nil
+	e.touchMu.Unlock()
+	if err := e.idx.touch(ctx, at); err != nil {
+		e.log.Debug("cache: could not record accesses", "copies", len(at), "err", err)
+	}
+}
+
+// flush adds what this process counted to the host's counters, and its
+// opens to the index.
 func (e *Engine) flush() {
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	e.flushTouches(ctx)
 	c := e.unsent.snapshot(true)
 	if c.Hits == 0 && c.Misses == 0 && c.Fills == 0 && c.BytesFilled == 0 && c.Evictions == 0 && c.Dropped == 0 && c.Adopted == 0 && len(c.FillErrors) == 0 {
 		return
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
 	if err := e.idx.addCounters(ctx, c); err != nil {
 		e.log.Debug("cache: could not add to the host's counters", "err", err)
 	}
@@ -406,9 +447,12 @@ func (e *Engine) openHit(ctx context.Context, d blob.Digest) (engines.Cursor, bo
 		cur.Close()
 		return nil, false
 	}
-	if err := e.idx.touch(ctx, d); err != nil {
-		e.log.Debug("cache: could not record an access", "digest", d.String(), "err", err)
+	e.touchMu.Lock()
+	if e.touched == nil {
+		e.touched = map[blob.Digest]int64{}
 	}
+	e.touched[d] = now()
+	e.touchMu.Unlock()
 	return &hitCursor{e: e, d: d, FileCursor: fc}, true
 }
 

@@ -26,11 +26,14 @@ import (
 
 // fixture is a large-only store on a fresh S3 prefix with a cache in dir.
 type fixture struct {
-	t   *testing.T
-	url string
-	dir string
-	st  *store.Store
-	c   *cache.Engine
+	t       *testing.T
+	url     string
+	dir     string
+	st      *store.Store
+	c       *cache.Engine
+	opt     cache.Options                     // Dir and Limit are set by open
+	wrap    func(engines.Large) engines.Large // the remote, if set
+	scratch string                            // the store's ScratchDir
 }
 
 func newFixture(t *testing.T, url, dir string, limit int64) *fixture {
@@ -43,16 +46,25 @@ func newFixture(t *testing.T, url, dir string, limit int64) *fixture {
 func (f *fixture) open(limit int64) {
 	f.t.Helper()
 	ctx := context.Background()
-	remote, err := s3.OpenURL(ctx, f.url, nil)
+	s3e, err := s3.OpenURL(ctx, f.url, nil)
 	if err != nil {
 		f.t.Fatal(err)
 	}
-	large, c, err := cache.New(ctx, remote, cache.Options{Dir: f.dir, Limit: limit, Segment: 1 << 20})
+	var remote engines.Large = s3e
+	if f.wrap != nil {
+		remote = f.wrap(remote)
+	}
+	opt := f.opt
+	opt.Dir, opt.Limit = f.dir, limit
+	if opt.Segment == 0 {
+		opt.Segment = 1 << 20
+	}
+	large, c, err := cache.New(ctx, remote, opt)
 	if err != nil {
 		remote.Close()
 		f.t.Fatal(err)
 	}
-	st, err := store.Open(ctx, store.Config{Large: large})
+	st, err := store.Open(ctx, store.Config{Large: large, ScratchDir: f.scratch})
 	if err != nil {
 		large.Close()
 		f.t.Fatal(err)

@@ -9,7 +9,8 @@
 //
 //	DIR/blobs/ab/abcdef…   a cached blob, named by its digest, mode 0444
 //	DIR/sums/ab/abcdef…    its chunk checksums (the remote's sidecar, copied)
-//	DIR/stage/stage-*      fills in flight (flocked by their process)
+//	DIR/stage/stage-DIGEST a fill in flight, flocked by its process: the
+//	                       host's claim on the blob's fill (claim.go)
 //	DIR/index.db           SQLite (WAL): one row per copy (size, last
 //	                       access) and the host's counters
 //	DIR/lock               flock: shared by publishes and evictions,
@@ -17,9 +18,10 @@
 //
 // A hit is the local tier's file cursor (an engines.FileCursor), so the
 // store judges it as it judges a local blob: passthrough in
-// --verify=publish, and in --verify=full once a reader of this process has
-// checked every chunk of the file as it is now; a file whose identity
-// changed is verified again first (store/verdicts.go).
+// --verify=publish, and in --verify=full once this process knows the file
+// good as it is now — a reader of it checked every chunk, or this
+// process's fill published it (below); a file whose identity changed is
+// verified again first (store/verdicts.go).
 //
 // # Fill on read
 //
@@ -33,10 +35,26 @@
 // once). The store still checks every chunk a reader is given against the
 // chunk checksums (store/verify.go), as it does without a cache. The
 // fill's hasher reads the segments back in order and the stage is
-// published (fsync, rename without replace) only when the whole blob
-// hashed to its digest; any failure drops the stage and the readers go on
-// from the remote tier. Two processes that miss the same blob at once
-// fill it twice; the rename keeps one copy.
+// published (engines/local's Link: fsync, a link that never replaces,
+// then the stage's name removed) only when the whole blob hashed to its
+// digest; any failure drops the stage and the readers go on from the
+// remote tier. A fill that published its own stage tells the store
+// (OnVerified) the identity of the file it hashed, taken after the link
+// and the unlink and compared with the file the name now leads to: the
+// store records it known good, so --verify=full passes the copy through
+// from its next open. A copy found there instead (another process's
+// write-through won the link) is not vouched for: it is verified at its
+// first read, as any file this process did not check.
+//
+// The stage's flock is the host's claim on the blob's fill: a process
+// that misses a blob whose stage another process holds does not fetch it
+// too; it waits, polling the lock, while that stage grows, then opens the
+// published copy. If the filler dies (the kernel drops its lock) or gives
+// up, the waiter takes the claim and fills; if the stage does not grow
+// for Options.FillWait (10 s) — the filler is stopped or stuck — the
+// waiter reads from the remote tier without filling (fill error "busy").
+// A waiter's open blocks meanwhile: one fetch of the blob per host is
+// worth more than the second process's first byte.
 //
 // # Bound and policy
 //
@@ -55,6 +73,18 @@
 // the fill up with a log line and a counter; the read goes on from the
 // remote tier.
 //
+// Access times are kept as precisely as eviction needs, not per open: a
+// hit notes its time in memory, and the process writes its notes into
+// the index in one transaction every 2 s (with the counters), at close,
+// and before each of its evictions. A row is written only if its
+// recorded access is older than 1/8 of the cache's horizon (the age of
+// its oldest copy) before the new one. So a copy's recorded access lags
+// its last open by at most 2 s (for another process's eviction; none for
+// this process's) plus 1/8 of the horizon: eviction is LRU except among
+// copies opened within that margin of each other, and the oldest copy,
+// opened, always moves to the newest end. A copy opened over and over
+// costs one write per eighth of the horizon, not one per open.
+//
 // # Shared by the processes of a host
 //
 // Every process that opens the same directory shares its files and one
@@ -62,9 +92,11 @@
 // the file, so the total is SUM(size) with no double counting, and
 // eviction picks the oldest row whoever filled it. The alternative, flock
 // and a directory scan per fill, costs time in proportion to the cache's
-// files at every fill; the index costs one short SQLite write per open.
+// files at every fill; the index costs a short SQLite write per fill and
+// one batched transaction per process every 2 s for the opens (above).
 // Counters are added to the index every 2 s and at close (cache stat sums
-// the host's processes).
+// the host's processes). A fill is claimed for the whole host (Fill on
+// read): two processes missing one blob fetch it once.
 //
 // # Restarts
 //
@@ -93,15 +125,29 @@
 //
 // Puts go to the remote tier's stage, unchanged. An upload (the mount's
 // incoming/ files) past the kv threshold is written to a scratch file,
-// which the store makes nameless with O_TMPFILE in ScratchDir (DIR/stage,
-// on the cache's filesystem) and streams to the remote, hashing it and
-// computing its chunk checksums on the way. Once the remote has committed
-// the blob, Adopt links that very file into blobs/ (local.Engine.Link:
-// linkat of /proc/self/fd/N, no byte copied) with the checksums as its
-// sidecar, after evicting for its size (the bytes are on the disk
-// already: only the limit binds). A streamed put (store.Put) has no
-// local file and is cached at its first read, as is a put that does not
-// fit or whose scratch file cannot be linked. See store/put_cache.go.
+// which the cache makes (NewScratch, scratch.go) nameless with O_TMPFILE
+// in ScratchDir (DIR/stage, on the cache's filesystem); the store streams
+// it to the remote, hashing it and computing its chunk checksums on the
+// way. Once the remote has committed the blob, Adopt links that very file
+// into blobs/ (local.Engine.Link: linkat of /proc/self/fd/N, no byte
+// copied) with the checksums as its sidecar, after evicting for its size
+// (the bytes are on the disk already: only the limit binds). The cache's
+// disk is sized for the cache, not for the largest put: when it fills
+// while an upload is written (ENOSPC, EDQUOT), the scratch file moves,
+// with what it holds (holes kept), to the store's scratch directory
+// (--scratch) and the write is done there; the put goes on, is logged and
+// counted (fill error "put_nospace"), and is not written through. A
+// streamed put (store.Put) has no local file and is cached at its first
+// read, as is a put that does not fit, moved off the cache's disk, or
+// whose scratch file cannot be linked. See store/put_cache.go.
+//
+// # Memory
+//
+// A fill holds Parallel segment buffers (4 × 16 MiB) while its workers
+// fetch, and its hasher reads the stage back through 1 MiB: the daemon's
+// memory grows with the fills in flight, never with a blob's size or the
+// cache's (the index is on disk; the notes of opens are one entry per
+// copy opened in the last 2 s).
 //
 // # Sizes
 //

@@ -27,6 +27,7 @@ const minFreeDiv = 50
 // fill writes need bytes, an adopted put's file (adopt.go) is on the disk
 // already.
 func (e *Engine) makeRoom(ctx context.Context, need, onDisk int64) error {
+	e.flushTouches(ctx) // this process's recent opens are not victims
 	unlock, err := e.lock(unix.LOCK_SH)
 	if err != nil {
 		return err

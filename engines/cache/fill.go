@@ -29,8 +29,8 @@ type fill struct {
 	d    blob.Digest
 	size int64
 	src  engines.Cursor // the remote's; shared by the workers and the readers
-	st   engines.RandomStage
-	side []byte // the remote's sidecar, stored beside the copy
+	st   *stageFile     // claimed: this process is the host's filler (claim.go)
+	side []byte         // the remote's sidecar, stored beside the copy
 
 	mu      sync.Mutex
 	cond    *sync.Cond
@@ -58,6 +58,11 @@ const (
 )
 
 var segBufs sync.Pool
+
+// hashBuf is the hasher's read size: the stage's pages are in the page
+// cache, so it needs no segment-sized buffer (the daemon's peak memory is
+// Parallel segments, whatever the blob's size).
+const hashBuf = 1 << 20
 
 func (f *fill) getBuf() *[]byte {
 	if bp, ok := segBufs.Get().(*[]byte); ok && int64(cap(*bp)) >= f.e.seg {
@@ -91,7 +96,18 @@ func (e *Engine) openMiss(ctx context.Context, d blob.Digest) (engines.Cursor, e
 		src.Close()
 		return c, nil
 	}
+	st, hit, err := e.claim(ctx, d)
+	switch {
+	case hit != nil:
+		// Another process of the host filled it meanwhile.
+		src.Close()
+		return hit, nil
+	case err != nil:
+		e.fillFailed(d, err)
+		return src, nil
+	}
 	if err := e.makeRoom(ctx, size, size); err != nil {
+		st.discard()
 		cause := "local"
 		if errors.Is(err, errFull) {
 			cause = "full"
@@ -100,20 +116,17 @@ func (e *Engine) openMiss(ctx context.Context, d blob.Digest) (engines.Cursor, e
 		e.log.Info("cache: no room to cache a blob; reading it from the remote tier", "digest", d.String(), "size", size, "err", err)
 		return src, nil
 	}
-	st, err := e.loc.Stage(ctx)
-	if err != nil {
-		e.fillFailed(d, err)
-		return src, nil
-	}
 	side, _ := remoteSidecar(ctx, e.remote, d)
-	f := &fill{e: e, d: d, size: size, src: src, st: st.(engines.RandomStage), side: side,
+	f := &fill{e: e, d: d, size: size, src: src, st: st, side: side,
 		state: make([]segState, (size+e.seg-1)/e.seg), readers: 1}
 	f.cond = sync.NewCond(&f.mu)
 	e.mu.Lock()
 	if other := e.fills[d]; other != nil {
-		// Another Open of d got here first: join it.
+		// Another Open of d got here first: join it. (Not reached while
+		// the claim holds, which excludes this process too; kept for a
+		// fill that ended between the join above and the claim.)
 		e.mu.Unlock()
-		st.Discard()
+		st.discard()
 		src.Close()
 		if c := e.join(d); c != nil {
 			return c, nil
@@ -155,6 +168,9 @@ func (e *Engine) fillFailed(d blob.Digest, err error) {
 	case errors.Is(err, errVerify):
 		cause = "verify"
 		e.log.Warn("cache: a blob fetched from the remote tier does not hash to its digest; not cached", "digest", d.String(), "err", err)
+	case errors.Is(err, errBusy):
+		cause = "busy"
+		e.log.Info("cache: another process's fill of the blob stalled; reading it from the remote tier", "digest", d.String())
 	case errors.Is(err, context.Canceled):
 		return
 	default:
@@ -258,7 +274,7 @@ func (f *fill) fail(err error) {
 	f.mu.Unlock()
 	f.e.fillFailed(f.d, err)
 	f.rw.Lock()
-	f.st.Discard()
+	f.st.discard()
 	f.rw.Unlock()
 	f.end()
 }
@@ -267,8 +283,7 @@ func (f *fill) fail(err error) {
 // publishes the stage.
 func (f *fill) hashAndPublish() {
 	h := sha256.New()
-	bp := f.getBuf()
-	defer segBufs.Put(bp)
+	buf := make([]byte, min(f.e.seg, hashBuf)) // from the page cache: small reads are as fast
 	for i := range f.state {
 		f.mu.Lock()
 		for f.state[i] != segDone && f.err == nil && f.e.ctx.Err() == nil {
@@ -284,14 +299,18 @@ func (f *fill) hashAndPublish() {
 			return
 		}
 		off, n := f.segSpan(i)
-		f.rw.RLock()
-		k, rerr := f.st.ReadAt((*bp)[:n], off)
-		f.rw.RUnlock()
-		if int64(k) < n {
-			f.fail(fmt.Errorf("read the stage back: %w", rerr))
-			return
+		for end := off + n; off < end; {
+			p := buf[:min(int64(len(buf)), end-off)]
+			f.rw.RLock()
+			k, rerr := f.st.ReadAt(p, off)
+			f.rw.RUnlock()
+			if k < len(p) {
+				f.fail(fmt.Errorf("read the stage back: %w", rerr))
+				return
+			}
+			h.Write(p)
+			off += int64(k)
 		}
-		h.Write((*bp)[:n])
 	}
 	var got blob.Digest
 	h.Sum(got[:0])
@@ -308,27 +327,31 @@ func (f *fill) publish() {
 	defer cancel()
 	f.rw.Lock()
 	defer f.rw.Unlock()
-	if f.side != nil {
-		if ss, ok := f.st.(engines.SidecarStage); ok {
-			ss.SetSidecar(f.side)
-		}
-	}
 	unlock, err := e.lock(unix.LOCK_SH)
 	if err != nil {
-		f.st.Discard()
+		f.st.discard()
 		f.failLocked(err)
 		return
 	}
-	err = f.st.Commit(ctx, f.d)
-	if err == nil {
-		err = e.idx.add(ctx, f.d, f.size)
-	}
+	linked, id, err := f.st.publish(ctx, e, f.d, f.side, f.size)
 	unlock()
-	if err != nil {
+	if err != nil && !linked {
 		f.failLocked(err)
 		return
+	}
+	if err != nil {
+		e.log.Warn("cache: a copy was published but may not be durable", "digest", f.d.String(), "err", err)
 	}
 	pub, err := e.loc.Open(ctx, f.d)
+	if err == nil && linked && id != (engines.FileID{}) {
+		// The copy is the file this fill hashed whole to its digest: known
+		// good as it is now, as after a read that checked it whole, so a
+		// mount under --verify=full passes it through from its next open.
+		// Only if the name still leads to that very file, unchanged.
+		if now, ok := engines.CursorFileID(pub); ok && now == id {
+			e.verified(f.d, id)
+		}
+	}
 	f.mu.Lock()
 	if err != nil {
 		f.err = err // published, but not readable here: readers go remote
@@ -337,7 +360,9 @@ func (f *fill) publish() {
 	}
 	f.cond.Broadcast()
 	f.mu.Unlock()
-	e.count(func(c *counters) { c.fills.Add(1) })
+	if linked {
+		e.count(func(c *counters) { c.fills.Add(1) })
+	}
 	f.end()
 }
 
@@ -481,6 +506,12 @@ func (e *Engine) Warm(ctx context.Context, d blob.Digest, progress func(done int
 		return err
 	}
 	defer c.Close()
+	if _, ok := c.(*hitCursor); ok { // another process filled it
+		if progress != nil {
+			progress(c.Len())
+		}
+		return nil
+	}
 	m, ok := c.(*missCursor)
 	if !ok {
 		return fmt.Errorf("blob %s (%d bytes) cannot be cached: it is empty, larger than the cache, or the cache has no room", d, c.Len())

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"net/url"
 	"path/filepath"
+	"sync/atomic"
 	"time"
 
 	_ "modernc.org/sqlite" // registers the "sqlite" driver
@@ -21,6 +22,8 @@ import (
 // processes; each statement is short.
 type index struct {
 	db *sql.DB
+
+	touchWrites atomic.Int64 // rows touch has updated (tests)
 }
 
 var indexSchema = []string{
@@ -92,8 +95,41 @@ func (x *index) remove(ctx context.Context, d blob.Digest) error {
 	return err
 }
 
-func (x *index) touch(ctx context.Context, d blob.Digest) error {
-	_, err := x.db.ExecContext(ctx, `UPDATE blobs SET atime = ? WHERE digest = ?`, now(), d[:])
+// touchDiv: an access is written only if the row's recorded one is older
+// than 1/touchDiv of the cache's horizon (the age of its oldest copy).
+const touchDiv = 8
+
+// touch records the accesses of this process since the last call (digest
+// to the time of its last open), in one transaction: a row is updated
+// only when its recorded access is older than 1/touchDiv of the horizon
+// before the new one, so a copy opened over and over costs a write per
+// eighth of the horizon, and the oldest copy, once opened, always moves
+// (see Bound and policy in the package doc).
+func (x *index) touch(ctx context.Context, at map[blob.Digest]int64) error {
+	if len(at) == 0 {
+		return nil
+	}
+	var oldest sql.NullInt64
+	if err := x.db.QueryRowContext(ctx, `SELECT MIN(atime) FROM blobs`).Scan(&oldest); err != nil || !oldest.Valid {
+		return err
+	}
+	var wrote int64
+	err := engines.InTx(ctx, x.db, nil, func(tx *sql.Tx) error {
+		wrote = 0
+		for d, t := range at {
+			res, err := tx.ExecContext(ctx, `UPDATE blobs SET atime = ? WHERE digest = ? AND atime < ?`,
+				t, d[:], t-max(t-oldest.Int64, 0)/touchDiv)
+			if err != nil {
+				return err
+			}
+			n, _ := res.RowsAffected()
+			wrote += n
+		}
+		return nil
+	})
+	if err == nil {
+		x.touchWrites.Add(wrote)
+	}
 	return err
 }
 
