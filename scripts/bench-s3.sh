@@ -144,8 +144,8 @@ for r in $(seq 1 "$reps"); do
 	done
 done
 
-# vmhwm MNT prints the peak RSS of MNT's daemon in MiB.
-vmhwm() { awk '/^VmHWM:/ { printf "%.0f", $2 / 1024 }' "/proc/$(<"$1.pid")/status"; }
+# vmhwm MNT prints the peak RSS of MNT's daemon in MiB (lib.sh's peakrss).
+vmhwm() { echo $(($(peakrss "$(<"$1.pid")") / 1024)); }
 
 echo "== daemon memory"
 rss=$work/rss
