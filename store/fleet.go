@@ -26,9 +26,11 @@ var ErrFleetConfig = errors.New("invalid fleet configuration")
 //     declaration;
 //   - every pool has at least 2 connections.
 //
-// Design point (pool sizing): a sweep holds its lease on one pooled
-// connection for its whole length while its other work rides further
-// checkouts; a pool of 1 would wait on itself forever.
+// Design point (pool sizing): the sweep lease and the change feed hold
+// sessions of their own, outside the pool, so a pool of 1 cannot wait on
+// itself. A fleet host still needs 2: with one, every open, close and
+// lookup of its users queues behind each statement of its sweeps and
+// puts, and waits of that kind are what the op timeout turns into EIO.
 func checkFleet(cfg Config) error {
 	bad := func(format string, args ...any) error {
 		return fmt.Errorf("store: %w: %s", ErrFleetConfig, fmt.Sprintf(format, args...))
@@ -47,7 +49,7 @@ func checkFleet(cfg Config) error {
 			return bad("%s keeps blobs in one process's memory; no other host can see them", e.Name())
 		}
 		if loc, ok := e.(engines.Locator); ok && loc.PoolSize() < 2 {
-			return bad("%s has a pool of %d connection(s); a fleet sweep needs at least 2 (its lease holds one)", e.Name(), loc.PoolSize())
+			return bad("%s has a pool of %d connection(s); a fleet host needs at least 2, so that its users' opens and lookups do not queue behind its sweeps and puts", e.Name(), loc.PoolSize())
 		}
 	}
 	if cfg.Large == nil {
