@@ -1,0 +1,179 @@
+#!/usr/bin/env bash
+# measure-small.sh — what a small file costs the daemon through the mount:
+# `cp -r` of N distinct 4 KiB files into a namespace's incoming/, then
+# `sync`, on the embedded default store (SQLite kv, local large tier), a
+# fresh data directory per run. Each run prints
+#
+#   cpu µs/file  the daemon's utime+stime (/proc/PID/stat) from just before
+#                the copy until every digest is listed, ÷ N
+#   wall s       cp -r + sync, and until every digest is listed (with
+#                `alkblobfs ls NS` in a process of its own, so that the
+#                daemon is not charged for the polling)
+#
+# beside `cp -r` + `sync` of the same tree into a native directory of the
+# same filesystem (the ratio is native ÷ mount, 1.0 is native speed).
+#
+#   scripts/measure-small.sh [-n N] [-r REPS] [--base BIN|COMMIT] [--bin BIN] [--profile DIR]
+#
+#   -n N            files per run (default 10000)
+#   -r REPS         repetitions (default 3); medians are printed
+#   --bin BIN       the binary measured (default: built from this tree)
+#   --base BIN|COMMIT  also a "before" build (a binary, or a commit of this
+#                   repository built from `git archive`, no worktree
+#                   touched): each repetition runs both, alternating which
+#                   goes first, and the summary gives both medians
+#   --profile DIR   the first repetition of each binary also writes a CPU
+#                   profile (mount --cpuprofile, the daemon's whole life)
+#                   and a heap profile at unmount (mount --memprofile, for
+#                   go tool pprof -sample_index=alloc_objects) into DIR as
+#                   LABEL.cpu.pprof and LABEL.heap.pprof, beside the
+#                   binary, LABEL.bin (LABEL is before or after)
+#
+# Needs root (mount(2)) and FUSE. Work happens in $SMALL_DIR (default
+# /var/tmp): sources, stores and the native target share one filesystem.
+set -euo pipefail
+
+n=10000 reps=3 base= bin= profile=
+while (($#)); do
+	case $1 in
+	-n) n=$2; shift 2 ;;
+	-r) reps=$2; shift 2 ;;
+	--base) base=$2; shift 2 ;;
+	--bin) bin=$2; shift 2 ;;
+	--profile) profile=$2; shift 2 ;;
+	-h | --help) sed -n '2,/^set -e/p' "$0" | sed '$d; s/^# \{0,1\}//'; exit 0 ;;
+	*) echo "measure-small.sh: unknown argument $1 (see --help)" >&2; exit 2 ;;
+	esac
+done
+[[ $n =~ ^[1-9][0-9]*$ ]] || { echo "measure-small.sh: -n wants a positive count, not $n" >&2; exit 2; }
+[[ $reps =~ ^[1-9][0-9]*$ ]] || { echo "measure-small.sh: -r wants a positive count, not $reps" >&2; exit 2; }
+[[ $(id -u) == 0 ]] || { echo "measure-small.sh: run as root (mount(2))" >&2; exit 1; }
+
+root=$(cd "$(dirname "$0")/.." && pwd)
+work=$(mktemp -d "${SMALL_DIR:-/var/tmp}/alkblobfs-small.XXXXXX")
+PROG=measure-small.sh
+# shellcheck source=scripts/lib.sh
+. "$root/scripts/lib.sh"
+cleanup() {
+	for p in "${pids[@]}"; do kill -TERM "$p" 2>/dev/null || true; done
+	wait 2>/dev/null || true
+	{ grep -o " $work/[^ ]*" /proc/self/mountinfo || true; } | while read -r m; do umount -l "$m" 2>/dev/null || true; done
+	rm -rf "$work"
+}
+trap cleanup EXIT
+
+# build SPEC OUT: OUT is the binary SPEC names (a file), or built from
+# commit SPEC, or (SPEC empty) from this tree.
+build() {
+	local spec=$1 out=$2 rev
+	if [[ -z $spec ]]; then
+		(cd "$root" && go build -o "$out" ./cmd/alkblobfs)
+	elif [[ -f $spec ]]; then
+		[[ -x $spec ]] || { echo "$PROG: $spec is a file but not executable" >&2; exit 1; }
+		cp "$spec" "$out"
+	else
+		rev=$(git -C "$root" rev-parse --verify --quiet "$spec^{commit}") ||
+			{ echo "$PROG: $spec is neither a binary nor a commit of $root" >&2; exit 1; }
+		mkdir "$work/src"
+		git -C "$root" archive "$rev" | tar -x -C "$work/src"
+		(cd "$work/src" && go build -o "$out" ./cmd/alkblobfs)
+		rm -rf "$work/src"
+	fi
+}
+build "$bin" "$work/after"
+labels=(after)
+if [[ -n $base ]]; then
+	build "$base" "$work/before"
+	labels=(before after)
+fi
+if [[ -n $profile ]]; then
+	mkdir -p "$profile"
+	for l in "${labels[@]}"; do cp "$work/$l" "$profile/$l.bin"; done
+fi
+
+echo "== $n files of 4 KiB"
+mkdir "$work/src-tree"
+head -c "$((n * 4096))" /dev/urandom | split -b 4096 -a 6 - "$work/src-tree/f"
+hz=$(getconf CLK_TCK)
+results=$work/results
+
+# cputicks PID: the process's utime+stime in clock ticks.
+cputicks() { awk '{ print $14 + $15 }' "/proc/$1/stat"; }
+now() { date +%s%N; }
+
+# listed BIN DATA: how many digests namespace bench links.
+listed() { "$1" --data "$2" ls bench | wc -l; }
+
+# run LABEL REP: one copy into a fresh store with binary LABEL.
+run() {
+	local label=$1 r=$2 b=$work/$1 data=$work/data-$1-$2 mnt=$work/mnt-$1-$2 flags=() pid c0 c1 t0 t1 t2 got
+	mkdir -p "$data" && chmod 700 "$data"
+	"$b" --data "$data" ns create bench >/dev/null
+	if [[ -n $profile && $r == 1 ]]; then
+		flags=(--cpuprofile "$profile/$label.cpu.pprof" --memprofile "$profile/$label.heap.pprof")
+	fi
+	mountfs "$b" "$mnt" --data "$data" mount "${flags[@]}"
+	pid=$(<"$mnt.pid")
+	c0=$(cputicks "$pid")
+	t0=$(now)
+	cp -r "$work/src-tree" "$mnt/bench/incoming/s"
+	sync
+	t1=$(now)
+	# Every close returned once its version committed; the link follows
+	# at the RELEASE. Wait (bounded) until all N are listed.
+	for _ in $(seq 1 600); do
+		got=$(listed "$b" "$data")
+		((got >= n)) && break
+		sleep 0.05
+	done
+	t2=$(now)
+	c1=$(cputicks "$pid")
+	((got == n)) || { echo "$PROG: $label listed $got of $n digests 30 s after the copy" >&2; exit 1; }
+	umountfs "$mnt"
+	rm -rf "$data" "$mnt"
+	awk -v l="$label" -v r="$r" -v c="$((c1 - c0))" -v hz="$hz" -v n="$n" -v a="$t0" -v b="$t1" -v e="$t2" 'BEGIN {
+		us = c / hz * 1e6 / n
+		printf "%s\t%.1f\t%.3f\t%.3f\n", l, us, (b - a) / 1e9, (e - a) / 1e9 >> "'"$results"'"
+		printf "  rep %d %-7s daemon CPU %7.1f µs/file   cp -r + sync %6.3f s   until listed %6.3f s\n", r, l, us, (b - a) / 1e9, (e - a) / 1e9
+	}'
+}
+
+native() {
+	local r=$1 t0 t1
+	t0=$(now)
+	cp -r "$work/src-tree" "$work/native-$r"
+	sync
+	t1=$(now)
+	rm -rf "$work/native-$r"
+	awk -v a="$t0" -v b="$t1" 'BEGIN { printf "native\t0\t%.3f\t%.3f\n", (b - a) / 1e9, (b - a) / 1e9 >> "'"$results"'"
+		printf "  rep %d native  cp -r + sync %6.3f s\n", '"$r"', (b - a) / 1e9 }'
+}
+
+for r in $(seq 1 "$reps"); do
+	echo "== repetition $r of $reps"
+	native "$r"
+	if ((${#labels[@]} == 2 && r % 2 == 0)); then
+		run after "$r"
+		run before "$r"
+	else
+		for l in "${labels[@]}"; do run "$l" "$r"; done
+	fi
+done
+
+echo
+echo "medians of $reps ($(nproc) CPUs, load $(cut -d' ' -f1-3 /proc/loadavg)):"
+awk -F'\t' "$MEDIAN_AWK"'
+	{ k = $1; if (!(k in c)) order[++no] = k; c[k]++; cpu[k, c[k]] = $2; w[k, c[k]] = $3; l[k, c[k]] = $4 }
+	END {
+		for (i = 1; i <= c["native"]; i++) a[i] = w["native", i]
+		nat = median(a, c["native"])
+		printf "  %-7s %14s %14s %14s %8s\n", "system", "CPU µs/file", "cp+sync s", "until listed s", "ratio"
+		for (o = 1; o <= no; o++) {
+			k = order[o]
+			for (i = 1; i <= c[k]; i++) { x[i] = cpu[k, i]; y[i] = w[k, i]; z[i] = l[k, i] }
+			mc = median(x, c[k]); mw = median(y, c[k]); ml = median(z, c[k])
+			printf "  %-7s %14s %14.3f %14.3f %8.2f\n", k, (k == "native" ? "-" : sprintf("%.1f", mc)), mw, ml, nat / ml
+		}
+	}' "$results"
+[[ -n $profile ]] && echo "profiles in $profile (go tool pprof -top $profile/after.bin $profile/after.cpu.pprof; -sample_index=alloc_objects for the heap ones)"
+exit 0
