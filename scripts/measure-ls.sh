@@ -61,8 +61,21 @@ requests() {
 delta() {
 	join -a 2 -e 0 -o 0,1.2,2.2 <(echo "$1") <(echo "$2") | awk '$3 - $2 > 0 { printf "%s=%d ", $1, $3 - $2 }'
 }
-timels() { secs checkedls "$1"; }
-checkedls() { ls -l "$1" >"$work/out" 2>&1 || { echo "$PROG: ls -l $1 failed:" >&2; cat "$work/out" >&2; exit 1; }; }
+# timels DIR [PID]: ls -l DIR; prints its wall seconds, then as $cpu the
+# CPU seconds of ls (user + system) and, with PID, of that daemon.
+timels() {
+	local t0 t1 d0 d1
+	[[ -n ${2:-} ]] && d0=$(proccpu "$2")
+	t0=$(date +%s%N)
+	/usr/bin/env time -f '%U %S' -o "$work/time" ls -l "$1" >"$work/out" 2>"$work/err" ||
+		{ echo "$PROG: ls -l $1 failed:" >&2; cat "$work/err" >&2; exit 1; }
+	t1=$(date +%s%N)
+	[[ -n ${2:-} ]] && d1=$(proccpu "$2")
+	awk -v a="$t0" -v b="$t1" 'BEGIN { printf "%.3f\n", (b - a) / 1e9 }'
+	awk -v d0="${d0:-0}" -v d1="${d1:-0}" '{ printf "ls %.2f daemon %.2f\n", $1 + $2, d1 - d0 }' "$work/time" >"$work/cpu"
+}
+# proccpu PID: utime + stime of PID in seconds.
+proccpu() { awk -v hz="$(getconf CLK_TCK)" '{ sub(/.*\) /, ""); printf "%.2f\n", ($12 + $13) / hz }' "/proc/$1/stat"; }
 
 declare -A fig
 mount_ls() { # SYSTEM BINARY REP
@@ -70,14 +83,16 @@ mount_ls() { # SYSTEM BINARY REP
 	dropcaches
 	mountfs "$2" "$mnt" --data "$data" mount --listen "unix:$sock"
 	r0=$(requests "$sock")
-	t=$(timels "$mnt/ls")
+	t=$(timels "$mnt/ls" "$(<"$mnt.pid")")
 	[[ $(grep -c '^-' "$work/out") == "$n" ]] || { echo "$PROG: $1 listed $(grep -c '^-' "$work/out") files, not $n" >&2; exit 1; }
 	fig[$1-cold]+=" $t"
+	c=$(<"$work/cpu")
 	r1=$(requests "$sock")
-	t=$(timels "$mnt/ls")
+	t=$(timels "$mnt/ls" "$(<"$mnt.pid")")
 	fig[$1-warm]+=" $t"
 	r2=$(requests "$sock")
-	echo "  rep $3 $1: cold $(printf '%.3f' "${fig[$1-cold]##* }") s [$(delta "$r0" "$r1")]  warm $t s [$(delta "$r1" "$r2")]"
+	echo "  rep $3 $1: cold ${fig[$1-cold]##* } s (CPU s: $c) [$(delta "$r0" "$r1")]"
+	echo "  rep $3 $1: warm $t s (CPU s: $(<"$work/cpu")) [$(delta "$r1" "$r2")]"
 	umountfs "$mnt"
 }
 native_ls() {
@@ -85,9 +100,10 @@ native_ls() {
 	dropcaches
 	t=$(timels "$work/native")
 	fig[native-cold]+=" $t"
+	c=$(<"$work/cpu")
 	t=$(timels "$work/native")
 	fig[native-warm]+=" $t"
-	echo "  rep $1 native: cold ${fig[native-cold]##* } s  warm $t s"
+	echo "  rep $1 native: cold ${fig[native-cold]##* } s (CPU s: ${c% daemon*})  warm $t s (CPU s: $(awk '{print $1, $2}' "$work/cpu"))"
 }
 
 echo "== $n entries, $reps repetitions, interleaved ($(uname -r))"
