@@ -3,6 +3,7 @@ package sqlite
 import (
 	"context"
 	"database/sql"
+	"sync"
 	"sync/atomic"
 	"time"
 )
@@ -35,6 +36,7 @@ type checkpointer struct {
 	stop chan struct{}
 	done chan struct{}
 	runs atomic.Int64 // checkpoints run (tests read it)
+	once sync.Once
 }
 
 // startCheckpointer opens a connection of dsn and starts checkpointing
@@ -73,12 +75,17 @@ func (c *checkpointer) loop() {
 	}
 }
 
-// close stops the checkpointer and closes its connection.
+// close stops the checkpointer and closes its connection; later calls do
+// nothing (an Engine may be closed twice).
 func (c *checkpointer) close() error {
 	if c == nil {
 		return nil
 	}
-	close(c.stop)
-	<-c.done
-	return c.db.Close()
+	var err error
+	c.once.Do(func() {
+		close(c.stop)
+		<-c.done
+		err = c.db.Close()
+	})
+	return err
 }
