@@ -29,7 +29,7 @@ func (s *Server) put(w http.ResponseWriter, r *http.Request) error {
 		return errReadOnly
 	}
 	c := caller(r)
-	ns := r.URL.Query().Get("namespace")
+	ns := queryValue(r, "namespace")
 	if err := s.allow(r.Context(), c, ns, VerbWrite, namespaces.Write|namespaces.Search); err != nil {
 		return err
 	}
@@ -60,7 +60,9 @@ func (s *Server) put(w http.ResponseWriter, r *http.Request) error {
 	defer release()
 	// The deadline clears at the body's end; a put that returns before it
 	// leaves it, so that the server's discarding of the rest is bounded.
-	body := &bodyReader{r: &deadlineReader{r: r.Body, rc: http.NewResponseController(w), d: s.body}}
+	pb := &putBody{dl: deadlineReader{r: r.Body, rc: http.NewResponseController(w), d: s.body}}
+	pb.r = &pb.dl
+	body := &pb.bodyReader
 	link := store.WithLink(s.ns.LinkFunc(ns))
 	var d store.Digest
 	var pin *store.Pin
@@ -78,9 +80,47 @@ func (s *Server) put(w http.ResponseWriter, r *http.Request) error {
 	}
 	tok := s.tokens.mint(pin, ns, c.UID)
 	minted = true
-	w.Header().Set("Location", "/v1/blobs/"+d.String())
-	writeJSON(w, http.StatusCreated, PutResponse{Token: tok, Digest: d.String()})
+	hex := d.String()
+	h := w.Header()
+	h.Set("Location", "/v1/blobs/"+hex)
+	h.Set("Content-Type", "application/json")
+	w.WriteHeader(http.StatusCreated)
+	w.Write(appendPutResponse(make([]byte, 0, 128), tok, hex)) // a failed write is the client gone
 	return nil
+}
+
+// appendPutResponse appends the JSON of PutResponse{tok, hex}, as
+// json.Encoder writes it (with its newline): a token is base64url and a
+// digest hex, neither of which JSON escapes. TestPutResponseJSON checks
+// it against the encoder.
+func appendPutResponse(b []byte, tok, hex string) []byte {
+	b = append(b, `{"token":"`...)
+	b = append(b, tok...)
+	b = append(b, `","digest":"`...)
+	b = append(b, hex...)
+	return append(b, "\"}\n"...)
+}
+
+// putBody is a put's body reader and its deadlines, in one allocation.
+type putBody struct {
+	bodyReader
+	dl deadlineReader
+}
+
+// queryValue is r.URL.Query().Get(key) without building the map: the
+// first value of key in the query. A query with escapes (or a ';', which
+// ParseQuery refuses) takes the full parse.
+func queryValue(r *http.Request, key string) string {
+	q := r.URL.RawQuery
+	if strings.ContainsAny(q, "%+;") {
+		return r.URL.Query().Get(key)
+	}
+	for part := range strings.SplitSeq(q, "&") {
+		if k, v, _ := strings.Cut(part, "="); k == key {
+			return v
+		}
+	}
+	return ""
 }
 
 var errReadOnly = &httpError{http.StatusForbidden, "read_only", "this server is read-only (a read-only mount, or a store on read-only media): puts and deletes are refused"}

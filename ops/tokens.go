@@ -72,13 +72,18 @@ func (t *tokens) dropLocked(uid uint32) {
 // mint takes ownership of pin and returns a fresh token naming it, minted
 // by uid on its reservation.
 func (t *tokens) mint(pin *store.Pin, ns string, uid uint32) string {
-	var b [18]byte
-	rand.Read(b[:]) // never fails (crypto/rand)
-	id := base64.RawURLEncoding.EncodeToString(b[:])
+	id := t.newID()
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	t.m[id] = &token{pin: pin, ns: ns, uid: uid, expires: t.clock.Now().Add(t.ttl)}
 	return id
+}
+
+// newID is a fresh token: 18 random bytes, base64url.
+func (t *tokens) newID() string {
+	var b [18]byte
+	rand.Read(b[:]) // never fails (crypto/rand)
+	return base64.RawURLEncoding.EncodeToString(b[:])
 }
 
 // mine reports whether uid may renew or release tk.

@@ -12,9 +12,13 @@
 # 2. PUTS puts of distinct 1 KiB blobs over keep-alive connections, 8 at a
 #    time (scripts/httpbench), against both servers, then PUTS gets of one
 #    1 KiB blob against alkblobfs.
+#    Part 2 runs REPS times, interleaved with the discard server's puts,
+#    each on a fresh store; it prints medians, the ratio to discard, and
+#    the server's CPU per put (utime + stime over the puts).
 # SIZE_MIB 0 skips part 1. With BASE=BINARY, part 2 runs REPS times
 # against BINARY (an older build: the "before") and this tree's build
-# (the "after"), interleaved, each on a fresh store, and prints medians.
+# (the "after") and the discard server, interleaved, each on a fresh
+# store, and prints medians.
 # alkblobfs serve listens on loopback TCP with a token file (every request
 # carries its bearer token and is authorised); a BASE binary that predates
 # token files gets none. The stores live in $TMPDIR (default /tmp).
@@ -93,26 +97,38 @@ copysync() { # → seconds of cp + sync of the copy
 	echo "scale=3; ($t1 - $t0) / 1000000000" | bc
 }
 
+# cpusecs PID: the process's user + system CPU seconds.
+cpusecs() { awk -v hz="$(getconf CLK_TCK)" '{ sub(/.*\) /, ""); printf "%.2f\n", ($12 + $13) / hz }' "/proc/$1/stat"; }
+
+# upalk: the upload to alkblobfs serve (pid), its seconds to ta and the
+# server's CPU seconds over it to tcpu.
+upalk() {
+	local c0
+	c0=$(cpusecs "$pid")
+	ta+=("$(upload "$url/v1/blobs?namespace=bench")")
+	tcpu+=("$(awk -v a="$c0" -v b="$(cpusecs "$pid")" 'BEGIN { printf "%.2f", b - a }')")
+}
+
 if ((size_mib > 0)); then
-declare -a tn ta tc
+declare -a tn ta tc tcpu
 for r in $(seq "$reps"); do
 	start_serve "$work/store$r"
 	sync
 	case $((r % 3)) in
 	1)
 		tn+=("$(upload "http://$discard/")")
-		ta+=("$(upload "$url/v1/blobs?namespace=bench")")
+		upalk
 		tc+=("$(copysync)")
 		;;
 	2)
-		ta+=("$(upload "$url/v1/blobs?namespace=bench")")
+		upalk
 		tc+=("$(copysync)")
 		tn+=("$(upload "http://$discard/")")
 		;;
 	0)
 		tc+=("$(copysync)")
 		tn+=("$(upload "http://$discard/")")
-		ta+=("$(upload "$url/v1/blobs?namespace=bench")")
+		upalk
 		;;
 	esac
 	kill "$pid"; wait "$pid" 2>/dev/null || true
@@ -124,6 +140,7 @@ mc=$(printf '%s\n' "${tc[@]}" | median)
 mbs() { echo "scale=0; $size_mib * 1.048576 / $1" | bc; }
 echo "one $size_mib MiB file, medians of $reps (s): curl→discard ${tn[*]} → $mn; curl→alkblobfs ${ta[*]} → $ma; cp+sync ${tc[*]} → $mc"
 echo "  MB/s: curl→discard $(mbs "$mn"), curl→alkblobfs $(mbs "$ma"), cp+sync $(mbs "$mc")"
+echo "  server CPU over the upload (s): ${tcpu[*]} → $(printf '%s\n' "${tcpu[@]}" | median)"
 echo "  ratios: alkblobfs/discard $(echo "scale=2; $mn / $ma" | bc), alkblobfs/(cp+sync) $(echo "scale=2; $mc / $ma" | bc)"
 
 fi
@@ -132,11 +149,15 @@ fi
 rate() { awk '{for (i = 1; i < NF; i++) if ($(i + 1) ~ /\/s,$/) print $i}' <<<"$1"; }
 
 # bench BINARY LABEL: puts then gets against a fresh store; appends the
-# rates to puts_LABEL and gets_LABEL.
+# rates to puts_LABEL and gets_LABEL, and the server's CPU per put (µs)
+# to cpu_LABEL.
 bench() {
-	local bin=$1 label=$2 p g d
+	local bin=$1 label=$2 p g d c0 c1
 	start_serve "$work/bench-$label" "$bin"
+	c0=$(cpusecs "$pid")
 	p=$("$work/httpbench" puts -url "$url/v1/blobs?namespace=bench" -n "$nputs" -token "$token")
+	c1=$(cpusecs "$pid")
+	eval "cpu_$label+=(\"$(awk -v a="$c0" -v b="$c1" -v n="$nputs" 'BEGIN { printf "%.0f", (b - a) * 1e6 / n }')\")"
 	d=$(head -c 1024 /dev/urandom | tee "$work/one" | curl -sS --fail -H "Authorization: Bearer $token" --data-binary @- "$url/v1/blobs?namespace=bench" | grep -o '"digest":"[0-9a-f]*"' | cut -d'"' -f4)
 	g=$("$work/httpbench" gets -url "$url/v1/blobs/$d?namespace=bench" -n "$nputs" -token "$token")
 	kill "$pid"; wait "$pid" 2>/dev/null || true
@@ -145,17 +166,36 @@ bench() {
 	eval "gets_$label+=(\"$(rate "$g")\")"
 }
 
+# discardputs: PUTS puts against the discard server; appends the rate to
+# puts_discard.
+discardputs() { puts_discard+=("$(rate "$("$work/httpbench" puts -url "http://$discard/" -n "$nputs")")"); }
+
 if [[ -n ${BASE:-} ]]; then
-	declare -a puts_before puts_after gets_before gets_after
+	declare -a puts_before puts_after gets_before gets_after cpu_before cpu_after puts_discard
 	for r in $(seq "$reps"); do
-		if ((r % 2)); then bench "$BASE" before; bench "$work/alkblobfs" after
-		else bench "$work/alkblobfs" after; bench "$BASE" before; fi
+		case $((r % 3)) in
+		1) discardputs; bench "$BASE" before; bench "$work/alkblobfs" after ;;
+		2) bench "$work/alkblobfs" after; discardputs; bench "$BASE" before ;;
+		0) bench "$BASE" before; bench "$work/alkblobfs" after; discardputs ;;
+		esac
 	done
-	echo "1 KiB puts/s, $reps runs interleaved: before ${puts_before[*]} → $(printf '%s\n' "${puts_before[@]}" | median); after ${puts_after[*]} → $(printf '%s\n' "${puts_after[@]}" | median)"
+	md=$(printf '%s\n' "${puts_discard[@]}" | median)
+	mb=$(printf '%s\n' "${puts_before[@]}" | median)
+	ma=$(printf '%s\n' "${puts_after[@]}" | median)
+	echo "1 KiB puts/s, $reps runs interleaved: discard ${puts_discard[*]} → $md; before ${puts_before[*]} → $mb; after ${puts_after[*]} → $ma"
+	echo "  ratios to discard: before $(echo "scale=3; $mb / $md" | bc), after $(echo "scale=3; $ma / $md" | bc)"
+	echo "  server CPU per put (µs): before ${cpu_before[*]} → $(printf '%s\n' "${cpu_before[@]}" | median); after ${cpu_after[*]} → $(printf '%s\n' "${cpu_after[@]}" | median)"
 	echo "1 KiB gets/s, $reps runs interleaved: before ${gets_before[*]} → $(printf '%s\n' "${gets_before[@]}" | median); after ${gets_after[*]} → $(printf '%s\n' "${gets_after[@]}" | median)"
 	exit 0
 fi
 
-start_serve "$work/puts"
-echo "discard:   $("$work/httpbench" puts -url "http://$discard/" -n "$nputs")"
-echo "alkblobfs: $("$work/httpbench" puts -url "$url/v1/blobs?namespace=bench" -n "$nputs" -token "$token")"
+declare -a puts_discard puts_now cpu_now gets_now
+for r in $(seq "$reps"); do
+	if ((r % 2)); then discardputs; bench "$work/alkblobfs" now
+	else bench "$work/alkblobfs" now; discardputs; fi
+done
+md=$(printf '%s\n' "${puts_discard[@]}" | median)
+ma=$(printf '%s\n' "${puts_now[@]}" | median)
+echo "1 KiB puts/s, $reps runs interleaved: discard ${puts_discard[*]} → $md; alkblobfs ${puts_now[*]} → $ma (ratio $(echo "scale=3; $ma / $md" | bc))"
+echo "  server CPU per put (µs): ${cpu_now[*]} → $(printf '%s\n' "${cpu_now[@]}" | median)"
+echo "1 KiB gets/s: ${gets_now[*]} → $(printf '%s\n' "${gets_now[@]}" | median)"

@@ -69,7 +69,8 @@
 // its pages to the write-ahead log (kv.db-wal) without syncing it. A
 // crash of the process (kill -9) loses nothing committed; a crash of the
 // machine never corrupts the file, but loses the commits not yet synced.
-// SQLite syncs the log only at a checkpoint (every 1000 pages of log);
+// SQLite syncs the log only at a checkpoint (checkpoint.go: every 100 ms
+// on a connection of its own while there is log to copy);
 // [Engine.Sync] ([engines.Syncer]) fdatasyncs it, which makes every
 // earlier commit durable (sync.go says why the log is enough); it touches
 // no disk when nothing committed since the last one, and once an

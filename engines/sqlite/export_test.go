@@ -15,3 +15,9 @@ func OpenOnBoot(ctx context.Context, path, id string, nanos, wall func() int64) 
 		wall:  wall,
 	})
 }
+
+// Checkpoints is how many background checkpoints have run.
+func (e *Engine) Checkpoints() int64 { return e.ckpt.runs.Load() }
+
+// AutoCheckpoint is the writers' wal_autocheckpoint.
+const AutoCheckpoint = autoCheckpoint

@@ -31,6 +31,7 @@ type Engine struct {
 	// syncs shares Sync's runs; wal is what they sync (sync.go).
 	syncs syncGroup
 	wal   walSync
+	ckpt  *checkpointer // background checkpoints (checkpoint.go); nil read-only
 
 	has, size, get, put, del, delRet, list *sql.Stmt
 	wStage, wDue, wRemove, wLen            *sql.Stmt
@@ -110,6 +111,11 @@ func open(ctx context.Context, path string, b boot) (*Engine, error) {
 		// existed before.
 		return nil, e.wrap("open", err)
 	}
+	if !e.ro {
+		// checkpoint.go: checkpoints run in the background; this is the
+		// writers' backstop.
+		dsn += fmt.Sprintf("&_pragma=wal_autocheckpoint(%d)", autoCheckpoint)
+	}
 	db, err := sql.Open("sqlite", dsn)
 	if err != nil {
 		return nil, e.wrap("open", err)
@@ -131,6 +137,12 @@ func open(ctx context.Context, path string, b boot) (*Engine, error) {
 	}
 	if !e.ro {
 		if err := e.wal.open(ctx, dsn, abs+"-wal"); err != nil {
+			e.closeStmts()
+			db.Close()
+			return nil, e.wrap("open", err)
+		}
+		if e.ckpt, err = startCheckpointer(dsn); err != nil {
+			e.wal.close()
 			e.closeStmts()
 			db.Close()
 			return nil, e.wrap("open", err)
@@ -198,7 +210,7 @@ func (e *Engine) Close() error {
 		e.batch.Close()
 	}
 	e.syncs.close()
-	errs := []error{e.wal.close()}
+	errs := []error{e.ckpt.close(), e.wal.close()}
 	errs = append(errs, e.closeStmts()...)
 	errs = append(errs, e.db.Close())
 	return e.wrap("close", errors.Join(errs...))
