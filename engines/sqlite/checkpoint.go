@@ -23,8 +23,13 @@ import (
 // frames and the database file after, whichever connection runs it.
 
 // checkpointEvery is how often the checkpointer copies the log into the
-// database file.
-const checkpointEvery = 100 * time.Millisecond
+// database file while it is being written. A checkpoint that finds
+// nothing new doubles the wait before the next one, up to checkpointIdle:
+// an idle daemon does not wake ten times a second for nothing.
+const (
+	checkpointEvery = 100 * time.Millisecond
+	checkpointIdle  = 2 * time.Second
+)
 
 // autoCheckpoint is the writers' wal_autocheckpoint, in pages: the
 // backstop (SQLite's default is 1000).
@@ -55,8 +60,10 @@ func startCheckpointer(dsn string) (*checkpointer, error) {
 
 func (c *checkpointer) loop() {
 	defer close(c.done)
-	t := time.NewTicker(checkpointEvery)
+	wait := checkpointEvery
+	t := time.NewTimer(wait)
 	defer t.Stop()
+	lastLog := int64(-1)
 	for {
 		select {
 		case <-c.stop:
@@ -72,6 +79,15 @@ func (c *checkpointer) loop() {
 		if err := c.db.QueryRowContext(context.Background(), "PRAGMA wal_checkpoint(PASSIVE)").Scan(&busy, &log, &copied); err == nil {
 			c.runs.Add(1)
 		}
+		// The log unchanged since the last run and copied whole: nothing
+		// was written. (A writer that restarts the log changes its length.)
+		if log == lastLog && copied == log {
+			wait = min(2*wait, checkpointIdle)
+		} else {
+			wait = checkpointEvery
+		}
+		lastLog = log
+		t.Reset(wait)
 	}
 }
 
