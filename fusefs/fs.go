@@ -130,6 +130,11 @@ type Config struct {
 	// operation ("lookup", "read", "flush", …): the metrics' latency
 	// histogram.
 	Observe func(op string, d time.Duration)
+	// Guard starts a guard process beside a mount with a change feed
+	// (guard.go): the executable must hand RunGuard the process it runs
+	// as GuardName. Off for a mount in a process that cannot (a test
+	// binary).
+	Guard bool
 }
 
 // Timeouts. Blob files are immutable and their dentries change only by

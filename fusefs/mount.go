@@ -135,6 +135,11 @@ func Mount(dir string, cfg Config) (*Server, error) {
 	}
 	f.refsSource = f.st.Register(f.refs)
 	m.watch = f.startWatch()
+	if m.watch != nil && cfg.Guard {
+		if err := startGuard(abs); err != nil {
+			f.log.Warn("no mount guard: a kill of this daemon during a cache invalidation may hang the mount until it is mounted again or umount --force", "err", err)
+		}
+	}
 	f.upkeep.Start()
 	pt := "active"
 	if !f.ptAvailable.Load() {

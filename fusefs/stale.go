@@ -107,12 +107,20 @@ func recordedPid(dir string, minor uint64) (pid int, start uint64) {
 // exited (its pid free, or another process's now), is a zombie, or has
 // SIGKILL pending (killed, but a thread is stuck in the kernel).
 func daemonGone(pid int, start uint64) bool {
+	exited, dying := daemonState(pid, start)
+	return exited || dying
+}
+
+// daemonState tells whether the process pid that started at start has
+// exited (its pid free, or another process's now), or else is dying: a
+// zombie, or SIGKILL pending.
+func daemonState(pid int, start uint64) (exited, dying bool) {
 	if now, err := procStart(pid); err != nil || now != start {
-		return true
+		return true, false
 	}
 	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
 	if err != nil {
-		return true
+		return true, false
 	}
 	for _, l := range strings.Split(string(b), "\n") {
 		k, v, _ := strings.Cut(l, ":")
@@ -120,15 +128,15 @@ func daemonGone(pid int, start uint64) bool {
 		switch k {
 		case "State":
 			if strings.HasPrefix(v, "Z") || strings.HasPrefix(v, "X") {
-				return true
+				return false, true
 			}
 		case "ShdPnd", "SigPnd":
 			if m, err := strconv.ParseUint(v, 16, 64); err == nil && m&(1<<(unix.SIGKILL-1)) != 0 {
-				return true
+				return false, true
 			}
 		}
 	}
-	return false
+	return false, false
 }
 
 // clearDeadMount frees dir if an alkblobfs mount on it lost its daemon:

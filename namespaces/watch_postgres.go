@@ -70,8 +70,17 @@ func (r *SQL) Watch(ctx context.Context) (<-chan Change, error) {
 // listenBackoff bounds the wait between listener connections: it starts
 // at the first and doubles up to the second, and starts over once a
 // connection has listened for listenSteady.
+//
+// The cap is what a mount may lag behind the other hosts once the server
+// is back after an outage: no change reaches it before its listener
+// reconnects, and the Resync that follows. It was 10 s, so an outage of
+// over 13 s left every host's kernel caches stale for up to 10 s after
+// the server came back (TestFleetResyncAfterOutage). A failed attempt
+// costs one dial, refused at once by a host whose server is down (a
+// silent one waits the connect timeout instead, so the cap adds nothing
+// there): two a second per host is nothing to a server.
 var (
-	listenBackoff = [2]time.Duration{100 * time.Millisecond, 10 * time.Second}
+	listenBackoff = [2]time.Duration{50 * time.Millisecond, 500 * time.Millisecond}
 	listenSteady  = time.Minute
 )
 

@@ -153,7 +153,7 @@ func TestFleetAcceptance(t *testing.T) {
 					if rep.Aborted != "" {
 						cliTally.aborted++
 					}
-					cliTally.staged += rep.Queued
+					cliTally.queued += rep.Queued
 					cliTally.deleted += rep.Deleted
 				}
 				cliMu.Unlock()
@@ -454,9 +454,16 @@ func TestFleetAcceptance(t *testing.T) {
 	})
 
 	for _, h := range hosts {
-		t.Logf("%s (skew %q): %s; %d renewals found pin rows no pin accounted for (a row write that failed but committed)",
-			h.name, h.skew, tallySweeps(h.log()), strings.Count(h.log(), "no pin of this process accounts for"))
 		stopDaemon(t, h.dm)
+		got := tallySweeps(h.log())
+		t.Logf("%s (skew %q): %s; %d renewals found pin rows no pin accounted for (a row write that failed but committed)",
+			h.name, h.skew, got, strings.Count(h.log(), "no pin of this process accounts for"))
+		// Every host swept: B on its timer and through its control file,
+		// A and C in their loops, A and B in the fault rounds. Its log
+		// shows at least the sweeps the test saw run there.
+		if got.runs == 0 || got.runs-got.aborted < h.seen.runs || got.deleted < h.seen.deleted {
+			t.Errorf("%s's log shows %s; the test saw %d sweeps run there that deleted %d", h.name, got, h.seen.runs, h.seen.deleted)
+		}
 	}
 	t.Logf("CLI (skew +5m): %s", cliTally)
 	t.Logf("%d rounds in %s (faults %s): %d copies published (%d linked blobs, %d on S3), %d of %d mid-close resets failed, %d published; lease taken after %v",

@@ -12,6 +12,8 @@ import (
 	"os/exec"
 	"path/filepath"
 	"regexp"
+	"strconv"
+	"strings"
 	"syscall"
 	"testing"
 	"time"
@@ -35,6 +37,10 @@ type skewHost struct {
 	flags []string
 	dm    *daemon
 	past  string // the logs of its daemons before dm
+	// seen counts the sweeps through the control file (sweep) whose
+	// report showed they ran, and what they deleted: the host's log must
+	// show at least those.
+	seen sweepTally
 }
 
 // fleetFlags are the global flags of a fleet process on PostgreSQL dsn and
@@ -148,7 +154,14 @@ func (h *skewHost) sweep(t *testing.T) (rep map[string]any, fresh bool) {
 		rep = read()
 		return nil
 	})
-	return rep, rep["started"] != nil && rep["started"] != prev["started"] && rep["aborted"] == nil
+	fresh = rep["started"] != nil && rep["started"] != prev["started"] && rep["aborted"] == nil
+	if fresh {
+		h.seen.runs++
+		if n, ok := rep["deleted"].(float64); ok {
+			h.seen.deleted += int(n)
+		}
+	}
+	return rep, fresh
 }
 
 // within runs op in a goroutine and fails the test if it errs or takes
@@ -266,31 +279,46 @@ func listed(dir string) (map[string]bool, error) {
 	return out, nil
 }
 
-// sweepLines sums the "sweep done" log lines of a daemon's stderr: how
-// many sweeps ended, how many were aborted (the lease was elsewhere), and
-// what they staged and deleted.
-type sweepTally struct{ runs, aborted, staged, deleted int }
+// sweepTally sums the "sweep done" log lines of a daemon's stderr
+// (upkeep's Sweeper.Run: a timer's sweep, or one through the control
+// file): how many sweeps ended, how many of them were aborted (the lease
+// was elsewhere), and what they queued into the delete window and
+// deleted. A sweep that failed logs "sweep failed" instead and is not
+// counted.
+type sweepTally struct{ runs, aborted, queued, deleted int }
 
-var sweepLine = regexp.MustCompile(`msg="sweep done".*? aborted=(\S*) deleted=(\d+) staged=(\d+)`)
+// sweepField is one key=value of a log line in slog's text format: the
+// value bare, or quoted with Go's escapes.
+var sweepField = regexp.MustCompile(`(\w+)=("(?:[^"\\]|\\.)*"|\S*)`)
 
 func tallySweeps(log string) sweepTally {
 	var s sweepTally
-	for _, m := range sweepLine.FindAllStringSubmatch(log, -1) {
+	for _, line := range strings.Split(log, "\n") {
+		if !strings.Contains(line, `msg="sweep done"`) {
+			continue
+		}
+		f := map[string]string{}
+		for _, m := range sweepField.FindAllStringSubmatch(line, -1) {
+			v := m[2]
+			if u, err := strconv.Unquote(v); err == nil {
+				v = u
+			}
+			f[m[1]] = v
+		}
 		s.runs++
-		if m[1] != "" && m[1] != `""` {
+		if f["aborted"] != "" {
 			s.aborted++
 		}
-		var d, st int
-		fmt.Sscan(m[2], &d)
-		fmt.Sscan(m[3], &st)
+		d, _ := strconv.Atoi(f["deleted"])
+		q, _ := strconv.Atoi(f["queued"])
 		s.deleted += d
-		s.staged += st
+		s.queued += q
 	}
 	return s
 }
 
 func (s sweepTally) String() string {
-	return fmt.Sprintf("%d sweeps (%d aborted), %d staged, %d deleted", s.runs, s.aborted, s.staged, s.deleted)
+	return fmt.Sprintf("%d sweeps (%d aborted), %d queued, %d deleted", s.runs, s.aborted, s.queued, s.deleted)
 }
 
 // unlinkEINTR unlinks p with one system call at a time: a retried unlink

@@ -21,6 +21,7 @@ import (
 
 	"golang.org/x/term"
 
+	"github.com/alkblobfs/alkblobfs/fusefs"
 	"github.com/alkblobfs/alkblobfs/namespaces"
 	"github.com/alkblobfs/alkblobfs/store"
 )
@@ -28,6 +29,9 @@ import (
 func main() {
 	if strings.HasPrefix(filepath.Base(os.Args[0]), helperName) {
 		os.Exit(runHelper(os.Args[1:]))
+	}
+	if os.Args[0] == fusefs.GuardName {
+		os.Exit(fusefs.RunGuard(os.Args[1:]))
 	}
 	// The first SIGINT/SIGTERM cancels ctx so that in-flight work cleans up
 	// (a put discards its stage, get -o removes its temp file); stop then

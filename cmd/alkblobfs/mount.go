@@ -207,6 +207,7 @@ As root the mount uses mount(2) directly; otherwise fusermount3.`,
 				Data:          dataDir,
 				Logger:        lg,
 				Observe:       observe,
+				Guard:         true,
 			})
 			if err != nil {
 				return err

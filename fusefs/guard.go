@@ -1,0 +1,117 @@
+package fusefs
+
+import (
+	"fmt"
+	"os"
+	"os/exec"
+	"os/signal"
+	"path/filepath"
+	"strconv"
+	"syscall"
+	"time"
+
+	"github.com/alkblobfs/alkblobfs/fusefs/fusectl"
+)
+
+// The guard. A mount's change consumer (watch.go) invalidates entries
+// with a notification that the kernel makes wait for the directory's
+// lock, and a request that holds that lock may be waiting on the daemon
+// (a mkdir, a lookup). Killed then (SIGKILL, or any signal whose default
+// action ends the process), the daemon cannot exit: the notifying thread
+// sleeps uninterruptibly and keeps /dev/fuse open, so the kernel never
+// aborts the connection as it does for any daemon that dies, the request
+// is never answered, the lock never freed, and every process that
+// touches the mount sleeps until someone aborts the connection through
+// fusectl (the next mount's clearDeadMount, umount --force).
+//
+// So a mount with a change feed starts a guard: a process of its own
+// (this executable run as GuardName, which the command's main hands to
+// RunGuard) that holds nothing of the mount, checks the daemon every
+// guardEvery and, once the daemon is dying — a zombie, or SIGKILL pending
+// (daemonDying) — aborts its connection: what the kernel does when a
+// killed daemon's descriptor closes. It leaves the mountpoint as the
+// kernel leaves that of any killed daemon (ENOTCONN until unmounted or
+// mounted again). It exits when the daemon does. It runs in a session of
+// its own and ignores the signals that stop a daemon, so that a signal to
+// the daemon's process group (^C at a terminal) does not end it first; a
+// SIGKILL sent to it and the daemon together (a whole cgroup killed at
+// once) leaves the hang to clearDeadMount, as before.
+
+// GuardName is the argv[0] under which the executable is a mount's guard.
+const GuardName = "alkblobfs-mount-guard"
+
+// guardEvery is how often the guard looks at its daemon: the longest a
+// killed daemon's mount hangs.
+const guardEvery = 100 * time.Millisecond
+
+// startGuard starts the guard of this process's mount on dir.
+func startGuard(dir string) error {
+	m, ok, err := fusectl.Find(dir)
+	if err != nil || !ok {
+		return fmt.Errorf("find the new mount on %s: %v", dir, err)
+	}
+	minor := m.Minor
+	start, err := procStart(os.Getpid())
+	if err != nil {
+		return err
+	}
+	cmd := &exec.Cmd{
+		Path: "/proc/self/exe",
+		Args: []string{GuardName, dir, strconv.Itoa(os.Getpid()), strconv.FormatUint(start, 10), strconv.FormatUint(minor, 10)},
+		// No standard streams: a guard must not hold the daemon's
+		// stderr pipe open after the daemon (a parent waiting for EOF).
+		SysProcAttr: &syscall.SysProcAttr{Setsid: true},
+	}
+	if err := cmd.Start(); err != nil {
+		return err
+	}
+	go cmd.Wait() // reaps it
+	return nil
+}
+
+// RunGuard is the guard's main (args: mountpoint, daemon pid, its start
+// time, connection minor); it returns the exit status.
+func RunGuard(args []string) int {
+	signal.Ignore(syscall.SIGINT, syscall.SIGTERM, syscall.SIGHUP, syscall.SIGQUIT, syscall.SIGPIPE)
+	if len(args) != 4 {
+		return 2
+	}
+	dir := args[0]
+	pid, err1 := strconv.Atoi(args[1])
+	start, err2 := strconv.ParseUint(args[2], 10, 64)
+	minor, err3 := strconv.ParseUint(args[3], 10, 64)
+	if err1 != nil || err2 != nil || err3 != nil {
+		return 2
+	}
+	closeFUSE()
+	for {
+		time.Sleep(guardEvery) // a poll: the kernel tells no one of a dying process
+		exited, dying := daemonState(pid, start)
+		switch {
+		case exited:
+			return 0
+		case dying:
+			// Only the connection still mounted on dir is surely the
+			// daemon's; a daemon that unmounted and then died has none.
+			if m, ok, err := fusectl.Find(dir); err == nil && ok && m.Minor == minor {
+				if err := fusectl.Abort(minor); err != nil {
+					return 1
+				}
+			}
+			return 0
+		}
+	}
+}
+
+// closeFUSE closes any /dev/fuse descriptor the guard inherited: holding
+// one would keep the connection from aborting when the daemon's closes.
+func closeFUSE() {
+	ents, _ := os.ReadDir("/proc/self/fd")
+	for _, e := range ents {
+		if l, err := os.Readlink(filepath.Join("/proc/self/fd", e.Name())); err == nil && l == "/dev/fuse" {
+			if n, err := strconv.Atoi(e.Name()); err == nil {
+				syscall.Close(n)
+			}
+		}
+	}
+}
