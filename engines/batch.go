@@ -51,6 +51,11 @@ import (
 // its Batcher: the loop begins its next transaction as soon as one
 // commits, and a writer outside it, polling for SQLite's lock with
 // backoff, waits far longer than one in the queue.
+//
+// A lazy job's linger is for throughput only: when someone comes to need
+// its commit (a lookup of the file whose RELEASE it links), the caller
+// that queued it can have given its context a Hurry (WithHurry), and the
+// one who needs it calls Hurry.Now, which makes the job eager.
 type Batcher struct {
 	db     *sql.DB
 	linger time.Duration
@@ -70,6 +75,15 @@ type Batcher struct {
 // here), short against anything a person waits for (a lookup of a file
 // just closed waits for its link).
 const Linger = 2 * time.Millisecond
+
+// SetLinger changes how long lazy jobs wait for company, from the next
+// linger on (Linger by default). Tests make it long, to show that nothing
+// a program waits for waits it out.
+func (b *Batcher) SetLinger(d time.Duration) {
+	b.mu.Lock()
+	b.linger = d
+	b.mu.Unlock()
+}
 
 // maxBatch bounds the jobs of one transaction, so that one batch holds
 // SQLite's write lock for milliseconds, not seconds.
@@ -126,6 +140,9 @@ func (b *Batcher) do(j *batchJob) error {
 		b.mu.Unlock()
 		return ErrBatcherClosed
 	}
+	if h, _ := j.ctx.Value(hurryKey{}).(*Hurry); h != nil && j.lazy {
+		h.attach(b, j)
+	}
 	b.queue = append(b.queue, j)
 	b.mu.Unlock()
 	b.wake()
@@ -134,6 +151,57 @@ func (b *Batcher) do(j *batchJob) error {
 		panic(j.panic)
 	}
 	return j.err
+}
+
+// Hurry lets whoever needs a lazy job's commit end its linger: the caller
+// of Do passes a context carrying h (WithHurry), and Now makes that job
+// eager, whether it is queued yet or not (a Now before the Do makes the
+// job eager from the start). One Hurry is for one job; its zero value is
+// ready to use.
+type Hurry struct {
+	mu  sync.Mutex
+	now bool
+	b   *Batcher // the job's batcher, once queued and until Now
+	j   *batchJob
+}
+
+type hurryKey struct{}
+
+// WithHurry returns ctx carrying h, for a lazy Do (or a call that reaches
+// one) that someone may later need committed at once.
+func WithHurry(ctx context.Context, h *Hurry) context.Context {
+	return context.WithValue(ctx, hurryKey{}, h)
+}
+
+// Now makes h's job eager: its batch starts at once instead of lingering.
+func (h *Hurry) Now() {
+	h.mu.Lock()
+	if h.now {
+		h.mu.Unlock()
+		return
+	}
+	h.now = true
+	b, j := h.b, h.j
+	h.b, h.j = nil, nil
+	h.mu.Unlock()
+	if b == nil {
+		return // not queued yet: it will be queued eager
+	}
+	b.mu.Lock()
+	j.lazy = false // harmless when its batch has run already
+	b.mu.Unlock()
+	b.wake()
+}
+
+// attach ties h to j as b queues it (under b.mu).
+func (h *Hurry) attach(b *Batcher, j *batchJob) {
+	h.mu.Lock()
+	if h.now {
+		j.lazy = false
+	} else {
+		h.b, h.j = b, j
+	}
+	h.mu.Unlock()
 }
 
 // Close runs what is queued and stops the loop. Jobs queued after it

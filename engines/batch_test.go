@@ -460,3 +460,57 @@ func TestBatcherCanceledMidStatement(t *testing.T) {
 		})
 	}
 }
+
+// TestBatcherHurry: a lazy job whose context carries a Hurry commits as
+// soon as Hurry.Now is called, queued already or not, instead of waiting
+// out its linger; a lazy job without one still lingers.
+func TestBatcherHurry(t *testing.T) {
+	db := openBatchDB(t)
+	b := NewBatcher(db)
+	defer b.Close()
+	b.SetLinger(time.Hour)
+	lazy := func(key string, h *Hurry) chan error {
+		ctx := t.Context()
+		if h != nil {
+			ctx = WithHurry(ctx, h)
+		}
+		done := make(chan error, 1)
+		go func() { done <- b.Do(ctx, true, insert(key)) }()
+		return done
+	}
+	await := func(what string, done chan error) {
+		t.Helper()
+		select {
+		case err := <-done:
+			if err != nil {
+				t.Fatalf("%s: %v", what, err)
+			}
+		case <-time.After(10 * time.Second):
+			t.Fatalf("%s: still lingering 10 s after Hurry.Now (linger 1 h)", what)
+		}
+	}
+
+	var queuedFirst Hurry
+	done := lazy("queued", &queuedFirst)
+	queued(t, b, 1)
+	queuedFirst.Now()
+	await("hurried once queued", done)
+
+	var nowFirst Hurry
+	nowFirst.Now()
+	await("hurried before it was queued", lazy("now first", &nowFirst))
+
+	plain := lazy("plain", nil)
+	queued(t, b, 1)
+	queuedFirst.Now() // spent: it hurries no other job
+	select {
+	case err := <-plain:
+		t.Fatalf("a lazy job without a Hurry committed before its linger: %v", err)
+	case <-time.After(50 * time.Millisecond):
+	}
+	b.Close()
+	await("closing", plain)
+	if got := rows(t, db); len(got) != 3 {
+		t.Errorf("committed %v", got)
+	}
+}

@@ -11,6 +11,7 @@ import (
 	"github.com/hanwen/go-fuse/v2/fuse"
 
 	"github.com/alkblobfs/alkblobfs/blob"
+	"github.com/alkblobfs/alkblobfs/engines"
 	"github.com/alkblobfs/alkblobfs/store"
 )
 
@@ -221,6 +222,13 @@ func (n *fileNode) othersBusyLocked(h *fileHandle) bool {
 // Release: when the last writer goes, the pending version is linked (or
 // what is still uncommitted is committed and linked; its error can only be
 // logged), and a file that failed disappears with its last handle.
+//
+// The link of a pending version (the settle) runs after the file's lock
+// is let go: on SQLite it is a lazy job that lingers up to engines.Linger
+// for the next close to share its transaction, and the lstat, chmod,
+// utimes and rename that rsync sends right after each close must not
+// wait with it (they need none of it). A lookup or listing of the
+// namespace, which does need it, hurries it (incTree.awaitRelease).
 func (h *fileHandle) Release(ctx context.Context) syscall.Errno {
 	n, f := h.n, h.n.fsys
 	var notes []notice
@@ -237,18 +245,21 @@ func (h *fileHandle) Release(ctx context.Context) syscall.Errno {
 	if p.has(stepDiscard) {
 		n.discardUploadLocked()
 	}
-	if n.owing && (p.has(stepCommitLink) || p.has(stepSettle)) {
-		n.tree.releasing(n)
+	var hurry *engines.Hurry
+	if p.has(stepSettle) {
+		hurry = new(engines.Hurry)
+	}
+	var ticket uint64 // of the lookups' wait for this RELEASE, paid once it linked
+	if p.has(stepPay) {
+		n.owing = false
+		ticket = n.tree.releasing(n, hurry)
 	}
 	if p.has(stepCommitLink) {
 		notes, _ = n.commitLocked(ctx, false)
 	}
+	var s settlement
 	if p.has(stepSettle) {
-		n.settleLocked(ctx)
-	}
-	if p.has(stepPay) {
-		n.owing = false
-		n.tree.paid(n)
+		s = n.takeIntentLocked()
 	}
 	gone := p.has(stepGone)
 	if gone {
@@ -258,6 +269,12 @@ func (h *fileHandle) Release(ctx context.Context) syscall.Errno {
 	h.rmu.Lock()
 	h.closeReaderLocked()
 	h.rmu.Unlock()
+	if p.has(stepSettle) {
+		n.settle(engines.WithHurry(ctx, hurry), s)
+	}
+	if p.has(stepPay) {
+		n.tree.paid(ticket)
+	}
 	send(notes)
 	if gone {
 		if n.want != nil {

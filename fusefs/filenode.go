@@ -383,22 +383,34 @@ func (n *fileNode) commitLocked(ctx context.Context, intent bool) ([]notice, err
 	return nil, nil
 }
 
-// settleLocked links the pending version (the last RELEASE). It takes
-// the intent off the version first: whatever the
-// database answers, this process is done with it (a failure is retried
-// by the intents loop).
-func (n *fileNode) settleLocked(ctx context.Context) {
-	f := n.fsys
-	i := n.pub.intent
+// settlement is a pending version taken off its file for the settle.
+type settlement struct {
+	i namespaces.Intent
+	d blob.Digest
+}
+
+// takeIntentLocked takes the intent off the pending version (the last
+// RELEASE): whatever the database answers its settle, this process is
+// done with it (a failure is retried by the lease), and a close after
+// this one replaces no intent.
+func (n *fileNode) takeIntentLocked() settlement {
+	s := settlement{i: n.pub.intent, d: n.pub.d}
 	n.pub.intent = 0
-	linked, err := f.intents.settle(context.WithoutCancel(ctx), i)
+	return s
+}
+
+// settle links the version s into the namespace. It runs without n.mu
+// (see Release): it reads nothing of the file's state but its name.
+func (n *fileNode) settle(ctx context.Context, s settlement) {
+	f := n.fsys
+	linked, err := f.intents.settle(context.WithoutCancel(ctx), s.i)
 	if err != nil {
 		f.log.Error("could not link a closed file into its namespace; retrying", "namespace", n.ns.name, "name", n.logName(),
-			"digest", n.pub.d.String(), "err", err)
+			"digest", s.d.String(), "err", err)
 		return
 	}
 	f.stats.publishes.Add(1)
-	f.log.Debug("published", "namespace", n.ns.name, "name", n.logName(), "digest", n.pub.d.String(), "new_ref", linked)
+	f.log.Debug("published", "namespace", n.ns.name, "name", n.logName(), "digest", s.d.String(), "new_ref", linked)
 }
 
 // scheduleExpiryLocked (re)arms the receipt's expiry.

@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/alkblobfs/alkblobfs/blob"
+	"github.com/alkblobfs/alkblobfs/engines"
 )
 
 // incTree is the state one namespace's incoming/ tree shares: which files
@@ -19,18 +20,27 @@ type incTree struct {
 	closed bool
 	// owed holds the files whose version is committed but linked only at
 	// the RELEASE the kernel sends after the last close (see publish.go),
-	// with the digest and when it was committed; changed is closed and
-	// replaced whenever one is paid.
-	owed    map[*fileNode]owedRelease
-	changed chan struct{}
+	// with the digest and when it was committed. At that RELEASE the
+	// record moves to settling, under a ticket of its own, until the link
+	// has committed: the file's lock is not held meanwhile, so a new close
+	// of the same file may owe its next version beside it. changed is
+	// closed and replaced whenever one is paid, and when a RELEASE starts
+	// while someone waits (so that the waiter hurries its settle).
+	owed     map[*fileNode]owedRelease
+	settling map[uint64]owedRelease
+	tickets  uint64
+	waiters  int // awaitRelease calls under way
+	changed  chan struct{}
 }
 
 type owedRelease struct {
 	d     blob.Digest
 	since time.Time
 	// releasing: the RELEASE arrived at this time and its link is being
-	// committed.
+	// committed; hurry, if set, ends the linger of that commit (a lazy
+	// job of SQLite's Batcher, engines.Hurry) for a lookup that waits.
 	releasing time.Time
+	hurry     *engines.Hurry
 }
 
 // releaseWait bounds how long a lookup or listing of the namespace waits
@@ -49,49 +59,82 @@ const (
 )
 
 func newIncTree(ns *nsDir) *incTree {
-	return &incTree{ns: ns, live: make(map[*fileNode]struct{}), owed: make(map[*fileNode]owedRelease), changed: make(chan struct{})}
+	return &incTree{ns: ns, live: make(map[*fileNode]struct{}), owed: make(map[*fileNode]owedRelease),
+		settling: make(map[uint64]owedRelease), changed: make(chan struct{})}
 }
 
+// owe records that lookups of d wait for n's next RELEASE, replacing what
+// n owed before (a version its RELEASE will never link: this one
+// superseded it).
 func (t *incTree) owe(n *fileNode, d blob.Digest) {
 	t.mu.Lock()
 	t.owed[n] = owedRelease{d: d, since: time.Now()}
 	t.mu.Unlock()
 }
 
-// releasing marks n's owed RELEASE as arrived: its link is committing.
-func (t *incTree) releasing(n *fileNode) {
+// releasing marks n's owed RELEASE as arrived: its link is committing,
+// and h (nil when nothing lingers) hurries it. It returns the ticket that
+// paid takes, 0 when n owed nothing.
+func (t *incTree) releasing(n *fileNode, h *engines.Hurry) uint64 {
 	t.mu.Lock()
-	if o, ok := t.owed[n]; ok {
-		o.releasing = time.Now()
-		t.owed[n] = o
+	defer t.mu.Unlock()
+	o, ok := t.owed[n]
+	if !ok {
+		return 0
+	}
+	delete(t.owed, n)
+	o.releasing, o.hurry = time.Now(), h
+	t.tickets++
+	t.settling[t.tickets] = o
+	if t.waiters > 0 {
+		t.changedLocked()
+	}
+	return t.tickets
+}
+
+// paid ends the wait for the RELEASE of ticket k (releasing's).
+func (t *incTree) paid(k uint64) {
+	t.mu.Lock()
+	if _, ok := t.settling[k]; ok {
+		delete(t.settling, k)
+		t.changedLocked()
 	}
 	t.mu.Unlock()
 }
 
-func (t *incTree) paid(n *fileNode) {
-	t.mu.Lock()
-	if _, ok := t.owed[n]; ok {
-		delete(t.owed, n)
-		close(t.changed)
-		t.changed = make(chan struct{})
-	}
-	t.mu.Unlock()
+func (t *incTree) changedLocked() {
+	close(t.changed)
+	t.changed = make(chan struct{})
 }
 
 // awaitRelease waits until no RELEASE of a recent close is owed for
 // digest *d (any digest when d is nil), at most releaseWait after that
 // close: so that `cp f incoming/ && stat ns/<digest>` finds the file.
-// Closes after the call began are not waited for, so the wait is bounded
-// however busy the writers are.
+// The links of RELEASEs already arrived are hurried: the request needs
+// them now, not after their linger. Closes after the call began are not
+// waited for, so the wait is bounded however busy the writers are.
 func (t *incTree) awaitRelease(ctx context.Context, d *blob.Digest) {
 	start := time.Now()
+	t.mu.Lock()
+	if len(t.owed) == 0 && len(t.settling) == 0 {
+		t.mu.Unlock()
+		return
+	}
+	t.waiters++
+	t.mu.Unlock()
+	defer func() {
+		t.mu.Lock()
+		t.waiters--
+		t.mu.Unlock()
+	}()
+	var hurry []*engines.Hurry
 	for {
 		t.mu.Lock()
 		now := time.Now()
 		var until time.Time
-		for _, o := range t.owed {
+		wait := func(o owedRelease) {
 			if (d != nil && o.d != *d) || o.since.After(start) {
-				continue
+				return
 			}
 			end := o.since.Add(releaseWait)
 			if !o.releasing.IsZero() {
@@ -100,9 +143,22 @@ func (t *incTree) awaitRelease(ctx context.Context, d *blob.Digest) {
 			if end.After(now) && end.After(until) {
 				until = end
 			}
+			if o.hurry != nil && end.After(now) {
+				hurry = append(hurry, o.hurry)
+			}
+		}
+		for _, o := range t.owed {
+			wait(o)
+		}
+		for _, o := range t.settling {
+			wait(o)
 		}
 		ch := t.changed
 		t.mu.Unlock()
+		for _, h := range hurry {
+			h.Now()
+		}
+		hurry = hurry[:0]
 		if until.IsZero() {
 			return
 		}

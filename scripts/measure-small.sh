@@ -1,22 +1,27 @@
 #!/usr/bin/env bash
 # measure-small.sh — what a small file costs the daemon through the mount:
-# `cp -r` of N distinct 4 KiB files into a namespace's incoming/, then
-# `sync`, on the embedded default store (SQLite kv, local large tier), a
-# fresh data directory per run. Each run prints
+# a copy of N distinct 4 KiB files into a namespace's incoming/ (`cp -r`,
+# `tar -x` or `rsync -a`), then `sync`, on the embedded default store
+# (SQLite kv, local large tier), a fresh data directory per run. Each run
+# prints
 #
 #   cpu µs/file  the daemon's utime+stime (/proc/PID/stat) from just before
 #                the copy until every digest is listed, ÷ N
-#   wall s       cp -r + sync, and until every digest is listed (with
+#   wall s       copy + sync, and until every digest is listed (with
 #                `alkblobfs ls NS` in a process of its own, so that the
 #                daemon is not charged for the polling)
+#   ms/file      copy + sync ÷ N
 #
-# beside `cp -r` + `sync` of the same tree into a native directory of the
-# same filesystem (the ratio is native ÷ mount, 1.0 is native speed).
+# beside the same tool + `sync` of the same tree into a native directory
+# of the same filesystem (the ratio is native ÷ mount, 1.0 is native
+# speed).
 #
-#   scripts/measure-small.sh [-n N] [-r REPS] [--base BIN|COMMIT] [--bin BIN] [--profile DIR]
+#   scripts/measure-small.sh [-n N] [-r REPS] [--tool cp|tar|rsync] [--base BIN|COMMIT] [--bin BIN] [--profile DIR]
 #
 #   -n N            files per run (default 10000)
 #   -r REPS         repetitions (default 3); medians are printed
+#   --tool TOOL     the copy: cp (cp -r, the default), tar (tar -x of a
+#                   tar of the tree, made once) or rsync (rsync -a)
 #   --bin BIN       the binary measured (default: built from this tree)
 #   --base BIN|COMMIT  also a "before" build (a binary, or a commit of this
 #                   repository built from `git archive`, no worktree
@@ -33,10 +38,11 @@
 # /var/tmp): sources, stores and the native target share one filesystem.
 set -euo pipefail
 
-n=10000 reps=3 base= bin= profile=
+n=10000 reps=3 base= bin= profile= tool=cp
 while (($#)); do
 	case $1 in
 	-n) n=$2; shift 2 ;;
+	--tool) tool=$2; shift 2 ;;
 	-r) reps=$2; shift 2 ;;
 	--base) base=$2; shift 2 ;;
 	--bin) bin=$2; shift 2 ;;
@@ -47,6 +53,8 @@ while (($#)); do
 done
 [[ $n =~ ^[1-9][0-9]*$ ]] || { echo "measure-small.sh: -n wants a positive count, not $n" >&2; exit 2; }
 [[ $reps =~ ^[1-9][0-9]*$ ]] || { echo "measure-small.sh: -r wants a positive count, not $reps" >&2; exit 2; }
+case $tool in cp | tar | rsync) ;; *) echo "measure-small.sh: --tool wants cp, tar or rsync, not $tool" >&2; exit 2 ;; esac
+command -v "$tool" >/dev/null || { echo "measure-small.sh: $tool is not installed" >&2; exit 1; }
 [[ $(id -u) == 0 ]] || { echo "measure-small.sh: run as root (mount(2))" >&2; exit 1; }
 
 root=$(cd "$(dirname "$0")/.." && pwd)
@@ -91,15 +99,27 @@ if [[ -n $profile ]]; then
 	for l in "${labels[@]}"; do cp "$work/$l" "$profile/$l.bin"; done
 fi
 
-echo "== $n files of 4 KiB"
+echo "== $n files of 4 KiB, $tool"
 mkdir "$work/src-tree"
 head -c "$((n * 4096))" /dev/urandom | split -b 4096 -a 6 - "$work/src-tree/f"
+if [[ $tool == tar ]]; then tar -c -f "$work/src.tar" -C "$work/src-tree" .; fi
 hz=$(getconf CLK_TCK)
 results=$work/results
 
 # cputicks PID: the process's utime+stime in clock ticks.
 cputicks() { awk '{ print $14 + $15 }' "/proc/$1/stat"; }
 now() { date +%s%N; }
+
+# copy DEST: the tool's copy of the tree into DEST (a new directory), then
+# sync.
+copy() {
+	case $tool in
+	cp) cp -r "$work/src-tree" "$1" ;;
+	tar) mkdir "$1" && tar -x -f "$work/src.tar" -C "$1" ;;
+	rsync) rsync -a "$work/src-tree/" "$1/" ;;
+	esac
+	sync
+}
 
 # listed BIN DATA: how many digests namespace bench links.
 listed() { "$1" --data "$2" ls bench | wc -l; }
@@ -116,8 +136,7 @@ run() {
 	pid=$(<"$mnt.pid")
 	c0=$(cputicks "$pid")
 	t0=$(now)
-	cp -r "$work/src-tree" "$mnt/bench/incoming/s"
-	sync
+	copy "$mnt/bench/incoming/s"
 	t1=$(now)
 	# Every close returned once its version committed; the link follows
 	# at the RELEASE. Wait (bounded) until all N are listed.
@@ -134,19 +153,18 @@ run() {
 	awk -v l="$label" -v r="$r" -v c="$((c1 - c0))" -v hz="$hz" -v n="$n" -v a="$t0" -v b="$t1" -v e="$t2" 'BEGIN {
 		us = c / hz * 1e6 / n
 		printf "%s\t%.1f\t%.3f\t%.3f\n", l, us, (b - a) / 1e9, (e - a) / 1e9 >> "'"$results"'"
-		printf "  rep %d %-7s daemon CPU %7.1f µs/file   cp -r + sync %6.3f s   until listed %6.3f s\n", r, l, us, (b - a) / 1e9, (e - a) / 1e9
+		printf "  rep %d %-7s daemon CPU %7.1f µs/file   copy + sync %6.3f s (%.3f ms/file)   until listed %6.3f s\n", r, l, us, (b - a) / 1e9, (b - a) / 1e6 / n, (e - a) / 1e9
 	}'
 }
 
 native() {
 	local r=$1 t0 t1
 	t0=$(now)
-	cp -r "$work/src-tree" "$work/native-$r"
-	sync
+	copy "$work/native-$r"
 	t1=$(now)
 	rm -rf "$work/native-$r"
 	awk -v a="$t0" -v b="$t1" 'BEGIN { printf "native\t0\t%.3f\t%.3f\n", (b - a) / 1e9, (b - a) / 1e9 >> "'"$results"'"
-		printf "  rep %d native  cp -r + sync %6.3f s\n", '"$r"', (b - a) / 1e9 }'
+		printf "  rep %d native  copy + sync %6.3f s\n", '"$r"', (b - a) / 1e9 }'
 }
 
 for r in $(seq 1 "$reps"); do
@@ -161,18 +179,18 @@ for r in $(seq 1 "$reps"); do
 done
 
 echo
-echo "medians of $reps ($(nproc) CPUs, load $(cut -d' ' -f1-3 /proc/loadavg)):"
+echo "$tool, medians of $reps ($(nproc) CPUs, load $(cut -d' ' -f1-3 /proc/loadavg)):"
 awk -F'\t' "$MEDIAN_AWK"'
 	{ k = $1; if (!(k in c)) order[++no] = k; c[k]++; cpu[k, c[k]] = $2; w[k, c[k]] = $3; l[k, c[k]] = $4 }
 	END {
 		for (i = 1; i <= c["native"]; i++) a[i] = w["native", i]
 		nat = median(a, c["native"])
-		printf "  %-7s %14s %14s %14s %8s\n", "system", "CPU µs/file", "cp+sync s", "until listed s", "ratio"
+		printf "  %-7s %14s %14s %12s %14s %8s\n", "system", "CPU µs/file", "copy+sync s", "ms/file", "until listed s", "ratio"
 		for (o = 1; o <= no; o++) {
 			k = order[o]
 			for (i = 1; i <= c[k]; i++) { x[i] = cpu[k, i]; y[i] = w[k, i]; z[i] = l[k, i] }
 			mc = median(x, c[k]); mw = median(y, c[k]); ml = median(z, c[k])
-			printf "  %-7s %14s %14.3f %14.3f %8.2f\n", k, (k == "native" ? "-" : sprintf("%.1f", mc)), mw, ml, nat / ml
+			printf "  %-7s %14s %14.3f %12.3f %14.3f %8.2f\n", k, (k == "native" ? "-" : sprintf("%.1f", mc)), mw, mw * 1000 / '"$n"', ml, nat / ml
 		}
 	}' "$results"
 [[ -n $profile ]] && echo "profiles in $profile (go tool pprof -top $profile/after.bin $profile/after.cpu.pprof; -sample_index=alloc_objects for the heap ones)"

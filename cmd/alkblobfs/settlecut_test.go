@@ -16,7 +16,7 @@ import (
 )
 
 // settleFailed is what a mount logs when the settle of a RELEASE fails
-// (fusefs settleLocked); the lease retries it.
+// (fusefs fileNode.settle); the lease retries it.
 const settleFailed = "could not link a closed file into its namespace; retrying"
 
 // TestCloseThenSettleCut: a close returns 0 (its FLUSH committed the file
