@@ -11,7 +11,6 @@ import (
 	"github.com/hanwen/go-fuse/v2/fuse"
 
 	"github.com/alkblobfs/alkblobfs/blob"
-	"github.com/alkblobfs/alkblobfs/engines"
 	"github.com/alkblobfs/alkblobfs/store"
 )
 
@@ -224,7 +223,7 @@ func (n *fileNode) othersBusyLocked(h *fileHandle) bool {
 // logged), and a file that failed disappears with its last handle.
 //
 // The link of a pending version (the settle) runs after the file's lock
-// is let go: on SQLite it is a lazy job that lingers up to engines.Linger
+// is let go: on SQLite it is a lazy job that lingers up to the SQLite Batcher's Linger
 // for the next close to share its transaction, and the lstat, chmod,
 // utimes and rename that rsync sends right after each close must not
 // wait with it (they need none of it). A lookup or listing of the
@@ -245,9 +244,9 @@ func (h *fileHandle) Release(ctx context.Context) syscall.Errno {
 	if p.has(stepDiscard) {
 		n.discardUploadLocked()
 	}
-	var hurry *engines.Hurry
+	var hurry *store.Hurry
 	if p.has(stepSettle) {
-		hurry = new(engines.Hurry)
+		hurry = new(store.Hurry)
 	}
 	var ticket uint64 // of the lookups' wait for this RELEASE, paid once it linked
 	if p.has(stepPay) {
@@ -270,7 +269,7 @@ func (h *fileHandle) Release(ctx context.Context) syscall.Errno {
 	h.closeReaderLocked()
 	h.rmu.Unlock()
 	if p.has(stepSettle) {
-		n.settle(engines.WithHurry(ctx, hurry), s)
+		n.settle(store.WithHurry(ctx, hurry), s)
 	}
 	if p.has(stepPay) {
 		n.tree.paid(ticket)

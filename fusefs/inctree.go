@@ -6,7 +6,7 @@ import (
 	"time"
 
 	"github.com/alkblobfs/alkblobfs/blob"
-	"github.com/alkblobfs/alkblobfs/engines"
+	"github.com/alkblobfs/alkblobfs/store"
 )
 
 // incTree is the state one namespace's incoming/ tree shares: which files
@@ -38,9 +38,9 @@ type owedRelease struct {
 	since time.Time
 	// releasing: the RELEASE arrived at this time and its link is being
 	// committed; hurry, if set, ends the linger of that commit (a lazy
-	// job of SQLite's Batcher, engines.Hurry) for a lookup that waits.
+	// job of SQLite's Batcher, store.Hurry) for a lookup that waits.
 	releasing time.Time
-	hurry     *engines.Hurry
+	hurry     *store.Hurry
 }
 
 // releaseWait bounds how long a lookup or listing of the namespace waits
@@ -75,7 +75,7 @@ func (t *incTree) owe(n *fileNode, d blob.Digest) {
 // releasing marks n's owed RELEASE as arrived: its link is committing,
 // and h (nil when nothing lingers) hurries it. It returns the ticket that
 // paid takes, 0 when n owed nothing.
-func (t *incTree) releasing(n *fileNode, h *engines.Hurry) uint64 {
+func (t *incTree) releasing(n *fileNode, h *store.Hurry) uint64 {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	o, ok := t.owed[n]
@@ -127,7 +127,7 @@ func (t *incTree) awaitRelease(ctx context.Context, d *blob.Digest) {
 		t.waiters--
 		t.mu.Unlock()
 	}()
-	var hurry []*engines.Hurry
+	var hurry []*store.Hurry
 	for {
 		t.mu.Lock()
 		now := time.Now()

@@ -28,7 +28,14 @@ type (
 	Protect = gc.Protect
 	// Clock is the GC's in-process clock (gc.Clock).
 	Clock = gc.Clock
+	// Hurry ends the linger of a lazy commit (a settle) for whoever waits
+	// on it (engines.Hurry).
+	Hurry = engines.Hurry
 )
+
+// WithHurry returns ctx carrying h, for a call whose commit may linger
+// (engines.WithHurry).
+func WithHurry(ctx context.Context, h *Hurry) context.Context { return engines.WithHurry(ctx, h) }
 
 // RealClock is the wall clock.
 var RealClock = gc.RealClock
