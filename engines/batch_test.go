@@ -500,6 +500,13 @@ func TestBatcherHurry(t *testing.T) {
 	nowFirst.Now()
 	await("hurried before it was queued", lazy("now first", &nowFirst))
 
+	// A fresh Batcher for the job without a Hurry: b's loop may still be
+	// in the turn that ran "now first", and a job queued then joins that
+	// turn's next batch at once, linger or not.
+	b.Close()
+	b = NewBatcher(db)
+	defer b.Close()
+	b.SetLinger(time.Hour)
 	plain := lazy("plain", nil)
 	queued(t, b, 1)
 	queuedFirst.Now() // spent: it hurries no other job
