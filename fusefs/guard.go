@@ -86,14 +86,23 @@ func RunGuard(args []string) int {
 	closeFUSE()
 	for {
 		time.Sleep(guardEvery) // a poll: the kernel tells no one of a dying process
+		// The guard's mount gone from dir (unmounted, or another mount's
+		// now): nothing is left to guard. A minor is reused by the next
+		// mount, so one seen again later may be another daemon's.
+		m, ok, err := fusectl.Find(dir)
+		if err == nil && (!ok || m.Minor != minor) {
+			return 0
+		}
 		exited, dying := daemonState(pid, start)
 		switch {
 		case exited:
 			return 0
 		case dying:
-			// Only the connection still mounted on dir is surely the
-			// daemon's; a daemon that unmounted and then died has none.
-			if m, ok, err := fusectl.Find(dir); err == nil && ok && m.Minor == minor {
+			// A dying daemon that still holds /dev/fuse is the hang
+			// above. One that holds none (a zombie not yet reaped, which
+			// unmounted and closed it cleanly) leaves the connection to
+			// whoever mounted on dir since.
+			if err == nil && ok && holdsFUSE(pid) {
 				if err := fusectl.Abort(minor); err != nil {
 					return 1
 				}
@@ -101,6 +110,22 @@ func RunGuard(args []string) int {
 			return 0
 		}
 	}
+}
+
+// holdsFUSE reports whether a thread of process pid has /dev/fuse open.
+// Each thread is looked at: a zombie leader's own fd directory is empty
+// while a thread stuck in the kernel keeps the descriptor table.
+func holdsFUSE(pid int) bool {
+	tasks, _ := filepath.Glob(fmt.Sprintf("/proc/%d/task/*/fd", pid))
+	for _, dir := range tasks {
+		ents, _ := os.ReadDir(dir)
+		for _, e := range ents {
+			if l, err := os.Readlink(filepath.Join(dir, e.Name())); err == nil && l == "/dev/fuse" {
+				return true
+			}
+		}
+	}
+	return false
 }
 
 // closeFUSE closes any /dev/fuse descriptor the guard inherited: holding

@@ -20,6 +20,7 @@ import (
 
 	"github.com/alkblobfs/alkblobfs/engines/postgres/pgtest"
 	"github.com/alkblobfs/alkblobfs/fusefs"
+	"github.com/alkblobfs/alkblobfs/fusefs/fusectl"
 )
 
 // TestFleetKill9InNotify: a fleet mount killed with SIGKILL while its
@@ -179,11 +180,87 @@ func guardOf(t *testing.T, pid int) int {
 	if guard == 0 {
 		return 0
 	}
-	fds, _ := os.ReadDir(fmt.Sprintf("/proc/%d/fd", guard))
-	for _, fd := range fds {
-		if l, _ := os.Readlink(fmt.Sprintf("/proc/%d/fd/%s", guard, fd.Name())); l == "/dev/fuse" {
-			t.Fatalf("the guard (pid %d) holds /dev/fuse as descriptor %s", guard, fd.Name())
+	// A descriptor it inherited is closed as it starts (closeFUSE): give
+	// it that long.
+	eventually(t, 10*time.Second, fmt.Sprintf("the guard (pid %d) to hold no /dev/fuse", guard), func() bool {
+		fds, _ := os.ReadDir(fmt.Sprintf("/proc/%d/fd", guard))
+		for _, fd := range fds {
+			if l, _ := os.Readlink(fmt.Sprintf("/proc/%d/fd/%s", guard, fd.Name())); l == "/dev/fuse" {
+				return false
+			}
 		}
-	}
+		return true
+	})
 	return guard
+}
+
+// TestGuardSparesNextMount: a fleet daemon that unmounted and exited but
+// is not reaped yet (a zombie, which the guard counts as dying), and a
+// new daemon mounted on the same directory — on the connection minor the
+// first one freed, as the kernel hands out the lowest free one. The first
+// daemon's guard, stopped meanwhile so that it looks only once both are
+// so, must leave the new mount alone: the zombie holds no /dev/fuse.
+func TestGuardSparesNextMount(t *testing.T) {
+	requireFUSE(t)
+	dsn := pgtest.DSN(t)
+	flags := []string{"--kv", dsn, "--large", "pglo", "--fleet"}
+	c := newCLI(t, flags...)
+	c.ok("ns", "create", "q")
+	mnt := t.TempDir()
+	// A: nothing waits for it, so that it stays a zombie once it exits.
+	a := exec.Command(bin, append([]string{"--data", t.TempDir(), "mount"}, append(flags, mnt)...)...)
+	a.Env = append(os.Environ(), "HOME="+t.TempDir(), "XDG_DATA_HOME=")
+	aerr := &syncBuffer{}
+	a.Stderr = aerr
+	if err := a.Start(); err != nil {
+		t.Fatal(err)
+	}
+	reaped := false
+	t.Cleanup(func() {
+		if !reaped {
+			a.Process.Kill()
+			abortFUSE(t, mnt)
+			a.Wait()
+		}
+	})
+	eventually(t, 20*time.Second, "A to mount", func() bool { return strings.Contains(aerr.String(), "msg=mounted") })
+	m := fusectlFind(t, mnt)
+	guard := guardOf(t, a.Process.Pid)
+	if guard == 0 {
+		t.Fatal("A ran no guard process")
+	}
+	if err := syscall.Kill(guard, syscall.SIGSTOP); err != nil {
+		t.Fatal(err)
+	}
+	defer syscall.Kill(guard, syscall.SIGCONT)
+	a.Process.Signal(syscall.SIGTERM)
+	eventually(t, 20*time.Second, "A to unmount and exit (a zombie)", func() bool {
+		b, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", a.Process.Pid))
+		return err == nil && strings.Contains(string(b), "State:\tZ")
+	})
+	b := startDaemon(t, t.TempDir(), mnt, flags...)
+	if n := fusectlFind(t, mnt); n != m {
+		t.Logf("B's connection is %d, A's was %d: this run cannot catch a guard that aborts by minor alone", n, m)
+	}
+	syscall.Kill(guard, syscall.SIGCONT)
+	eventually(t, 10*time.Second, "A's guard to exit", func() bool {
+		_, err := os.Stat(fmt.Sprintf("/proc/%d", guard))
+		return err != nil
+	})
+	if _, err := os.Stat(filepath.Join(mnt, "q")); err != nil {
+		t.Fatalf("stat through B after A's guard looked: %v (the guard aborted the next mount)", err)
+	}
+	a.Wait()
+	reaped = true
+	stopDaemon(t, b)
+}
+
+// fusectlFind is the connection minor of the mount on dir.
+func fusectlFind(t *testing.T, dir string) uint64 {
+	t.Helper()
+	m, ok, err := fusectl.Find(dir)
+	if err != nil || !ok {
+		t.Fatalf("no mount on %s: %v", dir, err)
+	}
+	return m.Minor
 }
