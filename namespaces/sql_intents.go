@@ -36,7 +36,15 @@ func (r *SQL) Pend(ctx context.Context, name string, d blob.Digest, p Pending) (
 // reports false where tx is not such a transaction.
 type pendDeferrer interface {
 	DeferPend(tx *sql.Tx, id int64, ns string, d blob.Digest, holder string, ttl time.Duration) bool
+	// InProbe reports whether tx only probes what the batch's jobs ask
+	// for; a statement on it fails, and the batch then takes a
+	// transaction.
+	InProbe(tx *sql.Tx) bool
 }
+
+// errNeedsTx fails a link on a batch's probe (pendDeferrer.InProbe): the
+// link runs again in the batch's transaction.
+var errNeedsTx = errors.New("namespaces: a link needs the put's transaction")
 
 // PendTx implements TxLinker: the intent commits or rolls back with tx,
 // and so does the removal of the one it replaces.

@@ -38,6 +38,11 @@ func (r *SQL) LinkTx(ctx context.Context, tx *sql.Tx, name string, d blob.Digest
 	if err := check(ctx, name); err != nil {
 		return false, wrap("link", name, d, err)
 	}
+	if r.pends != nil && r.pends.InProbe(tx) {
+		// Not an error of the link's: on the probe, linkTx's statement
+		// would fail and linkFailed would ask the server why.
+		return false, errNeedsTx
+	}
 	linked, err := r.linkTx(ctx, tx, name, d)
 	if err != nil {
 		return false, wrap("link", name, d, err)

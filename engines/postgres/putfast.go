@@ -82,6 +82,14 @@ func (e *Engine) DeferPend(tx *sql.Tx, id int64, ns string, d blob.Digest, holde
 	return true
 }
 
+// InProbe reports whether tx is the probe of a put's batch, on which any
+// statement fails: a caller about to run one (a link) can fail at once,
+// and spare the round trips it would spend making sense of that failure.
+func (e *Engine) InProbe(tx *sql.Tx) bool {
+	b := e.puts.batchOf(tx)
+	return b != nil && b.probe
+}
+
 // fast runs jobs as a one-statement batch. It reports false, having
 // changed nothing and left every job as it found it, when jobs need a
 // transaction; true when it is done with them: committed, or failed with
