@@ -3,6 +3,7 @@
 # the same names, and the FUSE round trips the listing took:
 #
 #   sudo scripts/measure-ls.sh [N] [REPS]      # defaults: 100000 3
+#   EXTRA=250000 scripts/measure-ls.sh         # on a store with more blobs
 #
 # N small files (distinct content) are put with the CLI into namespace
 # "ls" of a fresh store; the native directory holds N files named by the
@@ -50,6 +51,16 @@ got=$(find "$work/native" -type f | wc -l)
 data=$work/data
 "$bin" --data "$data" ns create ls >/dev/null
 (cd "$work/native" && find . -type f -printf '%f\n' | xargs -n 20000 "$bin" --data "$data" put --ns ls >/dev/null)
+# EXTRA=M also puts M distinct 4 KiB blobs into another namespace: a store
+# that holds more than the listed namespace, as make bench's store does by
+# its listing rows.
+if ((${EXTRA:-0} > 0)); then
+	mkdir -p "$work/extra"
+	head -c "$((EXTRA * 4096))" /dev/urandom | (cd "$work/extra" && split -b 4096 -a 7 - x)
+	"$bin" --data "$data" ns create extra >/dev/null
+	(cd "$work/extra" && find . -type f -printf '%f\n' | xargs -n 20000 "$bin" --data "$data" put --ns extra >/dev/null)
+	rm -rf "$work/extra"
+fi
 
 # requests: the FUSE request counts of the mount's /metrics, "TYPE COUNT"
 # per line.
