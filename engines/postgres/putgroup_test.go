@@ -171,7 +171,8 @@ func TestPutGroupWaitsForArbitration(t *testing.T) {
 	}()
 	waitFor(t, "the put to wait for the arbitration lock", func() bool {
 		var n int
-		err := e.Pool().QueryRow(ctx, `SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND NOT granted`).Scan(&n)
+		err := e.Pool().QueryRow(ctx, `SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND NOT granted
+			AND database = (SELECT oid FROM pg_database WHERE datname = current_database())`).Scan(&n)
 		return err == nil && n > 0
 	})
 	select {
