@@ -162,7 +162,7 @@ func (s *Store) newStage(ctx context.Context) (engines.RandomStage, bool, error)
 	}
 	// Nameless from the start: the descriptor is all an upload uses, and a
 	// crash then leaves nothing behind in the scratch directory.
-	f, linkable, err := createScratch(dir)
+	f, linkable, err := engines.ScratchFile(dir)
 	if err != nil {
 		return nil, false, err
 	}

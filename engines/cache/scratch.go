@@ -69,30 +69,14 @@ func scratchName(dir string) string {
 	return dir
 }
 
-// createScratch makes a nameless file in dir ("" for the system's
-// temporary directory): by O_TMPFILE where the filesystem has it
-// (linkable), else by create and unlink.
+// createScratch makes a nameless file in dir's scratch directory
+// (engines.ScratchFile).
 func createScratch(dir string) (f *os.File, linkable bool, err error) {
 	dir = scratchName(dir)
 	if err := os.MkdirAll(dir, 0o700); err != nil {
 		return nil, false, fmt.Errorf("upload: scratch directory: %w", err)
 	}
-	fd, err := unix.Open(dir, unix.O_TMPFILE|unix.O_RDWR|unix.O_CLOEXEC, 0o600)
-	if err == nil {
-		return os.NewFile(uintptr(fd), dir+"/(scratch)"), true, nil
-	}
-	if !errors.Is(err, unix.EOPNOTSUPP) && !errors.Is(err, unix.EISDIR) && !errors.Is(err, unix.EINVAL) {
-		return nil, false, fmt.Errorf("upload: scratch file in %s: %w", dir, err)
-	}
-	f, err = os.CreateTemp(dir, "upload-*")
-	if err != nil {
-		return nil, false, fmt.Errorf("upload: scratch file: %w", err)
-	}
-	if err := os.Remove(f.Name()); err != nil && !errors.Is(err, os.ErrNotExist) {
-		f.Close()
-		return nil, false, fmt.Errorf("upload: scratch file: %w", err)
-	}
-	return f, false, nil
+	return engines.ScratchFile(dir)
 }
 
 // LinkableFile is the file Adopt may link as the put's copy, or nil: the
