@@ -180,7 +180,9 @@ func testFuncs(t *testing.T) map[string]bool {
 // no design record outside the repository: a reader has only the
 // repository.
 func TestNothingPointsOutside(t *testing.T) {
-	outside := [][]byte{[]byte("../shared"), []byte("/work/shared"), []byte("DESIGN.md"), []byte("STYLE.md")}
+	// Spelled in pieces, so that this file does not itself hold them.
+	shared := "sha" + "red"
+	outside := [][]byte{[]byte("../" + shared), []byte("/work/" + shared), []byte("DES" + "IGN.md"), []byte("STY" + "LE.md")}
 	err := filepath.WalkDir("..", func(p string, d fs.DirEntry, err error) error {
 		if err != nil {
 			return err
@@ -191,9 +193,6 @@ func TestNothingPointsOutside(t *testing.T) {
 		if d.IsDir() || !(strings.HasSuffix(p, ".go") || strings.HasSuffix(p, ".md") || strings.HasSuffix(p, ".sh") ||
 			strings.HasSuffix(p, ".yaml") || d.Name() == "Makefile") {
 			return nil
-		}
-		if p == filepath.Join("..", "docs", "links_test.go") {
-			return nil // the list above
 		}
 		b, err := os.ReadFile(p)
 		if err != nil {
