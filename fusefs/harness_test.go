@@ -7,6 +7,7 @@ import (
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
+	"fmt"
 	"io"
 	"log/slog"
 	"math/rand/v2"
@@ -183,6 +184,26 @@ func (e *env) mkns(name string) string {
 		e.t.Fatal(err)
 	}
 	return e.path(name)
+}
+
+// fill stores n distinct small blobs and links them into ns in one
+// batch, without going through the mount; it returns their digests.
+func (e *env) fill(ns string, n int) []blob.Digest {
+	e.t.Helper()
+	ctx := context.Background()
+	ds := make([]blob.Digest, 0, n)
+	for i := range n {
+		d, pin, err := e.st.PutBytes(ctx, fmt.Appendf(nil, "blob %d", i))
+		if err != nil {
+			e.t.Fatal(err)
+		}
+		pin.Release()
+		ds = append(ds, d)
+	}
+	if _, err := e.reg.LinkMany(ctx, ns, ds); err != nil {
+		e.t.Fatal(err)
+	}
+	return ds
 }
 
 // put stores b and links it into ns without going through the mount.

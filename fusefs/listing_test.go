@@ -3,12 +3,8 @@
 package fusefs
 
 import (
-	"context"
-	"fmt"
 	"strings"
 	"testing"
-
-	"github.com/alkblobfs/alkblobfs/blob"
 )
 
 // TestWarmListingLeavesOutKnownEntries: a listing gives the kernel the
@@ -19,19 +15,7 @@ func TestWarmListingLeavesOutKnownEntries(t *testing.T) {
 	const n = 2000
 	e := mountStore(t, memSpec)
 	e.mkns("w")
-	ctx := context.Background()
-	ds := make([]blob.Digest, 0, n)
-	for i := range n {
-		d, pin, err := e.st.PutBytes(ctx, fmt.Appendf(nil, "blob %d", i))
-		if err != nil {
-			t.Fatal(err)
-		}
-		pin.Release()
-		ds = append(ds, d)
-	}
-	if _, err := e.reg.LinkMany(ctx, "w", ds); err != nil {
-		t.Fatal(err)
-	}
+	ds := e.fill("w", n)
 	d, _ := e.srv.fs.nsDirFor("w")
 	leftOut := &e.srv.fs.stats.entriesLeftOut
 	// ls -l in a child process (this one serves the mount); incoming/

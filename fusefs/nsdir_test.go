@@ -3,16 +3,12 @@
 package fusefs
 
 import (
-	"context"
-	"fmt"
 	"os"
 	"strings"
 	"sync"
 	"syscall"
 	"testing"
 	"time"
-
-	"github.com/alkblobfs/alkblobfs/blob"
 )
 
 // TestListingTakesFewRoundTrips: a namespace directory's st_blksize is
@@ -33,19 +29,7 @@ func TestListingTakesFewRoundTrips(t *testing.T) {
 	}
 	e := mountStore(t, memSpec, count)
 	e.mkns("w")
-	ctx := context.Background()
-	ds := make([]blob.Digest, 0, n)
-	for i := range n {
-		d, pin, err := e.st.PutBytes(ctx, fmt.Appendf(nil, "blob %d", i))
-		if err != nil {
-			t.Fatal(err)
-		}
-		pin.Release()
-		ds = append(ds, d)
-	}
-	if _, err := e.reg.LinkMany(ctx, "w", ds); err != nil {
-		t.Fatal(err)
-	}
+	e.fill("w", n)
 	fi, err := os.Stat(e.path("w"))
 	if err != nil {
 		t.Fatal(err)
