@@ -79,7 +79,7 @@ func notNil(b []byte) []byte {
 // dedup) and also commit together or not at all, in a transaction shared
 // with the puts of other callers (putGroup). also runs in that
 // transaction with the group's context (the caller's without its
-// cancellation), and may run twice (see putGroup).
+// cancellation), and may run more than once (see putGroup).
 func (e *Engine) PutTx(ctx context.Context, d blob.Digest, value []byte, also func(ctx context.Context, tx *sql.Tx) error) (bool, error) {
 	j := &putJob{d: d, value: notNil(value), also: also, ctx: context.WithoutCancel(ctx), done: make(chan struct{})}
 	e.puts.do(j)

@@ -87,6 +87,7 @@ func (e *Engine) CursorsSurviveDelete() bool { return true }
 // Close closes the database/sql handle and the pool.
 func (e *Engine) Close() error {
 	e.puts.wait()
+	e.puts.probe.Close()
 	err := e.db.Close()
 	e.pool.Close()
 	return e.wrap("close", err)

@@ -25,8 +25,8 @@ import (
 // batch's (batchOf) and add their rows to it; any statement a job runs on
 // it fails (errDeferOnly), and so does the job. A job that fails there,
 // for that or any reason, sends the whole batch to the transaction of
-// attempt, where it runs again from scratch: a job may run twice
-// (putGroup). So does a batch whose statement failed on the server (an
+// attempt, where it runs again from scratch, and alone after that if the
+// batch's transaction failed (putGroup): a job may run three times. So does a batch whose statement failed on the server (an
 // intent for a namespace just removed fails its foreign key): that
 // statement committed nothing. A statement that failed otherwise — the
 // connection reset, the op timeout — may have committed: every put of the

@@ -45,8 +45,9 @@ import (
 // A put's statements may fail (an intent for a namespace just removed, a
 // server error), and PostgreSQL then aborts the whole transaction: the
 // batch rolls back, and each of its puts runs again alone, so that each
-// caller gets its own answer. A job may therefore run twice, as under
-// engines.Batcher, whose rules it follows: also starts from scratch each
+// caller gets its own answer. A job may therefore run more than once (three
+// times with the probe of fast), as under engines.Batcher, whose rules it
+// follows: also starts from scratch each
 // time and uses the context it is given (the first caller's, without its
 // cancellation). A failed BEGIN of a batch of one, or any failed COMMIT,
 // fails every put of the batch; no caller is told its put committed before
