@@ -51,6 +51,11 @@ func startGuard(dir string) error {
 		return fmt.Errorf("find the new mount on %s: %v", dir, err)
 	}
 	minor := m.Minor
+	// A guard that could not abort the connection (no root) guards
+	// nothing: say so at mount time, not silently when it is needed.
+	if err := fusectl.CanAbort(minor); err != nil {
+		return err
+	}
 	start, err := procStart(os.Getpid())
 	if err != nil {
 		return err

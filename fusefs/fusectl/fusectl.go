@@ -90,14 +90,38 @@ func Unescape(s string) string {
 // not (root only): every request waiting on the connection fails at once
 // (ENOTCONN), and the mount can be detached.
 func Abort(n uint64) error {
-	ctl := filepath.Join(Dir, strconv.FormatUint(n, 10))
-	if _, err := os.Stat(ctl); err != nil {
-		if merr := unix.Mount("fusectl", Dir, "fusectl", 0, ""); merr != nil && !errors.Is(merr, unix.EBUSY) {
-			return fmt.Errorf("mount fusectl on %s: %w", Dir, merr)
-		}
+	abort, err := abortFile(n)
+	if err != nil {
+		return err
 	}
-	if err := os.WriteFile(filepath.Join(ctl, "abort"), []byte("1"), 0); err != nil {
+	if err := os.WriteFile(abort, []byte("1"), 0); err != nil {
 		return fmt.Errorf("abort FUSE connection %d: %w", n, err)
 	}
 	return nil
+}
+
+// CanAbort reports, as an error saying why not, whether this process
+// could abort connection n (Abort): fusectl mounted, or mountable, and the
+// connection's abort file writable, which takes root.
+func CanAbort(n uint64) error {
+	abort, err := abortFile(n)
+	if err != nil {
+		return err
+	}
+	if err := unix.Access(abort, unix.W_OK); err != nil {
+		return fmt.Errorf("abort FUSE connection %d: %s: %w", n, abort, err)
+	}
+	return nil
+}
+
+// abortFile returns the path of connection n's abort file, mounting
+// fusectl on Dir first if the connection is not listed there.
+func abortFile(n uint64) (string, error) {
+	ctl := filepath.Join(Dir, strconv.FormatUint(n, 10))
+	if _, err := os.Stat(ctl); err != nil {
+		if merr := unix.Mount("fusectl", Dir, "fusectl", 0, ""); merr != nil && !errors.Is(merr, unix.EBUSY) {
+			return "", fmt.Errorf("FUSE connection %d: mount fusectl on %s: %w", n, Dir, merr)
+		}
+	}
+	return filepath.Join(ctl, "abort"), nil
 }
