@@ -30,6 +30,8 @@ var halfVersionScenarios = []struct{ name, script string }{
 		`{ cat "$AF"; sleep 0.5; cat "$BF"; } > "$F"`},
 	{"exec 3>f, writes from subshells",
 		`exec 3>"$F"; ( printf '%s' "$A" >&3 ); sleep 0.5; ( printf '%s' "$B" >&3 ); exec 3>&-`},
+	{"two opens, the first closed while the second is open",
+		`exec 3>"$F" 4>>"$F"; printf '%s' "$A" >&3; exec 3>&-; sleep 0.5; printf '%s' "$B" >&4; exec 4>&-`},
 }
 
 // TestNoIntermediateVersion: while a writer runs, a poller listing the
