@@ -71,7 +71,8 @@ func stopMidFill(t *testing.T, c *cli, cdir, d string) (cmd *exec.Cmd, stderr *s
 	cmd, stderr, done = startCLI(t, c, "cache", "warm", d)
 	deadline := time.Now().Add(30 * time.Second)
 	for {
-		if fi, err := os.Stat(filepath.Join(cdir, "stage", "stage-"+d)); err == nil && fi.Size() > 0 {
+		// Blocks, not the size: a claim sizes its stage to the blob at once.
+		if fi, err := os.Stat(filepath.Join(cdir, "stage", "stage-"+d)); err == nil && fi.Sys().(*syscall.Stat_t).Blocks > 0 {
 			cmd.Process.Signal(syscall.SIGSTOP)
 			if _, err := os.Stat(cachedFile(cdir, d)); err == nil {
 				return cmd, stderr, done, false
@@ -140,4 +141,37 @@ func TestCacheOneFillPerHost(t *testing.T) {
 		t.Fatalf("stages left: %v", m)
 	}
 	c.ok("get", db, "-o", filepath.Join(t.TempDir(), "b")) // whole and right (get verifies it)
+}
+
+// TestCacheRoomCountsOtherProcesses: a process's room check before a fill
+// counts another process's fill in flight (its stage, sized to its blob
+// at the claim): with one blob cached and another being filled by a
+// stopped process, a third blob's fill in a second process evicts the
+// cached one, and once both fills publish the cache is within its limit.
+func TestCacheRoomCountsOtherProcesses(t *testing.T) {
+	const n = 32 << 20
+	cdir := filepath.Join(t.TempDir(), "cache")
+	c := newCLI(t, "--large", s3test.URL(t), "--cache", cdir, "--cache-size", "80MiB") // two blobs fit, not three
+	fz, _, dz := writeFile(t, t.TempDir(), n, 33)
+	fx, _, dx := writeFile(t, t.TempDir(), n, 34)
+	fy, _, dy := writeFile(t, t.TempDir(), n, 35)
+	c.ok("put", fz, fx, fy)
+	c.ok("cache", "drop")
+	c.ok("cache", "warm", dz)
+	a, aerr, adone, ok := stopMidFill(t, c, cdir, dx)
+	if !ok {
+		t.Skip("the fill of x ended before the test could stop it (a fast machine)")
+	}
+	c.ok("cache", "warm", dy) // another process, while x's fill is in flight
+	if _, err := os.Stat(cachedFile(cdir, dz)); err == nil {
+		t.Fatal("z was not evicted for y while another process filled x: that fill was not counted (z, x and y are over the limit)")
+	}
+	a.Process.Signal(syscall.SIGCONT)
+	waitExit(t, "the stopped cache warm", adone, aerr)
+	if _, err := os.Stat(cachedFile(cdir, dx)); err != nil {
+		t.Fatalf("x not cached after its fill went on: %v", err)
+	}
+	if b := cacheStat(t, c)["bytes"].(float64); b > 80<<20 {
+		t.Fatalf("%v bytes cached, over the 80 MiB limit", b)
+	}
 }

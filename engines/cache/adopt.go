@@ -53,7 +53,7 @@ func (e *Engine) Adopt(ctx context.Context, d blob.Digest, f *os.File, size int6
 	if _, err := os.Lstat(e.loc.Path(d)); err == nil {
 		return false, nil
 	}
-	if err := e.makeRoom(ctx, size, 0); err != nil {
+	if err := e.makeRoom(ctx, size, 0, ""); err != nil {
 		if errors.Is(err, errFull) {
 			e.count(func(c *counters) { c.fillError("full") })
 		}

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"strings"
 	"time"
 
 	"golang.org/x/sys/unix"
@@ -38,7 +39,7 @@ func (e *Engine) stagePath(d blob.Digest) string {
 }
 
 // claim makes this process the host's filler of d: it returns d's stage,
-// empty, locked. If a fill of d in this process holds the claim, claim
+// locked, size bytes long and empty (a hole). If a fill of d in this process holds the claim, claim
 // returns a cursor on it. If another process holds it, claim waits while
 // that fill makes progress (its stage grows) and returns the copy it
 // published as a hit cursor; when that fill fails or its process dies,
@@ -46,7 +47,7 @@ func (e *Engine) stagePath(d blob.Digest) string {
 // fill stalls for the engine's wait (Options.FillWait) or runs past
 // claimMax, and returns a hit if d was published meanwhile by other means
 // (a put's write-through).
-func (e *Engine) claim(ctx context.Context, d blob.Digest) (*stageFile, engines.Cursor, error) {
+func (e *Engine) claim(ctx context.Context, d blob.Digest, size int64) (*stageFile, engines.Cursor, error) {
 	path := e.stagePath(d)
 	start := time.Now()
 	lastGrowth, lastBlocks := start, int64(-1)
@@ -71,7 +72,11 @@ func (e *Engine) claim(ctx context.Context, d blob.Digest) (*stageFile, engines.
 				fh.Close()
 				return nil, c, nil
 			}
-			if err := fh.Truncate(0); err != nil { // a dead filler's bytes
+			err := fh.Truncate(0) // a dead filler's bytes
+			if err == nil {
+				err = fh.Truncate(size)
+			}
+			if err != nil {
 				os.Remove(path)
 				fh.Close()
 				return nil, nil, fmt.Errorf("cache stage: %w", err)
@@ -166,4 +171,57 @@ func (s *stageFile) publish(ctx context.Context, e *Engine, d blob.Digest, side 
 		id, _ = engines.FileIDOf(s.f) // the zero FileID if it fails: no verdict
 	}
 	return linked, id, err
+}
+
+// inFlight sums the fills in flight on the host, in every process, but
+// the one whose stage is skip: size, their blobs' bytes (each stage is
+// sized to its blob by its claim), and unwritten, the bytes their fills
+// have yet to write to the cache's disk (the stage's holes). A stage
+// counts while its filler holds its lock: a stage a killed process left
+// (removed at the next open) does not. It reads the stage directory:
+// time in proportion to the fills in flight, not to the cache.
+func (e *Engine) inFlight(skip string) (size, unwritten int64, err error) {
+	dir := filepath.Join(e.dir, "stage")
+	ents, err := os.ReadDir(dir)
+	if err != nil {
+		return 0, 0, fmt.Errorf("cache stage: %w", err)
+	}
+	for _, ent := range ents {
+		name := ent.Name()
+		path := filepath.Join(dir, name)
+		if d, ok := strings.CutPrefix(name, "stage-"); !ok || path == skip || !isDigest(d) {
+			continue
+		}
+		n, alloc, live := liveStage(path)
+		if live {
+			size += n
+			unwritten += max(0, n-alloc)
+		}
+	}
+	return size, unwritten, nil
+}
+
+func isDigest(s string) bool {
+	_, err := blob.Parse(s)
+	return err == nil
+}
+
+// liveStage reports whether a fill holds the stage at path (its flock)
+// and, if so, the stage's size and the bytes allocated to it. The probe
+// takes a shared lock for an instant: a process claiming that very stage
+// meanwhile finds it held and polls again (claimPoll).
+func liveStage(path string) (size, alloc int64, live bool) {
+	fh, err := os.Open(path)
+	if err != nil {
+		return 0, 0, false // gone: the fill ended
+	}
+	defer fh.Close()
+	if err := unix.Flock(int(fh.Fd()), unix.LOCK_SH|unix.LOCK_NB); err == nil {
+		return 0, 0, false // nobody's fill (the close drops the probe's lock)
+	}
+	var st unix.Stat_t
+	if unix.Fstat(int(fh.Fd()), &st) != nil {
+		return 0, 0, false
+	}
+	return st.Size, st.Blocks * 512, true
 }

@@ -59,9 +59,13 @@
 // # Bound and policy
 //
 // Before a fill, least recently accessed copies are evicted until the
-// blob fits both Limit (the index's total plus this process's fills in
-// flight) and the filesystem's free space less 1/50 of it: the cache never
-// fills its disk. LRU by last open: a content-addressed blob never goes
+// blob fits both Limit (the index's total plus the fills in flight on the
+// host, in every process) and the filesystem's free space less 1/50 of it
+// and less what those fills have yet to write: the cache never fills its
+// disk. A claim sizes its stage to the blob's size at once (a sparse
+// file), so the fills in flight are the stage files whose lock a live
+// process holds: their sizes, and their holes for the disk (claim.go:
+// inFlight, one read of DIR/stage per fill). LRU by last open: a content-addressed blob never goes
 // stale, so recency is the only signal, and the workloads the cache serves
 // (build outputs, datasets, images) re-read their recent working set; a
 // frequency policy (LFU, ARC) would keep last month's hot blobs over

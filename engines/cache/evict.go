@@ -22,11 +22,13 @@ var errFull = errors.New("every cached blob is open or being filled")
 const minFreeDiv = 50
 
 // makeRoom evicts least recently used copies until need more bytes fit
-// the limit (the index's total plus the fills in flight in this process)
-// and onDisk more fit the filesystem's free space (less its reserve): a
-// fill writes need bytes, an adopted put's file (adopt.go) is on the disk
-// already.
-func (e *Engine) makeRoom(ctx context.Context, need, onDisk int64) error {
+// the limit (the index's total plus the fills in flight on the host, in
+// any process: inFlight) and onDisk more fit the filesystem's free space
+// (less its reserve, and less what the fills in flight have yet to
+// write): a fill writes need bytes, an adopted put's file (adopt.go) is
+// on the disk already. own is the stage of the fill that asks (counted
+// in need), or "".
+func (e *Engine) makeRoom(ctx context.Context, need, onDisk int64, own string) error {
 	e.flushTouches(ctx) // this process's recent opens are not victims
 	unlock, err := e.lock(unix.LOCK_SH)
 	if err != nil {
@@ -39,9 +41,13 @@ func (e *Engine) makeRoom(ctx context.Context, need, onDisk int64) error {
 		if err != nil {
 			return err
 		}
-		over := used + e.filling() + need - e.limit
-		if free, ok := e.free(); ok && free-onDisk < 0 {
-			over = max(over, onDisk-free)
+		filling, unwritten, err := e.inFlight(own)
+		if err != nil {
+			return err
+		}
+		over := used + filling + need - e.limit
+		if free, ok := e.free(); ok && free-onDisk-unwritten < 0 {
+			over = max(over, onDisk+unwritten-free)
 		}
 		if over <= 0 {
 			return nil
@@ -80,21 +86,6 @@ func (e *Engine) free() (int64, bool) {
 	avail := int64(st.Bavail) * st.Bsize
 	reserve := int64(st.Blocks) * st.Bsize / minFreeDiv
 	return avail - reserve, true
-}
-
-// filling is the size of this process's fills in flight.
-func (e *Engine) filling() int64 {
-	e.mu.Lock()
-	defer e.mu.Unlock()
-	var n int64
-	for _, f := range e.fills {
-		f.mu.Lock()
-		if !f.ended {
-			n += f.size
-		}
-		f.mu.Unlock()
-	}
-	return n
 }
 
 // evict removes d's copy unless it is open in any process of the host,

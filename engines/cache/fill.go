@@ -96,7 +96,7 @@ func (e *Engine) openMiss(ctx context.Context, d blob.Digest) (engines.Cursor, e
 		src.Close()
 		return c, nil
 	}
-	st, hit, err := e.claim(ctx, d)
+	st, hit, err := e.claim(ctx, d, size)
 	switch {
 	case hit != nil:
 		// Another process of the host filled it meanwhile.
@@ -106,7 +106,7 @@ func (e *Engine) openMiss(ctx context.Context, d blob.Digest) (engines.Cursor, e
 		e.fillFailed(d, err)
 		return src, nil
 	}
-	if err := e.makeRoom(ctx, size, size); err != nil {
+	if err := e.makeRoom(ctx, size, size, st.path); err != nil {
 		st.discard()
 		cause := "local"
 		if errors.Is(err, errFull) {
