@@ -63,6 +63,8 @@ func newServeCmd(a *app) *cobra.Command {
 		permTTL  time.Duration
 		tokenTTL time.Duration
 		sched    upkeepFlags
+		cpuProf  string
+		memProf  string
 	)
 	cmd := &cobra.Command{
 		Use:         "serve [--listen ADDR]",
@@ -122,6 +124,20 @@ counters added to the metrics.`,
 			oc.Metrics.AttachUpkeep(u)
 			oc.Upkeep = u
 			srv := ops.New(oc)
+			if cpuProf != "" {
+				stop, err := startCPUProfile(cpuProf)
+				if err != nil {
+					return fmt.Errorf("--cpuprofile: %w", err)
+				}
+				defer stop()
+			}
+			if memProf != "" {
+				defer func() {
+					if err := writeHeapProfile(memProf); err != nil {
+						lg.Warn("--memprofile", "err", err)
+					}
+				}()
+			}
 			lg.Info("serving", "url", listenURL(ln), "tokens", toks.Len(), "token_ttl", tokenTTL,
 				"sweep_every", sched.sweepEvery, "scrub_every", sched.scrubEvery)
 			u.Start()
@@ -139,6 +155,10 @@ counters added to the metrics.`,
 	cmd.Flags().DurationVar(&tokenTTL, "token-ttl", ops.DefaultTokenTTL, "life of a put's pin token after the put or its last renewal")
 	permCacheFlag(cmd.Flags(), &permTTL)
 	sched.register(cmd.Flags(), "")
+	cmd.Flags().StringVar(&cpuProf, "cpuprofile", "", "write a CPU profile of the server to this file (for go tool pprof)")
+	cmd.Flags().MarkHidden("cpuprofile")
+	cmd.Flags().StringVar(&memProf, "memprofile", "", "write a heap profile (with every allocation counted: pprof -alloc_objects) to this file when the server stops")
+	cmd.Flags().MarkHidden("memprofile")
 	return cmd
 }
 

@@ -273,3 +273,38 @@ func metricValue(fams map[string]*dto.MetricFamily, name, op string) float64 {
 	}
 	return 0
 }
+
+// TestServeProfiles: serve --cpuprofile and --memprofile (hidden, for
+// scripts/measure-http.sh PROFILE=DIR) write both profiles when the server
+// stops, over the puts it served.
+func TestServeProfiles(t *testing.T) {
+	c := newCLI(t)
+	c.ok("ns", "create", "builds")
+	dir := t.TempDir()
+	cpu, mem := filepath.Join(dir, "cpu.pprof"), filepath.Join(dir, "mem.pprof")
+	s := startServe(t, c, "--listen", "127.0.0.1:0", "--insecure-loopback", "--cpuprofile", cpu, "--memprofile", mem)
+	resp, err := http.Post(s.url+"/v1/blobs?namespace=builds", "application/octet-stream", strings.NewReader("profiled"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusCreated {
+		t.Fatalf("put: %s", resp.Status)
+	}
+	s.cmd.Process.Signal(syscall.SIGINT)
+	select {
+	case <-s.done:
+	case <-time.After(15 * time.Second):
+		t.Fatal("serve did not stop on SIGINT")
+	}
+	for _, p := range []string{cpu, mem} {
+		b, err := os.ReadFile(p)
+		if err != nil {
+			t.Fatalf("%v\n%s", err, s.stderr.String())
+		}
+		// A pprof profile is a gzipped protobuf.
+		if len(b) < 2 || b[0] != 0x1f || b[1] != 0x8b {
+			t.Fatalf("%s: %d bytes, not a gzipped profile", p, len(b))
+		}
+	}
+}
