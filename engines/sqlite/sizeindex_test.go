@@ -3,13 +3,16 @@ package sqlite_test
 import (
 	"bytes"
 	"context"
+	"database/sql"
 	"errors"
 	"log/slog"
+	"os"
 	"path/filepath"
 	"strings"
 	"sync"
 	"syscall"
 	"testing"
+	"time"
 
 	"github.com/alkblobfs/alkblobfs/blob"
 	"github.com/alkblobfs/alkblobfs/engines/sqlite"
@@ -202,4 +205,56 @@ func TestSizeIndexReadOnly(t *testing.T) {
 	}
 	wantPlans(t, e, false)
 	wantSizes(t, e, ds)
+}
+
+// TestSizeIndexBusy: an old database whose write lock another process
+// holds past the busy timeout (10 s, hence ALKBLOBFS_LONG) opens without
+// the index, says so, and answers from the table.
+func TestSizeIndexBusy(t *testing.T) {
+	if os.Getenv("ALKBLOBFS_LONG") == "" {
+		t.Skip("waits out the 10 s busy timeout; set ALKBLOBFS_LONG=1")
+	}
+	path := filepath.Join(t.TempDir(), "kv.db")
+	ds := oldDatabase(t, path, 100)
+	other, err := sql.Open("sqlite", "file:"+path+"?_pragma=busy_timeout(10000)")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer other.Close()
+	conn, err := other.Conn(t.Context())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	if _, err := conn.ExecContext(t.Context(), `BEGIN IMMEDIATE`); err != nil {
+		t.Fatal(err)
+	}
+	var log bytes.Buffer
+	type opened struct {
+		e   *sqlite.Engine
+		err error
+	}
+	done := make(chan opened, 1)
+	go func() {
+		e, err := sqlite.OpenLog(t.Context(), path, slog.New(slog.NewTextHandler(&log, nil)))
+		done <- opened{e, err}
+	}()
+	var o opened
+	select {
+	case o = <-done:
+	case <-time.After(60 * time.Second):
+		t.Fatal("Open still waiting 60 s after the lock was taken")
+	}
+	if _, err := conn.ExecContext(t.Context(), `ROLLBACK`); err != nil {
+		t.Fatal(err)
+	}
+	if o.err != nil {
+		t.Fatalf("Open beside a held write lock: %v", o.err)
+	}
+	defer o.e.Close()
+	if !strings.Contains(log.String(), "opened without the size index") {
+		t.Errorf("log lacks the fallback:\n%s", log.String())
+	}
+	wantPlans(t, o.e, false)
+	wantSizes(t, o.e, ds)
 }
