@@ -39,8 +39,8 @@ type Engine struct {
 	pinUp, pinDel                          *sql.Stmt
 	// clock times the rows of every process of the host alike (clock.go).
 	clock rowClock
-	// sized is the table expression Size, Has and SizeMany read: the
-	// size index where the database has it (sizeindex.go).
+	// sized is the table expression Has, Size, List and SizeMany read:
+	// the size index where the database has it (sizeindex.go).
 	sized string
 }
 
