@@ -312,7 +312,7 @@ func openEngine(ctx context.Context, role tierRole, url string, log *slog.Logger
 		if err := os.MkdirAll(filepath.Dir(rest), 0o700); err != nil {
 			return nil, err
 		}
-		s, err := sqlite.Open(ctx, rest)
+		s, err := sqlite.OpenLog(ctx, rest, log)
 		if err != nil {
 			return nil, err
 		}

@@ -205,8 +205,8 @@ func (e *Engine) ArbitrateAlone(ctx context.Context, ds []blob.Digest, fn func(c
 // sizeManyBatch bounds the IN list of one SizeMany query.
 const sizeManyBatch = 500
 
-// SizeMany implements engines.BatchSizer with IN-list queries on the
-// primary key.
+// SizeMany implements engines.BatchSizer with IN-list queries on the size
+// index (sizeindex.go).
 func (e *Engine) SizeMany(ctx context.Context, ds []blob.Digest) ([]int64, error) {
 	sizes := make([]int64, len(ds))
 	idx := make(map[blob.Digest][]int, len(ds))
@@ -220,8 +220,7 @@ func (e *Engine) SizeMany(ctx context.Context, ds []blob.Digest) ([]int64, error
 		for i, d := range batch {
 			args[i] = d[:]
 		}
-		q := "SELECT digest, size FROM blobs WHERE digest IN (?" + strings.Repeat(", ?", len(batch)-1) + ")"
-		rows, err := e.db.QueryContext(ctx, q, args...)
+		rows, err := e.db.QueryContext(ctx, e.sizeManySQL(len(batch)), args...)
 		if err != nil {
 			return nil, blob.Wrap("size", e.name, blob.Digest{}, err)
 		}
@@ -238,4 +237,9 @@ func (e *Engine) SizeMany(ctx context.Context, ds []blob.Digest) ([]int64, error
 		}
 	}
 	return sizes, nil
+}
+
+// sizeManySQL is SizeMany's query for n digests.
+func (e *Engine) sizeManySQL(n int) string {
+	return "SELECT digest, size FROM " + e.sized + " WHERE digest IN (?" + strings.Repeat(", ?", n-1) + ")"
 }

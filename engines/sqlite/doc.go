@@ -4,13 +4,15 @@
 // # Schema
 //
 //	blobs(digest BLOB PRIMARY KEY, size INTEGER NOT NULL, value BLOB NOT NULL) WITHOUT ROWID
+//	blobs_size ON blobs(digest, size)
 //	gc_window(digest BLOB PRIMARY KEY, visible_after INTEGER NOT NULL) WITHOUT ROWID
 //	gc_pins(digest BLOB, owner TEXT, expiry INTEGER, PRIMARY KEY (digest, owner)) WITHOUT ROWID
 //	gc_clock(id INTEGER PRIMARY KEY CHECK (id = 1), boot_id TEXT, epoch INTEGER, seen INTEGER)
 //
-// size precedes value in the record, so Size and List read the size column
-// without touching the value's overflow pages. visible_after and expiry are
-// unix nanoseconds on the row clock.
+// Has, Size, List and SizeMany read the covering index blobs_size, whose
+// pages hold keys and sizes only, not the blobs table, whose leaf pages
+// hold a few hundred bytes of every value (sizeindex.go). visible_after
+// and expiry are unix nanoseconds on the row clock.
 //
 // # Time
 //

@@ -13,7 +13,7 @@ func OpenOnBoot(ctx context.Context, path, id string, nanos, wall func() int64) 
 		id:    func() (string, error) { return id, nil },
 		nanos: func() (int64, error) { return nanos(), nil },
 		wall:  wall,
-	})
+	}, nil)
 }
 
 // Checkpoints is how many background checkpoints have run.
@@ -21,3 +21,9 @@ func (e *Engine) Checkpoints() int64 { return e.ckpt.runs.Load() }
 
 // AutoCheckpoint is the writers' wal_autocheckpoint.
 const AutoCheckpoint = autoCheckpoint
+
+// SizeSQL is the SQL of the engine's size lookups by name: has, size,
+// list and sizeMany (of three digests), to EXPLAIN.
+func (e *Engine) SizeSQL() map[string]string {
+	return map[string]string{"has": e.hasSQL(), "size": e.sizeSQL(), "list": e.listSQL(), "sizeMany": e.sizeManySQL(3)}
+}

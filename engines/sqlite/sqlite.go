@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"io/fs"
+	"log/slog"
 	"net/url"
 	"os"
 	"path/filepath"
@@ -38,6 +39,9 @@ type Engine struct {
 	pinUp, pinDel                          *sql.Stmt
 	// clock times the rows of every process of the host alike (clock.go).
 	clock rowClock
+	// sized is the table expression Has, Size, List and SizeMany read:
+	// the size index where the database has it (sizeindex.go).
+	sized string
 }
 
 var (
@@ -79,10 +83,19 @@ const listPage = 1000
 
 // Open opens (creating if needed) the database at path. The directory must
 // exist.
-func Open(ctx context.Context, path string) (*Engine, error) { return open(ctx, path, hostBoot) }
+func Open(ctx context.Context, path string) (*Engine, error) { return OpenLog(ctx, path, nil) }
 
-// open is Open with the row clock's source: the host's, or a test's.
-func open(ctx context.Context, path string, b boot) (*Engine, error) {
+// OpenLog is Open that logs to log (nil: nowhere) what opening does at
+// length: building the size index of an older database (sizeindex.go).
+func OpenLog(ctx context.Context, path string, log *slog.Logger) (*Engine, error) {
+	return open(ctx, path, hostBoot, log)
+}
+
+// open is OpenLog with the row clock's source: the host's, or a test's.
+func open(ctx context.Context, path string, b boot, log *slog.Logger) (*Engine, error) {
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
+	}
 	e := &Engine{name: "sqlite:" + path}
 	abs, err := filepath.Abs(path)
 	if err != nil {
@@ -126,7 +139,7 @@ func open(ctx context.Context, path string, b boot) (*Engine, error) {
 	db.SetMaxOpenConns(conns)
 	db.SetMaxIdleConns(conns)
 	e.db, e.path = db, abs
-	if err := e.init(ctx); err != nil {
+	if err := e.init(ctx, log); err != nil {
 		db.Close()
 		return nil, err
 	}
@@ -152,16 +165,19 @@ func open(ctx context.Context, path string, b boot) (*Engine, error) {
 	return e, nil
 }
 
-func (e *Engine) init(ctx context.Context) error {
+func (e *Engine) init(ctx context.Context, log *slog.Logger) error {
 	if _, err := e.db.ExecContext(ctx, schema); err != nil {
 		return e.wrap("open", fmt.Errorf("create schema: %w", err))
+	}
+	if err := e.initSizeIndex(ctx, log); err != nil {
+		return err
 	}
 	for _, s := range []struct {
 		stmt **sql.Stmt
 		sql  string
 	}{
-		{&e.has, `SELECT 1 FROM blobs WHERE digest = ?`},
-		{&e.size, `SELECT size FROM blobs WHERE digest = ?`},
+		{&e.has, e.hasSQL()},
+		{&e.size, e.sizeSQL()},
 		{&e.delRet, `DELETE FROM blobs WHERE digest = ? RETURNING size`},
 		{&e.get, `SELECT size, value FROM blobs WHERE digest = ?`},
 		// ON CONFLICT (digest) DO NOTHING is INSERT OR IGNORE narrowed to
@@ -169,7 +185,7 @@ func (e *Engine) init(ctx context.Context) error {
 		// value binds as NULL; coalesce stores it as the empty blob.
 		{&e.put, `INSERT INTO blobs (digest, size, value) VALUES (?, ?, coalesce(?, x'')) ON CONFLICT (digest) DO NOTHING`},
 		{&e.del, `DELETE FROM blobs WHERE digest = ?`},
-		{&e.list, `SELECT digest, size FROM blobs WHERE digest > coalesce(?, x'') ORDER BY digest LIMIT ?`},
+		{&e.list, e.listSQL()},
 		{&e.wStage, `INSERT INTO gc_window (digest, visible_after) VALUES (?, ?) ON CONFLICT (digest) DO NOTHING`},
 		{&e.wDue, `SELECT digest FROM gc_window WHERE digest > coalesce(?, x'') AND visible_after <= ? ORDER BY digest LIMIT ?`},
 		{&e.wRemove, `DELETE FROM gc_window WHERE digest = ?`},
@@ -185,6 +201,13 @@ func (e *Engine) init(ctx context.Context) error {
 		*s.stmt = st
 	}
 	return e.initCorrupt(ctx)
+}
+
+// The size lookups' statements read e.sized (sizeindex.go).
+func (e *Engine) hasSQL() string  { return `SELECT 1 FROM ` + e.sized + ` WHERE digest = ?` }
+func (e *Engine) sizeSQL() string { return `SELECT size FROM ` + e.sized + ` WHERE digest = ?` }
+func (e *Engine) listSQL() string {
+	return `SELECT digest, size FROM ` + e.sized + ` WHERE digest > coalesce(?, x'') ORDER BY digest LIMIT ?`
 }
 
 // Name implements engines.Engine: "sqlite:" and the path given to Open.
