@@ -188,20 +188,16 @@ var errNoTokens = errors.New("no tokens in it: " + TokenFileFormat)
 
 // readTokenFile parses file and says which version of it it read.
 func readTokenFile(file string) ([]tokenEntry, fileID, error) {
-	f, err := openPrivate(file, "token file")
+	f, id, err := openPrivate(file, "token file")
 	if err != nil {
-		return nil, fileID{}, err
+		return nil, id, err
 	}
 	defer f.Close()
-	var st unix.Stat_t
-	if err := unix.Fstat(int(f.Fd()), &st); err != nil {
-		return nil, fileID{}, fmt.Errorf("token file: %w", err)
-	}
 	entries, err := parseTokens(io.LimitReader(f, 16<<20), lookupUser)
 	if err != nil {
-		return nil, idOf(&st), fmt.Errorf("token file %s: %w", file, err)
+		return nil, id, fmt.Errorf("token file %s: %w", file, err)
 	}
-	return entries, idOf(&st), nil
+	return entries, id, nil
 }
 
 // TokenCheckEvery is how often a server looks whether its token file
@@ -283,22 +279,22 @@ func (s *Server) watchTokenFile(ctx context.Context) (stop func()) {
 var tokenCheckEvery = TokenCheckEvery
 
 // openPrivate opens file and refuses it if group or others may read or
-// write it.
-func openPrivate(file, what string) (*os.File, error) {
+// write it. It says which version of the file it opened, refused or not.
+func openPrivate(file, what string) (*os.File, fileID, error) {
 	f, err := os.Open(file)
 	if err != nil {
-		return nil, fmt.Errorf("%s: %w", what, err)
+		return nil, fileID{}, fmt.Errorf("%s: %w", what, err)
 	}
-	fi, err := f.Stat() // the file read, not whatever the name points at later
-	if err != nil {
+	var st unix.Stat_t
+	if err := unix.Fstat(int(f.Fd()), &st); err != nil { // the file read, not whatever the name points at later
 		f.Close()
-		return nil, fmt.Errorf("%s: %w", what, err)
+		return nil, fileID{}, fmt.Errorf("%s: %w", what, err)
 	}
-	if fi.Mode().Perm()&0o077 != 0 {
+	if perm := os.FileMode(st.Mode).Perm(); perm&0o077 != 0 {
 		f.Close()
-		return nil, fmt.Errorf("%s %s: mode %04o lets other users read it; chmod 600 %s", what, file, fi.Mode().Perm(), file)
+		return nil, idOf(&st), fmt.Errorf("%s %s: mode %04o lets other users read it; chmod 600 %s", what, file, perm, file)
 	}
-	return f, nil
+	return f, idOf(&st), nil
 }
 
 // lookupUser is a USER field's uid: a number, or a name in the passwd
@@ -404,7 +400,7 @@ func parseTokens(r io.Reader, user func(string) (uint32, error)) ([]tokenEntry, 
 // a server (ReadTokenFile) is one too: its first token. An empty token is
 // an error, and so is a file others may read.
 func ReadAuthToken(file string) (string, error) {
-	f, err := openPrivate(file, "auth token file")
+	f, _, err := openPrivate(file, "auth token file")
 	if err != nil {
 		return "", err
 	}
