@@ -210,10 +210,13 @@ const TokenCheckEvery = time.Second
 // or that others may read, changes nothing: the tokens read before are
 // kept, and the error is logged and returned. A file with no tokens left
 // is taken (every request with a token is refused), with a warning. It
-// does nothing for Tokens not read from a file.
+// does nothing for Tokens not read from a file. A nil lg logs nothing.
 func (t *Tokens) Reload(lg *slog.Logger) error {
 	if t == nil || t.file == nil {
 		return nil
+	}
+	if lg == nil {
+		lg = slog.New(slog.DiscardHandler)
 	}
 	return t.file.reload(lg, true)
 }
@@ -261,7 +264,7 @@ func (s *Server) watchTokenFile(ctx context.Context) (stop func()) {
 	done := make(chan struct{})
 	go func() {
 		defer close(done)
-		tick := time.NewTicker(tokenCheckEvery)
+		tick := time.NewTicker(TokenCheckEvery)
 		defer tick.Stop()
 		for {
 			select {
@@ -274,9 +277,6 @@ func (s *Server) watchTokenFile(ctx context.Context) (stop func()) {
 	}()
 	return func() { cancel(); <-done }
 }
-
-// tokenCheckEvery is TokenCheckEvery, shortened by tests.
-var tokenCheckEvery = TokenCheckEvery
 
 // openPrivate opens file and refuses it if group or others may read or
 // write it. It says which version of the file it opened, refused or not.
