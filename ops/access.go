@@ -2,6 +2,7 @@ package ops
 
 import (
 	"context"
+	"errors"
 	"io"
 	"net/http"
 	"time"
@@ -28,13 +29,19 @@ import (
 // ErrNotFound (404) if there is no such namespace.
 //
 // Perms are cached for PermTTL (250 ms by default, under the 400 ms in
-// which a chmod through one mount shows on another): a chmod is enforced
-// over HTTP within that, and a burst of reads asks the registry once.
+// which a chmod through one mount shows on another), so that a burst of
+// reads asks the registry once. A registry with a change feed (PostgreSQL)
+// drops an entry as soon as a chmod, chown, removal or re-creation of its
+// namespace by any process or host reaches the server (watchPerms); PermTTL
+// is the bound without one (SQLite), and the backstop for changes a feed
+// that was down missed.
 func (s *Server) perm(ctx context.Context, ns string) (namespaces.Perm, error) {
 	now := time.Now()
+	var gen uint64
 	if s.permTTL > 0 {
 		s.permMu.Lock()
 		e, ok := s.perms[ns]
+		gen = s.permGen
 		s.permMu.Unlock()
 		if ok && now.Sub(e.at) < s.permTTL {
 			return e.p, nil
@@ -49,13 +56,86 @@ func (s *Server) perm(ctx context.Context, ns string) (namespaces.Perm, error) {
 	}
 	if s.permTTL > 0 {
 		s.permMu.Lock()
-		if len(s.perms) >= maxPerms {
-			clear(s.perms) // many namespaces: start again rather than grow
+		// A change that arrived while the registry was asked may be newer
+		// than what it answered: cache nothing then.
+		if gen == s.permGen {
+			if len(s.perms) >= maxPerms {
+				clear(s.perms) // many namespaces: start again rather than grow
+			}
+			s.perms[ns] = permEntry{p, now}
 		}
-		s.perms[ns] = permEntry{p, now}
 		s.permMu.Unlock()
 	}
 	return p, nil
+}
+
+// forgetPerms drops the cached Perm of namespace ns, or of every namespace
+// for "", and makes every lookup under way cache nothing.
+func (s *Server) forgetPerms(ns string) {
+	s.permMu.Lock()
+	s.permGen++
+	if ns == "" {
+		clear(s.perms)
+	} else {
+		delete(s.perms, ns)
+	}
+	s.permMu.Unlock()
+}
+
+// watchPerms consumes the registry's change feed, if it has one, until ctx
+// ends: a namespace whose Perm changed, that was removed or (re)created
+// elsewhere loses its cache entry, and a Resync (the feed connected,
+// reconnected or fell behind) drops them all. It returns once the feed is
+// subscribed to, or known to be absent; the returned stop ends it and
+// waits for it.
+//
+// SQLite's registry has no feed (namespaces.ErrNoFeed: its writers share
+// one host and no notification channel), so there PermTTL alone bounds how
+// long a chmod takes to be enforced.
+func (s *Server) watchPerms(ctx context.Context) (stop func()) {
+	w, ok := s.registry().(namespaces.Watcher)
+	if !ok || s.permTTL == 0 {
+		return func() {}
+	}
+	ctx, cancel := context.WithCancel(ctx)
+	ch, err := w.Watch(ctx)
+	if err != nil {
+		cancel()
+		if !errors.Is(err, namespaces.ErrNoFeed) {
+			s.log.Warn("no change feed from the namespace registry: a chmod elsewhere is enforced over HTTP once the permission cache expires", "perm_cache", s.permTTL, "err", err)
+		}
+		return func() {}
+	}
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		for c := range ch {
+			switch c.Kind {
+			case namespaces.PermChanged, namespaces.Removed, namespaces.Created:
+				s.forgetPerms(c.Namespace)
+			case namespaces.Resync:
+				s.forgetPerms("")
+			}
+		}
+	}()
+	return func() { cancel(); <-done }
+}
+
+// registry is the namespaces' registry, nil for a server without.
+func (s *Server) registry() namespaces.Registry {
+	if s.ns == nil {
+		return nil
+	}
+	return s.ns.Registry
+}
+
+// watch starts what keeps the server's caches current while it serves:
+// the namespaces' change feed (watchPerms) and the token file's rereads
+// (watchTokenFile). The returned stop ends both and waits for them.
+func (s *Server) watch(ctx context.Context) (stop func()) {
+	perms := s.watchPerms(ctx)
+	toks := s.watchTokenFile(ctx)
+	return func() { perms(); toks() }
 }
 
 type permEntry struct {

@@ -8,6 +8,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"log/slog"
 	"net"
 	"net/http"
 	"os"
@@ -16,7 +17,10 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
+
+	"golang.org/x/sys/unix"
 
 	"github.com/alkblobfs/alkblobfs/namespaces"
 	"github.com/alkblobfs/alkblobfs/wire"
@@ -78,10 +82,15 @@ type callerKey struct{}
 func caller(r *http.Request) *Caller { return r.Context().Value(callerKey{}).(*Caller) }
 
 // Tokens is a server's bearer tokens, each bound to a principal and
-// optionally to namespaces and verbs (ReadTokenFile). Lookups compare a
-// presented token with every token in constant time.
+// optionally to namespaces and verbs (ReadTokenFile). Only their sha256
+// digests are kept, and a lookup compares the presented token's digest
+// with every one in constant time.
+//
+// Tokens read from a file follow it: a server rereads the file once it
+// changes (watchTokenFile), and Reload rereads it at once.
 type Tokens struct {
-	entries []tokenEntry
+	entries []tokenEntry // fixed: ParseTokens's, and Config.AuthToken's
+	file    *tokenFile   // ReadTokenFile's; nil otherwise
 }
 
 type tokenEntry struct {
@@ -91,19 +100,52 @@ type tokenEntry struct {
 	verbs Verb
 }
 
+// tokenFile is a token file's tokens as last read.
+type tokenFile struct {
+	path    string
+	entries atomic.Pointer[[]tokenEntry]
+
+	mu   sync.Mutex // one reread at a time
+	seen fileID     // the file as last read or tried
+}
+
+// fileID tells a file's versions apart: a replaced file has another inode,
+// one written in place another ctime (which no program sets back), a
+// chmod too. The zero fileID is a file that could not be looked at.
+type fileID struct {
+	dev, ino     uint64
+	size         int64
+	mtime, ctime unix.Timespec
+}
+
+func idOf(st *unix.Stat_t) fileID {
+	return fileID{dev: st.Dev, ino: st.Ino, size: st.Size, mtime: st.Mtim, ctime: st.Ctim}
+}
+
 // lookup returns the entry of token tok, comparing its digest with every
 // entry's whatever matches: the time taken does not tell how much of a
-// token was right, nor which entry matched.
+// token was right, nor which entry matched. TestTokenLookupConstantTime
+// holds this function to that shape.
 func (t *Tokens) lookup(tok string) (tokenEntry, bool) {
 	got := sha256.Sum256([]byte(tok))
 	var found tokenEntry
 	ok := 0
-	for _, e := range t.entries {
-		if subtle.ConstantTimeCompare(got[:], e.sum[:]) == 1 {
-			found, ok = e, 1
+	for _, set := range [2][]tokenEntry{t.entries, t.fileEntries()} {
+		for _, e := range set {
+			if subtle.ConstantTimeCompare(got[:], e.sum[:]) == 1 {
+				found, ok = e, 1
+			}
 		}
 	}
 	return found, ok == 1
+}
+
+// fileEntries is the token file's tokens as last read (none without a file).
+func (t *Tokens) fileEntries() []tokenEntry {
+	if t.file == nil {
+		return nil
+	}
+	return *t.file.entries.Load()
 }
 
 // Len is the number of tokens (0 for nil).
@@ -111,7 +153,7 @@ func (t *Tokens) Len() int {
 	if t == nil {
 		return 0
 	}
-	return len(t.entries)
+	return len(t.entries) + len(t.fileEntries())
 }
 
 // TokenFileFormat is the token file's format, for error messages.
@@ -127,36 +169,132 @@ const TokenFileFormat = "TOKEN USER [namespaces=NS,…] [verbs=read,write,delete
 // Blank lines and lines starting with # are skipped. A token is at least
 // 16 characters. The file must not be readable by group or others (0600),
 // since every token in it is a user's access.
+//
+// The Tokens returned follow the file: see Reload.
 func ReadTokenFile(file string) (*Tokens, error) {
-	f, err := openPrivate(file, "token file")
+	entries, id, err := readTokenFile(file)
 	if err != nil {
 		return nil, err
 	}
-	defer f.Close()
-	t, err := ParseTokens(io.LimitReader(f, 16<<20), lookupUser)
-	if err != nil {
-		return nil, fmt.Errorf("token file %s: %w", file, err)
+	if len(entries) == 0 {
+		return nil, fmt.Errorf("token file %s: %w", file, errNoTokens)
 	}
-	return t, nil
+	tf := &tokenFile{path: file, seen: id}
+	tf.entries.Store(&entries)
+	return &Tokens{file: tf}, nil
+}
+
+var errNoTokens = errors.New("no tokens in it: " + TokenFileFormat)
+
+// readTokenFile parses file and says which version of it it read.
+func readTokenFile(file string) ([]tokenEntry, fileID, error) {
+	f, id, err := openPrivate(file, "token file")
+	if err != nil {
+		return nil, id, err
+	}
+	defer f.Close()
+	entries, err := parseTokens(io.LimitReader(f, 16<<20), lookupUser)
+	if err != nil {
+		return nil, id, fmt.Errorf("token file %s: %w", file, err)
+	}
+	return entries, id, nil
+}
+
+// TokenCheckEvery is how often a server looks whether its token file
+// changed (its inode, size, mtime or ctime); a changed file is reread, so
+// a token removed from it is refused within this.
+const TokenCheckEvery = time.Second
+
+// Reload rereads the token file now (a SIGHUP), whether or not it changed,
+// and logs what came of it on lg. A file that cannot be read or parsed,
+// or that others may read, changes nothing: the tokens read before are
+// kept, and the error is logged and returned. A file with no tokens left
+// is taken (every request with a token is refused), with a warning. It
+// does nothing for Tokens not read from a file. A nil lg logs nothing.
+func (t *Tokens) Reload(lg *slog.Logger) error {
+	if t == nil || t.file == nil {
+		return nil
+	}
+	if lg == nil {
+		lg = slog.New(slog.DiscardHandler)
+	}
+	return t.file.reload(lg, true)
+}
+
+// reload rereads the file if force or if it changed since it was last
+// read or tried: a broken file is reported once, not at every check.
+func (tf *tokenFile) reload(lg *slog.Logger, force bool) error {
+	tf.mu.Lock()
+	defer tf.mu.Unlock()
+	if !force {
+		var id fileID
+		var st unix.Stat_t
+		if unix.Stat(tf.path, &st) == nil {
+			id = idOf(&st)
+		}
+		if id == tf.seen {
+			return nil
+		}
+	}
+	entries, id, err := readTokenFile(tf.path)
+	tf.seen = id
+	old := len(*tf.entries.Load())
+	if err != nil {
+		lg.Error("could not reread the token file; still serving the tokens read before", "tokens", old, "err", err)
+		return err
+	}
+	tf.entries.Store(&entries)
+	if len(entries) == 0 {
+		lg.Warn("reread the token file: it holds no tokens, so every request with one is refused until it does", "file", tf.path)
+		return nil
+	}
+	lg.Info("reread the token file", "file", tf.path, "tokens", len(entries), "before", old)
+	return nil
+}
+
+// watchTokenFile rereads the token file, if there is one, once it
+// changes, checking every TokenCheckEvery until ctx ends. The returned
+// stop ends it and waits for it.
+func (s *Server) watchTokenFile(ctx context.Context) (stop func()) {
+	if s.tokenFile == nil || s.tokenFile.file == nil {
+		return func() {}
+	}
+	tf := s.tokenFile.file
+	ctx, cancel := context.WithCancel(ctx)
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		tick := time.NewTicker(TokenCheckEvery)
+		defer tick.Stop()
+		for {
+			select {
+			case <-ctx.Done():
+				return
+			case <-tick.C:
+				tf.reload(s.log, false)
+			}
+		}
+	}()
+	return func() { cancel(); <-done }
 }
 
 // openPrivate opens file and refuses it if group or others may read or
-// write it.
-func openPrivate(file, what string) (*os.File, error) {
+// write it. It says which version of the file it opened, refused or not.
+func openPrivate(file, what string) (*os.File, fileID, error) {
 	f, err := os.Open(file)
 	if err != nil {
-		return nil, fmt.Errorf("%s: %w", what, err)
+		return nil, fileID{}, fmt.Errorf("%s: %w", what, err)
 	}
-	fi, err := f.Stat() // the file read, not whatever the name points at later
-	if err != nil {
+	var st unix.Stat_t
+	if err := unix.Fstat(int(f.Fd()), &st); err != nil { // the file read, not whatever the name points at later
 		f.Close()
-		return nil, fmt.Errorf("%s: %w", what, err)
+		return nil, fileID{}, fmt.Errorf("%s: %w", what, err)
 	}
-	if fi.Mode().Perm()&0o077 != 0 {
+	if perm := os.FileMode(st.Mode).Perm(); perm&0o077 != 0 {
 		f.Close()
-		return nil, fmt.Errorf("%s %s: mode %04o lets other users read it; chmod 600 %s", what, file, fi.Mode().Perm(), file)
+		return nil, idOf(&st), fmt.Errorf("%s %s: mode %04o lets other users read it; chmod 600 %s", what, file, perm, file)
 	}
-	return f, nil
+	return f, idOf(&st), nil
 }
 
 // lookupUser is a USER field's uid: a number, or a name in the passwd
@@ -182,7 +320,19 @@ const minToken = 16
 // ParseTokens parses a token file's content (see ReadTokenFile); user
 // maps a USER field to its uid.
 func ParseTokens(r io.Reader, user func(string) (uint32, error)) (*Tokens, error) {
-	t := &Tokens{}
+	entries, err := parseTokens(r, user)
+	if err != nil {
+		return nil, err
+	}
+	if len(entries) == 0 {
+		return nil, errNoTokens
+	}
+	return &Tokens{entries: entries}, nil
+}
+
+// parseTokens is ParseTokens, which an empty file passes.
+func parseTokens(r io.Reader, user func(string) (uint32, error)) ([]tokenEntry, error) {
+	var entries []tokenEntry
 	seen := map[[sha256.Size]byte]int{}
 	sc := bufio.NewScanner(r)
 	sc.Buffer(nil, 64<<10)
@@ -237,15 +387,12 @@ func ParseTokens(r io.Reader, user func(string) (uint32, error)) (*Tokens, error
 				return nil, fmt.Errorf("line %d: %q: want namespaces=NS,… or verbs=…: %s", n, k, TokenFileFormat)
 			}
 		}
-		t.entries = append(t.entries, e)
+		entries = append(entries, e)
 	}
 	if err := sc.Err(); err != nil {
 		return nil, err
 	}
-	if len(t.entries) == 0 {
-		return nil, errors.New("no tokens in it: " + TokenFileFormat)
-	}
-	return t, nil
+	return entries, nil
 }
 
 // ReadAuthToken reads the token a client sends from file: the first
@@ -253,7 +400,7 @@ func ParseTokens(r io.Reader, user func(string) (uint32, error)) (*Tokens, error
 // a server (ReadTokenFile) is one too: its first token. An empty token is
 // an error, and so is a file others may read.
 func ReadAuthToken(file string) (string, error) {
-	f, err := openPrivate(file, "auth token file")
+	f, _, err := openPrivate(file, "auth token file")
 	if err != nil {
 		return "", err
 	}

@@ -123,6 +123,7 @@ type Server struct {
 	permTTL time.Duration
 	permMu  sync.Mutex
 	perms   map[string]permEntry
+	permGen uint64 // bumped by forgetPerms, under permMu
 
 	// handlers counts the requests being handled; once closing is set no
 	// request starts (503), so that Serve can wait for the rest.
@@ -257,6 +258,7 @@ func (s *Server) Serve(ctx context.Context, ln net.Listener) error {
 	}
 	stop := make(chan struct{})
 	go s.expireLoop(stop)
+	defer s.watch(reqCtx)() // the change feed and the token file, until Serve returns
 	served := make(chan error, 1)
 	go func() { served <- hs.Serve(ln) }()
 	var err error

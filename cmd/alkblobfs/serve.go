@@ -6,8 +6,11 @@ import (
 	"fmt"
 	"log/slog"
 	"net"
+	"os"
+	"os/signal"
 	"strings"
 	"sync"
+	"syscall"
 	"time"
 
 	"github.com/spf13/cobra"
@@ -52,7 +55,10 @@ one token per line:
   TOKEN USER [namespaces=NS,...] [verbs=read,write,delete,sweep]
 
 Every request then carries "Authorization: Bearer TOKEN" and acts as USER (a
-uid or a user name), limited to the namespaces and verbs given.
+uid or a user name), limited to the namespaces and verbs given. The server
+rereads the file within a second of a change, and at once on SIGHUP: a
+token removed from it is refused from then on, and a file that fails to
+parse keeps the tokens read before (the log says why).
 --insecure-loopback serves loopback without tokens instead: every local user
 then acts as the server's own user (refused with mount --allow-other).`
 
@@ -143,6 +149,7 @@ counters added to the metrics.`,
 			u.Start()
 			// Before the store closes: a timer's sweep or scrub ends first.
 			defer u.Stop()
+			defer reloadOnHangup(cmd.Context(), toks, lg)()
 			if err := srv.Serve(cmd.Context(), ln); err != nil {
 				return err
 			}
@@ -188,6 +195,33 @@ func (a *app) listen(cmd *cobra.Command, addr string, insecure, allowOther bool)
 		return nil, nil, fmt.Errorf("--listen: %w", err)
 	}
 	return ln, toks, nil
+}
+
+// reloadOnHangup rereads the token file on each SIGHUP until ctx ends or
+// the returned stop is called (the server also rereads it once it
+// changes, within ops.TokenCheckEvery). Without a token file SIGHUP is
+// left alone.
+func reloadOnHangup(ctx context.Context, toks *ops.Tokens, lg *slog.Logger) (stop func()) {
+	if toks == nil {
+		return func() {}
+	}
+	hup := make(chan os.Signal, 1)
+	signal.Notify(hup, syscall.SIGHUP)
+	ctx, cancel := context.WithCancel(ctx)
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		for {
+			select {
+			case <-hup:
+				lg.Info("SIGHUP: rereading the token file")
+				toks.Reload(lg) // logs what came of it
+			case <-ctx.Done():
+				return
+			}
+		}
+	}()
+	return func() { signal.Stop(hup); cancel(); <-done }
 }
 
 // listenURL is where clients reach ln: unix:PATH or http://HOST:PORT.
