@@ -222,6 +222,7 @@ As root the mount uses mount(2) directly; otherwise fusermount3.`,
 				oc.PermTTL = permTTL
 				stopHTTP = serveBeside(ctx, ops.New(oc), ln, lg)
 				defer stopHTTP()
+				defer reloadOnHangup(ctx, toks, lg)()
 				lg.Info("serving HTTP beside the mount", "url", listenURL(ln), "tokens", toks.Len())
 			}
 			if err := sdNotify("READY=1\nSTATUS=serving " + srv.Dir()); err != nil {

@@ -136,7 +136,7 @@ Commands: %s
 	f.Var(&a.logLevel, "log-level", "log level on stderr (and mount's --log-file): debug, info, warn or error")
 	f.StringVar(&a.remote, "remote", "", "send put, get, cat and have to the alkblobfs HTTP server at this `URL` (unix:PATH, or http://HOST:PORT) instead of opening a store")
 	a.cache.register(f)
-	f.StringVar(&a.tokenFile, "auth-token-file", "", "token file (mode 0600): serve and mount --listen HOST:PORT accept its tokens, one a line (TOKEN USER [namespaces=NS,...] [verbs=...]); --remote sends the first token of `FILE`")
+	f.StringVar(&a.tokenFile, "auth-token-file", "", "token file (mode 0600): serve and mount --listen HOST:PORT accept its tokens, one a line (TOKEN USER [namespaces=NS,...] [verbs=...]), rereading it within a second of a change and at once on SIGHUP; --remote sends the first token of `FILE`")
 
 	root.AddCommand(
 		newPutCmd(a),

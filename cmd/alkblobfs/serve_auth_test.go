@@ -237,3 +237,38 @@ func TestServeTokenFileReload(t *testing.T) {
 		t.Fatalf("a token is in serve's log:\n%s", s.stderr.String())
 	}
 }
+
+// TestMountListenReloadsOnHangup: mount --listen follows its token file
+// as serve does, SIGHUP included, and SIGHUP leaves the mount mounted.
+func TestMountListenReloadsOnHangup(t *testing.T) {
+	requireFUSE(t)
+	c := newCLI(t)
+	const alice, bob = "alice-token-0123456789", "bob-token-0123456789ab"
+	file := filepath.Join(t.TempDir(), "tokens")
+	writeTokens(t, file, alice+" 0")
+	mnt := t.TempDir()
+	dm := startDaemon(t, c.data, mnt, "--listen", "127.0.0.1:0", "--auth-token-file", file)
+	var url string
+	eventually(t, 10*time.Second, "the mount's HTTP surface", func() bool {
+		if m := servingURL.FindStringSubmatch(dm.stderr.String()); m != nil {
+			url = m[1]
+			return true
+		}
+		return false
+	})
+	metrics := url + "/metrics"
+	if got := status(t, metrics, bob); got != http.StatusUnauthorized {
+		t.Fatalf("bob's token, not in the file yet: %d", got)
+	}
+	writeTokens(t, file, bob+" 0")
+	if err := dm.cmd.Process.Signal(syscall.SIGHUP); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, 10*time.Second, "the SIGHUP in the mount's log", func() bool {
+		return strings.Contains(dm.stderr.String(), "SIGHUP: rereading the token file")
+	})
+	eventually(t, 10*time.Second, "bob's token to be taken after SIGHUP", func() bool { return status(t, metrics, bob) == http.StatusOK })
+	if _, err := os.Stat(filepath.Join(mnt, ".alkblobfs", "stats")); err != nil {
+		t.Fatalf("the mount after SIGHUP: %v\n%s", err, dm.stderr.String())
+	}
+}
