@@ -260,32 +260,39 @@ func TestLayoutNewerRefused(t *testing.T) {
 
 // TestLayoutRacingCreators: processes opening one new database at once
 // (separate pools, as separate processes are to SQLite's locks) all open
-// it, with one layout.
+// it, with one layout. (TestLayoutCreatorLosesRace is the same race with
+// its order forced.)
 func TestLayoutRacingCreators(t *testing.T) {
-	path := filepath.Join(t.TempDir(), "kv.db")
-	const n = 4
-	es := make([]*sqlite.Engine, n)
-	errs := make([]error, n)
-	var wg sync.WaitGroup
-	for i := range n {
-		wg.Go(func() { es[i], errs[i] = sqlite.Open(t.Context(), path) })
-	}
-	wg.Wait()
-	for i := range n {
-		if errs[i] != nil {
-			t.Fatalf("open %d: %v", i, errs[i])
+	for round := range 5 {
+		path := filepath.Join(t.TempDir(), "kv.db")
+		const n = 6
+		es := make([]*sqlite.Engine, n)
+		errs := make([]error, n)
+		var wg sync.WaitGroup
+		for i := range n {
+			wg.Go(func() { es[i], errs[i] = sqlite.Open(t.Context(), path) })
 		}
-		defer es[i].Close()
-		if es[i].Layout() != 2 {
-			t.Errorf("open %d: layout %d", i, es[i].Layout())
+		wg.Wait()
+		for i := range n {
+			if errs[i] == nil {
+				defer es[i].Close()
+			}
 		}
-	}
-	v := []byte("seen by all")
-	if _, err := es[0].Put(t.Context(), blob.Sum(v), v); err != nil {
-		t.Fatal(err)
-	}
-	for _, e := range es {
-		wantBlob(t, e, v)
+		for i := range n {
+			if errs[i] != nil {
+				t.Fatalf("round %d, open %d: %v", round, i, errs[i])
+			}
+			if es[i].Layout() != 2 {
+				t.Errorf("round %d, open %d: layout %d", round, i, es[i].Layout())
+			}
+		}
+		v := fmt.Appendf(nil, "seen by all in round %d", round)
+		if _, err := es[0].Put(t.Context(), blob.Sum(v), v); err != nil {
+			t.Fatal(err)
+		}
+		for _, e := range es {
+			wantBlob(t, e, v)
+		}
 	}
 }
 

@@ -5,6 +5,7 @@ import (
 	"context"
 	"database/sql"
 	"errors"
+	"fmt"
 	"log/slog"
 	"os"
 	"path/filepath"
@@ -184,10 +185,50 @@ func TestSizeIndexRacingOpens(t *testing.T) {
 }
 
 // TestSizeIndexReadOnly: an old database on read-only media, which cannot
-// get the index, opens and answers from the table.
+// get the index, opens and answers from the table; a database of layout 2
+// opens there too, and answers from its key table.
 func TestSizeIndexReadOnly(t *testing.T) {
-	dir := t.TempDir()
-	ds := oldDatabase(t, filepath.Join(dir, "kv.db"), 100)
+	for _, l := range []int{1, 2} {
+		t.Run(fmt.Sprint("layout ", l), func(t *testing.T) {
+			dir := t.TempDir()
+			var ds []blob.Digest
+			if l == 1 {
+				ds = oldDatabase(t, filepath.Join(dir, "kv.db"), 100)
+			} else {
+				ds = newDatabase(t, filepath.Join(dir, "kv.db"), 100)
+			}
+			e := openReadOnly(t, dir)
+			defer e.Close()
+			if e.Layout() != l {
+				t.Fatalf("layout %d", e.Layout())
+			}
+			wantPlans(t, e, primaryKey)
+			wantSizes(t, e, ds)
+			v := bytes.Repeat([]byte{byte(50)}, 50)
+			wantBlob(t, e, v)
+		})
+	}
+}
+
+// newDatabase is oldDatabase of this build's: layout 2.
+func newDatabase(t *testing.T, path string, n int) []blob.Digest {
+	t.Helper()
+	e := open(t, path)
+	defer e.Close()
+	var ds []blob.Digest
+	for i := range n {
+		v := bytes.Repeat([]byte{byte(i)}, i)
+		if _, err := e.Put(t.Context(), blob.Sum(v), v); err != nil {
+			t.Fatal(err)
+		}
+		ds = append(ds, blob.Sum(v))
+	}
+	return ds
+}
+
+// openReadOnly opens dir/kv.db through a read-only bind mount of dir.
+func openReadOnly(t *testing.T, dir string) *sqlite.Engine {
+	t.Helper()
 	ro := t.TempDir()
 	if err := syscall.Mount(dir, ro, "", syscall.MS_BIND, ""); err != nil {
 		if errors.Is(err, syscall.EPERM) {
@@ -203,12 +244,11 @@ func TestSizeIndexReadOnly(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer e.Close()
 	if !e.ReadOnly() {
+		e.Close()
 		t.Fatal("opened read-write on a read-only mount")
 	}
-	wantPlans(t, e, primaryKey)
-	wantSizes(t, e, ds)
+	return e
 }
 
 // TestSizeIndexBusy: an old database whose write lock another process
