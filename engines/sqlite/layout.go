@@ -37,8 +37,10 @@ import (
 // The key table's rows are about 50 bytes, a hundred to a page and never
 // spilled: it is its own size index, and Has, Size, List and SizeMany read
 // it. Values sit in a rowid table, reached by vid and never compared; a
-// put's vid is the largest plus one, so puts append to its last page, and a
-// value of up to about 4 050 bytes stays in its cell. A put inserts the key
+// put's vid is the largest plus one, so puts append to its last page (a
+// vid freed by deleting the last value may be given again: nothing but
+// its key row names a vid), and a value of up to about 4 050 bytes stays
+// in its cell. A put inserts the key
 // first (ON CONFLICT DO NOTHING RETURNING vid) and the value only when the
 // key went in, in one transaction: a dedup writes no value row, and a put
 // that fails midway rolls both back. The trigger deletes a key's value in
