@@ -506,3 +506,24 @@ func TestFlipValueBit(t *testing.T) {
 		})
 	}
 }
+
+// TestMissingValueRow: a key whose value row is gone (damage, or a tool's
+// DELETE of it) reads as a damaged row, not as an empty blob, even for
+// the empty blob, whose size says nothing.
+func TestMissingValueRow(t *testing.T) {
+	e := open(t, filepath.Join(t.TempDir(), "kv.db"))
+	defer e.Close()
+	for _, v := range [][]byte{{}, []byte("gone")} {
+		d := blob.Sum(v)
+		if _, err := e.Put(t.Context(), d, v); err != nil {
+			t.Fatal(err)
+		}
+		exec(t, e.DB(), `DELETE FROM blob_values WHERE vid = (SELECT vid FROM blobs WHERE digest = ?)`, d[:])
+		if c, err := e.Open(t.Context(), d); err == nil || !strings.Contains(err.Error(), "value row (blob_values) is missing") {
+			if c != nil {
+				c.Close()
+			}
+			t.Fatalf("Open of a %d-byte blob without its value row: %v", len(v), err)
+		}
+	}
+}
