@@ -8,6 +8,7 @@ import (
 	"testing"
 
 	"github.com/alkblobfs/alkblobfs/engines"
+	"github.com/alkblobfs/alkblobfs/engines/sqlite"
 	"github.com/alkblobfs/alkblobfs/store"
 )
 
@@ -60,8 +61,7 @@ func TestCorruptVerdictShared(t *testing.T) {
 			if l.large {
 				flip(t, blobPath(dir, d), int64(n/2))
 			} else {
-				db := a.KV().(engines.SQL).DB()
-				if _, err := db.Exec(`UPDATE blobs SET value = ? WHERE digest = ?`, append([]byte{data[0] ^ 1}, data[1:]...), d[:]); err != nil {
+				if err := sqlite.FlipValueBit(ctx, a.KV().(engines.SQL).DB(), d); err != nil {
 					t.Fatal(err)
 				}
 			}

@@ -475,8 +475,7 @@ func TestFlippedKVValueDetected(t *testing.T) {
 	data := randBytes(1000)
 	d, pin, _ := s.Put(t.Context(), bytes.NewReader(data), -1)
 	pin.Release()
-	db := s.KV().(engines.SQL).DB()
-	if _, err := db.Exec(`UPDATE blobs SET value = ? WHERE digest = ?`, append([]byte{data[0] ^ 1}, data[1:]...), d[:]); err != nil {
+	if err := sqlite.FlipValueBit(t.Context(), s.KV().(engines.SQL).DB(), d); err != nil {
 		t.Fatal(err)
 	}
 	if _, _, err := s.Get(t.Context(), d); !errors.Is(err, store.ErrVerification) {

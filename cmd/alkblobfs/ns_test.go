@@ -12,6 +12,9 @@ import (
 	"testing"
 
 	_ "modernc.org/sqlite"
+
+	"github.com/alkblobfs/alkblobfs/blob"
+	"github.com/alkblobfs/alkblobfs/engines/sqlite"
 )
 
 // sweepJSON runs one sweep and returns its report.
@@ -291,13 +294,11 @@ func corruptKV(t *testing.T, path, digest string) {
 		t.Fatal(err)
 	}
 	defer db.Close()
-	key, _ := hex.DecodeString(digest)
-	var v []byte
-	if err := db.QueryRow(`SELECT value FROM blobs WHERE digest = ?`, key).Scan(&v); err != nil {
+	d, err := blob.Parse(digest)
+	if err != nil {
 		t.Fatal(err)
 	}
-	v[0] ^= 0x01
-	if _, err := db.Exec(`UPDATE blobs SET value = ? WHERE digest = ?`, v, key); err != nil {
+	if err := sqlite.FlipValueBit(t.Context(), db, d); err != nil {
 		t.Fatal(err)
 	}
 }

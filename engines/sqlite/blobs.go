@@ -37,8 +37,16 @@ func (e *Engine) Size(ctx context.Context, d blob.Digest) (int64, error) {
 func (e *Engine) Open(ctx context.Context, d blob.Digest) (engines.Cursor, error) {
 	var n int64
 	var v []byte
-	if err := e.get.QueryRowContext(ctx, d[:]).Scan(&n, &v); err != nil {
+	found := true // layout 2 says whether the key's value row exists
+	dest := []any{&n, &v}
+	if e.layout == layoutSplit {
+		dest = append(dest, &found)
+	}
+	if err := e.get.QueryRowContext(ctx, d[:]).Scan(dest...); err != nil {
 		return nil, blob.Wrap("open", e.name, d, missing(err))
+	}
+	if !found {
+		return nil, blob.Wrap("open", e.name, d, fmt.Errorf("row is damaged: the key's value row (blob_values) is missing"))
 	}
 	if n != int64(len(v)) {
 		return nil, blob.Wrap("open", e.name, d, fmt.Errorf("row is damaged: size column says %d bytes, value has %d", n, len(v)))
@@ -53,8 +61,12 @@ func missing(err error) error {
 	return err
 }
 
-// Put implements engines.KV.
+// Put implements engines.KV. On layout 2 it is PutTx: its two statements
+// commit together.
 func (e *Engine) Put(ctx context.Context, d blob.Digest, value []byte) (bool, error) {
+	if e.layout == layoutSplit {
+		return e.PutTx(ctx, d, value, nil)
+	}
 	res, err := e.put.ExecContext(ctx, d[:], len(value), value)
 	if err != nil {
 		return false, e.wrapD("put", d, err)
@@ -65,23 +77,21 @@ func (e *Engine) Put(ctx context.Context, d blob.Digest, value []byte) (bool, er
 // PutTx implements engines.TxPutter: the insert (or the no-op insert of a
 // dedup) and also commit together or not at all.
 func (e *Engine) PutTx(ctx context.Context, d blob.Digest, value []byte, also func(ctx context.Context, tx *sql.Tx) error) (bool, error) {
-	var n int64
+	var ok bool
 	put := func(ctx context.Context, tx *sql.Tx) error {
 		if also != nil {
 			if err := also(ctx, tx); err != nil {
 				return err
 			}
 		}
-		res, err := tx.StmtContext(ctx, e.put).ExecContext(ctx, d[:], len(value), value)
-		if err == nil {
-			n, err = res.RowsAffected()
-		}
+		var err error
+		ok, err = e.putIn(ctx, tx, d, value)
 		return err
 	}
 	if err := e.write(ctx, put); err != nil {
 		return false, e.wrapD("put", d, err)
 	}
-	return n == 1, nil
+	return ok, nil
 }
 
 func inserted(res sql.Result, name string, d blob.Digest) (bool, error) {

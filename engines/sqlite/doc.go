@@ -3,16 +3,26 @@
 //
 // # Schema
 //
-//	blobs(digest BLOB PRIMARY KEY, size INTEGER NOT NULL, value BLOB NOT NULL) WITHOUT ROWID
-//	blobs_size ON blobs(digest, size)
+// The blobs' tables are those of the database's storage layout
+// (layout.go), recorded in PRAGMA user_version; a new database gets
+// layout 2, one made before keeps layout 1:
+//
+//	layout 2: blobs(digest BLOB PRIMARY KEY, size INTEGER NOT NULL, vid INTEGER NOT NULL) WITHOUT ROWID
+//	          blob_values(vid INTEGER PRIMARY KEY, value BLOB NOT NULL)
+//	layout 1: blobs(digest BLOB PRIMARY KEY, size INTEGER NOT NULL, value BLOB NOT NULL) WITHOUT ROWID
+//	          blobs_size ON blobs(digest, size)
+//
+// and in every layout
+//
 //	gc_window(digest BLOB PRIMARY KEY, visible_after INTEGER NOT NULL) WITHOUT ROWID
 //	gc_pins(digest BLOB, owner TEXT, expiry INTEGER, PRIMARY KEY (digest, owner)) WITHOUT ROWID
 //	gc_clock(id INTEGER PRIMARY KEY CHECK (id = 1), boot_id TEXT, epoch INTEGER, seen INTEGER)
 //
-// Has, Size, List and SizeMany read the covering index blobs_size, whose
-// pages hold keys and sizes only, not the blobs table, whose leaf pages
-// hold a few hundred bytes of every value (sizeindex.go). visible_after
-// and expiry are unix nanoseconds on the row clock.
+// Has, Size, List and SizeMany read pages of keys and sizes only: layout
+// 2's key table, or layout 1's covering index blobs_size rather than its
+// table, whose leaf pages hold a few hundred bytes of every value
+// (sizeindex.go). visible_after and expiry are unix nanoseconds on the
+// row clock.
 //
 // # Time
 //

@@ -27,3 +27,17 @@ const AutoCheckpoint = autoCheckpoint
 func (e *Engine) SizeSQL() map[string]string {
 	return map[string]string{"has": e.hasSQL(), "size": e.sizeSQL(), "list": e.listSQL(), "sizeMany": e.sizeManySQL(3)}
 }
+
+// Layout is the database's storage layout: 1 (inline) or 2 (split).
+func (e *Engine) Layout() int { return int(e.layout) }
+
+// LayoutLatest is the layout new databases get.
+const LayoutLatest = int(layoutLatest)
+
+// SetBeforeCreate makes f run in every Open between the look that found
+// no blobs table and the write lock under which the layout is made, until
+// the test ends.
+func SetBeforeCreate(t interface{ Cleanup(func()) }, f func(path string)) {
+	beforeCreate = f
+	t.Cleanup(func() { beforeCreate = nil })
+}

@@ -11,9 +11,11 @@ import (
 )
 
 // The size index: blobs_size(digest, size), a covering index of the blobs
-// table's keys and sizes.
+// table's keys and sizes, on databases of layout 1 (layout.go). Layout 2's
+// key table holds only keys, sizes and value ids: it is its own size
+// index, and gets none.
 //
-// blobs is WITHOUT ROWID with the value in the row, so a leaf cell keeps
+// In layout 1, blobs is WITHOUT ROWID with the value in the row, so a leaf cell keeps
 // the first 489 bytes of a 4 KiB value (SQLite's minimum local payload)
 // and a 4 KiB leaf page holds about seven such rows: a store of 250 000
 // such blobs and 100 000 tiny ones has 34 700 leaf pages (136 MB), and
@@ -24,10 +26,10 @@ import (
 // BY: the planner would take the primary key, which it knows is unique).
 // It costs a put one more b-tree insert: WAL frames per 4 KiB put alone
 // in its transaction go from 4.65 to 5.90 on a table of 20 000, from 5.91
-// to 7.84 on the store above (4.09 to 5.47 sixteen to a transaction). A
-// layout that kept the size apart from the value would save those frames
-// back, but needs a migration that copies every value, and every tool
-// that reads or writes blobs.value by SQL would change with it.
+// to 7.84 on the store above (4.09 to 5.47 sixteen to a transaction).
+// Layout 2, which keeps the values apart, saves them back on new
+// databases; moving an old one to it would copy every value, and is not
+// done.
 //
 // An index is a schema object: processes of older builds keep it up to
 // date without knowing of it, and a database that has it still opens

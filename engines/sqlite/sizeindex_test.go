@@ -5,6 +5,7 @@ import (
 	"context"
 	"database/sql"
 	"errors"
+	"fmt"
 	"log/slog"
 	"os"
 	"path/filepath"
@@ -46,46 +47,50 @@ func plans(t *testing.T, e *sqlite.Engine) map[string]string {
 	return got
 }
 
-// wantPlans fails t unless every size lookup of e reads the size index
-// (covering: no row of the blobs table read), or, with covered false,
-// none does.
-func wantPlans(t *testing.T, e *sqlite.Engine, covered bool) {
+// wantPlans fails t unless every size lookup of e reads want: the size
+// index (covering: no row of the blobs table read) on layout 1, the key
+// table's primary key on layout 2.
+func wantPlans(t *testing.T, e *sqlite.Engine, want string) {
 	t.Helper()
 	for name, plan := range plans(t, e) {
-		if uses := strings.Contains(plan, "USING COVERING INDEX blobs_size"); uses != covered {
-			t.Errorf("%s: plan %q; want the covering index blobs_size: %v", name, plan, covered)
+		if !strings.Contains(plan, want) || strings.Contains(plan, "blob_values") {
+			t.Errorf("%s: plan %q; want %q", name, plan, want)
 		}
 	}
 }
 
-// TestSizeIndexPlan: Has, Size, List and SizeMany read the covering index
-// blobs_size(digest, size), not the blobs table whose leaf pages hold the
-// values.
+// The plans: the size index's, and the primary key's of the blobs table
+// (layout 2's key table, or layout 1's table without the index).
+const (
+	covered    = "USING COVERING INDEX blobs_size"
+	primaryKey = "SEARCH blobs USING PRIMARY KEY"
+)
+
+// TestSizeIndexPlan: on layout 1 Has, Size, List and SizeMany read the
+// covering index blobs_size(digest, size), not the blobs table whose leaf
+// pages hold the values; on layout 2 they read the key table, which holds
+// no values, and there is no size index.
 func TestSizeIndexPlan(t *testing.T) {
 	e := open(t, filepath.Join(t.TempDir(), "kv.db"))
 	defer e.Close()
-	wantPlans(t, e, true)
+	wantPlans(t, e, primaryKey)
+	old := filepath.Join(t.TempDir(), "kv.db")
+	oldDatabase(t, old, 1)
+	e = open(t, old)
+	defer e.Close()
+	wantPlans(t, e, covered)
 }
 
-// oldDatabase makes a database of an older build at path (no size index)
-// holding blobs of sizes 0 to n-1 bytes, and returns their digests.
+// oldDatabase makes a database of an older build at path (layout 1, no
+// size index) holding blobs of sizes 0 to n-1 bytes, and returns their
+// digests.
 func oldDatabase(t *testing.T, path string, n int) []blob.Digest {
 	t.Helper()
-	e := open(t, path)
-	defer e.Close()
-	var ds []blob.Digest
+	var vs [][]byte
 	for i := range n {
-		v := bytes.Repeat([]byte{byte(i)}, i)
-		d := blob.Sum(v)
-		if _, err := e.Put(t.Context(), d, v); err != nil {
-			t.Fatal(err)
-		}
-		ds = append(ds, d)
+		vs = append(vs, bytes.Repeat([]byte{byte(i)}, i))
 	}
-	if _, err := e.DB().ExecContext(t.Context(), `DROP INDEX blobs_size`); err != nil {
-		t.Fatal(err)
-	}
-	return ds
+	return inlineDatabase(t, path, vs...)
 }
 
 // wantSizes fails t unless e answers the sizes oldDatabase gave ds, and
@@ -136,7 +141,7 @@ func TestSizeIndexOldDatabase(t *testing.T) {
 			t.Errorf("log of the first open lacks %q:\n%s", want, log.String())
 		}
 	}
-	wantPlans(t, e, true)
+	wantPlans(t, e, covered)
 	wantSizes(t, e, ds)
 	if err := e.Close(); err != nil {
 		t.Fatal(err)
@@ -150,7 +155,7 @@ func TestSizeIndexOldDatabase(t *testing.T) {
 	if log.Len() != 0 {
 		t.Errorf("the second open logged:\n%s", log.String())
 	}
-	wantPlans(t, e, true)
+	wantPlans(t, e, covered)
 }
 
 // TestSizeIndexRacingOpens: processes of a host opening one old database
@@ -174,16 +179,56 @@ func TestSizeIndexRacingOpens(t *testing.T) {
 		defer es[i].Close()
 	}
 	for _, e := range es {
-		wantPlans(t, e, true)
+		wantPlans(t, e, covered)
 		wantSizes(t, e, ds)
 	}
 }
 
 // TestSizeIndexReadOnly: an old database on read-only media, which cannot
-// get the index, opens and answers from the table.
+// get the index, opens and answers from the table; a database of layout 2
+// opens there too, and answers from its key table.
 func TestSizeIndexReadOnly(t *testing.T) {
-	dir := t.TempDir()
-	ds := oldDatabase(t, filepath.Join(dir, "kv.db"), 100)
+	for _, l := range []int{1, 2} {
+		t.Run(fmt.Sprint("layout ", l), func(t *testing.T) {
+			dir := t.TempDir()
+			var ds []blob.Digest
+			if l == 1 {
+				ds = oldDatabase(t, filepath.Join(dir, "kv.db"), 100)
+			} else {
+				ds = newDatabase(t, filepath.Join(dir, "kv.db"), 100)
+			}
+			e := openReadOnly(t, dir)
+			defer e.Close()
+			if e.Layout() != l {
+				t.Fatalf("layout %d", e.Layout())
+			}
+			wantPlans(t, e, primaryKey)
+			wantSizes(t, e, ds)
+			v := bytes.Repeat([]byte{byte(50)}, 50)
+			wantBlob(t, e, v)
+		})
+	}
+}
+
+// newDatabase is oldDatabase of this build's: layout 2.
+func newDatabase(t *testing.T, path string, n int) []blob.Digest {
+	t.Helper()
+	e := open(t, path)
+	defer e.Close()
+	var ds []blob.Digest
+	for i := range n {
+		v := bytes.Repeat([]byte{byte(i)}, i)
+		if _, err := e.Put(t.Context(), blob.Sum(v), v); err != nil {
+			t.Fatal(err)
+		}
+		ds = append(ds, blob.Sum(v))
+	}
+	return ds
+}
+
+// openReadOnly opens dir/kv.db through a read-only bind mount of dir.
+func openReadOnly(t *testing.T, dir string) *sqlite.Engine {
+	t.Helper()
 	ro := t.TempDir()
 	if err := syscall.Mount(dir, ro, "", syscall.MS_BIND, ""); err != nil {
 		if errors.Is(err, syscall.EPERM) {
@@ -199,12 +244,11 @@ func TestSizeIndexReadOnly(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer e.Close()
 	if !e.ReadOnly() {
+		e.Close()
 		t.Fatal("opened read-write on a read-only mount")
 	}
-	wantPlans(t, e, false)
-	wantSizes(t, e, ds)
+	return e
 }
 
 // TestSizeIndexBusy: an old database whose write lock another process
@@ -255,6 +299,6 @@ func TestSizeIndexBusy(t *testing.T) {
 	if !strings.Contains(log.String(), "opened without the size index") {
 		t.Errorf("log lacks the fallback:\n%s", log.String())
 	}
-	wantPlans(t, o.e, false)
+	wantPlans(t, o.e, primaryKey)
 	wantSizes(t, o.e, ds)
 }

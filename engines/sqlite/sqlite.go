@@ -35,12 +35,17 @@ type Engine struct {
 	ckpt  *checkpointer // background checkpoints (checkpoint.go); nil read-only
 
 	has, size, get, put, del, delRet, list *sql.Stmt
+	putValue                               *sql.Stmt // layout 2's second put statement
 	wStage, wDue, wRemove, wLen            *sql.Stmt
 	pinUp, pinDel                          *sql.Stmt
 	// clock times the rows of every process of the host alike (clock.go).
 	clock rowClock
+	// layout is the database's storage layout (layout.go), which picks
+	// the statements of puts and reads.
+	layout layout
 	// sized is the table expression Has, Size, List and SizeMany read:
-	// the size index where the database has it (sizeindex.go).
+	// on layout 1 the size index where the database has it
+	// (sizeindex.go); on layout 2 the key table.
 	sized string
 }
 
@@ -59,12 +64,9 @@ var (
 	_ engines.RowClock     = (*Engine)(nil)
 )
 
+// schema is the GC's tables, the same in every layout; the blobs'
+// tables are the layout's (layout.go).
 const schema = `
-CREATE TABLE IF NOT EXISTS blobs (
-	digest BLOB PRIMARY KEY,
-	size   INTEGER NOT NULL,
-	value  BLOB NOT NULL
-) WITHOUT ROWID;
 CREATE TABLE IF NOT EXISTS gc_window (
 	digest        BLOB PRIMARY KEY,
 	visible_after INTEGER NOT NULL
@@ -166,24 +168,38 @@ func open(ctx context.Context, path string, b boot, log *slog.Logger) (*Engine, 
 }
 
 func (e *Engine) init(ctx context.Context, log *slog.Logger) error {
+	// The layout first: a database this build must refuse gets nothing
+	// written to it.
+	if err := e.initLayout(ctx, log); err != nil {
+		return err
+	}
 	if _, err := e.db.ExecContext(ctx, schema); err != nil {
 		return e.wrap("open", fmt.Errorf("create schema: %w", err))
 	}
-	if err := e.initSizeIndex(ctx, log); err != nil {
+	// Layout 1: ON CONFLICT (digest) DO NOTHING is INSERT OR IGNORE
+	// narrowed to the key: OR IGNORE would also swallow constraint
+	// failures. A nil value binds as NULL; coalesce stores it as the empty
+	// blob. Layout 2: layout.go.
+	get, put, putValue := `SELECT size, value FROM blobs WHERE digest = ?`,
+		`INSERT INTO blobs (digest, size, value) VALUES (?, ?, coalesce(?, x'')) ON CONFLICT (digest) DO NOTHING`, ""
+	if e.layout == layoutSplit {
+		get, put, putValue = splitGet, splitPutKey, splitPutValue
+		e.sized = blobsUnsized
+	} else if err := e.initSizeIndex(ctx, log); err != nil {
 		return err
 	}
 	for _, s := range []struct {
 		stmt **sql.Stmt
-		sql  string
+		sql  string // "": none in this layout
 	}{
 		{&e.has, e.hasSQL()},
 		{&e.size, e.sizeSQL()},
+		// On layout 2 the trigger blobs_value_delete deletes the value in
+		// the same statement.
 		{&e.delRet, `DELETE FROM blobs WHERE digest = ? RETURNING size`},
-		{&e.get, `SELECT size, value FROM blobs WHERE digest = ?`},
-		// ON CONFLICT (digest) DO NOTHING is INSERT OR IGNORE narrowed to
-		// the key: OR IGNORE would also swallow constraint failures. A nil
-		// value binds as NULL; coalesce stores it as the empty blob.
-		{&e.put, `INSERT INTO blobs (digest, size, value) VALUES (?, ?, coalesce(?, x'')) ON CONFLICT (digest) DO NOTHING`},
+		{&e.get, get},
+		{&e.put, put},
+		{&e.putValue, putValue},
 		{&e.del, `DELETE FROM blobs WHERE digest = ?`},
 		{&e.list, e.listSQL()},
 		{&e.wStage, `INSERT INTO gc_window (digest, visible_after) VALUES (?, ?) ON CONFLICT (digest) DO NOTHING`},
@@ -194,6 +210,9 @@ func (e *Engine) init(ctx context.Context, log *slog.Logger) error {
 			ON CONFLICT (digest, owner) DO UPDATE SET expiry = max(expiry, excluded.expiry)`},
 		{&e.pinDel, `DELETE FROM gc_pins WHERE digest = ? AND owner = ?`},
 	} {
+		if s.sql == "" {
+			continue
+		}
 		st, err := e.db.PrepareContext(ctx, s.sql)
 		if err != nil {
 			return e.wrap("open", fmt.Errorf("prepare %q: %w", s.sql, err))
@@ -241,7 +260,7 @@ func (e *Engine) Close() error {
 
 func (e *Engine) closeStmts() []error {
 	var errs []error
-	for _, st := range []*sql.Stmt{e.has, e.size, e.delRet, e.get, e.put, e.del, e.list, e.wStage, e.wDue, e.wRemove, e.wLen, e.pinUp, e.pinDel} {
+	for _, st := range []*sql.Stmt{e.has, e.size, e.delRet, e.get, e.put, e.putValue, e.del, e.list, e.wStage, e.wDue, e.wRemove, e.wLen, e.pinUp, e.pinDel} {
 		if st != nil {
 			errs = append(errs, st.Close())
 		}

@@ -5,11 +5,11 @@
 //	go run ./scripts/mkpool -data DIR -n 1000000 -link 0.1 -ns keep
 //
 // Blob i holds the 16 bytes "mkpool" + i, so its digest is sha256 of that.
-// Puts one by one would each be a transaction; instead the rows go into the
-// SQLite kv engine's blobs table through its DB() in transactions of
-// -batch rows, in digest order (near-appends to the B-tree). That writes
-// the table the engine's own Put writes, bypassing only the store facade
-// (no pins: nothing else runs). The links go through the namespaces
+// Puts one by one would each be a transaction; instead the rows go in
+// through the SQLite kv engine's PutIn, the statements of its Put for the
+// database's layout, in transactions of -batch rows on its DB(), in digest
+// order (near-appends to the key B-tree). That bypasses only the store
+// facade (no pins: nothing else runs). The links go through the namespaces
 // registry's LinkMany. Opening the engine creates the schema first.
 //
 // -pins N also writes N gc_pins rows under a foreign owner
@@ -95,14 +95,8 @@ func run(ctx context.Context, data string, n int, frac float64, ns string, batch
 	db := e.DB()
 	for chunk := range slices.Chunk(es, batch) {
 		err := engines.InTx(ctx, db, nil, func(tx *sql.Tx) error {
-			st, err := tx.PrepareContext(ctx, `INSERT INTO blobs (digest, size, value) VALUES (?, ?, ?) ON CONFLICT (digest) DO NOTHING`)
-			if err != nil {
-				return err
-			}
-			defer st.Close()
 			for _, x := range chunk {
-				v := content(x.i)
-				if _, err := st.ExecContext(ctx, x.d[:], len(v), v); err != nil {
+				if _, err := e.PutIn(ctx, tx, x.d, content(x.i)); err != nil {
 					return err
 				}
 			}
