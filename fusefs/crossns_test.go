@@ -133,6 +133,35 @@ func TestRenameAcrossNamespaces(t *testing.T) {
 	})
 }
 
+// TestRenameWaitsForRelease: a rename into another namespace of a file
+// whose last close has returned is EXDEV (mv copies it), even while the
+// kernel's RELEASE of it is still on its way: here a child that inherited
+// the descriptor holds it 50 ms past the writer's close, as the kernel's
+// asynchronous RELEASE can on a loaded machine.
+func TestRenameWaitsForRelease(t *testing.T) {
+	e := mountStore(t, defaultSpec)
+	d, x := e.mkns("d"), e.mkns("x")
+	for _, src := range []string{"f", "dir"} {
+		p := filepath.Join(d, incomingName, src)
+		if src == "dir" {
+			if err := os.Mkdir(p, 0o755); err != nil {
+				t.Fatal(err)
+			}
+			p = filepath.Join(p, "a")
+		}
+		script := `exec 3>"$F"; printf %s "$F" >&3; ( exec sleep 0.05 ) >/dev/null 2>&1 & exec 3>&-`
+		cmd := exec.Command("bash", "-c", script)
+		cmd.Env = append(os.Environ(), "F="+p)
+		if out, err := cmd.CombinedOutput(); err != nil {
+			t.Fatalf("%s: %v\n%s", script, err, out)
+		}
+		err := unix.Renameat2(unix.AT_FDCWD, filepath.Join(d, incomingName, src), unix.AT_FDCWD, filepath.Join(x, incomingName, src), 0)
+		if !errors.Is(err, syscall.EXDEV) {
+			t.Errorf("rename of %s → x just after its writer closed it: %v, want EXDEV", src, err)
+		}
+	}
+}
+
 // TestUnlinkWhileWriting: rm of a file open for writing, and a rename over
 // it, take its name, not its content. What the writer writes and closes
 // afterwards is published in full, as the final version; the version an

@@ -299,9 +299,22 @@ func (d *incDir) Rename(ctx context.Context, name string, newParent fs.InodeEmbe
 	f := d.fsys
 	np, ok := newParent.(*incDir)
 	if !ok || np.tree != d.tree {
+		busy := func() bool {
+			return beingWritten(d.GetChild(name)) || (ok && flags&unix.RENAME_EXCHANGE != 0 && beingWritten(np.GetChild(newName)))
+		}
 		err := errCrossDevice
-		if beingWritten(d.GetChild(name)) || (ok && flags&unix.RENAME_EXCHANGE != 0 && beingWritten(np.GetChild(newName))) {
-			err = errBeingWritten
+		if busy() {
+			// A file whose last close just returned is still open to the
+			// mount until the kernel's RELEASE arrives (`cp -r dir
+			// incoming/ && mv incoming/dir …`): wait for the RELEASEs
+			// owed by recent closes, as a lookup does, then look again.
+			d.tree.awaitRelease(ctx, nil)
+			if ok {
+				np.tree.awaitRelease(ctx, nil)
+			}
+			if busy() {
+				err = errBeingWritten
+			}
 		}
 		return f.errno("rename", blob.Digest{}, err)
 	}
