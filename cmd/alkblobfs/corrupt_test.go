@@ -12,7 +12,6 @@ import (
 	"strings"
 	"syscall"
 	"testing"
-	"time"
 )
 
 // rot changes one byte of the local tier's file of digest in place, as
@@ -87,14 +86,7 @@ func TestCorruptRefusedEverywhere(t *testing.T) {
 	c.ok("put", "--ns", "s", src)
 	mnt := t.TempDir()
 	dm := startDaemon(t, c.data, mnt, "--listen", "127.0.0.1:0", "--insecure-loopback")
-	var url string
-	eventually(t, 10*time.Second, "the mount's HTTP surface", func() bool {
-		if m := servingURL.FindStringSubmatch(dm.stderr.String()); m != nil {
-			url = m[1]
-			return true
-		}
-		return false
-	})
+	url := dm.httpURL()
 	p := filepath.Join(mnt, "s", digest)
 	if got := fileSHA(t, p); got != digest {
 		t.Fatalf("read before the rot: %s", got)

@@ -218,13 +218,7 @@ func TestTokenTTLFlag(t *testing.T) {
 			if surface == "mount" {
 				requireFUSE(t)
 				d := startDaemon(t, c.data, t.TempDir(), append(args, "--listen", "127.0.0.1:0")...)
-				eventually(t, 10*time.Second, "the HTTP server", func() bool {
-					m := servingURL.FindStringSubmatch(d.stderr.String())
-					if m != nil {
-						url = m[1]
-					}
-					return m != nil
-				})
+				url = d.httpURL()
 			} else {
 				url = startServe(t, c, append(args, "--listen", "127.0.0.1:0")...).url
 			}

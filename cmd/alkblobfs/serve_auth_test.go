@@ -248,15 +248,7 @@ func TestMountListenReloadsOnHangup(t *testing.T) {
 	writeTokens(t, file, alice+" 0")
 	mnt := t.TempDir()
 	dm := startDaemon(t, c.data, mnt, "--listen", "127.0.0.1:0", "--auth-token-file", file)
-	var url string
-	eventually(t, 10*time.Second, "the mount's HTTP surface", func() bool {
-		if m := servingURL.FindStringSubmatch(dm.stderr.String()); m != nil {
-			url = m[1]
-			return true
-		}
-		return false
-	})
-	metrics := url + "/metrics"
+	metrics := dm.httpURL() + "/metrics"
 	if got := status(t, metrics, bob); got != http.StatusUnauthorized {
 		t.Fatalf("bob's token, not in the file yet: %d", got)
 	}

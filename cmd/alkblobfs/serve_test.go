@@ -31,6 +31,21 @@ type server struct {
 
 var servingURL = regexp.MustCompile(`url=(http://[0-9.:\[\]]+)`)
 
+// httpURL waits for a mount run with --listen HOST:PORT to log where it
+// serves HTTP, and returns that URL.
+func (d *daemon) httpURL() string {
+	d.t.Helper()
+	var url string
+	eventually(d.t, 10*time.Second, "the mount's HTTP surface", func() bool {
+		if m := servingURL.FindStringSubmatch(d.stderr.String()); m != nil {
+			url = m[1]
+			return true
+		}
+		return false
+	})
+	return url
+}
+
 // startServe runs alkblobfs serve with args and waits until it listens.
 func startServe(t *testing.T, c *cli, args ...string) *server {
 	t.Helper()
@@ -173,12 +188,7 @@ func TestMountListen(t *testing.T) {
 	c.ok("ns", "create", "builds")
 	mnt := t.TempDir()
 	d := startDaemon(t, c.data, mnt, "--listen", "127.0.0.1:0", "--insecure-loopback")
-	m := servingURL.FindStringSubmatch(d.stderr.String())
-	eventually(t, 10*time.Second, "the HTTP server", func() bool {
-		m = servingURL.FindStringSubmatch(d.stderr.String())
-		return m != nil
-	})
-	url := m[1]
+	url := d.httpURL()
 
 	_, content, digest := writeFile(t, t.TempDir(), 200<<10, 9)
 	if err := os.WriteFile(filepath.Join(mnt, "builds", "incoming", "f"), content, 0o644); err != nil {
