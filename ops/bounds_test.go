@@ -38,13 +38,10 @@ func twoUsers(t *testing.T) *ops.Tokens {
 	return toks
 }
 
-// serveBounded runs a server over e's store on loopback with cfg's bounds
-// and the two users' tokens; the namespace "builds" is everyone's (0777).
-func serveBounded(t *testing.T, e *env, cfg ops.Config) (*ops.Server, string) {
+// serveTCP serves srv on a loopback TCP port, tokens required, until t
+// ends, and returns its URL.
+func serveTCP(t *testing.T, srv *ops.Server) string {
 	t.Helper()
-	cfg.Store, cfg.Namespaces, cfg.Tokens = e.st, e.svc, twoUsers(t)
-	cfg.Logger = slog.New(slog.DiscardHandler)
-	srv := ops.New(cfg)
 	ln, err := ops.Listen("127.0.0.1:0", ops.ListenConfig{Tokens: true})
 	if err != nil {
 		t.Fatal(err)
@@ -53,12 +50,23 @@ func serveBounded(t *testing.T, e *env, cfg ops.Config) (*ops.Server, string) {
 	done := make(chan struct{})
 	go func() { srv.Serve(ctx, ln); close(done) }()
 	t.Cleanup(func() { stop(); <-done })
+	return "http://" + ln.Addr().String()
+}
+
+// serveBounded runs a server over e's store on loopback with cfg's bounds
+// and the two users' tokens; the namespace "builds" is everyone's (0777).
+func serveBounded(t *testing.T, e *env, cfg ops.Config) (*ops.Server, string) {
+	t.Helper()
+	cfg.Store, cfg.Namespaces, cfg.Tokens = e.st, e.svc, twoUsers(t)
+	cfg.Logger = slog.New(slog.DiscardHandler)
+	srv := ops.New(cfg)
+	url := serveTCP(t, srv)
 	p, _, _ := e.svc.Perm(t.Context(), "builds")
 	p.Mode = 0o777
 	if err := e.svc.SetPerm(t.Context(), "builds", p); err != nil {
 		t.Fatal(err)
 	}
-	return srv, "http://" + ln.Addr().String()
+	return srv, url
 }
 
 // slowPut starts a put of size bytes as tok, sends sent of them and

@@ -78,15 +78,7 @@ func serveOnBus(t *testing.T, ttl time.Duration) *feedEnv {
 		Store: e.st, Namespaces: namespaces.NewService(f.reg, e.st), Tokens: twoUsers(t),
 		PermTTL: ttl, Logger: slog.New(slog.DiscardHandler),
 	})
-	ln, err := ops.Listen("127.0.0.1:0", ops.ListenConfig{Tokens: true})
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, stop := context.WithCancel(context.Background())
-	done := make(chan struct{})
-	go func() { srv.Serve(ctx, ln); close(done) }()
-	t.Cleanup(func() { stop(); <-done })
-	f.url = "http://" + ln.Addr().String()
+	f.url = serveTCP(t, srv)
 	return f
 }
 

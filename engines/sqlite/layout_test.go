@@ -265,23 +265,8 @@ func TestLayoutNewerRefused(t *testing.T) {
 func TestLayoutRacingCreators(t *testing.T) {
 	for round := range 5 {
 		path := filepath.Join(t.TempDir(), "kv.db")
-		const n = 6
-		es := make([]*sqlite.Engine, n)
-		errs := make([]error, n)
-		var wg sync.WaitGroup
-		for i := range n {
-			wg.Go(func() { es[i], errs[i] = sqlite.Open(t.Context(), path) })
-		}
-		wg.Wait()
-		for i := range n {
-			if errs[i] == nil {
-				defer es[i].Close()
-			}
-		}
-		for i := range n {
-			if errs[i] != nil {
-				t.Fatalf("round %d, open %d: %v", round, i, errs[i])
-			}
+		es := openAtOnce(t, path, 6)
+		for i := range es {
 			if es[i].Layout() != 2 {
 				t.Errorf("round %d, open %d: layout %d", round, i, es[i].Layout())
 			}
@@ -294,6 +279,31 @@ func TestLayoutRacingCreators(t *testing.T) {
 			wantBlob(t, e, v)
 		}
 	}
+}
+
+// openAtOnce opens the database at path n times at once, in separate
+// pools (as separate processes are to SQLite's locks), fails t if any
+// open fails, and closes the engines when t ends.
+func openAtOnce(t *testing.T, path string, n int) []*sqlite.Engine {
+	t.Helper()
+	es := make([]*sqlite.Engine, n)
+	errs := make([]error, n)
+	var wg sync.WaitGroup
+	for i := range n {
+		wg.Go(func() { es[i], errs[i] = sqlite.Open(t.Context(), path) })
+	}
+	wg.Wait()
+	for i := range n {
+		if errs[i] == nil {
+			t.Cleanup(func() { es[i].Close() })
+		}
+	}
+	for i := range n {
+		if errs[i] != nil {
+			t.Fatalf("open %d of %d at once: %v", i, n, errs[i])
+		}
+	}
+	return es
 }
 
 // TestLayoutCreatorLosesRace: when another process makes the blobs table

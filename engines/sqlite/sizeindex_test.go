@@ -10,7 +10,6 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
-	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -164,21 +163,7 @@ func TestSizeIndexOldDatabase(t *testing.T) {
 func TestSizeIndexRacingOpens(t *testing.T) {
 	path := filepath.Join(t.TempDir(), "kv.db")
 	ds := oldDatabase(t, path, 200)
-	const n = 4
-	es := make([]*sqlite.Engine, n)
-	errs := make([]error, n)
-	var wg sync.WaitGroup
-	for i := range n {
-		wg.Go(func() { es[i], errs[i] = sqlite.Open(t.Context(), path) })
-	}
-	wg.Wait()
-	for i := range n {
-		if errs[i] != nil {
-			t.Fatalf("open %d: %v", i, errs[i])
-		}
-		defer es[i].Close()
-	}
-	for _, e := range es {
+	for _, e := range openAtOnce(t, path, 4) {
 		wantPlans(t, e, covered)
 		wantSizes(t, e, ds)
 	}
