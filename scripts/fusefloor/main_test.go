@@ -11,6 +11,8 @@ import (
 	"testing"
 	"time"
 
+	"golang.org/x/sys/unix"
+
 	"github.com/alkblobfs/alkblobfs/fusefs/fusetest"
 )
 
@@ -149,7 +151,7 @@ func runOK(t *testing.T, name string, args ...string) {
 // the same things, so that the floor measures the product's go-fuse setup
 // and not another: the same INIT reply (capabilities, max_write,
 // readahead, max_background, congestion threshold, max_pages), the same
-// mount options, the same entry and attribute timeouts, the same open
+// mount options and bdi readahead, the same entry and attribute timeouts, the same open
 // flags for a file created for writing (FOPEN_DIRECT_IO) and the same
 // st_blksize for it. fusefloor cannot import fusefs's settings, so a
 // change there must be copied into main.go, and this test says which.
@@ -165,8 +167,8 @@ func TestFloorMatchesMount(t *testing.T) {
 	runOK(t, alk, "--data", data, "ns", "create", "bench")
 
 	type seen struct {
-		init, lookup, create, options string
-		blksize                       int64
+		init, lookup, create, options, readahead string
+		blksize                                  int64
 	}
 	look := func(mnt string, log *fusetest.Buffer) seen {
 		t.Helper()
@@ -189,6 +191,12 @@ func TestFloorMatchesMount(t *testing.T) {
 		// the open flags: what follows the file handle's number
 		s.create = regexp.MustCompile(`\{Fh \d+ ([^}]*)\}`).FindStringSubmatch(reply(log.String(), "CREATE") + "{Fh 0 none}")[1]
 		s.options = mountOptions(t, mnt)
+		// both raise the mount's readahead past the kernel's 128 KiB
+		b, err := os.ReadFile(fmt.Sprintf("/sys/class/bdi/%d:%d/read_ahead_kb", unix.Major(st.Dev), unix.Minor(st.Dev)))
+		if err != nil {
+			t.Fatal(err)
+		}
+		s.readahead = strings.TrimSpace(string(b))
 		return s
 	}
 
