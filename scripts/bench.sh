@@ -8,9 +8,10 @@
 # medians native ÷ system (1.0 is native speed, higher is better), and for
 # the systems with a daemon its CPU (utime + stime from /proc/PID/stat)
 # over the timed command, per file for the small-file rows with its context
-# switches per file (see cputicks in lib.sh). A FUSE system
-# measured more than 10% faster than native is flagged SUSPECT: its
-# baseline is wrong (not the floor, which stores nothing). The daemons' peak RSS (VmHWM) closes the table.
+# switches per file (cputicks and ctxsw in lib.sh). A FUSE system measured
+# more than 10% faster than native is flagged SUSPECT: its baseline is
+# wrong (not the floor, which stores nothing). The daemons' peak RSS
+# (VmHWM) closes the table.
 #
 #   read   dd of a 1 GiB blob: its backing file (native), bindfs over the
 #          blob directory, JuiceFS, and mounts with --verify=full, full
