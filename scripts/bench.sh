@@ -1,14 +1,17 @@
 #!/usr/bin/env bash
 # bench.sh — the mount against the same work done natively, and against
-# FUSE peers over the same filesystem (bindfs; JuiceFS when asked), side by
-# side in one run. Every workload runs BENCH_REPS times (default 3),
+# FUSE peers over the same filesystem (bindfs; JuiceFS when asked), and for
+# small files against the go-fuse floor, side by side in one run. Every
+# workload runs BENCH_REPS times (default 3),
 # interleaved across the systems, with the page cache dropped before every
 # cold run; the table gives the median, min and max of each, the ratio of
 # medians native ÷ system (1.0 is native speed, higher is better), and for
 # the systems with a daemon its CPU (utime + stime from /proc/PID/stat)
-# over the timed command, per file for the small-file rows. A FUSE system
-# measured more than 10% faster than native is flagged SUSPECT: its
-# baseline is wrong. The daemons' peak RSS (VmHWM) closes the table.
+# over the timed command, per file for the small-file rows with its context
+# switches per file (cputicks and ctxsw in lib.sh). A FUSE system measured
+# more than 10% faster than native is flagged SUSPECT: its baseline is
+# wrong (not the floor, which stores nothing). The daemons' peak RSS
+# (VmHWM) closes the table.
 #
 #   read   dd of a 1 GiB blob: its backing file (native), bindfs over the
 #          blob directory, JuiceFS, and mounts with --verify=full, full
@@ -27,6 +30,11 @@
 #            rsync -a    of one tree of N files
 #            4 x cp -r   of 4 distinct trees of N/4 files, at once
 #            16 x cp -r  of 16 distinct trees of N/16 files, at once
+#          also into the go-fuse floor (scripts/fusefloor: a daemon on
+#          alkblobfs's go-fuse version and mount options that keeps no
+#          content; what go-fuse and the kernel cost a file), and a last
+#          table gives each system's daemon CPU per file ÷ the floor's and
+#          its speed against the floor's (floor seconds ÷ system seconds)
 #   ls     ls -l of a namespace with 100 000 entries (put with the CLI
 #          beforehand) against a native directory of the same 64-hex names
 #          on the same filesystem, bindfs over it and a JuiceFS copy of it;
@@ -118,6 +126,9 @@ load0=$(cut -d' ' -f1-3 /proc/loadavg)
 hz=$(getconf CLK_TCK)
 bin=$work/alkblobfs
 (cd "$root" && go build -o "$bin" ./cmd/alkblobfs)
+floorbin=$work/fusefloor
+(cd "$root" && go build -o "$floorbin" ./scripts/fusefloor)
+floormnt=$work/floor
 # basebin, when BENCH_BASE is set: the base build (basedesc says which).
 basebin= basedesc=
 if [[ -n $base ]]; then
@@ -163,6 +174,19 @@ rssfile=$work/rss
 : >"$rssfile"
 # dpid is the daemon whose CPU the timed command's row gets (none:
 # native), nfiles the files the command writes; functions set them locally.
+# Every daemon, bindfs, JuiceFS, the floor and alkblobfs alike, is measured
+# by cputicks and ctxsw (lib.sh) on the process started, which count all
+# its threads and its children: bindfs serves from one thread (libfuse's
+# single-threaded loop, its default), go-fuse from several and JuiceFS
+# from a child, so the main thread's figure alone (/proc/PID/schedstat)
+# would read 0 for the floor. Why bindfs's figure moves between runs and
+# tools: it creates and writes each file on the backing filesystem in its
+# own system calls, so its CPU per file carries ext4's work, which grows
+# with the other I/O on the machine (one cp -r of 2 000 files, minutes
+# apart on a shared machine: 80-90 us/file, then 333-789, while the floor
+# stayed at 100-190). The floor touches no disk. So bindfs and the floor
+# run in the same repetitions as alkblobfs, interleaved, and a figure of
+# either from another run or tool does not compare with these.
 dpid='' nfiles=0
 
 # waitmounted MNT PID LOG waits (at most 30 s) until MNT is a mount point,
@@ -305,8 +329,8 @@ basehave=
 # the daemon dpid used meanwhile, and stops the bench with CMD's stderr if
 # CMD fails: a listing or read that fails fast must not pass for a fast one.
 timed() {
-	local t c0='' c1='' cpu=''
-	if [[ -n $dpid ]]; then c0=$(cputicks "$dpid"); fi
+	local t c0='' c1='' cpu='' s0='' cs=''
+	if [[ -n $dpid ]]; then c0=$(cputicks "$dpid") s0=$(ctxsw "$dpid"); fi
 	t=$(secs checked "${@:3}")
 	if [[ -e $work/failed ]]; then
 		echo "bench.sh: $1 on $2 failed: $(<"$work/failed")" >&2
@@ -314,9 +338,10 @@ timed() {
 	fi
 	if [[ -n $dpid ]]; then
 		c1=$(cputicks "$dpid")
+		cs=$(($(ctxsw "$dpid") - s0))
 		cpu=$(awk -v a="$c0" -v b="$c1" -v hz="$hz" 'BEGIN { printf "%.2f", (b - a) / hz }')
 	fi
-	rec "$1" "$2" "$t" "$cpu" "$nfiles"
+	rec "$1" "$2" "$t" "$cpu" "$nfiles" "$cs"
 }
 checked() {
 	"$@" 2>"$work/stderr" || { { echo "$* (exit status $?)"; cat "$work/stderr"; } >"$work/failed"; return 1; }
@@ -379,7 +404,9 @@ readers=(native "${peers[@]}" full full-nopassthrough strict publish)
 	strict base-strict publish base-publish)
 # listers and writers: the ls and write workloads' systems.
 listers=(native "${peers[@]}" alkblobfs)
-writers=(native "${peers[@]}" alkblobfs)
+# The floor writes small files only: it keeps nothing, so a 1 GiB copy
+# into it would time the source's read.
+writers=(native "${peers[@]}" floor alkblobfs)
 [[ -n $basebin ]] && listers+=(base) && writers+=(base)
 
 # listmount BIN DATA MNT LABEL PROFILE: the ls workload on a mount of BIN.
@@ -464,9 +491,11 @@ writeone() {
 	juicefs) lab=juicefs into=$jfsm/w dpid=$jfspid ;;
 	alkblobfs) lab="alkblobfs full" into=$mnt/bench/incoming dpid=$(<"$mnt.pid") lbin=$bin ldata=$data ;;
 	base) lab="base full" into=$mntb/bench/incoming dpid=$(<"$mntb.pid") lbin=$basebin ldata=$based ;;
+	floor) lab="go-fuse floor" into=$floormnt/bench/incoming dpid=$(<"$floormnt.pid") ;;
 	esac
 	case $1 in
 	big)
+		[[ $2 == floor ]] && return 0
 		nfiles=0
 		warm "$work/write-$r.bin"
 		if [[ -n $lbin ]]; then
@@ -522,6 +551,7 @@ for r in $(seq 1 "$reps"); do
 		mountfs "$basebin" "$mntb" --data "$based" mount "${wflags[@]}"
 	fi
 	[[ -n $jfsbin ]] && jfsmount
+	mountfs "$floorbin" "$floormnt"
 	order=$(rotation "${#writers[@]}" "$r" "$reps")
 	for w in big cp tar rsync p4 p16; do
 		for i in $order; do
@@ -535,6 +565,8 @@ for r in $(seq 1 "$reps"); do
 		umountfs "$mntb"
 	fi
 	[[ -n $jfsbin ]] && jfsstop
+	rss "go-fuse floor" "$(<"$floormnt.pid")"
+	umountfs "$floormnt"
 	rm -rf "${native:?}"/[!b]* "$native"/b/*
 
 	for i in $(rotation "${#listers[@]}" "$r" "$reps"); do
@@ -559,7 +591,7 @@ echo "alkblobfs bench — $(uname -r), $(nproc) CPUs, $(df -hT "$work" | awk 'NR
 echo "load average $load0 at the start, $load1 at the end${basedesc:+; base: $basedesc}"
 echo "$jfsnote"
 # The table's order of systems.
-sysorder="native|bindfs|juicefs|alkblobfs full|base full|alkblobfs full-nopassthrough|base full-nopassthrough|alkblobfs strict|base strict|alkblobfs publish|base publish"
+sysorder="native|bindfs|juicefs|go-fuse floor|alkblobfs full|base full|alkblobfs full-nopassthrough|base full-nopassthrough|alkblobfs strict|base strict|alkblobfs publish|base publish"
 awk -F'\t' -v json="$json" -v basedesc="$basedesc" -v jfsnote="$jfsnote" -v sysorder="$sysorder" -v rssfile="$rssfile" "$MEDIAN_AWK"'
 	BEGIN {
 		no = split(sysorder, so, "|"); for (i = 1; i <= no; i++) rank[so[i]] = i
@@ -576,6 +608,7 @@ awk -F'\t' -v json="$json" -v basedesc="$basedesc" -v jfsnote="$jfsnote" -v syso
 		}
 		v[k, ++n[k]] = $3
 		if ($4 != "") { cv[k, ++ncpu[k]] = $4; files[k] = $5 + 0 }
+		if ($6 != "") sv[k, ++ncs[k]] = $6
 	}
 	END {
 		# every row: median, min, max and the list of figures; the daemon CPU
@@ -594,9 +627,13 @@ awk -F'\t' -v json="$json" -v basedesc="$basedesc" -v jfsnote="$jfsnote" -v syso
 					for (j = 1; j <= ncpu[k]; j++) { a[j] = cv[k, j]; clist[k] = clist[k] (j > 1 ? ", " : "") cv[k, j] }
 					cmed[k] = median(a, ncpu[k])
 				}
+				if (ncs[k] > 0) {
+					for (j = 1; j <= ncs[k]; j++) a[j] = sv[k, j]
+					smed[k] = median(a, ncs[k])
+				}
 			}
 		}
-		printf "%-38s %-28s %9s %9s %9s %7s %7s %8s\n", "workload", "system", "median s", "min s", "max s", "ratio", "cpu s", "us/file"
+		printf "%-38s %-28s %9s %9s %9s %7s %7s %8s %7s\n", "workload", "system", "median s", "min s", "max s", "ratio", "cpu s", "us/file", "cs/file"
 		printf "{\"repetitions\": %d, %s\"juicefs\": \"%s\", \"results\": [", n[wl[1], sys[wl[1], 1]], (basedesc == "" ? "" : "\"base\": \"" basedesc "\", "), jfsnote > json
 		first = 1; nb = 0
 		for (i = 1; i <= nw; i++) {
@@ -605,10 +642,12 @@ awk -F'\t' -v json="$json" -v basedesc="$basedesc" -v jfsnote="$jfsnote" -v syso
 			for (s = 1; s <= ns[w]; s++) {
 				name = sys[w, s]; k = w SUBSEP name
 				ratio = med[k] > 0 ? native / med[k] : 0
-				flag = (name != "native" && ratio > 1.1) ? "  SUSPECT: faster than native" : ""
+				# the floor stores nothing: faster than native is its due
+				flag = (name != "native" && name != "go-fuse floor" && ratio > 1.1) ? "  SUSPECT: faster than native" : ""
 				cpu = ncpu[k] > 0 ? sprintf("%7.2f", cmed[k]) : sprintf("%7s", "-")
 				per = ncpu[k] > 0 && files[k] > 0 ? sprintf("%8.0f", cmed[k] * 1e6 / files[k]) : sprintf("%8s", "-")
-				printf "%-38s %-28s %9.3f %9.3f %9.3f %7.2f %s %s%s\n", w, name, med[k], lo[k], hi[k], ratio, cpu, per, flag
+				cs = ncs[k] > 0 && files[k] > 0 ? sprintf("%7.1f", smed[k] / files[k]) : sprintf("%7s", "-")
+				printf "%-38s %-28s %9.3f %9.3f %9.3f %7.2f %s %s %s%s\n", w, name, med[k], lo[k], hi[k], ratio, cpu, per, cs, flag
 				# a current row with a base row: current ÷ base
 				cb = ""
 				if (name ~ /^alkblobfs / && ((w SUBSEP "base " substr(name, 11)) in med)) {
@@ -619,6 +658,14 @@ awk -F'\t' -v json="$json" -v basedesc="$basedesc" -v jfsnote="$jfsnote" -v syso
 				if (ncpu[k] > 0) {
 					cb = cb sprintf(", \"daemon_cpu_seconds\": [%s]", clist[k])
 					if (files[k] > 0) cb = cb sprintf(", \"files\": %d, \"daemon_cpu_us_per_file\": %.1f", files[k], cmed[k] * 1e6 / files[k])
+				}
+				if (ncs[k] > 0 && files[k] > 0) cb = cb sprintf(", \"daemon_ctxsw_per_file\": %.1f", smed[k] / files[k])
+				# against the go-fuse floor in the same workload: CPU per
+				# file ÷ the floor'"'"'s, and speed (floor seconds ÷ these)
+				fk = w SUBSEP "go-fuse floor"
+				if (name != "go-fuse floor" && name != "native" && (fk in med) && cmed[fk] > 0 && files[k] > 0) {
+					cb = cb sprintf(", \"cpu_per_file_over_floor\": %.3f, \"speed_vs_floor\": %.3f", cmed[k] / cmed[fk], med[k] > 0 ? med[fk] / med[k] : 0)
+					fl[++nf] = k; flk[nf] = fk
 				}
 				printf "%s\n  {\"workload\": \"%s\", \"system\": \"%s\", \"seconds\": [%s], \"median\": %.4f, \"ratio\": %.3f%s}", (first ? "" : ","), w, name, list[k], med[k], ratio, cb > json
 				first = 0
@@ -643,6 +690,15 @@ awk -F'\t' -v json="$json" -v basedesc="$basedesc" -v jfsnote="$jfsnote" -v syso
 		}
 		printf "\n"
 		printf "}}\n" > json
+		if (nf > 0) {
+			printf "\nagainst the go-fuse floor (scripts/fusefloor; same run): daemon CPU per file ÷ the floor'"'"'s (1.00 is go-fuse'"'"'s own cost), and speed (floor median s ÷ system median s; 1.00 is the floor'"'"'s speed)\n"
+			printf "%-38s %-28s %12s %12s %9s %9s\n", "workload", "system", "us/file", "floor us", "cpu÷floor", "speed"
+			for (i = 1; i <= nf; i++) {
+				k = fl[i]; fk = flk[i]
+				split(k, kw, SUBSEP)
+				printf "%-38s %-28s %12.0f %12.0f %9.2f %9.2f\n", kw[1], kw[2], cmed[k] * 1e6 / files[k], cmed[fk] * 1e6 / files[fk], cmed[k] / cmed[fk], (med[k] > 0 ? med[fk] / med[k] : 0)
+			}
+		}
 		if (nb == 0) exit
 		printf "\ncurrent ÷ base (median seconds; below 1.00 the current build is faster; flagged where the min-max ranges do not overlap)\n"
 		printf "%-38s %-20s %-23s %-23s %7s\n", "workload", "mode", "base s (min-max)", "current s (min-max)", "cur÷base"

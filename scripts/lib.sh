@@ -62,15 +62,17 @@ secs() {
 	awk -v a="$t0" -v b="$t1" 'BEGIN { printf "%.4f\n", (b - a) / 1e9 }'
 }
 
-# rec WORKLOAD SYSTEM SECONDS [CPU [FILES]] keeps one repetition's figure
-# in $results (tab-separated) and prints it; CPU is the daemon's CPU
-# seconds over it, FILES the number of files it wrote (for CPU per file).
+# rec WORKLOAD SYSTEM SECONDS [CPU [FILES [CS]]] keeps one repetition's
+# figure in $results (tab-separated) and prints it; CPU is the daemon's CPU
+# seconds over it, FILES the number of files it wrote (for CPU per file),
+# CS the daemon's context switches over it.
 rec() {
-	printf '%s\t%s\t%s\t%s\t%s\n' "$1" "$2" "$3" "${4:-}" "${5:-}" >>"$results"
+	printf '%s\t%s\t%s\t%s\t%s\t%s\n' "$1" "$2" "$3" "${4:-}" "${5:-}" "${6:-}" >>"$results"
 	if [[ -z ${4:-} ]]; then
 		printf '  %-38s %-28s %8.3f s\n' "$1" "$2" "$3"
 	elif ((${5:-0} > 0)); then
-		printf '  %-38s %-28s %8.3f s  daemon CPU %.2f s, %.0f us/file\n' "$1" "$2" "$3" "$4" "$(awk -v c="$4" -v f="$5" 'BEGIN { print c * 1e6 / f }')"
+		printf '  %-38s %-28s %8.3f s  daemon CPU %.2f s, %.0f us/file%s\n' "$1" "$2" "$3" "$4" "$(awk -v c="$4" -v f="$5" 'BEGIN { print c * 1e6 / f }')" \
+			"${6:+, $(awk -v c="$6" -v f="$5" 'BEGIN { printf "%.1f", c / f }') context switches/file}"
 	else
 		printf '  %-38s %-28s %8.3f s  daemon CPU %.2f s\n' "$1" "$2" "$3" "$4"
 	fi
@@ -115,6 +117,21 @@ cputicks() {
 	local p t=0 v
 	for p in $(descendants "$1"); do
 		v=$(awk '{ sub(/^.*\) /, ""); print $12 + $13 }' "/proc/$p/stat" 2>/dev/null) || continue
+		t=$((t + v))
+	done
+	echo "$t"
+}
+
+# ctxsw PID prints the context switches (voluntary and involuntary) that
+# PID and its descendants have made so far, summed over their live threads
+# (/proc/PID/task/TID/status: a process's own status counts its main
+# thread only). A daemon's request loop sleeps in read(2) on /dev/fuse and
+# wakes for each request, so they say how much of its CPU per file is
+# hand-offs rather than work.
+ctxsw() {
+	local p t=0 v
+	for p in $(descendants "$1"); do
+		v=$(cat /proc/"$p"/task/*/status 2>/dev/null | awk '/^(non)?voluntary_ctxt_switches:/ { s += $2 } END { print s + 0 }')
 		t=$((t + v))
 	done
 	echo "$t"
