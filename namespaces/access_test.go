@@ -3,6 +3,8 @@ package namespaces_test
 import (
 	"errors"
 	"fmt"
+	"io/fs"
+	"strings"
 	"testing"
 
 	"github.com/alkblobfs/alkblobfs/namespaces"
@@ -65,6 +67,63 @@ func TestAllowed(t *testing.T) {
 				}
 			}
 		}
+	}
+}
+
+// TestAllowedEveryMode: every mode from 0000 to 0777 (and each with the
+// set-id and sticky bits added, which change nothing), every principal
+// class and every Access, against the rule read off the mode as ls shows
+// it: the class's three letters, r, w and x, each granting its own
+// Access. A mode a surface could see differently from the rule cannot
+// pass (fusefs's TestAccessTable checks the kernel's answers against
+// Allowed for the same 512 modes).
+func TestAllowedEveryMode(t *testing.T) {
+	classes := []struct {
+		name  string
+		p     namespaces.Principal
+		class int // index into "rwxrwxrwx" / 3; -1: root
+	}{
+		{"owner", asOwner, 0},
+		{"owner also in the group", namespaces.Principal{UID: owner, GIDs: []uint32{group}}, 0},
+		{"supplementary member", asMember, 1},
+		{"primary member", asPrimary, 1},
+		{"other", asOther, 2},
+		{"root's group", asRootGroup, 2},
+		{"root", namespaces.Root, -1},
+	}
+	letters := []struct {
+		c byte
+		a namespaces.Access
+	}{{'r', namespaces.Read}, {'w', namespaces.Write}, {'x', namespaces.Search}}
+	n := 0
+	for mode := range uint32(0o1000) {
+		ls := fs.FileMode(mode).Perm().String()[1:] // "rwxr-x---"
+		for _, extra := range []uint32{0, 0o1000, 0o2000, 0o4000, 0o7000} {
+			p := namespaces.Perm{Uid: owner, Gid: group, Mode: mode | extra}
+			for _, c := range classes {
+				for want := namespaces.Access(1); want <= namespaces.Read|namespaces.Write|namespaces.Search; want++ {
+					ok := true
+					if c.class >= 0 {
+						for _, l := range letters {
+							if want&l.a != 0 && ls[3*c.class+strings.IndexByte("rwx", l.c)] != l.c {
+								ok = false
+							}
+						}
+					}
+					err := namespaces.Allowed(p, c.p, want)
+					if (err == nil) != ok {
+						t.Errorf("mode %04o (%s), %s wants %s: %v; want allowed %v", p.Mode, ls, c.name, want, err, ok)
+					}
+					if err != nil && !errors.Is(err, namespaces.ErrDenied) {
+						t.Errorf("mode %04o, %s wants %s: %v does not wrap ErrDenied", p.Mode, c.name, want, err)
+					}
+					n++
+				}
+			}
+		}
+	}
+	if n != 512*5*len(classes)*7 {
+		t.Fatalf("%d cells", n)
 	}
 }
 
