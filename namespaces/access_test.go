@@ -119,6 +119,12 @@ func TestAllowedEveryMode(t *testing.T) {
 					}
 					n++
 				}
+				// Remove: w and x, and the owner's alone where the
+				// sticky bit is set.
+				ok := c.class < 0 || ls[3*c.class+1] == 'w' && ls[3*c.class+2] == 'x' && (extra&0o1000 == 0 || c.class == 0 && c.p.UID == owner)
+				if err := namespaces.Allowed(p, c.p, namespaces.Remove); (err == nil) != ok {
+					t.Errorf("mode %04o (%s), %s removes a reference: %v; want allowed %v", p.Mode, ls, c.name, err, ok)
+				}
 			}
 		}
 	}
@@ -154,6 +160,13 @@ func TestAllowedClasses(t *testing.T) {
 		{0o7777, asOther, rwx, true},                                       // set-id and sticky bits change nothing
 		{0o7000, asOther, namespaces.Search, false},                        //
 		{0o755, namespaces.Principal{UID: other}, namespaces.Search, true}, // no groups at all
+		{0o1777, asOther, wx, true},                                        // put into a sticky namespace
+		{0o1777, asOther, namespaces.Remove, false},                        // but not remove a reference
+		{0o1770, asMember, namespaces.Remove, false},                       //
+		{0o1700, asOwner, namespaces.Remove, true},                         // its owner may
+		{0o1000, namespaces.Root, namespaces.Remove, true},                 // and root
+		{0o777, asOther, namespaces.Remove, true},                          // without the bit, w and x suffice
+		{0o1755, asOwner, namespaces.Remove, true},                         //
 	} {
 		p := namespaces.Perm{Uid: owner, Gid: group, Mode: c.mode}
 		err := namespaces.Allowed(p, c.who, c.want)
