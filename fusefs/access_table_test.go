@@ -108,15 +108,18 @@ func TestAccessTable(t *testing.T) {
 		{"read a blob", namespaces.Search, "cat %[1]s/a/%[2]s"},
 		{"stat a blob", namespaces.Search, "stat %[1]s/a/%[2]s"},
 		{"put", namespaces.Write | namespaces.Search, "printf %%s %[4]s > %[1]s/a/incoming/%[4]s"},
-		{"rm", namespaces.Write | namespaces.Search, "rm %[1]s/a/%[3]s"},
+		{"rm", namespaces.Remove, "rm %[1]s/a/%[3]s"},
 		{"chmod", 0, "chmod %04[5]o %[1]s/a"},
 	}
-	sample := []uint32{0, 0o777, 0o700, 0o750, 0o755, 0o711, 0o705, 0o730, 0o370, 0o307, 0o070, 0o007, 0o333, 0o555, 0o666, 0o124, 0o421, 0o173, 0o356}
+	// With the sticky bit, the kernel lets only the directory's owner
+	// (or the file's, the mount's user) remove a blob.
+	sample := []uint32{0, 0o777, 0o700, 0o750, 0o755, 0o711, 0o705, 0o730, 0o370, 0o307, 0o070, 0o007, 0o333, 0o555, 0o666, 0o124, 0o421, 0o173, 0o356,
+		0o1777, 0o1770, 0o1733, 0o1300}
 	for bit := range 9 {
 		sample = append(sample, 1<<bit)
 	}
 	for _, mode := range sample {
-		if err := os.Chmod(e.path("a"), os.FileMode(mode)); err != nil {
+		if err := os.Chmod(e.path("a"), os.FileMode(mode&0o777)|goModeBits(mode)); err != nil {
 			t.Fatal(err)
 		}
 		p := namespaces.Perm{Uid: alice.UID, Gid: alice.GID, Mode: mode}

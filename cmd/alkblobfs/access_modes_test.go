@@ -12,7 +12,7 @@ import (
 )
 
 // TestHTTPAccessModes: for a sample of namespace modes — none, all, each
-// bit alone and mixes — every route gives the owner, a member of the group
+// bit alone, mixes, sticky — every route gives the owner, a member of the group
 // (by a supplementary group), anyone else and root the answer
 // namespaces.Allowed decides, through the mount, on the Unix socket and
 // on TCP with the user's token: one mount and one server for all of them,
@@ -40,12 +40,15 @@ func TestHTTPAccessModes(t *testing.T) {
 		switch op.name {
 		case "delete-from-store":
 			return who.UID == 0 // root, the server's own user here
-		case "put", "unlink":
+		case "put":
 			return namespaces.Allowed(p, who, namespaces.Write|namespaces.Search) == nil
+		case "unlink":
+			return namespaces.Allowed(p, who, namespaces.Remove) == nil
 		}
 		return namespaces.Allowed(p, who, namespaces.Search) == nil
 	}
-	sample := []uint32{0, 0o777, 0o700, 0o750, 0o755, 0o711, 0o705, 0o730, 0o070, 0o007, 0o333, 0o555, 0o666}
+	// Sticky: only the namespace's owner (and root) removes a reference.
+	sample := []uint32{0, 0o777, 0o700, 0o750, 0o755, 0o711, 0o705, 0o730, 0o070, 0o007, 0o333, 0o555, 0o666, 0o1777, 0o1770}
 	for bit := range 9 {
 		sample = append(sample, 1<<bit)
 	}
