@@ -111,6 +111,15 @@ func TestChmodZero(t *testing.T) {
 		t.Errorf("the receipt of a draft fchmod'ed to 0 shows %v", got)
 	}
 	bob.Denied(t, "reading the receipt of a draft fchmod'ed to 0", "cat "+draft, "Permission denied")
+
+	// Mode 0 is recorded, not taken for none: a new mount shows it.
+	e.srv.Unmount()
+	e2 := mountOn(t, data, defaultSpec.open(t, data), func(c *Config) { c.AllowOther = true })
+	fusetest.Reachable(t, e2.mnt)
+	if got := lstatAttr(t, e2.path("y")); got != (shownAttr{syscall.S_IFDIR, alice.UID, alice.GID}) {
+		t.Errorf("y after a remount shows %v", got)
+	}
+	bob.Denied(t, "listing a 000 namespace after a remount", "ls "+e2.mnt+"/y", "Permission denied")
 }
 
 // TestModesShown: for bit patterns that go-fuse or the kernel might bend
