@@ -10,6 +10,15 @@
 // Mount mounts a Config (store, registry, options) and returns a Server;
 // cmd/alkblobfs's mount command is a thin shell around it.
 //
+// # Attributes
+//
+// Every node fills its whole mode (type, permission, set-id and sticky
+// bits), owner and group in Getattr and in the entries of Lookup, Create,
+// Mkdir, Symlink, Link and READDIRPLUS; go-fuse adds nothing
+// (NullPermissions), so a mode of 0 shows as 0 and the kernel's
+// default_permissions checks what the registry and the incoming/ metadata
+// record (TestModesShown).
+//
 // # Caching
 //
 // Blob files are immutable, so the kernel may keep everything about them:

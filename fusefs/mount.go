@@ -67,6 +67,11 @@ func Mount(dir string, cfg Config) (*Server, error) {
 	opts := &gofs.Options{
 		EntryTimeout: &sec,
 		AttrTimeout:  &sec,
+		// A mode with no permission bits is a mode: go-fuse would show
+		// 0644/0755 for it, and the kernel's default_permissions would
+		// then open a chmod 000 namespace to everyone. Every node sets its
+		// full mode itself (TestModesShown).
+		NullPermissions: true,
 		MountOptions: fuse.MountOptions{
 			AllowOther:   cfg.AllowOther,
 			Options:      mountOptions(cfg),

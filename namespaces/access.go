@@ -40,13 +40,22 @@ func (p Principal) in(gid uint32) bool { return slices.Contains(p.GIDs, gid) }
 //	read a blob by its digest, stat it    Search (x)
 //	list the namespace                    Read (r)
 //	put into it (write into incoming/)    Write|Search (wx)
-//	remove a reference (rm)               Write|Search (wx)
+//	remove a reference (rm)               Remove (wx, and the sticky bit's rule)
 type Access uint32
 
 const (
 	Search Access = 1 << iota // x: look a digest up
 	Write                     // w: link into it, unlink from it
 	Read                      // r: list its references
+	// sticky: in a namespace with the sticky bit, only its owner (and
+	// root) may remove a reference. It is the kernel's rule for a file
+	// of another owner in a sticky directory: blob files are the mount's
+	// user's, so for every other caller the mount and HTTP answer alike.
+	// Its value is the mode's sticky bit.
+	sticky Access = 0o1000
+
+	// Remove is what removing a reference needs.
+	Remove = Write | Search | sticky
 )
 
 func (a Access) String() string {
@@ -54,13 +63,13 @@ func (a Access) String() string {
 	for _, b := range []struct {
 		bit  Access
 		name string
-	}{{Read, "read"}, {Write, "write"}, {Search, "search"}} {
+	}{{Read, "read"}, {Write, "write"}, {Search, "search"}, {sticky, "owner if sticky"}} {
 		if a&b.bit != 0 {
 			s = append(s, b.name)
 		}
 	}
-	if a&^(Read|Write|Search) != 0 {
-		s = append(s, fmt.Sprintf("%#o", uint32(a&^(Read|Write|Search))))
+	if a&^(Read|Write|Search|sticky) != 0 {
+		s = append(s, fmt.Sprintf("%#o", uint32(a&^(Read|Write|Search|sticky))))
 	}
 	if len(s) == 0 {
 		return "nothing"
@@ -82,10 +91,11 @@ var (
 // directory: root may do anything; the owner gets the owner's bits, else
 // a member of the group (primary or supplementary) the group's, else
 // anyone the other bits — only one class applies, so an owner denied by
-// the owner's bits is denied even where the other bits grant it. want
-// with bits other than Read, Write and Search is an error.
+// the owner's bits is denied even where the other bits grant it; Remove
+// in a namespace with the sticky bit is its owner's alone. want with bits
+// other than Read, Write, Search and Remove's is an error.
 func Allowed(p Perm, who Principal, want Access) error {
-	if want&^(Read|Write|Search) != 0 {
+	if want&^(Read|Write|Search|sticky) != 0 {
 		return wrap("access", "", blob.Digest{}, fmt.Errorf("bad access %s", want))
 	}
 	if who.UID == 0 {
@@ -98,8 +108,11 @@ func Allowed(p Perm, who Principal, want Access) error {
 	case who.in(p.Gid):
 		class >>= 3
 	}
-	if Access(class)&want != want {
+	if Access(class)&want&^sticky != want&^sticky {
 		return &Error{Op: "access (" + want.String() + ")", Err: ErrDenied}
+	}
+	if want&sticky != 0 && p.Mode&uint32(sticky) != 0 && who.UID != p.Uid {
+		return &Error{Op: "access (" + want.String() + ") in a sticky namespace of another owner", Err: ErrDenied}
 	}
 	return nil
 }

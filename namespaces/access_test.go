@@ -3,6 +3,8 @@ package namespaces_test
 import (
 	"errors"
 	"fmt"
+	"io/fs"
+	"strings"
 	"testing"
 
 	"github.com/alkblobfs/alkblobfs/namespaces"
@@ -68,6 +70,69 @@ func TestAllowed(t *testing.T) {
 	}
 }
 
+// TestAllowedEveryMode: every mode from 0000 to 0777 (and each with the
+// set-id and sticky bits added, which change nothing), every principal
+// class and every Access, against the rule read off the mode as ls shows
+// it: the class's three letters, r, w and x, each granting its own
+// Access. A mode a surface could see differently from the rule cannot
+// pass (fusefs's TestAccessTable checks the kernel's answers against
+// Allowed for the same 512 modes).
+func TestAllowedEveryMode(t *testing.T) {
+	classes := []struct {
+		name  string
+		p     namespaces.Principal
+		class int // index into "rwxrwxrwx" / 3; -1: root
+	}{
+		{"owner", asOwner, 0},
+		{"owner also in the group", namespaces.Principal{UID: owner, GIDs: []uint32{group}}, 0},
+		{"supplementary member", asMember, 1},
+		{"primary member", asPrimary, 1},
+		{"other", asOther, 2},
+		{"root's group", asRootGroup, 2},
+		{"root", namespaces.Root, -1},
+	}
+	letters := []struct {
+		c byte
+		a namespaces.Access
+	}{{'r', namespaces.Read}, {'w', namespaces.Write}, {'x', namespaces.Search}}
+	n := 0
+	for mode := range uint32(0o1000) {
+		ls := fs.FileMode(mode).Perm().String()[1:] // "rwxr-x---"
+		for _, extra := range []uint32{0, 0o1000, 0o2000, 0o4000, 0o7000} {
+			p := namespaces.Perm{Uid: owner, Gid: group, Mode: mode | extra}
+			for _, c := range classes {
+				for want := namespaces.Access(1); want <= namespaces.Read|namespaces.Write|namespaces.Search; want++ {
+					ok := true
+					if c.class >= 0 {
+						for _, l := range letters {
+							if want&l.a != 0 && ls[3*c.class+strings.IndexByte("rwx", l.c)] != l.c {
+								ok = false
+							}
+						}
+					}
+					err := namespaces.Allowed(p, c.p, want)
+					if (err == nil) != ok {
+						t.Errorf("mode %04o (%s), %s wants %s: %v; want allowed %v", p.Mode, ls, c.name, want, err, ok)
+					}
+					if err != nil && !errors.Is(err, namespaces.ErrDenied) {
+						t.Errorf("mode %04o, %s wants %s: %v does not wrap ErrDenied", p.Mode, c.name, want, err)
+					}
+					n++
+				}
+				// Remove: w and x, and the owner's alone where the
+				// sticky bit is set.
+				ok := c.class < 0 || ls[3*c.class+1] == 'w' && ls[3*c.class+2] == 'x' && (extra&0o1000 == 0 || c.class == 0 && c.p.UID == owner)
+				if err := namespaces.Allowed(p, c.p, namespaces.Remove); (err == nil) != ok {
+					t.Errorf("mode %04o (%s), %s removes a reference: %v; want allowed %v", p.Mode, ls, c.name, err, ok)
+				}
+			}
+		}
+	}
+	if n != 512*5*len(classes)*7 {
+		t.Fatalf("%d cells", n)
+	}
+}
+
 // TestAllowedClasses: one class applies, the first that fits, and every
 // bit wanted must be granted.
 func TestAllowedClasses(t *testing.T) {
@@ -95,6 +160,13 @@ func TestAllowedClasses(t *testing.T) {
 		{0o7777, asOther, rwx, true},                                       // set-id and sticky bits change nothing
 		{0o7000, asOther, namespaces.Search, false},                        //
 		{0o755, namespaces.Principal{UID: other}, namespaces.Search, true}, // no groups at all
+		{0o1777, asOther, wx, true},                                        // put into a sticky namespace
+		{0o1777, asOther, namespaces.Remove, false},                        // but not remove a reference
+		{0o1770, asMember, namespaces.Remove, false},                       //
+		{0o1700, asOwner, namespaces.Remove, true},                         // its owner may
+		{0o1000, namespaces.Root, namespaces.Remove, true},                 // and root
+		{0o777, asOther, namespaces.Remove, true},                          // without the bit, w and x suffice
+		{0o1755, asOwner, namespaces.Remove, true},                         //
 	} {
 		p := namespaces.Perm{Uid: owner, Gid: group, Mode: c.mode}
 		err := namespaces.Allowed(p, c.who, c.want)

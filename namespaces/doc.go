@@ -73,7 +73,8 @@
 // [Allowed] is who may use a namespace: its [Perm] against a [Principal]
 // (uid and groups), by the rule the kernel applies to a directory, for
 // every surface: the kernel applies it to what a mount with
-// --allow-other shows, and an HTTP surface calls it. [ChangePerm] is who
+// --allow-other shows, and an HTTP surface calls it ([Remove] carries the
+// sticky bit's rule, which the kernel applies to an rm). [ChangePerm] is who
 // may chmod, chown or chgrp one. Their errors wrap [ErrDenied] (EACCES)
 // and [ErrNotOwner] (EPERM).
 //

@@ -283,7 +283,7 @@ func (s *Server) delete(w http.ResponseWriter, r *http.Request) error {
 	}
 	c := caller(r)
 	if ns := r.URL.Query().Get("namespace"); ns != "" {
-		if err := s.allow(r.Context(), c, ns, VerbDelete, namespaces.Write|namespaces.Search); err != nil {
+		if err := s.allow(r.Context(), c, ns, VerbDelete, namespaces.Remove); err != nil {
 			return err
 		}
 		if err := s.ns.Unlink(r.Context(), ns, d); err != nil {

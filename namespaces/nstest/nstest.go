@@ -84,6 +84,19 @@ func testPerms(t *testing.T, open Opener) {
 	if p, ok, err := r.Perm(ctx, "plain"); err != nil || !ok || p != set {
 		t.Fatalf("Perm after SetPerm = %+v, %v, %v; want %+v", p, ok, err, set)
 	}
+	// Mode 0 is a mode, not the absence of one (a mount shows it as 0000:
+	// issue 35), and the set-id and sticky bits are kept.
+	zero := namespaces.Perm{Uid: 7, Gid: 8, Mode: 0}
+	must(t, r.CreatePerm(ctx, "zero", zero))
+	for _, m := range []uint32{0, 0o7777, 0o1000, 0o2775} {
+		if m != 0 {
+			zero.Mode = m
+			must(t, r.SetPerm(ctx, "zero", zero))
+		}
+		if p, ok, err := r.Perm(ctx, "zero"); err != nil || !ok || p != zero {
+			t.Fatalf("Perm after recording mode %04o = %+v, %v, %v; want %+v", m, p, ok, err, zero)
+		}
+	}
 	_, _, err := r.Perm(ctx, "nope")
 	wantErr(t, err, namespaces.ErrNotFound, "Perm of an absent namespace")
 	wantErr(t, r.SetPerm(ctx, "nope", set), namespaces.ErrNotFound, "SetPerm of an absent namespace")
