@@ -8,6 +8,7 @@ import (
 	"io"
 	"sync"
 	"sync/atomic"
+	"time"
 
 	"github.com/alkblobfs/alkblobfs/blob"
 	"github.com/alkblobfs/alkblobfs/engines"
@@ -21,7 +22,13 @@ import (
 // one sequential pass, once per reader, and only for such blobs.
 type verifier struct {
 	r    *Reader
+	e    engines.Engine
 	sums chunkSums // nil: prefix form
+
+	// after is the verifier of the bytes a cache's cursor serves once it
+	// dropped its copy (refetched): with the remote tier's checksums, as
+	// the copy's own may be what was damaged.
+	after atomic.Pointer[verifier]
 
 	// chunk form: which chunks have been checked, for full().
 	checked []atomic.Uint64
@@ -34,7 +41,7 @@ type verifier struct {
 }
 
 func newVerifier(ctx context.Context, r *Reader, e engines.Engine) *verifier {
-	v := &verifier{r: r}
+	v := &verifier{r: r, e: e}
 	if sr, ok := e.(engines.SidecarReader); ok {
 		b, err := sr.Sidecar(ctx, r.d)
 		switch {
@@ -59,7 +66,23 @@ func newVerifier(ctx context.Context, r *Reader, e engines.Engine) *verifier {
 	return v
 }
 
+// refetched starts verifying with the remote tier's checksums, once.
+func (v *verifier) refetched() {
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	if v.after.Load() != nil {
+		return
+	}
+	// Not the reader's context: the mount's is its OPEN request's, over.
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	v.after.Store(newVerifier(engines.Direct(ctx), v.r, v.e))
+}
+
 func (v *verifier) full() bool {
+	if nv := v.after.Load(); nv != nil {
+		return nv.full()
+	}
 	if v.sums != nil {
 		return v.left.Load() == 0
 	}
@@ -67,6 +90,9 @@ func (v *verifier) full() bool {
 }
 
 func (v *verifier) readAt(p []byte, off int64) (int, error) {
+	if nv := v.after.Load(); nv != nil {
+		return nv.readAt(p, off)
+	}
 	if off >= v.r.size {
 		return 0, io.EOF
 	}
