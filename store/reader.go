@@ -280,12 +280,16 @@ func (r *Reader) ReadAt(p []byte, off int64) (int, error) {
 
 // verifiedReadAt is ReadAt through the verifier, uncounted. A chunk that
 // fails its check on a cache's copy drops the copy (refetch) and is read
-// once more, from the remote tier.
+// once more, from the remote tier; one that still fails is read once
+// more if the blob's content is intact and its checksums are not.
 func (r *Reader) verifiedReadAt(p []byte, off int64) (int, error) {
 	n, err := r.v.readAt(p, off)
 	if err != nil && errors.Is(err, ErrVerification) && r.refetch() {
 		r.v.refetched()
 		n, err = r.v.readAt(p, off) // from the remote tier now
+	}
+	if err != nil && errors.Is(err, ErrVerification) && r.v.sumsWrong() {
+		n, err = r.v.readAt(p, off)
 	}
 	return n, err
 }

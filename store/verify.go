@@ -34,6 +34,10 @@ type verifier struct {
 	checked []atomic.Uint64
 	left    atomic.Int64
 
+	// sumsBad: the checksums failed a chunk of content that hashes whole
+	// to its digest (sumsWrong): the whole-blob form serves from then on.
+	sumsBad atomic.Bool
+
 	// whole-blob form.
 	mu   sync.Mutex
 	bad  error // sticky verification failure
@@ -83,10 +87,28 @@ func (v *verifier) full() bool {
 	if nv := v.after.Load(); nv != nil {
 		return nv.full()
 	}
-	if v.sums != nil {
+	if v.sums != nil && !v.sumsBad.Load() {
 		return v.left.Load() == 0
 	}
 	return v.good.Load()
+}
+
+// sumsWrong reports, after a chunk failed its checksum, whether the
+// blob's content is good as a whole (it hashes to its digest): then the
+// checksums, not the content, are damaged, and the blob is served in the
+// whole-blob form. It costs one read of the blob, on a failure only.
+func (v *verifier) sumsWrong() bool {
+	if nv := v.after.Load(); nv != nil {
+		return nv.sumsWrong()
+	}
+	if v.sums == nil || v.hashAll() != nil {
+		return false
+	}
+	if !v.sumsBad.Swap(true) {
+		v.r.s.log.Warn("a blob's chunk checksums are damaged, its content is intact; verifying it whole instead",
+			"digest", v.r.d.String(), "engine", v.r.engine)
+	}
+	return true
 }
 
 func (v *verifier) readAt(p []byte, off int64) (int, error) {
@@ -96,7 +118,7 @@ func (v *verifier) readAt(p []byte, off int64) (int, error) {
 	if off >= v.r.size {
 		return 0, io.EOF
 	}
-	if v.sums == nil {
+	if v.sums == nil || v.sumsBad.Load() {
 		if err := v.hashAll(); err != nil {
 			return 0, err
 		}
