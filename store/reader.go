@@ -56,7 +56,8 @@ type Reader struct {
 	whole    atomic.Bool    // verifiedWhole ran
 }
 
-// Get opens d for reading. A miss is ok=false. A blob a scrub found
+// Get opens d for reading. A miss is ok=false, unless a namespace links
+// d: then it is lost (lost.go), an error wrapping ErrLost. A blob a scrub found
 // corrupt (in any process that shares the store) is refused with an error
 // wrapping ErrCorrupt and ErrVerification, until it is repaired (see
 // verdicts.go); one whose file changed since is served verified only.
@@ -100,6 +101,11 @@ func (s *Store) open(ctx context.Context, d Digest, judge bool) (*Reader, bool, 
 		}
 		s.stats.reads.Add(1)
 		return r, true, nil
+	}
+	if judge {
+		if err := s.lostErr(ctx, "get", d); err != nil {
+			return nil, false, err
+		}
 	}
 	return nil, false, nil
 }

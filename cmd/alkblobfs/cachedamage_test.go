@@ -6,13 +6,16 @@ import (
 	"bytes"
 	"crypto/sha256"
 	"encoding/hex"
+	"encoding/json"
 	"errors"
 	"io"
 	"net/http"
 	"os"
 	"path/filepath"
 	"strings"
+	"syscall"
 	"testing"
+	"time"
 
 	"github.com/alkblobfs/alkblobfs/engines/s3/s3test"
 )
@@ -281,4 +284,98 @@ func TestLocalDamageNoBadByte(t *testing.T) {
 func shortSum(b []byte) string {
 	h := sha256.Sum256(b)
 	return hex.EncodeToString(h[:])[:12]
+}
+
+// TestLostBlobFailsLoudly: a large blob a namespace links whose file was
+// removed by hand is lost, not absent: the mount lists its name and
+// refuses it with EIO and a log line naming it, HTTP answers 500
+// "corrupt", have says lost and verify MISSING, a scrub counts it and its
+// metric moves; putting it again repairs it.
+func TestLostBlobFailsLoudly(t *testing.T) {
+	requireFUSE(t)
+	c := newCLI(t)
+	c.ok("ns", "create", "p")
+	src, content, d := writeFile(t, t.TempDir(), 300<<10, 3700)
+	c.ok("put", "--ns", "p", src)
+	if err := os.Remove(filepath.Join(c.data, "large", "blobs", d[:2], d)); err != nil {
+		t.Fatal(err)
+	}
+	mnt := t.TempDir()
+	dm := startDaemon(t, c.data, mnt, "--listen", "127.0.0.1:0", "--insecure-loopback")
+	url := dm.httpURL()
+
+	ents, err := os.ReadDir(filepath.Join(mnt, "p"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	listed := false
+	for _, e := range ents {
+		listed = listed || e.Name() == d
+	}
+	if !listed {
+		t.Errorf("ls of the namespace does not show the lost blob: %v", ents)
+	}
+	if _, err := os.ReadFile(filepath.Join(mnt, "p", d)); !errors.Is(err, syscall.EIO) {
+		t.Errorf("read of the lost blob through the mount: %v; want EIO", err)
+	}
+	eventually(t, 10*time.Second, "the mount's log to name the lost blob", func() bool {
+		log := dm.stderr.String()
+		return strings.Contains(log, "lost") && strings.Contains(log, d)
+	})
+
+	resp, err := http.Get(url + "/v1/blobs/" + d)
+	if err != nil {
+		t.Fatal(err)
+	}
+	body, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	var e struct{ Error, Code string }
+	if resp.StatusCode != http.StatusInternalServerError || json.Unmarshal(body, &e) != nil || e.Code != "corrupt" || !strings.Contains(e.Error, d) {
+		t.Errorf("GET of the lost blob: %d %s; want 500, code corrupt, the digest named", resp.StatusCode, body)
+	}
+
+	if out := c.ok("have", "--ns", "p", d); strings.TrimSpace(out) != d+" lost" {
+		t.Errorf("have: %q; want %s lost", out, d)
+	}
+	remote := newCLI(t, "--remote", url)
+	if out := remote.ok("have", "--ns", "p", d); strings.TrimSpace(out) != d+" absent" {
+		t.Errorf("have over HTTP: %q; want %s absent (a client puts it again)", out, d)
+	}
+	for _, args := range [][]string{{"verify", d}, {"verify"}} {
+		r := c.run(nil, args...)
+		if r.code != 1 || !strings.Contains(r.stdout, "MISSING "+d+": lost") {
+			t.Errorf("alkblobfs %s: exit %d\n%s%s", strings.Join(args, " "), r.code, r.stdout, r.stderr)
+		}
+	}
+	c.fail(1, "blob is lost", "cat", d)
+	c.fail(1, "blob is lost", "stat", d)
+
+	scrub := filepath.Join(mnt, ".alkblobfs", "scrub")
+	if err := os.WriteFile(scrub, []byte("run\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	b, err := os.ReadFile(scrub)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var rep struct {
+		Missing    int64    `json:"missing"`
+		BadDigests []string `json:"bad_digests"`
+	}
+	if err := json.Unmarshal(b, &rep); err != nil || rep.Missing != 1 {
+		t.Errorf("scrub report %s: %v; want the lost blob counted missing", b, err)
+	}
+	if bad := metricValue(scrapeMetrics(t, url), "alkblobfs_scrub_found_bad_total", ""); bad < 1 {
+		t.Errorf("alkblobfs_scrub_found_bad_total %v after a scrub that found a lost blob", bad)
+	}
+
+	// The repair: the content put again.
+	c.ok("put", "--ns", "p", src)
+	if got := c.ok("cat", d); got != string(content) {
+		t.Fatalf("cat after the repair: %d bytes", len(got))
+	}
+	if got := fileSHA(t, filepath.Join(mnt, "p", d)); got != d {
+		t.Fatalf("read through the mount after the repair: %s", got)
+	}
+	stopDaemon(t, dm)
 }
