@@ -54,7 +54,22 @@ var (
 	ErrCorrupt = errors.New("blob is known corrupt")
 	// ErrCorruptRow: a stored key is not 32 bytes (FromBytes).
 	ErrCorruptRow = errors.New("corrupt row")
+	// ErrLost: a namespace (a liveness source) links the blob but no tier
+	// holds its content: it went behind the store's back (a file removed
+	// by hand), as no sweep deletes a live blob. It matches ErrCorrupt and
+	// ErrVerification too, so every surface refuses it as a corrupt blob
+	// (EIO, HTTP 500 "corrupt"), never as an absent one, until the
+	// content is put again.
+	ErrLost error = lostError{}
 )
+
+type lostError struct{}
+
+func (lostError) Error() string {
+	return "blob is lost: a namespace links it but no tier holds its content"
+}
+
+func (lostError) Is(target error) bool { return target == ErrCorrupt || target == ErrVerification }
 
 // Sum returns the digest of b.
 func Sum(b []byte) Digest { return sha256.Sum256(b) }

@@ -49,6 +49,7 @@ func TestToErrno(t *testing.T) {
 		{"missing blob", wrapped(blob.ErrMissing), syscall.ENOENT},
 		{"malformed digest", blob.ErrKeyInvalid, syscall.ENOENT},
 		{"verification", wrapped(blob.ErrVerification), syscall.EIO},
+		{"lost blob (linked, no content)", wrapped(blob.ErrLost), syscall.EIO},
 		{"too large", fmt.Errorf("upload: %w", blob.ErrTooLarge), syscall.ENOSPC},
 		{"gc refuse", blob.ErrGcRefuse, syscall.EBUSY},
 		{"store closed", blob.ErrClosed, syscall.EIO},

@@ -34,6 +34,52 @@ var _ Registry = (*Service)(nil)
 // NewService returns a Service linking into r after checking p.
 func NewService(r Registry, p Pool) *Service { return &Service{Registry: r, pool: p} }
 
+// ManyHaver is an optional Pool capability: Has for many digests at once.
+type ManyHaver interface {
+	HasMany(ctx context.Context, ds []blob.Digest) ([]bool, error)
+}
+
+// Have is what the have surfaces (the CLI's, HTTP's) answer: present[i]
+// if the namespace links ds[i] and the pool holds it; lost[i] if the
+// namespace links it and the pool does not (its content was lost behind
+// the store's back). A lost blob is not present, so a client puts it
+// again, which repairs it.
+func (s *Service) Have(ctx context.Context, name string, ds []blob.Digest) (present, lost []bool, err error) {
+	present, err = s.Registry.HasMany(ctx, name, ds)
+	if err != nil {
+		return nil, nil, err
+	}
+	var idx []int
+	var linked []blob.Digest
+	for i, p := range present {
+		if p {
+			idx, linked = append(idx, i), append(linked, ds[i])
+		}
+	}
+	lost = make([]bool, len(ds))
+	if len(linked) == 0 {
+		return present, lost, nil
+	}
+	held := make([]bool, len(linked))
+	if mh, ok := s.pool.(ManyHaver); ok {
+		if held, err = mh.HasMany(ctx, linked); err != nil {
+			return nil, nil, err
+		}
+	} else {
+		for j, d := range linked {
+			if held[j], err = s.pool.Has(ctx, d); err != nil {
+				return nil, nil, err
+			}
+		}
+	}
+	for j, i := range idx {
+		if !held[j] {
+			present[i], lost[i] = false, true
+		}
+	}
+	return present, lost, nil
+}
+
 // Link links d into the namespace if d is in the pool; otherwise it returns
 // an error wrapping blob.ErrMissing and changes nothing.
 //

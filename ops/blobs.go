@@ -261,7 +261,7 @@ func (s *Server) have(w http.ResponseWriter, r *http.Request) error {
 			return err
 		}
 		var err error
-		if present, err = s.ns.HasMany(r.Context(), req.Namespace, ds); err != nil {
+		if present, _, err = s.ns.Have(r.Context(), req.Namespace, ds); err != nil {
 			return noNamespace(req.Namespace, err)
 		}
 	}

@@ -140,7 +140,7 @@ var (
 	descFreed          = desc("alkblobfs_sweep_freed_bytes_total", "Bytes sweeps freed.")
 	descReaped         = desc("alkblobfs_sweep_pins_reaped_total", "Expired pin rows sweeps removed.")
 	descScrubs         = desc("alkblobfs_scrubs_total", "Scrubs run (stopped ones included).")
-	descScrubBad       = desc("alkblobfs_scrub_found_bad_total", "Blobs scrubs found corrupt or unreadable.")
+	descScrubBad       = desc("alkblobfs_scrub_found_bad_total", "Blobs scrubs found corrupt, unreadable or lost (linked, with no content).")
 	descTierBlobs      = desc("alkblobfs_tier_blobs", "Blobs in a tier (counted at most once a minute).", "tier")
 	descTierBytes      = desc("alkblobfs_tier_bytes", "Bytes in a tier (counted at most once a minute).", "tier")
 

@@ -18,10 +18,11 @@
 //
 // Wrong bytes are never returned as good. kv blobs are verified when
 // materialized. A Reader streaming a large blob from 0 to EOF hashes as it
-// goes and fails at EOF with ErrVerification on mismatch; range reads of a
-// large blob check the 64 KiB chunks they touch against checksums recorded
-// at publish (sums.go), and a blob without them is hashed whole before its
-// first byte is served (verify.go).
+// goes and fails at EOF with ErrVerification on mismatch, and, as range
+// reads of a large blob do, checks each 64 KiB chunk against the checksums
+// recorded at publish (sums.go) before handing out a byte of it; a blob
+// without them is hashed whole before its first byte is served
+// (verify.go), as is one whose checksums alone are damaged.
 //
 // # Verification memory
 //
@@ -61,7 +62,8 @@
 // # Errors
 //
 // Sentinels are re-exported from package blob (ErrMissing, ErrKeyInvalid,
-// ErrVerification, ErrTooLarge, ErrGcRefuse); match them with errors.Is.
-// Get and Stat report a miss as ok=false, not as an error; ReadRange and
-// Delete return ErrMissing.
+// ErrVerification, ErrTooLarge, ErrGcRefuse, ErrCorrupt, ErrLost); match
+// them with errors.Is. Get and Stat report a miss as ok=false, not as an
+// error, unless a namespace links the digest: then it is lost (lost.go)
+// and the error wraps ErrLost; ReadRange and Delete return ErrMissing.
 package store

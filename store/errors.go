@@ -18,4 +18,5 @@ var (
 	ErrClosed       = blob.ErrClosed
 	ErrReadOnly     = blob.ErrReadOnly
 	ErrCorrupt      = blob.ErrCorrupt
+	ErrLost         = blob.ErrLost
 )

@@ -19,9 +19,10 @@ func bytesReader(b []byte) io.Reader { return bytes.NewReader(b) }
 
 // Reader reads one blob and never returns wrong bytes as good.
 //
-// Read streams from offset 0 and verifies: at EOF, if the content does not
-// hash to the digest, Read returns an error wrapping ErrVerification
-// instead of io.EOF. ReadAt verifies too: kv blobs are materialized and
+// Read streams from offset 0 and verifies as ReadAt does, chunk by chunk
+// before any byte of a chunk is returned, and at EOF: if the content does
+// not hash to the digest, Read returns an error wrapping ErrVerification
+// instead of io.EOF (after Trust, that is its only check). ReadAt verifies too: kv blobs are materialized and
 // checked at open; a large blob's range reads check the 64 KiB chunks they
 // touch against the checksums recorded at publish, or, for a blob without
 // them, hash the blob from offset 0 up to the end of the range first (see
@@ -55,7 +56,8 @@ type Reader struct {
 	whole    atomic.Bool    // verifiedWhole ran
 }
 
-// Get opens d for reading. A miss is ok=false. A blob a scrub found
+// Get opens d for reading. A miss is ok=false, unless a namespace links
+// d: then it is lost (lost.go), an error wrapping ErrLost. A blob a scrub found
 // corrupt (in any process that shares the store) is refused with an error
 // wrapping ErrCorrupt and ErrVerification, until it is repaired (see
 // verdicts.go); one whose file changed since is served verified only.
@@ -99,6 +101,11 @@ func (s *Store) open(ctx context.Context, d Digest, judge bool) (*Reader, bool, 
 		}
 		s.stats.reads.Add(1)
 		return r, true, nil
+	}
+	if judge {
+		if err := s.lostErr(ctx, "get", d); err != nil {
+			return nil, false, err
+		}
 	}
 	return nil, false, nil
 }
@@ -177,7 +184,7 @@ func (r *Reader) Changed() bool {
 	return r.changed
 }
 
-// Read implements io.Reader with verification at EOF.
+// Read implements io.Reader, verified (see the type doc).
 func (r *Reader) Read(p []byte) (int, error) {
 	if r.pos >= r.size {
 		return 0, r.eof()
@@ -185,7 +192,20 @@ func (r *Reader) Read(p []byte) (int, error) {
 	if int64(len(p)) > r.size-r.pos {
 		p = p[:r.size-r.pos]
 	}
-	n, err := r.cur.ReadAt(p, r.pos)
+	var n int
+	var err error
+	if r.v != nil {
+		// Through the verifier, as ReadAt: no byte of a chunk leaves
+		// before its checksum passed (and a cache's bad copy is read
+		// again from the remote tier), so that a stream's reader never
+		// writes out what the hash at EOF would only then refuse.
+		n, err = r.verifiedReadAt(p, r.pos)
+		if err != nil && !errors.Is(err, io.EOF) {
+			return 0, err // wrapped already; nothing of the span is given
+		}
+	} else {
+		n, err = r.cur.ReadAt(p, r.pos)
+	}
 	if r.h != nil {
 		if r.pipe == nil {
 			r.pipe = newHashPipe(r.h)
@@ -257,14 +277,27 @@ func (r *Reader) WriteTo(w io.Writer) (int64, error) {
 // ReadAt reads at off, verified (see the type doc).
 func (r *Reader) ReadAt(p []byte, off int64) (int, error) {
 	if r.v != nil {
-		n, err := r.v.readAt(p, off)
-		if err != nil && errors.Is(err, ErrVerification) && r.refetch() {
-			n, err = r.v.readAt(p, off) // from the remote tier now
-		}
+		n, err := r.verifiedReadAt(p, off)
 		r.s.stats.bytesOut.Add(int64(n))
 		return n, err
 	}
 	return r.rawReadAt(p, off)
+}
+
+// verifiedReadAt is ReadAt through the verifier, uncounted. A chunk that
+// fails its check on a cache's copy drops the copy (refetch) and is read
+// once more, from the remote tier; one that still fails is read once
+// more if the blob's content is intact and its checksums are not.
+func (r *Reader) verifiedReadAt(p []byte, off int64) (int, error) {
+	n, err := r.v.readAt(p, off)
+	if err != nil && errors.Is(err, ErrVerification) && r.refetch() {
+		r.v.refetched()
+		n, err = r.v.readAt(p, off) // from the remote tier now
+	}
+	if err != nil && errors.Is(err, ErrVerification) && r.v.sumsWrong() {
+		n, err = r.v.readAt(p, off)
+	}
+	return n, err
 }
 
 // Trust turns off range verification for this reader: ReadAt returns the

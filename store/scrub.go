@@ -25,7 +25,8 @@ const (
 	// ScrubUnreadable: the engine failed to deliver the bytes (they may
 	// be fine).
 	ScrubUnreadable ScrubStatus = "unreadable"
-	// ScrubMissing: a digest named explicitly is not in the store.
+	// ScrubMissing: a digest named explicitly is not in the store, or
+	// one a namespace links is not (Lost).
 	ScrubMissing ScrubStatus = "missing"
 )
 
@@ -35,7 +36,10 @@ type ScrubResult struct {
 	Tier   Tier        `json:"tier,omitempty"`
 	Status ScrubStatus `json:"status"`
 	Error  string      `json:"error,omitempty"`
-	Size   int64       `json:"-"`
+	// Lost: missing, and a namespace links it (lost.go); a whole scrub
+	// counts it missing.
+	Lost bool  `json:"lost,omitempty"`
+	Size int64 `json:"-"`
 	// File is the identity of a local blob's backing file, when it was
 	// the same before and after the read: the verdict is about that
 	// version of the file. Nil for other blobs.
@@ -72,11 +76,18 @@ type ScrubOptions struct {
 	Result func(ScrubResult) error
 }
 
-// Pool is every digest in the store, in List order.
+// Digests is what a scrub of the whole store reads: every digest in the
+// store, in List order, then every lost one (a namespace links it, no
+// tier holds it), which the scrub reports missing.
 func (s *Store) Digests(ctx context.Context) iter.Seq2[Digest, error] {
 	return func(yield func(Digest, error) bool) {
 		for e, err := range s.List(ctx) {
 			if !yield(e.Digest, err) || err != nil {
+				return
+			}
+		}
+		for d, err := range s.gc.Lost(ctx) {
+			if !yield(d, err) || err != nil {
 				return
 			}
 		}
@@ -152,7 +163,7 @@ func (s *Store) Scrub(ctx context.Context, seq iter.Seq2[Digest, error], o Scrub
 			sum.Checked++
 			sum.Unreadable++
 		case ScrubMissing:
-			if !o.Explicit {
+			if !o.Explicit && !r.Lost {
 				continue
 			}
 			sum.Missing++
@@ -201,9 +212,16 @@ func (s *Store) scrubOne(ctx context.Context, d Digest, p *pacer) (ScrubResult, 
 		return res, ok
 	case !ok:
 		res.Status = ScrubMissing
+		if lerr := s.lostErr(ctx, "scrub", d); errors.Is(lerr, ErrLost) {
+			res.Lost, res.Error = true, lerr.Error()
+		}
 		return res, true
 	}
 	defer r.Close()
+	// A scrub's verdict is the whole blob's hash at EOF, and its bytes go
+	// nowhere: no chunk checks, which would call a blob whose checksums
+	// alone are damaged corrupt.
+	r.v = nil
 	res.Tier, res.Size = r.Tier(), r.Len()
 	before, isFile := cursorFile(r.cur)
 	if isFile {

@@ -290,6 +290,9 @@ func (s *Store) Stat(ctx context.Context, d Digest) (Info, bool, error) {
 			return Info{}, false, err
 		}
 	}
+	if err := s.lostErr(ctx, "stat", d); err != nil {
+		return Info{}, false, err
+	}
 	return Info{}, false, nil
 }
 
@@ -330,6 +333,19 @@ func (s *Store) StatMany(ctx context.Context, ds []Digest) (map[Digest]Info, err
 			}
 		}
 		rest = missing
+	}
+	return out, nil
+}
+
+// HasMany is Has for many digests, by StatMany's batched queries.
+func (s *Store) HasMany(ctx context.Context, ds []Digest) ([]bool, error) {
+	infos, err := s.StatMany(ctx, ds)
+	if err != nil {
+		return nil, err
+	}
+	out := make([]bool, len(ds))
+	for i, d := range ds {
+		_, out[i] = infos[d]
 	}
 	return out, nil
 }

@@ -8,6 +8,7 @@ import (
 	"io"
 	"sync"
 	"sync/atomic"
+	"time"
 
 	"github.com/alkblobfs/alkblobfs/blob"
 	"github.com/alkblobfs/alkblobfs/engines"
@@ -21,11 +22,21 @@ import (
 // one sequential pass, once per reader, and only for such blobs.
 type verifier struct {
 	r    *Reader
+	e    engines.Engine
 	sums chunkSums // nil: prefix form
+
+	// after is the verifier of the bytes a cache's cursor serves once it
+	// dropped its copy (refetched): with the remote tier's checksums, as
+	// the copy's own may be what was damaged.
+	after atomic.Pointer[verifier]
 
 	// chunk form: which chunks have been checked, for full().
 	checked []atomic.Uint64
 	left    atomic.Int64
+
+	// sumsBad: the checksums failed a chunk of content that hashes whole
+	// to its digest (sumsWrong): the whole-blob form serves from then on.
+	sumsBad atomic.Bool
 
 	// whole-blob form.
 	mu   sync.Mutex
@@ -34,7 +45,7 @@ type verifier struct {
 }
 
 func newVerifier(ctx context.Context, r *Reader, e engines.Engine) *verifier {
-	v := &verifier{r: r}
+	v := &verifier{r: r, e: e}
 	if sr, ok := e.(engines.SidecarReader); ok {
 		b, err := sr.Sidecar(ctx, r.d)
 		switch {
@@ -59,18 +70,55 @@ func newVerifier(ctx context.Context, r *Reader, e engines.Engine) *verifier {
 	return v
 }
 
+// refetched starts verifying with the remote tier's checksums, once.
+func (v *verifier) refetched() {
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	if v.after.Load() != nil {
+		return
+	}
+	// Not the reader's context: the mount's is its OPEN request's, over.
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	v.after.Store(newVerifier(engines.Direct(ctx), v.r, v.e))
+}
+
 func (v *verifier) full() bool {
-	if v.sums != nil {
+	if nv := v.after.Load(); nv != nil {
+		return nv.full()
+	}
+	if v.sums != nil && !v.sumsBad.Load() {
 		return v.left.Load() == 0
 	}
 	return v.good.Load()
 }
 
+// sumsWrong reports, after a chunk failed its checksum, whether the
+// blob's content is good as a whole (it hashes to its digest): then the
+// checksums, not the content, are damaged, and the blob is served in the
+// whole-blob form. It costs one read of the blob, on a failure only.
+func (v *verifier) sumsWrong() bool {
+	if nv := v.after.Load(); nv != nil {
+		return nv.sumsWrong()
+	}
+	if v.sums == nil || v.hashAll() != nil {
+		return false
+	}
+	if !v.sumsBad.Swap(true) {
+		v.r.s.log.Warn("a blob's chunk checksums are damaged, its content is intact; verifying it whole instead",
+			"digest", v.r.d.String(), "engine", v.r.engine)
+	}
+	return true
+}
+
 func (v *verifier) readAt(p []byte, off int64) (int, error) {
+	if nv := v.after.Load(); nv != nil {
+		return nv.readAt(p, off)
+	}
 	if off >= v.r.size {
 		return 0, io.EOF
 	}
-	if v.sums == nil {
+	if v.sums == nil || v.sumsBad.Load() {
 		if err := v.hashAll(); err != nil {
 			return 0, err
 		}

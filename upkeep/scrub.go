@@ -58,7 +58,7 @@ type Scrubber struct {
 	base  context.Context
 	abort context.CancelFunc
 	runs  atomic.Int64
-	found atomic.Int64 // corrupt or unreadable blobs, all scrubs
+	found atomic.Int64 // corrupt, unreadable or lost blobs, all scrubs
 
 	mu   sync.Mutex
 	last *ScrubReport
@@ -144,7 +144,7 @@ func (s *Scrubber) Run(ctx context.Context, trigger string) (ScrubReport, error)
 		msg = "scrub stopped early"
 	}
 	s.log.Info(msg, "trigger", trigger, "checked", sum.Checked, "bytes", sum.Bytes, "corrupt", sum.Corrupt,
-		"unreadable", sum.Unreadable, "duration", sum.Duration, "err", err)
+		"unreadable", sum.Unreadable, "missing", sum.Missing, "duration", sum.Duration, "err", err)
 	if err != nil && s.base.Err() != nil {
 		err = ErrStopped
 	}
@@ -165,6 +165,11 @@ func (s *Scrubber) judge(r store.ScrubResult) {
 	case store.ScrubUnreadable:
 		s.found.Add(1)
 		s.log.Error("scrub: blob is unreadable", "digest", r.Digest.String(), "tier", string(r.Tier), "err", r.Error)
+	case store.ScrubMissing:
+		if r.Lost {
+			s.found.Add(1)
+			s.log.Error("scrub: blob is lost: a namespace links it but no tier holds it", "digest", r.Digest.String())
+		}
 	}
 }
 
@@ -177,7 +182,8 @@ func (s *Scrubber) Rate() int64 { return s.rate }
 // Runs counts the scrubs that started, stopped ones included.
 func (s *Scrubber) Runs() int64 { return s.runs.Load() }
 
-// Found counts the blobs scrubs found corrupt or unreadable, all scrubs.
+// Found counts the blobs scrubs found corrupt, unreadable or lost, all
+// scrubs.
 func (s *Scrubber) Found() int64 { return s.found.Load() }
 
 // LastReport is the most recent scrub's report, if any.

@@ -91,8 +91,10 @@ func newCacheWarmCmd(a *app) *cobra.Command {
 		Use:   "warm NAMESPACE|DIGEST...",
 		Short: "Fetch blobs into the cache in advance: a namespace's, or the digests given",
 		Long: `warm fetches into the cache every large blob a namespace links, or the blobs
-named by digest, with a progress bar on a terminal. Blobs already cached
-are skipped. Small blobs live in the kv tier and need no cache.`,
+named by digest, with a progress bar on a terminal. A blob already cached is
+read once from the cache and checked against its digest, not fetched again;
+a damaged copy is replaced from the remote tier. Small blobs live in the kv
+tier and need no cache.`,
 		Args: argsRange(1, -1, "a namespace or digests"),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			ctx := cmd.Context()

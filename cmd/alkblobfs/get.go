@@ -65,10 +65,11 @@ func newCatCmd(a *app) *cobra.Command {
 		Annotations: remoteOK,
 		Short:       "Stream a blob to standard output",
 		Long: `cat streams the blob DIGEST to standard output as it reads it. The content
-is verified as it flows and the verdict comes at the end: if it does not hash
-to DIGEST, cat exits with status 1 after the bytes have been written, so a
-pipeline must check the exit status. Use get -o to never see unverified bytes
-in a file.`,
+is verified as it flows: no byte of a 64 KiB chunk is written before the chunk
+passed its checksum, and the whole is checked against DIGEST at the end. On a
+failure cat stops and exits with status 1; what it wrote is a correct but
+partial prefix, so a pipeline must check the exit status. Use get -o to never
+see a partial file.`,
 		Example: `  alkblobfs cat 3f0a…e91c | tar -t
   alkblobfs cat 3f0a…e91c | sha256sum`,
 		Args: argsRange(1, 1, "one DIGEST"),

@@ -107,8 +107,11 @@ func newHaveCmd(a *app) *cobra.Command {
 		Annotations: remoteOK,
 		Short:       "Tell which digests a namespace holds",
 		Long: `have prints each DIGEST with "present" or "absent": whether namespace NAME
-holds it. It changes nothing. With --remote it asks the server, in calls of
-up to 10000 digests.`,
+holds it. It changes nothing. A digest the namespace links whose content the
+store has lost (a file removed by hand) is "lost", not present: put it again
+to repair it (alkblobfs verify reports it MISSING). With --remote it asks the
+server, in calls of up to 10000 digests; the server answers such a digest
+absent.`,
 		Example: `  alkblobfs have --ns builds 3f0a…e91c
   alkblobfs --remote http://blobs:8437 have --ns builds $(cat digests.txt)`,
 		Args: argsRange(1, -1, "at least one DIGEST"),
@@ -120,7 +123,7 @@ up to 10000 digests.`,
 			if err != nil {
 				return err
 			}
-			var present []bool
+			var present, lost []bool
 			if a.remote != "" {
 				c, err := a.client(cmd)
 				if err != nil {
@@ -138,14 +141,17 @@ up to 10000 digests.`,
 				if err := mustExist(cmd.Context(), svc, ns); err != nil {
 					return err
 				}
-				if present, err = svc.HasMany(cmd.Context(), ns, ds); err != nil {
+				if present, lost, err = svc.Have(cmd.Context(), ns, ds); err != nil {
 					return err
 				}
 			}
 			for i, d := range ds {
 				verdict := "absent"
-				if present[i] {
+				switch {
+				case present[i]:
 					verdict = "present"
+				case lost != nil && lost[i]:
+					verdict = "lost"
 				}
 				fmt.Fprintf(a.stdout, "%s %s\n", d, verdict)
 			}

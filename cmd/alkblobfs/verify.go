@@ -24,6 +24,7 @@ It prints one line per bad blob as it finds it, then a summary:
   CORRUPT <digest> <tier>: <error>      content does not match (or is truncated)
   UNREADABLE <digest> <tier>: <error>   the engine failed to read it
   MISSING <digest>                      a DIGEST given is not in the store
+  MISSING <digest>: lost: …             a namespace links it, no tier holds it
 
 The exit status is 1 if any blob is bad, 0 if all are intact. Memory stays
 bounded whatever the size of the store or of a blob: blobs stream through
@@ -106,7 +107,11 @@ func (o *textScrub) bad(r store.ScrubResult) error {
 	var err error
 	switch r.Status {
 	case store.ScrubMissing:
-		_, err = fmt.Fprintf(o.w, "MISSING %s\n", r.Digest)
+		if r.Lost {
+			_, err = fmt.Fprintf(o.w, "MISSING %s: lost: a namespace links it but no tier holds its content\n", r.Digest)
+		} else {
+			_, err = fmt.Fprintf(o.w, "MISSING %s\n", r.Digest)
+		}
 	case store.ScrubCorrupt:
 		_, err = fmt.Fprintf(o.w, "CORRUPT %s %s: %s\n", r.Digest, tierOrUnknown(r.Tier), r.Error)
 	default:

@@ -308,11 +308,17 @@ func (e *Engine) SizeMany(ctx context.Context, ds []blob.Digest) ([]int64, error
 	return out, nil
 }
 
+// localSize is the remote's size as this host recorded it, else the
+// copy's: a copy truncated or replaced by hand must not change the size
+// the mount and HTTP announce.
 func (e *Engine) localSize(ctx context.Context, d blob.Digest) (int64, bool) {
+	if n, ok := e.idx.knownSize(ctx, d); ok {
+		return n, true
+	}
 	if fi, err := os.Stat(e.loc.Path(d)); err == nil {
 		return fi.Size(), true
 	}
-	return e.idx.knownSize(ctx, d)
+	return 0, false
 }
 
 func (e *Engine) learn(ctx context.Context, es []engines.Entry) {
@@ -445,6 +451,17 @@ func (e *Engine) openHit(ctx context.Context, d blob.Digest) (engines.Cursor, bo
 	var there unix.Stat_t
 	if unix.Fstat(fd, &mine) != nil || unix.Stat(e.loc.Path(d), &there) != nil || mine.Ino != there.Ino || mine.Dev != there.Dev {
 		cur.Close()
+		return nil, false
+	}
+	// A copy of the wrong size (truncated, or another blob's file put in
+	// its place) is damaged whatever its bytes: the store would verify it
+	// against the wrong length, so it is dropped here and the blob is a
+	// miss, read from the remote tier.
+	if want, ok := e.idx.knownSize(ctx, d); ok && want != mine.Size {
+		cur.Close()
+		e.log.Warn("cached copy of a blob has the wrong size; dropping it and reading the blob from the remote tier again",
+			"digest", d.String(), "dir", e.dir, "size", mine.Size, "want", want)
+		e.dropLocal(ctx, d, true)
 		return nil, false
 	}
 	e.touchMu.Lock()

@@ -496,10 +496,20 @@ func (f *fill) read(p []byte, off int64) (int, error) {
 // there already, and Warm returns once it is (or the fill failed).
 func (e *Engine) Warm(ctx context.Context, d blob.Digest, progress func(done int64)) error {
 	if c, ok := e.openHit(ctx, d); ok {
-		if progress != nil {
-			progress(c.Len())
+		// Warming vouches for the copy: one read of it, against the
+		// digest, so that a damaged copy is replaced now and not found
+		// by a reader later.
+		err := checkWhole(c, d)
+		c.Close()
+		if err == nil {
+			if progress != nil {
+				progress(c.Len())
+			}
+			return nil
 		}
-		return c.Close()
+		e.log.Warn("cached copy of a blob failed verification; dropping it and reading the blob from the remote tier again",
+			"digest", d.String(), "dir", e.dir, "err", err)
+		e.dropLocal(ctx, d, true)
 	}
 	c, err := e.openMiss(ctx, d)
 	if err != nil {
@@ -564,3 +574,24 @@ func (f *fill) doneBytes() int64 {
 }
 
 func (f *fill) closeSrc() { f.srcOnce.Do(func() { f.src.Close() }) }
+
+// checkWhole reads c from 0 to its end and compares its hash with d.
+func checkWhole(c engines.Cursor, d blob.Digest) error {
+	h := sha256.New()
+	buf := make([]byte, hashBuf)
+	for off := int64(0); off < c.Len(); {
+		p := buf[:min(int64(len(buf)), c.Len()-off)]
+		k, err := c.ReadAt(p, off)
+		h.Write(p[:k])
+		off += int64(k)
+		if k < len(p) {
+			return fmt.Errorf("read at %d: %w", off, err)
+		}
+	}
+	var got blob.Digest
+	h.Sum(got[:0])
+	if got != d {
+		return fmt.Errorf("the copy hashes to %s", got)
+	}
+	return nil
+}

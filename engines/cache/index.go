@@ -30,8 +30,8 @@ var indexSchema = []string{
 	`CREATE TABLE IF NOT EXISTS blobs (digest BLOB PRIMARY KEY, size INTEGER NOT NULL, atime INTEGER NOT NULL) WITHOUT ROWID`,
 	`CREATE INDEX IF NOT EXISTS blobs_atime ON blobs (atime)`,
 	`CREATE TABLE IF NOT EXISTS counters (name TEXT PRIMARY KEY, value INTEGER NOT NULL) WITHOUT ROWID`,
-	// The sizes the remote tier gave for blobs this host does not hold
-	// (Engine.Size): a blob's size never changes.
+	// The sizes the remote tier gave (Engine.Size, and each copy's at its
+	// publish): a blob's size never changes.
 	`CREATE TABLE IF NOT EXISTS sizes (digest BLOB PRIMARY KEY, size INTEGER NOT NULL) WITHOUT ROWID`,
 }
 
@@ -55,13 +55,22 @@ func openIndex(ctx context.Context, dir string) (*index, error) {
 
 func now() int64 { return time.Now().UnixNano() }
 
+// add records a published copy of d, whose size the remote tier gave: in
+// blobs, and in sizes too, which no reconcile rewrites from the files, so
+// that a copy truncated or replaced since is told by its size (openHit).
 func (x *index) add(ctx context.Context, d blob.Digest, size int64) error {
-	_, err := x.db.ExecContext(ctx, `INSERT INTO blobs (digest, size, atime) VALUES (?, ?, ?)
-		ON CONFLICT (digest) DO UPDATE SET size = excluded.size, atime = excluded.atime`, d[:], size, now())
-	return err
+	return engines.InTx(ctx, x.db, nil, func(tx *sql.Tx) error {
+		if _, err := tx.ExecContext(ctx, `INSERT INTO blobs (digest, size, atime) VALUES (?, ?, ?)
+		ON CONFLICT (digest) DO UPDATE SET size = excluded.size, atime = excluded.atime`, d[:], size, now()); err != nil {
+			return err
+		}
+		_, err := tx.ExecContext(ctx, `INSERT INTO sizes (digest, size) VALUES (?, ?) ON CONFLICT (digest) DO NOTHING`, d[:], size)
+		return err
+	})
 }
 
-// knownSize is the size the remote tier once gave for d; ok false if none.
+// knownSize is the size the remote tier gave for d (its Size, or a fill
+// or write-through of d); ok false if none.
 func (x *index) knownSize(ctx context.Context, d blob.Digest) (int64, bool) {
 	var n int64
 	if err := x.db.QueryRowContext(ctx, `SELECT size FROM sizes WHERE digest = ?`, d[:]).Scan(&n); err != nil {
