@@ -4,7 +4,6 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
-	"strings"
 	"sync"
 	"syscall"
 
@@ -177,18 +176,13 @@ func (h *ctlHandle) Read(ctx context.Context, dest []byte, off int64) (fuse.Read
 	return fuse.ReadResultData(h.content[off:min(int64(len(h.content)), off+int64(len(dest)))]), 0
 }
 
-// command is a control write's command: the bytes written, less one
-// trailing newline (echo's). Nothing else is trimmed: " 1h" or "1h\n\n"
-// is not what anyone types on purpose, and guessing would turn a slip
-// into a change.
-func command(data []byte) string {
-	return strings.TrimSuffix(string(data), "\n")
-}
-
-// Write runs one command; bad input is EINVAL and changes nothing. A
-// sweep's write returns when the sweep has ended.
+// Write runs one command, parsed by upkeep's grammar (upkeep.Command and
+// its parsers); bad input is EINVAL and changes nothing. A sweep's write
+// returns when the sweep has ended.
 //
-// An open takes one command, in one write: a shell writes `printf
+// A command is written at offset 0: a pwrite elsewhere is a piece of
+// something, not a command, and is EINVAL. An open takes one command, in
+// one write: a shell writes `printf
 // '1h\n2h'` or `{ echo 1h; echo 2h; }` as two writes, and the second is
 // refused, and for the timer undoes the first, so that the command as a
 // whole changes nothing rather than leave whichever line came last. An
@@ -201,6 +195,12 @@ func (h *ctlHandle) Write(ctx context.Context, data []byte, off int64) (uint32, 
 	}
 	h.mu.Lock()
 	again, undo := h.wrote, h.undo
+	if !again && off != 0 {
+		h.mu.Unlock()
+		f.log.Warn("a control file takes its command at offset 0: refused a write elsewhere", "file", h.c.name(), "offset", off,
+			"input", upkeep.Clip(string(data)))
+		return 0, f.errno("control", blob.Digest{}, fmt.Errorf("%w: %s: a write at offset %d, not 0", errBadInput, h.c.name(), off))
+	}
 	h.wrote, h.undo = true, nil
 	h.mu.Unlock()
 	if again {
@@ -211,13 +211,13 @@ func (h *ctlHandle) Write(ctx context.Context, data []byte, off int64) (uint32, 
 			"input", upkeep.Clip(string(data)), "first_undone", undo != nil)
 		return 0, f.errno("control", blob.Digest{}, fmt.Errorf("%w: %s: more than one write in one open", errBadInput, h.c.name()))
 	}
-	cmd := command(data)
+	cmd := upkeep.Command(data)
 	var err error
 	switch h.c.kind {
 	case ctlSweep, ctlScrub:
-		if cmd != "run" {
+		if err = upkeep.CheckRun(cmd); err != nil {
 			f.log.Warn("bad command; write run", "file", h.c.name(), "input", upkeep.Clip(cmd))
-			err = fmt.Errorf("%w: %s %q: want run", errBadInput, h.c.name(), upkeep.Clip(cmd))
+			err = fmt.Errorf("%s: %w", h.c.name(), err)
 			break
 		}
 		if h.c.kind == ctlSweep {

@@ -6,6 +6,7 @@ import (
 	"sync/atomic"
 
 	"github.com/alkblobfs/alkblobfs/namespaces"
+	"github.com/alkblobfs/alkblobfs/rundir"
 )
 
 // intents adapts the mount to its writer lease (namespaces.Lease): the
@@ -30,6 +31,11 @@ func newIntents(f *FS) *intents { return &intents{f: f} }
 func (in *intents) start(mountpoint string) {
 	if in.f.cfg.ReadOnly {
 		return
+	}
+	// The runtime directory first, at its own mode: the lease would
+	// make it, as the leases directory's parent, 0700.
+	if err := rundir.Make(rundir.Dir()); err != nil {
+		in.f.log.Warn("no runtime directory; should this mount die, the files it closed are published only once their intents lapse", "err", err)
 	}
 	dir, _ := filepath.Abs(filepath.Join(filepath.Dir(pidFile(mountpoint)), "leases"))
 	l, err := namespaces.OpenLease(in.f.ctx, namespaces.LeaseConfig{

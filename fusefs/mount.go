@@ -134,6 +134,7 @@ func Mount(dir string, cfg Config) (*Server, error) {
 	if err := writePidFile(abs); err != nil {
 		f.log.Warn("could not record the daemon's pid; a later mount cannot recover this one if it dies stuck", "err", err)
 	}
+	prunePidFiles()
 	f.probePassthrough(server)
 	if err := raiseReadahead(abs); err != nil {
 		f.log.Debug("could not raise the mount's readahead", "err", err)

@@ -12,6 +12,7 @@ import (
 	"strings"
 
 	"github.com/alkblobfs/alkblobfs/fusefs/fusectl"
+	"github.com/alkblobfs/alkblobfs/rundir"
 	"golang.org/x/sys/unix"
 )
 
@@ -25,18 +26,12 @@ import (
 // --force`, finds the mount in mountinfo — never touching it — and aborts
 // the connection of a daemon that is gone or dying before detaching it.
 
-// pidFile is where the daemon serving mountpoint dir records its pid.
+// pidFile is where the daemon serving mountpoint dir records its pid: in
+// the runtime directory (rundir), which also holds a system server's
+// socket.
 func pidFile(dir string) string {
-	base := "/run/alkblobfs"
-	if os.Geteuid() != 0 {
-		if x := os.Getenv("XDG_RUNTIME_DIR"); filepath.IsAbs(x) {
-			base = filepath.Join(x, "alkblobfs")
-		} else {
-			base = filepath.Join(os.TempDir(), fmt.Sprintf("alkblobfs-%d", os.Geteuid()))
-		}
-	}
 	h := sha256.Sum256([]byte(dir))
-	return filepath.Join(base, hex.EncodeToString(h[:8])+".pid")
+	return filepath.Join(rundir.Dir(), hex.EncodeToString(h[:8])+".pid")
 }
 
 // writePidFile records this process as the daemon of the mount on dir,
@@ -48,7 +43,7 @@ func writePidFile(dir string) error {
 		return fmt.Errorf("find the new mount on %s: %v", dir, err)
 	}
 	p := pidFile(dir)
-	if err := os.MkdirAll(filepath.Dir(p), 0o700); err != nil {
+	if err := rundir.Make(filepath.Dir(p)); err != nil {
 		return err
 	}
 	start, err := procStart(os.Getpid())
@@ -79,6 +74,43 @@ func procStart(pid int) (uint64, error) {
 }
 
 func removePidFile(dir string) { os.Remove(pidFile(dir)) }
+
+// prunePidFiles removes the pid files whose mount is gone: a record
+// speaks only for its connection (see recordedPid), so once that
+// connection is no longer mounted on its mountpoint it is of no use to
+// anyone, and the pid files of daemons killed and never mounted again
+// would otherwise pile up. A record whose mount remains is kept, dead
+// daemon or not: it is what clearDeadMount needs.
+func prunePidFiles() {
+	base := rundir.Dir()
+	ents, err := os.ReadDir(base)
+	if err != nil {
+		return
+	}
+	for _, e := range ents {
+		if !e.Type().IsRegular() || !strings.HasSuffix(e.Name(), ".pid") {
+			continue
+		}
+		p := filepath.Join(base, e.Name())
+		b, err := os.ReadFile(p)
+		if err != nil {
+			continue
+		}
+		f := strings.SplitN(strings.TrimSuffix(string(b), "\n"), " ", 4)
+		if len(f) < 4 || pidFile(f[3]) != p {
+			continue // not a record of ours
+		}
+		m, ok, err := fusectl.Find(f[3])
+		if err != nil || ok && strconv.FormatUint(m.Minor, 10) == f[1] {
+			continue
+		}
+		// The mountpoint's next mount may have just written its own
+		// record under the same name: remove only the stale one.
+		if now, err := os.ReadFile(p); err == nil && string(now) == string(b) {
+			os.Remove(p)
+		}
+	}
+}
 
 // recordedPid is the pid recorded for the mount on dir with connection
 // minor, and its start time, or 0: a record of another connection (an

@@ -67,6 +67,10 @@
 // recovery of the writer's dead lives. A life on the same host is dead
 // when the flock it held for its life is free, which no reused pid can
 // fake; a holder on another host is settled only once it lapses.
+// A process that holds no lease (the CLI, serve) settles lapsed intents
+// too, with [Service.SettleLapsed] at open and [Service.KeepSettling]
+// while it runs, so a dead writer whose mountpoint is never mounted
+// again still has its closed files published.
 //
 // # Access
 //

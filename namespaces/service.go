@@ -4,6 +4,9 @@ import (
 	"context"
 	"database/sql"
 	"errors"
+	"log/slog"
+	"sync"
+	"time"
 
 	"github.com/alkblobfs/alkblobfs/blob"
 	"github.com/alkblobfs/alkblobfs/gc"
@@ -234,4 +237,42 @@ func (s *Service) txLinker(name string, d blob.Digest) (TxLinker, error) {
 		return tl, nil
 	}
 	return nil, wrap("link", name, d, errors.New("registry cannot link inside a database transaction (open it with namespaces.Open on the kv engine)"))
+}
+
+// SettleLapsed links the versions every lapsed intent stands for (Recover
+// with no holder): those of a writer that died and whose lease has lapsed
+// (Pending.TTL after its last renewal), whichever process notices. Every
+// process that opens a writable store with namespaces calls it at open
+// (the CLI's commands, serve), and a long-lived one keeps calling it
+// (KeepSettling), as a mount's lease does: so a dead mount's files whose
+// close or fsync returned publish without another mount of its
+// mountpoint.
+func (s *Service) SettleLapsed(ctx context.Context) (int, error) {
+	return s.Registry.Recover(ctx, "")
+}
+
+// KeepSettling runs SettleLapsed every third of ttl (the intents' TTL, the
+// store's pin TTL) until stop, which waits for a call in progress.
+// Failures are logged at debug and retried at the next tick.
+func (s *Service) KeepSettling(ttl time.Duration, lg *slog.Logger) (stop func()) {
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		t := time.NewTicker(max(ttl/3, 10*time.Millisecond))
+		defer t.Stop()
+		for {
+			select {
+			case <-ctx.Done():
+				return
+			case <-t.C:
+			}
+			if n, err := s.SettleLapsed(ctx); err != nil && ctx.Err() == nil {
+				lg.Debug("could not settle lapsed intents", "err", err)
+			} else if n > 0 {
+				lg.Info("published files whose close succeeded before their writer died", "files", n)
+			}
+		}
+	}()
+	return sync.OnceFunc(func() { cancel(); <-done })
 }

@@ -8,6 +8,8 @@ import (
 	"path/filepath"
 	"strings"
 	"time"
+
+	"github.com/alkblobfs/alkblobfs/rundir"
 )
 
 // ListenConfig says what a TCP listener may rely on to identify callers.
@@ -52,25 +54,31 @@ func loopback(a net.Addr) bool {
 // DefaultSocket is the Unix socket a server listens on when not told
 // otherwise: $XDG_RUNTIME_DIR/alkblobfs/http.sock when the variable is
 // set (a user's own server: that directory is the user's alone), else
-// /run/alkblobfs/http.sock (a system service; the directory is made 0755
-// so that every local user reaches it).
+// http.sock in the system runtime directory, /run/alkblobfs (a system
+// service; rundir keeps that directory 0755 so that every local user
+// reaches it, whether a mount or the server made it).
 func DefaultSocket() string {
 	if d := os.Getenv("XDG_RUNTIME_DIR"); d != "" {
 		return filepath.Join(d, "alkblobfs", "http.sock")
 	}
-	return "/run/alkblobfs/http.sock"
+	return filepath.Join(rundir.System, "http.sock")
 }
 
 // ListenUnix listens on a Unix socket at path, mode 0666: any local user
 // may connect, and each is then the user the kernel says it is
 // (SO_PEERCRED), as for a file operation on the mount. The directory is
-// made (0755) if absent. A socket left by a server that is gone is
-// replaced; one a live server answers on is an error.
+// made (0755) if absent; the default socket's is the runtime directory,
+// which rundir.Make also sets back to 0755. A socket left by a server
+// that is gone is replaced; one a live server answers on is an error.
 func ListenUnix(path string) (net.Listener, error) {
 	if path == "" {
 		return nil, errors.New("listen unix: give a path (unix:PATH)")
 	}
-	if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
+	mkdir := func(dir string) error { return os.MkdirAll(dir, 0o755) }
+	if path == DefaultSocket() {
+		mkdir = rundir.Make // a directory of the user's own choice is left as it is
+	}
+	if err := mkdir(filepath.Dir(path)); err != nil {
 		return nil, fmt.Errorf("listen unix:%s: %w", path, err)
 	}
 	if fi, err := os.Lstat(path); err == nil {

@@ -4,7 +4,6 @@ import (
 	"errors"
 	"io"
 	"net/http"
-	"strings"
 
 	"github.com/alkblobfs/alkblobfs/upkeep"
 	"github.com/alkblobfs/alkblobfs/wire"
@@ -16,7 +15,9 @@ import (
 //	GET  /v1/upkeep/sweep        the last sweep's report ({} before the first)
 //	POST /v1/upkeep/sweep        sweep now; answers this sweep's report
 //	GET  /v1/upkeep/sweep-timer  the timer: {"timer": "off"} or {"timer": "15m0s"}
-//	PUT  /v1/upkeep/sweep-timer  body off, on or a duration of at least 1s
+//	PUT  /v1/upkeep/sweep-timer  body off, on or a duration of at least 1s,
+//	                             in upkeep's grammar (upkeep.Command): as a
+//	                             control file takes it, or 400
 //	GET  /v1/upkeep/scrub        the last scrub's report
 //	POST /v1/upkeep/scrub        scrub now; answers this scrub's report
 //
@@ -69,7 +70,7 @@ func (s *Server) upkeepRoutes(u *upkeep.Upkeep) {
 		if len(b) > maxUpkeepBody {
 			return badRequest("a sweep-timer command is off, on or a duration like 15m, not %d bytes", len(b))
 		}
-		if _, err := u.Sweeper.Set(strings.TrimSpace(string(b))); err != nil {
+		if _, err := u.Sweeper.Set(upkeep.Command(b)); err != nil {
 			return upkeepErr(err)
 		}
 		writeJSON(w, http.StatusOK, map[string]string{"timer": u.Sweeper.String()})

@@ -4,8 +4,10 @@
 // the mount, `alkblobfs serve`, whatever comes next — collects garbage and
 // finds bit rot by the same rules: one sweep at a time, one scrub at a time,
 // the same timer commands and the same reports. A surface only adapts it:
-// the mount's control files parse nothing themselves and map ErrBadInput
-// and ErrStopped to errnos; serve turns its flags into a Config.
+// the mount's control files and the HTTP routes parse nothing themselves
+// (grammar.go: Command, CheckRun, Sweeper.Set, and ParseEvery for the
+// flags) and map ErrBadInput and ErrStopped to errnos or statuses; serve
+// turns its flags into a Config.
 //
 // What a scrub finds is kept by the store itself (store.Scrub records a
 // corrupt blob where every process that opens the store refuses it), so a

@@ -86,11 +86,12 @@ func (s *Sweeper) Runs() int64 { return s.runs.Load() }
 // Sweeper (the store's Sweep) is the last one too.
 func (s *Sweeper) LastReport() (store.Report, bool) { return s.st.LastReport() }
 
-// Set applies a timer command: off, on, or a Go duration of at least
-// MinSweepInterval. 0 is not off here, unlike a flag's 0: a stray `echo 0`
-// (or a value cut short) must not stop GC, so off is said in words. Bad
-// input is ErrBadInput and changes nothing. undo takes the timer back to
-// before the command, unless it has changed again since.
+// Set applies a timer command (see Command): off, on, or a duration (see
+// ParseDuration) of at least MinSweepInterval. 0 is not off here, unlike a
+// flag's 0: a stray `echo 0` (or a value cut short) must not stop GC, so
+// off is said in words. Bad input is ErrBadInput and changes nothing. undo
+// takes the timer back to before the command, unless it has changed again
+// since.
 func (s *Sweeper) Set(cmd string) (undo func(), err error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -104,9 +105,9 @@ func (s *Sweeper) Set(cmd string) (undo func(), err error) {
 		}
 		s.every = s.lastOn
 	default:
-		d, err := time.ParseDuration(cmd)
+		d, err := ParseDuration(cmd)
 		if err != nil || d < MinSweepInterval {
-			return nil, fmt.Errorf("%w: sweep-timer %q: want off, on or a duration of at least %s", ErrBadInput, Clip(cmd), MinSweepInterval)
+			return nil, fmt.Errorf("%w: sweep-timer %q: want off, on or a duration of at least %s such as 15m or 1h30m (unsigned, each unit once)", ErrBadInput, Clip(cmd), MinSweepInterval)
 		}
 		s.every, s.lastOn = d, d
 	}

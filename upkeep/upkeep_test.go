@@ -170,7 +170,7 @@ func TestSweepTimerBadInput(t *testing.T) {
 		}
 	}
 	_, err := u.Sweeper.Set("5")
-	if want := `invalid input: sweep-timer "5": want off, on or a duration of at least 1s`; err == nil || err.Error() != want {
+	if want := `invalid input: sweep-timer "5": want off, on or a duration of at least 1s such as 15m or 1h30m (unsigned, each unit once)`; err == nil || err.Error() != want {
 		t.Fatalf("error %v, want %s", err, want)
 	}
 	_, err = u.Sweeper.Set(strings.Repeat("x", 100))

@@ -111,6 +111,17 @@ func (a *app) openStore(cmd *cobra.Command) (*store.Store, store.Config, *namesp
 		st.Close()
 		return nil, cfg, nil, err
 	}
+	if svc != nil && !st.ReadOnly() {
+		// A dead writer's closed files, once its lease lapsed, are linked
+		// by whichever process opens the store next (publish.md): this
+		// command too, before it lists or sweeps. A failure only delays
+		// them to the next process.
+		if n, err := svc.SettleLapsed(ctx); err != nil {
+			a.log.Warn("could not publish the files a dead writer closed; the next process that opens the store will", "err", err)
+		} else if n > 0 {
+			a.log.Info("published files whose close succeeded before their writer died", "files", n)
+		}
+	}
 	a.log.Debug("store open", "mode", st.Mode(), "threshold", st.Threshold(), "kv", engineName(cfg.KV), "large", engineName(cfg.Large), "namespaces", svc != nil)
 	return st, cfg, svc, nil
 }

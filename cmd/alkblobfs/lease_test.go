@@ -168,3 +168,79 @@ func TestDetachedMountKeepsItsIntents(t *testing.T) {
 	}
 	stopDaemon(t, second)
 }
+
+// TestLapsedWriterSettledByCLI: a mount killed by SIGKILL with a file
+// whose fsync returned 0 (and still open) has that version linked by the
+// CLI once the dead mount's lease lapses (--pin-ttl), with no mount of
+// its mountpoint coming back: `alkblobfs sweep` and `alkblobfs ls` settle
+// lapsed intents when they open the store, and a running `alkblobfs
+// serve` while it runs, as publish.md promises of "any process". Before,
+// only a mount's lease settled them, so after a mount died for good its
+// fsynced files stayed unlisted.
+func TestLapsedWriterSettledByCLI(t *testing.T) {
+	requireFUSE(t)
+	for _, args := range [][]string{{"sweep"}, {"ls", "ns"}, {"serve"}} {
+		command := args[0]
+		t.Run(command, func(t *testing.T) {
+			c := newCLI(t, "--pin-ttl", "1s")
+			c.ok("ns", "create", "ns")
+			mnt := t.TempDir()
+			dm := startDaemon(t, c.data, mnt, "--pin-ttl", "1s")
+			if command == "serve" {
+				// Started before the kill, so only its loop can settle;
+				// and before the file is opened, since a fork's exec
+				// closes a copy of it, which is a close that commits.
+				startServeURL(t, c, `url=(unix:\S+)`, "--listen", "unix:"+filepath.Join(t.TempDir(), "sock"))
+				args = nil
+			}
+			f, err := os.Create(filepath.Join(mnt, "ns", "incoming", "f"))
+			if err != nil {
+				t.Fatal(err)
+			}
+			synced := randomBytes(5000, 7)
+			if _, err := f.Write(synced); err != nil {
+				t.Fatal(err)
+			}
+			if err := f.Sync(); err != nil {
+				t.Fatalf("fsync: %v", err)
+			}
+			if _, err := f.Write([]byte("never synced")); err != nil {
+				t.Fatal(err)
+			}
+			dm.cmd.Process.Kill()
+			dm.wait(20 * time.Second)
+			f.Close() // ENOTCONN: the daemon is gone
+			want := sum(synced)
+			pending := func() int {
+				e, err := sqlite.Open(t.Context(), filepath.Join(c.data, "kv.db"))
+				if err != nil {
+					t.Fatal(err)
+				}
+				defer e.Close()
+				var n int
+				if err := e.DB().QueryRowContext(t.Context(), `SELECT COUNT(*) FROM ns_pending`).Scan(&n); err != nil {
+					t.Fatal(err)
+				}
+				return n
+			}
+			if n := pending(); n != 1 {
+				t.Fatalf("after the kill, %d pending links; want the fsync's", n)
+			}
+			// The intent lapses 1 s after the dead daemon's last renewal;
+			// each run is the CLI's own chance to settle it.
+			deadline := time.Now().Add(15 * time.Second)
+			for pending() != 0 {
+				if time.Now().After(deadline) {
+					t.Fatalf("15 s after the kill, with a 1 s lease, alkblobfs %s has not linked the dead mount's fsynced version", command)
+				}
+				if args != nil {
+					c.ok(args...)
+				}
+				time.Sleep(100 * time.Millisecond)
+			}
+			if listed := lines(c.ok("ls", "ns")); !slices.Equal(listed, []string{want}) {
+				t.Fatalf("the namespace lists %v; want the fsynced version %s", listed, want[:12])
+			}
+		})
+	}
+}

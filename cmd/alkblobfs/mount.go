@@ -56,9 +56,11 @@ until someone runs umount on it.
                            last report
   /.alkblobfs/stats        counters as JSON
 
-A control file takes one command per open, in one write, with at most one
-trailing newline (echo's); anything else (0, an empty line, a second line)
-is EINVAL and changes nothing. ": > file" or a truncate is no command.
+A control file takes one command per open, in one write at offset 0, with
+at most one trailing newline (echo's); a duration is unsigned, each unit
+(h, m, s, ms, us, ns) once and in that order: 15m, 1h30m, 1.5h. Anything
+else (0, an empty line, " 1h", +5m, 5m5m, a second line) is EINVAL and
+changes nothing. ": > file" or a truncate is no command.
 
 Reads are checked against the digest in one of three modes:
 

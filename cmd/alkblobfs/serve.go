@@ -117,6 +117,12 @@ counters added to the metrics.`,
 			}
 			defer st.Close()
 			lg := a.log // at info unless asked otherwise (commandLogLevel)
+			if svc != nil && !st.ReadOnly() {
+				// As a mount's lease does: a writer that dies while this
+				// server runs has its closed files published once its
+				// lease lapses.
+				defer svc.KeepSettling(st.PinTTL(), lg)()
+			}
 			u, err := upkeep.New(upkeep.Config{
 				Store: st, Logger: lg, SweepEvery: sched.sweepEvery, ReadOnly: st.ReadOnly(),
 				ScrubEvery: sched.scrubEvery, ScrubRate: rate,

@@ -21,8 +21,8 @@ type upkeepFlags struct {
 // register adds --sweep-every, --scrub-every and --scrub-rate; sweepNote
 // ends --sweep-every's help (where else the timer can be changed).
 func (u *upkeepFlags) register(f *pflag.FlagSet, sweepNote string) {
-	f.DurationVar(&u.sweepEvery, "sweep-every", 0, "sweep on a timer, e.g. 1h (0: off"+sweepNote+")")
-	f.DurationVar(&u.scrubEvery, "scrub-every", 0, "re-verify every blob from disk on a timer, e.g. 24h (0: off)")
+	f.Var((*everyValue)(&u.sweepEvery), "sweep-every", "sweep on a timer, e.g. 1h (0: off"+sweepNote+")")
+	f.Var((*everyValue)(&u.scrubEvery), "scrub-every", "re-verify every blob from disk on a timer, e.g. 24h (0: off)")
 	f.Float64Var(&u.scrubRate, "scrub-rate", upkeep.DefaultScrubRate/1e6, "most MB a scrub reads per second (0: unlimited)")
 }
 
@@ -41,4 +41,20 @@ func (u *upkeepFlags) check(cmd *cobra.Command, readOnly bool) (rate int64, err 
 		return 0, usagef(cmd, "--scrub-every: %v", err)
 	}
 	return rate, nil
+}
+
+// everyValue is a timer flag in upkeep's grammar (upkeep.ParseEvery), the
+// one the control files and HTTP take: pflag's own duration would take
+// "+5m" and "5m5m", which they refuse.
+type everyValue time.Duration
+
+func (v *everyValue) String() string { return time.Duration(*v).String() }
+func (v *everyValue) Type() string   { return "duration" }
+func (v *everyValue) Set(s string) error {
+	d, err := upkeep.ParseEvery(s)
+	if err != nil {
+		return err
+	}
+	*v = everyValue(d)
+	return nil
 }
