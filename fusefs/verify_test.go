@@ -140,8 +140,11 @@ func TestScrubFindsBitRot(t *testing.T) {
 					t.Fatalf("scrub report: %s", b)
 				}
 			} else {
-				eventually(t, 20*time.Second, "a timed scrub finding the rot", func() bool {
-					return e.srv.Stats(ctx).Scrub.Found > 0
+				// Found counts during a run, Runs and Last at its end:
+				// wait for the run that found the rot to finish.
+				eventually(t, 20*time.Second, "a timed scrub finding the rot, and its end", func() bool {
+					st := e.srv.Stats(ctx).Scrub
+					return st.Found > 0 && st.Runs > 0 && st.Last != nil
 				})
 			}
 			st := e.srv.Stats(ctx).Scrub

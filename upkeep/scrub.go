@@ -179,7 +179,8 @@ func (s *Scrubber) Every() time.Duration { return s.every }
 // Rate is the most bytes a scrub reads a second (0: unlimited).
 func (s *Scrubber) Rate() int64 { return s.rate }
 
-// Runs counts the scrubs that started, stopped ones included.
+// Runs counts the scrubs that ended, stopped ones included: it moves
+// after the run's verdicts (Found) and before its report (Last).
 func (s *Scrubber) Runs() int64 { return s.runs.Load() }
 
 // Found counts the blobs scrubs found corrupt, unreadable or lost, all
