@@ -1,22 +1,31 @@
 # alkblobfs — see README.md. Targets: build, test, test-long, fuzz, lint,
-# bench, man, install, deb, clean.
+# bench, man, install, deb, release, clean.
 
 GO         ?= go
 BIN        := bin/alkblobfs
 TEST_FLAGS := -race -count=1 -timeout 14m
 
-.PHONY: build test test-long fuzz deps lint bench man install deb clean
+.PHONY: build test test-long fuzz deps lint bench man install deb release clean
 
 PREFIX  ?= /usr/local
 DESTDIR ?=
 # mount(8) looks for mount.fuse.alkblobfs in /sbin only.
 SBINDIR ?= /sbin
 
+# BUILD_VERSION is the version the binary (--version), the man pages and
+# the package carry: scripts/version.sh, from CHANGELOG.md's newest release
+# (0.1.0, or 0.1.0+g33b8a33 for a later commit). BUILDFLAGS and LDFLAGS
+# add to the build (deb: -buildmode=pie, -s).
+BUILD_VERSION ?= $(shell scripts/version.sh)
+BUILDFLAGS    ?=
+LDFLAGS       ?=
+
 # A cold cache downloads and compiles the dependencies first, silently:
 # say so.
 build:
 	@echo "building $(BIN) (the first build downloads and compiles the dependencies: a few minutes)"
-	$(GO) build -buildvcs=auto -o $(BIN) ./cmd/alkblobfs
+	@test -n "$(BUILD_VERSION)" || { echo "make: no version: scripts/version.sh failed" >&2; exit 1; }
+	$(GO) build -buildvcs=auto $(BUILDFLAGS) -ldflags '$(strip $(LDFLAGS) -X main.version=$(BUILD_VERSION))' -o $(BIN) ./cmd/alkblobfs
 
 # deps installs the Debian packages the tests call (rsync, fuse3, bindfs,
 # PostgreSQL, …); it does nothing when they are all present.
@@ -99,24 +108,42 @@ install: build man
 
 # deb builds DEBOUT/alkblobfs_VERSION_ARCH.deb (bin/) with nfpm from what
 # install stages under DEBROOT for PREFIX=/usr: /usr/bin/alkblobfs, the
-# helper /sbin/mount.fuse.alkblobfs, man pages, completions and the systemd
-# unit; it depends on fuse3 alone. nfpm runs with go run at a pinned
+# helper /sbin/mount.fuse.alkblobfs, man pages, completions, the systemd
+# unit, and in /usr/share/doc/alkblobfs the copyright file (scripts/copyright:
+# the license of every module compiled in, from the module cache) and the
+# changelog (scripts/debchangelog, from CHANGELOG.md; changelog.gz, the name
+# of a native package's). It depends on fuse3 and on what dpkg-shlibdeps
+# computes for the binary (libc6). nfpm runs with go run at a pinned
 # version (checked against sum.golang.org), so that the packager's own
 # dependencies stay out of the filesystem's go.mod; the first run
-# downloads and compiles it (about 30 s). The packaged binary is linked
-# with -s (no symbol table or DWARF, as Debian ships binaries: lintian's
-# unstripped-binary-or-object), a link-time flag that reuses the build
-# cache; it is built at BIN like any other.
+# downloads and compiles it (about 30 s). The packaged binary is a
+# position-independent executable (lintian's hardening-no-pie) linked with
+# -s (no symbol table or DWARF, as Debian ships binaries: lintian's
+# unstripped-binary-or-object); it is built at BIN like any other. The
+# package's version is BUILD_VERSION, as the binary's.
 NFPM        ?= $(GO) run github.com/goreleaser/nfpm/v2/cmd/nfpm@v2.45.2
 DEBROOT     ?= bin/debroot
 DEBOUT      ?= bin
-DEB_VERSION ?= 0~git$(shell git log -1 --format=%cd.%h --date=format:%Y%m%d 2>/dev/null || echo 0)
+DEB_VERSION ?= $(BUILD_VERSION)
 deb:
 	rm -rf $(DEBROOT)
-	GOFLAGS='$(strip $(GOFLAGS) -ldflags=-s)' $(MAKE) --no-print-directory install DESTDIR=$(abspath $(DEBROOT)) PREFIX=/usr
+	$(MAKE) --no-print-directory install DESTDIR=$(abspath $(DEBROOT)) PREFIX=/usr \
+		BUILD_VERSION='$(DEB_VERSION)' BUILDFLAGS='$(strip $(BUILDFLAGS) -buildmode=pie)' LDFLAGS='$(strip $(LDFLAGS) -s)'
+	install -d $(DEBROOT)/usr/share/doc/alkblobfs
+	$(GO) run ./scripts/copyright -license LICENSE $(BIN) > $(DEBROOT)/usr/share/doc/alkblobfs/copyright
+	$(GO) run ./scripts/debchangelog -version '$(DEB_VERSION)' -date "$$(git log -1 --format=%cD 2>/dev/null)" CHANGELOG.md \
+		| gzip -9n > $(DEBROOT)/usr/share/doc/alkblobfs/changelog.gz
 	@mkdir -p $(DEBOUT)
 	DEB_ROOT=$(abspath $(DEBROOT)) DEB_VERSION='$(DEB_VERSION)' DEB_ARCH=$$($(GO) env GOARCH) \
+		DEB_SHLIBS="$$(scripts/shlibdeps.sh $(BIN))" \
 		$(NFPM) package --config packaging/nfpm.yaml --packager deb --target $(DEBOUT)/
+
+# release VERSION=X.Y.Z releases CHANGELOG.md's ## [Unreleased] entries as
+# X.Y.Z: the entry becomes ## [X.Y.Z] - <today> under a new empty
+# ## [Unreleased]; then a commit and the tag vX.Y.Z, not pushed
+# (scripts/release.sh; TestMakeRelease).
+release:
+	scripts/release.sh '$(VERSION)'
 
 clean:
 	rm -rf bin

@@ -131,7 +131,7 @@ var (
 	descCacheAdopted   = desc("alkblobfs_cache_adopted_total", "Puts whose file became the cached copy by a link.")
 	descCacheEvictions = desc("alkblobfs_cache_evictions_total", "Cached copies evicted to stay within --cache-size or the disk.")
 	descCacheDropped   = desc("alkblobfs_cache_dropped_corrupt_total", "Cached copies found corrupt and dropped.")
-	descCacheFillErr   = desc("alkblobfs_cache_fill_errors_total", "Fills given up, by cause (remote, nospace, full, verify, local).", "cause")
+	descCacheFillErr   = desc("alkblobfs_cache_fill_errors_total", "Fills given up, by cause (remote, nospace, full, verify, local, busy, put_nospace).", "cause")
 	descCacheBytes     = desc("alkblobfs_cache_bytes", "Bytes of the cached copies (every process of the host).")
 	descCacheBlobs     = desc("alkblobfs_cache_blobs", "Cached copies (every process of the host).")
 	descCacheLimit     = desc("alkblobfs_cache_limit_bytes", "The cache's --cache-size.")
@@ -141,6 +141,10 @@ var (
 	descReaped         = desc("alkblobfs_sweep_pins_reaped_total", "Expired pin rows sweeps removed.")
 	descScrubs         = desc("alkblobfs_scrubs_total", "Scrubs run (stopped ones included).")
 	descScrubBad       = desc("alkblobfs_scrub_found_bad_total", "Blobs scrubs found corrupt, unreadable or lost (linked, with no content).")
+	descSweepEvery     = desc("alkblobfs_sweep_interval_seconds", "The sweep timer's interval; 0 when it is off.")
+	descSweepLastOK    = desc("alkblobfs_sweep_last_success_timestamp_seconds", "When a sweep of this process last ended without an error (aborts included), or when its upkeep started if none has yet.")
+	descFSSize         = desc("alkblobfs_filesystem_size_bytes", "Size of the filesystem that holds the large tier's files (absent for S3, PostgreSQL or memory).")
+	descFSAvail        = desc("alkblobfs_filesystem_avail_bytes", "Bytes an unprivileged writer can still put on the filesystem of the large tier's files.")
 	descTierBlobs      = desc("alkblobfs_tier_blobs", "Blobs in a tier (counted at most once a minute).", "tier")
 	descTierBytes      = desc("alkblobfs_tier_bytes", "Bytes in a tier (counted at most once a minute).", "tier")
 
@@ -212,6 +216,13 @@ func (c *storeCollector) Collect(ch chan<- prometheus.Metric) {
 			counter(descCacheAdopted, p.Adopted)
 			counter(descCacheEvictions, p.Evictions)
 			counter(descCacheDropped, p.Dropped)
+			// Every cause from 0, so that the first fill error is an
+			// increase to rate() and not a series born at 1.
+			for _, cause := range fillErrorCauses {
+				if _, ok := p.FillErrors[cause]; !ok {
+					counter(descCacheFillErr, 0, cause)
+				}
+			}
 			for cause, n := range p.FillErrors {
 				counter(descCacheFillErr, n, cause)
 			}
@@ -223,6 +234,12 @@ func (c *storeCollector) Collect(ch chan<- prometheus.Metric) {
 	if u := c.upkeep.Load(); u != nil {
 		counter(descScrubs, u.Scrubber.Runs())
 		counter(descScrubBad, u.Scrubber.Found())
+		ch <- prometheus.MustNewConstMetric(descSweepEvery, prometheus.GaugeValue, u.Sweeper.Every().Seconds())
+		ch <- prometheus.MustNewConstMetric(descSweepLastOK, prometheus.GaugeValue, float64(u.Sweeper.LastSuccess().UnixNano())/1e9)
+	}
+	if fs, ok, err := c.st.StatFS(); ok && err == nil {
+		gauge(descFSSize, int64(fs.Blocks)*fs.Frsize)
+		gauge(descFSAvail, int64(fs.Bavail)*fs.Frsize)
 	}
 
 	errs := map[string]int64{}
@@ -254,6 +271,10 @@ func (c *storeCollector) Collect(ch chan<- prometheus.Metric) {
 		gauge(descTierBytes, t.bytes, string(t.tier))
 	}
 }
+
+// fillErrorCauses are the causes alkblobfs_cache_fill_errors_total's help
+// names (the cache engine's fillError calls).
+var fillErrorCauses = []string{"remote", "nospace", "full", "verify", "local", "busy", "put_nospace"}
 
 // tierInterval is how often tier sizes are counted at most.
 var tierInterval = time.Minute

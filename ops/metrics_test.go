@@ -13,6 +13,7 @@ import (
 
 	"github.com/alkblobfs/alkblobfs/blob"
 	"github.com/alkblobfs/alkblobfs/ops"
+	"github.com/alkblobfs/alkblobfs/upkeep"
 )
 
 // scrape fetches /metrics and parses it with the Prometheus text parser.
@@ -161,3 +162,63 @@ type recorder struct {
 func (r *recorder) Header() http.Header         { return r.header }
 func (r *recorder) Write(p []byte) (int, error) { return r.body.Write(p) }
 func (r *recorder) WriteHeader(int)             {}
+
+// The series the shipped alert rules (contrib/prometheus) need from the
+// start: the sweep timer and when a sweep last succeeded (an alert on
+// sweeps that stopped compares the two), and the large tier's filesystem
+// (an alert on a disk nearly full).
+func TestMetricsSweepTimerAndDisk(t *testing.T) {
+	e := newEnv(t, envOptions{})
+	start := time.Now()
+	u, err := upkeep.New(upkeep.Config{Store: e.st, SweepEvery: time.Hour})
+	if err != nil {
+		t.Fatal(err)
+	}
+	m := ops.NewMetrics(e.st)
+	m.AttachUpkeep(u)
+	get := func() map[string]*dto.MetricFamily {
+		rec := &recorder{header: http.Header{}}
+		req, _ := http.NewRequest("GET", "/metrics", nil)
+		m.Handler().ServeHTTP(rec, req)
+		p := expfmt.NewTextParser(model.UTF8Validation)
+		fams, err := p.TextToMetricFamilies(&rec.body)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return fams
+	}
+	f := get()
+	if v, ok := value(f, "alkblobfs_sweep_interval_seconds"); !ok || v != 3600 {
+		t.Errorf("alkblobfs_sweep_interval_seconds = %v (present %v); want 3600", v, ok)
+	}
+	// Before any sweep: the upkeep's start, so that "no sweep for three
+	// intervals" counts from there.
+	first, ok := value(f, "alkblobfs_sweep_last_success_timestamp_seconds")
+	if !ok || first < float64(start.Unix()-1) || first > float64(time.Now().Unix()+1) {
+		t.Errorf("alkblobfs_sweep_last_success_timestamp_seconds = %v (present %v); want the upkeep's start, %v", first, ok, start.Unix())
+	}
+	if _, err := u.Sweeper.Run(t.Context(), "test"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := u.Sweeper.Set("off"); err != nil {
+		t.Fatal(err)
+	}
+	f = get()
+	if v, _ := value(f, "alkblobfs_sweep_last_success_timestamp_seconds"); v <= first {
+		t.Errorf("after a sweep alkblobfs_sweep_last_success_timestamp_seconds = %v; want later than %v", v, first)
+	}
+	if v, ok := value(f, "alkblobfs_sweep_interval_seconds"); !ok || v != 0 {
+		t.Errorf("timer off: alkblobfs_sweep_interval_seconds = %v (present %v); want 0", v, ok)
+	}
+	size, ok1 := value(f, "alkblobfs_filesystem_size_bytes")
+	avail, ok2 := value(f, "alkblobfs_filesystem_avail_bytes")
+	if !ok1 || !ok2 || size <= 0 || avail <= 0 || avail > size {
+		t.Errorf("alkblobfs_filesystem_{size,avail}_bytes = %v, %v (present %v, %v)", size, avail, ok1, ok2)
+	}
+
+	// A store whose large tier is no directory has no filesystem to report.
+	m = ops.NewMetrics(newEnv(t, envOptions{kvOnly: true}).st)
+	if _, ok := value(get(), "alkblobfs_filesystem_size_bytes"); ok {
+		t.Errorf("a store without a large tier reports alkblobfs_filesystem_size_bytes")
+	}
+}

@@ -2,7 +2,9 @@
 # ci-deps.sh installs the Debian packages that the test suite calls:
 # rsync, fuse3, attr, bindfs, psmisc, man-db (the man page test), bash-completion, strace (counts the xattr calls of ls -l), e2fsprogs (mkfs.ext4 and filefrag, for
 # the loop-mounted filesystems of the bit-rot and power-loss tests, with
-# util-linux's mount and losetup) and the PostgreSQL server binaries.
+# util-linux's mount and losetup), lintian and dpkg-dev (dpkg-shlibdeps) for
+# the package test, prometheus (the server and promtool, for the alert
+# rules and the dashboard) and the PostgreSQL server binaries.
 #
 # Idempotent: each package is checked by a command it provides, and apt-get
 # (update included) runs only when something is missing. Needs root (or
@@ -28,6 +30,10 @@ want filefrag e2fsprogs
 want losetup mount
 want curl curl
 want python3 python3 # TestWrongDigestPutByPath: what Python gets from a failed close()
+want lintian lintian                # TestDebPackage
+want dpkg-shlibdeps dpkg-dev        # make deb: the package's libc dependency
+want prometheus prometheus          # TestPrometheusRules, TestPrometheusScrape
+want promtool prometheus
 # The package test (TestDebPackage) completes through bash-completion, which
 # is what loads /usr/share/bash-completion/completions; it has no command.
 [[ -f /usr/share/bash-completion/bash_completion ]] || need+=(bash-completion)

@@ -47,6 +47,10 @@ type Sweeper struct {
 
 	runMu sync.Mutex
 	runs  atomic.Int64
+	// lastOK is when a sweep last ended without an error (UnixNano), or
+	// when the sweeper was made: the metric an alert on sweeps that stopped
+	// happening compares with the timer, from the start.
+	lastOK atomic.Int64
 
 	mu      sync.Mutex
 	every   time.Duration // 0: off
@@ -58,6 +62,7 @@ type Sweeper struct {
 
 func newSweeper(st Store, lg *slog.Logger, every time.Duration) *Sweeper {
 	s := &Sweeper{st: st, log: lg, every: every, lastOn: every}
+	s.lastOK.Store(time.Now().UnixNano())
 	s.base, s.cancel = context.WithCancel(context.Background())
 	return s
 }
@@ -73,6 +78,7 @@ func (s *Sweeper) Run(ctx context.Context, trigger string) (store.Report, error)
 		s.log.Error("sweep failed", "trigger", trigger, "err", err)
 		return rep, err
 	}
+	s.lastOK.Store(time.Now().UnixNano())
 	s.log.Info("sweep done", "trigger", trigger, "aborted", string(rep.Aborted), "deleted", rep.Deleted,
 		"queued", rep.Queued, "bytes_freed", rep.BytesFreed, "duration", rep.Duration)
 	return rep, nil
@@ -80,6 +86,18 @@ func (s *Sweeper) Run(ctx context.Context, trigger string) (store.Report, error)
 
 // Runs counts the sweeps Run began, failed ones included.
 func (s *Sweeper) Runs() int64 { return s.runs.Load() }
+
+// LastSuccess is when a sweep run here last ended without an error
+// (deliberate aborts included: another process held the sweep), or when
+// the sweeper was made if none has yet.
+func (s *Sweeper) LastSuccess() time.Time { return time.Unix(0, s.lastOK.Load()) }
+
+// Every is the timer's interval, 0 when it is off.
+func (s *Sweeper) Every() time.Duration {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.every
+}
 
 // LastReport is the report of the store's most recent sweep in this
 // process, if any: the collector keeps it, so a sweep run past the

@@ -9,6 +9,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
 	"slices"
 	"strings"
 	"syscall"
@@ -46,18 +47,21 @@ func debTool(t *testing.T, name string) {
 	}
 }
 
-// TestDebPackage: make deb builds a package that dpkg -i installs into this
+// TestDebPackage: make deb builds a package that lintian reports nothing
+// about (at --fail-on error,warning: a copyright file, a changelog, a PIE
+// binary, the libc dependency) and that dpkg -i installs into this
 // machine; then an fstab line mounts through mount(8) and its helper,
 // man alkblobfs renders, the bash completion completes, systemd-analyze
 // verify accepts the unit, and dpkg -r leaves none of the package's files
 // behind. Its man pages are gzipped and its binary stripped, as Debian
-// policy has them.
+// policy has them. The package, its binary's --version, its man pages and
+// its changelog carry one version, scripts/version.sh's.
 func TestDebPackage(t *testing.T) {
 	if os.Geteuid() != 0 {
 		t.Skip("installing a package needs root")
 	}
 	requireFUSE(t)
-	for _, tool := range []string{"dpkg", "dpkg-query", "make", "mount", "umount", "man", "bash", "systemd-analyze"} {
+	for _, tool := range []string{"dpkg", "dpkg-query", "dpkg-shlibdeps", "lintian", "make", "mount", "umount", "man", "bash", "systemd-analyze"} {
 		debTool(t, tool)
 	}
 	if _, err := os.Stat("/usr/share/bash-completion/bash_completion"); err != nil {
@@ -85,8 +89,25 @@ func TestDebPackage(t *testing.T) {
 		t.Fatalf("make deb made %v; want one alkblobfs_*.deb", debs)
 	}
 	t.Logf("make deb: %s in %s", filepath.Base(debs[0]), time.Since(start).Round(time.Millisecond))
-	if b, err := exec.Command("dpkg-deb", "-f", debs[0], "Depends").Output(); err != nil || strings.TrimSpace(string(b)) != "fuse3" {
-		t.Errorf("Depends: %q, %v; want fuse3 alone", b, err)
+	// What dpkg-shlibdeps computes for the dynamic binary: libc6 with
+	// the least version of its symbols.
+	if b, err := exec.Command("dpkg-deb", "-f", debs[0], "Depends").Output(); err != nil ||
+		!regexp.MustCompile(`^fuse3, libc6 \(>= 2\.[0-9]+\)$`).MatchString(strings.TrimSpace(string(b))) {
+		t.Errorf("Depends: %q, %v; want fuse3, libc6 (>= 2.N)", b, err)
+	}
+	version, err := exec.Command("../../scripts/version.sh").Output()
+	if err != nil {
+		t.Fatalf("scripts/version.sh: %v", err)
+	}
+	v := strings.TrimSpace(string(version))
+	if b, err := exec.Command("dpkg-deb", "-f", debs[0], "Version").Output(); err != nil || strings.TrimSpace(string(b)) != v {
+		t.Errorf("Version: %q, %v; want %s (scripts/version.sh)", b, err, v)
+	}
+	// Nothing at all: not an error, not a warning (info and pedantic tags
+	// are not shown by default).
+	lint := exec.Command("lintian", "--fail-on", "error,warning", debs[0])
+	if b, err := lint.CombinedOutput(); err != nil || hasLintianTag(string(b)) {
+		t.Errorf("lintian --fail-on error,warning %s: %v\n%s", filepath.Base(debs[0]), err, b)
 	}
 
 	t.Cleanup(func() { exec.Command("dpkg", "-r", "alkblobfs").Run() }) // if a check below failed
@@ -128,6 +149,19 @@ func TestDebPackage(t *testing.T) {
 		exe.Close()
 	}
 
+	if b, err := exec.Command("/usr/bin/alkblobfs", "--version").Output(); err != nil || !strings.HasPrefix(string(b), "alkblobfs "+v+" go1.") {
+		t.Errorf("/usr/bin/alkblobfs --version: %q, %v; want alkblobfs %s go1.…", b, err, v)
+	}
+	if b, err := exec.Command("sh", "-c", "zcat /usr/share/man/man1/alkblobfs.1.gz | grep '^.TH'").Output(); err != nil || !strings.Contains(string(b), `"alkblobfs `+v+`"`) {
+		t.Errorf("alkblobfs(1)'s .TH: %q, %v; want the source \"alkblobfs %s\"", b, err, v)
+	}
+	if b, err := exec.Command("sh", "-c", "zcat /usr/share/doc/alkblobfs/changelog.gz | head -n 1").Output(); err != nil || !strings.HasPrefix(string(b), "alkblobfs ("+v+") ") {
+		t.Errorf("the changelog's first line: %q, %v; want alkblobfs (%s) …", b, err, v)
+	}
+	if b, err := os.ReadFile("/usr/share/doc/alkblobfs/copyright"); err != nil || !strings.Contains(string(b), "\nFiles: github.com/hanwen/go-fuse/v2/*\n") {
+		t.Errorf("/usr/share/doc/alkblobfs/copyright has no paragraph for go-fuse: %v", err)
+	}
+
 	debMount(t)
 
 	man := exec.Command("man", "-P", "cat", "alkblobfs")
@@ -159,6 +193,12 @@ printf '%s\n' "${COMPREPLY[@]}"`
 	if b, err := exec.Command("dpkg-query", "-W", "-f", "${db:Status-Status}", "alkblobfs").Output(); err == nil && string(b) != "not-installed" {
 		t.Errorf("after dpkg -r the package's status is %q", b)
 	}
+}
+
+// hasLintianTag says whether lintian's output holds a tag line ("E:
+// alkblobfs: tag", "W: …"), besides its notes about running as root.
+func hasLintianTag(out string) bool {
+	return regexp.MustCompile(`(?m)^[EWIPXO]: `).MatchString(out)
 }
 
 // dpkg runs dpkg with args, retrying while another dpkg (an apt-get of

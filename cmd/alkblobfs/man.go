@@ -29,7 +29,7 @@ func newManCmd(root *cobra.Command) *cobra.Command {
 			// A fixed date: the pages are reproducible from the source.
 			date := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
 			if err := manTree(root, &doc.GenManHeader{Title: "ALKBLOBFS", Section: "1", Date: &date,
-				Source: "alkblobfs " + versionString(), Manual: "alkblobfs manual"}, dir); err != nil {
+				Source: "alkblobfs " + versionNumber(), Manual: "alkblobfs manual"}, dir); err != nil {
 				return err
 			}
 			return os.WriteFile(filepath.Join(dir, helperName+".8"), helperManPage(), 0o644)
@@ -98,7 +98,7 @@ is no path, or by a path SOURCE with
 .BR \-c .
 .SH OPTIONS
 Each option is the alkblobfs flag of the same name, with _ for \-:
-`, versionString())
+`, versionNumber())
 	for _, k := range knownOptions() {
 		fmt.Fprintf(&b, ".TP\n.B %s\n%s\n", strings.ReplaceAll(k, "_", "\\_"), strings.ReplaceAll(helperOptions[k], "-", "\\-"))
 	}

@@ -8,13 +8,34 @@ import (
 	"github.com/spf13/cobra"
 )
 
-// versionString is the module version, the VCS revision (with "+dirty"
-// for a modified tree) and the Go version, from the build information the
-// Go toolchain records in the binary: what a bug report needs.
+// version is the release the binary was built from: make build sets it
+// (-X main.version) to what scripts/version.sh derives from CHANGELOG.md's
+// newest release, with +g<commit> after it. The version lives in the
+// repository, not in tags, which a clone may lack; one script computes it
+// for the binary, the man pages and the package alike.
+var version string
+
+// versionString is "alkblobfs", the version and the Go version: what a bug
+// report needs.
 func versionString() string {
+	gov := "unknown"
+	if bi, ok := debug.ReadBuildInfo(); ok {
+		gov = bi.GoVersion
+	}
+	return "alkblobfs " + versionNumber() + " " + gov
+}
+
+// versionNumber is the version alone (the man pages' header). A plain go
+// build, without the Makefile, has no version set: the build information
+// the Go toolchain records then says what is true, the module version
+// ("(devel)" from a checkout) and the VCS revision when it was stamped.
+func versionNumber() string {
+	if version != "" {
+		return version
+	}
 	bi, ok := debug.ReadBuildInfo()
 	if !ok {
-		return "alkblobfs (no build information)"
+		return "(no build information)"
 	}
 	v := bi.Main.Version
 	if v == "" {
@@ -33,7 +54,7 @@ func versionString() string {
 		}
 	}
 	var b strings.Builder
-	fmt.Fprintf(&b, "alkblobfs %s", v)
+	b.WriteString(v)
 	if len(rev) > 12 {
 		rev = rev[:12]
 	}
@@ -47,14 +68,13 @@ func versionString() string {
 		}
 		b.WriteString(")")
 	}
-	fmt.Fprintf(&b, " %s", bi.GoVersion)
 	return b.String()
 }
 
 func newVersionCmd(a *app) *cobra.Command {
 	return &cobra.Command{
 		Use:     "version",
-		Short:   "Print the version, the source revision and the Go version",
+		Short:   "Print the version and the Go version",
 		Example: `  alkblobfs version`,
 		Args:    argsRange(0, 0, "no arguments"),
 		RunE: func(cmd *cobra.Command, args []string) error {
