@@ -19,20 +19,28 @@ import (
 // variables holding them (printf writes with no process of its own).
 var halfVersionScenarios = []struct{ name, script string }{
 	{"fork, the child closes its descriptor",
-		`exec 3>"$F"; printf '%s' "$A" >&3; ( exec 3>&-; sleep 0.05 ); sleep 0.5; printf '%s' "$B" >&3; exec 3>&-`},
+		`exec 3>"$F"; printf '%s' "$A" >&3; ( exec 3>&-; sleep 0.05 ); pause; printf '%s' "$B" >&3; exec 3>&-`},
 	{"fork, the child exits",
-		`exec 3>"$F"; printf '%s' "$A" >&3; ( sleep 0.05 ); sleep 0.5; printf '%s' "$B" >&3; exec 3>&-`},
+		`exec 3>"$F"; printf '%s' "$A" >&3; ( sleep 0.05 ); pause; printf '%s' "$B" >&3; exec 3>&-`},
 	{"dup, the copy is closed",
-		`exec 3>"$F"; printf '%s' "$A" >&3; exec 4>&3; exec 4>&-; sleep 0.5; printf '%s' "$B" >&3; exec 3>&-`},
+		`exec 3>"$F"; printf '%s' "$A" >&3; exec 4>&3; exec 4>&-; pause; printf '%s' "$B" >&3; exec 3>&-`},
 	{"( echo a; cat b ) > f",
-		`( printf '%s' "$A"; sleep 0.5; cat "$BF" ) > "$F"`},
+		`( printf '%s' "$A"; pause; cat "$BF" ) > "$F"`},
 	{"{ cat a; cat b; } > f",
-		`{ cat "$AF"; sleep 0.5; cat "$BF"; } > "$F"`},
+		`{ cat "$AF"; pause; cat "$BF"; } > "$F"`},
 	{"exec 3>f, writes from subshells",
-		`exec 3>"$F"; ( printf '%s' "$A" >&3 ); sleep 0.5; ( printf '%s' "$B" >&3 ); exec 3>&-`},
+		`exec 3>"$F"; ( printf '%s' "$A" >&3 ); pause; ( printf '%s' "$B" >&3 ); exec 3>&-`},
 	{"two opens, the first closed while the second is open",
-		`exec 3>"$F" 4>>"$F"; printf '%s' "$A" >&3; exec 3>&-; sleep 0.5; printf '%s' "$B" >&4; exec 4>&-`},
+		`exec 3>"$F" 4>>"$F"; printf '%s' "$A" >&3; exec 3>&-; pause; printf '%s' "$B" >&4; exec 4>&-`},
 }
+
+// pauseFunc is the scenarios' pause between a writer's two halves: it
+// waits, with a bound, until the poller has looked pollsInPause times
+// (the poller answers $PAUSED with $RESUME), so that the half-written
+// file is polled on a machine of any speed.
+const pauseFunc = `pause() { : > "$PAUSED"; for ((n = 0; n < 6000; n++)); do if [ -e "$RESUME" ]; then rm -f "$RESUME"; return; fi; sleep 0.01; done; echo "pause: the poller did not poll in 60 s" >&2; exit 1; }; `
+
+const pollsInPause = 5
 
 // TestNoIntermediateVersion: while a writer runs, a poller listing the
 // namespace and looking up the intermediate digest never sees any version
@@ -57,10 +65,13 @@ func TestNoIntermediateVersion(t *testing.T) {
 				final := sum(append(slices.Clone(a), b...))
 				half := sum(a)
 				stop := make(chan struct{})
+				sig := t.TempDir()
+				paused, resume := filepath.Join(sig, "paused"), filepath.Join(sig, "resume")
 				var polls atomic.Int64
 				var seen sync.Map
 				var wg sync.WaitGroup
 				wg.Go(func() {
+					pausedAt := int64(-1)
 					for {
 						select {
 						case <-stop:
@@ -77,10 +88,22 @@ func TestNoIntermediateVersion(t *testing.T) {
 							seen.Store(half, "looked up")
 						}
 						polls.Add(1)
+						// The writer pauses between its two halves until
+						// this poller has looked pollsInPause times.
+						if _, err := os.Stat(paused); err == nil {
+							if pausedAt < 0 {
+								pausedAt = polls.Load()
+							} else if polls.Load()-pausedAt >= pollsInPause {
+								os.Remove(paused)
+								os.WriteFile(resume, nil, 0o644)
+								pausedAt = -1
+							}
+						}
 					}
 				})
-				cmd := exec.Command("bash", "-c", `A=$(<"$AF"); B=$(<"$BF"); `+sc.script)
-				cmd.Env = append(os.Environ(), "F="+filepath.Join(ns, incomingName, fmt.Sprint("f", i)), "AF="+af, "BF="+bf)
+				cmd := exec.Command("bash", "-c", pauseFunc+`A=$(<"$AF"); B=$(<"$BF"); `+sc.script)
+				cmd.Env = append(os.Environ(), "F="+filepath.Join(ns, incomingName, fmt.Sprint("f", i)), "AF="+af, "BF="+bf,
+					"PAUSED="+paused, "RESUME="+resume)
 				out, err := cmd.CombinedOutput()
 				close(stop)
 				wg.Wait()
@@ -92,9 +115,9 @@ func TestNoIntermediateVersion(t *testing.T) {
 					return true
 				})
 				// A poll may wait up to releaseWait for the RELEASE that a
-				// forked child's or a dup's close seems to owe; a few polls
-				// inside the half second the writer pauses still look.
-				if polls.Load() < 5 {
+				// forked child's or a dup's close seems to owe; the writer's
+				// pause lasts pollsInPause polls, however slow they are.
+				if polls.Load() < pollsInPause {
 					t.Errorf("%s: only %d polls while the writer ran", sc.name, polls.Load())
 				}
 				// The final version shows once the close returned; it and
