@@ -401,7 +401,7 @@ func TestServeDefaultSocket(t *testing.T) {
 	c := newCLI(t)
 	c.ok("ns", "create", "builds")
 	run := t.TempDir()
-	t.Setenv("XDG_RUNTIME_DIR", run)
+	c.env = []string{"XDG_RUNTIME_DIR=" + run}
 	s := startServeURL(t, c, `url=(unix:\S+)`)
 	want := "unix:" + filepath.Join(run, "alkblobfs", "http.sock")
 	if s.url != want {

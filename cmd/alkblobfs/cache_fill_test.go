@@ -17,7 +17,7 @@ import (
 func startCLI(t *testing.T, c *cli, args ...string) (*exec.Cmd, *syncBuffer, *exited) {
 	t.Helper()
 	cmd := exec.Command(bin, append(append([]string{"--data", c.data}, c.flags...), args...)...)
-	cmd.Env = append(os.Environ(), "HOME="+c.home, "XDG_DATA_HOME=")
+	cmd.Env = c.environ()
 	stderr := new(syncBuffer)
 	cmd.Stderr = stderr
 	if err := cmd.Start(); err != nil {

@@ -428,9 +428,7 @@ func TestVersionAndCompletion(t *testing.T) {
 // the flag wins over it, and a bad value is a usage error naming it.
 func TestFlagsFromEnvironment(t *testing.T) {
 	c := newCLI(t)
-	t.Setenv("ALKBLOBFS_KV", "mem:")
-	t.Setenv("ALKBLOBFS_LARGE", "none")
-	t.Setenv("ALKBLOBFS_THRESHOLD", "10")
+	c.env = []string{"ALKBLOBFS_KV=mem:", "ALKBLOBFS_LARGE=none", "ALKBLOBFS_THRESHOLD=10"}
 	src := filepath.Join(t.TempDir(), "f")
 	if err := os.WriteFile(src, make([]byte, 11), 0o644); err != nil {
 		t.Fatal(err)
@@ -439,7 +437,7 @@ func TestFlagsFromEnvironment(t *testing.T) {
 	c.fail(1, "too large", "put", src)
 	// The flag wins over the variable.
 	c.ok("--threshold", "1KiB", "put", src)
-	t.Setenv("ALKBLOBFS_GC_WINDOW", "soon")
+	c.env = append(c.env, "ALKBLOBFS_GC_WINDOW=soon")
 	c.fail(2, "ALKBLOBFS_GC_WINDOW", "ls")
 }
 

@@ -63,8 +63,8 @@ func TestFleetAcceptance(t *testing.T) {
 	}
 	start := time.Now()
 	dsn, large := pgtest.DSN(t), s3test.URL(t)
-	t.Setenv(clockSkewEnv, "+5m") // the CLI's
 	c := newCLI(t, fleetFlags(t, dsn, large, nil)...)
+	c.env = []string{clockSkewEnv + "=+5m"} // the CLI's
 	nss := []string{"n0", "n1", "n2"}
 	c.ok(append([]string{"ns", "create", "hold", "g", "mc", "prop"}, nss...)...)
 	db, err := pgx.Connect(t.Context(), dsn)

@@ -38,7 +38,7 @@ func TestFleetTwoMounts(t *testing.T) {
 		t.Fatal(err)
 	}
 	start := time.Now()
-	f := openWithin(t, filepath.Join(mntB, "p", d), 5*time.Second)
+	f := openWithin(t, filepath.Join(mntB, "p", d), 30*time.Second)
 	defer f.Close()
 	t.Logf("written through A, open on B after %s", time.Since(start).Round(time.Millisecond))
 	head := make([]byte, 4096)
@@ -77,7 +77,7 @@ func TestPostgresRestartUnderMount(t *testing.T) {
 	d := strings.TrimSpace(c.ok("put", "--ns", "p", src))
 	mntA := t.TempDir()
 	dmA := startDaemon(t, c.data, mntA, flags...)
-	f := openWithin(t, filepath.Join(mntA, "p", d), 5*time.Second)
+	f := openWithin(t, filepath.Join(mntA, "p", d), 30*time.Second)
 	defer f.Close()
 	head := make([]byte, 4096)
 	if _, err := io.ReadFull(f, head); err != nil {
@@ -214,9 +214,9 @@ func TestPGPassFile(t *testing.T) {
 	if err := os.WriteFile(pass, []byte(line), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	t.Setenv("PGPASSFILE", pass)
 	u.User = url.User(u.User.Username())
 	c := newCLI(t, "--kv", u.String(), "--large", "pglo")
+	c.env = []string{"PGPASSFILE=" + pass}
 	c.ok("ns", "create", "p")
 	if got := c.ok("ns", "ls"); got != "p\n" {
 		t.Fatalf("ns ls = %q", got)

@@ -46,12 +46,19 @@ type daemon struct {
 
 func startDaemon(t *testing.T, data, mnt string, args ...string) *daemon {
 	t.Helper()
+	return startDaemonEnv(t, nil, data, mnt, args...)
+}
+
+// startDaemonEnv is startDaemon with env added to the daemon's environment
+// (not t.Setenv's: the test may run in parallel with others).
+func startDaemonEnv(t *testing.T, env []string, data, mnt string, args ...string) *daemon {
+	t.Helper()
 	if buildErr != nil {
 		t.Fatal(buildErr)
 	}
 	d := &daemon{t: t, mnt: mnt, stderr: &syncBuffer{}, done: make(chan struct{})}
 	d.cmd = exec.Command(bin, append([]string{"--data", data, "mount"}, append(args, mnt)...)...)
-	d.cmd.Env = append(os.Environ(), "HOME="+t.TempDir(), "XDG_DATA_HOME=")
+	d.cmd.Env = append(append(os.Environ(), "HOME="+t.TempDir(), "XDG_DATA_HOME="), env...)
 	d.cmd.Stderr = d.stderr
 	if err := d.cmd.Start(); err != nil {
 		t.Fatal(err)
@@ -414,7 +421,7 @@ func TestTwoMountsOneStore(t *testing.T) {
 	if err := os.WriteFile(filepath.Join(mntA, "ns", "incoming", "f"), content, 0o644); err != nil {
 		t.Fatal(err)
 	}
-	f := openWithin(t, filepath.Join(mntB, "ns", d), 5*time.Second)
+	f := openWithin(t, filepath.Join(mntB, "ns", d), 30*time.Second)
 	defer f.Close()
 	head := make([]byte, 4096)
 	if _, err := io.ReadFull(f, head); err != nil {
@@ -551,7 +558,7 @@ func TestReadOnlyMount(t *testing.T) {
 	if err := os.WriteFile(filepath.Join(rw, "ns", "incoming", "g"), []byte("from rw"), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	g := openWithin(t, filepath.Join(ro, "ns", sum([]byte("from rw"))), 5*time.Second)
+	g := openWithin(t, filepath.Join(ro, "ns", sum([]byte("from rw"))), 30*time.Second)
 	b, err := io.ReadAll(g)
 	g.Close()
 	if err != nil || string(b) != "from rw" {
@@ -572,10 +579,9 @@ func TestSystemdNotify(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer conn.Close()
-	t.Setenv("NOTIFY_SOCKET", sock)
 	c := newCLI(t)
 	mnt := t.TempDir()
-	dm := startDaemon(t, c.data, mnt)
+	dm := startDaemonEnv(t, []string{"NOTIFY_SOCKET=" + sock}, c.data, mnt)
 	read := func() string {
 		t.Helper()
 		conn.SetReadDeadline(time.Now().Add(10 * time.Second))

@@ -89,7 +89,7 @@ func TestPartitionPinsLapse(t *testing.T) {
 
 	head := make([]byte, 4096)
 	open := func(d string) *os.File {
-		f := openWithin(t, filepath.Join(a.mnt, "p", d), 5*time.Second)
+		f := openWithin(t, filepath.Join(a.mnt, "p", d), 30*time.Second)
 		t.Cleanup(func() { f.Close() })
 		if _, err := io.ReadFull(f, head); err != nil {
 			t.Fatal(err)

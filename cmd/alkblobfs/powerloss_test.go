@@ -60,8 +60,9 @@ func TestPowerLoss(t *testing.T) {
 	requireFUSE(t)
 	requirePowerCut(t)
 	guarded := os.Getenv("ALKBLOBFS_POWERLOSS_UNGUARDED") != "1"
+	var env []string // every command's and daemon's
 	if !guarded {
-		t.Setenv(syncEveryEnv, "off") // the daemon inherits it
+		env = []string{syncEveryEnv + "=off"}
 		t.Log("unguarded: no sync timer, no Store.Sync; this run must fail")
 	}
 	disk := newLoopDisk(t)
@@ -71,9 +72,10 @@ func TestPowerLoss(t *testing.T) {
 	}
 	c := newCLI(t)
 	c.data = data
+	c.env = env
 	cliWithin(t, c, "ns", "create", "p")
 	mnt, src := t.TempDir(), t.TempDir()
-	dm := startDaemon(t, data, mnt)
+	dm := startDaemonEnv(t, env, data, mnt)
 
 	aPut := newPowerSet(t, src, "A'", "put --ns", 3, 1)
 	cliWithin(t, c, append([]string{"put", "--ns", "p"}, aPut.files...)...)
@@ -154,7 +156,7 @@ func TestPowerLoss(t *testing.T) {
 	}
 
 	// The recovery mount links what the dead one had only committed.
-	dm = startDaemon(t, data, mnt)
+	dm = startDaemonEnv(t, env, data, mnt)
 	var listed []string
 	deadline := time.Now().Add(20 * time.Second)
 	for {
@@ -316,7 +318,7 @@ func cliRun(t *testing.T, c *cli, args ...string) result {
 	ctx, cancel := context.WithTimeout(t.Context(), time.Minute)
 	defer cancel()
 	cmd := exec.CommandContext(ctx, bin, append(append([]string{"--data", c.data}, c.flags...), args...)...)
-	cmd.Env = append(os.Environ(), "HOME="+c.home, "XDG_DATA_HOME=")
+	cmd.Env = c.environ()
 	var stdout, stderr bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &stdout, &stderr
 	err := cmd.Run()
@@ -477,11 +479,11 @@ func walHeader(data string) []byte {
 func TestSyncEveryEnv(t *testing.T) {
 	c := newCLI(t)
 	for _, v := range []string{"250ms", "off", "0"} {
-		t.Setenv(syncEveryEnv, v)
+		c.env = []string{syncEveryEnv + "=" + v}
 		c.ok("ls")
 	}
 	for _, v := range []string{"soon", "-1s"} {
-		t.Setenv(syncEveryEnv, v)
+		c.env = []string{syncEveryEnv + "=" + v}
 		c.fail(2, syncEveryEnv, "ls")
 	}
 }

@@ -65,7 +65,7 @@ func startServeAt(t *testing.T, c *cli, servingURL *regexp.Regexp, args ...strin
 	}
 	s := &server{stderr: &syncBuffer{}, done: make(chan struct{})}
 	s.cmd = exec.Command(bin, append(append([]string{"--data", c.data}, c.flags...), append([]string{"serve"}, args...)...)...)
-	s.cmd.Env = append(os.Environ(), "HOME="+c.home, "XDG_DATA_HOME=")
+	s.cmd.Env = c.environ()
 	s.cmd.Stderr = s.stderr
 	if err := s.cmd.Start(); err != nil {
 		t.Fatal(err)
@@ -204,7 +204,7 @@ func TestMountListen(t *testing.T) {
 		t.Fatalf("HTTP put: %v %v", resp, err)
 	}
 	resp.Body.Close()
-	eventually(t, 5*time.Second, "the HTTP put in the mount", func() bool {
+	eventually(t, 30*time.Second, "the HTTP put in the mount", func() bool {
 		_, err := os.Stat(filepath.Join(mnt, "builds", sum(other)))
 		return err == nil
 	})

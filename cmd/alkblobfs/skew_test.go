@@ -34,17 +34,16 @@ func TestClockSkewProcesses(t *testing.T) {
 	}
 	d := strings.TrimSpace(c.ok("put", "--ns", "p", src))
 
-	t.Setenv(clockSkewEnv, "-5m")
 	mnt := t.TempDir()
-	dm := startDaemon(t, c.data, mnt, flags...)
-	f := openWithin(t, filepath.Join(mnt, "p", d), 5*time.Second)
+	dm := startDaemonEnv(t, []string{clockSkewEnv + "=-5m"}, c.data, mnt, flags...)
+	f := openWithin(t, filepath.Join(mnt, "p", d), 30*time.Second)
 	defer f.Close()
 	head := make([]byte, 4096)
 	if _, err := io.ReadFull(f, head); err != nil {
 		t.Fatal(err)
 	}
 
-	t.Setenv(clockSkewEnv, "+5m")
+	c.env = []string{clockSkewEnv + "=+5m"}
 	c.ok("unlink", "p", d)
 	for start := time.Now(); time.Since(start) < 2*ttl+window; time.Sleep(200 * time.Millisecond) {
 		c.fail(1, "protected", "rm", d)
@@ -65,8 +64,8 @@ func TestClockSkewProcesses(t *testing.T) {
 // usage error.
 func TestClockSkewEnv(t *testing.T) {
 	c := newCLI(t)
-	t.Setenv(clockSkewEnv, "+5m")
+	c.env = []string{clockSkewEnv + "=+5m"}
 	c.ok("ls")
-	t.Setenv(clockSkewEnv, "soon")
+	c.env = []string{clockSkewEnv + "=soon"}
 	c.fail(2, clockSkewEnv, "ls")
 }

@@ -123,7 +123,12 @@ poll:
 	if err := sh.Start(); err != nil {
 		t.Fatal(err)
 	}
-	time.Sleep(500 * time.Millisecond)
+	// Killed once the redirection has created g (its empty version), not
+	// after a guess at how long the shell takes to start.
+	eventually(t, 30*time.Second, "the shell to create incoming/g", func() bool {
+		_, err := os.Stat(filepath.Join(nsDir, "incoming", "g"))
+		return err == nil
+	})
 	dm.cmd.Process.Kill()
 	dm.wait(20 * time.Second)
 	sh.Process.Kill()
@@ -135,7 +140,7 @@ poll:
 	if err := exec.Command("sh", "-c", fmt.Sprintf(`: > %q`, filepath.Join(nsDir, "incoming", "empty"))).Run(); err != nil {
 		t.Fatal(err)
 	}
-	eventually(t, 5*time.Second, "an explicitly empty file to publish", func() bool {
+	eventually(t, 30*time.Second, "an explicitly empty file to publish", func() bool {
 		return slices.Contains(lines(c.ok("ls", "ns")), emptyDigest)
 	})
 	stopDaemon(t, dm)
