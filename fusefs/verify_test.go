@@ -185,11 +185,18 @@ func TestScrubInterrupted(t *testing.T) {
 	e := mountStore(t, defaultSpec, func(c *Config) { c.ScrubRate = 1e6 })
 	e.mkns("i")
 	e.put("i", randBytes(51, 8<<20)) // 8 s at 1 MB/s
+	// The writer is interrupted once its scrub runs, not after a guess at
+	// how long the shell takes to start.
+	scrubbing := func() {
+		t.Helper()
+		n := strings.Count(e.logs.String(), "scrub started")
+		eventually(t, 30*time.Second, "the scrub to start", func() bool { return strings.Count(e.logs.String(), "scrub started") > n })
+	}
 	cmd := exec.Command("sh", "-c", "echo run > "+e.path(".alkblobfs", "scrub"))
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
 	}
-	time.Sleep(500 * time.Millisecond)
+	scrubbing()
 	start := time.Now()
 	cmd.Process.Signal(syscall.SIGINT)
 	if err := cmd.Wait(); err == nil {
@@ -210,7 +217,7 @@ func TestScrubInterrupted(t *testing.T) {
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
 	}
-	time.Sleep(500 * time.Millisecond)
+	scrubbing()
 	start = time.Now()
 	done := make(chan error, 1)
 	go func() { done <- e.srv.Unmount() }()
