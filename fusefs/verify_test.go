@@ -40,7 +40,7 @@ func TestVerifyStrict(t *testing.T) {
 			t.Fatalf("read %d: %s", i, got)
 		}
 	}
-	eventually(t, 5*time.Second, "the releases", func() bool { return e.srv.Stats(ctx).OpenHandles == 0 })
+	eventually(t, 30*time.Second, "the releases", func() bool { return e.srv.Stats(ctx).OpenHandles == 0 })
 	if n := e.srv.Stats(ctx).Passthrough.Opens; n != 0 {
 		t.Fatalf("%d passthrough opens in --verify=strict", n)
 	}
@@ -116,7 +116,7 @@ func TestScrubFindsBitRot(t *testing.T) {
 				if got := fileSum(t, p); got != d {
 					t.Fatalf("read %d: %s", i, got)
 				}
-				eventually(t, 5*time.Second, "the release", func() bool { return e.srv.Stats(ctx).OpenHandles == 0 })
+				eventually(t, 30*time.Second, "the release", func() bool { return e.srv.Stats(ctx).OpenHandles == 0 })
 			}
 			onDisk := e.blobFile(d)
 			before := fileID(t, onDisk)
@@ -206,7 +206,7 @@ func TestScrubInterrupted(t *testing.T) {
 		t.Fatalf("the writer took %s to stop after SIGINT", d)
 	}
 	ctx := context.Background()
-	eventually(t, 5*time.Second, "the scrub's report", func() bool { return e.srv.Stats(ctx).Scrub.Last != nil })
+	eventually(t, 30*time.Second, "the scrub's report", func() bool { return e.srv.Stats(ctx).Scrub.Last != nil })
 	rep := e.srv.Stats(ctx).Scrub.Last
 	if rep.Checked != 0 || !strings.Contains(rep.Error, "canceled") {
 		t.Fatalf("report of the interrupted scrub: %+v", rep)
