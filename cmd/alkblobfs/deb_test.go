@@ -53,6 +53,7 @@ func debTool(t *testing.T, name string) {
 // behind. Its man pages are gzipped and its binary stripped, as Debian
 // policy has them.
 func TestDebPackage(t *testing.T) {
+	t.Parallel()
 	if os.Geteuid() != 0 {
 		t.Skip("installing a package needs root")
 	}

@@ -56,6 +56,7 @@ import (
 // One round of faults here (about 30 s); ALKBLOBFS_LONG=1: four rounds,
 // more writers' files and a larger kill batch.
 func TestFleetAcceptance(t *testing.T) {
+	// Not parallel: it bounds how long the fleet takes (cut hosts, collection after the release).
 	requireFUSE(t)
 	rounds, dead, closes, props := 1, 3000, 2, 5
 	if os.Getenv("ALKBLOBFS_LONG") == "1" {

@@ -23,6 +23,7 @@ import (
 // file open on B survives A's rm and sweeps through A's control file and
 // reads to its last byte; once B closes it, A's sweeps collect it.
 func TestFleetTwoMounts(t *testing.T) {
+	t.Parallel()
 	requireFUSE(t)
 	dsn := pgtest.DSN(t)
 	flags := []string{"--kv", dsn, "--large", "pglo", "--fleet", "--pin-ttl", "3s"}
@@ -64,6 +65,7 @@ func TestFleetTwoMounts(t *testing.T) {
 // sweep lease is per sweep, so nothing depends on a session lock the
 // restart dropped.
 func TestPostgresRestartUnderMount(t *testing.T) {
+	t.Parallel()
 	requireFUSE(t)
 	srv := pgtest.FaultServer(t)
 	flags := []string{"--kv", srv.DSN, "--large", "pglo", "--fleet"}
@@ -109,6 +111,7 @@ func TestPostgresRestartUnderMount(t *testing.T) {
 // TestFleetFlags: fleet mode is declared and checked; its mistakes, and an
 // overflowing window, are usage errors that change nothing.
 func TestFleetFlags(t *testing.T) {
+	t.Parallel()
 	c := newCLI(t)
 	c.fail(2, "needs a PostgreSQL kv engine", "--fleet", "ls")
 	c.fail(2, "use it with --fleet", "--shared-media", "ls")
@@ -126,6 +129,7 @@ func TestFleetFlags(t *testing.T) {
 // digests in its digest column alive against rm and sweeps from every
 // process; the store only reads it.
 func TestLivenessTable(t *testing.T) {
+	t.Parallel()
 	dsn := pgtest.DSN(t)
 	conn, err := pgx.Connect(t.Context(), dsn)
 	if err != nil {
@@ -164,6 +168,7 @@ func TestLivenessTable(t *testing.T) {
 // TestKVFile: --kv-file reads the PostgreSQL URL from a file, so that the
 // password never shows in a process list, the daemon's included.
 func TestKVFile(t *testing.T) {
+	t.Parallel()
 	requireFUSE(t)
 	dsn := pgtest.DSN(t)
 	u, err := url.Parse(dsn)
@@ -203,6 +208,7 @@ func TestKVFile(t *testing.T) {
 // TestPGPassFile: a URL without its password works when PGPASSFILE names
 // a password file in PostgreSQL's format.
 func TestPGPassFile(t *testing.T) {
+	t.Parallel()
 	dsn := pgtest.DSN(t)
 	u, err := url.Parse(dsn)
 	if err != nil {

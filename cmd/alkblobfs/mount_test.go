@@ -179,6 +179,7 @@ func isMounted(t *testing.T, dir string) bool {
 // TestMountScrubAndStrict: the mount flags reach the mount: its stats show
 // the verify mode and the scrub's timer and rate, and the timer scrubs.
 func TestMountScrubAndStrict(t *testing.T) {
+	t.Parallel()
 	requireFUSE(t)
 	c := newCLI(t)
 	src, _, _ := writeFile(t, t.TempDir(), 300<<10, 3)
@@ -214,6 +215,7 @@ func TestMountScrubAndStrict(t *testing.T) {
 }
 
 func TestMountErrors(t *testing.T) {
+	t.Parallel()
 	requireFUSE(t)
 	c := newCLI(t)
 	missing := filepath.Join(t.TempDir(), "nope")
@@ -234,6 +236,7 @@ func TestMountErrors(t *testing.T) {
 // TestMountStops: SIGINT and SIGTERM unmount and exit 0; so does an
 // umount by someone else.
 func TestMountStops(t *testing.T) {
+	t.Parallel()
 	requireFUSE(t)
 	for _, how := range []string{"SIGINT", "SIGTERM", "umount"} {
 		t.Run(how, func(t *testing.T) {
@@ -284,6 +287,8 @@ func fileSHA(t *testing.T, p string) string {
 // removes the stage file, nothing of the interrupted file is published,
 // and everything published before is intact.
 func TestKillDuringWrite(t *testing.T) {
+	// Not parallel: its files open on the mount must see no close but its
+	// own, and another test's fork and exec closes copies of them (a FLUSH each).
 	requireFUSE(t)
 	size := int64(256 << 20)
 	if os.Getenv("ALKBLOBFS_LONG") == "1" {
@@ -409,6 +414,7 @@ func TestKillDuringWrite(t *testing.T) {
 // byte; once it is closed and unlinked, the next sweeps collect it. Blobs
 // put through A read back through B.
 func TestTwoMountsOneStore(t *testing.T) {
+	t.Parallel()
 	requireFUSE(t)
 	c := newCLI(t)
 	c.ok("ns", "create", "ns")
@@ -450,6 +456,7 @@ func TestTwoMountsOneStore(t *testing.T) {
 // which never deletes them, stop protecting its blobs after --pin-ttl; a
 // later sweep from another process then collects what nothing links.
 func TestKilledMountPinsExpire(t *testing.T) {
+	t.Parallel()
 	requireFUSE(t)
 	c := newCLI(t)
 	c.ok("ns", "create", "ns")
@@ -484,6 +491,7 @@ func TestKilledMountPinsExpire(t *testing.T) {
 // mountpoint of a daemon that cannot answer (stopped here), aborting its
 // connection; a directory that is not a mountpoint is an error.
 func TestUmount(t *testing.T) {
+	t.Parallel()
 	requireFUSE(t)
 	c := newCLI(t)
 	mnt := t.TempDir()
@@ -531,6 +539,7 @@ func TestUmount(t *testing.T) {
 // TestReadOnlyMount: --read-only serves reads beside a read-write mount of
 // the same store; every change through it is EROFS, and it does not sweep.
 func TestReadOnlyMount(t *testing.T) {
+	t.Parallel()
 	requireFUSE(t)
 	c := newCLI(t)
 	c.ok("ns", "create", "ns")
@@ -572,6 +581,7 @@ func TestReadOnlyMount(t *testing.T) {
 // TestSystemdNotify: under a service manager (NOTIFY_SOCKET set), the
 // mount says READY=1 once it serves and STOPPING=1 when it begins to stop.
 func TestSystemdNotify(t *testing.T) {
+	t.Parallel()
 	requireFUSE(t)
 	sock := filepath.Join(t.TempDir(), "notify")
 	conn, err := net.ListenUnixgram("unixgram", &net.UnixAddr{Name: sock, Net: "unixgram"})

@@ -57,6 +57,7 @@ import (
 // test runs, and the sets are small, as SQLite checkpoints (and syncs)
 // the WAL at 1000 pages, which a close in incoming/ adds about 12 to.
 func TestPowerLoss(t *testing.T) {
+	// Not parallel: the sync timer must have run within its interval and a margin.
 	requireFUSE(t)
 	requirePowerCut(t)
 	guarded := os.Getenv("ALKBLOBFS_POWERLOSS_UNGUARDED") != "1"
@@ -477,6 +478,7 @@ func walHeader(data string) []byte {
 // TestSyncEveryEnv: $ALKBLOBFS_SYNC_EVERY takes a duration or off; a bad
 // value is a usage error naming the variable.
 func TestSyncEveryEnv(t *testing.T) {
+	t.Parallel()
 	c := newCLI(t)
 	for _, v := range []string{"250ms", "off", "0"} {
 		c.env = []string{syncEveryEnv + "=" + v}

@@ -80,6 +80,7 @@ func vmHWM(path string) int64 {
 }
 
 func TestPeakRSSBounded(t *testing.T) {
+	t.Parallel()
 	const size = 100 << 20
 	c := newCLI(t)
 	dir := t.TempDir()
@@ -132,6 +133,7 @@ const mountMemoryCap = 320 << 20
 // receipt TTL, and makes 10 000 directories under it, and checks the
 // daemon's peak RSS against the documented cap.
 func TestMountMemoryBounded(t *testing.T) {
+	t.Parallel()
 	requireFUSE(t)
 	c := newCLI(t)
 	c.ok("ns", "create", "m")
@@ -191,6 +193,7 @@ const listingRSSCap = 100 << 20
 // TestMountListingMemory lists a namespace of 100 000 blobs twice through
 // a daemon, and checks its peak RSS.
 func TestMountListingMemory(t *testing.T) {
+	t.Parallel()
 	requireFUSE(t)
 	const n = 100_000
 	c := newCLI(t)

@@ -106,6 +106,7 @@ func tokenFile(t *testing.T, tok string) string {
 // TestServe: alkblobfs serve as a process, and the CLI's --remote put,
 // have, get and cat through it, with a bearer token.
 func TestServe(t *testing.T) {
+	t.Parallel()
 	c := newCLI(t)
 	c.ok("ns", "create", "builds")
 	const secret = "b7e1-secret-token-4f2c"
@@ -183,6 +184,7 @@ func TestServe(t *testing.T) {
 // mount; /metrics shows the mount's counters (the same ones its stats file
 // shows) and FUSE latencies, and an HTTP put shows up in the mount.
 func TestMountListen(t *testing.T) {
+	t.Parallel()
 	requireFUSE(t)
 	c := newCLI(t)
 	c.ok("ns", "create", "builds")
@@ -288,6 +290,7 @@ func metricValue(fams map[string]*dto.MetricFamily, name, op string) float64 {
 // scripts/measure-http.sh PROFILE=DIR) write both profiles when the server
 // stops, over the puts it served.
 func TestServeProfiles(t *testing.T) {
+	t.Parallel()
 	c := newCLI(t)
 	c.ok("ns", "create", "builds")
 	dir := t.TempDir()

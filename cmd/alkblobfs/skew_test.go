@@ -21,6 +21,7 @@ import (
 // timed by the server's clock: neither process's clock says anything about
 // it.
 func TestClockSkewProcesses(t *testing.T) {
+	// Not parallel: it bounds the collection after the close.
 	requireFUSE(t)
 	const ttl, window = 3 * time.Second, time.Second
 	dsn := pgtest.DSN(t)
@@ -63,6 +64,7 @@ func TestClockSkewProcesses(t *testing.T) {
 // TestClockSkewEnv: the knob takes a Go duration; anything else is a
 // usage error.
 func TestClockSkewEnv(t *testing.T) {
+	t.Parallel()
 	c := newCLI(t)
 	c.env = []string{clockSkewEnv + "=+5m"}
 	c.ok("ls")
