@@ -16,6 +16,13 @@ import (
 
 // The CLI is tested as a user runs it: TestMain builds the binary once and
 // every test execs it against its own t.TempDir() store.
+//
+// Tests run in parallel (t.Parallel; make test gives -parallel 6): a
+// command's or daemon's environment goes in cli.env or startDaemonEnv,
+// never t.Setenv. A test stays serial, saying why, when it changes this
+// process (GOGC), bounds a time, or holds files open on a mount whose every
+// close counts: another test's fork and exec closes copies of them, and
+// each close of a file in incoming/ is a FLUSH that commits.
 var (
 	bin      string
 	buildErr error
