@@ -146,7 +146,8 @@ func TestBatcherLazyRidesWithEager(t *testing.T) {
 	b.linger = 5 * time.Second
 	lazy := make(chan error, 1)
 	go func() { lazy <- b.Do(t.Context(), true, insert("lazy")) }()
-	time.Sleep(50 * time.Millisecond) // queued, lingering
+	queued(t, b, 1)
+	time.Sleep(50 * time.Millisecond) // lingering: a commit now would be early
 	select {
 	case err := <-lazy:
 		t.Fatalf("a lazy job alone committed before its linger: %v", err)
@@ -184,7 +185,7 @@ func TestBatcherClose(t *testing.T) {
 	b.linger = time.Hour
 	done := make(chan error, 1)
 	go func() { done <- b.Do(t.Context(), true, insert("queued")) }()
-	time.Sleep(50 * time.Millisecond)
+	queued(t, b, 1)
 	b.Close()
 	if err := <-done; err != nil {
 		t.Fatal(err)

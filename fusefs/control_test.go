@@ -273,7 +273,7 @@ func testSweepWhileOpen(t *testing.T, spec storeSpec) {
 	f.Close()
 	// The handle's pin and open reference go with the RELEASE, which the
 	// kernel sends after close returns.
-	eventually(t, 5*time.Second, "the handle's release", func() bool {
+	eventually(t, 30*time.Second, "the handle's release", func() bool {
 		return e.srv.Stats(ctx).OpenHandles == 0
 	})
 	sweep()

@@ -169,7 +169,7 @@ func TestChangedAfterPassthrough(t *testing.T) {
 		if got := fileSum(t, p); got != d {
 			t.Fatalf("read %d: %s", i, got)
 		}
-		eventually(t, 5*time.Second, "the release", func() bool { return e.srv.Stats(ctx).OpenHandles == 0 })
+		eventually(t, 30*time.Second, "the release", func() bool { return e.srv.Stats(ctx).OpenHandles == 0 })
 	}
 	if e.srv.Passthrough() && e.srv.Stats(ctx).Passthrough.Opens == 0 {
 		t.Fatal("the second read of a verified blob did not pass through")
@@ -252,7 +252,7 @@ func TestPassthrough(t *testing.T) {
 			}
 			// A new open takes the mode of the opens still there: wait for
 			// the first one's RELEASE, which the kernel sends after close.
-			eventually(t, 5*time.Second, "the first handle's release", func() bool {
+			eventually(t, 30*time.Second, "the first handle's release", func() bool {
 				return e.srv.Stats(ctx).OpenHandles == 0
 			})
 			s1 := e.srv.Stats(ctx)

@@ -148,7 +148,7 @@ func TestS3Fleet(t *testing.T) {
 		t.Fatalf("B's read after A's sweeps: %v", err)
 	}
 	f.Close()
-	eventually(t, 5*time.Second, "B's handle's release", func() bool {
+	eventually(t, 30*time.Second, "B's handle's release", func() bool {
 		return b.srv.Stats(ctx).OpenHandles == 0
 	})
 	eventually(t, 10*time.Second, "A's sweeps to remove the blob B closed", func() bool {

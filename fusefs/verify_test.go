@@ -40,7 +40,7 @@ func TestVerifyStrict(t *testing.T) {
 			t.Fatalf("read %d: %s", i, got)
 		}
 	}
-	eventually(t, 5*time.Second, "the releases", func() bool { return e.srv.Stats(ctx).OpenHandles == 0 })
+	eventually(t, 30*time.Second, "the releases", func() bool { return e.srv.Stats(ctx).OpenHandles == 0 })
 	if n := e.srv.Stats(ctx).Passthrough.Opens; n != 0 {
 		t.Fatalf("%d passthrough opens in --verify=strict", n)
 	}
@@ -116,7 +116,7 @@ func TestScrubFindsBitRot(t *testing.T) {
 				if got := fileSum(t, p); got != d {
 					t.Fatalf("read %d: %s", i, got)
 				}
-				eventually(t, 5*time.Second, "the release", func() bool { return e.srv.Stats(ctx).OpenHandles == 0 })
+				eventually(t, 30*time.Second, "the release", func() bool { return e.srv.Stats(ctx).OpenHandles == 0 })
 			}
 			onDisk := e.blobFile(d)
 			before := fileID(t, onDisk)
@@ -188,11 +188,18 @@ func TestScrubInterrupted(t *testing.T) {
 	e := mountStore(t, defaultSpec, func(c *Config) { c.ScrubRate = 1e6 })
 	e.mkns("i")
 	e.put("i", randBytes(51, 8<<20)) // 8 s at 1 MB/s
+	// The writer is interrupted once its scrub runs, not after a guess at
+	// how long the shell takes to start.
+	scrubbing := func() {
+		t.Helper()
+		n := strings.Count(e.logs.String(), "scrub started")
+		eventually(t, 30*time.Second, "the scrub to start", func() bool { return strings.Count(e.logs.String(), "scrub started") > n })
+	}
 	cmd := exec.Command("sh", "-c", "echo run > "+e.path(".alkblobfs", "scrub"))
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
 	}
-	time.Sleep(500 * time.Millisecond)
+	scrubbing()
 	start := time.Now()
 	cmd.Process.Signal(syscall.SIGINT)
 	if err := cmd.Wait(); err == nil {
@@ -202,7 +209,7 @@ func TestScrubInterrupted(t *testing.T) {
 		t.Fatalf("the writer took %s to stop after SIGINT", d)
 	}
 	ctx := context.Background()
-	eventually(t, 5*time.Second, "the scrub's report", func() bool { return e.srv.Stats(ctx).Scrub.Last != nil })
+	eventually(t, 30*time.Second, "the scrub's report", func() bool { return e.srv.Stats(ctx).Scrub.Last != nil })
 	rep := e.srv.Stats(ctx).Scrub.Last
 	if rep.Checked != 0 || !strings.Contains(rep.Error, "canceled") {
 		t.Fatalf("report of the interrupted scrub: %+v", rep)
@@ -213,7 +220,7 @@ func TestScrubInterrupted(t *testing.T) {
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
 	}
-	time.Sleep(500 * time.Millisecond)
+	scrubbing()
 	start = time.Now()
 	done := make(chan error, 1)
 	go func() { done <- e.srv.Unmount() }()

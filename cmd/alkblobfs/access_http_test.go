@@ -179,6 +179,7 @@ func (f *accessFixture) checkBody(t *testing.T, what string, status int, body []
 // × modes {0700, 0750, 0755, 0777}, on the Unix socket and on TCP with
 // tokens, against what the mount answers the same user.
 func TestHTTPAccessMatrix(t *testing.T) {
+	t.Parallel()
 	f := newAccessFixture(t)
 	users := []struct {
 		name string
@@ -319,6 +320,7 @@ func successOf(op httpOp) int {
 // Unix socket for whoever may; a TCP listener beside --allow-other needs
 // tokens.
 func TestHTTPIssue26(t *testing.T) {
+	t.Parallel()
 	f := newAccessFixture(t)
 	sh(t, fmt.Sprintf("chmod 0700 %s/a", f.mnt))
 	fusetest.Reachable(t, bin)
@@ -398,10 +400,11 @@ func TestHTTPIssue26(t *testing.T) {
 // $XDG_RUNTIME_DIR/alkblobfs/http.sock, and the CLI reaches it with
 // --remote unix:PATH.
 func TestServeDefaultSocket(t *testing.T) {
+	t.Parallel()
 	c := newCLI(t)
 	c.ok("ns", "create", "builds")
 	run := t.TempDir()
-	t.Setenv("XDG_RUNTIME_DIR", run)
+	c.env = []string{"XDG_RUNTIME_DIR=" + run}
 	s := startServeURL(t, c, `url=(unix:\S+)`)
 	want := "unix:" + filepath.Join(run, "alkblobfs", "http.sock")
 	if s.url != want {

@@ -17,7 +17,7 @@ import (
 func startCLI(t *testing.T, c *cli, args ...string) (*exec.Cmd, *syncBuffer, *exited) {
 	t.Helper()
 	cmd := exec.Command(bin, append(append([]string{"--data", c.data}, c.flags...), args...)...)
-	cmd.Env = append(os.Environ(), "HOME="+c.home, "XDG_DATA_HOME=")
+	cmd.Env = c.environ()
 	stderr := new(syncBuffer)
 	cmd.Stderr = stderr
 	if err := cmd.Start(); err != nil {
@@ -96,6 +96,7 @@ func stopMidFill(t *testing.T, c *cli, cdir, d string) (cmd *exec.Cmd, stderr *s
 // the blob's bytes filled once. When the first filler is killed
 // instead, the waiting process takes the fill over and caches the blob.
 func TestCacheOneFillPerHost(t *testing.T) {
+	t.Parallel()
 	cdir := filepath.Join(t.TempDir(), "cache")
 	c := newCLI(t, "--large", s3test.URL(t), "--cache", cdir, "--cache-size", "512MiB")
 	const n = 64 << 20
@@ -149,6 +150,7 @@ func TestCacheOneFillPerHost(t *testing.T) {
 // stopped process, a third blob's fill in a second process evicts the
 // cached one, and once both fills publish the cache is within its limit.
 func TestCacheRoomCountsOtherProcesses(t *testing.T) {
+	t.Parallel()
 	const n = 32 << 20
 	cdir := filepath.Join(t.TempDir(), "cache")
 	c := newCLI(t, "--large", s3test.URL(t), "--cache", cdir, "--cache-size", "80MiB") // two blobs fit, not three

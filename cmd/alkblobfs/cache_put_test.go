@@ -56,6 +56,7 @@ func mountStatsFile(t *testing.T, mnt string) map[string]any {
 // and for a blob the mount listed but never read, and the put's blob
 // reads, passed through from the cache; the other is EIO.
 func TestCacheMountWriteThrough(t *testing.T) {
+	t.Parallel()
 	requireFUSE(t)
 	srv := s3test.FaultServer(t)
 	cdir := filepath.Join(t.TempDir(), "cache")
@@ -134,6 +135,7 @@ func TestCacheMountWriteThrough(t *testing.T) {
 // passed through from the cached file (the fill verified it whole), and a
 // cp into incoming/ lands in the cache by its scratch file.
 func TestCachePglo(t *testing.T) {
+	t.Parallel()
 	requireFUSE(t)
 	cdir := filepath.Join(t.TempDir(), "cache")
 	flags := []string{"--kv", pgtest.DSN(t), "--large", "pglo", "--cache", cdir, "--cache-size", "64MiB"}

@@ -18,6 +18,7 @@ import (
 // store's scratch directory when the disk fills; the blob is in the pool
 // and reads back whole, and the daemon logs the move.
 func TestCacheFullDiskPut(t *testing.T) {
+	t.Parallel()
 	requireFUSE(t)
 	fsdir := t.TempDir()
 	if err := syscall.Mount("tmpfs", fsdir, "tmpfs", 0, "size=8m"); err != nil {

@@ -17,6 +17,7 @@ import (
 // mem or no large tier, and --cache-size alone, it is a usage error that
 // opens nothing.
 func TestCacheFlagsRefused(t *testing.T) {
+	t.Parallel()
 	c := newCLI(t)
 	cdir := filepath.Join(t.TempDir(), "cache")
 	c.fail(2, "not remote", "--cache", cdir, "ls")
@@ -50,6 +51,7 @@ func waitCached(t *testing.T, cdir, d string) {
 // first read; with the S3 server stopped, the cached blob still reads
 // through the mount and an uncached one is EIO.
 func TestCacheMountS3Down(t *testing.T) {
+	t.Parallel()
 	requireFUSE(t)
 	srv := s3test.FaultServer(t)
 	cdir := filepath.Join(t.TempDir(), "cache")
@@ -97,6 +99,7 @@ func errorsIsErrno(err error, want syscall.Errno) bool {
 // stage file and no copy; the next process that opens the cache removes
 // the stage, and the blob then fills and reads whole.
 func TestCacheKill9MidFill(t *testing.T) {
+	t.Parallel()
 	requireFUSE(t)
 	cdir := filepath.Join(t.TempDir(), "cache")
 	flags := []string{"--large", s3test.URL(t), "--cache", cdir}
@@ -156,6 +159,7 @@ func cacheStat(t *testing.T, c *cli) map[string]any {
 // fill it once between them (the second reads the first's copy), and a
 // sweep that deletes the blob from S3 deletes it from the cache too.
 func TestCacheSharedAndSweep(t *testing.T) {
+	t.Parallel()
 	requireFUSE(t)
 	cdir := filepath.Join(t.TempDir(), "cache")
 	flags := []string{"--large", s3test.URL(t), "--cache", cdir, "--gc-window", "0"}
@@ -215,6 +219,7 @@ func TestCacheSharedAndSweep(t *testing.T) {
 // into the cache ahead of any read, `cache warm DIGEST` one blob, and
 // `cache drop` empties it; the blobs stay in the store.
 func TestCacheWarmDrop(t *testing.T) {
+	t.Parallel()
 	cdir := filepath.Join(t.TempDir(), "cache")
 	c := newCLI(t, "--large", s3test.URL(t), "--cache", cdir)
 	c.ok("ns", "create", "w")

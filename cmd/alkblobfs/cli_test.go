@@ -119,6 +119,7 @@ func roundTrip(t *testing.T, c *cli, kvPersists bool) {
 }
 
 func TestRoundTripDefault(t *testing.T) {
+	t.Parallel()
 	c := newCLI(t)
 	roundTrip(t, c, true)
 	// The defaults put the engines under --data.
@@ -130,11 +131,13 @@ func TestRoundTripDefault(t *testing.T) {
 }
 
 func TestRoundTripMemKV(t *testing.T) {
+	t.Parallel()
 	c := newCLI(t, "--kv", "mem:")
 	roundTrip(t, c, false)
 }
 
 func TestMemOnly(t *testing.T) {
+	t.Parallel()
 	c := newCLI(t, "--kv", "mem:", "--large", "none")
 	_, small, d := writeFile(t, t.TempDir(), smallSize, 3)
 	r := c.run(bytes.NewReader(small), "put", "-")
@@ -158,6 +161,7 @@ func putStdin(t *testing.T, c *cli, content []byte) string {
 }
 
 func TestPutStdinUnknownSize(t *testing.T) {
+	t.Parallel()
 	for _, tc := range []struct {
 		name  string
 		flags []string
@@ -188,6 +192,7 @@ func TestPutStdinUnknownSize(t *testing.T) {
 }
 
 func TestPutStdinRedirectedFile(t *testing.T) {
+	t.Parallel()
 	// stdin that is a regular file has a known size.
 	c := newCLI(t)
 	p, content, d := writeFile(t, t.TempDir(), largeSize, 5)
@@ -206,6 +211,7 @@ func TestPutStdinRedirectedFile(t *testing.T) {
 }
 
 func TestPutStopsAtFirstFailure(t *testing.T) {
+	t.Parallel()
 	c := newCLI(t)
 	p, _, d := writeFile(t, t.TempDir(), smallSize, 6)
 	r := c.run(nil, "put", p, filepath.Join(c.data, "no-such-file"), p)
@@ -216,6 +222,7 @@ func TestPutStopsAtFirstFailure(t *testing.T) {
 }
 
 func TestKVOnlyRejectsLarge(t *testing.T) {
+	t.Parallel()
 	c := newCLI(t, "--large", "none")
 	p, content, _ := writeFile(t, t.TempDir(), largeSize, 7)
 	c.fail(1, "too large", "put", p)
@@ -235,6 +242,7 @@ func TestKVOnlyRejectsLarge(t *testing.T) {
 }
 
 func TestCorruptLargeBlob(t *testing.T) {
+	t.Parallel()
 	c := newCLI(t)
 	dir := t.TempDir()
 	p, content, d := writeFile(t, dir, largeSize, 9)
@@ -280,6 +288,7 @@ func TestCorruptLargeBlob(t *testing.T) {
 }
 
 func TestExitCodes(t *testing.T) {
+	t.Parallel()
 	c := newCLI(t)
 	absent := strings.Repeat("ab", 32)
 	for _, tc := range []struct {
@@ -327,6 +336,7 @@ func TestExitCodes(t *testing.T) {
 }
 
 func TestHelpEveryCommand(t *testing.T) {
+	t.Parallel()
 	c := newCLI(t)
 	for _, cmd := range []string{"", "put", "get", "cat", "stat", "ls", "rm", "sweep", "verify",
 		"ns", "ns create", "ns rm", "ns ls", "link", "unlink", "mount", "umount", "version", "completion", "completion bash", "completion zsh", "completion fish", "completion powershell"} {
@@ -344,6 +354,7 @@ func TestHelpEveryCommand(t *testing.T) {
 // durable large tier) registers no liveness source: its sweeps abort and
 // delete nothing.
 func TestSweepWithoutSourcesAborts(t *testing.T) {
+	t.Parallel()
 	for _, flags := range [][]string{{"--kv", "none"}, {"--kv", "mem:"}} {
 		t.Run(strings.Join(flags, " "), func(t *testing.T) {
 			c := newCLI(t, flags...)
@@ -374,6 +385,7 @@ func TestSweepWithoutSourcesAborts(t *testing.T) {
 // 0700) even in a data directory other users can read, which draws a
 // warning.
 func TestPrivateStore(t *testing.T) {
+	t.Parallel()
 	c := newCLI(t)
 	if err := os.Chmod(c.data, 0o755); err != nil {
 		t.Fatal(err)
@@ -396,6 +408,7 @@ func TestPrivateStore(t *testing.T) {
 
 // TestSweepEveryBound: --sweep-every takes 0 (off) or at least a second.
 func TestSweepEveryBound(t *testing.T) {
+	t.Parallel()
 	c := newCLI(t)
 	c.fail(2, "at least 1s", "mount", "--sweep-every", "1ms", t.TempDir())
 	c.fail(2, "at least 1s", "mount", "--sweep-every", "-1s", t.TempDir())
@@ -404,6 +417,7 @@ func TestSweepEveryBound(t *testing.T) {
 // TestScrubFlagsBound: --scrub-every takes 0 (off) or at least a second,
 // --scrub-rate no negative number.
 func TestScrubFlagsBound(t *testing.T) {
+	t.Parallel()
 	c := newCLI(t)
 	c.fail(2, "at least 1s", "mount", "--scrub-every", "10ms", t.TempDir())
 	c.fail(2, "scrub-rate", "mount", "--scrub-rate", "-1", t.TempDir())
@@ -412,6 +426,7 @@ func TestScrubFlagsBound(t *testing.T) {
 // TestVersionAndCompletion: --version and version print the version and
 // the Go version; completion writes a shell's completion script.
 func TestVersionAndCompletion(t *testing.T) {
+	t.Parallel()
 	c := newCLI(t)
 	for _, args := range [][]string{{"--version"}, {"version"}} {
 		out := c.ok(args...)
@@ -427,10 +442,9 @@ func TestVersionAndCompletion(t *testing.T) {
 // TestFlagsFromEnvironment: every global flag has an ALKBLOBFS_* variable;
 // the flag wins over it, and a bad value is a usage error naming it.
 func TestFlagsFromEnvironment(t *testing.T) {
+	t.Parallel()
 	c := newCLI(t)
-	t.Setenv("ALKBLOBFS_KV", "mem:")
-	t.Setenv("ALKBLOBFS_LARGE", "none")
-	t.Setenv("ALKBLOBFS_THRESHOLD", "10")
+	c.env = []string{"ALKBLOBFS_KV=mem:", "ALKBLOBFS_LARGE=none", "ALKBLOBFS_THRESHOLD=10"}
 	src := filepath.Join(t.TempDir(), "f")
 	if err := os.WriteFile(src, make([]byte, 11), 0o644); err != nil {
 		t.Fatal(err)
@@ -439,13 +453,14 @@ func TestFlagsFromEnvironment(t *testing.T) {
 	c.fail(1, "too large", "put", src)
 	// The flag wins over the variable.
 	c.ok("--threshold", "1KiB", "put", src)
-	t.Setenv("ALKBLOBFS_GC_WINDOW", "soon")
+	c.env = append(c.env, "ALKBLOBFS_GC_WINDOW=soon")
 	c.fail(2, "ALKBLOBFS_GC_WINDOW", "ls")
 }
 
 // TestErrorWords: the errors users meet most, each asserted on its exact
 // line and exit status.
 func TestErrorWords(t *testing.T) {
+	t.Parallel()
 	c := newCLI(t)
 	exact := func(code int, want string, args ...string) {
 		t.Helper()
@@ -479,6 +494,7 @@ func TestErrorWords(t *testing.T) {
 // another path, which is also how a store moves) it verifies and serves
 // every blob and namespace.
 func TestBackupRestoreMove(t *testing.T) {
+	t.Parallel()
 	c := newCLI(t)
 	c.ok("ns", "create", "keep")
 	dir := t.TempDir()

@@ -79,6 +79,7 @@ func wantCLIRefused(t *testing.T, c *cli, digest string) {
 // written from get and cat run beside it. Putting the right content again
 // repairs it everywhere.
 func TestCorruptRefusedEverywhere(t *testing.T) {
+	t.Parallel()
 	requireFUSE(t)
 	c := newCLI(t)
 	c.ok("ns", "create", "s")

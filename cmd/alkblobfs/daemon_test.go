@@ -19,6 +19,7 @@ import (
 // TestHelperArgs: mount(8)'s call of the helper becomes alkblobfs's own
 // arguments.
 func TestHelperArgs(t *testing.T) {
+	t.Parallel()
 	for _, tc := range []struct {
 		in   string
 		want string
@@ -53,6 +54,7 @@ func TestHelperArgs(t *testing.T) {
 // right after it returns sees the mount), the daemon exits on umount, and
 // a daemon that cannot mount makes the command fail with its reason.
 func TestMountDaemon(t *testing.T) {
+	t.Parallel()
 	requireFUSE(t)
 	c := newCLI(t)
 	mnt := t.TempDir()
@@ -80,6 +82,7 @@ func TestMountDaemon(t *testing.T) {
 // mount.fuse.alkblobfs helper, with its options; reads and writes work;
 // umount unmounts and the daemon exits.
 func TestFstabMount(t *testing.T) {
+	t.Parallel()
 	requireFUSE(t)
 	if os.Geteuid() != 0 {
 		t.Skip("mount(8) with an fstab line needs root")
@@ -197,6 +200,7 @@ func daemonRunning(mnt string) bool {
 // machine's (a killed run left that changed), and the mount it makes
 // stays in the namespace.
 func TestUnprivilegedMountErrors(t *testing.T) {
+	t.Parallel()
 	requireFUSE(t)
 	if os.Geteuid() != 0 {
 		t.Skip("making a user needs root")

@@ -57,6 +57,7 @@ func debTool(t *testing.T, name string) {
 // policy has them. The package, its binary's --version, its man pages and
 // its changelog carry one version, scripts/version.sh's.
 func TestDebPackage(t *testing.T) {
+	t.Parallel()
 	if os.Geteuid() != 0 {
 		t.Skip("installing a package needs root")
 	}
@@ -67,16 +68,6 @@ func TestDebPackage(t *testing.T) {
 	if _, err := os.Stat("/usr/share/bash-completion/bash_completion"); err != nil {
 		debTool(t, "bash-completion (the package; make deps installs it)")
 	}
-	helperLock(t)
-	if out, err := exec.Command("dpkg-query", "-W", "-f", "${db:Status-Status}", "alkblobfs").Output(); err == nil && string(out) != "not-installed" {
-		t.Fatalf("a package alkblobfs is installed (%s): not replacing it", out)
-	}
-	for _, p := range []string{"/usr/bin/alkblobfs", "/sbin/" + helperName} {
-		if _, err := os.Lstat(p); err == nil {
-			t.Fatalf("%s exists: not replacing it with the package's", p)
-		}
-	}
-
 	out := t.TempDir()
 	start := time.Now()
 	mk := exec.Command("make", "-s", "-C", "../..", "deb", "BIN="+filepath.Join(out, "alkblobfs"),
@@ -108,6 +99,18 @@ func TestDebPackage(t *testing.T) {
 	lint := exec.Command("lintian", "--fail-on", "error,warning", debs[0])
 	if b, err := lint.CombinedOutput(); err != nil || hasLintianTag(string(b)) {
 		t.Errorf("lintian --fail-on error,warning %s: %v\n%s", filepath.Base(debs[0]), err, b)
+	}
+
+	// The system paths from here on, not during the build (a minute or
+	// more): installHelper's tests wait for the lock meanwhile.
+	helperLock(t)
+	if out, err := exec.Command("dpkg-query", "-W", "-f", "${db:Status-Status}", "alkblobfs").Output(); err == nil && string(out) != "not-installed" {
+		t.Fatalf("a package alkblobfs is installed (%s): not replacing it", out)
+	}
+	for _, p := range []string{"/usr/bin/alkblobfs", "/sbin/" + helperName} {
+		if _, err := os.Lstat(p); err == nil {
+			t.Fatalf("%s exists: not replacing it with the package's", p)
+		}
 	}
 
 	t.Cleanup(func() { exec.Command("dpkg", "-r", "alkblobfs").Run() }) // if a check below failed

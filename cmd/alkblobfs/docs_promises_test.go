@@ -28,6 +28,7 @@ import (
 // while `echo hello > NS/<wrong digest>` exits 0 because the shell ignores
 // close()'s error.
 func TestWrongDigestPutByPath(t *testing.T) {
+	t.Parallel()
 	requireFUSE(t)
 	c := newCLI(t)
 	c.ok("ns", "create", "builds")
@@ -111,6 +112,7 @@ print("no error")`
 // `--log-level debug` adds the expected refusals (EPERM, ENOENT, …) to the
 // log and `--debug` logs every FUSE request, at debug level.
 func TestMountDebugAndLogLevel(t *testing.T) {
+	t.Parallel()
 	requireFUSE(t)
 	c := newCLI(t)
 	c.ok("ns", "create", "builds")
@@ -144,6 +146,8 @@ func TestMountDebugAndLogLevel(t *testing.T) {
 // written into incoming/ keep in memory together; past it they spill to
 // disk, into --scratch when the large tier cannot stage (here, none).
 func TestMountUploadMemory(t *testing.T) {
+	// Not parallel: its files open on the mount must see no close but its
+	// own, and another test's fork and exec closes copies of them (a FLUSH each).
 	requireFUSE(t)
 	scratch := t.TempDir()
 	mnt := t.TempDir()
@@ -209,6 +213,7 @@ func TestMountUploadMemory(t *testing.T) {
 // (docs/mount.md, docs/http.md#pin-tokens): renewed at once it lives; left
 // alone it lapses after the TTL, and a renewal then answers [false].
 func TestTokenTTLFlag(t *testing.T) {
+	t.Parallel()
 	for _, surface := range []string{"mount", "serve"} {
 		t.Run(surface, func(t *testing.T) {
 			c := newCLI(t)
@@ -264,6 +269,7 @@ func TestTokenTTLFlag(t *testing.T) {
 // docs/troubleshooting.md says a mount logs at info: its start and stop,
 // namespace changes, sweeps and scrubs.
 func TestDataDirPrivate(t *testing.T) {
+	t.Parallel()
 	requireFUSE(t)
 	c := newCLI(t)
 	c.ok("ns", "create", "builds")
@@ -334,6 +340,7 @@ func TestDataDirPrivate(t *testing.T) {
 // incoming/, and that `fallocate -l SIZE FILE` still creates FILE empty
 // before it fails, which then publishes the empty blob.
 func TestFallocateTool(t *testing.T) {
+	t.Parallel()
 	requireFUSE(t)
 	tool, err := exec.LookPath("fallocate")
 	if err != nil {
@@ -421,6 +428,7 @@ func heldDaemon(t *testing.T) (*exec.Cmd, chan struct{}, *syncBuffer, string) {
 // command is interrupted before the mount serves stops its daemon and
 // returns non-zero.
 func TestMountDaemonInterrupted(t *testing.T) {
+	t.Parallel()
 	requireFUSE(t)
 	cmd, done, stderr, mnt := heldDaemon(t)
 	cmd.Process.Signal(os.Interrupt)
@@ -442,6 +450,7 @@ func TestMountDaemonInterrupted(t *testing.T) {
 // with the reason. The daemon is stopped (SIGSTOP) before it serves.
 // Two minutes: ALKBLOBFS_LONG only.
 func TestMountDaemonTimeout(t *testing.T) {
+	t.Parallel()
 	if os.Getenv("ALKBLOBFS_LONG") != "1" {
 		t.Skip("waits out the two-minute bound: ALKBLOBFS_LONG=1")
 	}

@@ -23,6 +23,7 @@ import (
 // (postgres kv and pglo, in a database whose tablespace is on a 48 MiB
 // tmpfs; the server's WAL stays on its own disk).
 func TestDiskFull(t *testing.T) {
+	t.Parallel()
 	requireFUSE(t)
 	if os.Geteuid() != 0 {
 		t.Skip("mounting a tmpfs needs root")

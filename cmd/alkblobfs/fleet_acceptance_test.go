@@ -56,6 +56,7 @@ import (
 // One round of faults here (about 30 s); ALKBLOBFS_LONG=1: four rounds,
 // more writers' files and a larger kill batch.
 func TestFleetAcceptance(t *testing.T) {
+	// Not parallel: it bounds how long the fleet takes (cut hosts, collection after the release).
 	requireFUSE(t)
 	rounds, dead, closes, props := 1, 3000, 2, 5
 	if os.Getenv("ALKBLOBFS_LONG") == "1" {
@@ -63,8 +64,8 @@ func TestFleetAcceptance(t *testing.T) {
 	}
 	start := time.Now()
 	dsn, large := pgtest.DSN(t), s3test.URL(t)
-	t.Setenv(clockSkewEnv, "+5m") // the CLI's
 	c := newCLI(t, fleetFlags(t, dsn, large, nil)...)
+	c.env = []string{clockSkewEnv + "=+5m"} // the CLI's
 	nss := []string{"n0", "n1", "n2"}
 	c.ok(append([]string{"ns", "create", "hold", "g", "mc", "prop"}, nss...)...)
 	db, err := pgx.Connect(t.Context(), dsn)

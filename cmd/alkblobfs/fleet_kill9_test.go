@@ -39,6 +39,7 @@ import (
 // mkdir is never answered and the lock never freed: the daemon never
 // exits.
 func TestFleetKill9InNotify(t *testing.T) {
+	t.Parallel()
 	requireFUSE(t)
 	dsn := pgtest.DSN(t)
 	flags := []string{"--kv", dsn, "--large", "pglo", "--fleet"}
@@ -201,6 +202,7 @@ func guardOf(t *testing.T, pid int) int {
 // daemon's guard, stopped meanwhile so that it looks only once both are
 // so, must leave the new mount alone: the zombie holds no /dev/fuse.
 func TestGuardSparesNextMount(t *testing.T) {
+	t.Parallel()
 	requireFUSE(t)
 	dsn := pgtest.DSN(t)
 	flags := []string{"--kv", dsn, "--large", "pglo", "--fleet"}

@@ -33,6 +33,7 @@ import (
 // backoff used to reach 10 s, so B saw the rm up to 10 s late: 2.5 to
 // 6 s here.)
 func TestFleetResyncAfterOutage(t *testing.T) {
+	t.Parallel()
 	requireFUSE(t)
 	const (
 		resyncOutage = 4 * time.Second

@@ -23,6 +23,7 @@ import (
 // file open on B survives A's rm and sweeps through A's control file and
 // reads to its last byte; once B closes it, A's sweeps collect it.
 func TestFleetTwoMounts(t *testing.T) {
+	t.Parallel()
 	requireFUSE(t)
 	dsn := pgtest.DSN(t)
 	flags := []string{"--kv", dsn, "--large", "pglo", "--fleet", "--pin-ttl", "3s"}
@@ -38,7 +39,7 @@ func TestFleetTwoMounts(t *testing.T) {
 		t.Fatal(err)
 	}
 	start := time.Now()
-	f := openWithin(t, filepath.Join(mntB, "p", d), 5*time.Second)
+	f := openWithin(t, filepath.Join(mntB, "p", d), 30*time.Second)
 	defer f.Close()
 	t.Logf("written through A, open on B after %s", time.Since(start).Round(time.Millisecond))
 	head := make([]byte, 4096)
@@ -64,6 +65,7 @@ func TestFleetTwoMounts(t *testing.T) {
 // sweep lease is per sweep, so nothing depends on a session lock the
 // restart dropped.
 func TestPostgresRestartUnderMount(t *testing.T) {
+	t.Parallel()
 	requireFUSE(t)
 	srv := pgtest.FaultServer(t)
 	flags := []string{"--kv", srv.DSN, "--large", "pglo", "--fleet"}
@@ -77,7 +79,7 @@ func TestPostgresRestartUnderMount(t *testing.T) {
 	d := strings.TrimSpace(c.ok("put", "--ns", "p", src))
 	mntA := t.TempDir()
 	dmA := startDaemon(t, c.data, mntA, flags...)
-	f := openWithin(t, filepath.Join(mntA, "p", d), 5*time.Second)
+	f := openWithin(t, filepath.Join(mntA, "p", d), 30*time.Second)
 	defer f.Close()
 	head := make([]byte, 4096)
 	if _, err := io.ReadFull(f, head); err != nil {
@@ -109,6 +111,7 @@ func TestPostgresRestartUnderMount(t *testing.T) {
 // TestFleetFlags: fleet mode is declared and checked; its mistakes, and an
 // overflowing window, are usage errors that change nothing.
 func TestFleetFlags(t *testing.T) {
+	t.Parallel()
 	c := newCLI(t)
 	c.fail(2, "needs a PostgreSQL kv engine", "--fleet", "ls")
 	c.fail(2, "use it with --fleet", "--shared-media", "ls")
@@ -126,6 +129,7 @@ func TestFleetFlags(t *testing.T) {
 // digests in its digest column alive against rm and sweeps from every
 // process; the store only reads it.
 func TestLivenessTable(t *testing.T) {
+	t.Parallel()
 	dsn := pgtest.DSN(t)
 	conn, err := pgx.Connect(t.Context(), dsn)
 	if err != nil {
@@ -164,6 +168,7 @@ func TestLivenessTable(t *testing.T) {
 // TestKVFile: --kv-file reads the PostgreSQL URL from a file, so that the
 // password never shows in a process list, the daemon's included.
 func TestKVFile(t *testing.T) {
+	t.Parallel()
 	requireFUSE(t)
 	dsn := pgtest.DSN(t)
 	u, err := url.Parse(dsn)
@@ -203,6 +208,7 @@ func TestKVFile(t *testing.T) {
 // TestPGPassFile: a URL without its password works when PGPASSFILE names
 // a password file in PostgreSQL's format.
 func TestPGPassFile(t *testing.T) {
+	t.Parallel()
 	dsn := pgtest.DSN(t)
 	u, err := url.Parse(dsn)
 	if err != nil {
@@ -214,9 +220,9 @@ func TestPGPassFile(t *testing.T) {
 	if err := os.WriteFile(pass, []byte(line), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	t.Setenv("PGPASSFILE", pass)
 	u.User = url.User(u.User.Username())
 	c := newCLI(t, "--kv", u.String(), "--large", "pglo")
+	c.env = []string{"PGPASSFILE=" + pass}
 	c.ok("ns", "create", "p")
 	if got := c.ok("ns", "ls"); got != "p\n" {
 		t.Fatalf("ns ls = %q", got)

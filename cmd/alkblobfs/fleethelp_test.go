@@ -78,24 +78,14 @@ func startSkewHost(t *testing.T, name, skew, dsn, large string, extra ...string)
 }
 
 // mount starts the host's daemon (again, after a kill: same data
-// directory, same mountpoint) with its skew. The process environment is
-// changed only for the start: the caller must not run a CLI command
-// concurrently.
+// directory, same mountpoint) with its skew, in the daemon's environment
+// alone.
 func (h *skewHost) mount(t *testing.T) {
 	t.Helper()
-	prev, had := os.LookupEnv(clockSkewEnv)
-	os.Setenv(clockSkewEnv, h.skew)
-	defer func() {
-		if had {
-			os.Setenv(clockSkewEnv, prev)
-		} else {
-			os.Unsetenv(clockSkewEnv)
-		}
-	}()
 	if h.dm != nil {
 		h.past += h.dm.stderr.String()
 	}
-	h.dm = startDaemon(t, h.data, h.mnt, h.flags...)
+	h.dm = startDaemonEnv(t, []string{clockSkewEnv + "=" + h.skew}, h.data, h.mnt, h.flags...)
 }
 
 // log is what every daemon of the host has logged.
@@ -192,7 +182,7 @@ type heldFile struct {
 // hold opens blob d through h's namespace ns and reads its first 4 KiB.
 func hold(t *testing.T, h *skewHost, ns, d string) *heldFile {
 	t.Helper()
-	f := openWithin(t, h.path(ns, d), 5*time.Second)
+	f := openWithin(t, h.path(ns, d), 30*time.Second)
 	t.Cleanup(func() { f.Close() })
 	head := make([]byte, 4096)
 	within(t, 10*time.Second, "reading the head of "+d[:12]+" on "+h.name, func() error {

@@ -18,6 +18,7 @@ import (
 // each command logs at without --log-level: info for the daemons (mount,
 // serve), warn for the rest.
 func TestLogLevelDefaultPerCommand(t *testing.T) {
+	t.Parallel()
 	c := newCLI(t)
 	man := t.TempDir()
 	c.ok("man", man)
@@ -50,6 +51,7 @@ func TestLogLevelDefaultPerCommand(t *testing.T) {
 // "mounted" line names the data directory, and an unmount that a control
 // file keeps busy says that a control file is open.
 func TestMountLogNamesDataAndHandles(t *testing.T) {
+	t.Parallel()
 	requireFUSE(t)
 	data, mnt := t.TempDir(), t.TempDir()
 	real, err := filepath.EvalSymlinks(data)
@@ -90,6 +92,7 @@ func TestMountLogNamesDataAndHandles(t *testing.T) {
 // TestDataIsAFile: --data naming a regular file is "not a directory",
 // as root too (whom access(2) tells EACCES), and creates nothing.
 func TestDataIsAFile(t *testing.T) {
+	t.Parallel()
 	c := newCLI(t)
 	c.data = filepath.Join(t.TempDir(), "file")
 	if err := os.WriteFile(c.data, []byte("x"), 0o600); err != nil {
@@ -104,6 +107,7 @@ func TestDataIsAFile(t *testing.T) {
 // TestNsRmMissing: removing a namespace that does not exist says so, with
 // no hint to create it.
 func TestNsRmMissing(t *testing.T) {
+	t.Parallel()
 	c := newCLI(t)
 	r := c.fail(1, `namespace "nosuch" does not exist (nothing to remove)`, "ns", "rm", "nosuch")
 	if strings.Contains(r.stderr, "create") {

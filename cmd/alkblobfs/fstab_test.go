@@ -23,6 +23,7 @@ import (
 // mount(8) resolves it), or the label of a store that has none; umount by
 // source finds it.
 func TestFstabMountAll(t *testing.T) {
+	t.Parallel()
 	requireFUSE(t)
 	if os.Geteuid() != 0 {
 		t.Skip("mount(8) with an fstab line needs root")
@@ -88,6 +89,7 @@ func TestFstabMountAll(t *testing.T) {
 // TestHelperSource: the helper passes mount(8)'s SOURCE on as the mount's
 // --source, whatever it is.
 func TestHelperSource(t *testing.T) {
+	t.Parallel()
 	for in, want := range map[string]string{
 		"/srv/blobs /mnt/b -o verify=strict":     "--data /srv/blobs mount --daemon --source=/srv/blobs --verify=strict /mnt/b",
 		"alkblobfs /mnt/b -o kv=postgres://h/db": "--kv=postgres://h/db mount --daemon --source=alkblobfs /mnt/b",
@@ -103,6 +105,7 @@ func TestHelperSource(t *testing.T) {
 // a store with no tier there its kv engine's name (PostgreSQL's in
 // TestMountSourcePostgres), or --source.
 func TestMountSource(t *testing.T) {
+	t.Parallel()
 	requireFUSE(t)
 	data := t.TempDir()
 	for _, tc := range []struct {
@@ -155,6 +158,7 @@ func mountsOn(t *testing.T, dir string) int {
 // directory shows its PostgreSQL server and database as its source:
 // user@host:port/database, never the password the URL holds.
 func TestMountSourcePostgres(t *testing.T) {
+	t.Parallel()
 	requireFUSE(t)
 	dsn := pgtest.DSN(t)
 	u, err := url.Parse(dsn)

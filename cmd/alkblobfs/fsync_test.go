@@ -22,6 +22,8 @@ import (
 // the file is closed: the next mount publishes the last fsynced version,
 // or the version a later close committed, and nothing written after them.
 func TestFsyncSurvivesKill(t *testing.T) {
+	// Not parallel: its files open on the mount must see no close but its
+	// own, and another test's fork and exec closes copies of them (a FLUSH each).
 	requireFUSE(t)
 	data, mnt := newCLI(t).data, t.TempDir()
 	d := startDaemon(t, data, mnt)

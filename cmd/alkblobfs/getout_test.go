@@ -17,6 +17,7 @@ import (
 // their type and receive the content; a symbolic link stays a link and its
 // target is replaced; a dangling link is refused and stays.
 func TestGetOutputSpecialFiles(t *testing.T) {
+	t.Parallel()
 	c := newCLI(t)
 	dir := t.TempDir()
 	src, content, _ := writeFile(t, dir, largeSize, 8)

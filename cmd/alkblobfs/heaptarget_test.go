@@ -8,6 +8,7 @@ import (
 )
 
 func TestGoGCPercentFor(t *testing.T) {
+	t.Parallel()
 	const mib = 1 << 20
 	for _, tc := range []struct {
 		live, target uint64
@@ -33,6 +34,7 @@ func TestGoGCPercentFor(t *testing.T) {
 // TestPaceHeap paces this process for a target under its live heap: after a
 // collection GOGC is the floor, and stop restores 100.
 func TestPaceHeap(t *testing.T) {
+	// Not parallel: it sets this process's GOGC.
 	t.Setenv("GOGC", "") // an operator's GOGC would turn pacing off
 	defer debug.SetGCPercent(debug.SetGCPercent(100))
 	live := make([][]byte, 0, 64)
@@ -63,6 +65,7 @@ func TestPaceHeap(t *testing.T) {
 // TestPaceHeapLeavesGOGC: a GOGC in the environment, or a target of 0,
 // leaves Go's pacing alone (docs/mount.md: --heap-target).
 func TestPaceHeapLeavesGOGC(t *testing.T) {
+	// Not parallel: it sets this process's GOGC.
 	defer debug.SetGCPercent(debug.SetGCPercent(100))
 	live := make([][]byte, 0, 64)
 	for range cap(live) {

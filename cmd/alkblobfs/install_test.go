@@ -15,6 +15,7 @@ import (
 // uncompressed one an older install left is gone), shell completions that
 // bash loads, and the systemd unit where they belong.
 func TestMakeInstall(t *testing.T) {
+	t.Parallel()
 	dest, out := t.TempDir(), t.TempDir()
 	old := filepath.Join(dest, "/usr/local/share/man/man1/alkblobfs.1")
 	if err := os.MkdirAll(filepath.Dir(old), 0o755); err != nil {
@@ -81,6 +82,7 @@ func TestMakeInstall(t *testing.T) {
 // the hardening) — and systemd-analyze verify accepts it, run on an
 // instance whose ExecStart is the binary under test.
 func TestSystemdUnit(t *testing.T) {
+	t.Parallel()
 	b, err := os.ReadFile("../../contrib/systemd/alkblobfs@.service")
 	if err != nil {
 		t.Fatal(err)

@@ -34,6 +34,7 @@ import (
 // would hang it. If a round hangs anyway, it aborts the connection through
 // fusectl so that the machine recovers, and fails.
 func TestKill9Loop(t *testing.T) {
+	t.Parallel()
 	requireFUSE(t)
 	rounds := 5
 	if os.Getenv("ALKBLOBFS_LONG") == "1" {

@@ -49,6 +49,7 @@ func holdOpen(t *testing.T, path string) *exec.Cmd {
 // for the daemon and leave the file unpublished until the intent lapses
 // (the 60 s pin TTL).
 func TestCrashRecoveryIgnoresReusedPID(t *testing.T) {
+	t.Parallel()
 	requireFUSE(t)
 	c := newCLI(t)
 	c.ok("ns", "create", "ns")
@@ -137,6 +138,7 @@ func rewriteHolderPid(t *testing.T, db string, from, to int) []string {
 // publishes nothing of the file whose closes returned 0 while its writer
 // keeps it open, and the first daemon publishes it at the last close.
 func TestDetachedMountKeepsItsIntents(t *testing.T) {
+	t.Parallel()
 	requireFUSE(t)
 	c := newCLI(t)
 	c.ok("ns", "create", "ns")

@@ -16,6 +16,13 @@ import (
 
 // The CLI is tested as a user runs it: TestMain builds the binary once and
 // every test execs it against its own t.TempDir() store.
+//
+// Tests run in parallel (t.Parallel; make test gives -parallel 6): a
+// command's or daemon's environment goes in cli.env or startDaemonEnv,
+// never t.Setenv. A test stays serial, saying why, when it changes this
+// process (GOGC), bounds a time, or holds files open on a mount whose every
+// close counts: another test's fork and exec closes copies of them, and
+// each close of a file in incoming/ is a FLUSH that commits.
 var (
 	bin      string
 	buildErr error
@@ -41,6 +48,10 @@ type cli struct {
 	data  string
 	home  string // HOME of every run: never the real ~/.local/share
 	flags []string
+	// env is added to every run's environment: a test that runs its
+	// commands with a variable sets it here, not with t.Setenv, so that it
+	// may run in parallel with others.
+	env []string
 }
 
 func newCLI(t *testing.T, flags ...string) *cli {
@@ -77,7 +88,7 @@ func (c *cli) run(stdin io.Reader, args ...string) result {
 // call t.Fatal. The error is a command that could not run at all.
 func (c *cli) exec(stdin io.Reader, args ...string) (result, error) {
 	cmd := exec.Command(bin, append(append([]string{"--data", c.data}, c.flags...), args...)...)
-	cmd.Env = append(os.Environ(), "HOME="+c.home, "XDG_DATA_HOME=")
+	cmd.Env = c.environ()
 	cmd.Stdin = stdin
 	var stdout, stderr bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &stdout, &stderr
@@ -86,6 +97,12 @@ func (c *cli) exec(stdin io.Reader, args ...string) (result, error) {
 		return result{}, fmt.Errorf("alkblobfs %s: %w", strings.Join(args, " "), err)
 	}
 	return result{stdout.String(), stderr.String(), cmd.ProcessState.ExitCode(), cmd.ProcessState}, nil
+}
+
+// environ is the environment of c's commands: the test's own, with HOME and
+// c.env. (exec.Cmd keeps the last of duplicate variables.)
+func (c *cli) environ() []string {
+	return append(append(os.Environ(), "HOME="+c.home, "XDG_DATA_HOME="), c.env...)
 }
 
 // ok runs args, requires exit 0 and a quiet stderr, and returns stdout.

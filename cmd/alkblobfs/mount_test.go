@@ -46,12 +46,19 @@ type daemon struct {
 
 func startDaemon(t *testing.T, data, mnt string, args ...string) *daemon {
 	t.Helper()
+	return startDaemonEnv(t, nil, data, mnt, args...)
+}
+
+// startDaemonEnv is startDaemon with env added to the daemon's environment
+// (not t.Setenv's: the test may run in parallel with others).
+func startDaemonEnv(t *testing.T, env []string, data, mnt string, args ...string) *daemon {
+	t.Helper()
 	if buildErr != nil {
 		t.Fatal(buildErr)
 	}
 	d := &daemon{t: t, mnt: mnt, stderr: &syncBuffer{}, done: make(chan struct{})}
 	d.cmd = exec.Command(bin, append([]string{"--data", data, "mount"}, append(args, mnt)...)...)
-	d.cmd.Env = append(os.Environ(), "HOME="+t.TempDir(), "XDG_DATA_HOME=")
+	d.cmd.Env = append(append(os.Environ(), "HOME="+t.TempDir(), "XDG_DATA_HOME="), env...)
 	d.cmd.Stderr = d.stderr
 	if err := d.cmd.Start(); err != nil {
 		t.Fatal(err)
@@ -172,6 +179,7 @@ func isMounted(t *testing.T, dir string) bool {
 // TestMountScrubAndStrict: the mount flags reach the mount: its stats show
 // the verify mode and the scrub's timer and rate, and the timer scrubs.
 func TestMountScrubAndStrict(t *testing.T) {
+	t.Parallel()
 	requireFUSE(t)
 	c := newCLI(t)
 	src, _, _ := writeFile(t, t.TempDir(), 300<<10, 3)
@@ -207,6 +215,7 @@ func TestMountScrubAndStrict(t *testing.T) {
 }
 
 func TestMountErrors(t *testing.T) {
+	t.Parallel()
 	requireFUSE(t)
 	c := newCLI(t)
 	missing := filepath.Join(t.TempDir(), "nope")
@@ -227,6 +236,7 @@ func TestMountErrors(t *testing.T) {
 // TestMountStops: SIGINT and SIGTERM unmount and exit 0; so does an
 // umount by someone else.
 func TestMountStops(t *testing.T) {
+	t.Parallel()
 	requireFUSE(t)
 	for _, how := range []string{"SIGINT", "SIGTERM", "umount"} {
 		t.Run(how, func(t *testing.T) {
@@ -277,6 +287,8 @@ func fileSHA(t *testing.T, p string) string {
 // removes the stage file, nothing of the interrupted file is published,
 // and everything published before is intact.
 func TestKillDuringWrite(t *testing.T) {
+	// Not parallel: its files open on the mount must see no close but its
+	// own, and another test's fork and exec closes copies of them (a FLUSH each).
 	requireFUSE(t)
 	size := int64(256 << 20)
 	if os.Getenv("ALKBLOBFS_LONG") == "1" {
@@ -402,6 +414,7 @@ func TestKillDuringWrite(t *testing.T) {
 // byte; once it is closed and unlinked, the next sweeps collect it. Blobs
 // put through A read back through B.
 func TestTwoMountsOneStore(t *testing.T) {
+	t.Parallel()
 	requireFUSE(t)
 	c := newCLI(t)
 	c.ok("ns", "create", "ns")
@@ -414,7 +427,7 @@ func TestTwoMountsOneStore(t *testing.T) {
 	if err := os.WriteFile(filepath.Join(mntA, "ns", "incoming", "f"), content, 0o644); err != nil {
 		t.Fatal(err)
 	}
-	f := openWithin(t, filepath.Join(mntB, "ns", d), 5*time.Second)
+	f := openWithin(t, filepath.Join(mntB, "ns", d), 30*time.Second)
 	defer f.Close()
 	head := make([]byte, 4096)
 	if _, err := io.ReadFull(f, head); err != nil {
@@ -443,6 +456,7 @@ func TestTwoMountsOneStore(t *testing.T) {
 // which never deletes them, stop protecting its blobs after --pin-ttl; a
 // later sweep from another process then collects what nothing links.
 func TestKilledMountPinsExpire(t *testing.T) {
+	t.Parallel()
 	requireFUSE(t)
 	c := newCLI(t)
 	c.ok("ns", "create", "ns")
@@ -477,6 +491,7 @@ func TestKilledMountPinsExpire(t *testing.T) {
 // mountpoint of a daemon that cannot answer (stopped here), aborting its
 // connection; a directory that is not a mountpoint is an error.
 func TestUmount(t *testing.T) {
+	t.Parallel()
 	requireFUSE(t)
 	c := newCLI(t)
 	mnt := t.TempDir()
@@ -524,6 +539,7 @@ func TestUmount(t *testing.T) {
 // TestReadOnlyMount: --read-only serves reads beside a read-write mount of
 // the same store; every change through it is EROFS, and it does not sweep.
 func TestReadOnlyMount(t *testing.T) {
+	t.Parallel()
 	requireFUSE(t)
 	c := newCLI(t)
 	c.ok("ns", "create", "ns")
@@ -551,7 +567,7 @@ func TestReadOnlyMount(t *testing.T) {
 	if err := os.WriteFile(filepath.Join(rw, "ns", "incoming", "g"), []byte("from rw"), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	g := openWithin(t, filepath.Join(ro, "ns", sum([]byte("from rw"))), 5*time.Second)
+	g := openWithin(t, filepath.Join(ro, "ns", sum([]byte("from rw"))), 30*time.Second)
 	b, err := io.ReadAll(g)
 	g.Close()
 	if err != nil || string(b) != "from rw" {
@@ -565,6 +581,7 @@ func TestReadOnlyMount(t *testing.T) {
 // TestSystemdNotify: under a service manager (NOTIFY_SOCKET set), the
 // mount says READY=1 once it serves and STOPPING=1 when it begins to stop.
 func TestSystemdNotify(t *testing.T) {
+	t.Parallel()
 	requireFUSE(t)
 	sock := filepath.Join(t.TempDir(), "notify")
 	conn, err := net.ListenUnixgram("unixgram", &net.UnixAddr{Name: sock, Net: "unixgram"})
@@ -572,10 +589,9 @@ func TestSystemdNotify(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer conn.Close()
-	t.Setenv("NOTIFY_SOCKET", sock)
 	c := newCLI(t)
 	mnt := t.TempDir()
-	dm := startDaemon(t, c.data, mnt)
+	dm := startDaemonEnv(t, []string{"NOTIFY_SOCKET=" + sock}, c.data, mnt)
 	read := func() string {
 		t.Helper()
 		conn.SetReadDeadline(time.Now().Add(10 * time.Second))

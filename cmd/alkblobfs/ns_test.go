@@ -31,6 +31,7 @@ func (c *cli) sweep() map[string]any {
 }
 
 func TestNamespaceLifecycle(t *testing.T) {
+	t.Parallel()
 	c := newCLI(t)
 	if got := c.ok("ns", "ls"); got != "" {
 		t.Fatalf("ns ls on a new store = %q", got)
@@ -67,6 +68,7 @@ func TestNamespaceLifecycle(t *testing.T) {
 }
 
 func TestPutNsLsUnlinkLink(t *testing.T) {
+	t.Parallel()
 	c := newCLI(t)
 	dir := t.TempDir()
 	smallPath, _, smallD := writeFile(t, dir, smallSize, 21)
@@ -129,6 +131,7 @@ func TestPutNsLsUnlinkLink(t *testing.T) {
 // SQLite durable window, the first sweep stages what no namespace links and
 // the second deletes it; linked blobs, in either tier, survive intact.
 func TestSweepCollectsUnlinked(t *testing.T) {
+	t.Parallel()
 	c := newCLI(t)
 	dir := t.TempDir()
 	c.ok("ns", "create", "keep")
@@ -185,6 +188,7 @@ func TestSweepCollectsUnlinked(t *testing.T) {
 }
 
 func TestRmLinkedRefused(t *testing.T) {
+	t.Parallel()
 	c := newCLI(t)
 	p, content, d := writeFile(t, t.TempDir(), largeSize, 40)
 	c.ok("ns", "create", "a", "b")
@@ -209,6 +213,7 @@ type verifyJSON struct {
 }
 
 func TestVerify(t *testing.T) {
+	t.Parallel()
 	c := newCLI(t)
 	dir := t.TempDir()
 	_, _, smallD := writeFile(t, dir, smallSize, 50)
@@ -306,6 +311,7 @@ func corruptKV(t *testing.T, path, digest string) {
 // Bad namespace names are usage errors that state the rule, and are
 // caught before the store is even opened: nothing changes.
 func TestBadNamespaceNames(t *testing.T) {
+	t.Parallel()
 	c := newCLI(t)
 	p, _, d := writeFile(t, t.TempDir(), smallSize, 60)
 	for _, name := range []string{"", ".hidden", "..", "a/b", "sp ace", "ü", strings.Repeat("x", 256)} {

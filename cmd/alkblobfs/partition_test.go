@@ -71,6 +71,7 @@ func boundedErr(t *testing.T, what string, op func() error) error {
 //     last byte on A; a read of X's unread part fails (EIO), never wrong
 //     bytes.
 func TestPartitionPinsLapse(t *testing.T) {
+	// Not parallel: ops on the cut host must fail within cutBound.
 	requireFUSE(t)
 	dsn := pgtest.DSN(t)
 	c := newCLI(t, fleetFlags(t, dsn, "pglo", nil)...)
@@ -89,7 +90,7 @@ func TestPartitionPinsLapse(t *testing.T) {
 
 	head := make([]byte, 4096)
 	open := func(d string) *os.File {
-		f := openWithin(t, filepath.Join(a.mnt, "p", d), 5*time.Second)
+		f := openWithin(t, filepath.Join(a.mnt, "p", d), 30*time.Second)
 		t.Cleanup(func() { f.Close() })
 		if _, err := io.ReadFull(f, head); err != nil {
 			t.Fatal(err)
@@ -197,6 +198,7 @@ func TestPartitionPinsLapse(t *testing.T) {
 // large object that no entry owns, no pending put in the kv, nothing in
 // A's scratch directory.
 func TestPartitionMidClose(t *testing.T) {
+	// Not parallel: ops on the cut host must fail within cutBound.
 	requireFUSE(t)
 	rounds := 4
 	if os.Getenv("ALKBLOBFS_LONG") == "1" {
@@ -293,6 +295,7 @@ func TestPartitionMidClose(t *testing.T) {
 // every remaining candidate deleted, with their bytes; the report after
 // it deletes nothing.
 func TestKillSweepLeaseHolder(t *testing.T) {
+	// Not parallel: it bounds how long the lease takes to pass.
 	requireFUSE(t)
 	n := 5000
 	if os.Getenv("ALKBLOBFS_LONG") == "1" {

@@ -17,11 +17,13 @@ import (
 // The PostgreSQL engine URLs, end to end through the binary.
 
 func TestRoundTripPostgresSameDatabase(t *testing.T) {
+	t.Parallel()
 	dsn := pgtest.DSN(t)
 	roundTrip(t, newCLI(t, "--kv", dsn, "--large", "pglo"), true)
 }
 
 func TestRoundTripPglo(t *testing.T) {
+	t.Parallel()
 	// The default SQLite kv tier with large objects in PostgreSQL.
 	roundTrip(t, newCLI(t, "--large", "pglo:"+pgtest.DSN(t)), true)
 }
@@ -29,6 +31,7 @@ func TestRoundTripPglo(t *testing.T) {
 // TestPostgresUnreachable: a server that is not there is exit 1 with one
 // line naming host:port, never the password.
 func TestPostgresUnreachable(t *testing.T) {
+	t.Parallel()
 	const secret = "hunter2-s3cret"
 	l, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
@@ -51,6 +54,7 @@ func TestPostgresUnreachable(t *testing.T) {
 
 // TestPostgresURLMistakes are usage errors (exit 2), password redacted.
 func TestPostgresURLMistakes(t *testing.T) {
+	t.Parallel()
 	const secret = "hunter2-s3cret"
 	for _, tc := range []struct {
 		flags []string
@@ -76,6 +80,7 @@ func TestPostgresURLMistakes(t *testing.T) {
 // arbitrated in its own transaction) and still refuses what a pin row of
 // another process protects.
 func TestPostgresSweepLease(t *testing.T) {
+	t.Parallel()
 	dsn := pgtest.DSN(t)
 	c := newCLI(t, "--kv", dsn, "--large", "pglo")
 	src := filepath.Join(t.TempDir(), "f")

@@ -57,11 +57,13 @@ import (
 // test runs, and the sets are small, as SQLite checkpoints (and syncs)
 // the WAL at 1000 pages, which a close in incoming/ adds about 12 to.
 func TestPowerLoss(t *testing.T) {
+	// Not parallel: the sync timer must have run within its interval and a margin.
 	requireFUSE(t)
 	requirePowerCut(t)
 	guarded := os.Getenv("ALKBLOBFS_POWERLOSS_UNGUARDED") != "1"
+	var env []string // every command's and daemon's
 	if !guarded {
-		t.Setenv(syncEveryEnv, "off") // the daemon inherits it
+		env = []string{syncEveryEnv + "=off"}
 		t.Log("unguarded: no sync timer, no Store.Sync; this run must fail")
 	}
 	disk := newLoopDisk(t)
@@ -71,9 +73,10 @@ func TestPowerLoss(t *testing.T) {
 	}
 	c := newCLI(t)
 	c.data = data
+	c.env = env
 	cliWithin(t, c, "ns", "create", "p")
 	mnt, src := t.TempDir(), t.TempDir()
-	dm := startDaemon(t, data, mnt)
+	dm := startDaemonEnv(t, env, data, mnt)
 
 	aPut := newPowerSet(t, src, "A'", "put --ns", 3, 1)
 	cliWithin(t, c, append([]string{"put", "--ns", "p"}, aPut.files...)...)
@@ -154,7 +157,7 @@ func TestPowerLoss(t *testing.T) {
 	}
 
 	// The recovery mount links what the dead one had only committed.
-	dm = startDaemon(t, data, mnt)
+	dm = startDaemonEnv(t, env, data, mnt)
 	var listed []string
 	deadline := time.Now().Add(20 * time.Second)
 	for {
@@ -316,7 +319,7 @@ func cliRun(t *testing.T, c *cli, args ...string) result {
 	ctx, cancel := context.WithTimeout(t.Context(), time.Minute)
 	defer cancel()
 	cmd := exec.CommandContext(ctx, bin, append(append([]string{"--data", c.data}, c.flags...), args...)...)
-	cmd.Env = append(os.Environ(), "HOME="+c.home, "XDG_DATA_HOME=")
+	cmd.Env = c.environ()
 	var stdout, stderr bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &stdout, &stderr
 	err := cmd.Run()
@@ -475,13 +478,14 @@ func walHeader(data string) []byte {
 // TestSyncEveryEnv: $ALKBLOBFS_SYNC_EVERY takes a duration or off; a bad
 // value is a usage error naming the variable.
 func TestSyncEveryEnv(t *testing.T) {
+	t.Parallel()
 	c := newCLI(t)
 	for _, v := range []string{"250ms", "off", "0"} {
-		t.Setenv(syncEveryEnv, v)
+		c.env = []string{syncEveryEnv + "=" + v}
 		c.ok("ls")
 	}
 	for _, v := range []string{"soon", "-1s"} {
-		t.Setenv(syncEveryEnv, v)
+		c.env = []string{syncEveryEnv + "=" + v}
 		c.fail(2, syncEveryEnv, "ls")
 	}
 }

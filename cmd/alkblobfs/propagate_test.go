@@ -32,6 +32,7 @@ import (
 // rounds (1 000 changes), and each kind's p99 must be under 1 s. The
 // table goes to the test log either way.
 func TestFleetPropagation(t *testing.T) {
+	// Not parallel: it measures propagation times.
 	requireFUSE(t)
 	rounds, p, bound := 20, 0.90, 500*time.Millisecond
 	if os.Getenv("ALKBLOBFS_LONG") == "1" {
@@ -228,6 +229,7 @@ func quantile(ds []time.Duration, q float64) time.Duration {
 // through mount A. A change feed must not make any of them slower; the
 // figures go to the log. ALKBLOBFS_LONG=1 only: it is a measurement.
 func TestFleetLookupCost(t *testing.T) {
+	// Not parallel: a measurement.
 	if os.Getenv("ALKBLOBFS_LONG") != "1" {
 		t.Skip("a measurement: ALKBLOBFS_LONG=1")
 	}

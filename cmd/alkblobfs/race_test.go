@@ -22,6 +22,7 @@ import (
 // namespace lists must read back verified: a namespace never links a blob
 // the store lost. 10 s here; 120 s under ALKBLOBFS_LONG=1 (make test-long).
 func TestCrossProcessRace(t *testing.T) {
+	t.Parallel()
 	requireFUSE(t)
 	dur := 10 * time.Second
 	if os.Getenv("ALKBLOBFS_LONG") == "1" {

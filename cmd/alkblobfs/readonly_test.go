@@ -19,6 +19,7 @@ import (
 // --read-only mount — while every command that would change the store
 // fails at once with a clear error, and nothing is written.
 func TestReadOnlyDataDir(t *testing.T) {
+	t.Parallel()
 	requireFUSE(t)
 	c := newCLI(t)
 	c.ok("ns", "create", "n")

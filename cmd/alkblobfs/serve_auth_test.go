@@ -67,6 +67,7 @@ func writeTokensMode(t *testing.T, path string, mode os.FileMode, lines ...strin
 // PostgreSQL, with the cache made an hour long, the feed's notification
 // drops the entry: within 5 s here (milliseconds, measured).
 func TestServeChmodRevokes(t *testing.T) {
+	t.Parallel()
 	requireFUSE(t)
 	t.Run("sqlite", func(t *testing.T) { chmodRevokes(t, nil) })
 	t.Run("postgres", func(t *testing.T) { chmodRevokes(t, []string{"--kv", pgtest.DSN(t)}) })
@@ -154,6 +155,7 @@ func chmodRevokes(t *testing.T, flags []string) {
 // that fixes it is seen; a file with no tokens left refuses every token;
 // SIGHUP rereads it at once.
 func TestServeTokenFileReload(t *testing.T) {
+	// Not parallel: it times the server's reread against its timer.
 	c := newCLI(t)
 	c.ok("ns", "create", "builds")
 	const alice, bob = "alice-token-0123456789", "bob-token-0123456789ab"
@@ -241,6 +243,7 @@ func TestServeTokenFileReload(t *testing.T) {
 // TestMountListenReloadsOnHangup: mount --listen follows its token file
 // as serve does, SIGHUP included, and SIGHUP leaves the mount mounted.
 func TestMountListenReloadsOnHangup(t *testing.T) {
+	t.Parallel()
 	requireFUSE(t)
 	c := newCLI(t)
 	const alice, bob = "alice-token-0123456789", "bob-token-0123456789ab"

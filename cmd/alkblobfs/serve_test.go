@@ -65,7 +65,7 @@ func startServeAt(t *testing.T, c *cli, servingURL *regexp.Regexp, args ...strin
 	}
 	s := &server{stderr: &syncBuffer{}, done: make(chan struct{})}
 	s.cmd = exec.Command(bin, append(append([]string{"--data", c.data}, c.flags...), append([]string{"serve"}, args...)...)...)
-	s.cmd.Env = append(os.Environ(), "HOME="+c.home, "XDG_DATA_HOME=")
+	s.cmd.Env = c.environ()
 	s.cmd.Stderr = s.stderr
 	if err := s.cmd.Start(); err != nil {
 		t.Fatal(err)
@@ -106,6 +106,7 @@ func tokenFile(t *testing.T, tok string) string {
 // TestServe: alkblobfs serve as a process, and the CLI's --remote put,
 // have, get and cat through it, with a bearer token.
 func TestServe(t *testing.T) {
+	t.Parallel()
 	c := newCLI(t)
 	c.ok("ns", "create", "builds")
 	const secret = "b7e1-secret-token-4f2c"
@@ -183,6 +184,7 @@ func TestServe(t *testing.T) {
 // mount; /metrics shows the mount's counters (the same ones its stats file
 // shows) and FUSE latencies, and an HTTP put shows up in the mount.
 func TestMountListen(t *testing.T) {
+	t.Parallel()
 	requireFUSE(t)
 	c := newCLI(t)
 	c.ok("ns", "create", "builds")
@@ -204,7 +206,7 @@ func TestMountListen(t *testing.T) {
 		t.Fatalf("HTTP put: %v %v", resp, err)
 	}
 	resp.Body.Close()
-	eventually(t, 5*time.Second, "the HTTP put in the mount", func() bool {
+	eventually(t, 30*time.Second, "the HTTP put in the mount", func() bool {
 		_, err := os.Stat(filepath.Join(mnt, "builds", sum(other)))
 		return err == nil
 	})
@@ -288,6 +290,7 @@ func metricValue(fams map[string]*dto.MetricFamily, name, op string) float64 {
 // scripts/measure-http.sh PROFILE=DIR) write both profiles when the server
 // stops, over the puts it served.
 func TestServeProfiles(t *testing.T) {
+	t.Parallel()
 	c := newCLI(t)
 	c.ok("ns", "create", "builds")
 	dir := t.TempDir()

@@ -34,6 +34,7 @@ func httpStatus(t *testing.T, method, url string) int {
 // with no sweep run by hand; with --sweep-every 0, the default, nothing
 // sweeps.
 func TestServeSweepEvery(t *testing.T) {
+	t.Parallel()
 	for _, every := range []string{"1s", "0", "default"} {
 		t.Run(every, func(t *testing.T) {
 			c := newCLI(t)
@@ -94,6 +95,7 @@ func TestServeSweepEvery(t *testing.T) {
 // and logs one it finds corrupt (and counts it in /metrics), and a scrub in progress ends when the
 // server is told to stop.
 func TestServeScrubEvery(t *testing.T) {
+	t.Parallel()
 	c := newCLI(t)
 	c.ok("ns", "create", "s")
 	src, _, digest := writeFile(t, t.TempDir(), 300<<10, 22) // the large tier: a file
@@ -147,6 +149,7 @@ func TestServeScrubEvery(t *testing.T) {
 // TestServeUpkeepFlagsBound: serve checks --sweep-every, --scrub-every and
 // --scrub-rate as mount does, before it listens.
 func TestServeUpkeepFlagsBound(t *testing.T) {
+	t.Parallel()
 	c := newCLI(t)
 	c.fail(2, "at least 1s", "serve", "--listen", "127.0.0.1:0", "--insecure-loopback", "--sweep-every", "1ms")
 	c.fail(2, "at least 1s", "serve", "--listen", "127.0.0.1:0", "--insecure-loopback", "--sweep-every", "-1s")

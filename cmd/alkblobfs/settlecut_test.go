@@ -32,6 +32,8 @@ const settleFailed = "could not link a closed file into its namespace; retrying"
 // file (kv, its intent in the put's transaction) and a large one (pglo,
 // its intent after the stage's commit).
 func TestCloseThenSettleCut(t *testing.T) {
+	// Not parallel: its files open on the mount must see no close but its
+	// own, and another test's fork and exec closes copies of them (a FLUSH each).
 	requireFUSE(t)
 	dsn := pgtest.DSN(t)
 	c := newCLI(t, fleetFlags(t, dsn, "pglo", nil)...)

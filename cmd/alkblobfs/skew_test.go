@@ -21,6 +21,7 @@ import (
 // timed by the server's clock: neither process's clock says anything about
 // it.
 func TestClockSkewProcesses(t *testing.T) {
+	// Not parallel: it bounds the collection after the close.
 	requireFUSE(t)
 	const ttl, window = 3 * time.Second, time.Second
 	dsn := pgtest.DSN(t)
@@ -34,17 +35,16 @@ func TestClockSkewProcesses(t *testing.T) {
 	}
 	d := strings.TrimSpace(c.ok("put", "--ns", "p", src))
 
-	t.Setenv(clockSkewEnv, "-5m")
 	mnt := t.TempDir()
-	dm := startDaemon(t, c.data, mnt, flags...)
-	f := openWithin(t, filepath.Join(mnt, "p", d), 5*time.Second)
+	dm := startDaemonEnv(t, []string{clockSkewEnv + "=-5m"}, c.data, mnt, flags...)
+	f := openWithin(t, filepath.Join(mnt, "p", d), 30*time.Second)
 	defer f.Close()
 	head := make([]byte, 4096)
 	if _, err := io.ReadFull(f, head); err != nil {
 		t.Fatal(err)
 	}
 
-	t.Setenv(clockSkewEnv, "+5m")
+	c.env = []string{clockSkewEnv + "=+5m"}
 	c.ok("unlink", "p", d)
 	for start := time.Now(); time.Since(start) < 2*ttl+window; time.Sleep(200 * time.Millisecond) {
 		c.fail(1, "protected", "rm", d)
@@ -64,9 +64,10 @@ func TestClockSkewProcesses(t *testing.T) {
 // TestClockSkewEnv: the knob takes a Go duration; anything else is a
 // usage error.
 func TestClockSkewEnv(t *testing.T) {
+	t.Parallel()
 	c := newCLI(t)
-	t.Setenv(clockSkewEnv, "+5m")
+	c.env = []string{clockSkewEnv + "=+5m"}
 	c.ok("ls")
-	t.Setenv(clockSkewEnv, "soon")
+	c.env = []string{clockSkewEnv + "=soon"}
 	c.fail(2, clockSkewEnv, "ls")
 }

@@ -21,6 +21,7 @@ import (
 // pid made the dead mount look served ("busy"), and nothing could free
 // the mountpoint but umount --force.
 func TestStaleMountReusedPID(t *testing.T) {
+	t.Parallel()
 	requireFUSE(t)
 	if os.Geteuid() != 0 {
 		t.Skip("the pid file of a root mount is under /run/alkblobfs")

@@ -16,6 +16,7 @@ import (
 )
 
 func TestParseSize(t *testing.T) {
+	t.Parallel()
 	for _, tc := range []struct {
 		in   string
 		want int64
@@ -55,6 +56,7 @@ func TestParseSize(t *testing.T) {
 }
 
 func TestOpenEngineURLs(t *testing.T) {
+	t.Parallel()
 	ctx := context.Background()
 	for _, tc := range []struct {
 		role tierRole
@@ -95,6 +97,7 @@ func TestOpenEngineURLs(t *testing.T) {
 }
 
 func TestExitCodeMapping(t *testing.T) {
+	t.Parallel()
 	for _, tc := range []struct {
 		err  error
 		code int
@@ -120,6 +123,7 @@ func TestExitCodeMapping(t *testing.T) {
 }
 
 func TestTransferProgress(t *testing.T) {
+	t.Parallel()
 	ctx := context.Background()
 	const n = 3 << 20
 	for _, tc := range []struct {
@@ -166,6 +170,7 @@ func TestTransferProgress(t *testing.T) {
 }
 
 func TestPrintReport(t *testing.T) {
+	t.Parallel()
 	var buf bytes.Buffer
 	printReport(&buf, gc.Report{Scanned: 10, Live: 7, Queued: 3, Deleted: 2, Cancelled: 1, BytesFreed: 3 << 20, Durable: true, Delay: time.Minute, Duration: 1500 * time.Microsecond})
 	for _, want := range []string{"scanned    10 blobs, 7 live\n", "queued     3 candidates\n", "deleted    2 (3.0 MiB freed)\n", "cancelled  1 by arbitration\n", "durable window (delay 1m0s)", "duration   1.5ms\n"} {

@@ -18,6 +18,7 @@ import (
 // server's own user drive them (with the sweep verb); anyone the server
 // accepts reads the reports, without names.
 func TestServeUpkeepOverHTTP(t *testing.T) {
+	t.Parallel()
 	c := newCLI(t)
 	c.ok("ns", "create", "s")
 	src, _, large := writeFile(t, t.TempDir(), 300<<10, 41) // a file of the large tier

@@ -18,6 +18,7 @@ import (
 // it. If the header's content was put and linked by the CLI in between,
 // that reference is the CLI's: it must stay, and survive two sweeps.
 func TestCompoundRedirectKeepsOthersReference(t *testing.T) {
+	t.Parallel()
 	requireFUSE(t)
 	c := newCLI(t)
 	c.ok("ns", "create", "ns")
@@ -76,16 +77,25 @@ const emptyDigest = "e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b785
 // empty version, neither while the command runs nor after the daemon is
 // killed during it. An explicitly empty file (`: > f`) still publishes.
 func TestRedirectPublishesNoEmptyVersion(t *testing.T) {
+	t.Parallel()
 	requireFUSE(t)
 	c := newCLI(t)
 	c.ok("ns", "create", "ns")
 	mnt := t.TempDir()
 	dm := startDaemon(t, c.data, mnt)
 	nsDir := filepath.Join(mnt, "ns")
-	sh := exec.Command("sh", "-c", fmt.Sprintf(`(sleep 0.5; echo x) > %q`, filepath.Join(nsDir, "incoming", "f")))
+	// The command writes once the namespace has been polled 20 times with
+	// f open and empty: a count, not a time (on a loaded machine half a
+	// second held fewer than 10 polls).
+	gate := filepath.Join(t.TempDir(), "write")
+	sh := exec.Command("sh", "-c", fmt.Sprintf(`(while [ ! -e %q ]; do sleep 0.05; done; echo x) > %q`, gate, filepath.Join(nsDir, "incoming", "f")))
 	if err := sh.Start(); err != nil {
 		t.Fatal(err)
 	}
+	eventually(t, 30*time.Second, "the shell to create incoming/f", func() bool {
+		_, err := os.Stat(filepath.Join(nsDir, "incoming", "f"))
+		return err == nil
+	})
 	done := make(chan error, 1)
 	go func() { done <- sh.Wait() }()
 	polls := 0
@@ -108,7 +118,11 @@ poll:
 				t.Fatal("the empty version of a redirection showed in the namespace")
 			}
 		}
-		polls++
+		if polls++; polls == 20 {
+			if err := os.WriteFile(gate, nil, 0o644); err != nil {
+				t.Fatal(err)
+			}
+		}
 		time.Sleep(5 * time.Millisecond)
 	}
 	if !slices.Contains(lines(c.ok("ls", "ns")), sum([]byte("x\n"))) {
@@ -123,7 +137,12 @@ poll:
 	if err := sh.Start(); err != nil {
 		t.Fatal(err)
 	}
-	time.Sleep(500 * time.Millisecond)
+	// Killed once the redirection has created g (its empty version), not
+	// after a guess at how long the shell takes to start.
+	eventually(t, 30*time.Second, "the shell to create incoming/g", func() bool {
+		_, err := os.Stat(filepath.Join(nsDir, "incoming", "g"))
+		return err == nil
+	})
 	dm.cmd.Process.Kill()
 	dm.wait(20 * time.Second)
 	sh.Process.Kill()
@@ -135,7 +154,7 @@ poll:
 	if err := exec.Command("sh", "-c", fmt.Sprintf(`: > %q`, filepath.Join(nsDir, "incoming", "empty"))).Run(); err != nil {
 		t.Fatal(err)
 	}
-	eventually(t, 5*time.Second, "an explicitly empty file to publish", func() bool {
+	eventually(t, 30*time.Second, "an explicitly empty file to publish", func() bool {
 		return slices.Contains(lines(c.ok("ls", "ns")), emptyDigest)
 	})
 	stopDaemon(t, dm)
@@ -146,6 +165,7 @@ poll:
 // waits for that RELEASE): the next mount of the same mountpoint links
 // it. The version it superseded never shows, before or after.
 func TestCloseSurvivesCrash(t *testing.T) {
+	t.Parallel()
 	requireFUSE(t)
 	c := newCLI(t)
 	c.ok("ns", "create", "ns")

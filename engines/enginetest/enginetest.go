@@ -133,10 +133,18 @@ func tryPut(t *testing.T, e engines.Engine, d blob.Digest, v []byte) error {
 // may fsync per commit) and returns their digests in ascending order.
 func putMany(t *testing.T, e engines.Engine, n int) []blob.Digest {
 	t.Helper()
+	return putRange(t, e, 0, n)
+}
+
+// putRange is putMany of the values from to to of the same sequence: the
+// values of putRange(0, m) and putRange(m, n) are putMany's n.
+func putRange(t *testing.T, e engines.Engine, from, to int) []blob.Digest {
+	t.Helper()
+	n := to - from
 	ds := make([]blob.Digest, n)
 	vs := make([][]byte, n)
 	for i := range n {
-		vs[i] = value(8+i%64, uint64(i)+1<<32)
+		vs[i] = value(8+(from+i)%64, uint64(from+i)+1<<32)
 		ds[i] = blob.Sum(vs[i])
 	}
 	const workers = 8
