@@ -19,6 +19,7 @@ import (
 // so that a mode the surfaces see differently cannot pass (issue 35: a
 // chmod 000 namespace answered 403 over HTTP and was open on the mount).
 func TestHTTPAccessModes(t *testing.T) {
+	t.Parallel()
 	f := newAccessFixture(t)
 	asRoot := func(s string) (string, error) {
 		out, err := exec.Command("sh", "-c", s).CombinedOutput()

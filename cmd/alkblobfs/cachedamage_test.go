@@ -140,6 +140,7 @@ func getFileReader(c *cli) func(t *testing.T, d string) ([]byte, error) {
 // a second mount sharing the cache, cat, get -o FILE, get -o -, cache
 // warm (which leaves a good copy) and verify (issue 35).
 func TestCacheDamageEveryReader(t *testing.T) {
+	t.Parallel()
 	requireFUSE(t)
 	cdir := filepath.Join(t.TempDir(), "cache")
 	flags := []string{"--large", s3test.URL(t), "--cache", cdir, "--cache-size", "1GiB"}
@@ -220,6 +221,7 @@ func TestCacheDamageEveryReader(t *testing.T) {
 // byte. Damaged checksums of intact content are not a damaged blob: it
 // reads whole, and verify finds it intact.
 func TestLocalDamageNoBadByte(t *testing.T) {
+	t.Parallel()
 	requireFUSE(t)
 	c := newCLI(t)
 	c.ok("ns", "create", "p")
@@ -292,6 +294,7 @@ func shortSum(b []byte) string {
 // "corrupt", have says lost and verify MISSING, a scrub counts it and its
 // metric moves; putting it again repairs it.
 func TestLostBlobFailsLoudly(t *testing.T) {
+	t.Parallel()
 	requireFUSE(t)
 	c := newCLI(t)
 	c.ok("ns", "create", "p")

@@ -16,6 +16,7 @@ import (
 // which fails on purpose. Before, the flags were pflag durations, which
 // took "+5m", "5m5m" and "30m1h".
 func TestUpkeepFlagsGrammar(t *testing.T) {
+	t.Parallel()
 	c := newCLI(t)
 	for _, s := range []struct {
 		flag  string

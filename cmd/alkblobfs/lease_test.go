@@ -180,6 +180,7 @@ func TestDetachedMountKeepsItsIntents(t *testing.T) {
 // only a mount's lease settled them, so after a mount died for good its
 // fsynced files stayed unlisted.
 func TestLapsedWriterSettledByCLI(t *testing.T) {
+	t.Parallel()
 	requireFUSE(t)
 	for _, args := range [][]string{{"sweep"}, {"ls", "ns"}, {"serve"}} {
 		command := args[0]
@@ -230,10 +231,10 @@ func TestLapsedWriterSettledByCLI(t *testing.T) {
 			}
 			// The intent lapses 1 s after the dead daemon's last renewal;
 			// each run is the CLI's own chance to settle it.
-			deadline := time.Now().Add(15 * time.Second)
+			deadline := time.Now().Add(60 * time.Second)
 			for pending() != 0 {
 				if time.Now().After(deadline) {
-					t.Fatalf("15 s after the kill, with a 1 s lease, alkblobfs %s has not linked the dead mount's fsynced version", command)
+					t.Fatalf("60 s after the kill, with a 1 s lease, alkblobfs %s has not linked the dead mount's fsynced version", command)
 				}
 				if args != nil {
 					c.ok(args...)

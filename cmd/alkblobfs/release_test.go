@@ -29,6 +29,7 @@ func changelogVersion(t *testing.T, changelog string) string {
 // unless the checkout is that release, in --version and in its man pages'
 // header; a plain go build (TestMain's) still says something true.
 func TestMakeBuildVersion(t *testing.T) {
+	t.Parallel()
 	out := t.TempDir()
 	exe := filepath.Join(out, "alkblobfs")
 	if b, err := exec.Command("make", "-s", "-C", "../..", "build", "BIN="+exe).CombinedOutput(); err != nil {
@@ -75,6 +76,7 @@ func TestMakeBuildVersion(t *testing.T) {
 // section into ## [X.Y.Z] - today, commits and tags vX.Y.Z, and the
 // version is X.Y.Z, in a clone without tags too.
 func TestMakeRelease(t *testing.T) {
+	t.Parallel()
 	repo := t.TempDir()
 	env := append(os.Environ(), "GIT_AUTHOR_NAME=t", "GIT_AUTHOR_EMAIL=t@example.invalid",
 		"GIT_COMMITTER_NAME=t", "GIT_COMMITTER_EMAIL=t@example.invalid", "GIT_CONFIG_GLOBAL=/dev/null")
