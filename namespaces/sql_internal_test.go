@@ -50,7 +50,6 @@ func TestSQLiteQueryPlans(t *testing.T) {
 		{"entries", r.q.entries, []any{"a", k, 10}},
 		{"names", r.q.names, []any{"a", 10}},
 		{"count", r.q.count, []any{"a"}},
-		{"renew", r.q.renew, []any{1, 1, "h"}},
 	} {
 		rows, err := e.DB().QueryContext(ctx, "EXPLAIN QUERY PLAN "+tc.q, tc.args...)
 		if err != nil {

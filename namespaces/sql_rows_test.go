@@ -114,3 +114,55 @@ func TestSQLiteLinkedPutNeedsNoPinRow(t *testing.T) {
 		t.Fatalf("fourth sweep: %+v; want both deleted once unprotected", rep)
 	}
 }
+
+// TestSQLiteNoPendingHolderIndex: a SQLite registry keeps no index on
+// ns_pending(holder), which cost every intent a b-tree write; an older
+// database that has it loses it at the next open, and its intents still
+// renew and recover by holder.
+func TestSQLiteNoPendingHolderIndex(t *testing.T) {
+	ctx := t.Context()
+	path := filepath.Join(t.TempDir(), "kv.db")
+	kv, err := sqlite.Open(ctx, path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer kv.Close()
+	index := func() int {
+		var n int
+		q := `SELECT count(*) FROM sqlite_master WHERE type = 'index' AND name = 'ns_pending_holder'`
+		if err := kv.DB().QueryRowContext(ctx, q).Scan(&n); err != nil {
+			t.Fatal(err)
+		}
+		return n
+	}
+	r, err := namespaces.Open(ctx, kv, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if index() != 0 {
+		t.Fatal("a new database has the index ns_pending_holder")
+	}
+	mustDo(t, r.Create(ctx, "a"))
+	d := blob.Sum([]byte("pending"))
+	if _, err := r.Pend(ctx, "a", d, namespaces.Pending{Holder: "old", TTL: time.Minute}); err != nil {
+		t.Fatal(err)
+	}
+	// As an older build made it.
+	if _, err := kv.DB().ExecContext(ctx, `CREATE INDEX ns_pending_holder ON ns_pending (holder)`); err != nil {
+		t.Fatal(err)
+	}
+	r, err = namespaces.Open(ctx, kv, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if index() != 0 {
+		t.Fatal("the index ns_pending_holder survived an open")
+	}
+	mustDo(t, r.Renew(ctx, "old", time.Minute))
+	if n, err := r.Recover(ctx, "old"); n != 1 || err != nil {
+		t.Fatalf("Recover of the holder = %d, %v; want its intent", n, err)
+	}
+	if _, ok, err := r.Has(ctx, "a", d); !ok || err != nil {
+		t.Fatalf("recovered intent not linked: %v, %v", ok, err)
+	}
+}

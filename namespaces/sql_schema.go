@@ -93,3 +93,22 @@ func readOnlyDB(err error) bool {
 	s := err.Error()
 	return strings.Contains(s, "readonly database") || strings.Contains(s, "read-only transaction")
 }
+
+// dropPendingHolder drops the SQLite index ns_pending_holder that older
+// builds made (see ddl). It looks first, without the write lock, so that
+// an open of a database without it writes nothing; DROP INDEX IF EXISTS
+// is one statement, so processes opening at once drop it once and the
+// others find nothing to do. An older build that opens the database again
+// creates it again, which costs only its writes until the next open here.
+// A database that cannot be written (read-only media) keeps it.
+func dropPendingHolder(ctx context.Context, db *sql.DB) error {
+	var n int
+	q := `SELECT count(*) FROM sqlite_master WHERE type = 'index' AND name = 'ns_pending_holder'`
+	if err := db.QueryRowContext(ctx, q).Scan(&n); err != nil || n == 0 {
+		return err
+	}
+	if _, err := db.ExecContext(ctx, `DROP INDEX IF EXISTS ns_pending_holder`); err != nil && !readOnlyDB(err) {
+		return err
+	}
+	return nil
+}
