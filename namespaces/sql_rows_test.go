@@ -115,11 +115,11 @@ func TestSQLiteLinkedPutNeedsNoPinRow(t *testing.T) {
 	}
 }
 
-// TestSQLiteNoPendingHolderIndex: a SQLite registry keeps no index on
-// ns_pending(holder), which cost every intent a b-tree write; an older
-// database that has it loses it at the next open, and its intents still
-// renew and recover by holder.
-func TestSQLiteNoPendingHolderIndex(t *testing.T) {
+// TestSQLiteNoPendingIndexes: a SQLite registry keeps no index on
+// ns_pending, each of which cost every intent a b-tree write; an older
+// database that has them loses them at the next open, and its intents
+// still protect their blobs, renew and recover by holder.
+func TestSQLiteNoPendingIndexes(t *testing.T) {
 	ctx := t.Context()
 	path := filepath.Join(t.TempDir(), "kv.db")
 	kv, err := sqlite.Open(ctx, path)
@@ -129,7 +129,7 @@ func TestSQLiteNoPendingHolderIndex(t *testing.T) {
 	defer kv.Close()
 	index := func() int {
 		var n int
-		q := `SELECT count(*) FROM sqlite_master WHERE type = 'index' AND name = 'ns_pending_holder'`
+		q := `SELECT count(*) FROM sqlite_master WHERE type = 'index' AND tbl_name = 'ns_pending'`
 		if err := kv.DB().QueryRowContext(ctx, q).Scan(&n); err != nil {
 			t.Fatal(err)
 		}
@@ -140,23 +140,31 @@ func TestSQLiteNoPendingHolderIndex(t *testing.T) {
 		t.Fatal(err)
 	}
 	if index() != 0 {
-		t.Fatal("a new database has the index ns_pending_holder")
+		t.Fatal("a new database has indexes on ns_pending")
 	}
 	mustDo(t, r.Create(ctx, "a"))
 	d := blob.Sum([]byte("pending"))
 	if _, err := r.Pend(ctx, "a", d, namespaces.Pending{Holder: "old", TTL: time.Minute}); err != nil {
 		t.Fatal(err)
 	}
-	// As an older build made it.
-	if _, err := kv.DB().ExecContext(ctx, `CREATE INDEX ns_pending_holder ON ns_pending (holder)`); err != nil {
-		t.Fatal(err)
+	// As an older build made them.
+	for _, q := range []string{`CREATE INDEX ns_pending_digest ON ns_pending (digest)`, `CREATE INDEX ns_pending_holder ON ns_pending (holder)`} {
+		if _, err := kv.DB().ExecContext(ctx, q); err != nil {
+			t.Fatal(err)
+		}
 	}
 	r, err = namespaces.Open(ctx, kv, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
 	if index() != 0 {
-		t.Fatal("the index ns_pending_holder survived an open")
+		t.Fatal("indexes on ns_pending survived an open")
+	}
+	if ok, err := r.IsLive(ctx, d); !ok || err != nil {
+		t.Fatalf("IsLive of a pending digest = %v, %v; want live", ok, err)
+	}
+	if live, err := r.(*namespaces.SQL).LiveAmong(ctx, []blob.Digest{d, blob.Sum([]byte("other"))}); len(live) != 1 || !live[d] || err != nil {
+		t.Fatalf("LiveAmong = %v, %v; want the pending digest alone", live, err)
 	}
 	mustDo(t, r.Renew(ctx, "old", time.Minute))
 	if n, err := r.Recover(ctx, "old"); n != 1 || err != nil {
