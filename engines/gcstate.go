@@ -84,6 +84,21 @@ type GCHost interface {
 	SweepLease(ctx context.Context) (l Lease, held bool, err error)
 }
 
+// SerialHost is a GCHost whose arbitration lock is every write
+// transaction's for its whole length, in every process (SQLite's database
+// write lock: transactions begin IMMEDIATE). A row that any transaction
+// commits is then seen by every arbitration after it, and no arbitration
+// runs while the transaction is open: a put whose own transaction also
+// writes what keeps its digest live (a namespace reference or intent,
+// which arbitration reads in its transaction) needs no pin row
+// (gc.Collector.PinLinked). On PostgreSQL the lock is per digest and taken
+// by pin rows only, so puts keep their rows there.
+type SerialHost interface {
+	GCHost
+	// SerialArbitration reports that the host is one (a wrapper may not be).
+	SerialArbitration() bool
+}
+
 // Lease is a held sweep lease. It ends when released or when its holder
 // dies (the lease is a lock the operating system or the server drops).
 type Lease interface {

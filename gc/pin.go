@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/alkblobfs/alkblobfs/blob"
+	"github.com/alkblobfs/alkblobfs/engines"
 )
 
 // pinEntry is the state of one pinned digest in this process.
@@ -382,6 +383,37 @@ func (c *Collector) PinPublish(ctx context.Context, d blob.Digest, publish func(
 }
 
 func noRow(context.Context, *sql.Tx) error { return nil }
+
+// PinLinked is PinPublish for a put whose transaction also writes what
+// keeps d live in every process: a namespace reference or intent, which
+// every arbitration reads in its own transaction (TxSource). Where the
+// host serializes arbitrations with whole write transactions
+// (engines.SerialHost: SQLite), that row protects d from the moment the
+// entry is visible, so the put writes no pin row — on SQLite, two b-tree
+// writes of every small close and a delete of each at the next renewal
+// (docs/gc.md, "What a small close writes"). The pin is then this
+// process's reference only, for its own sweeps. Elsewhere it is
+// PinPublish.
+func (c *Collector) PinLinked(ctx context.Context, d blob.Digest, publish func(row RowFunc) error) (*Pin, error) {
+	sh, ok := c.host.(engines.SerialHost)
+	if !ok || !sh.SerialArbitration() {
+		return c.PinPublish(ctx, d, publish)
+	}
+	if c.closed.Load() {
+		return nil, blob.Wrap("pin", "", d, blob.ErrClosed)
+	}
+	// Counted before the transaction, under the arbitration lock's read
+	// side, as PinPublish does: this process's own sweeps see it first.
+	c.arb.RLock()
+	c.pins.add(d)
+	c.arb.RUnlock()
+	pin := &Pin{c: c, d: d}
+	if err := publish(noRow); err != nil {
+		pin.Release()
+		return nil, err
+	}
+	return pin, nil
+}
 
 // PinMany mints a pin on each digest of ds, writing the rows this process
 // lacks in one transaction. On error no pin is held.

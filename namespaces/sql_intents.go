@@ -151,7 +151,9 @@ func (r *SQL) txExec(ctx context.Context, tx *sql.Tx, st *sql.Stmt, q string, ar
 	return tx.StmtContext(ctx, st).ExecContext(ctx, args...)
 }
 
-// Renew implements Registry: one UPDATE over the holder's index.
+// Renew implements Registry: one UPDATE, over the holder's index on
+// PostgreSQL; on SQLite a scan of ns_pending, which holds only the
+// intents of files being written (see ddl).
 func (r *SQL) Renew(ctx context.Context, holder string, ttl time.Duration) error {
 	if _, err := r.db.ExecContext(ctx, r.q.renew, r.args(nowArg{}, int64(ttl), holder)...); err != nil {
 		return wrap("renew", "", blob.Digest{}, err)

@@ -330,7 +330,8 @@ func (r *SQL) Entries(ctx context.Context, name string, after blob.Digest) iter.
 }
 
 // IsLive implements gc.Source with one index probe on ns_refs(digest) and,
-// if that misses, one on ns_pending(digest).
+// if that misses, one on ns_pending(digest) (on SQLite a scan of the
+// intents of files being written: see ddl).
 func (r *SQL) IsLive(ctx context.Context, d blob.Digest) (bool, error) {
 	var one int
 	err := r.db.QueryRowContext(ctx, r.q.isLive, d[:], d[:]).Scan(&one)
@@ -379,7 +380,7 @@ func (r *SQL) liveAmong(ctx context.Context, q querier, ds []blob.Digest) (map[b
 }
 
 // Live implements gc.Source: the union of the ns_refs(digest) and
-// ns_pending(digest) indexes, paged by key.
+// ns_pending(digest) indexes (on SQLite, ns_pending sorted), paged by key.
 func (r *SQL) Live(ctx context.Context) iter.Seq2[blob.Digest, error] {
 	return paged(ctx, "live", "", func(first bool, last blob.Digest) ([]blob.Digest, error) {
 		from := last[:]

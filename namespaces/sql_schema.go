@@ -93,3 +93,28 @@ func readOnlyDB(err error) bool {
 	s := err.Error()
 	return strings.Contains(s, "readonly database") || strings.Contains(s, "read-only transaction")
 }
+
+// dropPendingIndexes drops the SQLite indexes ns_pending_digest and
+// ns_pending_holder that older builds made (see ddl). It looks first,
+// without the write lock, so that an open of a database without them
+// writes nothing; DROP INDEX IF EXISTS is one statement, so processes
+// opening at once drop each once and the others find nothing to do. An
+// older build that opens the database again creates them again, which
+// costs only its writes until the next open here. A database that cannot
+// be written (read-only media) keeps them.
+func dropPendingIndexes(ctx context.Context, db *sql.DB) error {
+	var n int
+	q := `SELECT count(*) FROM sqlite_master WHERE type = 'index' AND name IN ('ns_pending_digest', 'ns_pending_holder')`
+	if err := db.QueryRowContext(ctx, q).Scan(&n); err != nil || n == 0 {
+		return err
+	}
+	for _, name := range []string{"ns_pending_digest", "ns_pending_holder"} {
+		if _, err := db.ExecContext(ctx, `DROP INDEX IF EXISTS `+name); err != nil {
+			if readOnlyDB(err) {
+				return nil
+			}
+			return err
+		}
+	}
+	return nil
+}

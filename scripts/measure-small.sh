@@ -7,6 +7,12 @@
 #
 #   cpu µs/file  the daemon's utime+stime (/proc/PID/stat) from just before
 #                the copy until every digest is listed, ÷ N
+#   KiB/file     what the daemon wrote to storage meanwhile (write_bytes of
+#                /proc/PID/io: the kv database's WAL and its checkpoints
+#                into the database file; a 4 KiB file never reaches the
+#                large tier), ÷ N. The kernel counts a page once per
+#                time it is dirtied, so rewrites of a page not yet written
+#                back count once.
 #   wall s       copy + sync, and until every digest is listed (with
 #                `alkblobfs ls NS` in a process of its own, so that the
 #                daemon is not charged for the polling)
@@ -108,6 +114,8 @@ results=$work/results
 
 # cputicks PID: the process's utime+stime in clock ticks.
 cputicks() { awk '{ print $14 + $15 }' "/proc/$1/stat"; }
+# wbytes PID: the bytes the process caused to be written to storage.
+wbytes() { awk '$1 == "write_bytes:" { print $2 }' "/proc/$1/io"; }
 now() { date +%s%N; }
 
 # copy DEST: the tool's copy of the tree into DEST (a new directory), then
@@ -126,7 +134,7 @@ listed() { "$1" --data "$2" ls bench | wc -l; }
 
 # run LABEL REP: one copy into a fresh store with binary LABEL.
 run() {
-	local label=$1 r=$2 b=$work/$1 data=$work/data-$1-$2 mnt=$work/mnt-$1-$2 flags=() pid c0 c1 t0 t1 t2 got
+	local label=$1 r=$2 b=$work/$1 data=$work/data-$1-$2 mnt=$work/mnt-$1-$2 flags=() pid c0 c1 w0 w1 t0 t1 t2 got
 	mkdir -p "$data" && chmod 700 "$data"
 	"$b" --data "$data" ns create bench >/dev/null
 	if [[ -n $profile && $r == 1 ]]; then
@@ -135,6 +143,7 @@ run() {
 	mountfs "$b" "$mnt" --data "$data" mount "${flags[@]}"
 	pid=$(<"$mnt.pid")
 	c0=$(cputicks "$pid")
+	w0=$(wbytes "$pid")
 	t0=$(now)
 	copy "$mnt/bench/incoming/s"
 	t1=$(now)
@@ -147,13 +156,15 @@ run() {
 	done
 	t2=$(now)
 	c1=$(cputicks "$pid")
+	w1=$(wbytes "$pid")
 	((got == n)) || { echo "$PROG: $label listed $got of $n digests 30 s after the copy" >&2; exit 1; }
 	umountfs "$mnt"
 	rm -rf "$data" "$mnt"
-	awk -v l="$label" -v r="$r" -v c="$((c1 - c0))" -v hz="$hz" -v n="$n" -v a="$t0" -v b="$t1" -v e="$t2" 'BEGIN {
+	awk -v l="$label" -v r="$r" -v c="$((c1 - c0))" -v w="$((w1 - w0))" -v hz="$hz" -v n="$n" -v a="$t0" -v b="$t1" -v e="$t2" 'BEGIN {
 		us = c / hz * 1e6 / n
-		printf "%s\t%.1f\t%.3f\t%.3f\n", l, us, (b - a) / 1e9, (e - a) / 1e9 >> "'"$results"'"
-		printf "  rep %d %-7s daemon CPU %7.1f µs/file   copy + sync %6.3f s (%.3f ms/file)   until listed %6.3f s\n", r, l, us, (b - a) / 1e9, (b - a) / 1e6 / n, (e - a) / 1e9
+		kib = w / 1024 / n
+		printf "%s\t%.1f\t%.3f\t%.3f\t%.2f\n", l, us, (b - a) / 1e9, (e - a) / 1e9, kib >> "'"$results"'"
+		printf "  rep %d %-7s daemon CPU %7.1f µs/file   written %6.2f KiB/file   copy + sync %6.3f s (%.3f ms/file)   until listed %6.3f s\n", r, l, us, kib, (b - a) / 1e9, (b - a) / 1e6 / n, (e - a) / 1e9
 	}'
 }
 
@@ -163,7 +174,7 @@ native() {
 	copy "$work/native-$r"
 	t1=$(now)
 	rm -rf "$work/native-$r"
-	awk -v a="$t0" -v b="$t1" 'BEGIN { printf "native\t0\t%.3f\t%.3f\n", (b - a) / 1e9, (b - a) / 1e9 >> "'"$results"'"
+	awk -v a="$t0" -v b="$t1" 'BEGIN { printf "native\t0\t%.3f\t%.3f\t0\n", (b - a) / 1e9, (b - a) / 1e9 >> "'"$results"'"
 		printf "  rep %d native  copy + sync %6.3f s\n", '"$r"', (b - a) / 1e9 }'
 }
 
@@ -181,16 +192,16 @@ done
 echo
 echo "$tool, medians of $reps ($(nproc) CPUs, load $(cut -d' ' -f1-3 /proc/loadavg)):"
 awk -F'\t' "$MEDIAN_AWK"'
-	{ k = $1; if (!(k in c)) order[++no] = k; c[k]++; cpu[k, c[k]] = $2; w[k, c[k]] = $3; l[k, c[k]] = $4 }
+	{ k = $1; if (!(k in c)) order[++no] = k; c[k]++; cpu[k, c[k]] = $2; w[k, c[k]] = $3; l[k, c[k]] = $4; kb[k, c[k]] = $5 }
 	END {
 		for (i = 1; i <= c["native"]; i++) a[i] = w["native", i]
 		nat = median(a, c["native"])
-		printf "  %-7s %14s %14s %12s %14s %8s\n", "system", "CPU µs/file", "copy+sync s", "ms/file", "until listed s", "ratio"
+		printf "  %-7s %14s %12s %14s %12s %14s %8s\n", "system", "CPU µs/file", "KiB/file", "copy+sync s", "ms/file", "until listed s", "ratio"
 		for (o = 1; o <= no; o++) {
 			k = order[o]
-			for (i = 1; i <= c[k]; i++) { x[i] = cpu[k, i]; y[i] = w[k, i]; z[i] = l[k, i] }
-			mc = median(x, c[k]); mw = median(y, c[k]); ml = median(z, c[k])
-			printf "  %-7s %14s %14.3f %12.3f %14.3f %8.2f\n", k, (k == "native" ? "-" : sprintf("%.1f", mc)), mw, mw * 1000 / '"$n"', ml, nat / ml
+			for (i = 1; i <= c[k]; i++) { x[i] = cpu[k, i]; y[i] = w[k, i]; z[i] = l[k, i]; q[i] = kb[k, i] }
+			mc = median(x, c[k]); mw = median(y, c[k]); ml = median(z, c[k]); mk = median(q, c[k])
+			printf "  %-7s %14s %12s %14.3f %12.3f %14.3f %8.2f\n", k, (k == "native" ? "-" : sprintf("%.1f", mc)), (k == "native" ? "-" : sprintf("%.2f", mk)), mw, mw * 1000 / '"$n"', ml, nat / ml
 		}
 	}' "$results"
 [[ -n $profile ]] && echo "profiles in $profile (go tool pprof -top $profile/after.bin $profile/after.cpu.pprof; -sample_index=alloc_objects for the heap ones)"

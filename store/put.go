@@ -20,10 +20,12 @@ type Pin = gc.Pin
 
 // LinkFunc runs when a put publishes. When the kv engine supports it
 // (engines.TxPutter), it runs inside the transaction that inserts the
-// entry, with tx set, so publish and link commit together. Otherwise it
-// runs right after publish with tx nil, while the put's pin protects the
-// entry. If it fails, the put fails (and, in the joint form, nothing
-// commits).
+// entry, with tx set, so publish and link commit together; what it writes
+// there must keep d live to every process's sweeps (a namespace reference
+// or intent), as the put then writes no pin row where that suffices
+// (gc.Collector.PinLinked). Otherwise it runs right after publish with tx
+// nil, while the put's pin protects the entry. If it fails, the put fails
+// (and, in the joint form, nothing commits).
 type LinkFunc func(ctx context.Context, tx *sql.Tx, d Digest) error
 
 // PutOption adjusts one put.
@@ -146,11 +148,18 @@ func (s *Store) putSmall(ctx context.Context, b []byte, want *Digest, o putOptio
 	}
 	// Design point (joint put): the pin row, the entry and the link commit
 	// in one transaction where the kv engine can join them; the row is
-	// written first in it, under its key lock (engines.TxPutter).
+	// written first in it, under its key lock (engines.TxPutter). A link
+	// in that transaction keeps d live by itself where the host serializes
+	// arbitrations with transactions: PinLinked writes no row there.
 	var inserted bool
-	pin, err := s.gc.PinPublish(ctx, d, func(row gc.RowFunc) error {
+	tp, joint := s.kv.(engines.TxPutter)
+	pinFn := s.gc.PinPublish
+	if joint && o.link != nil {
+		pinFn = s.gc.PinLinked
+	}
+	pin, err := pinFn(ctx, d, func(row gc.RowFunc) error {
 		var err error
-		if tp, ok := s.kv.(engines.TxPutter); ok && (o.link != nil || s.gc.Shared()) {
+		if joint && (o.link != nil || s.gc.Shared()) {
 			inserted, err = tp.PutTx(ctx, d, b, func(ctx context.Context, tx *sql.Tx) error {
 				if err := row(ctx, tx); err != nil {
 					return err

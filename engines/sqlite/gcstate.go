@@ -25,6 +25,11 @@ import (
 // arbitration counts its TTL from when it commits, and an arbitration
 // judges rows at the moment it excludes every writer.
 
+// SerialArbitration implements engines.SerialHost: Arbitrate's lock is
+// the database's write lock, which every write transaction holds from its
+// BEGIN IMMEDIATE to its end.
+func (e *Engine) SerialArbitration() bool { return true }
+
 // PinRows implements engines.GCHost.
 func (e *Engine) PinRows(ctx context.Context, tx *sql.Tx, owner string, ds []blob.Digest, ttl time.Duration) error {
 	if len(ds) == 0 {

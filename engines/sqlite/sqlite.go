@@ -59,6 +59,7 @@ var (
 	_ engines.BatchDeleter = (*Engine)(nil)
 	_ engines.BatchSizer   = (*Engine)(nil)
 	_ engines.GCHost       = (*Engine)(nil)
+	_ engines.SerialHost   = (*Engine)(nil)
 	_ engines.Batching     = (*Engine)(nil)
 	_ engines.Syncer       = (*Engine)(nil)
 	_ engines.RowClock     = (*Engine)(nil)

@@ -1,0 +1,176 @@
+package namespaces_test
+
+import (
+	"log/slog"
+	"path/filepath"
+	"testing"
+	"time"
+
+	"github.com/alkblobfs/alkblobfs/blob"
+	"github.com/alkblobfs/alkblobfs/engines/sqlite"
+	"github.com/alkblobfs/alkblobfs/namespaces"
+	"github.com/alkblobfs/alkblobfs/store"
+)
+
+// TestSQLiteLinkedPutNeedsNoPinRow: on SQLite a small put that links or
+// records an intent in its own transaction writes no gc_pins row, and the
+// reference or intent alone keeps the blob from another process's sweep —
+// here a second store on the same database (its own engine, collector and
+// owner), whose window already holds the digest when the put commits, so
+// the sweep's arbitration, not its mark, must find what protects it
+// (docs/gc.md, "What a small close writes").
+func TestSQLiteLinkedPutNeedsNoPinRow(t *testing.T) {
+	ctx := t.Context()
+	path := filepath.Join(t.TempDir(), "kv.db")
+	open := func() (*store.Store, *namespaces.Service, *sqlite.Engine) {
+		kv, err := sqlite.Open(ctx, path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		st, err := store.Open(ctx, store.Config{KV: kv, Logger: slog.New(slog.DiscardHandler)})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { st.Close() })
+		r, err := namespaces.Open(ctx, kv, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		st.Register(r)
+		return st, namespaces.NewService(r, st), kv
+	}
+	a, svcA, kv := open()
+	b, _, _ := open()
+	mustDo(t, svcA.Create(ctx, "builds"))
+
+	rows := func() int {
+		var n int
+		if err := kv.DB().QueryRowContext(ctx, `SELECT count(*) FROM gc_pins`).Scan(&n); err != nil {
+			t.Fatal(err)
+		}
+		return n
+	}
+	has := func(st *store.Store, d blob.Digest) bool {
+		ok, err := st.Has(ctx, d)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return ok
+	}
+	sweepB := func(when string) store.Report {
+		rep, err := b.Sweep(ctx)
+		if err != nil || rep.Aborted != "" {
+			t.Fatalf("%s: sweep: %+v, %v", when, rep, err)
+		}
+		return rep
+	}
+
+	// Both contents are in the pool, unprotected, when b's first sweep
+	// queues them.
+	intent, ref := []byte("closed, last descriptor still open"), []byte("put --ns")
+	for _, c := range [][]byte{intent, ref} {
+		_, pin, err := b.PutBytes(ctx, c)
+		if err != nil {
+			t.Fatal(err)
+		}
+		pin.Release()
+	}
+	if rep := sweepB("first sweep"); rep.Queued != 2 {
+		t.Fatalf("first sweep: %+v; want both contents queued", rep)
+	}
+
+	// a puts them again, one with an intent (a close in incoming/), one
+	// with a reference (put --ns), and lets go of its pins.
+	before := rows()
+	var i namespaces.Intent
+	di, pin, err := a.PutBytes(ctx, intent, store.WithLink(svcA.PendFunc("builds", namespaces.Pending{Holder: "h", TTL: time.Minute}, &i)))
+	if err != nil || i == 0 {
+		t.Fatalf("put with an intent: %v (intent %d)", err, i)
+	}
+	pin.Release()
+	dr, pin, err := a.PutBytes(ctx, ref, store.WithLink(svcA.LinkFunc("builds")))
+	if err != nil {
+		t.Fatal(err)
+	}
+	pin.Release()
+	if n := rows(); n != before {
+		t.Fatalf("the linked puts wrote %d gc_pins rows; want none: their intent and reference protect them", n-before)
+	}
+
+	// b's next sweep executes its window: the intent and the reference,
+	// read in its arbitration, keep both.
+	if rep := sweepB("second sweep"); rep.Cancelled != 2 || rep.Deleted != 0 {
+		t.Fatalf("second sweep: %+v; want both cancelled by arbitration", rep)
+	}
+	if !has(b, di) || !has(b, dr) {
+		t.Fatalf("a blob an intent (%v) or a reference (%v) protects was swept", has(b, di), has(b, dr))
+	}
+
+	// Without them, b deletes both: nothing else was keeping them.
+	mustDo(t, svcA.Cancel(ctx, i))
+	mustDo(t, svcA.Unlink(ctx, "builds", dr))
+	sweepB("third sweep")
+	if rep := sweepB("fourth sweep"); rep.Deleted != 2 {
+		t.Fatalf("fourth sweep: %+v; want both deleted once unprotected", rep)
+	}
+}
+
+// TestSQLiteNoPendingIndexes: a SQLite registry keeps no index on
+// ns_pending, each of which cost every intent a b-tree write; an older
+// database that has them loses them at the next open, and its intents
+// still protect their blobs, renew and recover by holder.
+func TestSQLiteNoPendingIndexes(t *testing.T) {
+	ctx := t.Context()
+	path := filepath.Join(t.TempDir(), "kv.db")
+	kv, err := sqlite.Open(ctx, path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer kv.Close()
+	index := func() int {
+		var n int
+		q := `SELECT count(*) FROM sqlite_master WHERE type = 'index' AND tbl_name = 'ns_pending'`
+		if err := kv.DB().QueryRowContext(ctx, q).Scan(&n); err != nil {
+			t.Fatal(err)
+		}
+		return n
+	}
+	r, err := namespaces.Open(ctx, kv, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if index() != 0 {
+		t.Fatal("a new database has indexes on ns_pending")
+	}
+	mustDo(t, r.Create(ctx, "a"))
+	d := blob.Sum([]byte("pending"))
+	if _, err := r.Pend(ctx, "a", d, namespaces.Pending{Holder: "old", TTL: time.Minute}); err != nil {
+		t.Fatal(err)
+	}
+	// As an older build made them.
+	for _, q := range []string{`CREATE INDEX ns_pending_digest ON ns_pending (digest)`, `CREATE INDEX ns_pending_holder ON ns_pending (holder)`} {
+		if _, err := kv.DB().ExecContext(ctx, q); err != nil {
+			t.Fatal(err)
+		}
+	}
+	r, err = namespaces.Open(ctx, kv, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if index() != 0 {
+		t.Fatal("indexes on ns_pending survived an open")
+	}
+	if ok, err := r.IsLive(ctx, d); !ok || err != nil {
+		t.Fatalf("IsLive of a pending digest = %v, %v; want live", ok, err)
+	}
+	if live, err := r.(*namespaces.SQL).LiveAmong(ctx, []blob.Digest{d, blob.Sum([]byte("other"))}); len(live) != 1 || !live[d] || err != nil {
+		t.Fatalf("LiveAmong = %v, %v; want the pending digest alone", live, err)
+	}
+	mustDo(t, r.Renew(ctx, "old", time.Minute))
+	if n, err := r.Recover(ctx, "old"); n != 1 || err != nil {
+		t.Fatalf("Recover of the holder = %d, %v; want its intent", n, err)
+	}
+	if _, ok, err := r.Has(ctx, "a", d); !ok || err != nil {
+		t.Fatalf("recovered intent not linked: %v, %v", ok, err)
+	}
+}
