@@ -244,14 +244,7 @@ func TestHTTPAccessMatrix(t *testing.T) {
 			var script strings.Builder
 			for _, op := range httpOps {
 				method, path, body := op.request(f.d, rm[fmt.Sprintf("rm %04o %s unix", mode, u.name)], fmt.Sprintf("u%04o-%d-%s", mode, u.u.UID, op.name))
-				flags := "-X " + method
-				switch {
-				case method == "HEAD":
-					flags = "-I"
-				case body != "":
-					flags += " --data-binary '" + body + "'"
-				}
-				fmt.Fprintf(&script, "curl -s -o /dev/null -w '%%{http_code}\\n' %s --unix-socket '%s' 'http://x%s'\n", flags, f.sock, path)
+				script.WriteString(curlStatusLine(f.sock, method, path, body))
 			}
 			out, err := u.u.Sh(script.String())
 			got := strings.Fields(out)
@@ -415,4 +408,17 @@ func TestServeDefaultSocket(t *testing.T) {
 	if got := strings.TrimSpace(remote.ok("put", "--ns", "builds", src)); got != digest {
 		t.Fatalf("put --remote %s: %q", s.url, got)
 	}
+}
+
+// curlStatusLine is a shell line that sends one request over the Unix
+// socket sock and prints its status code alone.
+func curlStatusLine(sock, method, path, body string) string {
+	flags := "-X " + method
+	switch {
+	case method == "HEAD":
+		flags = "-I"
+	case body != "":
+		flags += " --data-binary '" + body + "'"
+	}
+	return fmt.Sprintf("curl -s -o /dev/null -w '%%{http_code}\\n' %s --unix-socket '%s' 'http://x%s'\n", flags, sock, path)
 }

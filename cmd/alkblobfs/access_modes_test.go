@@ -79,14 +79,7 @@ func TestHTTPAccessModes(t *testing.T) {
 				}
 				fmt.Fprintf(&mount, "if ( %s ) >/dev/null 2>&1; then echo 1; else echo 0; fi\n", line)
 				method, path, body := op.request(f.d, rm(u.name, "unix"), "u"+cell)
-				flags := "-X " + method
-				switch {
-				case method == "HEAD":
-					flags = "-I"
-				case body != "":
-					flags += " --data-binary '" + body + "'"
-				}
-				fmt.Fprintf(&unix, "curl -s -o /dev/null -w '%%{http_code}\\n' %s --unix-socket '%s' 'http://x%s'\n", flags, f.sock, path)
+				unix.WriteString(curlStatusLine(f.sock, method, path, body))
 			}
 			mOut, _ := u.sh(mount.String())
 			uOut, err := u.sh(unix.String())

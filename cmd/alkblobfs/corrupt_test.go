@@ -18,19 +18,7 @@ import (
 // the medium would: same inode, and the chunk checksum no longer matches.
 func rot(t *testing.T, data, digest string, off int64) {
 	t.Helper()
-	f, err := os.OpenFile(filepath.Join(data, "large", "blobs", digest[:2], digest), os.O_RDWR, 0)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer f.Close()
-	b := make([]byte, 1)
-	if _, err := f.ReadAt(b, off); err != nil {
-		t.Fatal(err)
-	}
-	b[0] ^= 0x20
-	if _, err := f.WriteAt(b, off); err != nil {
-		t.Fatal(err)
-	}
+	flipByte(t, filepath.Join(data, "large", "blobs", digest[:2], digest), off)
 }
 
 // wantHTTPRefused checks that GET of digest from the server at url is
