@@ -6,6 +6,7 @@ import (
 	"errors"
 	"os"
 	"path/filepath"
+	"regexp"
 	"strings"
 	"syscall"
 	"testing"
@@ -48,14 +49,19 @@ func FuzzLookup(f *testing.F) {
 	})
 }
 
+// durationGrammar is the control files' duration grammar as the docs
+// state it (mount.md), written apart from upkeep's parser: unsigned
+// numbers, each unit once and in decreasing order.
+var durationGrammar = regexp.MustCompile(`^(\d+(\.\d+)?h)?(\d+(\.\d+)?m)?(\d+(\.\d+)?s)?(\d+(\.\d+)?ms)?(\d+(\.\d+)?(us|µs))?(\d+(\.\d+)?ns)?$`)
+
 // FuzzControl writes arbitrary input to the sweep timer's control file:
-// it is accepted exactly when it is off, on, or a duration of at least a
-// second, with at most one trailing newline, and anything else is EINVAL
-// and leaves the timer as it was.
+// it is accepted exactly when it is off, on, or a duration of the
+// grammar of at least a second, with at most one trailing newline, and
+// anything else is EINVAL and leaves the timer as it was.
 func FuzzControl(f *testing.F) {
 	e := mountStore(f, memSpec)
 	timer := e.path(".alkblobfs", "sweep-timer")
-	for _, s := range []string{"off", "on", "1s", "15m", "0", "0s", "1ns", "999ms", "-1s", "", " 2h\n", "2h\n", "2h\n\n", "1h\n2h", "run", "1e9", "9999999999h", "\xff"} {
+	for _, s := range []string{"off", "on", "1s", "15m", "0", "0s", "1ns", "999ms", "-1s", "", " 2h\n", "2h\n", "2h\n\n", "1h\n2h", "run", "1e9", "9999999999h", "\xff", "0h1h", "1m30s", "5m5m", "+5m", "1.h", "1µs"} {
 		f.Add(s)
 	}
 	f.Fuzz(func(t *testing.T, in string) {
@@ -65,7 +71,7 @@ func FuzzControl(f *testing.F) {
 		err := os.WriteFile(timer, []byte(in), 0)
 		cmd := strings.TrimSuffix(in, "\n")
 		d, perr := time.ParseDuration(cmd)
-		want := cmd == "off" || cmd == "on" || perr == nil && d >= upkeep.MinSweepInterval
+		want := cmd == "off" || cmd == "on" || durationGrammar.MatchString(cmd) && perr == nil && d >= upkeep.MinSweepInterval
 		if in == "" {
 			want = true // no write(2) at all
 		}
