@@ -5,6 +5,8 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"io"
+	"io/fs"
 	"log/slog"
 	"os"
 	"path/filepath"
@@ -50,7 +52,25 @@ func writePidFile(dir string) error {
 	if err != nil {
 		return err
 	}
-	return os.WriteFile(p, []byte(fmt.Sprintf("%d %d %d %s\n", os.Getpid(), m.Minor, start, dir)), 0o600)
+	// Whole or not at all (a temporary file renamed over the record):
+	// a reader, prunePidFiles above all, never sees a record half
+	// written, and a record once read is replaced by a new inode, never
+	// rewritten in place, so that "unchanged since read" is its inode.
+	tmp, err := os.CreateTemp(filepath.Dir(p), ".pid-*.tmp") // 0600
+	if err != nil {
+		return err
+	}
+	_, err = fmt.Fprintf(tmp, "%d %d %d %s\n", os.Getpid(), m.Minor, start, dir)
+	if cerr := tmp.Close(); err == nil {
+		err = cerr
+	}
+	if err == nil {
+		err = os.Rename(tmp.Name(), p)
+	}
+	if err != nil {
+		os.Remove(tmp.Name())
+	}
+	return err
 }
 
 // procStart is when process pid started, in clock ticks since boot (field
@@ -75,12 +95,16 @@ func procStart(pid int) (uint64, error) {
 
 func removePidFile(dir string) { os.Remove(pidFile(dir)) }
 
-// prunePidFiles removes the pid files whose mount is gone: a record
-// speaks only for its connection (see recordedPid), so once that
-// connection is no longer mounted on its mountpoint it is of no use to
-// anyone, and the pid files of daemons killed and never mounted again
-// would otherwise pile up. A record whose mount remains is kept, dead
-// daemon or not: it is what clearDeadMount needs.
+// prunePidFiles removes the pid files of daemons that have exited: their
+// pid is free, or another process's now (its start time differs from the
+// recorded one), and their connection is not mounted here, so the record
+// speaks for nothing any more; the records of daemons killed and never
+// mounted again would otherwise pile up. A record whose daemon lives
+// (dying included: clearDeadMount needs it) stays, whether or not its
+// mountpoint is in this process's mountinfo: a mount in another mount
+// namespace (a container, systemd's PrivateMounts) is not, and `umount
+// --force` there needs its record. A record is removed only if it is the
+// one read: see removeIfSame.
 func prunePidFiles() {
 	base := rundir.Dir()
 	ents, err := os.ReadDir(base)
@@ -92,7 +116,7 @@ func prunePidFiles() {
 			continue
 		}
 		p := filepath.Join(base, e.Name())
-		b, err := os.ReadFile(p)
+		b, fi, err := readRecord(p)
 		if err != nil {
 			continue
 		}
@@ -100,16 +124,68 @@ func prunePidFiles() {
 		if len(f) < 4 || pidFile(f[3]) != p {
 			continue // not a record of ours
 		}
-		m, ok, err := fusectl.Find(f[3])
-		if err != nil || ok && strconv.FormatUint(m.Minor, 10) == f[1] {
+		pid, err := strconv.Atoi(f[0])
+		if err != nil || pid <= 0 {
 			continue
 		}
-		// The mountpoint's next mount may have just written its own
-		// record under the same name: remove only the stale one.
-		if now, err := os.ReadFile(p); err == nil && string(now) == string(b) {
-			os.Remove(p)
+		if !daemonExited(pid, f[2]) {
+			continue
 		}
+		if m, ok, err := fusectl.Find(f[3]); err != nil || ok && strconv.FormatUint(m.Minor, 10) == f[1] {
+			continue // its mount remains here: clearDeadMount's
+		}
+		removeIfSame(p, fi)
 	}
+}
+
+// readRecord reads the pid file p and stats the inode it read.
+func readRecord(p string) ([]byte, os.FileInfo, error) {
+	f, err := os.Open(p)
+	if err != nil {
+		return nil, nil, err
+	}
+	defer f.Close()
+	fi, err := f.Stat()
+	if err != nil {
+		return nil, nil, err
+	}
+	b, err := io.ReadAll(f)
+	return b, fi, err
+}
+
+// daemonExited tells whether the daemon pid, recorded with start (its
+// start time, or "" in a record without one), has exited: its pid is
+// free, or the process that has it started at another time.
+func daemonExited(pid int, start string) bool {
+	now, err := procStart(pid)
+	if err != nil {
+		return errors.Is(err, fs.ErrNotExist)
+	}
+	if want, err := strconv.ParseUint(start, 10, 64); err == nil {
+		return now != want
+	}
+	return false // no start time to tell a reused pid by: alive
+}
+
+// removeIfSame removes the pid file p if it is still the inode read (fi):
+// a new mount of the same mountpoint may have renamed its own record
+// over it since. The record is first moved aside (a rename, atomic), so
+// that what is removed is what was moved, and checked there; a fresh
+// record moved by mistake is put back, unless a newer one is there
+// already.
+func removeIfSame(p string, fi os.FileInfo) {
+	aside := fmt.Sprintf("%s.%d.prune", p, os.Getpid())
+	if err := os.Rename(p, aside); err != nil {
+		return
+	}
+	if now, err := os.Lstat(aside); err == nil && os.SameFile(now, fi) {
+		os.Remove(aside)
+		return
+	}
+	// A link, not a rename, puts it back: it fails if a newer record is
+	// there already, which then wins.
+	os.Link(aside, p)
+	os.Remove(aside)
 }
 
 // recordedPid is the pid recorded for the mount on dir with connection

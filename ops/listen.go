@@ -68,7 +68,8 @@ func DefaultSocket() string {
 // may connect, and each is then the user the kernel says it is
 // (SO_PEERCRED), as for a file operation on the mount. The directory is
 // made (0755) if absent; the default socket's is the runtime directory,
-// which rundir.Make also sets back to 0755. A socket left by a server
+// which rundir.Make makes: /run/alkblobfs 0755 (and sets it back to
+// 0755), a user's own 0700. A socket left by a server
 // that is gone is replaced; one a live server answers on is an error.
 func ListenUnix(path string) (net.Listener, error) {
 	if path == "" {

@@ -3,13 +3,16 @@ package rundir
 import (
 	"os"
 	"path/filepath"
-	"strings"
 	"syscall"
 	"testing"
 )
 
-// TestMake: a missing directory is made 0755 whatever the umask; one of
-// ours left 0700 is set back to 0755; one another user owns is refused.
+// TestMake: a user's runtime directory (anything but System) is made
+// 0700 and its mode left as its owner set it; one another user owns is
+// refused (to all but root). Before, Make made every directory 0755 and
+// set a private one back to 0755. (System's own 0755 and its repair are
+// TestRuntimeDirReachable's, in cmd/alkblobfs: they need root and the
+// real /run/alkblobfs.)
 func TestMake(t *testing.T) {
 	old := syscall.Umask(0o077)
 	defer syscall.Umask(old)
@@ -24,25 +27,46 @@ func TestMake(t *testing.T) {
 		}
 		return fi.Mode().Perm()
 	}
-	if m := mode(); m != Mode {
-		t.Fatalf("made under umask 077: %04o, want %04o", m, Mode)
+	if m := mode(); m != UserMode {
+		t.Fatalf("a user's runtime directory made under umask 077: %04o, want %04o", m, UserMode)
 	}
-	if err := os.Chmod(dir, 0o700); err != nil {
+	syscall.Umask(0o022)
+	dir2 := filepath.Join(t.TempDir(), "alkblobfs")
+	if err := Make(dir2); err != nil {
 		t.Fatal(err)
 	}
-	if err := Make(dir); err != nil || mode() != Mode {
-		t.Fatalf("a 0700 directory of ours: %v, %04o; want %04o", err, mode(), Mode)
+	if fi, err := os.Stat(dir2); err != nil || fi.Mode().Perm() != UserMode {
+		t.Fatalf("a user's runtime directory made under umask 022: %v, %v; want %04o", fi.Mode(), err, UserMode)
+	}
+	for _, m := range []os.FileMode{0o700, 0o750} {
+		if err := os.Chmod(dir, m); err != nil {
+			t.Fatal(err)
+		}
+		if err := Make(dir); err != nil || mode() != m {
+			t.Fatalf("a user's runtime directory at %04o: %v, now %04o; want it left", m, err, mode())
+		}
 	}
 	if os.Geteuid() == 0 {
-		other := filepath.Join(t.TempDir(), "other")
-		if err := os.Mkdir(other, 0o777); err != nil {
+		// Root in a user's runtime directory (su keeps XDG_RUNTIME_DIR):
+		// what it makes there is the user's, and one the user has is
+		// used as it is.
+		user := filepath.Join(t.TempDir(), "run-user")
+		if err := os.Mkdir(user, 0o700); err != nil {
 			t.Fatal(err)
 		}
-		if err := os.Chown(other, 65534, 65534); err != nil {
+		if err := os.Chown(user, 65534, 65534); err != nil {
 			t.Fatal(err)
 		}
-		if err := Make(other); err == nil || !strings.Contains(err.Error(), "owned by uid 65534") {
-			t.Fatalf("a directory nobody owns: %v; want it refused", err)
+		mine := filepath.Join(user, "alkblobfs")
+		if err := Make(mine); err != nil {
+			t.Fatalf("root making a runtime directory in nobody's: %v", err)
+		}
+		fi, err := os.Stat(mine)
+		if err != nil || fi.Sys().(*syscall.Stat_t).Uid != 65534 || fi.Mode().Perm() != UserMode {
+			t.Fatalf("root's runtime directory in nobody's: %v, %v; want nobody's, %04o", fi, err, UserMode)
+		}
+		if err := Make(mine); err != nil {
+			t.Fatalf("root using nobody's runtime directory: %v", err)
 		}
 	}
 	file := filepath.Join(t.TempDir(), "f")

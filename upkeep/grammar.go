@@ -102,17 +102,24 @@ func ParseDuration(s string) (time.Duration, error) {
 }
 
 // ParseEvery parses a timer flag (--sweep-every, --scrub-every, and their
-// mount options): a duration, or 0 or off for no timer. Its bounds are
-// CheckSweepEvery's and CheckScrub's.
+// mount options): a duration of at least a second, or the literal 0 or
+// off for no timer. A duration that comes to less than that (0s, 0h,
+// 0.0m, 0.0000000001s, 999ms) is refused, not taken as off: only the
+// words for off turn a timer off, as on the control files and HTTP.
+// Its bounds are CheckSweepEvery's and CheckScrub's.
 func ParseEvery(s string) (time.Duration, error) {
 	if s == "0" || s == "off" {
 		return 0, nil
 	}
+	// Both timers' least interval is a second (MinSweepInterval,
+	// MinScrubInterval): say so here too.
+	least := min(MinSweepInterval, MinScrubInterval)
 	d, err := ParseDuration(s)
 	if err != nil {
-		// Both timers' least interval is a second (MinSweepInterval,
-		// MinScrubInterval): say so here too.
-		return 0, fmt.Errorf("%w: want 0 or off, or at least %s: %v", ErrBadInput, min(MinSweepInterval, MinScrubInterval), err)
+		return 0, fmt.Errorf("%w: want 0 or off, or at least %s: %v", ErrBadInput, least, err)
+	}
+	if d < least {
+		return 0, fmt.Errorf("%w: %q is %s: want 0 or off for no timer, or at least %s", ErrBadInput, Clip(s), d, least)
 	}
 	return d, nil
 }

@@ -111,11 +111,15 @@ func (a *app) openStore(cmd *cobra.Command) (*store.Store, store.Config, *namesp
 		st.Close()
 		return nil, cfg, nil, err
 	}
-	if svc != nil && !st.ReadOnly() {
+	if svc != nil && !st.ReadOnly() && cmd.Annotations[annWrites] != "" {
 		// A dead writer's closed files, once its lease lapsed, are linked
-		// by whichever process opens the store next (publish.md): this
-		// command too, before it lists or sweeps. A failure only delays
-		// them to the next process.
+		// by the next process that writes the store (publish.md): this
+		// command too, a command that writes (sweep, put, rm, ns
+		// create/rm/link/unlink), before it does. A read command (ls,
+		// stat, cat, get, have, verify) settles nothing: settling is a
+		// write transaction, which would queue it behind a sweep and
+		// compete with mounts for the write lock. A failure only delays
+		// them to the next writer.
 		if n, err := svc.SettleLapsed(ctx); err != nil {
 			a.log.Warn("could not publish the files a dead writer closed; the next process that opens the store will", "err", err)
 		} else if n > 0 {

@@ -174,19 +174,32 @@ func TestDetachedMountKeepsItsIntents(t *testing.T) {
 // TestLapsedWriterSettledByCLI: a mount killed by SIGKILL with a file
 // whose fsync returned 0 (and still open) has that version linked by the
 // CLI once the dead mount's lease lapses (--pin-ttl), with no mount of
-// its mountpoint coming back: `alkblobfs sweep` and `alkblobfs ls` settle
-// lapsed intents when they open the store, and a running `alkblobfs
-// serve` while it runs, as publish.md promises of "any process". Before,
-// only a mount's lease settled them, so after a mount died for good its
-// fsynced files stayed unlisted.
+// its mountpoint coming back: a command that writes the store (`sweep`,
+// `put`) settles lapsed intents when it opens the store, and a running
+// `alkblobfs serve` while it runs, as publish.md promises. A command that
+// only reads (`ls`, `stat`) settles nothing: settling is a write
+// transaction, which a reader must not queue behind a sweep's or take
+// from the mounts; it leaves the lapsed intent to the next writer.
+// Before, every command that opened the store writable settled, ls and
+// stat included.
 func TestLapsedWriterSettledByCLI(t *testing.T) {
 	t.Parallel()
 	requireFUSE(t)
-	for _, args := range [][]string{{"sweep"}, {"ls", "ns"}, {"serve"}} {
-		command := args[0]
+	for _, command := range []string{"sweep", "put", "serve", "read"} {
 		t.Run(command, func(t *testing.T) {
 			c := newCLI(t, "--pin-ttl", "1s")
 			c.ok("ns", "create", "ns")
+			var args []string
+			switch command {
+			case "sweep":
+				args = []string{"sweep"}
+			case "put":
+				other := filepath.Join(t.TempDir(), "other")
+				if err := os.WriteFile(other, randomBytes(3000, 8), 0o600); err != nil {
+					t.Fatal(err)
+				}
+				args = []string{"put", other}
+			}
 			mnt := t.TempDir()
 			dm := startDaemon(t, c.data, mnt, "--pin-ttl", "1s")
 			if command == "serve" {
@@ -194,7 +207,6 @@ func TestLapsedWriterSettledByCLI(t *testing.T) {
 				// and before the file is opened, since a fork's exec
 				// closes a copy of it, which is a close that commits.
 				startServeURL(t, c, `url=(unix:\S+)`, "--listen", "unix:"+filepath.Join(t.TempDir(), "sock"))
-				args = nil
 			}
 			f, err := os.Create(filepath.Join(mnt, "ns", "incoming", "f"))
 			if err != nil {
@@ -214,20 +226,53 @@ func TestLapsedWriterSettledByCLI(t *testing.T) {
 			dm.wait(20 * time.Second)
 			f.Close() // ENOTCONN: the daemon is gone
 			want := sum(synced)
-			pending := func() int {
+			kv := func() *sqlite.Engine {
 				e, err := sqlite.Open(t.Context(), filepath.Join(c.data, "kv.db"))
 				if err != nil {
 					t.Fatal(err)
 				}
+				return e
+			}
+			// count counts ns_pending's rows; lapsed, only those whose
+			// lease has lapsed by the row clock the CLI judges by.
+			count := func(lapsed bool) int {
+				e := kv()
 				defer e.Close()
+				q, args := `SELECT COUNT(*) FROM ns_pending`, []any{}
+				if lapsed {
+					q, args = q+` WHERE expiry < ?`, []any{e.RowNow()}
+				}
 				var n int
-				if err := e.DB().QueryRowContext(t.Context(), `SELECT COUNT(*) FROM ns_pending`).Scan(&n); err != nil {
+				if err := e.DB().QueryRowContext(t.Context(), q, args...).Scan(&n); err != nil {
 					t.Fatal(err)
 				}
 				return n
 			}
+			pending := func() int { return count(false) }
 			if n := pending(); n != 1 {
 				t.Fatalf("after the kill, %d pending links; want the fsync's", n)
+			}
+			if command == "read" {
+				// Wait (polling the row, on the clock the CLI judges
+				// lapse by) until the intent has lapsed, so that a
+				// settling command would take it.
+				deadline := time.Now().Add(60 * time.Second)
+				for count(true) != 1 {
+					if time.Now().After(deadline) {
+						t.Fatal("60 s after the kill, with a 1 s lease, the dead mount's intent has not lapsed")
+					}
+					time.Sleep(50 * time.Millisecond)
+				}
+				if listed := lines(c.ok("ls", "ns")); len(listed) != 0 {
+					t.Fatalf("ls lists %v before any writer settled the intent; want nothing", listed)
+				}
+				if got := c.stat(want); got.Digest != want {
+					t.Fatalf("stat %s: %+v", want[:12], got)
+				}
+				if n := pending(); n != 1 {
+					t.Fatalf("after ls and stat, %d pending links; want the lapsed intent left to a writer", n)
+				}
+				args = []string{"sweep"} // the next writer settles it
 			}
 			// The intent lapses 1 s after the dead daemon's last renewal;
 			// each run is the CLI's own chance to settle it.

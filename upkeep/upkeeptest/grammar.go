@@ -40,7 +40,17 @@ var Cases = []Case{
 	{"3600000ms", "1h0m0s", "1h0m0s"},
 	{"1s", "1s", "1s"},
 	{"0", "", "0s"},
-	{"0s", "", "0s"},
+	// Only the literal 0 and off turn a flag's timer off: a duration
+	// that comes to zero, or to less than the least interval, is refused.
+	{"0s", "", ""},
+	{"0h", "", ""},
+	{"0m", "", ""},
+	{"0.0m", "", ""},
+	{"0.0000000001s", "", ""},
+	{"0ns", "", ""},
+	{"1ns", "", ""},
+	{"0.9s", "", ""},
+	{"00", "", ""},
 	{"999ms", "", ""},
 	{"1µs", "", ""},
 	{"", "", ""},
