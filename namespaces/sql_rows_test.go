@@ -13,7 +13,8 @@ import (
 )
 
 // TestSQLiteLinkedPutNeedsNoPinRow: on SQLite a small put that links or
-// records an intent in its own transaction writes no gc_pins row, and the
+// records an intent in its own transaction, and whose caller drops its pin
+// at once (store.ReleasesPinAtOnce), writes no gc_pins row, and the
 // reference or intent alone keeps the blob from another process's sweep —
 // here a second store on the same database (its own engine, collector and
 // owner), whose window already holds the digest when the put commits, so
@@ -83,12 +84,12 @@ func TestSQLiteLinkedPutNeedsNoPinRow(t *testing.T) {
 	// with a reference (put --ns), and lets go of its pins.
 	before := rows()
 	var i namespaces.Intent
-	di, pin, err := a.PutBytes(ctx, intent, store.WithLink(svcA.PendFunc("builds", namespaces.Pending{Holder: "h", TTL: time.Minute}, &i)))
+	di, pin, err := a.PutBytes(ctx, intent, store.WithLink(svcA.PendFunc("builds", namespaces.Pending{Holder: "h", TTL: time.Minute}, &i)), store.ReleasesPinAtOnce())
 	if err != nil || i == 0 {
 		t.Fatalf("put with an intent: %v (intent %d)", err, i)
 	}
 	pin.Release()
-	dr, pin, err := a.PutBytes(ctx, ref, store.WithLink(svcA.LinkFunc("builds")))
+	dr, pin, err := a.PutBytes(ctx, ref, store.WithLink(svcA.LinkFunc("builds")), store.ReleasesPinAtOnce())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -96,6 +97,17 @@ func TestSQLiteLinkedPutNeedsNoPinRow(t *testing.T) {
 	if n := rows(); n != before {
 		t.Fatalf("the linked puts wrote %d gc_pins rows; want none: their intent and reference protect them", n-before)
 	}
+	// Without that promise a linked put writes its row: its pin may be
+	// kept or handed on (an HTTP pin token), and must protect the blob in
+	// every process once no namespace links it.
+	_, pin, err = a.PutBytes(ctx, []byte("a pin kept"), store.WithLink(svcA.LinkFunc("builds")))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n := rows(); n != before+1 {
+		t.Fatalf("a linked put whose pin is kept wrote %d gc_pins rows; want 1", n-before)
+	}
+	pin.Release()
 
 	// b's next sweep executes its window: the intent and the reference,
 	// read in its arbitration, keep both.
