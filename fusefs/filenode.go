@@ -324,7 +324,10 @@ func (n *fileNode) commitLocked(ctx context.Context, intent bool) ([]notice, err
 	// A close waits for its publish: the client's signals must not cancel
 	// half of it (nor can the Go runtime's own SIGURG, for Go clients).
 	pctx := context.WithoutCancel(ctx)
-	d, pin, err := up.Commit(pctx, n.want, store.WithLink(hook))
+	// The pin is released as soon as the commit returns (below): the
+	// intent or the reference keeps the blob, so a small put need write
+	// no pin row (store.ReleasesPinAtOnce).
+	d, pin, err := up.Commit(pctx, n.want, store.WithLink(hook), store.ReleasesPinAtOnce())
 	if err != nil {
 		n.failed = err
 		n.stale = true

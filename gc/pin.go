@@ -301,7 +301,9 @@ func (p *Pin) Release() {
 
 // Clone mints a second, independent pin on the same digest (for handing a
 // reference to another owner without transferring this one). The digest is
-// pinned already, so this never touches the database.
+// pinned already, so this never touches the database: the clone protects
+// in other processes only what p does, and a pin from PinLinked protects
+// nothing there (its callers release it at once and never clone it).
 func (p *Pin) Clone() *Pin {
 	p.c.arb.RLock()
 	p.c.pins.add(p.d)
@@ -336,6 +338,14 @@ func (c *Collector) Pin(ctx context.Context, d blob.Digest) (*Pin, error) {
 // With publish nil, the row commits in a transaction of its own. If publish
 // (or the row) fails, no pin is held and the error is returned.
 func (c *Collector) PinPublish(ctx context.Context, d blob.Digest, publish func(row RowFunc) error) (*Pin, error) {
+	return c.pinPublish(ctx, d, publish, false)
+}
+
+// pinPublish is PinPublish; with rowless, publish runs with no row to
+// write (PinLinked), under the same discipline: the pin counted first, the
+// put's transaction under rowMu's read side (Close waits for it) and
+// refused once the collector is closed.
+func (c *Collector) pinPublish(ctx context.Context, d blob.Digest, publish func(row RowFunc) error, rowless bool) (*Pin, error) {
 	if c.closed.Load() {
 		return nil, blob.Wrap("pin", "", d, blob.ErrClosed)
 	}
@@ -354,23 +364,30 @@ func (c *Collector) PinPublish(ctx context.Context, d blob.Digest, publish func(
 		}
 		return pin, nil
 	}
-	// Row writes hold rowMu's read side, so that a renewal tick dropping
-	// released rows never deletes one written meanwhile (and Close waits
-	// for them).
+	// Row writes (and a rowless put's transaction) hold rowMu's read side,
+	// so that a renewal tick dropping released rows never deletes one
+	// written meanwhile, and Close waits for them.
 	c.rowMu.RLock()
 	if c.closed.Load() {
 		c.rowMu.RUnlock()
 		pin.Release()
 		return nil, blob.Wrap("pin", "", d, blob.ErrClosed)
 	}
-	wrote, err := c.pins.ensureRows(ctx, []blob.Digest{d}, func([]blob.Digest) error {
-		if publish == nil {
-			return c.rows.write(ctx, d)
-		}
-		return publish(func(ctx context.Context, tx *sql.Tx) error {
-			return c.host.PinRows(ctx, tx, c.owner, []blob.Digest{d}, c.ttl)
+	var wrote bool
+	var err error
+	if rowless {
+		wrote = true // publish runs here, once
+		err = publish(noRow)
+	} else {
+		wrote, err = c.pins.ensureRows(ctx, []blob.Digest{d}, func([]blob.Digest) error {
+			if publish == nil {
+				return c.rows.write(ctx, d)
+			}
+			return publish(func(ctx context.Context, tx *sql.Tx) error {
+				return c.host.PinRows(ctx, tx, c.owner, []blob.Digest{d}, c.ttl)
+			})
 		})
-	})
+	}
 	c.rowMu.RUnlock()
 	if err == nil && !wrote && publish != nil {
 		err = publish(noRow)
@@ -385,34 +402,21 @@ func (c *Collector) PinPublish(ctx context.Context, d blob.Digest, publish func(
 func noRow(context.Context, *sql.Tx) error { return nil }
 
 // PinLinked is PinPublish for a put whose transaction also writes what
-// keeps d live in every process: a namespace reference or intent, which
-// every arbitration reads in its own transaction (TxSource). Where the
-// host serializes arbitrations with whole write transactions
-// (engines.SerialHost: SQLite), that row protects d from the moment the
-// entry is visible, so the put writes no pin row — on SQLite, two b-tree
-// writes of every small close and a delete of each at the next renewal
-// (docs/gc.md, "What a small close writes"). The pin is then this
-// process's reference only, for its own sweeps. Elsewhere it is
-// PinPublish.
+// keeps d live in every process (a namespace reference or intent, which
+// every arbitration reads in its own transaction: TxSource) and whose
+// caller releases the pin as soon as the put returns, neither keeping nor
+// cloning it (store.ReleasesPinAtOnce). Where the host serializes
+// arbitrations with whole write transactions (engines.SerialHost:
+// SQLite), the link protects d from the moment the entry is visible, so
+// the put writes no pin row — on SQLite, two b-tree writes of every small
+// close and a delete of each at the next renewal (docs/gc.md, "What a
+// small close writes"). The pin is then this process's reference only,
+// for its own sweeps: it protects nothing in another process, so a caller
+// that hands it on (a pin token, a clone) must use PinPublish. Elsewhere
+// it is PinPublish.
 func (c *Collector) PinLinked(ctx context.Context, d blob.Digest, publish func(row RowFunc) error) (*Pin, error) {
 	sh, ok := c.host.(engines.SerialHost)
-	if !ok || !sh.SerialArbitration() {
-		return c.PinPublish(ctx, d, publish)
-	}
-	if c.closed.Load() {
-		return nil, blob.Wrap("pin", "", d, blob.ErrClosed)
-	}
-	// Counted before the transaction, under the arbitration lock's read
-	// side, as PinPublish does: this process's own sweeps see it first.
-	c.arb.RLock()
-	c.pins.add(d)
-	c.arb.RUnlock()
-	pin := &Pin{c: c, d: d}
-	if err := publish(noRow); err != nil {
-		pin.Release()
-		return nil, err
-	}
-	return pin, nil
+	return c.pinPublish(ctx, d, publish, publish != nil && ok && sh.SerialArbitration())
 }
 
 // PinMany mints a pin on each digest of ds, writing the rows this process

@@ -21,7 +21,7 @@ import (
 //	ns_refs(ns TEXT REFERENCES ns, digest BLOB, linked_at INTEGER, PRIMARY KEY (ns, digest))
 //	index ns_refs_digest on ns_refs(digest), for IsLive and Live
 //	ns_pending(id INTEGER PRIMARY KEY, ns TEXT REFERENCES ns, digest BLOB, holder TEXT, expiry INTEGER)
-//	on PostgreSQL, indexes ns_pending(digest) for liveness, ns_pending(holder) for Renew
+//	index ns_pending(digest) for liveness; on PostgreSQL ns_pending(holder) for Renew
 //
 // Times are unix nanoseconds. linked_at and created_at are the registry's
 // Clock (wall time). An intent's expiry is the row clock's, which every
@@ -94,11 +94,11 @@ var ddl = map[string][]string{
 			holder TEXT NOT NULL,
 			expiry INTEGER NOT NULL
 		)`,
-		// No index on ns_pending: each cost every small close a b-tree
-		// write, and the table holds only the intents of files being
-		// written, which liveness, Renew and Recover scan (docs/gc.md,
-		// "What a small close writes"). dropPendingIndexes drops them
-		// from older databases.
+		`CREATE INDEX IF NOT EXISTS ns_pending_digest ON ns_pending (digest)`,
+		// No index on holder: it cost every small close a b-tree write,
+		// and ns_pending holds only the intents of files being written,
+		// which Renew and Recover scan (docs/gc.md, "What a small close
+		// writes"). dropPendingHolder drops it from older databases.
 	},
 	"postgres": {
 		// COLLATE "C": names list in byte order whatever the database's
@@ -236,8 +236,8 @@ func OpenSQL(ctx context.Context, e engines.SQL, clock Clock) (*SQL, error) {
 		return nil, fmt.Errorf("namespaces: open %s: create schema: %w", dialect, err)
 	}
 	if dialect == "sqlite" {
-		if err := dropPendingIndexes(ctx, db); err != nil {
-			return nil, fmt.Errorf("namespaces: open %s: drop the indexes of ns_pending: %w", dialect, err)
+		if err := dropPendingHolder(ctx, db); err != nil {
+			return nil, fmt.Errorf("namespaces: open %s: drop the index ns_pending_holder: %w", dialect, err)
 		}
 	}
 	var permCols bool

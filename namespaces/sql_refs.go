@@ -330,8 +330,7 @@ func (r *SQL) Entries(ctx context.Context, name string, after blob.Digest) iter.
 }
 
 // IsLive implements gc.Source with one index probe on ns_refs(digest) and,
-// if that misses, one on ns_pending(digest) (on SQLite a scan of the
-// intents of files being written: see ddl).
+// if that misses, one on ns_pending(digest).
 func (r *SQL) IsLive(ctx context.Context, d blob.Digest) (bool, error) {
 	var one int
 	err := r.db.QueryRowContext(ctx, r.q.isLive, d[:], d[:]).Scan(&one)
@@ -366,9 +365,7 @@ func (r *SQL) liveAmong(ctx context.Context, q querier, ds []blob.Digest) (map[b
 	for i, d := range ds {
 		args[i], args[len(ds)+i] = d[:], d[:]
 	}
-	in := "(?" + strings.Repeat(", ?", len(ds)-1) + ")"
-	query := rebind(r.dialect, "SELECT digest FROM ns_refs WHERE digest IN "+in+" UNION SELECT digest FROM ns_pending WHERE digest IN "+in)
-	rows, err := q.QueryContext(ctx, query, args...)
+	rows, err := q.QueryContext(ctx, liveAmongQuery(r.dialect, len(ds)), args...)
 	if err != nil {
 		return nil, wrap("islive", "", blob.Digest{}, err)
 	}
@@ -379,8 +376,16 @@ func (r *SQL) liveAmong(ctx context.Context, q querier, ds []blob.Digest) (map[b
 	return live, nil
 }
 
+// liveAmongQuery selects which of n digests (each given twice: the refs'
+// list, then the intents') a reference or an intent names, with a probe
+// of ns_refs(digest) and one of ns_pending(digest) per digest.
+func liveAmongQuery(dialect string, n int) string {
+	in := "(?" + strings.Repeat(", ?", n-1) + ")"
+	return rebind(dialect, "SELECT digest FROM ns_refs WHERE digest IN "+in+" UNION SELECT digest FROM ns_pending WHERE digest IN "+in)
+}
+
 // Live implements gc.Source: the union of the ns_refs(digest) and
-// ns_pending(digest) indexes (on SQLite, ns_pending sorted), paged by key.
+// ns_pending(digest) indexes, paged by key.
 func (r *SQL) Live(ctx context.Context) iter.Seq2[blob.Digest, error] {
 	return paged(ctx, "live", "", func(first bool, last blob.Digest) ([]blob.Digest, error) {
 		from := last[:]

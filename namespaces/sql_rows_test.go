@@ -1,8 +1,11 @@
 package namespaces_test
 
 import (
+	"context"
+	"errors"
 	"log/slog"
 	"path/filepath"
+	"syscall"
 	"testing"
 	"time"
 
@@ -13,7 +16,8 @@ import (
 )
 
 // TestSQLiteLinkedPutNeedsNoPinRow: on SQLite a small put that links or
-// records an intent in its own transaction writes no gc_pins row, and the
+// records an intent in its own transaction, and whose caller drops its pin
+// at once (store.ReleasesPinAtOnce), writes no gc_pins row, and the
 // reference or intent alone keeps the blob from another process's sweep —
 // here a second store on the same database (its own engine, collector and
 // owner), whose window already holds the digest when the put commits, so
@@ -83,12 +87,12 @@ func TestSQLiteLinkedPutNeedsNoPinRow(t *testing.T) {
 	// with a reference (put --ns), and lets go of its pins.
 	before := rows()
 	var i namespaces.Intent
-	di, pin, err := a.PutBytes(ctx, intent, store.WithLink(svcA.PendFunc("builds", namespaces.Pending{Holder: "h", TTL: time.Minute}, &i)))
+	di, pin, err := a.PutBytes(ctx, intent, store.WithLink(svcA.PendFunc("builds", namespaces.Pending{Holder: "h", TTL: time.Minute}, &i)), store.ReleasesPinAtOnce())
 	if err != nil || i == 0 {
 		t.Fatalf("put with an intent: %v (intent %d)", err, i)
 	}
 	pin.Release()
-	dr, pin, err := a.PutBytes(ctx, ref, store.WithLink(svcA.LinkFunc("builds")))
+	dr, pin, err := a.PutBytes(ctx, ref, store.WithLink(svcA.LinkFunc("builds")), store.ReleasesPinAtOnce())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -96,6 +100,17 @@ func TestSQLiteLinkedPutNeedsNoPinRow(t *testing.T) {
 	if n := rows(); n != before {
 		t.Fatalf("the linked puts wrote %d gc_pins rows; want none: their intent and reference protect them", n-before)
 	}
+	// Without that promise a linked put writes its row: its pin may be
+	// kept or handed on (an HTTP pin token), and must protect the blob in
+	// every process once no namespace links it.
+	_, pin, err = a.PutBytes(ctx, []byte("a pin kept"), store.WithLink(svcA.LinkFunc("builds")))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n := rows(); n != before+1 {
+		t.Fatalf("a linked put whose pin is kept wrote %d gc_pins rows; want 1", n-before)
+	}
+	pin.Release()
 
 	// b's next sweep executes its window: the intent and the reference,
 	// read in its arbitration, keep both.
@@ -115,57 +130,91 @@ func TestSQLiteLinkedPutNeedsNoPinRow(t *testing.T) {
 	}
 }
 
-// TestSQLiteNoPendingIndexes: a SQLite registry keeps no index on
-// ns_pending, each of which cost every intent a b-tree write; an older
-// database that has them loses them at the next open, and its intents
-// still protect their blobs, renew and recover by holder.
-func TestSQLiteNoPendingIndexes(t *testing.T) {
+// TestSQLitePendingIndexes: a SQLite registry keeps ns_pending(digest),
+// which liveness probes (IsLive on every store miss, an arbitration
+// batch, each page of a sweep's mark) where the intents of a dead mount's
+// backlog or of a big cp -r may be many, and no index on
+// ns_pending(holder), which cost every intent a b-tree write and served
+// only Renew and Recover. An older database with the holder index loses it
+// at the next open; one a build of this week opened, which dropped the
+// digest index, gets it back; on read-only media such a database opens
+// without it. Its intents still protect their blobs, renew and recover.
+func TestSQLitePendingIndexes(t *testing.T) {
 	ctx := t.Context()
-	path := filepath.Join(t.TempDir(), "kv.db")
+	dir := t.TempDir()
+	path := filepath.Join(dir, "kv.db")
 	kv, err := sqlite.Open(ctx, path)
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer kv.Close()
-	index := func() int {
-		var n int
-		q := `SELECT count(*) FROM sqlite_master WHERE type = 'index' AND tbl_name = 'ns_pending'`
-		if err := kv.DB().QueryRowContext(ctx, q).Scan(&n); err != nil {
+	indexes := func(kv *sqlite.Engine) (digest, holder bool) {
+		rows, err := kv.DB().QueryContext(ctx, `SELECT name FROM sqlite_master WHERE type = 'index' AND tbl_name = 'ns_pending'`)
+		if err != nil {
 			t.Fatal(err)
 		}
-		return n
+		defer rows.Close()
+		for rows.Next() {
+			var name string
+			if err := rows.Scan(&name); err != nil {
+				t.Fatal(err)
+			}
+			digest = digest || name == "ns_pending_digest"
+			holder = holder || name == "ns_pending_holder"
+		}
+		if err := rows.Err(); err != nil {
+			t.Fatal(err)
+		}
+		return digest, holder
+	}
+	want := func(when string, kv *sqlite.Engine, wantDigest bool) {
+		t.Helper()
+		digest, holder := indexes(kv)
+		if digest != wantDigest || holder {
+			t.Fatalf("%s: ns_pending_digest %v (want %v), ns_pending_holder %v (want none)", when, digest, wantDigest, holder)
+		}
 	}
 	r, err := namespaces.Open(ctx, kv, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if index() != 0 {
-		t.Fatal("a new database has indexes on ns_pending")
-	}
+	want("a new database", kv, true)
 	mustDo(t, r.Create(ctx, "a"))
 	d := blob.Sum([]byte("pending"))
 	if _, err := r.Pend(ctx, "a", d, namespaces.Pending{Holder: "old", TTL: time.Minute}); err != nil {
 		t.Fatal(err)
 	}
-	// As an older build made them.
-	for _, q := range []string{`CREATE INDEX ns_pending_digest ON ns_pending (digest)`, `CREATE INDEX ns_pending_holder ON ns_pending (holder)`} {
+	live := func(r namespaces.Registry) {
+		t.Helper()
+		if ok, err := r.IsLive(ctx, d); !ok || err != nil {
+			t.Fatalf("IsLive of a pending digest = %v, %v; want live", ok, err)
+		}
+		if live, err := r.(*namespaces.SQL).LiveAmong(ctx, []blob.Digest{d, blob.Sum([]byte("other"))}); len(live) != 1 || !live[d] || err != nil {
+			t.Fatalf("LiveAmong = %v, %v; want the pending digest alone", live, err)
+		}
+	}
+	// As an older build left it (the holder index), then one of this week
+	// (no digest index).
+	for _, q := range []string{`CREATE INDEX ns_pending_holder ON ns_pending (holder)`, `DROP INDEX ns_pending_digest`} {
 		if _, err := kv.DB().ExecContext(ctx, q); err != nil {
 			t.Fatal(err)
 		}
 	}
+	t.Run("read-only media", func(t *testing.T) {
+		ro := openReadOnly(t, dir)
+		defer ro.Close()
+		r, err := namespaces.Open(ctx, ro, nil)
+		if err != nil {
+			t.Fatalf("a database without ns_pending_digest on read-only media: %v", err)
+		}
+		live(r)
+	})
 	r, err = namespaces.Open(ctx, kv, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if index() != 0 {
-		t.Fatal("indexes on ns_pending survived an open")
-	}
-	if ok, err := r.IsLive(ctx, d); !ok || err != nil {
-		t.Fatalf("IsLive of a pending digest = %v, %v; want live", ok, err)
-	}
-	if live, err := r.(*namespaces.SQL).LiveAmong(ctx, []blob.Digest{d, blob.Sum([]byte("other"))}); len(live) != 1 || !live[d] || err != nil {
-		t.Fatalf("LiveAmong = %v, %v; want the pending digest alone", live, err)
-	}
+	want("reopened", kv, true)
+	live(r)
 	mustDo(t, r.Renew(ctx, "old", time.Minute))
 	if n, err := r.Recover(ctx, "old"); n != 1 || err != nil {
 		t.Fatalf("Recover of the holder = %d, %v; want its intent", n, err)
@@ -173,4 +222,29 @@ func TestSQLiteNoPendingIndexes(t *testing.T) {
 	if _, ok, err := r.Has(ctx, "a", d); !ok || err != nil {
 		t.Fatalf("recovered intent not linked: %v, %v", ok, err)
 	}
+}
+
+// openReadOnly opens dir/kv.db through a read-only bind mount of dir.
+func openReadOnly(t *testing.T, dir string) *sqlite.Engine {
+	t.Helper()
+	ro := t.TempDir()
+	if err := syscall.Mount(dir, ro, "", syscall.MS_BIND, ""); err != nil {
+		if errors.Is(err, syscall.EPERM) {
+			t.Skip("a read-only bind mount needs root:", err)
+		}
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { syscall.Unmount(ro, syscall.MNT_DETACH) })
+	if err := syscall.Mount("", ro, "", syscall.MS_BIND|syscall.MS_REMOUNT|syscall.MS_RDONLY, ""); err != nil {
+		t.Fatal(err)
+	}
+	e, err := sqlite.Open(context.Background(), filepath.Join(ro, "kv.db"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !e.ReadOnly() {
+		e.Close()
+		t.Fatal("opened read-write on a read-only mount")
+	}
+	return e
 }

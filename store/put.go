@@ -22,10 +22,9 @@ type Pin = gc.Pin
 // (engines.TxPutter), it runs inside the transaction that inserts the
 // entry, with tx set, so publish and link commit together; what it writes
 // there must keep d live to every process's sweeps (a namespace reference
-// or intent), as the put then writes no pin row where that suffices
-// (gc.Collector.PinLinked). Otherwise it runs right after publish with tx
-// nil, while the put's pin protects the entry. If it fails, the put fails
-// (and, in the joint form, nothing commits).
+// or intent). Otherwise it runs right after publish with tx nil, while the
+// put's pin protects the entry. If it fails, the put fails (and, in the
+// joint form, nothing commits).
 type LinkFunc func(ctx context.Context, tx *sql.Tx, d Digest) error
 
 // PutOption adjusts one put.
@@ -33,6 +32,9 @@ type PutOption func(*putOptions)
 
 type putOptions struct {
 	link LinkFunc
+	// releasesPin: the caller releases the put's pin as soon as the put
+	// returns (ReleasesPinAtOnce).
+	releasesPin bool
 	// local is a file holding the put's content, which the large tier's
 	// cache may adopt once the put has committed (put_cache.go).
 	local *os.File
@@ -40,6 +42,17 @@ type putOptions struct {
 
 // WithLink runs link at publish (see LinkFunc).
 func WithLink(link LinkFunc) PutOption { return func(o *putOptions) { o.link = link } }
+
+// ReleasesPinAtOnce is the caller's promise that it releases the put's pin
+// as soon as the put returns, neither keeping nor cloning it, and relies
+// on its link (WithLink) alone to keep the blob. A small put whose link
+// runs in its own transaction may then write no pin row where the link
+// protects the blob in every process (gc.Collector.PinLinked: SQLite), so
+// the pin it returns protects the blob in this process only. Without this
+// option a put always writes its row, so that a pin it hands on (an HTTP
+// pin token) keeps the blob from every process's sweeps even once no
+// namespace links it.
+func ReleasesPinAtOnce() PutOption { return func(o *putOptions) { o.releasesPin = true } }
 
 // copyBufSize is the unit of streaming I/O: large enough to amortize
 // syscalls and hashing setup, small enough not to matter per goroutine.
@@ -150,11 +163,12 @@ func (s *Store) putSmall(ctx context.Context, b []byte, want *Digest, o putOptio
 	// in one transaction where the kv engine can join them; the row is
 	// written first in it, under its key lock (engines.TxPutter). A link
 	// in that transaction keeps d live by itself where the host serializes
-	// arbitrations with transactions: PinLinked writes no row there.
+	// arbitrations with transactions: when the caller drops the pin at once
+	// (ReleasesPinAtOnce), PinLinked writes no row there.
 	var inserted bool
 	tp, joint := s.kv.(engines.TxPutter)
 	pinFn := s.gc.PinPublish
-	if joint && o.link != nil {
+	if joint && o.link != nil && o.releasesPin {
 		pinFn = s.gc.PinLinked
 	}
 	pin, err := pinFn(ctx, d, func(row gc.RowFunc) error {

@@ -71,7 +71,9 @@ later with "alkblobfs link NAME DIGEST", to keep them.`,
 				if err := mustExist(cmd.Context(), svc, ns); err != nil {
 					return err
 				}
-				opts = append(opts, store.WithLink(svc.LinkFunc(ns)))
+				// putOne releases each put's pin as it returns: the
+				// link keeps the blob (store.ReleasesPinAtOnce).
+				opts = append(opts, store.WithLink(svc.LinkFunc(ns)), store.ReleasesPinAtOnce())
 			} else {
 				s, err := a.open(cmd)
 				if err != nil {

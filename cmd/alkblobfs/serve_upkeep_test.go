@@ -156,3 +156,62 @@ func TestServeUpkeepFlagsBound(t *testing.T) {
 	c.fail(2, "at least 1s", "serve", "--listen", "127.0.0.1:0", "--insecure-loopback", "--scrub-every", "10ms")
 	c.fail(2, "scrub-rate", "serve", "--listen", "127.0.0.1:0", "--insecure-loopback", "--scrub-rate", "-1")
 }
+
+// TestServeTokenKeepsUnlinkedBlob: docs/http.md promises that a pin token
+// keeps its blob even once no namespace links it, through a sweep another
+// process runs. A small HTTP put on the embedded SQLite store links in its
+// own transaction; its pin, which the token holds, must still have a row
+// for the other process's sweeps to see (store.ReleasesPinAtOnce is for
+// callers that drop the pin at once, not for this one).
+func TestServeTokenKeepsUnlinkedBlob(t *testing.T) {
+	t.Parallel()
+	c := newCLI(t)
+	c.ok("ns", "create", "builds")
+	s := startServe(t, c, "--listen", "127.0.0.1:0", "--insecure-loopback")
+
+	content := randomBytes(4096, 36)
+	resp, err := http.Post(s.url+"/v1/blobs?namespace=builds", "application/octet-stream", bytes.NewReader(content))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var put struct{ Token, Digest string }
+	err = json.NewDecoder(resp.Body).Decode(&put)
+	resp.Body.Close()
+	if err != nil || resp.StatusCode != 201 || put.Token == "" || put.Digest != sum(content) {
+		t.Fatalf("put: %d %+v %v", resp.StatusCode, put, err)
+	}
+	// No namespace links it now: only the token keeps it.
+	c.ok("unlink", "builds", put.Digest)
+	// The durable window: the first sweep stages, the second deletes what
+	// nothing protects.
+	for i := range 2 {
+		var rep struct {
+			Deleted int
+			Aborted string
+		}
+		if err := json.Unmarshal([]byte(c.ok("--gc-window", "0", "sweep", "--json")), &rep); err != nil {
+			t.Fatal(err)
+		}
+		if rep.Aborted != "" {
+			t.Fatalf("sweep %d aborted: %s", i+1, rep.Aborted)
+		}
+		if rep.Deleted != 0 {
+			t.Fatalf("sweep %d in another process deleted %d blobs while a pin token held one", i+1, rep.Deleted)
+		}
+	}
+	resp, err = http.Get(s.url + "/v1/blobs/" + put.Digest)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var got bytes.Buffer
+	got.ReadFrom(resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode != 200 || !bytes.Equal(got.Bytes(), content) {
+		t.Fatalf("a blob its live pin token keeps, after two sweeps by another process: GET %d (%d bytes)", resp.StatusCode, got.Len())
+	}
+	c.ok("stat", put.Digest)
+	// Released, the token no longer keeps it: the next sweeps take it.
+	if code := httpStatus(t, "DELETE", s.url+"/v1/pins/"+put.Token); code != 204 {
+		t.Fatalf("release the pin: %d", code)
+	}
+}

@@ -1,0 +1,75 @@
+package gc_test
+
+import (
+	"context"
+	"errors"
+	"path/filepath"
+	"testing"
+	"time"
+
+	"github.com/alkblobfs/alkblobfs/blob"
+	"github.com/alkblobfs/alkblobfs/engines/sqlite"
+	"github.com/alkblobfs/alkblobfs/gc"
+	"github.com/alkblobfs/alkblobfs/gc/gctest"
+)
+
+// dropSeen is a host that reports when Close reaches its drop of the
+// owner's rows.
+type dropSeen struct {
+	*sqlite.Engine
+	dropped chan struct{}
+}
+
+func (h *dropSeen) DropOwner(ctx context.Context, owner string) error {
+	close(h.dropped)
+	return h.Engine.DropOwner(ctx, owner)
+}
+
+// TestPinLinkedCloseWaits: a rowless put (PinLinked on SQLite) keeps the
+// discipline of PinPublish's row writes: Close waits for its transaction
+// to end before it drops the owner's rows and lets the store close the
+// database under it, and a put after Close has begun is refused.
+func TestPinLinkedCloseWaits(t *testing.T) {
+	ctx := t.Context()
+	e, err := sqlite.Open(ctx, filepath.Join(t.TempDir(), "kv.db"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { e.Close() })
+	h := &dropSeen{Engine: e, dropped: make(chan struct{})}
+	c := gctest.NewPool(gc.Options{Host: h, Window: e, PinTTL: time.Hour}).C
+
+	started, finish := make(chan struct{}), make(chan struct{})
+	put := make(chan error, 1)
+	go func() {
+		pin, err := c.PinLinked(ctx, dg(1), func(row gc.RowFunc) error {
+			close(started)
+			<-finish // the put's transaction, still running
+			return nil
+		})
+		pin.Release()
+		put <- err
+	}()
+	<-started
+	closed := make(chan error, 1)
+	go func() { closed <- c.Close() }()
+	// Close has begun once the collector refuses pins.
+	eventually(t, 10*time.Second, "Close to begin", func() bool {
+		_, err := c.PinLinked(ctx, dg(2), func(gc.RowFunc) error { return nil })
+		return errors.Is(err, blob.ErrClosed)
+	})
+	// Close may not reach its drop while the put runs. A bound, not an
+	// ordering: with the put holding rowMu, no wait is long enough.
+	select {
+	case <-h.dropped:
+		t.Fatal("Close dropped the owner's rows while a linked put's transaction ran")
+	case <-time.After(2 * time.Second):
+	}
+	close(finish)
+	if err := <-put; err != nil {
+		t.Fatalf("the linked put: %v", err)
+	}
+	if err := <-closed; err != nil {
+		t.Fatal(err)
+	}
+}
