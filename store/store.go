@@ -117,6 +117,8 @@ type Store struct {
 	// process, and the ledger of blobs found corrupt.
 	verdicts goodVerdicts
 	ledger   ledger
+	// rightSums: checksums recomputed for blobs whose own are damaged.
+	rightSums rightSums
 }
 
 type counters struct {
