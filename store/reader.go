@@ -77,6 +77,23 @@ func (s *Store) open(ctx context.Context, d Digest, judge bool) (*Reader, bool, 
 		// A scrub checks the pool, not this host's cache of it.
 		ctx = engines.Direct(ctx)
 	}
+	r, ok, err := s.openTiers(ctx, d, judge)
+	if ok || err != nil || !judge {
+		return r, ok, err
+	}
+	if testHookMissed != nil {
+		testHookMissed(d)
+	}
+	again, err := s.lostErr(ctx, "get", d)
+	if err != nil || !again {
+		return nil, false, err
+	}
+	return s.openTiers(ctx, d, judge) // put since the miss (lostErr)
+}
+
+// openTiers opens d from the first tier that holds it; ok is false when
+// none does.
+func (s *Store) openTiers(ctx context.Context, d Digest, judge bool) (*Reader, bool, error) {
 	for _, t := range s.tiers() {
 		cur, err := t.e.Open(ctx, d)
 		if errors.Is(err, ErrMissing) {
@@ -103,11 +120,6 @@ func (s *Store) open(ctx context.Context, d Digest, judge bool) (*Reader, bool, 
 		}
 		s.stats.reads.Add(1)
 		return r, true, nil
-	}
-	if judge {
-		if err := s.lostErr(ctx, "get", d); err != nil {
-			return nil, false, err
-		}
 	}
 	return nil, false, nil
 }
