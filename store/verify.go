@@ -166,10 +166,7 @@ func (v *verifier) readChunks(p []byte, off int64) (int, error) {
 	}
 	n, err := r.cur.ReadAt(span, spanOff)
 	if int64(n) < spanEnd-spanOff {
-		if err == nil || errors.Is(err, io.EOF) {
-			err = io.ErrUnexpectedEOF
-		}
-		return 0, blob.Wrap("read", r.engine, r.d, fmt.Errorf("at %d: %w", spanOff, err))
+		return 0, blob.Wrap("read", r.engine, r.d, fmt.Errorf("at %d: %w", spanOff, r.shortErr(err)))
 	}
 	for i := first; i <= last; i++ {
 		lo := (i - first) * chunkSize
@@ -231,10 +228,7 @@ func (v *verifier) hashAll() error {
 		h.Write((*bp)[:n])
 		off += int64(n)
 		if int64(n) < k {
-			if err == nil || errors.Is(err, io.EOF) {
-				err = io.ErrUnexpectedEOF
-			}
-			return blob.Wrap("read", r.engine, r.d, fmt.Errorf("at %d: %w", off, err))
+			return blob.Wrap("read", r.engine, r.d, fmt.Errorf("at %d: %w", off, r.shortErr(err)))
 		}
 	}
 	if got := h.digest(); got != r.d {
@@ -287,6 +281,24 @@ func (rs *rightSums) get(d Digest) chunkSums {
 	rs.mu.Lock()
 	defer rs.mu.Unlock()
 	return rs.sums[d]
+}
+
+// shortErr is the error of a read that ended before the blob does. On a
+// cache's local copy (an engines.Refetcher cursor still reading its file)
+// a short read is damage, the copy truncated after it was opened: it wraps
+// ErrVerification, so that the reader drops the copy and reads the remote
+// tier once (verifiedReadAt), as for a chunk that fails its check. A short
+// read of anything else stays io.ErrUnexpectedEOF.
+func (r *Reader) shortErr(err error) error {
+	if err != nil && !errors.Is(err, io.EOF) {
+		return err
+	}
+	if _, ok := r.cur.(engines.Refetcher); ok {
+		if _, local := cursorFile(r.cur); local {
+			return fmt.Errorf("%w: the cached copy ends early (%w)", ErrVerification, io.ErrUnexpectedEOF)
+		}
+	}
+	return io.ErrUnexpectedEOF
 }
 
 var spanBufs = sync.Pool{New: func() any { b := make([]byte, 0, 2*chunkSize); return &b }}
