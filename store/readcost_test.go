@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"os"
 	"path/filepath"
 	"sync/atomic"
 	"testing"
@@ -140,5 +141,43 @@ func TestDamagedSumsRehashOnce(t *testing.T) {
 	}
 	if cs, err := s.Corrupt(ctx); err != nil || len(cs) != 0 {
 		t.Fatalf("Corrupt() = %v, %v; the content is intact", cs, err)
+	}
+}
+
+// TestBytesOutWholeForm: a blob without chunk checksums (served in the
+// whole-blob form) counts each byte handed out once.
+func TestBytesOutWholeForm(t *testing.T) {
+	dir := t.TempDir()
+	s := openStore(t, layouts[2], dir)
+	size := 1<<20 + 7
+	data := randBytes(size)
+	d, pin, err := s.Put(t.Context(), bytes.NewReader(data), int64(size))
+	if err != nil {
+		t.Fatal(err)
+	}
+	pin.Release()
+	h := d.String()
+	if err := os.Remove(filepath.Join(dir, "large", "sums", h[:2], h)); err != nil {
+		t.Fatal(err)
+	}
+	before := s.Stats().BytesOut
+	if got := readAll(t, s, d); !bytes.Equal(got, data) {
+		t.Fatal("wrong bytes")
+	}
+	if got := s.Stats().BytesOut - before; got != int64(size) {
+		t.Fatalf("a full Read counted %d bytes out; want %d", got, size)
+	}
+	r, _, err := s.Get(t.Context(), d)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer r.Close()
+	before = s.Stats().BytesOut
+	buf := make([]byte, 4096)
+	if _, err := r.ReadAt(buf, 100); err != nil {
+		t.Fatal(err)
+	}
+	if got := s.Stats().BytesOut - before; got != int64(len(buf)) {
+		t.Fatalf("a ReadAt counted %d bytes out; want %d", got, len(buf))
 	}
 }

@@ -139,7 +139,13 @@ func (v *verifier) readAt(p []byte, off int64) (int, error) {
 		if err := v.hashAll(); err != nil {
 			return 0, err
 		}
-		return v.r.rawReadAt(p, off)
+		// Uncounted, as readChunks: ReadAt and Read count what they
+		// hand out.
+		n, err := v.r.cur.ReadAt(p, off)
+		if err != nil && !errors.Is(err, io.EOF) {
+			err = blob.Wrap("read", v.r.engine, v.r.d, err)
+		}
+		return n, err
 	}
 	return v.readChunks(p, off)
 }
