@@ -348,7 +348,9 @@ func (r *Reader) markCorrupt(bad error, refetched bool) {
 		r.s.log.Error("a read found a blob corrupt but could not record it; other readers will hash it again", "digest", r.d.String(), "err", err)
 		return
 	}
-	r.s.log.Warn("a read found a blob corrupt; it is refused from now on, until the right content is put again", "digest", r.d.String(), "engine", r.engine)
+	// Debug: the read's error says it all, and each surface reports it
+	// its own way (as judge's refusals).
+	r.s.log.Debug("a read found a blob corrupt; it is refused from now on, until the right content is put again", "digest", r.d.String(), "engine", r.engine)
 }
 
 // Trust turns off range verification for this reader: ReadAt returns the
