@@ -49,14 +49,16 @@ func TestVerifyStrict(t *testing.T) {
 	onDisk := e.blobFile(d)
 	const bad = 40<<16 + 123
 	flipByte(t, onDisk, bad)
+	// Opened before any read finds the flip: the first that does records
+	// the blob corrupt, and opens are refused from then on.
+	f, err := os.Open(p)
+	if err != nil {
+		t.Fatal(err)
+	}
 	if _, err := os.ReadFile(p); err == nil {
 		t.Fatal("read(2) of a blob changed on disk succeeded: the page cache of an earlier open was served")
 	} else {
 		wantErrno(t, "read(2)", err, syscall.EIO)
-	}
-	f, err := os.Open(p)
-	if err != nil {
-		t.Fatal(err)
 	}
 	buf := make([]byte, 4096)
 	_, err = f.ReadAt(buf, bad-100)
@@ -75,16 +77,21 @@ func TestVerifyStrict(t *testing.T) {
 	// The same flip with the chunk checksums rewritten to match it: only
 	// the end-to-end sha256 can tell, and a whole read gets EIO before
 	// it can see EOF.
-	changed := append([]byte(nil), content...)
+	// (Another blob: the reads above recorded the first one corrupt.)
+	content2 := randBytes(32, 8<<20)
+	d2 := e.put("s", content2).String()
+	p2 := e.path("s", d2)
+	changed := append([]byte(nil), content2...)
 	changed[bad] ^= 0x01
-	rewriteSums(t, e.data, d, changed)
-	out, err := exec.Command("sh", "-c", fmt.Sprintf("sha256sum < %q", p)).CombinedOutput()
+	flipByte(t, e.blobFile(d2), bad)
+	rewriteSums(t, e.data, d2, changed)
+	out, err := exec.Command("sh", "-c", fmt.Sprintf("sha256sum < %q", p2)).CombinedOutput()
 	if err == nil {
 		t.Fatalf("sha256sum of content with matching chunk checksums succeeded: %s", out)
 	}
-	_, err = os.ReadFile(p)
+	_, err = os.ReadFile(p2)
 	wantErrno(t, "whole read with matching chunk checksums", err, syscall.EIO)
-	if logs := e.logs.String(); !strings.Contains(logs, d) || !strings.Contains(logs, "from 0 to its end hashes to") {
+	if logs := e.logs.String(); !strings.Contains(logs, d2) || !strings.Contains(logs, "from 0 to its end hashes to") {
 		t.Fatalf("no log line naming the digest and the sha256 failure:\n%s", logs)
 	}
 }

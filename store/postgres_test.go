@@ -191,6 +191,11 @@ func TestPostgresCorruptObjectDetected(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer r.Close()
+	r2, _, err := s.Get(t.Context(), d)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer r2.Close()
 	buf := make([]byte, 4096)
 	if _, err := r.ReadAt(buf, 0); err != nil {
 		t.Fatalf("range read of an intact chunk: %v", err)
@@ -198,10 +203,13 @@ func TestPostgresCorruptObjectDetected(t *testing.T) {
 	if _, err := r.ReadAt(buf, at-100); !errors.Is(err, store.ErrVerification) {
 		t.Fatalf("range read over the changed byte: %v, want ErrVerification", err)
 	}
-	r2, _, _ := s.Get(t.Context(), d)
-	defer r2.Close()
 	if _, err := io.ReadAll(r2); !errors.Is(err, store.ErrVerification) {
 		t.Fatalf("streaming read: %v, want ErrVerification", err)
+	}
+	// The range read hashed the object whole and recorded the verdict:
+	// the next Get refuses it up front.
+	if _, _, err := s.Get(t.Context(), d); !errors.Is(err, store.ErrCorrupt) {
+		t.Fatalf("Get after a read found the object corrupt: %v, want ErrCorrupt", err)
 	}
 }
 

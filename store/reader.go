@@ -10,6 +10,7 @@ import (
 	"io"
 	"sync"
 	"sync/atomic"
+	"time"
 
 	"github.com/alkblobfs/alkblobfs/blob"
 	"github.com/alkblobfs/alkblobfs/engines"
@@ -54,6 +55,7 @@ type Reader struct {
 	changed  bool           // a verdict was about another version of the file
 	markFile []byte         // a suspect blob's mark, cleared once verified
 	whole    atomic.Bool    // verifiedWhole ran
+	marked   atomic.Bool    // markCorrupt ran
 }
 
 // Get opens d for reading. A miss is ok=false, unless a namespace links
@@ -75,6 +77,23 @@ func (s *Store) open(ctx context.Context, d Digest, judge bool) (*Reader, bool, 
 		// A scrub checks the pool, not this host's cache of it.
 		ctx = engines.Direct(ctx)
 	}
+	r, ok, err := s.openTiers(ctx, d, judge)
+	if ok || err != nil || !judge {
+		return r, ok, err
+	}
+	if testHookMissed != nil {
+		testHookMissed(d)
+	}
+	again, err := s.lostErr(ctx, "get", d)
+	if err != nil || !again {
+		return nil, false, err
+	}
+	return s.openTiers(ctx, d, judge) // put since the miss (lostErr)
+}
+
+// openTiers opens d from the first tier that holds it; ok is false when
+// none does.
+func (s *Store) openTiers(ctx context.Context, d Digest, judge bool) (*Reader, bool, error) {
 	for _, t := range s.tiers() {
 		cur, err := t.e.Open(ctx, d)
 		if errors.Is(err, ErrMissing) {
@@ -101,11 +120,6 @@ func (s *Store) open(ctx context.Context, d Digest, judge bool) (*Reader, bool, 
 		}
 		s.stats.reads.Add(1)
 		return r, true, nil
-	}
-	if judge {
-		if err := s.lostErr(ctx, "get", d); err != nil {
-			return nil, false, err
-		}
 	}
 	return nil, false, nil
 }
@@ -297,7 +311,46 @@ func (r *Reader) verifiedReadAt(p []byte, off int64) (int, error) {
 	if err != nil && errors.Is(err, ErrVerification) && r.v.sumsWrong() {
 		n, err = r.v.readAt(p, off)
 	}
+	if err != nil && errors.Is(err, ErrVerification) {
+		if bad, refetched := r.v.wholeBad(); bad != nil {
+			r.markCorrupt(bad, refetched)
+		}
+	}
 	return n, err
+}
+
+// markCorrupt records in the ledger what a whole hash of the blob found
+// (verifier.wholeBad), as a scrub would (recordScrub): the next Get, in
+// any process sharing the store, refuses the blob up front instead of
+// hashing all of it again before it answers. The verdict is about the
+// file as judge saw it; one that changed while it was hashed records
+// nothing. After a refetch the bytes were the remote tier's: the verdict
+// is about no local file.
+func (r *Reader) markCorrupt(bad error, refetched bool) {
+	if r.tier != TierLarge || r.marked.Swap(true) {
+		return
+	}
+	id, isFile := cursorFile(r.cur)
+	if !refetched {
+		r.jmu.Lock()
+		was, wasFile := r.fileNow, r.isFile
+		r.jmu.Unlock()
+		if isFile != wasFile || isFile && id != was {
+			return
+		}
+	} else {
+		id, isFile = engines.FileID{}, false
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	r.s.verdicts.forget(r.d)
+	if err := r.s.ledger.mark(ctx, r.d, fileIdent(id, isFile), bad.Error()); err != nil {
+		r.s.log.Error("a read found a blob corrupt but could not record it; other readers will hash it again", "digest", r.d.String(), "err", err)
+		return
+	}
+	// Debug: the read's error says it all, and each surface reports it
+	// its own way (as judge's refusals).
+	r.s.log.Debug("a read found a blob corrupt; it is refused from now on, until the right content is put again", "digest", r.d.String(), "engine", r.engine)
 }
 
 // Trust turns off range verification for this reader: ReadAt returns the

@@ -212,7 +212,7 @@ func (s *Store) scrubOne(ctx context.Context, d Digest, p *pacer) (ScrubResult, 
 		return res, ok
 	case !ok:
 		res.Status = ScrubMissing
-		if lerr := s.lostErr(ctx, "scrub", d); errors.Is(lerr, ErrLost) {
+		if _, lerr := s.lostErr(ctx, "scrub", d); errors.Is(lerr, ErrLost) {
 			res.Lost, res.Error = true, lerr.Error()
 		}
 		return res, true

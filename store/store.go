@@ -117,6 +117,8 @@ type Store struct {
 	// process, and the ledger of blobs found corrupt.
 	verdicts goodVerdicts
 	ledger   ledger
+	// rightSums: checksums recomputed for blobs whose own are damaged.
+	rightSums rightSums
 }
 
 type counters struct {
@@ -281,6 +283,20 @@ type Info struct {
 
 // Stat returns d's size and tier from metadata. A miss is ok=false.
 func (s *Store) Stat(ctx context.Context, d Digest) (Info, bool, error) {
+	info, ok, err := s.statTiers(ctx, d)
+	if ok || err != nil {
+		return info, ok, err
+	}
+	again, err := s.lostErr(ctx, "stat", d)
+	if err != nil || !again {
+		return Info{}, false, err
+	}
+	return s.statTiers(ctx, d) // put since the miss (lostErr)
+}
+
+// statTiers is Stat of the first tier that holds d; ok is false when none
+// does.
+func (s *Store) statTiers(ctx context.Context, d Digest) (Info, bool, error) {
 	for _, t := range s.tiers() {
 		n, err := t.e.Size(ctx, d)
 		if err == nil {
@@ -289,9 +305,6 @@ func (s *Store) Stat(ctx context.Context, d Digest) (Info, bool, error) {
 		if !errors.Is(err, ErrMissing) {
 			return Info{}, false, err
 		}
-	}
-	if err := s.lostErr(ctx, "stat", d); err != nil {
-		return Info{}, false, err
 	}
 	return Info{}, false, nil
 }

@@ -431,42 +431,59 @@ func TestFlippedByteDetected(t *testing.T) {
 	const at = 3_700_000
 	flip(t, blobPath(dir, d), at)
 
+	// Both readers open before either finds the flip: the first to find
+	// it records it, and Get refuses the blob from then on.
 	r, _, err := s.Get(t.Context(), d)
 	if err != nil {
 		t.Fatal(err)
 	}
+	rr, _, err := s.Get(t.Context(), d)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer rr.Close()
 	if _, err := io.ReadAll(r); !errors.Is(err, store.ErrVerification) {
 		t.Fatalf("streaming read: %v, want ErrVerification", err)
 	}
 	r.Close()
 
-	r, _, _ = s.Get(t.Context(), d)
-	defer r.Close()
 	buf := make([]byte, 4096)
-	if _, err := r.ReadAt(buf, 0); err != nil {
+	if _, err := rr.ReadAt(buf, 0); err != nil {
 		t.Fatalf("range read of an intact chunk: %v", err)
 	}
-	if _, err := r.ReadAt(buf, at-100); !errors.Is(err, store.ErrVerification) {
+	if _, err := rr.ReadAt(buf, at-100); !errors.Is(err, store.ErrVerification) {
 		t.Fatalf("range read over the flipped byte: %v, want ErrVerification", err)
 	}
-	if r.FullyVerified() {
+	if rr.FullyVerified() {
 		t.Fatal("a corrupt blob reported fully verified")
 	}
+	wantRefused(t, s, d, "after reads found it corrupt")
 
 	// Without chunk sums (lost sidecar), the first read hashes the whole
 	// blob: it fails even where the bytes it asked for are intact.
-	h := d.String()
+	data2 := randBytes(4 << 20)
+	d2, pin, err := s.Put(t.Context(), bytes.NewReader(data2), -1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	pin.Release()
+	flip(t, blobPath(dir, d2), at)
+	h := d2.String()
 	if err := os.Remove(filepath.Join(dir, "large", "sums", h[:2], h)); err != nil {
 		t.Fatal(err)
 	}
-	r2, _, _ := s.Get(t.Context(), d)
+	r2, _, err := s.Get(t.Context(), d2)
+	if err != nil {
+		t.Fatal(err)
+	}
 	defer r2.Close()
 	if _, err := r2.ReadAt(buf, 0); !errors.Is(err, store.ErrVerification) {
 		t.Fatalf("no sums, read of an intact prefix: %v, want ErrVerification", err)
 	}
-	if _, err := r2.ReadAt(buf, int64(len(data))-4096); !errors.Is(err, store.ErrVerification) {
+	if _, err := r2.ReadAt(buf, int64(len(data2))-4096); !errors.Is(err, store.ErrVerification) {
 		t.Fatalf("no sums, read at the end: %v, want ErrVerification", err)
 	}
+	wantRefused(t, s, d2, "no sums, after a read found it corrupt")
 }
 
 func TestFlippedKVValueDetected(t *testing.T) {

@@ -275,12 +275,9 @@ func TestUploadSeedHoleChecked(t *testing.T) {
 		t.Skipf("cannot punch a hole here: %v", err)
 	}
 	f.Close()
-	u := seedFrom(t, s, d, false)
-	u.WriteAt([]byte("x"), 1<<20)
-	if _, _, err := u.Commit(t.Context(), nil); !errors.Is(err, store.ErrVerification) {
-		t.Fatalf("commit over a base that lost a chunk: %v; want a verification error", err)
-	}
-	u = seedFrom(t, s, d, true)
+	// The trusted seed first: the checked one finds the base corrupt and
+	// records it, and Get refuses it from then on, trusted or not.
+	u := seedFrom(t, s, d, true)
 	u.WriteAt([]byte("x"), 1<<20)
 	got, pin, err := u.Commit(t.Context(), nil)
 	if err != nil {
@@ -291,6 +288,11 @@ func TestUploadSeedHoleChecked(t *testing.T) {
 	clear(want[256<<10 : 320<<10])
 	if got != sha256.Sum256(want) {
 		t.Fatal("trusted base: wrong digest")
+	}
+	u = seedFrom(t, s, d, false)
+	u.WriteAt([]byte("x"), 1<<20)
+	if _, _, err := u.Commit(t.Context(), nil); !errors.Is(err, store.ErrVerification) {
+		t.Fatalf("commit over a base that lost a chunk: %v; want a verification error", err)
 	}
 	assertClean(t, s)
 }

@@ -217,7 +217,7 @@ func corruptError(d Digest, m engines.CorruptMark) error {
 	if !m.Marked.IsZero() {
 		when = " on " + m.Marked.UTC().Format(time.RFC3339)
 	}
-	return blob.Wrap("get", "", d, fmt.Errorf("%w (%w): a scrub found it so%s; it is refused until the right content is put again", ErrCorrupt, ErrVerification, when))
+	return blob.Wrap("get", "", d, fmt.Errorf("%w (%w): a scrub or a read found it so%s; it is refused until the right content is put again", ErrCorrupt, ErrVerification, when))
 }
 
 // judge sets what the store knows of r's blob as its file is now, at Get

@@ -2,7 +2,6 @@ package store
 
 import (
 	"context"
-	"crypto/sha256"
 	"errors"
 	"fmt"
 	"io"
@@ -61,6 +60,11 @@ func newVerifier(ctx context.Context, r *Reader, e engines.Engine) *verifier {
 		}
 	}
 	if v.sums != nil {
+		if right := r.s.rightSums.get(r.d); right != nil && len(right) == len(v.sums) {
+			v.sums = right // the stored ones were found damaged (hashAll)
+		}
+	}
+	if v.sums != nil {
 		v.checked = make([]atomic.Uint64, (len(v.sums)+63)/64)
 		v.left.Store(int64(len(v.sums)))
 	}
@@ -111,6 +115,19 @@ func (v *verifier) sumsWrong() bool {
 	return true
 }
 
+// wholeBad is the failure of the whole-blob hash of the verifier that
+// serves now (nil if it did not fail), and whether that verifier reads
+// the remote tier after a cache's copy was dropped.
+func (v *verifier) wholeBad() (bad error, refetched bool) {
+	if nv := v.after.Load(); nv != nil {
+		bad, _ := nv.wholeBad()
+		return bad, true
+	}
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	return v.bad, false
+}
+
 func (v *verifier) readAt(p []byte, off int64) (int, error) {
 	if nv := v.after.Load(); nv != nil {
 		return nv.readAt(p, off)
@@ -122,7 +139,13 @@ func (v *verifier) readAt(p []byte, off int64) (int, error) {
 		if err := v.hashAll(); err != nil {
 			return 0, err
 		}
-		return v.r.rawReadAt(p, off)
+		// Uncounted, as readChunks: ReadAt and Read count what they
+		// hand out.
+		n, err := v.r.cur.ReadAt(p, off)
+		if err != nil && !errors.Is(err, io.EOF) {
+			err = blob.Wrap("read", v.r.engine, v.r.d, err)
+		}
+		return n, err
 	}
 	return v.readChunks(p, off)
 }
@@ -149,10 +172,7 @@ func (v *verifier) readChunks(p []byte, off int64) (int, error) {
 	}
 	n, err := r.cur.ReadAt(span, spanOff)
 	if int64(n) < spanEnd-spanOff {
-		if err == nil || errors.Is(err, io.EOF) {
-			err = io.ErrUnexpectedEOF
-		}
-		return 0, blob.Wrap("read", r.engine, r.d, fmt.Errorf("at %d: %w", spanOff, err))
+		return 0, blob.Wrap("read", r.engine, r.d, fmt.Errorf("at %d: %w", spanOff, r.shortErr(err)))
 	}
 	for i := first; i <= last; i++ {
 		lo := (i - first) * chunkSize
@@ -205,28 +225,86 @@ func (v *verifier) hashAll() error {
 	r := v.r
 	bp := copyBufs.Get().(*[]byte)
 	defer copyBufs.Put(bp)
-	h := sha256.New()
+	// The chunk checksums too (CRC-32C, at memory speed), for blobs whose
+	// own are damaged: see rightSums.
+	h := newContentHash()
 	for off := int64(0); off < r.size; {
 		k := min(int64(len(*bp)), r.size-off)
 		n, err := r.cur.ReadAt((*bp)[:k], off)
 		h.Write((*bp)[:n])
 		off += int64(n)
 		if int64(n) < k {
-			if err == nil || errors.Is(err, io.EOF) {
-				err = io.ErrUnexpectedEOF
-			}
-			return blob.Wrap("read", r.engine, r.d, fmt.Errorf("at %d: %w", off, err))
+			return blob.Wrap("read", r.engine, r.d, fmt.Errorf("at %d: %w", off, r.shortErr(err)))
 		}
 	}
-	var got Digest
-	h.Sum(got[:0])
-	if got != r.d {
+	if got := h.digest(); got != r.d {
 		v.bad = blob.Wrap("read", r.engine, r.d, fmt.Errorf("%w: content hashes to %s", ErrVerification, got))
 		return v.bad
 	}
 	v.good.Store(true)
+	if v.sums != nil {
+		// The blob's checksums failed content that hashes whole to its
+		// digest (sumsWrong): keep the right ones, computed from that
+		// content, so that the next readers check chunks with them
+		// instead of failing a chunk and hashing the whole blob again.
+		if sums, err := parseSums(h.sidecar(), r.size); err == nil {
+			r.s.rightSums.put(r.d, sums)
+		}
+	}
 	r.verifiedWhole()
 	return nil
+}
+
+// rightSums keeps, in the process, the chunk checksums computed from the
+// content of blobs whose stored checksums were found damaged (their
+// content hashed whole to the digest). Design point (the simplest safe
+// bound on the cost of damaged checksums): checksums computed from
+// content that hashes to d are the right ones for d whatever holds it
+// (another file, another tier), so a reader may check its chunks with
+// them instead of the stored ones: every byte it serves is still checked
+// (bit rot since then fails them, and a failure hashes the blob whole,
+// which then marks it corrupt). Rewriting the stored sidecar would need a
+// new put of the whole blob; the engines have no way to replace a
+// sidecar alone. Bounded: when full it starts over, which costs one more
+// whole hash, never an unchecked byte.
+type rightSums struct {
+	mu   sync.Mutex
+	sums map[Digest]chunkSums
+}
+
+const rightSumsMax = 64
+
+func (rs *rightSums) put(d Digest, s chunkSums) {
+	rs.mu.Lock()
+	defer rs.mu.Unlock()
+	if rs.sums == nil || len(rs.sums) >= rightSumsMax {
+		rs.sums = make(map[Digest]chunkSums)
+	}
+	rs.sums[d] = s
+}
+
+func (rs *rightSums) get(d Digest) chunkSums {
+	rs.mu.Lock()
+	defer rs.mu.Unlock()
+	return rs.sums[d]
+}
+
+// shortErr is the error of a read that ended before the blob does. On a
+// cache's local copy (an engines.Refetcher cursor still reading its file)
+// a short read is damage, the copy truncated after it was opened: it wraps
+// ErrVerification, so that the reader drops the copy and reads the remote
+// tier once (verifiedReadAt), as for a chunk that fails its check. A short
+// read of anything else stays io.ErrUnexpectedEOF.
+func (r *Reader) shortErr(err error) error {
+	if err != nil && !errors.Is(err, io.EOF) {
+		return err
+	}
+	if _, ok := r.cur.(engines.Refetcher); ok {
+		if _, local := cursorFile(r.cur); local {
+			return fmt.Errorf("%w: the cached copy ends early (%w)", ErrVerification, io.ErrUnexpectedEOF)
+		}
+	}
+	return io.ErrUnexpectedEOF
 }
 
 var spanBufs = sync.Pool{New: func() any { b := make([]byte, 0, 2*chunkSize); return &b }}

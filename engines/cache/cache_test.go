@@ -507,3 +507,28 @@ func TestAdoptLinks(t *testing.T) {
 		t.Fatalf("after the adoption: %+v", s)
 	}
 }
+
+// TestTruncatedAfterOpenRefetched: a cached copy truncated after a
+// reader opened it is damage, as a flipped byte is: the read gets the
+// right bytes from the remote tier instead of failing until the blob is
+// opened again.
+func TestTruncatedAfterOpenRefetched(t *testing.T) {
+	f := newFixture(t, s3test.URL(t), t.TempDir(), 64<<20)
+	d, b := f.put(3<<20, 8)
+	f.read(d)
+	f.settled()
+	r, _, err := f.st.Get(context.Background(), d)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer r.Close()
+	path := filepath.Join(f.dir, "blobs", d.String()[:2], d.String())
+	if err := os.Truncate(path, 1<<20); err != nil {
+		t.Fatal(err)
+	}
+	p := make([]byte, 64<<10)
+	off := 2 << 20
+	if _, err := r.ReadAt(p, int64(off)); err != nil || !bytes.Equal(p, b[off:off+len(p)]) {
+		t.Fatalf("read past the truncation: %v (right bytes: %v)", err, bytes.Equal(p, b[off:off+len(p)]))
+	}
+}

@@ -507,6 +507,11 @@ func (e *Engine) Warm(ctx context.Context, d blob.Digest, progress func(done int
 			}
 			return nil
 		}
+		if !errors.Is(err, errDamaged) {
+			// The medium failed to deliver the bytes (a transient EIO):
+			// the copy may be fine, so it is kept and Warm fails.
+			return fmt.Errorf("blob %s: reading its cached copy: %w", d, err)
+		}
 		e.log.Warn("cached copy of a blob failed verification; dropping it and reading the blob from the remote tier again",
 			"digest", d.String(), "dir", e.dir, "err", err)
 		e.dropLocal(ctx, d, true)
@@ -585,13 +590,20 @@ func checkWhole(c engines.Cursor, d blob.Digest) error {
 		h.Write(p[:k])
 		off += int64(k)
 		if k < len(p) {
+			if err == nil || errors.Is(err, io.EOF) {
+				return fmt.Errorf("%w: the copy ends at %d, want %d bytes", errDamaged, off, c.Len())
+			}
 			return fmt.Errorf("read at %d: %w", off, err)
 		}
 	}
 	var got blob.Digest
 	h.Sum(got[:0])
 	if got != d {
-		return fmt.Errorf("the copy hashes to %s", got)
+		return fmt.Errorf("%w: the copy hashes to %s", errDamaged, got)
 	}
 	return nil
 }
+
+// errDamaged: checkWhole found the copy's bytes wrong (they hash to
+// another digest, or end early), not merely unreadable.
+var errDamaged = errors.New("cached copy is damaged")
