@@ -11,6 +11,7 @@ import (
 	"os"
 	"path/filepath"
 	"runtime"
+	"time"
 
 	sqlitedrv "modernc.org/sqlite" // also registers the "sqlite" driver
 
@@ -107,7 +108,7 @@ func open(ctx context.Context, path string, b boot, log *slog.Logger) (*Engine, 
 	// A URI filename, so that the path is escaped ('?', '#', '%' are legal
 	// in file names) and the parameters reach the driver.
 	dsn := "file:" + (&url.URL{Path: abs}).EscapedPath() + "?" +
-		"_pragma=busy_timeout(10000)&_pragma=journal_mode(WAL)&_pragma=synchronous(NORMAL)&_txlock=immediate"
+		fmt.Sprintf("_pragma=busy_timeout(%d)&_pragma=journal_mode(WAL)&_pragma=synchronous(NORMAL)&_txlock=immediate", busyTimeout.Milliseconds())
 	if ro, err := readOnly(abs); err != nil {
 		return nil, e.wrap("open", err)
 	} else if ro {
@@ -116,7 +117,7 @@ func open(ctx context.Context, path string, b boot, log *slog.Logger) (*Engine, 
 		// immutable, without the locks it cannot create. With them (a
 		// read-only view of a live store), it reads read-only through
 		// them, with the locking a writer elsewhere needs.
-		dsn = "file:" + (&url.URL{Path: abs}).EscapedPath() + "?mode=ro&_pragma=busy_timeout(10000)"
+		dsn = "file:" + (&url.URL{Path: abs}).EscapedPath() + fmt.Sprintf("?mode=ro&_pragma=busy_timeout(%d)", busyTimeout.Milliseconds())
 		if !exists(abs+"-shm") && emptyOrAbsent(abs+"-wal") {
 			dsn += "&immutable=1"
 		}
@@ -167,6 +168,10 @@ func open(ctx context.Context, path string, b boot, log *slog.Logger) (*Engine, 
 	}
 	return e, nil
 }
+
+// busyTimeout is how long a statement waits for another connection's lock
+// (SQLite's busy_timeout) before it fails with SQLITE_BUSY.
+const busyTimeout = 10 * time.Second
 
 func (e *Engine) init(ctx context.Context, log *slog.Logger) error {
 	// The layout first: a database this build must refuse gets nothing
