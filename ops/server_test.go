@@ -749,25 +749,32 @@ func residue(t *testing.T, large engines.Large) int {
 }
 
 // A large blob whose bytes rotted on disk: a whole GET is cut off before
-// the bad chunk, never a complete-looking 200; a range over it fails; a
-// range elsewhere still reads.
+// the bad chunk, never a complete-looking 200; a range over it fails with
+// 422; a range elsewhere reads until a read has found the rot, and from
+// then on every request is refused up front as corrupt (the store's
+// ledger, as after a scrub), until the content is put again.
 func TestCorruptBlobCutOff(t *testing.T) {
 	e := newEnv(t, envOptions{})
-	b := randBytes(3<<20, 31)
-	d, _ := e.put(t, "builds", b)
-	cur, err := e.large.Open(t.Context(), d)
-	if err != nil {
-		t.Fatal(err)
+	// rotted puts 3 MiB and flips a byte 2 MiB into its file.
+	rotted := func(seed uint64) ([]byte, blob.Digest) {
+		b := randBytes(3<<20, seed)
+		d, _ := e.put(t, "builds", b)
+		cur, err := e.large.Open(t.Context(), d)
+		if err != nil {
+			t.Fatal(err)
+		}
+		path := cur.(engines.FileCursor).File().Name()
+		cur.Close()
+		f, err := os.OpenFile(path, os.O_WRONLY, 0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		f.WriteAt([]byte{b[2<<20] ^ 0xff}, 2<<20)
+		f.Close()
+		return b, d
 	}
-	path := cur.(engines.FileCursor).File().Name()
-	cur.Close()
-	f, err := os.OpenFile(path, os.O_WRONLY, 0)
-	if err != nil {
-		t.Fatal(err)
-	}
-	f.WriteAt([]byte{b[2<<20] ^ 0xff}, 2<<20)
-	f.Close()
 
+	b, d := rotted(31)
 	resp, err := http.Get(e.url + "/v1/blobs/" + d.String())
 	if err != nil {
 		t.Fatal(err)
@@ -780,14 +787,22 @@ func TestCorruptBlobCutOff(t *testing.T) {
 	if !bytes.Equal(got, b[:len(got)]) || len(got) > 2<<20 {
 		t.Fatalf("the cut-off body holds %d bytes, some past the bad chunk or wrong", len(got))
 	}
-	if status, _, _ := request(t, "GET", e.url+"/v1/blobs/"+d.String(), nil, map[string]string{"Range": fmt.Sprintf("bytes=%d-%d", 2<<20, 2<<20+9)}); status != http.StatusUnprocessableEntity {
-		t.Fatalf("range over the bad byte: %d; want 422", status)
+	if !strings.Contains(e.log.String(), d.String()) {
+		t.Fatal("no log line names the corrupt blob")
 	}
+	if status, _, _ := request(t, "GET", e.url+"/v1/blobs/"+d.String(), nil, map[string]string{"Range": "bytes=0-999"}); status != http.StatusInternalServerError {
+		t.Fatalf("range over good bytes of a blob a read found corrupt: %d; want 500 (corrupt)", status)
+	}
+
+	b, d = rotted(32)
 	if status, _, body := request(t, "GET", e.url+"/v1/blobs/"+d.String(), nil, map[string]string{"Range": "bytes=0-999"}); status != 206 || !bytes.Equal(body, b[:1000]) {
 		t.Fatalf("range over good bytes: %d", status)
 	}
-	if !strings.Contains(e.log.String(), d.String()) {
-		t.Fatal("no log line names the corrupt blob")
+	if status, _, _ := request(t, "GET", e.url+"/v1/blobs/"+d.String(), nil, map[string]string{"Range": fmt.Sprintf("bytes=%d-%d", 2<<20, 2<<20+9)}); status != http.StatusUnprocessableEntity {
+		t.Fatalf("range over the bad byte: %d; want 422", status)
+	}
+	if status, _, _ := request(t, "GET", e.url+"/v1/blobs/"+d.String(), nil, nil); status != http.StatusInternalServerError {
+		t.Fatalf("whole GET of a blob a read found corrupt: %d; want 500 (corrupt), before any byte", status)
 	}
 }
 
