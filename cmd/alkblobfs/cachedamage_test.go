@@ -353,14 +353,7 @@ func TestLostBlobFailsLoudly(t *testing.T) {
 	c.fail(1, "blob is lost", "cat", d)
 	c.fail(1, "blob is lost", "stat", d)
 
-	scrub := filepath.Join(mnt, ".alkblobfs", "scrub")
-	if err := os.WriteFile(scrub, []byte("run\n"), 0o644); err != nil {
-		t.Fatal(err)
-	}
-	b, err := os.ReadFile(scrub)
-	if err != nil {
-		t.Fatal(err)
-	}
+	b := scrubOnce(t, mnt)
 	var rep struct {
 		Missing    int64    `json:"missing"`
 		BadDigests []string `json:"bad_digests"`

@@ -82,14 +82,7 @@ func TestCorruptRefusedEverywhere(t *testing.T) {
 	}
 
 	rot(t, c.data, digest, 200_000)
-	scrub := filepath.Join(mnt, ".alkblobfs", "scrub")
-	if err := os.WriteFile(scrub, []byte("run\n"), 0o644); err != nil {
-		t.Fatal(err)
-	}
-	b, err := os.ReadFile(scrub)
-	if err != nil {
-		t.Fatal(err)
-	}
+	b := scrubOnce(t, mnt)
 	var rep struct {
 		Corrupt int64 `json:"corrupt"`
 	}
@@ -115,4 +108,19 @@ func TestCorruptRefusedEverywhere(t *testing.T) {
 		t.Fatalf("GET after the repair: %d", code)
 	}
 	stopDaemon(t, dm)
+}
+
+// scrubOnce runs a scrub through the mount's control file and returns its
+// report, as the file reads after it.
+func scrubOnce(t *testing.T, mnt string) []byte {
+	t.Helper()
+	scrub := filepath.Join(mnt, ".alkblobfs", "scrub")
+	if err := os.WriteFile(scrub, []byte("run\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	b, err := os.ReadFile(scrub)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return b
 }
