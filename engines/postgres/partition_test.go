@@ -124,8 +124,20 @@ func TestOpTimeoutIsSilence(t *testing.T) {
 	if !errors.As(err, &te) {
 		t.Fatalf("a statement silent for 4 × the op timeout = %v; want a *postgres.TimeoutError", err)
 	}
-	if ok, err := e.Has(ctx, blob.Sum(nil)); ok || err != nil {
-		t.Fatalf("Has after a timed-out statement = %v, %v", ok, err)
+	// The pool must recover: the next statement gets a fresh connection.
+	// On a loaded machine that connection's own handshake (SCRAM) can be
+	// silent past the op timeout too, which is the timeout doing its job,
+	// so only a TimeoutError may delay success, for a bounded time.
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		ok, err := e.Has(ctx, blob.Sum(nil))
+		if err == nil && !ok {
+			return
+		}
+		if !errors.As(err, &te) || time.Now().After(deadline) {
+			t.Fatalf("Has after a timed-out statement = %v, %v (want false, nil within 30s; only op timeouts may come before)", ok, err)
+		}
+		t.Logf("Has after a timed-out statement timed out again (a loaded machine): %v", err)
 	}
 }
 
