@@ -153,6 +153,7 @@ func doInit(server *protocolServer, req *request) {
 	if out.Minor > input.Minor {
 		out.Minor = input.Minor
 	}
+	server.initOut = *out
 
 	req.status = OK
 }
@@ -245,6 +246,11 @@ func doNotifyReply(server *protocolServer, req *request) {
 	}
 
 	if reading == nil {
+		if reply.Unique == handoverWakeUnique {
+			// A wake-up that StopReading sent (handover.go)
+			// and no parked reader needed.
+			return
+		}
 		badf("unexpected unique - ignoring")
 		return
 	}

@@ -31,6 +31,11 @@ type protocolServer struct {
 	// Capabilities sent in InitOut.
 	negotiatedFlags uint64
 
+	// initOut is the INIT reply as sent (or, for a server started
+	// by NewServerOnFD, as its predecessor sent it): what
+	// Server.InitState exports.
+	initOut InitOut
+
 	opts *MountOptions
 
 	// Pools for []byte

@@ -69,6 +69,11 @@ type Server struct {
 
 	// for implementing single threaded processing.
 	requestProcessingMu sync.Mutex
+
+	// gate parks the readers for a handover (handover.go). Its zero
+	// value lets them run, so a server that never hands over reads
+	// exactly as before.
+	gate readerGate
 }
 
 // SetDebug is deprecated. Use MountOptions.Debug instead.
@@ -212,43 +217,7 @@ func NewServer(fs RawFileSystem, mountPoint string, opts *MountOptions) (*Server
 	}
 	o := *opts
 	o.setDefaults(fs)
-
-	maxReaders := runtime.GOMAXPROCS(0)
-	if maxReaders < minMaxReaders {
-		maxReaders = minMaxReaders
-	} else if maxReaders > maxMaxReaders {
-		maxReaders = maxMaxReaders
-	}
-
-	readBufSize, readBufBytes, _ := requestAccountingSizes(o.MaxWrite)
-
-	ms := &Server{
-		protocolServer: protocolServer{
-			fileSystem:  fs,
-			retrieveTab: make(map[uint64]*retrieveCacheRequest),
-			opts:        &o,
-		},
-		opts:         &o,
-		maxReaders:   maxReaders,
-		singleReader: useSingleReader,
-		ready:        make(chan error, 1),
-	}
-	ms.reqPool.New = func() any {
-		return &requestAlloc{
-			request: request{
-				cancel: make(chan struct{}),
-			},
-		}
-	}
-	ms.readPool.New = func() any {
-		// O_DIRECT typically requires buffers aligned to
-		// blocksize (see man 2 open), but requirements vary
-		// across file systems. Presumably, we could also fix
-		// this by reading the requests using readv.
-		buf := make([]byte, readBufBytes)
-		buf = alignSlice(buf, unsafe.Sizeof(WriteIn{}), logicalBlockSize, uintptr(readBufSize))
-		return buf
-	}
+	ms := newServer(fs, &o)
 	mountPoint = filepath.Clean(mountPoint)
 	if !filepath.IsAbs(mountPoint) {
 		cwd, err := os.Getwd()
@@ -279,6 +248,49 @@ func NewServer(fs RawFileSystem, mountPoint string, opts *MountOptions) (*Server
 	// synchronously or asynchronously.
 	ms.fuseFD.loops.Add(1)
 	return ms, nil
+}
+
+// newServer builds a Server with its pools for the options o (defaults
+// already set), not yet attached to a FUSE fd. NewServer and
+// NewServerOnFD (handover.go) share it.
+func newServer(fs RawFileSystem, o *MountOptions) *Server {
+	maxReaders := runtime.GOMAXPROCS(0)
+	if maxReaders < minMaxReaders {
+		maxReaders = minMaxReaders
+	} else if maxReaders > maxMaxReaders {
+		maxReaders = maxMaxReaders
+	}
+
+	readBufSize, readBufBytes, _ := requestAccountingSizes(o.MaxWrite)
+
+	ms := &Server{
+		protocolServer: protocolServer{
+			fileSystem:  fs,
+			retrieveTab: make(map[uint64]*retrieveCacheRequest),
+			opts:        o,
+		},
+		opts:         o,
+		maxReaders:   maxReaders,
+		singleReader: useSingleReader,
+		ready:        make(chan error, 1),
+	}
+	ms.reqPool.New = func() any {
+		return &requestAlloc{
+			request: request{
+				cancel: make(chan struct{}),
+			},
+		}
+	}
+	ms.readPool.New = func() any {
+		// O_DIRECT typically requires buffers aligned to
+		// blocksize (see man 2 open), but requirements vary
+		// across file systems. Presumably, we could also fix
+		// this by reading the requests using readv.
+		buf := make([]byte, readBufBytes)
+		buf = alignSlice(buf, unsafe.Sizeof(WriteIn{}), logicalBlockSize, uintptr(readBufSize))
+		return buf
+	}
+	return ms
 }
 
 func requestAccountingSizes(maxWrite int) (readBufSize, readBufBytes, reqAllocBytes int) {
@@ -375,8 +387,24 @@ func (ms *Server) Serve() {
 		log.Panic("Serve() must only be called once, you have called it a second time")
 	}
 
-	ms.loop()
-	ms.fuseFD.loops.Wait()
+	detached := false
+	for {
+		ms.loop()
+		ms.fuseFD.loops.Wait()
+		// The readers are gone: because the connection ended, or
+		// because StopReading parked them for a handover. In the
+		// latter case wait here for ResumeReading (serve again)
+		// or Detach (return, leaving the mount to the successor).
+		resume, parked := ms.gate.park()
+		if !parked {
+			break
+		}
+		if !resume {
+			detached = true
+			break
+		}
+		ms.fuseFD.loops.Add(1)
+	}
 
 	ms.fuseFD.close()
 
@@ -397,6 +425,11 @@ func (ms *Server) Serve() {
 		close(reading.ready)
 	}
 
+	if detached {
+		// The file system is still mounted and served by the
+		// successor: it is not unmounted.
+		return
+	}
 	ms.fileSystem.OnUnmount()
 }
 
@@ -462,10 +495,20 @@ func (ms *Server) loop() {
 	defer ms.fuseFD.loops.Done()
 exit:
 	for {
+		if ms.gate.stopping.Load() {
+			break exit
+		}
 		req, errNo := ms.fuseFD.readRequest()
 		switch errNo {
 		case OK:
 			if req == nil {
+				break exit
+			}
+			if ms.gate.stopping.Load() {
+				// Read after StopReading: answer nothing that
+				// wants a reply, the successor gets it again
+				// from the kernel by FUSE_NOTIFY_RESEND.
+				ms.handleWhileStopping(req)
 				break exit
 			}
 		case ENOENT:
