@@ -49,8 +49,14 @@ type fileEntry struct {
 	// index into nodeEntry.openFiles
 	nodeIndex int
 
-	// Handle number which we communicate to the kernel.
-	fh uint32
+	// dir is set for a handle from OPENDIR; openFlags are the
+	// flags of the OPEN or CREATE. A handover exports both.
+	dir       bool
+	openFlags uint32
+
+	// Handle number which we communicate to the kernel (see
+	// mapIdentityTable.epoch).
+	fh uint64
 
 	// Protects directory fields. Must be acquired before rawBridge.ids'
 	// and rawBridge.backingMu's locks.
@@ -237,7 +243,7 @@ func (b *rawBridge) addNewNode(parent *Inode, name string, child *Inode, file Fi
 	}
 
 	if file != nil {
-		fe = b.ids.registerFile(entry, file, fileFlags)
+		fe = b.ids.registerFile(entry, file, fileFlags, false)
 	}
 
 	if name != "" {
@@ -296,6 +302,13 @@ func (b *rawBridge) setAttrTimeout(out *fuse.AttrOut) {
 // If nil is given as opts, default settings are
 // applied, which are 1 second entry and attribute timeout.
 func NewNodeFS(root InodeEmbedder, opts *Options) fuse.RawFileSystem {
+	return newNodeFS(root, opts, nil)
+}
+
+// newNodeFS is NewNodeFS; beforeOnAdd, if set, runs once the root is
+// registered and before the OnAdd callbacks can create nodes (a
+// handover import sets the counters there, handover.go).
+func newNodeFS(root InodeEmbedder, opts *Options, beforeOnAdd func(*rawBridge)) *rawBridge {
 	if opts == nil {
 		oneSec := time.Second
 		opts = &Options{
@@ -327,6 +340,9 @@ func NewNodeFS(root InodeEmbedder, opts *Options) fuse.RawFileSystem {
 	bridge.root = root.embed()
 	bridge.root.hasKernelRef = true
 	bridge.ids.registerRoot(bridge.root)
+	if beforeOnAdd != nil {
+		beforeOnAdd(bridge)
+	}
 
 	if opts.OnAdd != nil {
 		opts.OnAdd(context.Background())
@@ -347,6 +363,12 @@ func (b *rawBridge) String() string {
 // for registerFile/addBackingID) without a second lookup.
 func (b *rawBridge) entry(nodeID uint64, fh uint64) (*nodeEntry, *fileEntry) {
 	e, f := b.ids.node(nodeID, fh)
+	if (e == nil || f == nil) && b.ids.imported {
+		// An id or handle of a predecessor's that this server
+		// does not know: never another node's, always ESTALE.
+		b.logf("handover: unknown node %d or file handle %#x: ESTALE", nodeID, fh)
+		panic(fuse.AbortRequest{Status: fuse.Status(syscall.ESTALE)})
+	}
 	if e == nil {
 		log.Panicf("unknown node %d", nodeID)
 	}
@@ -573,7 +595,7 @@ func (b *rawBridge) Create(cancel <-chan struct{}, input *fuse.CreateIn, name st
 
 	child, fe, entry := b.addNewChild(parent, name, child, f, input.Flags|syscall.O_CREAT|syscall.O_EXCL, &out.EntryOut)
 	if fe != nil {
-		out.Fh = uint64(fe.fh)
+		out.Fh = fe.fh
 	}
 	out.OpenFlags = flags
 
@@ -601,7 +623,7 @@ func (b *rawBridge) Tmpfile(cancel <-chan struct{}, input *fuse.CreateIn, out *f
 
 	child, fe, entry := b.addNewNode(parent, "", child, f, input.Flags|syscall.O_CREAT|syscall.O_EXCL, &out.EntryOut)
 	if fe != nil {
-		out.Fh = uint64(fe.fh)
+		out.Fh = fe.fh
 	}
 	out.OpenFlags = flags
 
@@ -614,6 +636,13 @@ func (b *rawBridge) Tmpfile(cancel <-chan struct{}, input *fuse.CreateIn, out *f
 }
 
 func (b *rawBridge) Forget(nodeid, nlookup uint64) {
+	if b.ids.imported {
+		if e, _ := b.ids.node(nodeid, 0); e == nil {
+			// A node of the predecessor's that was not
+			// imported: nothing to forget.
+			return
+		}
+	}
 	e, _ := b.entry(nodeid, 0)
 	hasKernelRef, _, _ := e.inode.Load().removeRef(nlookup, false)
 	if !hasKernelRef {
@@ -831,8 +860,8 @@ func (b *rawBridge) Open(cancel <-chan struct{}, input *fuse.OpenIn, out *fuse.O
 	out.OpenFlags = flags
 
 	if f != nil {
-		fe := b.ids.registerFile(e, f, input.Flags)
-		out.Fh = uint64(fe.fh)
+		fe := b.ids.registerFile(e, f, input.Flags, false)
+		out.Fh = fe.fh
 
 		b.backingMu.Lock()
 		defer b.backingMu.Unlock()
@@ -973,7 +1002,7 @@ func (b *rawBridge) Release(cancel <-chan struct{}, input *fuse.ReleaseIn) {
 	defer b.backingMu.Unlock()
 
 	b.releaseBackingIDRef(e)
-	b.ids.recycleFile(uint32(input.Fh))
+	b.ids.recycleFile(input.Fh)
 }
 
 func (b *rawBridge) ReleaseDir(input *fuse.ReleaseIn) {
@@ -993,7 +1022,7 @@ func (b *rawBridge) ReleaseDir(input *fuse.ReleaseIn) {
 	b.backingMu.Lock()
 	defer b.backingMu.Unlock()
 	b.releaseBackingIDRef(e)
-	b.ids.recycleFile(uint32(input.Fh))
+	b.ids.recycleFile(input.Fh)
 }
 
 func (b *rawBridge) releaseFileEntry(nid uint64, fh uint64) (*nodeEntry, *fileEntry) {
@@ -1103,8 +1132,6 @@ func (b *rawBridge) OpenDir(cancel <-chan struct{}, input *fuse.OpenIn, out *fus
 	ctx := &fuse.Context{Caller: input.Caller, Cancel: cancel}
 
 	nod, _ := n.ops.(NodeOpendirer)
-	nrd, _ := n.ops.(NodeReaddirer)
-
 	if odh, ok := n.ops.(NodeOpendirHandler); ok {
 		fh, fuseFlags, errno = odh.OpendirHandle(ctx, input.Flags)
 
@@ -1119,26 +1146,30 @@ func (b *rawBridge) OpenDir(cancel <-chan struct{}, input *fuse.OpenIn, out *fus
 			}
 		}
 
-		var ctor func(context.Context) (DirStream, syscall.Errno)
-		if nrd != nil {
-			ctor = func(ctx context.Context) (DirStream, syscall.Errno) {
-				return nrd.Readdir(ctx)
-			}
-		} else {
-			ctor = func(ctx context.Context) (DirStream, syscall.Errno) {
-				return n.childrenAsDirstream(), 0
-			}
-		}
-		fh = &dirStreamAsFile{creator: ctor}
+		fh = defaultDirHandle(n)
 	}
 
 	if fuseFlags&(fuse.FOPEN_CACHE_DIR|fuse.FOPEN_KEEP_CACHE) != 0 {
 		fuseFlags |= fuse.FOPEN_CACHE_DIR | fuse.FOPEN_KEEP_CACHE
 	}
-	fe := b.ids.registerFile(e, fh, 0)
-	out.Fh = uint64(fe.fh)
+	fe := b.ids.registerFile(e, fh, 0, true)
+	out.Fh = fe.fh
 	out.OpenFlags = fuseFlags
 	return fuse.OK
+}
+
+// defaultDirHandle is the handle of a directory whose node does not
+// make its own (NodeOpendirHandler): a stream from its Readdir, or of
+// its children in the tree.
+func defaultDirHandle(n *Inode) *dirStreamAsFile {
+	if nrd, ok := n.ops.(NodeReaddirer); ok {
+		return &dirStreamAsFile{creator: func(ctx context.Context) (DirStream, syscall.Errno) {
+			return nrd.Readdir(ctx)
+		}}
+	}
+	return &dirStreamAsFile{creator: func(ctx context.Context) (DirStream, syscall.Errno) {
+		return n.childrenAsDirstream(), 0
+	}}
 }
 
 func (n *Inode) childrenAsDirstream() DirStream {

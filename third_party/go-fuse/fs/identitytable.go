@@ -33,7 +33,7 @@ type nodeEntry struct {
 	lookupCount uint64
 
 	// file handles open on this node.
-	openFiles []uint32
+	openFiles []uint64
 
 	// backing-fd (passthrough) state. Protected by rawBridge.backingMu,
 	// not by mapIdentityTable.mu: addBackingID/releaseBackingIDRef
@@ -90,6 +90,41 @@ type mapIdentityTable struct {
 	files []*fileEntry
 	// indices of files that are not allocated.
 	freeFiles []uint32
+
+	// epoch goes in the top 32 bits of every file handle handed out
+	// (fh = epoch<<32 | index into files). It is 0 for a table that
+	// was not imported, so its handles are the plain indexes they
+	// always were. A table imported from a predecessor (handover.go)
+	// takes the predecessor's epoch + 1: a handle of an earlier
+	// server that it did not import then never finds one of its own
+	// files, whatever the index.
+	epoch uint32
+	// foreign holds the imported handles of earlier epochs, by
+	// their full value.
+	foreign map[uint64]*fileEntry
+
+	// imported is set for a table restored from a predecessor's
+	// export. The kernel may then hold node ids and handles that
+	// the table does not know (the predecessor did not export
+	// them, or the embedder could not restore them): they answer
+	// ESTALE, where an unknown id in a table that was not
+	// imported is a protocol error.
+	imported bool
+}
+
+// file returns the entry for fh, or nil if fh is not open. fh 0 is
+// the placeholder "no file handle" entry.
+func (t *mapIdentityTable) file(fh uint64) *fileEntry {
+	if fh == 0 {
+		return t.files[0]
+	}
+	if uint32(fh>>32) != t.epoch {
+		return t.foreign[fh]
+	}
+	if idx := uint32(fh); int(idx) < len(t.files) {
+		return t.files[idx]
+	}
+	return nil
 }
 
 // initIdentityTable prepares a zero-value mapIdentityTable for use.
@@ -222,7 +257,7 @@ func (t *mapIdentityTable) decLookup(nodeID uint64, nlookup uint64) (n *Inode, r
 func (t *mapIdentityTable) node(nodeID uint64, fh uint64) (*nodeEntry, *fileEntry) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	return t.nodes[nodeID], t.files[fh]
+	return t.nodes[nodeID], t.file(fh)
 }
 
 func (t *mapIdentityTable) forget(n *Inode) {
@@ -275,21 +310,24 @@ func (t *mapIdentityTable) compact() {
 }
 
 // registerFile hands out a fresh file handle number for f, open on the
-// node behind e. flags are the open flags (eg. syscall.O_EXCL).
-func (t *mapIdentityTable) registerFile(e *nodeEntry, f FileHandle, flags uint32) *fileEntry {
+// node behind e. flags are the open flags (eg. syscall.O_EXCL); dir
+// is set for a handle from OPENDIR.
+func (t *mapIdentityTable) registerFile(e *nodeEntry, f FileHandle, flags uint32, dir bool) *fileEntry {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 
-	fe := &fileEntry{}
+	fe := &fileEntry{dir: dir, openFlags: flags}
+	var idx uint32
 	if len(t.freeFiles) > 0 {
 		last := len(t.freeFiles) - 1
-		fe.fh = t.freeFiles[last]
+		idx = t.freeFiles[last]
 		t.freeFiles = t.freeFiles[:last]
-		t.files[fe.fh] = fe
+		t.files[idx] = fe
 	} else {
-		fe.fh = uint32(len(t.files))
+		idx = uint32(len(t.files))
 		t.files = append(t.files, fe)
 	}
+	fe.fh = uint64(t.epoch)<<32 | uint64(idx)
 
 	if _, ok := f.(FileReaddirenter); ok {
 		fe.lastRead = dirEntryPool.Get().([]fuse.DirEntry)
@@ -310,7 +348,7 @@ func (t *mapIdentityTable) firstOpenFile(e *nodeEntry) (FileHandle, func()) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	for _, fh := range e.openFiles {
-		fe := t.files[fh]
+		fe := t.file(fh)
 		fe.wg.Add(1)
 		return fe.file, fe.wg.Done
 	}
@@ -327,15 +365,23 @@ func (t *mapIdentityTable) detachFile(nodeID uint64, fh uint64) (*nodeEntry, *fi
 
 	e := t.nodes[nodeID]
 	if e == nil {
+		if t.imported {
+			// A node of the predecessor's that was not
+			// imported: there is nothing to release.
+			return nil, nil
+		}
 		log.Panicf("detachFile: unknown node %d", nodeID)
 	}
 	var entry *fileEntry
 	if fh > 0 {
+		entry = t.file(fh)
+		if entry == nil && t.imported {
+			return e, nil
+		}
 		last := len(e.openFiles) - 1
-		entry = t.files[fh]
 		if last != entry.nodeIndex {
 			e.openFiles[entry.nodeIndex] = e.openFiles[last]
-			t.files[e.openFiles[entry.nodeIndex]].nodeIndex = entry.nodeIndex
+			t.file(e.openFiles[entry.nodeIndex]).nodeIndex = entry.nodeIndex
 		}
 		e.openFiles = e.openFiles[:last]
 	}
@@ -343,9 +389,15 @@ func (t *mapIdentityTable) detachFile(nodeID uint64, fh uint64) (*nodeEntry, *fi
 }
 
 // recycleFile marks fh as free for reuse by a future registerFile call.
-func (t *mapIdentityTable) recycleFile(fh uint32) {
+// An imported handle of an earlier epoch is dropped, never reused.
+func (t *mapIdentityTable) recycleFile(fh uint64) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	t.files[fh] = nil
-	t.freeFiles = append(t.freeFiles, fh)
+	if uint32(fh>>32) != t.epoch {
+		delete(t.foreign, fh)
+		return
+	}
+	idx := uint32(fh)
+	t.files[idx] = nil
+	t.freeFiles = append(t.freeFiles, idx)
 }

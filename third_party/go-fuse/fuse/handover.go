@@ -239,6 +239,15 @@ func (ms *Server) DupFD() (int, error) {
 	return nfd, err
 }
 
+// AbortRequest is a panic value with which a file system's handler
+// answers its request with Status, bypassing MountOptions.PanicHandler
+// (no stack trace is logged). Package fs uses it for node ids and file
+// handles that a server which took over a connection does not know,
+// deep in lookups that have no error path.
+type AbortRequest struct {
+	Status Status
+}
+
 // ErrStopTimeout is what StopReading returns when its readers did not
 // all stop in time. The server reads again (as after ResumeReading).
 var ErrStopTimeout = errors.New("fuse: readers did not stop in time")

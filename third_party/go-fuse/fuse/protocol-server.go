@@ -72,6 +72,10 @@ func (ms *protocolServer) handleRequest(h *operationHandler, req *request) {
 		func() {
 			defer func() {
 				if r := recover(); r != nil {
+					if a, ok := r.(AbortRequest); ok {
+						req.status = a.Status
+						return
+					}
 					req.status = ms.opts.PanicHandler(r)
 					if req.status == 0 {
 						req.status = EIO
