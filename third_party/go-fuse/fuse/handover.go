@@ -21,6 +21,7 @@ package fuse
 import (
 	"errors"
 	"fmt"
+	"path/filepath"
 	"sync"
 	"sync/atomic"
 	"syscall"
@@ -213,7 +214,7 @@ func (ms *Server) NotifyResend() Status {
 	}
 	var h OutHeader
 	h.Length = uint32(unsafe.Sizeof(h))
-	h.Status = NOTIFY_RESEND
+	h.Status = int32(-NOTIFY_RESEND) // notify codes go positive on the wire
 	buf := unsafe.Slice((*byte)(unsafe.Pointer(&h)), unsafe.Sizeof(h))
 	_, errno := ms.fuseFD.writev([][]byte{buf})
 	if ms.opts.Debug {
@@ -252,11 +253,31 @@ type AbortRequest struct {
 // all stop in time. The server reads again (as after ResumeReading).
 var ErrStopTimeout = errors.New("fuse: readers did not stop in time")
 
-// handoverWakeUnique is the notify unique of the FUSE_NOTIFY_RETRIEVE
-// that StopReading sends to wake a reader blocked in read(2): the
-// kernel answers it with a NOTIFY_REPLY request, which needs no answer
-// and which every server ignores.
-const handoverWakeUnique = ^uint64(0) - 1
+// handoverWakeName is the name StopReading looks up in the mount's
+// root to wake a reader blocked in read(2): the kernel sends the LOOKUP
+// to a reader, which answers it ENOENT whether it is stopping or not
+// (isHandoverWake), so the lookup never waits on a stopped server.
+const handoverWakeName = ".go-fuse-handover-wake"
+
+// isHandoverWake reports whether req, parsed, is StopReading's wake-up
+// LOOKUP.
+func isHandoverWake(req *request) bool {
+	h := req.inHeader()
+	return h.Opcode == _OP_LOOKUP && h.NodeId == FUSE_ROOT_ID && req.filename() == handoverWakeName
+}
+
+// isHandoverWakeInput is isHandoverWake on a request's raw input, which
+// a stopping reader has not parsed.
+func isHandoverWakeInput(in []byte) bool {
+	hs := int(unsafe.Sizeof(InHeader{}))
+	if len(in) < hs+len(handoverWakeName)+1 {
+		return false
+	}
+	h := (*InHeader)(unsafe.Pointer(&in[0]))
+	name := in[hs:]
+	return h.Opcode == _OP_LOOKUP && h.NodeId == FUSE_ROOT_ID &&
+		string(name[:len(handoverWakeName)]) == handoverWakeName && name[len(handoverWakeName)] == 0
+}
 
 // readerGate parks a server's readers for a handover. The zero value
 // lets them run.
@@ -270,6 +291,9 @@ type readerGate struct {
 	// resumed is set by a ResumeReading that came before Serve
 	// parked (a handler was still running): Serve reads on.
 	resumed bool
+
+	// wakes counts the wake-up lookups not yet answered.
+	wakes atomic.Int32
 }
 
 // park runs in Serve once all readers have returned. It reports
@@ -295,19 +319,21 @@ func (g *readerGate) park() (resume, parked bool) {
 // handleWhileStopping disposes of a request read after StopReading.
 // Those that expect no answer are handled, since the kernel will not
 // send them again (a FORGET dropped here would leak a lookup count in
-// the successor); the others are left unanswered and the kernel
-// resends them on FUSE_NOTIFY_RESEND.
+// the successor), and so is a wake-up lookup; the others are left
+// unanswered and the kernel resends them on FUSE_NOTIFY_RESEND.
 func (ms *Server) handleWhileStopping(req *requestAlloc) {
 	h := (*InHeader)(unsafe.Pointer(&req.inputBuf[0]))
 	switch h.Opcode {
-	case _OP_FORGET, _OP_BATCH_FORGET, _OP_NOTIFY_REPLY:
-		ms.handleRequest(req)
-	default:
-		if ms.opts.Debug {
-			ms.opts.Logger.Printf("stopping: leaving %s unique %d for the successor", operationName(h.Opcode), h.Unique)
+	case _OP_FORGET, _OP_BATCH_FORGET, _OP_NOTIFY_REPLY, _OP_LOOKUP:
+		if h.Opcode != _OP_LOOKUP || isHandoverWakeInput(req.inputBuf) {
+			ms.handleRequest(req)
+			return
 		}
-		ms.fuseFD.returnRequest(req)
 	}
+	if ms.opts.Debug {
+		ms.opts.Logger.Printf("stopping: leaving %s unique %d for the successor", operationName(h.Opcode), h.Unique)
+	}
+	ms.fuseFD.returnRequest(req)
 }
 
 // StopReading makes the server stop reading requests without closing
@@ -327,6 +353,9 @@ func (ms *Server) StopReading(timeout time.Duration) error {
 	}
 	if !ms.SupportsResend() {
 		return fmt.Errorf("fuse: the kernel did not offer FUSE_HAS_RESEND: a request read during the stop would be lost")
+	}
+	if ms.mountPoint == "" || parseFuseFd(ms.mountPoint) >= 0 {
+		return fmt.Errorf("fuse: StopReading needs the mount point, to wake the readers through it (mounted as %q)", ms.mountPoint)
 	}
 	g := &ms.gate
 	g.mu.Lock()
@@ -362,24 +391,34 @@ func (ms *Server) StopReading(timeout time.Duration) error {
 	}
 }
 
-// wakeBlockedReader sends one wake-up if a reader is in read(2).
+// wakeBlockedReader wakes a reader blocked in read(2), if any is and
+// no wake-up is on its way to it, by looking up handoverWakeName in the
+// mount's root. There is no request a server can make the kernel send
+// it directly on any kernel (NOTIFY_RETRIEVE, which queues one, is
+// refused for directories, and the root is the one node every mount
+// has), nor a signal that interrupts the read: the Go runtime installs
+// its handlers with SA_RESTART.
 func (ms *Server) wakeBlockedReader() {
 	r := ms.fuseFD
 	r.reqMu.Lock()
-	blocked := r.reqReaders > 0
+	blocked := r.reqReaders
 	r.reqMu.Unlock()
-	if !blocked {
+	g := &ms.gate
+	if int(g.wakes.Load()) >= blocked {
 		return
 	}
-	// Retrieving zero bytes of the root, which the kernel always
-	// has, makes it queue a NOTIFY_REPLY request at once.
-	req := newNotifyRequest(_OP_NOTIFY_RETRIEVE_CACHE)
-	q := (*NotifyRetrieveOut)(req.outData())
-	q.NotifyUnique = handoverWakeUnique
-	q.Nodeid = FUSE_ROOT_ID
-	if st := ms.notifyWrite(req); !st.Ok() {
-		ms.opts.Logger.Printf("stopping: wake-up NOTIFY_RETRIEVE: %v", st)
-	}
+	g.wakes.Add(1)
+	name := filepath.Join(ms.mountPoint, handoverWakeName)
+	// The lookup may wait on other requests of its path walk (a
+	// GETATTR for the permission check) that a stopping reader
+	// leaves for the successor: let it wait in its own goroutine.
+	go func() {
+		defer g.wakes.Add(-1)
+		var st syscall.Stat_t
+		if err := syscall.Lstat(name, &st); err != syscall.ENOENT && ms.opts.Debug {
+			ms.opts.Logger.Printf("stopping: wake-up lookup %s: %v", name, err)
+		}
+	}()
 }
 
 // ResumeReading undoes StopReading: the server reads again, after

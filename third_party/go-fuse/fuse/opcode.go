@@ -246,11 +246,6 @@ func doNotifyReply(server *protocolServer, req *request) {
 	}
 
 	if reading == nil {
-		if reply.Unique == handoverWakeUnique {
-			// A wake-up that StopReading sent (handover.go)
-			// and no parked reader needed.
-			return
-		}
 		badf("unexpected unique - ignoring")
 		return
 	}

@@ -68,6 +68,10 @@ func (ms *protocolServer) handleRequest(h *operationHandler, req *request) {
 	} else if req.inHeader().NodeId == pollHackInode ||
 		req.inHeader().NodeId == FUSE_ROOT_ID && h.FileNames > 0 && req.filename() == pollHackName {
 		doPollHackLookup(ms, req)
+	} else if isHandoverWake(req) {
+		// A wake-up from StopReading (handover.go) that a
+		// reader took before it saw the stop.
+		req.status = ENOENT
 	} else {
 		func() {
 			defer func() {
