@@ -268,10 +268,12 @@ type handoverOpts struct {
 // and starts B with them; A then detaches.
 func handover(t *testing.T, mnt string, a *hoServer, o handoverOpts) *hoServer {
 	t.Helper()
+	start := time.Now()
 	if err := a.srv.StopReading(10 * time.Second); err != nil {
 		connAbort(t, mnt)
 		t.Fatalf("StopReading: %v", err)
 	}
+	stopped := time.Since(start)
 	init := a.srv.InitState()
 	table, err := ExportState(a.raw, hoNodeKey, hoFileKey)
 	if err != nil {
@@ -314,6 +316,7 @@ func handover(t *testing.T, mnt string, a *hoServer, o handoverOpts) *hoServer {
 	}
 	b := &hoServer{srv: srv, raw: raw}
 	b.serve()
+	t.Logf("handover: A stopped in %v, B serving %v after the stop began", stopped, time.Since(start))
 	if err := a.srv.Detach(10 * time.Second); err != nil {
 		t.Fatalf("Detach: %v", err)
 	}

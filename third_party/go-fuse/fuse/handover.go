@@ -259,6 +259,10 @@ var ErrStopTimeout = errors.New("fuse: readers did not stop in time")
 // (isHandoverWake), so the lookup never waits on a stopped server.
 const handoverWakeName = ".go-fuse-handover-wake"
 
+// maxWakes bounds the wake-up lookups in flight (each waits in a
+// goroutine until a server answers it).
+const maxWakes = 2 * maxMaxReaders
+
 // isHandoverWake reports whether req, parsed, is StopReading's wake-up
 // LOOKUP.
 func isHandoverWake(req *request) bool {
@@ -391,20 +395,25 @@ func (ms *Server) StopReading(timeout time.Duration) error {
 	}
 }
 
-// wakeBlockedReader wakes a reader blocked in read(2), if any is and
-// no wake-up is on its way to it, by looking up handoverWakeName in the
-// mount's root. There is no request a server can make the kernel send
-// it directly on any kernel (NOTIFY_RETRIEVE, which queues one, is
-// refused for directories, and the root is the one node every mount
-// has), nor a signal that interrupts the read: the Go runtime installs
-// its handlers with SA_RESTART.
+// wakeBlockedReader wakes a reader blocked in read(2), if any is, by
+// looking up handoverWakeName in the mount's root. There is no request
+// a server can make the kernel send it directly on any kernel
+// (NOTIFY_RETRIEVE, which queues one, is refused for directories, and
+// the root is the one node every mount has), nor a signal that
+// interrupts the read: the Go runtime installs its handlers with
+// SA_RESTART.
+//
+// A wake-up may stall before its LOOKUP (its path walk's GETATTR can
+// be the request a stopping reader leaves for the successor, which
+// wakes that reader all the same), so StopReading sends one per tick
+// while a reader is blocked, up to maxWakes outstanding.
 func (ms *Server) wakeBlockedReader() {
 	r := ms.fuseFD
 	r.reqMu.Lock()
-	blocked := r.reqReaders
+	blocked := r.reqReaders > 0
 	r.reqMu.Unlock()
 	g := &ms.gate
-	if int(g.wakes.Load()) >= blocked {
+	if !blocked || g.wakes.Load() >= maxWakes {
 		return
 	}
 	g.wakes.Add(1)
