@@ -551,7 +551,7 @@ func clientDo(files map[string]*os.File, f []string) (string, error) {
 // TestHandoverKeepsOpenFilesAndCwd: a descriptor opened before the
 // handover reads the same bytes after it, a new open works, the cwd
 // still resolves, an open directory still lists, and the mount keeps
-// its negotiated flags.
+// its negotiated flags; all of it again across a second handover.
 func TestHandoverKeepsOpenFilesAndCwd(t *testing.T) {
 	mnt, a := hoMount(t)
 	c := startClient(t, mnt)
@@ -562,7 +562,7 @@ func TestHandoverKeepsOpenFilesAndCwd(t *testing.T) {
 		t.Fatalf("before: a reads %s, want %s", got, want)
 	}
 
-	handover(t, mnt, a, handoverOpts{})
+	b := handover(t, mnt, a, handoverOpts{})
 
 	if got, want := c.must("pread "+fa+" 0 65536"), sum(hoContent["a"]); got != want {
 		t.Errorf("after: the descriptor opened before reads %s, want a's %s", got, want)
@@ -579,6 +579,18 @@ func TestHandoverKeepsOpenFilesAndCwd(t *testing.T) {
 	}
 	if got, want := c.must("pread "+fa+" 0 65536"), sum(hoContent["a"]); got != want {
 		t.Errorf("after a new open, the old descriptor reads %s, want a's %s", got, want)
+	}
+
+	// And on to a third server: A's handles, imported by B, and B's
+	// own go across again.
+	handover(t, mnt, b, handoverOpts{})
+	for fd, key := range map[string]string{fa: "a", fb: "b"} {
+		if got, want := c.must("pread "+fd+" 0 65536"), sum(hoContent[key]); got != want {
+			t.Errorf("after the second handover, the descriptor of %s reads %s, want %s", key, got, want)
+		}
+	}
+	if got := c.must("stat c"); got != strconv.Itoa(len(hoContent["d/c"])) {
+		t.Errorf("after the second handover, stat c in the cwd: size %s", got)
 	}
 	for _, fd := range []string{fa, fb, dir} {
 		c.must("close " + fd)
