@@ -23,6 +23,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"regexp"
+	"runtime/debug"
 	"slices"
 	"strings"
 	"unicode"
@@ -70,7 +71,23 @@ func run(w io.Writer, binary, license, modcache, goroot string) error {
 		return fmt.Errorf("%s: want the Apache License 2.0, found %v", license, ids(own))
 	}
 	mods := []module{{Path: "Go (the toolchain's runtime and standard library)", Version: bi.GoVersion, Dir: goroot, Files: "go/*"}}
+	modroot := ""
 	for _, d := range bi.Deps {
+		if r := d.Replace; r != nil && isLocalPath(r.Path) {
+			if modroot == "" {
+				gomod, err := goEnv("GOMOD")
+				if err != nil {
+					return err
+				}
+				modroot = filepath.Dir(gomod)
+			}
+			m, err := localModule(modroot, d)
+			if err != nil {
+				return err
+			}
+			mods = append(mods, m)
+			continue
+		}
 		if d.Replace != nil {
 			d = d.Replace
 		}
@@ -99,6 +116,31 @@ func goEnv(name string) (string, error) {
 type module struct {
 	Path, Version, Dir string
 	Files              string // its Files: pattern
+}
+
+// isLocalPath reports whether a replacement names a directory (a
+// patched copy in this repository, such as third_party/go-fuse) rather
+// than a module.
+func isLocalPath(p string) bool {
+	return filepath.IsAbs(p) || p == "." || p == ".." || strings.HasPrefix(p, "./") || strings.HasPrefix(p, "../")
+}
+
+// localModule is dependency d replaced by a directory, relative to
+// modroot (the main module's): its license files are the copy's, and its
+// version says it is patched.
+func localModule(modroot string, d *debug.Module) (module, error) {
+	dir := d.Replace.Path
+	if !filepath.IsAbs(dir) {
+		dir = filepath.Join(modroot, dir)
+	}
+	if _, err := os.Stat(dir); err != nil {
+		return module{}, fmt.Errorf("module %s is replaced by %s, which is missing: %w", d.Path, d.Replace.Path, err)
+	}
+	version := "patched copy in " + filepath.Clean(d.Replace.Path)
+	if d.Version != "" {
+		version = d.Version + ", " + version
+	}
+	return module{Path: d.Path, Version: version, Dir: dir, Files: d.Path + "/*"}, nil
 }
 
 // moduleDir is where the module cache keeps a module: its path and

@@ -3,6 +3,7 @@ package main
 import (
 	"os"
 	"path/filepath"
+	"runtime/debug"
 	"slices"
 	"strings"
 	"testing"
@@ -70,6 +71,39 @@ func TestUnknownLicenseFails(t *testing.T) {
 	}
 	if strings.Contains(err.Error(), "example.com/Fake") {
 		t.Errorf("error %q names the MIT module", err)
+	}
+}
+
+// TestLocalReplacement: a module replaced by a directory of the
+// repository (a patched copy) takes its license from the copy, and says
+// so in its version; a missing directory fails, naming the module.
+func TestLocalReplacement(t *testing.T) {
+	root := t.TempDir()
+	dir := filepath.Join(root, "third_party", "x")
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(dir, "LICENSE"), []byte(mitText), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	d := &debug.Module{Path: "example.com/x", Version: "v1.2.3", Replace: &debug.Module{Path: "./third_party/x", Version: "(devel)"}}
+	if !isLocalPath(d.Replace.Path) || isLocalPath("example.com/y") {
+		t.Fatal("isLocalPath does not tell a directory from a module")
+	}
+	m, err := localModule(root, d)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if m.Dir != dir || m.Version != "v1.2.3, patched copy in third_party/x" {
+		t.Errorf("localModule = %+v; want the copy's directory %s and a patched version", m, dir)
+	}
+	paras, err := describe([]module{m})
+	if err != nil || len(paras) != 1 || !slices.Equal(ids(paras[0].licenses), []string{"MIT"}) {
+		t.Errorf("the copy's license: %+v, %v", paras, err)
+	}
+	d.Replace.Path = "./third_party/gone"
+	if _, err := localModule(root, d); err == nil || !strings.Contains(err.Error(), "example.com/x") {
+		t.Errorf("a missing copy: %v", err)
 	}
 }
 
