@@ -34,7 +34,7 @@
 //
 // # Shared state
 //
-// With a host (engines.GCHost: the SQL kv engine), the GC state that
+// With a host (meta.Host: the SQL kv engine), the GC state that
 // other processes and hosts must see lives in the pool's database:
 //
 //   - Pins are rows gc_pins(digest, owner, expiry). An expiry is the host's

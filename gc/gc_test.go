@@ -9,7 +9,7 @@ import (
 	"time"
 
 	"github.com/alkblobfs/alkblobfs/blob"
-	"github.com/alkblobfs/alkblobfs/engines/enginetest"
+	"github.com/alkblobfs/alkblobfs/meta/metatest"
 	"github.com/alkblobfs/alkblobfs/gc"
 	"github.com/alkblobfs/alkblobfs/gc/gctest"
 )
@@ -79,7 +79,7 @@ func TestAbortNoLivenessSources(t *testing.T) {
 // TestMemWindow: the in-process window keeps the WindowHost contract, on
 // the real clock and on a test's.
 func TestMemWindow(t *testing.T) {
-	enginetest.WindowHost(t, gc.NewMemWindow(nil))
+	metatest.Window(t, gc.NewMemWindow(nil))
 	clock := gctest.NewClock()
 	w := gc.NewMemWindow(clock)
 	d := dg(1)
