@@ -124,9 +124,9 @@ var RealClock Clock = realClock{}
 
 // Options configure a Collector.
 type Options struct {
-	// Window, when non-nil, is the durable delete window (an SQL-backed
-	// engine's gc_window table): candidates queued by one sweep are executed
-	// by a later one. When nil, an in-process window is used and each sweep
+	// Window, when non-nil, is the durable delete window (a meta.Window:
+	// an SQL database's gc_window table): candidates queued by one sweep
+	// are executed by a later one. When nil, an in-process window is used and each sweep
 	// executes its own candidates once Delay has passed.
 	Window meta.Window
 	// Delay is the delete window: candidates become executable at

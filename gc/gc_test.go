@@ -9,9 +9,9 @@ import (
 	"time"
 
 	"github.com/alkblobfs/alkblobfs/blob"
-	"github.com/alkblobfs/alkblobfs/meta/metatest"
 	"github.com/alkblobfs/alkblobfs/gc"
 	"github.com/alkblobfs/alkblobfs/gc/gctest"
+	"github.com/alkblobfs/alkblobfs/meta/metatest"
 )
 
 func dg(i int) blob.Digest { return blob.Sum([]byte(fmt.Sprint("blob-", i))) }
@@ -76,7 +76,7 @@ func TestAbortNoLivenessSources(t *testing.T) {
 	}
 }
 
-// TestMemWindow: the in-process window keeps the WindowHost contract, on
+// TestMemWindow: the in-process window keeps the meta.Window contract, on
 // the real clock and on a test's.
 func TestMemWindow(t *testing.T) {
 	metatest.Window(t, gc.NewMemWindow(nil))

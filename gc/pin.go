@@ -466,7 +466,7 @@ func (c *Collector) PinMany(ctx context.Context, ds []blob.Digest) ([]*Pin, erro
 //
 // The cadence is real time even under an injected Clock: a test clock
 // that stands still must not stop renewal. The rows themselves are timed by
-// the engine's clock (meta.Host: the database server's on PostgreSQL),
+// the row clock (meta.Host: the database server's on PostgreSQL),
 // which renewal asks for a fresh TTL.
 // Tests tick by hand with Renew.
 func (c *Collector) renewLoop(stop <-chan struct{}, done chan<- struct{}) {
