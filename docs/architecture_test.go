@@ -4,12 +4,18 @@ import (
 	"bufio"
 	"bytes"
 	"fmt"
+	"go/ast"
+	"go/parser"
+	"go/token"
+	"io/fs"
 	"maps"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
 	"runtime"
 	"slices"
+	"strconv"
 	"strings"
 	"testing"
 )
@@ -46,6 +52,105 @@ func TestArchitectureImports(t *testing.T) {
 			t.Errorf("architecture.md has a row for %s, which go list does not show: remove it", pkg)
 		}
 	}
+}
+
+// TestSharedStateTables: only package meta (meta/...) names the tables of
+// the pool's shared GC state in SQL: no non-test .go file elsewhere has a
+// string literal that names gc_pins, gc_window, gc_clock or gc_corrupt
+// beside an SQL keyword. Statements of those tables belong in meta, which
+// other packages call (or, for a statement that must carry meta's rows,
+// embed meta's exported fragment). A literal that only names one, with no
+// SQL in it (a configuration key such as "gc_window"), is no statement.
+func TestSharedStateTables(t *testing.T) {
+	for _, f := range sharedStateSQL(t, "..") {
+		t.Errorf("%s names a table of package meta in SQL: %s; move the statement into meta (docs/architecture.md, \"Where each rule lives\")", f.pos, f.lit)
+	}
+}
+
+// TestSharedStateTablesFails: the check finds a statement of a shared
+// table written outside meta, and leaves alone what it should.
+func TestSharedStateTablesFails(t *testing.T) {
+	dir := t.TempDir()
+	write := func(name, src string) {
+		t.Helper()
+		if err := os.MkdirAll(filepath.Dir(filepath.Join(dir, name)), 0o755); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(filepath.Join(dir, name), []byte(src), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	write("engines/x/x.go", "package x\n\nconst q = `DELETE FROM gc_pins WHERE owner = ?`\n")
+	write("gc/y.go", "package gc\n\nvar q = \"SELECT count(*) FROM gc_corrupt\"\n")
+	write("meta/m.go", "package meta\n\nconst q = `SELECT digest FROM gc_window`\n")
+	write("engines/x/x_test.go", "package x\n\nconst q = `UPDATE gc_clock SET seen = 1`\n")
+	write("cmd/c.go", "package main\n\nvar keys = map[string]string{\"gc_window\": \"--gc-window\"}\nconst other = `SELECT 1 FROM gc_windows_of_mine`\n")
+	got := sharedStateSQL(t, dir)
+	var files []string
+	for _, f := range got {
+		files = append(files, strings.SplitN(f.pos, ":", 2)[0])
+	}
+	want := []string{"engines/x/x.go", "gc/y.go"}
+	if !slices.Equal(files, want) {
+		t.Fatalf("found SQL of the shared tables in %v; want %v", files, want)
+	}
+}
+
+// sharedTable names a table of the shared state as an SQL word.
+var sharedTable = regexp.MustCompile(`\bgc_(pins|window|clock|corrupt)\b`)
+
+// sqlWord is what makes a literal SQL rather than a name.
+var sqlWord = regexp.MustCompile(`(?i)\b(select|insert|update|delete|create|drop|alter|from|into|where|join|table|index)\b`)
+
+type finding struct{ pos, lit string }
+
+// sharedStateSQL returns the string literals of the non-test .go files
+// under root, outside meta/ (and testdata, hidden directories), that name
+// a shared table in SQL, in file order.
+func sharedStateSQL(t *testing.T, root string) []finding {
+	t.Helper()
+	var out []finding
+	fset := token.NewFileSet()
+	err := filepath.WalkDir(root, func(path string, d fs.DirEntry, err error) error {
+		if err != nil {
+			return err
+		}
+		rel, _ := filepath.Rel(root, path)
+		rel = filepath.ToSlash(rel)
+		if d.IsDir() {
+			if rel == "meta" || d.Name() == "testdata" || (rel != "." && strings.HasPrefix(d.Name(), ".")) {
+				return filepath.SkipDir
+			}
+			return nil
+		}
+		if !strings.HasSuffix(rel, ".go") || strings.HasSuffix(rel, "_test.go") {
+			return nil
+		}
+		f, err := parser.ParseFile(fset, path, nil, parser.SkipObjectResolution)
+		if err != nil {
+			return err
+		}
+		ast.Inspect(f, func(n ast.Node) bool {
+			lit, ok := n.(*ast.BasicLit)
+			if !ok || lit.Kind != token.STRING {
+				return true
+			}
+			v, err := strconv.Unquote(lit.Value)
+			if err != nil {
+				v = lit.Value
+			}
+			if sharedTable.MatchString(v) && sqlWord.MatchString(v) {
+				p := fset.Position(lit.Pos())
+				out = append(out, finding{pos: fmt.Sprintf("%s:%d", rel, p.Line), lit: strings.Join(strings.Fields(v), " ")})
+			}
+			return true
+		})
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return out
 }
 
 // TestParseImportTable: the parser reads the rows it should and refuses

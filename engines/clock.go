@@ -1,13 +1,8 @@
 package engines
 
-import (
-	"math"
-	"time"
-)
-
 // Row times: every expiry and due time that one process writes into a
-// shared table and another compares — pin rows (GCHost), the delete window
-// (WindowHost), namespace intents — is taken from one clock that every
+// shared table and another compares — pin rows and the delete window
+// (package meta), namespace intents — is taken from one clock that every
 // process sharing the table reads, never from the process's own: callers
 // pass durations (a TTL, a delay), and the engine adds them to its now.
 // Two hosts whose clocks disagree by minutes then agree on every row; a
@@ -17,7 +12,8 @@ import (
 //     (PGNow).
 //   - SQLite: the host's boot clock (CLOCK_BOOTTIME, which every process
 //     on the host shares and which never jumps) from an epoch recorded in
-//     the database for the boot; the engine binds it (RowClock).
+//     the database for the boot (meta's gc_clock); the engine binds it
+//     (RowClock).
 //
 // Times are stored as unix nanoseconds (BIGINT, INTEGER) either way.
 
@@ -36,16 +32,4 @@ const PGNow = `(floor(extract(epoch from clock_timestamp()) * 1000000)::bigint *
 type RowClock interface {
 	// RowNow is the engine's clock now, in unix nanoseconds.
 	RowNow() int64
-}
-
-// AddNanos is t + d in unix nanoseconds, saturating at the ends of int64
-// rather than wrapping: a huge TTL means "for as long as a row can say".
-func AddNanos(t int64, d time.Duration) int64 {
-	switch {
-	case d > 0 && t > math.MaxInt64-int64(d):
-		return math.MaxInt64
-	case d < 0 && t < math.MinInt64-int64(d):
-		return math.MinInt64
-	}
-	return t + int64(d)
 }

@@ -30,7 +30,6 @@ import (
 	"iter"
 	"strconv"
 	"strings"
-	"time"
 
 	"github.com/alkblobfs/alkblobfs/blob"
 )
@@ -139,26 +138,19 @@ type StatFS interface {
 	Root() string
 }
 
-// WindowHost is implemented by SQL-backed engines that can hold the GC's
-// durable delete window (the gc_window table). The store picks exactly one
-// window host per instance (kv engine first, else the large engine); engines
-// without it get the in-process window.
-//
-// A row's time is the engine's (see "Times" at GCHost): the caller passes
-// how long a candidate waits, never when it is due, so that the processes
-// and hosts that queue and execute rows agree on when that is.
-type WindowHost interface {
-	// WindowQueue records each digest of ds as a candidate due delay
-	// (>= 0) from now on the engine's clock. A digest already queued keeps
-	// its row, and its time.
-	WindowQueue(ctx context.Context, ds []blob.Digest, delay time.Duration) error
-	// WindowDue lists up to limit candidates due now on the engine's
-	// clock, ascending by digest, after `after`.
-	WindowDue(ctx context.Context, after blob.Digest, limit int) ([]blob.Digest, error)
-	// WindowRemove drops rows for ds (executed or cancelled).
-	WindowRemove(ctx context.Context, ds []blob.Digest) error
-	// WindowLen counts queued rows.
-	WindowLen(ctx context.Context) (int, error)
+// Locator is implemented by engines whose data lives on a database server,
+// so that a fleet's configuration can be checked: Instance names the server
+// and database ("host:port/database"); PoolSize is the most connections the
+// engine's pool opens.
+type Locator interface {
+	Instance() string
+	PoolSize() int
+}
+
+// Ephemeral is implemented by engines whose content dies with the process
+// (mem). A fleet refuses them.
+type Ephemeral interface {
+	Ephemeral() bool
 }
 
 // SQL is implemented by engines backed by database/sql. A namespace
@@ -181,7 +173,7 @@ type Batching interface {
 // TxPutter is a KV engine whose Put can run extra statements in the same
 // transaction as the entry's insert, so that publish, pin row and link
 // commit together. also runs first, before the insert: it takes the pin
-// row's arbitration lock (GCHost.PinRows), and on PostgreSQL a dedup
+// row's arbitration lock (meta.Host.PinRows), and on PostgreSQL a dedup
 // insert (ON CONFLICT DO NOTHING) does not lock the row it finds, so the
 // lock must already be held for a concurrent delete of that row to wait.
 // If also or the insert fails, nothing commits.
@@ -227,6 +219,14 @@ type SidecarReader interface {
 // or -1 for a digest it does not hold.
 type BatchDeleter interface {
 	DeleteMany(ctx context.Context, ds []blob.Digest) ([]int64, error)
+}
+
+// TxDeleter is the kv engine of a store whose collector arbitrates in the
+// engine's database (meta.Host): DeleteManyTx is BatchDeleter.DeleteMany
+// inside tx, the arbitration's transaction, so that a rollback of it
+// restores the rows.
+type TxDeleter interface {
+	DeleteManyTx(ctx context.Context, tx *sql.Tx, ds []blob.Digest) ([]int64, error)
 }
 
 // BatchSizer is an optional capability for engines where one round trip

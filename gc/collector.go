@@ -18,6 +18,7 @@ import (
 
 	"github.com/alkblobfs/alkblobfs/blob"
 	"github.com/alkblobfs/alkblobfs/engines"
+	"github.com/alkblobfs/alkblobfs/meta"
 )
 
 // Source is a liveness source: something that keeps digests alive, such as
@@ -104,7 +105,7 @@ type AloneHost interface {
 // with the in-process window waits, that window's rows, the times in a
 // Report. It never times a row another process reads — pin expiries and the
 // durable window are the host's and the window host's clock (see
-// engines.GCHost), given TTLs and delays — so a process whose clock is
+// meta.Host), given TTLs and delays — so a process whose clock is
 // wrong, or jumps, misjudges nothing of another's. Injected so that the
 // in-process window is tested without sleeping.
 type Clock interface {
@@ -123,11 +124,11 @@ var RealClock Clock = realClock{}
 
 // Options configure a Collector.
 type Options struct {
-	// Window, when non-nil, is the durable delete window (an SQL-backed
-	// engine's gc_window table): candidates queued by one sweep are executed
-	// by a later one. When nil, an in-process window is used and each sweep
+	// Window, when non-nil, is the durable delete window (a meta.Window:
+	// an SQL database's gc_window table): candidates queued by one sweep
+	// are executed by a later one. When nil, an in-process window is used and each sweep
 	// executes its own candidates once Delay has passed.
-	Window engines.WindowHost
+	Window meta.Window
 	// Delay is the delete window: candidates become executable at
 	// mark_end + Delay.
 	Delay time.Duration
@@ -136,7 +137,7 @@ type Options struct {
 	// transactions under its arbitration lock, and sweeps take its lease.
 	// Nil keeps everything in this process (a mem store). The pool's
 	// deletes must then go through TxPool.
-	Host engines.GCHost
+	Host meta.Host
 	// PinTTL is how long a pin row lives unless renewed; rows are renewed
 	// every PinTTL/3. 0 means DefaultPinTTL.
 	PinTTL time.Duration
@@ -161,7 +162,7 @@ const arbitrateTimeout = 2 * time.Minute
 // Collector owns all GC state of one store instance.
 type Collector struct {
 	pool    Pool
-	window  engines.WindowHost
+	window  meta.Window
 	durable bool
 	delay   time.Duration
 	clock   Clock
@@ -176,7 +177,7 @@ type Collector struct {
 	pins pins
 
 	// Shared state (host non-nil).
-	host  engines.GCHost
+	host  meta.Host
 	owner string
 	ttl   time.Duration
 	// rowMu orders row writes (read side) against a renewal tick's drop of

@@ -34,8 +34,9 @@
 //
 // # Shared state
 //
-// With a host (engines.GCHost: the SQL kv engine), the GC state that
-// other processes and hosts must see lives in the pool's database:
+// With a host (meta.Host: the state package meta keeps in the SQL kv
+// engine's database), the GC state that other processes and hosts must
+// see lives in the pool's database:
 //
 //   - Pins are rows gc_pins(digest, owner, expiry). An expiry is the host's
 //     clock plus the TTL, written and compared by the host (the database

@@ -9,9 +9,9 @@ import (
 	"time"
 
 	"github.com/alkblobfs/alkblobfs/blob"
-	"github.com/alkblobfs/alkblobfs/engines/enginetest"
 	"github.com/alkblobfs/alkblobfs/gc"
 	"github.com/alkblobfs/alkblobfs/gc/gctest"
+	"github.com/alkblobfs/alkblobfs/meta/metatest"
 )
 
 func dg(i int) blob.Digest { return blob.Sum([]byte(fmt.Sprint("blob-", i))) }
@@ -76,10 +76,10 @@ func TestAbortNoLivenessSources(t *testing.T) {
 	}
 }
 
-// TestMemWindow: the in-process window keeps the WindowHost contract, on
+// TestMemWindow: the in-process window keeps the meta.Window contract, on
 // the real clock and on a test's.
 func TestMemWindow(t *testing.T) {
-	enginetest.WindowHost(t, gc.NewMemWindow(nil))
+	metatest.Window(t, gc.NewMemWindow(nil))
 	clock := gctest.NewClock()
 	w := gc.NewMemWindow(clock)
 	d := dg(1)

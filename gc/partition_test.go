@@ -62,7 +62,7 @@ func TestCutOffPinsLapse(t *testing.T) {
 	t.Cleanup(func() { other.Close() })
 
 	var log logBuf
-	c := gctest.NewPool(gc.Options{Host: e, Window: e, PinTTL: ttl,
+	c := gctest.NewPool(gc.Options{Host: e.Meta().Host, Window: e.Meta().Window, PinTTL: ttl,
 		Logger: slog.New(slog.NewTextHandler(&log, nil))}).C
 	t.Cleanup(func() { c.Close() })
 	held, dropped := dg(1), dg(2)

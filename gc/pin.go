@@ -9,7 +9,7 @@ import (
 	"time"
 
 	"github.com/alkblobfs/alkblobfs/blob"
-	"github.com/alkblobfs/alkblobfs/engines"
+	"github.com/alkblobfs/alkblobfs/meta"
 )
 
 // pinEntry is the state of one pinned digest in this process.
@@ -406,7 +406,7 @@ func noRow(context.Context, *sql.Tx) error { return nil }
 // every arbitration reads in its own transaction: TxSource) and whose
 // caller releases the pin as soon as the put returns, neither keeping nor
 // cloning it (store.ReleasesPinAtOnce). Where the host serializes
-// arbitrations with whole write transactions (engines.SerialHost:
+// arbitrations with whole write transactions (meta.SerialHost:
 // SQLite), the link protects d from the moment the entry is visible, so
 // the put writes no pin row — on SQLite, two b-tree writes of every small
 // close and a delete of each at the next renewal (docs/gc.md, "What a
@@ -415,7 +415,7 @@ func noRow(context.Context, *sql.Tx) error { return nil }
 // that hands it on (a pin token, a clone) must use PinPublish. Elsewhere
 // it is PinPublish.
 func (c *Collector) PinLinked(ctx context.Context, d blob.Digest, publish func(row RowFunc) error) (*Pin, error) {
-	sh, ok := c.host.(engines.SerialHost)
+	sh, ok := c.host.(meta.SerialHost)
 	return c.pinPublish(ctx, d, publish, publish != nil && ok && sh.SerialArbitration())
 }
 
@@ -466,7 +466,7 @@ func (c *Collector) PinMany(ctx context.Context, ds []blob.Digest) ([]*Pin, erro
 //
 // The cadence is real time even under an injected Clock: a test clock
 // that stands still must not stop renewal. The rows themselves are timed by
-// the engine's clock (engines.GCHost: the database server's on PostgreSQL),
+// the row clock (meta.Host: the database server's on PostgreSQL),
 // which renewal asks for a fresh TTL.
 // Tests tick by hand with Renew.
 func (c *Collector) renewLoop(stop <-chan struct{}, done chan<- struct{}) {

@@ -11,18 +11,19 @@ import (
 	"github.com/alkblobfs/alkblobfs/engines/sqlite"
 	"github.com/alkblobfs/alkblobfs/gc"
 	"github.com/alkblobfs/alkblobfs/gc/gctest"
+	"github.com/alkblobfs/alkblobfs/meta"
 )
 
 // dropSeen is a host that reports when Close reaches its drop of the
 // owner's rows.
 type dropSeen struct {
-	*sqlite.Engine
+	meta.SerialHost
 	dropped chan struct{}
 }
 
 func (h *dropSeen) DropOwner(ctx context.Context, owner string) error {
 	close(h.dropped)
-	return h.Engine.DropOwner(ctx, owner)
+	return h.SerialHost.DropOwner(ctx, owner)
 }
 
 // TestPinLinkedCloseWaits: a rowless put (PinLinked on SQLite) keeps the
@@ -36,8 +37,8 @@ func TestPinLinkedCloseWaits(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { e.Close() })
-	h := &dropSeen{Engine: e, dropped: make(chan struct{})}
-	c := gctest.NewPool(gc.Options{Host: h, Window: e, PinTTL: time.Hour}).C
+	h := &dropSeen{SerialHost: e.Meta().Host.(meta.SerialHost), dropped: make(chan struct{})}
+	c := gctest.NewPool(gc.Options{Host: h, Window: e.Meta().Window, PinTTL: time.Hour}).C
 
 	started, finish := make(chan struct{}), make(chan struct{})
 	put := make(chan error, 1)

@@ -11,23 +11,23 @@ import (
 	"time"
 
 	"github.com/alkblobfs/alkblobfs/blob"
-	"github.com/alkblobfs/alkblobfs/engines"
 	"github.com/alkblobfs/alkblobfs/engines/postgres"
 	"github.com/alkblobfs/alkblobfs/engines/postgres/pgtest"
 	"github.com/alkblobfs/alkblobfs/gc"
 	"github.com/alkblobfs/alkblobfs/gc/gctest"
+	"github.com/alkblobfs/alkblobfs/meta"
 )
 
 // lostAnswer is a host whose pin row writes commit and then, while lose
 // is set, report failure: what a connection reset or an op timeout
 // between the server's COMMIT and its answer does.
 type lostAnswer struct {
-	engines.GCHost
+	meta.Host
 	lose atomic.Bool
 }
 
 func (h *lostAnswer) PinRows(ctx context.Context, tx *sql.Tx, owner string, ds []blob.Digest, ttl time.Duration) error {
-	if err := h.GCHost.PinRows(ctx, tx, owner, ds, ttl); err != nil {
+	if err := h.Host.PinRows(ctx, tx, owner, ds, ttl); err != nil {
 		return err
 	}
 	if h.lose.Load() {
@@ -51,11 +51,11 @@ func TestPinRowCommitLost(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { e.Close() })
-	h := &lostAnswer{GCHost: e}
+	h := &lostAnswer{Host: e.Meta().Host}
 	var log logBuf
 	// A TTL of an hour: the renewal loop stays out of the way, the test
 	// ticks by hand.
-	c := gctest.NewPool(gc.Options{Host: h, Window: e, PinTTL: time.Hour,
+	c := gctest.NewPool(gc.Options{Host: h, Window: e.Meta().Window, PinTTL: time.Hour,
 		Logger: slog.New(slog.NewTextHandler(&log, nil))}).C
 	t.Cleanup(func() { c.Close() })
 	rowOf := func(d blob.Digest) bool {

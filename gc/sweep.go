@@ -8,7 +8,7 @@ import (
 	"time"
 
 	"github.com/alkblobfs/alkblobfs/blob"
-	"github.com/alkblobfs/alkblobfs/engines"
+	"github.com/alkblobfs/alkblobfs/meta"
 )
 
 // AbortCause says why a sweep deliberately did nothing. The empty cause
@@ -71,7 +71,7 @@ func (c *Collector) Sweep(ctx context.Context) (Report, error) {
 		return r, nil // not recorded as the last report: the running sweep's will be
 	}
 	defer c.sweeping.Unlock()
-	var lease engines.Lease
+	var lease meta.Lease
 	if c.host != nil {
 		l, held, err := c.host.SweepLease(ctx)
 		if err != nil {
@@ -115,7 +115,7 @@ func (c *Collector) Sweep(ctx context.Context) (Report, error) {
 	return r, nil
 }
 
-func (c *Collector) sweep(ctx context.Context, r *Report, lease engines.Lease) error {
+func (c *Collector) sweep(ctx context.Context, r *Report, lease meta.Lease) error {
 	sources, p := c.snapshot()
 	if len(sources) == 0 {
 		r.Aborted = AbortNoLivenessSources
@@ -192,7 +192,7 @@ func VisibleAfter(now time.Time, delay time.Duration) (time.Time, error) {
 // executeDue deletes every window candidate whose time has come, each
 // re-arbitrated now. Protected or vanished candidates are cancelled; both
 // leave the window (a still-dead one is queued again by a later mark).
-func (c *Collector) executeDue(ctx context.Context, r *Report, sources []Source, protected func(blob.Digest) bool, lease engines.Lease) error {
+func (c *Collector) executeDue(ctx context.Context, r *Report, sources []Source, protected func(blob.Digest) bool, lease meta.Lease) error {
 	var after blob.Digest
 	for {
 		due, err := c.window.WindowDue(ctx, after, executeBatch)

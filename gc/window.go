@@ -7,7 +7,7 @@ import (
 	"time"
 
 	"github.com/alkblobfs/alkblobfs/blob"
-	"github.com/alkblobfs/alkblobfs/engines"
+	"github.com/alkblobfs/alkblobfs/meta"
 )
 
 // memWindow is the in-process delete window for stores whose engines
@@ -35,9 +35,9 @@ func newMemWindow(clock Clock) *memWindow {
 // Options.Window instead gives the durable schedule (a later sweep
 // executes what one queues) without durability, which is how tests
 // exercise that schedule without a database.
-func NewMemWindow(clock Clock) engines.WindowHost { return newMemWindow(clock) }
+func NewMemWindow(clock Clock) meta.Window { return newMemWindow(clock) }
 
-var _ engines.WindowHost = (*memWindow)(nil)
+var _ meta.Window = (*memWindow)(nil)
 
 func (w *memWindow) WindowQueue(_ context.Context, ds []blob.Digest, delay time.Duration) error {
 	at := w.clock.Now().Add(max(delay, 0))

@@ -31,7 +31,7 @@
 // blob a scrub found corrupt is refused at Get, with an error wrapping
 // ErrCorrupt (and ErrVerification) that names the digest, before a byte is
 // served. The corrupt verdict is durable and shared: it is recorded in the
-// kv engine's engines.CorruptLedger, gc_corrupt beside the GC's pin rows,
+// kv engine's meta.Ledger, gc_corrupt beside the GC's pin rows,
 // which every process and fleet host that opens the pool already reads —
 // so a scrub in a mount, in serve or in alkblobfs verify protects all of
 // them, with no daemon to ask. (Stores without such a kv engine keep it in

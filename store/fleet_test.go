@@ -16,6 +16,7 @@ import (
 	"github.com/alkblobfs/alkblobfs/engines/mem"
 	"github.com/alkblobfs/alkblobfs/engines/postgres/pgtest"
 	"github.com/alkblobfs/alkblobfs/gc"
+	"github.com/alkblobfs/alkblobfs/meta"
 	"github.com/alkblobfs/alkblobfs/store"
 )
 
@@ -134,7 +135,7 @@ func TestFleetTwoInstances(t *testing.T) {
 	}
 	// Lease contention: while another process holds the pool's lease, B's
 	// sweep aborts and deletes nothing.
-	lease, held, err := a.KV().(engines.GCHost).SweepLease(ctx)
+	lease, held, err := a.KV().(meta.Holder).Meta().Host.SweepLease(ctx)
 	if err != nil || !held {
 		t.Fatalf("SweepLease: %v %v", held, err)
 	}
@@ -305,7 +306,7 @@ func TestPostgresFailedJointPut(t *testing.T) {
 	if has(t, s, d) {
 		t.Fatal("a failed joint put left its entry")
 	}
-	if n, err := kv.PinCount(ctx); n != 0 || err != nil {
+	if n, err := kv.Meta().Host.PinCount(ctx); n != 0 || err != nil {
 		t.Fatalf("pin rows after failed puts: %d, %v", n, err)
 	}
 	if pins, _ := s.GC().PinCount(); pins != 0 {

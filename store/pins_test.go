@@ -7,8 +7,8 @@ import (
 	"time"
 
 	"github.com/alkblobfs/alkblobfs/blob"
-	"github.com/alkblobfs/alkblobfs/engines"
 	"github.com/alkblobfs/alkblobfs/engines/sqlite"
+	"github.com/alkblobfs/alkblobfs/meta"
 )
 
 // TestPinRowsLifecycle on the embedded default: the first pin of a digest
@@ -19,7 +19,7 @@ func TestPinRowsLifecycle(t *testing.T) {
 	before := runtime.NumGoroutine()
 	dir := t.TempDir()
 	s := openDurable(t, dir, 0, nil)
-	host := s.KV().(engines.GCHost)
+	host := s.KV().(meta.Holder).Meta().Host
 	ctx := t.Context()
 	rows := func() int64 {
 		t.Helper()
@@ -68,7 +68,7 @@ func TestPinRowsLifecycle(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	n, err := other.PinCount(ctx)
+	n, err := other.Meta().Host.PinCount(ctx)
 	other.Close()
 	if err != nil || n != 0 {
 		t.Fatalf("%d rows after Close (%v); want 0", n, err)

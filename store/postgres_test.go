@@ -18,6 +18,7 @@ import (
 	"github.com/alkblobfs/alkblobfs/engines/postgres/pgtest"
 	"github.com/alkblobfs/alkblobfs/engines/sqlite"
 	"github.com/alkblobfs/alkblobfs/gc"
+	"github.com/alkblobfs/alkblobfs/meta"
 	"github.com/alkblobfs/alkblobfs/store"
 )
 
@@ -79,9 +80,9 @@ func TestPostgresOneWindowHost(t *testing.T) {
 	}
 	for _, w := range []struct {
 		name string
-		w    engines.WindowHost
+		w    meta.Window
 		want int
-	}{{"postgres", kv, 4}, {"pglo", large, 0}} {
+	}{{"postgres", kv.Meta().Window, 4}, {"pglo", large.Meta().Window, 0}} {
 		if n, err := w.w.WindowLen(t.Context()); n != w.want || err != nil {
 			t.Errorf("%s gc_window: %d rows, %v; want %d", w.name, n, err, w.want)
 		}

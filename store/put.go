@@ -13,6 +13,7 @@ import (
 	"github.com/alkblobfs/alkblobfs/blob"
 	"github.com/alkblobfs/alkblobfs/engines"
 	"github.com/alkblobfs/alkblobfs/gc"
+	"github.com/alkblobfs/alkblobfs/meta"
 )
 
 // Pin is an in-process reference that keeps a blob from being swept.
@@ -218,7 +219,7 @@ func (s *Store) putSmall(ctx context.Context, b []byte, want *Digest, o putOptio
 // takes it meanwhile; a reader that opens d in between finds it missing
 // for that moment, which beats being refused. It returns the mark, for
 // repaired; nil when d is not marked.
-func (s *Store) repairing(ctx context.Context, e engines.Engine, d Digest) (*engines.CorruptMark, error) {
+func (s *Store) repairing(ctx context.Context, e engines.Engine, d Digest) (*meta.Mark, error) {
 	m, ok, err := s.ledger.get(ctx, d)
 	if err != nil {
 		return nil, blob.Wrap("put", e.Name(), d, fmt.Errorf("read the corrupt ledger: %w", err))
@@ -234,7 +235,7 @@ func (s *Store) repairing(ctx context.Context, e engines.Engine, d Digest) (*eng
 
 // repaired ends the corrupt record of d once the put that repairs it has
 // published.
-func (s *Store) repaired(ctx context.Context, d Digest, m *engines.CorruptMark) {
+func (s *Store) repaired(ctx context.Context, d Digest, m *meta.Mark) {
 	if m == nil {
 		return
 	}

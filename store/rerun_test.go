@@ -14,6 +14,7 @@ import (
 	"github.com/alkblobfs/alkblobfs/engines/local"
 	"github.com/alkblobfs/alkblobfs/engines/sqlite"
 	"github.com/alkblobfs/alkblobfs/gc"
+	"github.com/alkblobfs/alkblobfs/meta"
 	"github.com/alkblobfs/alkblobfs/store"
 )
 
@@ -33,9 +34,22 @@ type rerunHost struct {
 
 var errLost = errors.New("test: a later job of the shared transaction ended it")
 
-func (h *rerunHost) Arbitrate(ctx context.Context, ds []blob.Digest, fn func(ctx context.Context, tx *sql.Tx) error) error {
+// Meta is the engine's state with the host's Arbitrate rerun.
+func (h *rerunHost) Meta() meta.State {
+	st := h.Engine.Meta()
+	st.Host = rerunArb{SQLite: st.Host.(*meta.SQLite), h: h}
+	return st
+}
+
+type rerunArb struct {
+	*meta.SQLite
+	h *rerunHost
+}
+
+func (a rerunArb) Arbitrate(ctx context.Context, ds []blob.Digest, fn func(ctx context.Context, tx *sql.Tx) error) error {
+	h := a.h
 	if h.armed.CompareAndSwap(true, false) {
-		err := h.Engine.Arbitrate(ctx, ds, func(ctx context.Context, tx *sql.Tx) error {
+		err := a.SQLite.Arbitrate(ctx, ds, func(ctx context.Context, tx *sql.Tx) error {
 			if _, err := tx.ExecContext(ctx, `DELETE FROM refs WHERE digest = ?`, h.unlink[:]); err != nil {
 				return err
 			}
@@ -50,7 +64,7 @@ func (h *rerunHost) Arbitrate(ctx context.Context, ds []blob.Digest, fn func(ctx
 		}
 	}
 	h.runs.Add(1)
-	return h.Engine.Arbitrate(ctx, ds, fn)
+	return a.SQLite.Arbitrate(ctx, ds, fn)
 }
 
 // TestSQLiteArbitrationRerun: an arbitration run again after its shared
@@ -126,13 +140,25 @@ type between struct {
 	hook func(ctx context.Context) error // nil: nothing
 }
 
-func (h *between) ArbitrateAlone(ctx context.Context, ds []blob.Digest, fn func(ctx context.Context, tx *sql.Tx) error) error {
-	if h.hook != nil {
-		if err := h.hook(ctx); err != nil {
+// Meta is the engine's state with the host's second hold hooked.
+func (h *between) Meta() meta.State {
+	st := h.Engine.Meta()
+	st.Host = betweenHost{SQLite: st.Host.(*meta.SQLite), b: h}
+	return st
+}
+
+type betweenHost struct {
+	*meta.SQLite
+	b *between
+}
+
+func (h betweenHost) ArbitrateAlone(ctx context.Context, ds []blob.Digest, fn func(ctx context.Context, tx *sql.Tx) error) error {
+	if h.b.hook != nil {
+		if err := h.b.hook(ctx); err != nil {
 			return err
 		}
 	}
-	return h.Engine.ArbitrateAlone(ctx, ds, fn)
+	return h.SQLite.ArbitrateAlone(ctx, ds, fn)
 }
 
 func openBetween(t *testing.T) (*store.Store, *between) {
@@ -163,7 +189,7 @@ func TestSQLiteUnlinkChecksAgain(t *testing.T) {
 		t.Fatalf("sweep 1: %+v", r)
 	}
 	h.hook = func(ctx context.Context) error {
-		return h.PinRows(ctx, nil, "another-process", []blob.Digest{ds[1]}, time.Hour)
+		return h.Engine.Meta().Host.PinRows(ctx, nil, "another-process", []blob.Digest{ds[1]}, time.Hour)
 	}
 	r := sweep(t, s)
 	if ok, err := s.Has(t.Context(), ds[1]); err != nil || !ok {

@@ -12,6 +12,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/alkblobfs/alkblobfs/engines"
+	"github.com/alkblobfs/alkblobfs/meta"
 )
 
 // ScrubStatus is a scrub's verdict on one blob.
@@ -191,7 +192,7 @@ func (s *Store) scrubOne(ctx context.Context, d Digest, p *pacer) (ScrubResult, 
 	if ctx.Err() != nil {
 		return res, false
 	}
-	var mark *engines.CorruptMark
+	var mark *meta.Mark
 	if m, ok, err := s.ledger.get(ctx, d); err != nil {
 		s.log.Warn("scrub: reading the corrupt ledger", "digest", d.String(), "err", err)
 	} else if ok {

@@ -13,6 +13,7 @@ import (
 	"github.com/alkblobfs/alkblobfs/blob"
 	"github.com/alkblobfs/alkblobfs/engines"
 	"github.com/alkblobfs/alkblobfs/gc"
+	"github.com/alkblobfs/alkblobfs/meta"
 )
 
 // DefaultThreshold is the largest blob the kv tier holds whole. 128 KiB
@@ -164,25 +165,35 @@ func Open(ctx context.Context, cfg Config) (*Store, error) {
 			kvReadOnly = kvReadOnly || e == engines.Engine(cfg.KV)
 		}
 	}
-	var host engines.GCHost
+	// The shared state is the kv engine's (package meta owns it), or for
+	// the delete window alone, the large engine's.
+	var kvState, largeState meta.State
+	if h, ok := cfg.KV.(meta.Holder); ok {
+		kvState = h.Meta()
+	}
+	if h, ok := cfg.Large.(meta.Holder); ok {
+		largeState = h.Meta()
+	}
+	var host meta.Host
 	// Pin rows need a writable kv database; a read-only large tier alone
 	// (a fleet reader host) still publishes its pins there.
-	if h, ok := cfg.KV.(engines.GCHost); ok && !kvReadOnly {
+	if kvState.Host != nil && !kvReadOnly {
 		if _, ok := cfg.KV.(engines.TxPutter); !ok {
 			return nil, fmt.Errorf("store: kv engine %s hosts GC state but cannot join a put's transaction", cfg.KV.Name())
 		}
-		host = h
+		if _, ok := cfg.KV.(engines.TxDeleter); !ok {
+			return nil, fmt.Errorf("store: kv engine %s hosts GC state but cannot delete in its transaction", cfg.KV.Name())
+		}
+		host = kvState.Host
 	}
-	// One window host per instance: the kv engine when it is SQL-backed,
-	// otherwise the large engine, otherwise the in-process window.
-	var window engines.WindowHost
-	if w, ok := cfg.KV.(engines.WindowHost); ok {
-		window = w
-	} else if w, ok := cfg.Large.(engines.WindowHost); ok {
-		window = w
+	// One window per instance: the kv engine's when it keeps one,
+	// otherwise the large engine's, otherwise the in-process window.
+	window := kvState.Window
+	if window == nil {
+		window = largeState.Window
 	}
-	if l, ok := cfg.KV.(engines.CorruptLedger); ok {
-		s.ledger.shared, s.ledger.writable = l, !kvReadOnly
+	if kvState.Ledger != nil {
+		s.ledger.shared, s.ledger.writable = kvState.Ledger, !kvReadOnly
 	}
 	if v, ok := cfg.Large.(verifiedFiller); ok {
 		v.OnVerified(s.verdicts.record)
@@ -560,11 +571,11 @@ func addSizes(sizes, got []int64) {
 // deletes its rows in tx, and nothing else happens there: tx may roll
 // back, and the large tier's deletes would not.
 func (p pool) DeleteManyTx(ctx context.Context, tx *sql.Tx, ds []Digest) ([]int64, error) {
-	host, ok := p.s.kv.(engines.GCHost)
+	kv, ok := p.s.kv.(engines.TxDeleter)
 	if !ok {
 		return nil, errors.New("store: DeleteManyTx without a GC host")
 	}
-	return host.DeleteManyTx(ctx, tx, ds)
+	return kv.DeleteManyTx(ctx, tx, ds)
 }
 
 // Outside implements gc.TxPool: the large tier is outside the host's

@@ -10,6 +10,7 @@ import (
 
 	"github.com/alkblobfs/alkblobfs/blob"
 	"github.com/alkblobfs/alkblobfs/engines"
+	"github.com/alkblobfs/alkblobfs/meta"
 )
 
 // Verification memory: what the last end-to-end check of a blob found,
@@ -118,7 +119,7 @@ func (v *goodVerdicts) suspectSeen(d Digest) bool {
 }
 
 // ledger is the record of corrupt blobs. Design point (its home): the kv
-// engine's engines.CorruptLedger, gc_corrupt beside gc_pins on SQLite and
+// engine's meta.Ledger, gc_corrupt beside gc_pins on SQLite and
 // PostgreSQL — the one database every process and fleet host of the pool
 // already opens, with the GC state, so a mount, serve and the CLI read the
 // same record without a daemon to ask, and a repair in any of them is seen
@@ -127,14 +128,14 @@ func (v *goodVerdicts) suspectSeen(d Digest) bool {
 // that keeps one (--kv none), or where its database cannot be written
 // (read-only media), marks stay in this process (local), as pins do.
 type ledger struct {
-	shared   engines.CorruptLedger // nil: none
-	writable bool                  // shared takes marks
+	shared   meta.Ledger // nil: none
+	writable bool        // shared takes marks
 
 	mu    sync.Mutex
-	local map[Digest]engines.CorruptMark
+	local map[Digest]meta.Mark
 }
 
-func (l *ledger) get(ctx context.Context, d Digest) (engines.CorruptMark, bool, error) {
+func (l *ledger) get(ctx context.Context, d Digest) (meta.Mark, bool, error) {
 	l.mu.Lock()
 	m, ok := l.local[d]
 	l.mu.Unlock()
@@ -151,9 +152,9 @@ func (l *ledger) mark(ctx context.Context, d Digest, file []byte, reason string)
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	if l.local == nil {
-		l.local = make(map[Digest]engines.CorruptMark)
+		l.local = make(map[Digest]meta.Mark)
 	}
-	l.local[d] = engines.CorruptMark{Digest: d, File: bytes.Clone(file), Reason: reason, Marked: time.Now()}
+	l.local[d] = meta.Mark{Digest: d, File: bytes.Clone(file), Reason: reason, Marked: time.Now()}
 	return nil
 }
 
@@ -171,8 +172,8 @@ func (l *ledger) clear(ctx context.Context, d Digest, file []byte) error {
 	return err
 }
 
-func (l *ledger) list(ctx context.Context) ([]engines.CorruptMark, error) {
-	var out []engines.CorruptMark
+func (l *ledger) list(ctx context.Context) ([]meta.Mark, error) {
+	var out []meta.Mark
 	if l.shared != nil {
 		ms, err := l.shared.CorruptMarks(ctx)
 		if err != nil {
@@ -212,7 +213,7 @@ func (s *Store) Corrupt(ctx context.Context) ([]CorruptBlob, error) {
 // corruptError is Get's refusal of a blob the ledger marks corrupt. It
 // names the digest and what to do, never an engine or a path: it is what
 // an HTTP client is told.
-func corruptError(d Digest, m engines.CorruptMark) error {
+func corruptError(d Digest, m meta.Mark) error {
 	when := ""
 	if !m.Marked.IsZero() {
 		when = " on " + m.Marked.UTC().Format(time.RFC3339)
@@ -290,7 +291,7 @@ func (r *Reader) verifiedWhole() {
 // recordScrub keeps what a scrub found: a corrupt blob is marked in the
 // ledger (unless its file changed while it was read: the verdict is about
 // no one version); an intact one is good and ends any mark.
-func (s *Store) recordScrub(ctx context.Context, res ScrubResult, id engines.FileID, stable, isFile bool, mark *engines.CorruptMark) {
+func (s *Store) recordScrub(ctx context.Context, res ScrubResult, id engines.FileID, stable, isFile bool, mark *meta.Mark) {
 	d := res.Digest
 	switch res.Status {
 	case ScrubOK:

@@ -96,7 +96,7 @@ func TestPostgresSweepLease(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer other.Close()
-	lease, got, err := other.SweepLease(t.Context())
+	lease, got, err := other.Meta().Host.SweepLease(t.Context())
 	if err != nil || !got {
 		t.Fatalf("taking the lease in the test: %v, %v", got, err)
 	}
@@ -109,11 +109,11 @@ func TestPostgresSweepLease(t *testing.T) {
 	}
 	// A foreign process's unexpired pin row refuses rm.
 	dg := blob.MustParse(d)
-	if err := other.PinRows(t.Context(), nil, "other-host:1:x", []blob.Digest{dg}, time.Hour); err != nil {
+	if err := other.Meta().Host.PinRows(t.Context(), nil, "other-host:1:x", []blob.Digest{dg}, time.Hour); err != nil {
 		t.Fatal(err)
 	}
 	c.fail(1, "protected", "rm", d)
-	if err := other.DropOwner(t.Context(), "other-host:1:x"); err != nil {
+	if err := other.Meta().Host.DropOwner(t.Context(), "other-host:1:x"); err != nil {
 		t.Fatal(err)
 	}
 	c.ok("rm", d)

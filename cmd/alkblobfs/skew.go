@@ -13,7 +13,7 @@ import (
 // in-process delete window) — by a Go duration such as +5m or -5m. It is
 // for tests, which start processes whose clocks disagree to check that no
 // process's clock decides anything about another's rows (pin expiries, the
-// delete window and intents are on the database's clock: engines.GCHost).
+// delete window and intents are on the database's clock: meta.Host).
 // Hidden: not a flag, not in the man pages; unset, the wall clock.
 const clockSkewEnv = "ALKBLOBFS_CLOCK_SKEW"
 

@@ -4,6 +4,7 @@ import (
 	"context"
 
 	"github.com/alkblobfs/alkblobfs/engines"
+	"github.com/alkblobfs/alkblobfs/meta"
 )
 
 // sharedMedium is the capability of S3 (store/fleet.go asks for it).
@@ -15,7 +16,7 @@ type sharedMedium interface{ SharedMedium() bool }
 type (
 	withWindow struct {
 		*Engine
-		engines.WindowHost
+		meta.Holder
 		engines.Locator
 	}
 	withShared struct {
@@ -34,7 +35,7 @@ func (e *Engine) StageResidue(ctx context.Context) (int, error) {
 }
 
 func wrap(e *Engine) engines.Large {
-	w, isWin := e.remote.(engines.WindowHost)
+	w, isWin := e.remote.(meta.Holder)
 	l, isLoc := e.remote.(engines.Locator)
 	if sm, ok := e.remote.(sharedMedium); ok {
 		return withShared{e, sm}

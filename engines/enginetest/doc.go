@@ -21,17 +21,13 @@
 //     end, racing stages of one digest — each followed by an exact count of
 //     stage residue, so a Large engine must implement
 //     [engines.ResidueCounter];
-//   - [engines.RandomStage], [engines.FileCursor], [engines.WindowHost],
-//     [engines.DeleteSafe] and [engines.SQL]: their extra contracts, when the
-//     engine (or its stage or cursor) implements them.
+//   - [engines.RandomStage], [engines.FileCursor], [engines.DeleteSafe]
+//     and [engines.SQL]: their extra contracts, when the engine (or its
+//     stage or cursor) implements them.
 //
-// GCHost, CorruptLedger and WindowHost are suites of their own: [GCHost]
-// for engines that host the GC's shared state, [CorruptLedger] for the
-// kv engines' record of blobs found corrupt, [WindowHost] for any delete
-// window (Run calls it for an engine that is one).
+// The shared GC state an engine opens (pin rows, arbitration, the sweep
+// lease, the delete window, the corrupt ledger) is package meta's, and its
+// suite is meta/metatest, which meta's tests run against every dialect.
 //
-// Tests use t.Context() and sleep only to watch a TTL or a delay pass: row
-// times are the engine's clock (see engines.GCHost), which no test can
-// move, so those parts poll with TTLs of a fraction of a second. A possible
-// deadlock is detected with a deadline.
+// Tests use t.Context(). A possible deadlock is detected with a deadline.
 package enginetest

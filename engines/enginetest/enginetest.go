@@ -21,7 +21,6 @@ func Run(t *testing.T, open func(t *testing.T) engines.Engine) {
 	probe := s.engine(t)
 	_, isKV := probe.(engines.KV)
 	_, isLarge := probe.(engines.Large)
-	_, isWindow := probe.(engines.WindowHost)
 	_, isTx := probe.(engines.TxPutter)
 	_, isSQL := probe.(engines.SQL)
 	if !isKV && !isLarge {
@@ -46,9 +45,6 @@ func Run(t *testing.T, open func(t *testing.T) engines.Engine) {
 	}
 	if isLarge {
 		t.Run("Large", s.testLarge)
-	}
-	if isWindow {
-		t.Run("Window", s.testWindow)
 	}
 	if isTx && isSQL {
 		t.Run("TxPutter", s.testTxPutter)

@@ -21,5 +21,8 @@
 //     an error wrapping blob.ErrTooLarge rather than exhausting memory.
 //   - After Close every method returns an error wrapping blob.ErrClosed.
 //
-// Nothing is durable: the pool disappears with the process.
+// Nothing is durable: the pool disappears with the process. Its part of
+// the shared GC state ([meta.Holder]) is the corrupt ledger alone, a
+// [meta.MemLedger] in the process that outlives Close; a mem store's pins,
+// arbitration and window are the collector's, in the process.
 package mem

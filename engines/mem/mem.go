@@ -8,6 +8,7 @@ import (
 
 	"github.com/alkblobfs/alkblobfs/blob"
 	"github.com/alkblobfs/alkblobfs/engines"
+	"github.com/alkblobfs/alkblobfs/meta"
 )
 
 // Engine is an in-memory pool. The zero value is not usable; call New.
@@ -20,8 +21,10 @@ type Engine struct {
 	// stages counts stages neither committed nor discarded.
 	stages atomic.Int64
 
-	lmu     sync.Mutex
-	corrupt ledger // corrupt.go
+	// ledger is the corrupt ledger, the only part of the shared state a
+	// mem store keeps in its engine: in the process, as long as its
+	// blobs. It outlives Close, which only drops the blobs.
+	ledger meta.MemLedger
 }
 
 var (
@@ -29,12 +32,16 @@ var (
 	_ engines.Large          = (*Engine)(nil)
 	_ engines.ResidueCounter = (*Engine)(nil)
 	_ engines.DeleteSafe     = (*Engine)(nil)
+	_ meta.Holder            = (*Engine)(nil)
 )
 
 // New returns an empty engine.
 func New() *Engine {
 	return &Engine{m: make(map[blob.Digest][]byte)}
 }
+
+// Meta implements meta.Holder: the corrupt ledger.
+func (e *Engine) Meta() meta.State { return e.ledger.Meta() }
 
 // Name implements engines.Engine.
 func (e *Engine) Name() string { return "mem" }

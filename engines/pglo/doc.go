@@ -4,7 +4,9 @@
 // # Schema
 //
 //	pglo_blobs(digest BYTEA PRIMARY KEY, oid OID NOT NULL UNIQUE, size BIGINT NOT NULL, sums BYTEA)
-//	gc_window(digest BYTEA PRIMARY KEY, visible_after BIGINT NOT NULL)
+//
+// and, opened through package meta (which owns it), the delete window
+// gc_window.
 //
 // sums is the store's per-chunk checksum sidecar ([engines.SidecarStage],
 // [engines.SidecarReader]); NULL reads as blob.ErrMissing.
@@ -31,10 +33,10 @@
 //     wrapping blob.ErrMissing.
 //   - Delete removes the row and unlinks the object in one transaction.
 //   - List pages the companion table by key, holding nothing between pages.
-//   - [engines.WindowHost]: gc_window in the same database. The store uses
-//     one window host per instance: the kv engine's when it is
-//     SQL-backed, so with kv=postgres this one stays dormant, and with
-//     kv=mem it hosts the durable window.
+//   - [meta.Holder]: the delete window (a [meta.PGWindow]) in the same
+//     database. The store uses one window per instance: the kv engine's
+//     when it keeps one, so with kv=postgres this one stays dormant, and
+//     with kv=mem it is the durable window.
 //
 // Open takes a DSN and owns its pool (see package postgres for connection
 // handling, failures and restarts); OpenPool borrows one.

@@ -14,15 +14,18 @@ import (
 	"github.com/alkblobfs/alkblobfs/blob"
 	"github.com/alkblobfs/alkblobfs/engines"
 	"github.com/alkblobfs/alkblobfs/engines/postgres"
+	"github.com/alkblobfs/alkblobfs/meta"
 )
 
 // Engine is a large engine over PostgreSQL large objects.
 type Engine struct {
-	*postgres.Window // engines.WindowHost
-	name             string
-	srv              postgres.Server
-	pool             *pgxpool.Pool
-	ownPool          bool
+	// window is the delete window in the same database (package meta's
+	// gc_window), the only part of the shared state a large engine keeps.
+	window  *meta.PGWindow
+	name    string
+	srv     postgres.Server
+	pool    *pgxpool.Pool
+	ownPool bool
 
 	mu     sync.Mutex
 	stages map[*stage]struct{} // live stages, for StageResidue and Close
@@ -32,7 +35,7 @@ type Engine struct {
 var (
 	_ engines.Large          = (*Engine)(nil)
 	_ engines.ResidueCounter = (*Engine)(nil)
-	_ engines.WindowHost     = (*Engine)(nil)
+	_ meta.Holder            = (*Engine)(nil)
 	_ engines.SidecarReader  = (*Engine)(nil)
 )
 
@@ -92,11 +95,14 @@ func open(ctx context.Context, pool *pgxpool.Pool, srv postgres.Server, own bool
 		return nil, e.wrap("open", blob.Digest{}, err)
 	}
 	var err error
-	if e.Window, err = postgres.NewWindow(ctx, pool, e.name); err != nil {
+	if e.window, err = meta.OpenPGWindow(ctx, pool, e.name); err != nil {
 		return nil, err
 	}
 	return e, nil
 }
+
+// Meta implements meta.Holder: the delete window alone.
+func (e *Engine) Meta() meta.State { return e.window.Meta() }
 
 // Name implements engines.Engine: pglo:postgres://user@host:port/database.
 func (e *Engine) Name() string { return e.name }

@@ -206,7 +206,8 @@ func TestOpenUnreachable(t *testing.T) {
 	}
 }
 
-// TestReopen: blobs and the delete window are durable across a close.
+// TestReopen: blobs are durable across a close (the delete window:
+// meta's TestPgloReopen).
 func TestReopen(t *testing.T) {
 	dsn := pgtest.DSN(t)
 	enginetest.Reopen(t, func(t *testing.T) engines.Engine { return open(t, dsn) })

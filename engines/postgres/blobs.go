@@ -12,6 +12,7 @@ import (
 
 	"github.com/alkblobfs/alkblobfs/blob"
 	"github.com/alkblobfs/alkblobfs/engines"
+	"github.com/alkblobfs/alkblobfs/meta"
 )
 
 const putSQL = `INSERT INTO blobs (digest, size, value) VALUES ($1, $2, $3) ON CONFLICT (digest) DO NOTHING`
@@ -174,6 +175,40 @@ func (e *Engine) DeleteMany(ctx context.Context, ds []blob.Digest) (sizes []int6
 		return err
 	})
 	return sizes, err
+}
+
+// DeleteManyTx implements engines.TxDeleter: one statement that deletes
+// the blobs and, with them, their rows in the delete window (the window
+// is package meta's: its CTE, meta.PGWindowGone, says why).
+func (e *Engine) DeleteManyTx(ctx context.Context, tx *sql.Tx, ds []blob.Digest) ([]int64, error) {
+	sizes := make([]int64, len(ds))
+	for i := range sizes {
+		sizes[i] = -1
+	}
+	if len(ds) == 0 {
+		return sizes, nil
+	}
+	keys := make([][]byte, len(ds))
+	for i := range ds {
+		keys[i] = ds[i][:]
+	}
+	rows, err := tx.QueryContext(ctx, `WITH d AS (DELETE FROM blobs WHERE digest = ANY($1::bytea[]) RETURNING digest, size), `+
+		meta.PGWindowGone("d")+` SELECT digest, size FROM d`, keys)
+	if err != nil {
+		return nil, e.wrap("delete", err)
+	}
+	defer rows.Close()
+	got := make(map[blob.Digest]int64, len(ds))
+	if err := engines.ScanSizes(rows, func(d blob.Digest, n int64) { got[d] = n }); err != nil {
+		return nil, e.wrap("delete", err)
+	}
+	for i, d := range ds {
+		if n, ok := got[d]; ok {
+			sizes[i] = n
+			delete(got, d) // a repeated digest was deleted once
+		}
+	}
+	return sizes, nil
 }
 
 // SizeMany implements engines.BatchSizer: one query with digest = ANY($1).

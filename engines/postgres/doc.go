@@ -1,16 +1,17 @@
 // Package postgres is the PostgreSQL kv engine: small blobs stored whole in
 // one table, over a pgx/v5 pool. It also holds what both PostgreSQL engines
-// share: [Connect], the durable GC [Window], schema creation and keyset
-// listing; engines/pglo builds on them.
+// share: [Connect], schema creation and keyset listing; engines/pglo
+// builds on them.
 //
 // # Schema
 //
 //	blobs(digest BYTEA PRIMARY KEY, size BIGINT NOT NULL, value BYTEA NOT NULL)
-//	gc_window(digest BYTEA PRIMARY KEY, visible_after BIGINT NOT NULL)
 //
-// Tables are created at Open (IF NOT EXISTS, under an advisory lock so
-// that engines opening one database at once do not collide). visible_after
-// is unix nanoseconds.
+// The table is created at Open (IF NOT EXISTS, under an advisory lock so
+// that engines opening one database at once do not collide). Open then
+// opens the pool's shared GC state in the same database through package
+// meta, which owns its tables (gc_pins, gc_window, gc_corrupt), their
+// statements and the sweep lease ([meta.Postgres], [meta.Holder]).
 //
 // # Contract
 //
@@ -26,10 +27,13 @@
 //     PutTx runs the caller's statements in the insert's transaction, which
 //     concurrent puts share (group commit: one statement takes the
 //     arbitration locks, writes the pin rows and inserts the blobs of
-//     every put of it; see putGroup).
-//   - [engines.WindowHost]: the delete window in gc_window, durable across
-//     restarts. The store uses exactly one window host: this
-//     engine's when it is the kv engine.
+//     every put of it; see putGroup). The lock and the pin rows of that
+//     statement are meta's fragments ([meta.PGLockShared],
+//     [meta.PGBatchPins]); a put's pin rows reach the batch through meta's
+//     PinRows, which defers them to it.
+//   - [engines.TxDeleter]: DeleteManyTx deletes in the arbitration's
+//     transaction, and the deleted blobs' window rows in the same
+//     statement ([meta.PGWindowGone]).
 //
 // # Connections and failures
 //

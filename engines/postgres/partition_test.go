@@ -82,7 +82,7 @@ func TestBlackholeBounded(t *testing.T) {
 		var n int
 		return e.DB().QueryRowContext(ctx, `SELECT count(*) FROM blobs`).Scan(&n)
 	})
-	within(t, "sweep lease", bound, func() error { _, _, err := e.SweepLease(ctx); return err })
+	within(t, "sweep lease", bound, func() error { _, _, err := e.Meta().Host.SweepLease(ctx); return err })
 
 	// A caller's own cancellation is still its own.
 	cctx, cancel := context.WithCancel(ctx)

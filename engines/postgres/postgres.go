@@ -9,16 +9,20 @@ import (
 
 	"github.com/alkblobfs/alkblobfs/blob"
 	"github.com/alkblobfs/alkblobfs/engines"
+	"github.com/alkblobfs/alkblobfs/meta"
 )
 
 // Engine is a kv engine over one PostgreSQL database.
 type Engine struct {
-	*Window // engines.WindowHost
-	name    string
-	srv     Server
-	pool    *pgxpool.Pool
-	db      *sql.DB
-	puts    *putGroup // PutTx's group commit
+	name string
+	srv  Server
+	pool *pgxpool.Pool
+	db   *sql.DB
+	puts *putGroup // PutTx's group commit
+	// meta is the pool's shared GC state in this database: pin rows,
+	// arbitration, the sweep lease, the delete window and the corrupt
+	// ledger (package meta owns their tables).
+	meta *meta.Postgres
 }
 
 var (
@@ -27,10 +31,10 @@ var (
 	_ engines.TxPutter     = (*Engine)(nil)
 	_ engines.BatchDeleter = (*Engine)(nil)
 	_ engines.BatchSizer   = (*Engine)(nil)
-	_ engines.WindowHost   = (*Engine)(nil)
 	_ engines.DeleteSafe   = (*Engine)(nil)
-	_ engines.GCHost       = (*Engine)(nil)
+	_ engines.TxDeleter    = (*Engine)(nil)
 	_ engines.Locator      = (*Engine)(nil)
+	_ meta.Holder          = (*Engine)(nil)
 )
 
 const blobsSchema = `CREATE TABLE IF NOT EXISTS blobs (
@@ -51,17 +55,40 @@ func Open(ctx context.Context, dsn string) (*Engine, error) {
 		return nil, err
 	}
 	e := &Engine{name: srv.String(), srv: srv, pool: pool}
-	if err := CreateSchema(ctx, pool, blobsSchema, pinsSchema, pinsOwnerIndex, corruptSchema); err != nil {
+	if err := CreateSchema(ctx, pool, blobsSchema); err != nil {
 		pool.Close()
 		return nil, e.wrap("open", err)
 	}
-	if e.Window, err = NewWindow(ctx, pool, e.name); err != nil {
+	e.db = stdlib.OpenDBFromPool(pool)
+	e.puts = newPutGroup(e)
+	e.meta, err = meta.OpenPostgres(ctx, meta.PostgresConfig{Name: e.name, Pool: pool, DB: e.db,
+		Defer: e.puts.deferPins, Wrap: e.wrapD})
+	if err != nil {
+		e.puts.probe.Close()
+		e.db.Close()
 		pool.Close()
 		return nil, err
 	}
-	e.db = stdlib.OpenDBFromPool(pool)
-	e.puts = newPutGroup(e)
 	return e, nil
+}
+
+// Meta implements meta.Holder: every part of the shared state.
+func (e *Engine) Meta() meta.State { return e.meta.Meta() }
+
+// Instance implements engines.Locator: host:port/database.
+func (e *Engine) Instance() string { return e.srv.Addr() + "/" + e.srv.Database }
+
+// PoolSize implements engines.Locator.
+func (e *Engine) PoolSize() int { return int(e.pool.Config().MaxConns) }
+
+// inTx runs fn in a database/sql transaction and commits it.
+//
+// Design point (transaction termination): catch, terminate, propagate —
+// every error path rolls the transaction back before returning, so no
+// connection goes back to the pool inside a transaction (a pooled session
+// left "idle in transaction" would hold its locks until reused).
+func (e *Engine) inTx(ctx context.Context, op string, fn func(tx *sql.Tx) error) error {
+	return engines.InTx(ctx, e.db, func(err error) error { return e.wrap(op, err) }, fn)
 }
 
 // Name implements engines.Engine: postgres://user@host:port/database.

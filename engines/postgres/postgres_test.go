@@ -5,7 +5,6 @@ import (
 	"net/url"
 	"strings"
 	"testing"
-	"time"
 
 	"github.com/alkblobfs/alkblobfs/engines"
 	"github.com/alkblobfs/alkblobfs/engines/enginetest"
@@ -26,7 +25,8 @@ func open(t *testing.T, dsn string) *postgres.Engine {
 	return e
 }
 
-// TestReopen: blobs and the delete window are durable across a close.
+// TestReopen: blobs are durable across a close (the delete window:
+// meta's TestPostgresReopen).
 func TestReopen(t *testing.T) {
 	dsn := pgtest.DSN(t)
 	enginetest.Reopen(t, func(t *testing.T) engines.Engine { return open(t, dsn) })
@@ -113,60 +113,4 @@ func closedPort(t *testing.T) string {
 	_, port, _ := net.SplitHostPort(l.Addr().String())
 	l.Close()
 	return port
-}
-
-func TestGCHost(t *testing.T) {
-	dsn := pgtest.DSN(t)
-	enginetest.GCHost(t, func(t *testing.T) engines.Engine { return open(t, dsn) })
-}
-
-// TestSweepLeaseLost: the sweep lease is a session lock; when the server
-// ends the session (as a restart does), Check reports the loss, and
-// another process can take the lease.
-func TestSweepLeaseLost(t *testing.T) {
-	dsn := pgtest.DSN(t)
-	e, other := open(t, dsn), open(t, dsn)
-	defer e.Close()
-	defer other.Close()
-	ctx := t.Context()
-	l, held, err := e.SweepLease(ctx)
-	if err != nil || !held {
-		t.Fatalf("SweepLease: %v, %v", held, err)
-	}
-	defer l.Release()
-	if err := l.Check(ctx); err != nil {
-		t.Fatal(err)
-	}
-	var n int
-	// pg_locks shows every database's locks: the tests of other
-	// packages, each on a database of its own, sweep on the same server.
-	if err := other.Pool().QueryRow(ctx, `SELECT count(pg_terminate_backend(pid)) FROM pg_locks
-		WHERE locktype = 'advisory' AND objsubid = 2 AND granted
-		AND database = (SELECT oid FROM pg_database WHERE datname = current_database())`).Scan(&n); err != nil || n != 1 {
-		t.Fatalf("terminating the lease's session: %d, %v", n, err)
-	}
-	if err := l.Check(ctx); err == nil || !strings.Contains(err.Error(), "lost") {
-		t.Fatalf("Check after the session ended = %v; want the lease lost", err)
-	}
-	// The server ends the session just after pg_terminate_backend returns.
-	deadline := time.Now().Add(10 * time.Second)
-	for {
-		l2, held, err := other.SweepLease(ctx)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if held {
-			l2.Release()
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatal("the lease of an ended session was never free again")
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
-}
-
-func TestCorruptLedger(t *testing.T) {
-	dsn := pgtest.DSN(t)
-	enginetest.CorruptLedger(t, func(t *testing.T) engines.Engine { return open(t, dsn) })
 }

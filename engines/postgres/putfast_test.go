@@ -35,10 +35,10 @@ func TestPutBatchOneStatement(t *testing.T) {
 		t.Fatal(err)
 	}
 	owner := t.Name()
-	defer e.DropOwner(context.Background(), owner)
+	defer e.Meta().Host.DropOwner(context.Background(), owner)
 	pend := func(name string, d blob.Digest, out *namespaces.Intent) func(context.Context, *sql.Tx) error {
 		return func(ctx context.Context, tx *sql.Tx) error {
-			if err := e.PinRows(ctx, tx, owner, []blob.Digest{d}, time.Minute); err != nil {
+			if err := e.Meta().Host.PinRows(ctx, tx, owner, []blob.Digest{d}, time.Minute); err != nil {
 				return err
 			}
 			i, err := reg.PendTx(ctx, tx, name, d, namespaces.Pending{Holder: owner, TTL: time.Minute})

@@ -7,13 +7,12 @@ import (
 	"fmt"
 	"runtime/debug"
 	"slices"
-	"strings"
 	"sync"
 	"sync/atomic"
-	"time"
 
 	"github.com/alkblobfs/alkblobfs/blob"
 	"github.com/alkblobfs/alkblobfs/engines"
+	"github.com/alkblobfs/alkblobfs/meta"
 )
 
 // Group commit of puts (PutTx). A small blob's put through a fleet mount
@@ -33,9 +32,11 @@ import (
 // takes them), so a delete's arbitration either commits before it — and
 // the put then inserts the content afresh, ON CONFLICT judging on the
 // latest committed rows — or waits for its COMMIT and sees its pin rows.
-// The pin rows a put's also writes with PinRows inside the batch's
-// transaction are the ones deferred to that statement (batchOf): nothing
-// else reads them before it. A put's intent is written before the lock,
+// The pin rows a put's also writes with meta's PinRows inside the batch's
+// transaction are the ones deferred to that statement (deferPins): nothing
+// else reads them before it. The lock and the pin rows are meta's
+// fragments (meta.PGLockShared, meta.PGBatchPins): gc_pins is meta's
+// table, and this statement only carries its rows. A put's intent is written before the lock,
 // which nothing requires: an arbitration that deletes the blob first is
 // undone by the put's insert, under the lock, in the same transaction as
 // the intent. Every batch takes its locks and inserts its rows in digest
@@ -88,18 +89,17 @@ type putJob struct {
 
 func (j *putJob) failed() bool { return j.err != nil || j.panic != nil }
 
+// nowOnce is the server's clock read once per statement (see
+// engines.PGNow): the intents' expiries.
+const nowOnce = `(SELECT ` + engines.PGNow + `)`
+
 // putBatch is the state of one batch's transaction: the pin rows its puts
-// asked for (PinRows), written by the batch's last statement.
+// asked for (meta's PinRows, through deferPins), written by the batch's
+// last statement.
 type putBatch struct {
-	pins  []pinReq
+	pins  []meta.PinRow
 	pends []pendReq // a probe's (see fast)
 	probe bool      // the probe's transaction, not the batch's (fast)
-}
-
-type pinReq struct {
-	d     blob.Digest
-	owner string
-	ttl   time.Duration
 }
 
 func newPutGroup(e *Engine) *putGroup {
@@ -235,6 +235,18 @@ func (g *putGroup) batchOf(tx *sql.Tx) *putBatch {
 	return g.txs[tx]
 }
 
+// deferPins is meta.PostgresConfig.Defer: a put's pin rows, asked for in
+// its batch's transaction (or probe), go into the batch's own statement,
+// under the same lock and in the same transaction.
+func (g *putGroup) deferPins(tx *sql.Tx, rows []meta.PinRow) bool {
+	b := g.batchOf(tx)
+	if b == nil {
+		return false
+	}
+	b.pins = append(b.pins, rows...)
+	return true
+}
+
 // batchPutSQL takes the shared arbitration lock of every digest of the
 // batch ($1, in key order), then inserts the pin rows ($2-$4) and the
 // blobs ($5-$7), both from rows joined with the lock's CTE, so that no
@@ -247,10 +259,8 @@ const (
 	i AS (INSERT INTO ns_pending (id, ns, digest, holder, expiry)
 		SELECT u.i, u.n, u.d, u.h, ` + nowOnce + ` + u.t FROM l, unnest($8::bigint[], $9::text[], $10::bytea[], $11::text[], $12::bigint[]) AS u(i, n, d, h, t))` + batchBlobs
 
-	batchLockPins = `WITH l AS (` + lockShared + `),
-	p AS (INSERT INTO gc_pins (digest, owner, expiry)
-		SELECT u.d, u.o, ` + nowOnce + ` + u.t FROM l, unnest($2::bytea[], $3::text[], $4::bigint[]) AS u(d, o, t)
-		ON CONFLICT (digest, owner) DO UPDATE SET expiry = greatest(gc_pins.expiry, excluded.expiry))`
+	batchLockPins = `WITH l AS (` + meta.PGLockShared + `),
+	` + meta.PGBatchPins
 	batchBlobs = `
 	INSERT INTO blobs (digest, size, value)
 	SELECT u.d, u.n, u.v FROM l, unnest($5::bytea[], $6::bigint[], $7::bytea[]) AS u(d, n, v)
@@ -259,25 +269,8 @@ const (
 
 // insertBatch runs batchPutSQL for jobs (in digest order), pins and
 // pends: in tx, or with tx nil as a statement of its own (fast).
-func (e *Engine) insertBatch(ctx context.Context, tx *sql.Tx, jobs []*putJob, pins []pinReq, pends []pendReq) (map[blob.Digest]bool, error) {
-	// One row per (digest, owner), the longest TTL: ON CONFLICT cannot
-	// update a row twice in one statement.
-	slices.SortFunc(pins, func(a, b pinReq) int {
-		if c := a.d.Compare(b.d); c != 0 {
-			return c
-		}
-		return strings.Compare(a.owner, b.owner)
-	})
-	var pd [][]byte
-	var po []string
-	var pt []int64
-	for i, p := range pins {
-		if i > 0 && p.d == pins[i-1].d && p.owner == pins[i-1].owner {
-			pt[len(pt)-1] = max(pt[len(pt)-1], int64(p.ttl))
-			continue
-		}
-		pd, po, pt = append(pd, p.d[:]), append(po, p.owner), append(pt, int64(p.ttl))
-	}
+func (e *Engine) insertBatch(ctx context.Context, tx *sql.Tx, jobs []*putJob, pins []meta.PinRow, pends []pendReq) (map[blob.Digest]bool, error) {
+	pd, po, pt := meta.PGPinArgs(pins)
 	var bd, bv [][]byte
 	var bn []int64
 	ds := make([]blob.Digest, 0, len(jobs)+len(pins))
@@ -289,7 +282,7 @@ func (e *Engine) insertBatch(ctx context.Context, tx *sql.Tx, jobs []*putJob, pi
 		bd, bn, bv = append(bd, j.d[:]), append(bn, int64(len(j.value))), append(bv, j.value)
 	}
 	for _, p := range pins {
-		ds = append(ds, p.d)
+		ds = append(ds, p.D)
 	}
 	var ii, it []int64
 	var in, ih []string
@@ -297,7 +290,7 @@ func (e *Engine) insertBatch(ctx context.Context, tx *sql.Tx, jobs []*putJob, pi
 	for _, p := range pends {
 		ii, in, id, ih, it = append(ii, p.id), append(in, p.ns), append(id, p.d[:]), append(ih, p.holder), append(it, int64(p.ttl))
 	}
-	q, args := batchPutSQL, []any{lockKeys(ds), pd, po, pt, bd, bn, bv}
+	q, args := batchPutSQL, []any{meta.PGLockKeys(ds), pd, po, pt, bd, bn, bv}
 	if len(pends) > 0 {
 		q, args = batchPendSQL, append(args, ii, in, id, ih, it)
 	}

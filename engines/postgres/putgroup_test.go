@@ -70,7 +70,7 @@ func TestPutGroupRerunsAlone(t *testing.T) {
 			if _, err := tx.ExecContext(ctx, `INSERT INTO putgroup_test (k) VALUES ($1)`, k); err != nil {
 				return err
 			}
-			return e.PinRows(ctx, tx, "putter", []blob.Digest{d}, time.Minute)
+			return e.Meta().Host.PinRows(ctx, tx, "putter", []blob.Digest{d}, time.Minute)
 		}
 	}
 	va, vb, vbad := []byte(tag+" a"), []byte(tag+" b"), []byte(tag+" bad")
@@ -116,8 +116,8 @@ func TestPutGroupRerunsAlone(t *testing.T) {
 	if err := e.Pool().QueryRow(ctx, `SELECT count(*) FROM putgroup_test WHERE k LIKE $1`, tag+"%").Scan(&rows); err != nil || rows != 3 {
 		t.Fatalf("callback rows = %d, %v; want those of a, b and b again", rows, err)
 	}
-	err := e.Arbitrate(ctx, []blob.Digest{da, db, dbad}, func(ctx context.Context, tx *sql.Tx) error {
-		pinned, err := e.PinnedAmong(ctx, tx, []blob.Digest{da, db, dbad}, "nobody")
+	err := e.Meta().Host.Arbitrate(ctx, []blob.Digest{da, db, dbad}, func(ctx context.Context, tx *sql.Tx) error {
+		pinned, err := e.Meta().Host.PinnedAmong(ctx, tx, []blob.Digest{da, db, dbad}, "nobody")
 		if err == nil && (!pinned[da] || !pinned[db] || pinned[dbad]) {
 			err = fmt.Errorf("pinned = %v; want a and b only", pinned)
 		}
@@ -126,7 +126,7 @@ func TestPutGroupRerunsAlone(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := e.DropOwner(ctx, "putter"); err != nil {
+	if err := e.Meta().Host.DropOwner(ctx, "putter"); err != nil {
 		t.Fatal(err)
 	}
 }
@@ -148,7 +148,7 @@ func TestPutGroupWaitsForArbitration(t *testing.T) {
 	letGo := func() { once.Do(func() { close(release) }) }
 	defer letGo() // before e.Close, which waits for the put
 	go func() {
-		arbDone <- e.Arbitrate(ctx, []blob.Digest{d}, func(ctx context.Context, tx *sql.Tx) error {
+		arbDone <- e.Meta().Host.Arbitrate(ctx, []blob.Digest{d}, func(ctx context.Context, tx *sql.Tx) error {
 			_, err := e.DeleteManyTx(ctx, tx, []blob.Digest{d})
 			close(inArb)
 			<-release
@@ -165,7 +165,7 @@ func TestPutGroupWaitsForArbitration(t *testing.T) {
 	putDone := make(chan putResult, 1)
 	go func() {
 		ins, err := e.PutTx(ctx, d, v, func(ctx context.Context, tx *sql.Tx) error {
-			return e.PinRows(ctx, tx, "putter", []blob.Digest{d}, time.Minute)
+			return e.Meta().Host.PinRows(ctx, tx, "putter", []blob.Digest{d}, time.Minute)
 		})
 		putDone <- putResult{"put", ins, err}
 	}()
@@ -193,17 +193,17 @@ func TestPutGroupWaitsForArbitration(t *testing.T) {
 		t.Fatal("the put never returned after the arbitration committed")
 	}
 	checkPinned := func(tx *sql.Tx) error {
-		pinned, err := e.PinnedAmong(ctx, tx, []blob.Digest{d}, "nobody")
+		pinned, err := e.Meta().Host.PinnedAmong(ctx, tx, []blob.Digest{d}, "nobody")
 		if err == nil && !pinned[d] {
 			err = errors.New("the put's pin row is missing")
 		}
 		return err
 	}
-	if err := e.Arbitrate(ctx, []blob.Digest{d}, func(_ context.Context, tx *sql.Tx) error { return checkPinned(tx) }); err != nil {
+	if err := e.Meta().Host.Arbitrate(ctx, []blob.Digest{d}, func(_ context.Context, tx *sql.Tx) error { return checkPinned(tx) }); err != nil {
 		t.Fatal(err)
 	}
 	if ok, err := e.Has(ctx, d); !ok || err != nil {
 		t.Fatalf("Has after the put = %v, %v", ok, err)
 	}
-	e.DropOwner(ctx, "putter")
+	e.Meta().Host.DropOwner(ctx, "putter")
 }

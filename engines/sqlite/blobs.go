@@ -174,7 +174,7 @@ func (e *Engine) DeleteMany(ctx context.Context, ds []blob.Digest) (sizes []int6
 	return sizes, err
 }
 
-// DeleteManyTx implements engines.GCHost: DeleteMany inside tx.
+// DeleteManyTx implements engines.TxDeleter: DeleteMany inside tx.
 func (e *Engine) DeleteManyTx(ctx context.Context, tx *sql.Tx, ds []blob.Digest) ([]int64, error) {
 	del := tx.StmtContext(ctx, e.delRet)
 	sizes := make([]int64, len(ds))
@@ -187,29 +187,6 @@ func (e *Engine) DeleteManyTx(ctx context.Context, tx *sql.Tx, ds []blob.Digest)
 		}
 	}
 	return sizes, nil
-}
-
-// ArbitrateAlone implements gc.AloneHost: Arbitrate (the write lock of
-// the whole database) in a transaction the Batcher shares with no other
-// job and never runs again (Batcher.DoAlone). The collector deletes the
-// large tier's blobs there, which no rollback restores: fn reads only
-// committed work, so nothing it decided on can roll back under it.
-func (e *Engine) ArbitrateAlone(ctx context.Context, ds []blob.Digest, fn func(ctx context.Context, tx *sql.Tx) error) error {
-	var ferr error
-	run := func(ctx context.Context, tx *sql.Tx) error {
-		ferr = fn(ctx, tx)
-		return ferr
-	}
-	var err error
-	if e.batch != nil {
-		err = e.batch.DoAlone(ctx, run)
-	} else {
-		err = engines.InTx(ctx, e.db, nil, func(tx *sql.Tx) error { return run(ctx, tx) })
-	}
-	if err != nil && err != ferr {
-		err = e.wrap("arbitrate", err)
-	}
-	return err
 }
 
 // sizeManyBatch bounds the IN list of one SizeMany query.

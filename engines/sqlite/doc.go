@@ -12,52 +12,19 @@
 //	layout 1: blobs(digest BLOB PRIMARY KEY, size INTEGER NOT NULL, value BLOB NOT NULL) WITHOUT ROWID
 //	          blobs_size ON blobs(digest, size)
 //
-// and in every layout
-//
-//	gc_window(digest BLOB PRIMARY KEY, visible_after INTEGER NOT NULL) WITHOUT ROWID
-//	gc_pins(digest BLOB, owner TEXT, expiry INTEGER, PRIMARY KEY (digest, owner)) WITHOUT ROWID
-//	gc_clock(id INTEGER PRIMARY KEY CHECK (id = 1), boot_id TEXT, epoch INTEGER, seen INTEGER)
-//
 // Has, Size, List and SizeMany read pages of keys and sizes only: layout
 // 2's key table, or layout 1's covering index blobs_size rather than its
 // table, whose leaf pages hold a few hundred bytes of every value
-// (sizeindex.go). visible_after and expiry are unix nanoseconds on the
-// row clock.
+// (sizeindex.go).
 //
-// # Time
-//
-// Every time in a row that another process compares — a pin row's expiry,
-// a window row's visible_after, a namespace intent's expiry — is the row
-// clock's ([engines.RowClock]; clock.go): the host's CLOCK_BOOTTIME, which
-// every process of the host reads alike and which never jumps, plus an
-// epoch recorded in gc_clock by the first process of the boot to open the
-// database. Callers pass TTLs and delays; the engine reads the clock inside
-// the write transaction.
-//
-// A jump of the wall clock (settimeofday, NTP stepping it, a VM restored
-// from a snapshot with the wall time of its snapshot) does nothing to pin
-// rows, window rows or intents: no process reads the wall clock for them
-// once the boot's epoch is recorded, so none expires early, none lingers
-// late, and two processes whose wall clocks disagree agree on every row.
-// (The wall clock still stamps what is meant as wall time: a namespace
-// reference's linked_at, a file's mtime on the mount, sweep reports.)
-// The boot clock counts suspend: after a host sleeps past a TTL its pin
-// rows have expired, and each owner's next renewal finds that and pins
-// afresh (gc's lapse), as after any stall longer than the TTL.
-//
-// At boot the clock restarts, so a process that opens the database under a
-// boot id (/proc/sys/kernel/random/boot_id) other than the recorded one
-// treats the old boot's rows as what they are — their processes are gone:
-// it deletes every pin row, lapses every intent (the next Recover settles
-// it), and moves every window row to now plus what was left of its delay
-// when the old boot last staged a row, so that no candidate waits longer
-// than its window, and none less than what it had left. A database from
-// before gc_clock keeps its rows, which are on the wall clock, and the
-// first epoch continues that clock. A database must therefore be used by
-// one host at a time (SQLite's locks do not span hosts anyway): a second
-// host opening it would take the first one's rows for a dead boot's. Two
-// containers in different time namespaces (CLOCK_BOOTTIME offset) must not
-// share one either.
+// Open then opens the pool's shared GC state in the same file through
+// package meta, which owns its tables (gc_pins, gc_window, gc_clock,
+// gc_corrupt), their statements, the sweep lease (a file beside the
+// database, DB.gc-lease) and the row clock ([meta.SQLite], [meta.Holder];
+// meta's doc says what the clock does at a reboot or a jump of the wall
+// clock). [Engine.RowNow] is that clock ([engines.RowClock]), for the
+// namespace registry's intents. Every write of the state goes through the
+// engine's Batcher, as the engine's own do.
 //
 // # Contract
 //
@@ -71,9 +38,8 @@
 //   - [engines.SQL]: DB is the engine's pool; namespace registries keep
 //     their tables in the same file. [engines.TxPutter]: PutTx runs the
 //     caller's statements in the insert's transaction.
-//   - [engines.WindowHost]: the GC's delete window lives in gc_window and
-//     survives restarts; staging a digest that is already staged keeps the
-//     existing row.
+//   - [engines.TxDeleter]: DeleteManyTx deletes in the arbitration's
+//     transaction (meta.Host.Arbitrate).
 //
 // # Durability
 //

@@ -1,20 +1,7 @@
 package sqlite
 
-import "context"
-
 // Fdatasyncs is how many fdatasyncs of the WAL Sync has run.
 func (e *Engine) Fdatasyncs() int64 { return e.wal.fdatasyncs.Load() }
-
-// OpenOnBoot is Open on a boot of the test's: id is its boot id, nanos its
-// boot clock, wall the wall clock (unix nanoseconds) the epoch is made
-// from.
-func OpenOnBoot(ctx context.Context, path, id string, nanos, wall func() int64) (*Engine, error) {
-	return open(ctx, path, boot{
-		id:    func() (string, error) { return id, nil },
-		nanos: func() (int64, error) { return nanos(), nil },
-		wall:  wall,
-	}, nil)
-}
 
 // Checkpoints is how many background checkpoints have run.
 func (e *Engine) Checkpoints() int64 { return e.ckpt.runs.Load() }

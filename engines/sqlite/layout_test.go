@@ -16,6 +16,7 @@ import (
 	"github.com/alkblobfs/alkblobfs/engines"
 	"github.com/alkblobfs/alkblobfs/engines/enginetest"
 	"github.com/alkblobfs/alkblobfs/engines/sqlite"
+	"github.com/alkblobfs/alkblobfs/meta/metatest"
 )
 
 // inlineDDL is the schema of every build before layouts were recorded,
@@ -142,9 +143,12 @@ func TestEngineInlineLayout(t *testing.T) {
 	inlineDatabase(t, path)
 	t.Run("Reopen", func(t *testing.T) {
 		enginetest.Reopen(t, func(t *testing.T) engines.Engine { return open(t, path) })
+		metatest.Reopen(t, func(t *testing.T) engines.Engine { return open(t, path) })
 	})
-	t.Run("GCHost", func(t *testing.T) {
-		enginetest.GCHost(t, func(t *testing.T) engines.Engine { return open(t, path) })
+	// The shared state beside layout 1's blobs (the arbitration's
+	// deletes are the layout's).
+	t.Run("Host", func(t *testing.T) {
+		metatest.Host(t, func(t *testing.T) engines.Engine { return open(t, path) })
 	})
 	wantLayout(t, path, 1)
 }

@@ -17,6 +17,7 @@ import (
 
 	"github.com/alkblobfs/alkblobfs/blob"
 	"github.com/alkblobfs/alkblobfs/engines"
+	"github.com/alkblobfs/alkblobfs/meta"
 )
 
 // Engine is a kv engine over one SQLite database file.
@@ -25,8 +26,6 @@ type Engine struct {
 	path string // absolute path of the database file
 	db   *sql.DB
 	ro   bool // opened read-only (readOnly)
-	// noLedger: read-only, and the database predates gc_corrupt.
-	noLedger bool
 	// batch commits PutTx and the registry's links in shared
 	// transactions; nil when read-only.
 	batch *engines.Batcher
@@ -37,10 +36,10 @@ type Engine struct {
 
 	has, size, get, put, del, delRet, list *sql.Stmt
 	putValue                               *sql.Stmt // layout 2's second put statement
-	wStage, wDue, wRemove, wLen            *sql.Stmt
-	pinUp, pinDel                          *sql.Stmt
-	// clock times the rows of every process of the host alike (clock.go).
-	clock rowClock
+	// meta is the pool's shared GC state in this database: pin rows,
+	// arbitration, the sweep lease, the delete window, the corrupt ledger
+	// and the row clock (package meta owns their tables).
+	meta *meta.SQLite
 	// layout is the database's storage layout (layout.go), which picks
 	// the statements of puts and reads.
 	layout layout
@@ -55,32 +54,16 @@ var (
 	_ engines.ReadOnly     = (*Engine)(nil)
 	_ engines.SQL          = (*Engine)(nil)
 	_ engines.TxPutter     = (*Engine)(nil)
-	_ engines.WindowHost   = (*Engine)(nil)
 	_ engines.DeleteSafe   = (*Engine)(nil)
 	_ engines.BatchDeleter = (*Engine)(nil)
 	_ engines.BatchSizer   = (*Engine)(nil)
-	_ engines.GCHost       = (*Engine)(nil)
-	_ engines.SerialHost   = (*Engine)(nil)
+	_ engines.TxDeleter    = (*Engine)(nil)
+	_ engines.Locator      = (*Engine)(nil)
+	_ meta.Holder          = (*Engine)(nil)
 	_ engines.Batching     = (*Engine)(nil)
 	_ engines.Syncer       = (*Engine)(nil)
 	_ engines.RowClock     = (*Engine)(nil)
 )
-
-// schema is the GC's tables, the same in every layout; the blobs'
-// tables are the layout's (layout.go).
-const schema = `
-CREATE TABLE IF NOT EXISTS gc_window (
-	digest        BLOB PRIMARY KEY,
-	visible_after INTEGER NOT NULL
-) WITHOUT ROWID;
-CREATE TABLE IF NOT EXISTS gc_pins (
-	digest BLOB NOT NULL,
-	owner  TEXT NOT NULL,
-	expiry INTEGER NOT NULL,
-	PRIMARY KEY (digest, owner)
-) WITHOUT ROWID;
-CREATE INDEX IF NOT EXISTS gc_pins_owner ON gc_pins (owner);
-`
 
 // listPage is how many rows one List query reads.
 const listPage = 1000
@@ -92,11 +75,6 @@ func Open(ctx context.Context, path string) (*Engine, error) { return OpenLog(ct
 // OpenLog is Open that logs to log (nil: nowhere) what opening does at
 // length: building the size index of an older database (sizeindex.go).
 func OpenLog(ctx context.Context, path string, log *slog.Logger) (*Engine, error) {
-	return open(ctx, path, hostBoot, log)
-}
-
-// open is OpenLog with the row clock's source: the host's, or a test's.
-func open(ctx context.Context, path string, b boot, log *slog.Logger) (*Engine, error) {
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
@@ -147,24 +125,34 @@ func open(ctx context.Context, path string, b boot, log *slog.Logger) (*Engine, 
 		db.Close()
 		return nil, err
 	}
-	if err := e.openClock(ctx, b); err != nil {
+	if !e.ro {
+		// Before the state opens: its writes go through the Batcher.
+		e.batch = engines.NewBatcher(db)
+	}
+	fail := func(err error) (*Engine, error) {
+		if e.batch != nil {
+			e.batch.Close()
+		}
+		if e.meta != nil {
+			e.meta.Close()
+		}
 		e.closeStmts()
 		db.Close()
 		return nil, err
 	}
+	e.meta, err = meta.OpenSQLite(ctx, meta.SQLiteConfig{Name: e.name, Path: abs, DB: db, Batch: e.batch,
+		ReadOnly: e.ro, Boot: meta.HostBoot, Wrap: e.wrapD})
+	if err != nil {
+		return fail(err)
+	}
 	if !e.ro {
 		if err := e.wal.open(ctx, dsn, abs+"-wal"); err != nil {
-			e.closeStmts()
-			db.Close()
-			return nil, e.wrap("open", err)
+			return fail(e.wrap("open", err))
 		}
 		if e.ckpt, err = startCheckpointer(dsn); err != nil {
 			e.wal.close()
-			e.closeStmts()
-			db.Close()
-			return nil, e.wrap("open", err)
+			return fail(e.wrap("open", err))
 		}
-		e.batch = engines.NewBatcher(db)
 	}
 	return e, nil
 }
@@ -178,9 +166,6 @@ func (e *Engine) init(ctx context.Context, log *slog.Logger) error {
 	// written to it.
 	if err := e.initLayout(ctx, log); err != nil {
 		return err
-	}
-	if _, err := e.db.ExecContext(ctx, schema); err != nil {
-		return e.wrap("open", fmt.Errorf("create schema: %w", err))
 	}
 	// Layout 1: ON CONFLICT (digest) DO NOTHING is INSERT OR IGNORE
 	// narrowed to the key: OR IGNORE would also swallow constraint
@@ -208,13 +193,6 @@ func (e *Engine) init(ctx context.Context, log *slog.Logger) error {
 		{&e.putValue, putValue},
 		{&e.del, `DELETE FROM blobs WHERE digest = ?`},
 		{&e.list, e.listSQL()},
-		{&e.wStage, `INSERT INTO gc_window (digest, visible_after) VALUES (?, ?) ON CONFLICT (digest) DO NOTHING`},
-		{&e.wDue, `SELECT digest FROM gc_window WHERE digest > coalesce(?, x'') AND visible_after <= ? ORDER BY digest LIMIT ?`},
-		{&e.wRemove, `DELETE FROM gc_window WHERE digest = ?`},
-		{&e.wLen, `SELECT count(*) FROM gc_window`},
-		{&e.pinUp, `INSERT INTO gc_pins (digest, owner, expiry) VALUES (?, ?, ?)
-			ON CONFLICT (digest, owner) DO UPDATE SET expiry = max(expiry, excluded.expiry)`},
-		{&e.pinDel, `DELETE FROM gc_pins WHERE digest = ? AND owner = ?`},
 	} {
 		if s.sql == "" {
 			continue
@@ -225,7 +203,7 @@ func (e *Engine) init(ctx context.Context, log *slog.Logger) error {
 		}
 		*s.stmt = st
 	}
-	return e.initCorrupt(ctx)
+	return nil
 }
 
 // The size lookups' statements read e.sized (sizeindex.go).
@@ -250,6 +228,49 @@ func (e *Engine) CursorsSurviveDelete() bool { return true }
 // Batcher implements engines.Batching; nil on a read-only database.
 func (e *Engine) Batcher() *engines.Batcher { return e.batch }
 
+// Meta implements meta.Holder: every part of the shared state.
+func (e *Engine) Meta() meta.State { return e.meta.Meta() }
+
+// RowNow implements engines.RowClock: the state's row clock, which the
+// namespace registry times its intents with.
+func (e *Engine) RowNow() int64 { return e.meta.RowNow() }
+
+// Instance implements engines.Locator for messages: the database file.
+func (e *Engine) Instance() string { return e.path }
+
+// PoolSize implements engines.Locator.
+func (e *Engine) PoolSize() int { return e.db.Stats().MaxOpenConnections }
+
+// inTx runs fn in a write transaction (write) and commits it, rolling
+// back on any error. fn's error comes back as it is; a failed BEGIN or
+// COMMIT is wrapped with op. fn is a Batcher job: it must use the context
+// it is given, which no caller can cancel midway (see engines.Batcher),
+// and be safe to run twice.
+func (e *Engine) inTx(ctx context.Context, op string, fn func(ctx context.Context, tx *sql.Tx) error) error {
+	var ferr error
+	err := e.write(ctx, func(ctx context.Context, tx *sql.Tx) error {
+		ferr = fn(ctx, tx)
+		return ferr
+	})
+	if err != nil && err != ferr {
+		err = e.wrap(op, err)
+	}
+	return err
+}
+
+// write runs fn in a write transaction: through the Batcher (eager) when
+// the database is writable, so that puts, deletes and the shared state's
+// writes (pin rows, window rows, the sweep's arbitration: package meta)
+// share its queue instead of polling SQLite's lock behind it; in a
+// transaction of its own otherwise (a read-only database, where it
+// fails).
+func (e *Engine) write(ctx context.Context, fn func(ctx context.Context, tx *sql.Tx) error) error {
+	if e.batch != nil {
+		return e.batch.Do(ctx, false, fn)
+	}
+	return engines.InTx(ctx, e.db, nil, func(tx *sql.Tx) error { return fn(ctx, tx) })
+}
+
 // Close commits what is batched, and closes the statements and the pool.
 // It does not sync: the store's Close does (and SQLite checkpoints, and
 // syncs, when the last connection to the database closes).
@@ -258,7 +279,7 @@ func (e *Engine) Close() error {
 		e.batch.Close()
 	}
 	e.syncs.close()
-	errs := []error{e.ckpt.close(), e.wal.close()}
+	errs := []error{e.ckpt.close(), e.wal.close(), e.meta.Close()}
 	errs = append(errs, e.closeStmts()...)
 	errs = append(errs, e.db.Close())
 	return e.wrap("close", errors.Join(errs...))
@@ -266,7 +287,7 @@ func (e *Engine) Close() error {
 
 func (e *Engine) closeStmts() []error {
 	var errs []error
-	for _, st := range []*sql.Stmt{e.has, e.size, e.delRet, e.get, e.put, e.putValue, e.del, e.list, e.wStage, e.wDue, e.wRemove, e.wLen, e.pinUp, e.pinDel} {
+	for _, st := range []*sql.Stmt{e.has, e.size, e.delRet, e.get, e.put, e.putValue, e.del, e.list} {
 		if st != nil {
 			errs = append(errs, st.Close())
 		}

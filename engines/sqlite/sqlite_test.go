@@ -57,11 +57,6 @@ func TestPathNeedsEscaping(t *testing.T) {
 	}
 }
 
-func TestGCHost(t *testing.T) {
-	path := filepath.Join(t.TempDir(), "kv.db")
-	enginetest.GCHost(t, func(t *testing.T) engines.Engine { return open(t, path) })
-}
-
 // TestPrivateFiles: the database, its WAL and shared-memory files are 0600
 // whatever existed before.
 func TestPrivateFiles(t *testing.T) {
@@ -83,9 +78,4 @@ func TestPrivateFiles(t *testing.T) {
 			t.Errorf("%s has mode %#o; want 0600", filepath.Base(p), fi.Mode().Perm())
 		}
 	}
-}
-
-func TestCorruptLedger(t *testing.T) {
-	path := filepath.Join(t.TempDir(), "kv.db")
-	enginetest.CorruptLedger(t, func(t *testing.T) engines.Engine { return open(t, path) })
 }

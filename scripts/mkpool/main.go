@@ -140,7 +140,7 @@ func run(ctx context.Context, data string, n int, frac float64, ns string, batch
 
 // writePins writes n gc_pins rows owned by pinOwner for the digests of
 // "mkpin" + j, in digest order, batch rows per transaction, through the
-// engine's own PinRows.
+// engine's shared state (meta.Host.PinRows).
 func writePins(ctx context.Context, e *sqlite.Engine, n, batch int) error {
 	ds := make([]blob.Digest, n)
 	for j := range ds {
@@ -149,7 +149,7 @@ func writePins(ctx context.Context, e *sqlite.Engine, n, batch int) error {
 	slices.SortFunc(ds, blob.Digest.Compare)
 	const ttl = 10 * 365 * 24 * time.Hour
 	for chunk := range slices.Chunk(ds, batch) {
-		if err := e.PinRows(ctx, nil, pinOwner, chunk, ttl); err != nil {
+		if err := e.Meta().Host.PinRows(ctx, nil, pinOwner, chunk, ttl); err != nil {
 			return err
 		}
 	}

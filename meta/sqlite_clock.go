@@ -1,4 +1,4 @@
-package sqlite
+package meta
 
 import (
 	"context"
@@ -15,10 +15,10 @@ import (
 	"github.com/alkblobfs/alkblobfs/engines"
 )
 
-// The row clock (engines.RowClock): what pin expiries, window due times
-// and namespace intents are written and compared with; the package doc
-// ("Time") says why it is the boot clock and what a jump of the wall clock
-// or a reboot does.
+// The row clock on SQLite (engines.RowClock): what pin expiries, window
+// due times and namespace intents are written and compared with; doc.go
+// ("Row times") says why it is the boot clock and what a jump of the wall
+// clock or a reboot does.
 //
 //	gc_clock(id = 1, boot_id, epoch, seen)
 //
@@ -36,16 +36,20 @@ const clockSchema = `CREATE TABLE IF NOT EXISTS gc_clock (
 	seen    INTEGER NOT NULL
 )`
 
-// boot is where the row clock comes from: the kernel's, or a test's.
-type boot struct {
-	id    func() (string, error)
-	nanos func() (int64, error)
-	// wall is the wall clock in unix nanoseconds, read only to make an
+// Boot is where the row clock comes from: the kernel's (HostBoot), or a
+// test's.
+type Boot struct {
+	// ID is the id of this boot, the same for every process of it.
+	ID func() (string, error)
+	// Nanos is the boot clock in nanoseconds.
+	Nanos func() (int64, error)
+	// Wall is the wall clock in unix nanoseconds, read only to make an
 	// epoch.
-	wall func() int64
+	Wall func() int64
 }
 
-var hostBoot = boot{id: bootID, nanos: bootNanos, wall: func() int64 { return time.Now().UnixNano() }}
+// HostBoot is the kernel's boot: its boot id and CLOCK_BOOTTIME.
+var HostBoot = Boot{ID: bootID, Nanos: bootNanos, Wall: func() int64 { return time.Now().UnixNano() }}
 
 // bootID is the kernel's id of this boot, random at every boot and the
 // same for every process (and container) of it.
@@ -71,7 +75,7 @@ func bootNanos() (int64, error) {
 	return ts.Nano(), nil
 }
 
-// rowClock is the engine's row clock once opened.
+// rowClock is the row clock once opened.
 type rowClock struct {
 	epoch int64
 	nanos func() (int64, error)
@@ -87,68 +91,76 @@ func (c rowClock) now() int64 {
 	return c.epoch + n
 }
 
+var _ engines.RowClock = (*SQLite)(nil)
+
 // RowNow implements engines.RowClock.
-func (e *Engine) RowNow() int64 { return e.clock.now() }
+func (s *SQLite) RowNow() int64 { return s.clock.now() }
 
 // openClock fixes the row clock of this process for the database. A
 // database already on this boot costs one read and no lock, so that a
 // command starting beside a long write transaction does not wait for it;
 // only the boot's first opener writes, in an IMMEDIATE transaction that
 // reads again (concurrent first openers agree on one epoch).
-func (e *Engine) openClock(ctx context.Context, b boot) error {
-	id, err := b.id()
+func (s *SQLite) openClock(ctx context.Context, b Boot, ro bool) error {
+	id, err := b.ID()
 	if err != nil {
-		return e.wrap("open", err)
+		return s.wrap("open", err)
 	}
-	nanos, err := b.nanos()
+	nanos, err := b.Nanos()
 	if err != nil {
-		return e.wrap("open", err)
+		return s.wrap("open", err)
 	}
-	e.clock.nanos = b.nanos
+	s.clock.nanos = b.Nanos
 	var stored string
 	var epoch int64
-	err = e.db.QueryRowContext(ctx, `SELECT boot_id, epoch FROM gc_clock WHERE id = 1`).Scan(&stored, &epoch)
+	err = s.db.QueryRowContext(ctx, `SELECT boot_id, epoch FROM gc_clock WHERE id = 1`).Scan(&stored, &epoch)
 	if err == nil && stored == id {
-		e.clock.epoch = epoch
+		s.clock.epoch = epoch
 		return nil
 	}
-	if e.ro {
+	if ro {
 		// Nothing can be recorded, and a read-only store writes and
 		// deletes nothing: an epoch of its own orders only its reads.
-		e.clock.epoch = b.wall() - nanos
+		s.clock.epoch = b.Wall() - nanos
 		return nil
 	}
-	return engines.InTx(ctx, e.db, func(err error) error { return e.wrap("open", fmt.Errorf("row clock: %w", err)) }, func(tx *sql.Tx) error {
+	return engines.InTx(ctx, s.db, func(err error) error { return s.wrap("open", fmt.Errorf("row clock: %w", err)) }, func(tx *sql.Tx) error {
 		if _, err := tx.ExecContext(ctx, clockSchema); err != nil {
-			return e.wrap("open", fmt.Errorf("create gc_clock: %w", err))
+			return s.wrap("open", fmt.Errorf("create gc_clock: %w", err))
 		}
 		var seen int64
 		err := tx.QueryRowContext(ctx, `SELECT boot_id, epoch, seen FROM gc_clock WHERE id = 1`).Scan(&stored, &epoch, &seen)
 		switch {
 		case err == nil && stored == id: // another process of this boot was first
-			e.clock.epoch = epoch
+			s.clock.epoch = epoch
 			return nil
 		case errors.Is(err, sql.ErrNoRows):
 			// A new database, or one from before the row clock: its rows
 			// are on the wall clock, which this epoch continues.
-			e.clock.epoch = b.wall() - nanos
+			s.clock.epoch = b.Wall() - nanos
 			_, err := tx.ExecContext(ctx, `INSERT INTO gc_clock (id, boot_id, epoch, seen) VALUES (1, ?, ?, ?)`,
-				id, e.clock.epoch, e.clock.now())
-			return e.wrap("open", err)
+				id, s.clock.epoch, s.clock.now())
+			return s.wrap("open", err)
 		case err != nil:
-			return e.wrap("open", fmt.Errorf("read gc_clock: %w", err))
+			return s.wrap("open", fmt.Errorf("read gc_clock: %w", err))
 		}
-		e.clock.epoch = b.wall() - nanos
-		return e.rebase(ctx, tx, id, seen)
+		s.clock.epoch = b.Wall() - nanos
+		return s.rebase(ctx, tx, id, seen)
 	})
 }
 
 // rebase moves the rows of a dead boot onto this one (see the comment at
 // clockSchema). seen is the old boot's last staging time.
-func (e *Engine) rebase(ctx context.Context, tx *sql.Tx, id string, seen int64) error {
-	now := e.clock.now()
+//
+// It also lapses the namespace registry's intents (ns_pending, when the
+// registry has made it): they are on this clock too, and their holders
+// died with the boot. That table is the registry's; only this reboot
+// rebase, which must move every row time of the database in the one
+// transaction that records the new epoch, writes it from here.
+func (s *SQLite) rebase(ctx context.Context, tx *sql.Tx, id string, seen int64) error {
+	now := s.clock.now()
 	fail := func(what string, err error) error {
-		return e.wrap("open", fmt.Errorf("move the rows of the previous boot onto this one: %s: %w", what, err))
+		return s.wrap("open", fmt.Errorf("move the rows of the previous boot onto this one: %s: %w", what, err))
 	}
 	if _, err := tx.ExecContext(ctx, `DELETE FROM gc_pins`); err != nil {
 		return fail("pin rows", err)
@@ -169,7 +181,7 @@ func (e *Engine) rebase(ctx context.Context, tx *sql.Tx, id string, seen int64) 
 	case !errors.Is(err, sql.ErrNoRows):
 		return fail("namespace intents", err)
 	}
-	if _, err := tx.ExecContext(ctx, `UPDATE gc_clock SET boot_id = ?, epoch = ?, seen = ? WHERE id = 1`, id, e.clock.epoch, now); err != nil {
+	if _, err := tx.ExecContext(ctx, `UPDATE gc_clock SET boot_id = ?, epoch = ?, seen = ? WHERE id = 1`, id, s.clock.epoch, now); err != nil {
 		return fail("gc_clock", err)
 	}
 	return nil

@@ -1,4 +1,4 @@
-package sqlite_test
+package meta_test
 
 import (
 	"path/filepath"
@@ -7,7 +7,7 @@ import (
 	"time"
 
 	"github.com/alkblobfs/alkblobfs/blob"
-	"github.com/alkblobfs/alkblobfs/engines/sqlite"
+	"github.com/alkblobfs/alkblobfs/meta"
 )
 
 // fakeBoot is a boot clock a test moves by hand.
@@ -16,14 +16,13 @@ type fakeBoot struct{ ns atomic.Int64 }
 func (b *fakeBoot) now() int64              { return b.ns.Load() }
 func (b *fakeBoot) advance(d time.Duration) { b.ns.Add(int64(d)) }
 
-func openOnBoot(t *testing.T, path, id string, b *fakeBoot, wall time.Time) *sqlite.Engine {
+func openOnBoot(t *testing.T, path, id string, b *fakeBoot, wall time.Time) *sqliteState {
 	t.Helper()
-	e, err := sqlite.OpenOnBoot(t.Context(), path, id, b.now, func() int64 { return wall.UnixNano() })
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { e.Close() })
-	return e
+	return openSQLiteState(t, path, meta.Boot{
+		ID:    func() (string, error) { return id, nil },
+		Nanos: func() (int64, error) { return b.now(), nil },
+		Wall:  func() int64 { return wall.UnixNano() },
+	})
 }
 
 // TestRowClockIgnoresTheWallClock: processes of one boot share the row
@@ -164,7 +163,7 @@ func TestRowClockOnReboot(t *testing.T) {
 func TestRowClockAdoptsOldRows(t *testing.T) {
 	path := filepath.Join(t.TempDir(), "kv.db")
 	ctx := t.Context()
-	e := open(t, path)
+	e := openSQLiteState(t, path, meta.HostBoot)
 	if _, err := e.DB().ExecContext(ctx, `DROP TABLE gc_clock`); err != nil {
 		t.Fatal(err)
 	}
@@ -174,8 +173,7 @@ func TestRowClockAdoptsOldRows(t *testing.T) {
 		t.Fatal(err)
 	}
 	e.Close()
-	e = open(t, path)
-	defer e.Close()
+	e = openSQLiteState(t, path, meta.HostBoot)
 	if n, err := e.PinCount(ctx); n != 1 || err != nil {
 		t.Fatalf("PinCount of a row written on the wall clock before the row clock = %d, %v; want it live", n, err)
 	}

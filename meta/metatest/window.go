@@ -1,4 +1,4 @@
-package enginetest
+package metatest
 
 import (
 	"slices"
@@ -7,14 +7,20 @@ import (
 
 	"github.com/alkblobfs/alkblobfs/blob"
 	"github.com/alkblobfs/alkblobfs/engines"
+	"github.com/alkblobfs/alkblobfs/meta"
 )
 
-// testWindow runs WindowHost on the engine, then checks that the window is
-// independent of the pool.
-func (s *suite) testWindow(t *testing.T) {
-	e := s.engine(t)
-	w := e.(engines.WindowHost)
-	WindowHost(t, w)
+// WindowEngine runs Window on the window of the engine open returns, then
+// checks that the window is independent of the pool: a put and a delete
+// in the pool leave it as it was.
+func WindowEngine(t *testing.T, open func(t *testing.T) engines.Engine) {
+	e := open(t)
+	t.Cleanup(func() { e.Close() })
+	w := state(t, e).Window
+	if w == nil {
+		t.Fatalf("%s keeps no meta.Window", e.Name())
+	}
+	Window(t, w)
 	ctx := t.Context()
 	n, err := w.WindowLen(ctx)
 	if err != nil {
@@ -29,12 +35,12 @@ func (s *suite) testWindow(t *testing.T) {
 	}
 }
 
-// WindowHost checks the engines.WindowHost contract on an empty window:
+// Window checks the meta.Window contract on an empty window:
 // staging with delays, what is due (and in what order, in pages), that a
 // queued row keeps its time, removal, and that a delay counts on the
 // window's own clock — which no test can move, so that part watches a
 // short delay pass.
-func WindowHost(t *testing.T, w engines.WindowHost) {
+func Window(t *testing.T, w meta.Window) {
 	ctx := t.Context()
 	ds := make([]blob.Digest, 6)
 	for i := range ds {

@@ -1,23 +1,46 @@
-package engines
+package meta
 
 import (
 	"context"
 	"database/sql"
 	"fmt"
+	"math"
 	"time"
 
 	"github.com/alkblobfs/alkblobfs/blob"
+	"github.com/alkblobfs/alkblobfs/engines"
 )
 
-// GCHost is implemented by the SQL kv engines (sqlite, postgres): the one
-// home of a store's shared GC state, so that every process and host that
-// opens the pool sees it. It holds pin rows,
+// State is the shared GC state of one pool, as its kv engine's database
+// keeps it: each part is nil where that database keeps none (see Holder).
+// It is what the store hands the collector and the store's verdicts.
+type State struct {
+	// Host holds pin rows, the arbitration lock and the sweep lease
+	// (SQLite, PostgreSQL).
+	Host Host
+	// Window is the durable delete window (SQLite, PostgreSQL, and the
+	// pglo large engine's database).
+	Window Window
+	// Ledger is the corrupt ledger (SQLite, PostgreSQL, mem).
+	Ledger Ledger
+}
+
+// Holder is an engine whose storage keeps shared state: the engine opens
+// its database, and its part of the state there through this package,
+// at Open. Meta returns the same State on every call.
+type Holder interface {
+	Meta() State
+}
+
+// Host is the pool's shared pins and arbitration: the one home of the GC
+// state that every process and host that opens the pool must see. It holds
+// pin rows,
 //
 //	gc_pins(digest, owner, expiry)    primary key (digest, owner)
 //
-// and the arbitration lock. The engine contributes rows and locks; the
-// collector (package gc) owns what they mean — which owner, how long a row
-// lives, what protects a key. An engine never decides liveness.
+// and the arbitration lock. It contributes rows and locks; the collector
+// (package gc) owns what they mean — which owner, how long a row lives,
+// what protects a key. Host never decides liveness.
 //
 // # The arbitration lock
 //
@@ -31,22 +54,21 @@ import (
 //
 // # Times
 //
-// An expiry is written and compared on the engine's clock (see "Row times"
-// in clock.go): PinRows and RenewPins take a TTL and store the engine's now
-// plus it; ReapPins, PinCount and PinnedAmong compare with the engine's now
-// when they run. No method takes an instant, so no process's clock decides
+// An expiry is written and compared on the row clock (see "Row times" in
+// doc.go): PinRows and RenewPins take a TTL and store the clock's now plus
+// it; ReapPins, PinCount and PinnedAmong compare with the clock's now when
+// they run. No method takes an instant, so no process's clock decides
 // whether another process's row has expired. A TTL <= 0 writes a row that
 // has already expired. Times are stored as unix nanoseconds.
 //
 // Every method ends its transaction on every path: no connection goes back
 // to a pool inside a transaction.
-type GCHost interface {
-	Engine
-	SQL
+type Host interface {
 	// PinRows upserts a row (d, owner, now + ttl) for each d of ds, taking
 	// each digest's arbitration lock in shared mode first. An existing row
 	// keeps the later of its expiry and the new one. With tx nil it runs in
-	// a transaction of its own; otherwise in tx, which the caller commits.
+	// a transaction of its own; otherwise in tx, which the caller commits
+	// (a put's transaction: engines.TxPutter's also).
 	PinRows(ctx context.Context, tx *sql.Tx, owner string, ds []blob.Digest, ttl time.Duration) error
 	// RenewPins sets owner's rows that are unexpired now to now + ttl, in
 	// one statement (one reading of the clock), and returns the set of
@@ -66,7 +88,7 @@ type GCHost interface {
 	// Arbitrate runs fn in one transaction that holds the exclusive
 	// arbitration lock of every digest of ds, and commits if fn succeeds.
 	// fn reads what protects the digests (PinnedAmong, and any table in the
-	// same database) and deletes the dead rows (DeleteManyTx). The
+	// same database) and deletes the dead rows (engines.TxDeleter). The
 	// transaction may be shared with other writers' work and fn run again
 	// after it rolled back (SQLite's Batcher): fn starts afresh each run
 	// and does nothing a rollback does not undo (gc.AloneHost is the hold
@@ -76,15 +98,13 @@ type GCHost interface {
 	// (read once, when the query runs: after fn's locks are held) whose
 	// owner is not except, read in tx.
 	PinnedAmong(ctx context.Context, tx *sql.Tx, ds []blob.Digest, except string) (map[blob.Digest]bool, error)
-	// DeleteManyTx is BatchDeleter.DeleteMany inside tx.
-	DeleteManyTx(ctx context.Context, tx *sql.Tx, ds []blob.Digest) ([]int64, error)
 
 	// SweepLease takes the pool-wide sweep lease without waiting. held is
 	// false (and the lease nil) when another process holds it.
 	SweepLease(ctx context.Context) (l Lease, held bool, err error)
 }
 
-// SerialHost is a GCHost whose arbitration lock is every write
+// SerialHost is a Host whose arbitration lock is every write
 // transaction's for its whole length, in every process (SQLite's database
 // write lock: transactions begin IMMEDIATE). A row that any transaction
 // commits is then seen by every arbitration after it, and no arbitration
@@ -94,7 +114,7 @@ type GCHost interface {
 // (gc.Collector.PinLinked). On PostgreSQL the lock is per digest and taken
 // by pin rows only, so puts keep their rows there.
 type SerialHost interface {
-	GCHost
+	Host
 	// SerialArbitration reports that the host is one (a wrapper may not be).
 	SerialArbitration() bool
 }
@@ -109,79 +129,80 @@ type Lease interface {
 	Release()
 }
 
-// Locator is implemented by engines whose data lives on a database server,
-// so that a fleet's configuration can be checked: Instance names the server
-// and database ("host:port/database"); PoolSize is the most connections the
-// engine's pool opens.
-type Locator interface {
-	Instance() string
-	PoolSize() int
+// Window is the GC's durable delete window:
+//
+//	gc_window(digest PRIMARY KEY, visible_after)
+//
+// The store picks exactly one window per instance (the kv engine's state
+// first, else the large engine's); a store without one gets the
+// collector's in-process window.
+//
+// A row's time is the row clock's (see "Times" at Host): the caller passes
+// how long a candidate waits, never when it is due, so that the processes
+// and hosts that queue and execute rows agree on when that is.
+type Window interface {
+	// WindowQueue records each digest of ds as a candidate due delay
+	// (>= 0) from now on the row clock. A digest already queued keeps
+	// its row, and its time.
+	WindowQueue(ctx context.Context, ds []blob.Digest, delay time.Duration) error
+	// WindowDue lists up to limit candidates due now on the row clock,
+	// ascending by digest, after `after`.
+	WindowDue(ctx context.Context, after blob.Digest, limit int) ([]blob.Digest, error)
+	// WindowRemove drops rows for ds (executed or cancelled).
+	WindowRemove(ctx context.Context, ds []blob.Digest) error
+	// WindowLen counts queued rows.
+	WindowLen(ctx context.Context) (int, error)
 }
 
-// Ephemeral is implemented by engines whose content dies with the process
-// (mem). A fleet refuses them.
-type Ephemeral interface {
-	Ephemeral() bool
-}
-
-// CorruptLedger is implemented by the kv engines (mem, sqlite, postgres):
-// the store's record of the blobs a scrub found corrupt, kept with the
-// rest of the GC state, in the one place every process and host that opens
-// the pool reads. So a blob that a scrub in one process (a mount, serve,
-// alkblobfs verify) found corrupt is refused by every other one up front,
-// before any byte of it is sent, and not only found bad again, chunk by
-// chunk, by whoever reads it next. On SQL engines it is one table,
+// Ledger is the store's record of the blobs a scrub found corrupt, kept
+// with the rest of the GC state, in the one place every process and host
+// that opens the pool reads. So a blob that a scrub in one process (a
+// mount, serve, alkblobfs verify) found corrupt is refused by every other
+// one up front, before any byte of it is sent, and not only found bad
+// again, chunk by chunk, by whoever reads it next. On SQL databases it is
+// one table,
 //
 //	gc_corrupt(digest PRIMARY KEY, file, reason, marked)
 //
-// file is opaque to the engine: the store's identity of the backing file
-// the verdict is about (device, inode, size, times), or empty for a blob
-// that is not a file. The engine never interprets it, and decides nothing:
-// the store compares it with the file as it is now (a changed file makes
-// the verdict suspect instead of corrupt) and clears the record on a
-// repair. marked is the engine's row clock, for reports only; nothing
-// compares it. A mem engine keeps its ledger in the process, as long as
-// its blobs.
-type CorruptLedger interface {
-	Engine
+// file is opaque here: the store's identity of the backing file the
+// verdict is about (device, inode, size, times), or empty for a blob that
+// is not a file. The ledger never interprets it, and decides nothing: the
+// store compares it with the file as it is now (a changed file makes the
+// verdict suspect instead of corrupt) and clears the record on a repair.
+// marked is the row clock, for reports only; nothing compares it. A mem
+// ledger lives in the process, as long as the mem engine's blobs.
+type Ledger interface {
 	// MarkCorrupt records d as corrupt as file, replacing any record of d.
 	MarkCorrupt(ctx context.Context, d blob.Digest, file []byte, reason string) error
 	// CorruptMark returns d's record; ok is false when there is none.
-	CorruptMark(ctx context.Context, d blob.Digest) (m CorruptMark, ok bool, err error)
+	CorruptMark(ctx context.Context, d blob.Digest) (m Mark, ok bool, err error)
 	// ClearCorrupt deletes d's record if it still names file (so that a
 	// later verdict about another version of the file survives), and
 	// reports whether it did. No record is not an error.
 	ClearCorrupt(ctx context.Context, d blob.Digest, file []byte) (bool, error)
 	// CorruptMarks returns every record in digest order. Corrupt blobs are
 	// few: the list is not paged.
-	CorruptMarks(ctx context.Context) ([]CorruptMark, error)
+	CorruptMarks(ctx context.Context) ([]Mark, error)
 }
 
-// CorruptMark is one record of a CorruptLedger.
-type CorruptMark struct {
+// Mark is one record of a Ledger.
+type Mark struct {
 	Digest blob.Digest
 	File   []byte // the store's file identity; empty: not a file
 	Reason string
-	Marked time.Time // on the engine's row clock
+	Marked time.Time // on the row clock
 }
 
-// CorruptMarksSQL is the query a SQL CorruptLedger lists its marks with;
-// ScanCorruptMarks reads its rows.
-const CorruptMarksSQL = `SELECT digest, file, reason, marked FROM gc_corrupt ORDER BY digest`
+// corruptMarksSQL is the query both SQL ledgers list their marks with;
+// scanMarks reads its rows.
+const corruptMarksSQL = `SELECT digest, file, reason, marked FROM gc_corrupt ORDER BY digest`
 
-// Rows is what ScanCorruptMarks reads: database/sql's rows and pgx's both.
-type Rows interface {
-	Next() bool
-	Scan(dest ...any) error
-	Err() error
-}
-
-// ScanCorruptMarks reads the rows of CorruptMarksSQL (marked in unix
-// nanoseconds of the engine's row clock).
-func ScanCorruptMarks(rows Rows) ([]CorruptMark, error) {
-	var out []CorruptMark
+// scanMarks reads the rows of corruptMarksSQL (marked in unix nanoseconds
+// of the row clock).
+func scanMarks(rows engines.DigestRows) ([]Mark, error) {
+	var out []Mark
 	for rows.Next() {
-		var m CorruptMark
+		var m Mark
 		var key []byte
 		var marked int64
 		if err := rows.Scan(&key, &m.File, &m.Reason, &marked); err != nil {
@@ -197,11 +218,29 @@ func ScanCorruptMarks(rows Rows) ([]CorruptMark, error) {
 	return out, rows.Err()
 }
 
-// NonNil binds an empty byte slice (an empty file identity) as the empty
+// nonNil binds an empty byte slice (an empty file identity) as the empty
 // blob or bytea, never NULL.
-func NonNil(b []byte) []byte {
+func nonNil(b []byte) []byte {
 	if b == nil {
 		return []byte{}
 	}
 	return b
 }
+
+// addNanos is t + d in unix nanoseconds, saturating at the ends of int64
+// rather than wrapping: a huge TTL means "for as long as a row can say".
+func addNanos(t int64, d time.Duration) int64 {
+	switch {
+	case d > 0 && t > math.MaxInt64-int64(d):
+		return math.MaxInt64
+	case d < 0 && t < math.MinInt64-int64(d):
+		return math.MinInt64
+	}
+	return t + int64(d)
+}
+
+// Wrap is how an engine names itself and the operation on an error of
+// its state (blob.Wrap, with the engine's own translations such as a
+// full disk to blob.ErrNoSpace), so that an error reads the same whether
+// the blob row or the pin row failed.
+type Wrap func(op string, d blob.Digest, err error) error

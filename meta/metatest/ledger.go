@@ -1,4 +1,4 @@
-package enginetest
+package metatest
 
 import (
 	"bytes"
@@ -6,23 +6,25 @@ import (
 
 	"github.com/alkblobfs/alkblobfs/blob"
 	"github.com/alkblobfs/alkblobfs/engines"
+	"github.com/alkblobfs/alkblobfs/meta"
 )
 
-// CorruptLedger checks the engines.CorruptLedger contract: a mark is read
+// Ledger checks the meta.Ledger contract on the ledger of the engines
+// share opens: a mark is read
 // back as written, replaced by a later one, cleared only while it still
 // names the file it was cleared for, listed in digest order, and seen by a
 // second engine over the same storage (another process). share opens the
 // same storage on every call; an engine whose ledger lives in the process
 // (mem) returns the same engine each time. The suite closes what share
 // returns.
-func CorruptLedger(t *testing.T, share func(t *testing.T) engines.Engine) {
-	ledger := func(t *testing.T) engines.CorruptLedger {
+func Ledger(t *testing.T, share func(t *testing.T) engines.Engine) {
+	ledger := func(t *testing.T) meta.Ledger {
 		t.Helper()
 		e := share(t)
 		t.Cleanup(func() { e.Close() })
-		l, ok := e.(engines.CorruptLedger)
-		if !ok {
-			t.Fatalf("%s is not an engines.CorruptLedger", e.Name())
+		l := state(t, e).Ledger
+		if l == nil {
+			t.Fatalf("%s keeps no meta.Ledger", e.Name())
 		}
 		// Subtests share the storage: start each from no marks.
 		ms, err := l.CorruptMarks(t.Context())
@@ -40,7 +42,7 @@ func CorruptLedger(t *testing.T, share func(t *testing.T) engines.Engine) {
 	t.Run("Shared", func(t *testing.T) { testCorruptShared(t, ledger(t), ledger(t)) })
 }
 
-func mark(t *testing.T, l engines.CorruptLedger, d blob.Digest) (engines.CorruptMark, bool) {
+func mark(t *testing.T, l meta.Ledger, d blob.Digest) (meta.Mark, bool) {
 	t.Helper()
 	m, ok, err := l.CorruptMark(t.Context(), d)
 	if err != nil {
@@ -49,7 +51,7 @@ func mark(t *testing.T, l engines.CorruptLedger, d blob.Digest) (engines.Corrupt
 	return m, ok
 }
 
-func testCorruptMarks(t *testing.T, l engines.CorruptLedger) {
+func testCorruptMarks(t *testing.T, l meta.Ledger) {
 	ctx := t.Context()
 	a, b, c := blob.Sum([]byte("a")), blob.Sum([]byte("b")), blob.Sum([]byte("c"))
 	if _, ok := mark(t, l, a); ok {
@@ -119,7 +121,7 @@ func testCorruptMarks(t *testing.T, l engines.CorruptLedger) {
 	}
 }
 
-func testCorruptShared(t *testing.T, one, two engines.CorruptLedger) {
+func testCorruptShared(t *testing.T, one, two meta.Ledger) {
 	ctx := t.Context()
 	d := blob.Sum([]byte("shared"))
 	if err := one.MarkCorrupt(ctx, d, []byte{7}, "found by one"); err != nil {

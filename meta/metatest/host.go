@@ -1,4 +1,4 @@
-package enginetest
+package metatest
 
 import (
 	"context"
@@ -9,31 +9,36 @@ import (
 
 	"github.com/alkblobfs/alkblobfs/blob"
 	"github.com/alkblobfs/alkblobfs/engines"
+	"github.com/alkblobfs/alkblobfs/meta"
 )
 
-// GCHost checks the engines.GCHost contract: pin rows, their renewal and
-// reaping, that a TTL counts on the engine's clock, the arbitration
-// transaction and its lock, and the sweep lease. share opens the same
-// storage on every call: two engines from it stand for two processes
-// sharing one pool.
+// Host checks the meta.Host contract on the state of the engines share
+// opens: pin rows, their renewal and reaping, that a TTL counts on the
+// row clock, the arbitration transaction and its lock, and the sweep
+// lease. share opens the same storage on every call: two engines from it
+// stand for two processes sharing one pool.
 //
-// No test can move the engine's clock: rows that must be expired are
-// written with a TTL <= 0 (expired on arrival), rows that must live with
-// an hour, and the TTL itself is watched passing with short ones.
-func GCHost(t *testing.T, share func(t *testing.T) engines.Engine) {
-	host := func(t *testing.T) engines.GCHost {
+// No test can move the row clock: rows that must be expired are written
+// with a TTL <= 0 (expired on arrival), rows that must live with an hour,
+// and the TTL itself is watched passing with short ones.
+func Host(t *testing.T, share func(t *testing.T) engines.Engine) {
+	host := func(t *testing.T) host {
 		t.Helper()
 		e := share(t)
 		t.Cleanup(func() { e.Close() })
-		h, ok := e.(engines.GCHost)
-		if !ok {
-			t.Fatalf("%s is not an engines.GCHost", e.Name())
+		h := state(t, e).Host
+		if h == nil {
+			t.Fatalf("%s keeps no meta.Host", e.Name())
 		}
 		// Subtests share the storage: start each from no rows.
-		if _, err := h.DB().ExecContext(t.Context(), `DELETE FROM gc_pins`); err != nil {
+		db, ok := e.(engines.SQL)
+		if !ok {
+			t.Fatalf("%s keeps a meta.Host outside a SQL database", e.Name())
+		}
+		if _, err := db.DB().ExecContext(t.Context(), `DELETE FROM gc_pins`); err != nil {
 			t.Fatal(err)
 		}
-		return h
+		return host{Host: h, e: e}
 	}
 	t.Run("Rows", func(t *testing.T) { testPinRows(t, host(t)) })
 	t.Run("RenewNeverRevives", func(t *testing.T) { testRenew(t, host(t)) })
@@ -50,7 +55,7 @@ const (
 	expired = -time.Second
 )
 
-func pinned(t *testing.T, h engines.GCHost, ds []blob.Digest, except string) map[blob.Digest]bool {
+func pinned(t *testing.T, h host, ds []blob.Digest, except string) map[blob.Digest]bool {
 	t.Helper()
 	var got map[blob.Digest]bool
 	err := h.Arbitrate(t.Context(), ds, func(ctx context.Context, tx *sql.Tx) error {
@@ -64,14 +69,14 @@ func pinned(t *testing.T, h engines.GCHost, ds []blob.Digest, except string) map
 	return got
 }
 
-func pinRows(t *testing.T, h engines.GCHost, owner string, ttl time.Duration, ds ...blob.Digest) {
+func pinRows(t *testing.T, h host, owner string, ttl time.Duration, ds ...blob.Digest) {
 	t.Helper()
 	if err := h.PinRows(t.Context(), nil, owner, ds, ttl); err != nil {
 		t.Fatal(err)
 	}
 }
 
-func testPinRows(t *testing.T, h engines.GCHost) {
+func testPinRows(t *testing.T, h host) {
 	ctx := t.Context()
 	a, b, c := blob.Sum([]byte("a")), blob.Sum([]byte("b")), blob.Sum([]byte("c"))
 	pinRows(t, h, "A", live, a, b)
@@ -152,7 +157,7 @@ func testPinRows(t *testing.T, h engines.GCHost) {
 
 var errRollback = errors.New("roll back")
 
-func testRenew(t *testing.T, h engines.GCHost) {
+func testRenew(t *testing.T, h host) {
 	ctx := t.Context()
 	kept, dead := blob.Sum([]byte("live")), blob.Sum([]byte("dead"))
 	pinRows(t, h, "A", live, kept)
@@ -172,7 +177,7 @@ func testRenew(t *testing.T, h engines.GCHost) {
 	}
 }
 
-func testReap(t *testing.T, h engines.GCHost) {
+func testReap(t *testing.T, h host) {
 	ctx := t.Context()
 	k1, k2 := blob.Sum([]byte("k1")), blob.Sum([]byte("k2"))
 	pinRows(t, h, "A", expired, k1)
@@ -198,7 +203,7 @@ func testReap(t *testing.T, h engines.GCHost) {
 // clock, and renewal counts a fresh TTL from when it runs; another
 // process (b) sees the same. Renewing one owner leaves another's rows
 // alone.
-func testTTLCounts(t *testing.T, a, b engines.GCHost) {
+func testTTLCounts(t *testing.T, a, b host) {
 	ctx := t.Context()
 	// Long against a loaded machine's scheduling delays: the renewal must
 	// run before the row lapses (400 ms lapsed first, beside a CPU hog).
@@ -238,17 +243,21 @@ func testTTLCounts(t *testing.T, a, b engines.GCHost) {
 	}
 }
 
-func testArbitrate(t *testing.T, h engines.GCHost) {
+func testArbitrate(t *testing.T, h host) {
 	ctx := t.Context()
-	kv, ok := h.(engines.KV)
+	kv, ok := h.e.(engines.KV)
 	if !ok {
 		t.Skip("not a kv engine")
+	}
+	del, ok := h.e.(engines.TxDeleter)
+	if !ok {
+		t.Fatalf("%s keeps a meta.Host but cannot delete in its transaction (engines.TxDeleter)", h.e.Name())
 	}
 	d := put(t, kv, []byte("arbitrated"))
 	missing := blob.Sum([]byte("never stored"))
 	// A failing fn rolls the delete back.
 	err := h.Arbitrate(ctx, []blob.Digest{d}, func(ctx context.Context, tx *sql.Tx) error {
-		if _, err := h.DeleteManyTx(ctx, tx, []blob.Digest{d}); err != nil {
+		if _, err := del.DeleteManyTx(ctx, tx, []blob.Digest{d}); err != nil {
 			return err
 		}
 		return errRollback
@@ -262,7 +271,7 @@ func testArbitrate(t *testing.T, h engines.GCHost) {
 	var sizes []int64
 	err = h.Arbitrate(ctx, []blob.Digest{d, missing}, func(ctx context.Context, tx *sql.Tx) error {
 		var err error
-		sizes, err = h.DeleteManyTx(ctx, tx, []blob.Digest{d, missing})
+		sizes, err = del.DeleteManyTx(ctx, tx, []blob.Digest{d, missing})
 		return err
 	})
 	if err != nil || len(sizes) != 2 || sizes[0] != int64(len("arbitrated")) || sizes[1] != -1 {
@@ -276,7 +285,7 @@ func testArbitrate(t *testing.T, h engines.GCHost) {
 // testArbitrationLock: a pin row of a digest cannot commit while another
 // engine (process) arbitrates that digest; it commits after, and the next
 // arbitration sees it.
-func testArbitrationLock(t *testing.T, sweeper, pinner engines.GCHost) {
+func testArbitrationLock(t *testing.T, sweeper, pinner host) {
 	ctx := t.Context()
 	d := blob.Sum([]byte("contended"))
 	inside := make(chan struct{})
@@ -314,7 +323,7 @@ func testArbitrationLock(t *testing.T, sweeper, pinner engines.GCHost) {
 	}
 }
 
-func testSweepLease(t *testing.T, a, b engines.GCHost) {
+func testSweepLease(t *testing.T, a, b host) {
 	ctx := t.Context()
 	la, held, err := a.SweepLease(ctx)
 	if err != nil || !held {
@@ -333,4 +342,10 @@ func testSweepLease(t *testing.T, a, b engines.GCHost) {
 		t.Fatalf("SweepLease after release = %v, %v; want it held", held, err)
 	}
 	lb.Release()
+}
+
+// host is a Host and the engine whose state it is.
+type host struct {
+	meta.Host
+	e engines.Engine
 }

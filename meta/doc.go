@@ -1,0 +1,120 @@
+// Package meta is the one owner of the state every process and host of a
+// pool shares for its garbage collection: pin rows, the arbitration lock,
+// the sweep lease, the delete window, the corrupt ledger and the row clock
+// that times them. It owns their tables — their schema, their migrations,
+// every statement that reads or writes them — per dialect:
+//
+//   - SQLite (sqlite.go, sqlite_clock.go): [SQLite], in the sqlite kv
+//     engine's database file.
+//   - PostgreSQL (postgres.go): [Postgres] in the postgres kv engine's
+//     database, and [PGWindow], the window alone, in pglo's.
+//   - mem (mem.go): [MemLedger], the corrupt ledger of a mem engine, in the
+//     process.
+//
+// An engine opens its dialect in its own database at Open and hands it
+// out as a [State] ([Holder]); the store gives the kv engine's (or, for
+// the window alone, the large engine's) to the collector and its own
+// verdicts. Package gc and package store reach the state only through
+// [Host], [SerialHost], [Window], [Ledger] and [Lease], and engines keep
+// blob storage only. docs/architecture_test.go holds every other package
+// to that: no non-test file outside meta names these tables in SQL.
+//
+// # Tables
+//
+//	gc_pins(digest, owner, expiry)                 PRIMARY KEY (digest, owner); index gc_pins_owner (owner)
+//	gc_window(digest PRIMARY KEY, visible_after)
+//	gc_corrupt(digest PRIMARY KEY, file, reason, marked)
+//	gc_clock(id = 1, boot_id, epoch, seen)          SQLite only
+//
+// BLOB and INTEGER on SQLite (WITHOUT ROWID), BYTEA and BIGINT on
+// PostgreSQL; every time is unix nanoseconds on the row clock. The names
+// and columns are those the engines created before this package owned
+// them: a database made by an earlier build opens with its rows, and the
+// migrations that existed still run (a database from before gc_clock
+// adopts its wall-clock rows; a read-only database from before gc_corrupt
+// reads an empty ledger and refuses marks).
+//
+// # Invariants
+//
+//   - Liveness is the collector's: this package stores rows and takes
+//     locks, and never decides what protects a digest.
+//   - Arbitration lock (see Host): a pin row commits either before an
+//     arbitration of its digest takes the lock, and is seen by it, or after
+//     that arbitration committed. On SQLite it is the database's write
+//     lock (every transaction begins IMMEDIATE, so SQLite is a
+//     [SerialHost]); on PostgreSQL a transaction-scoped advisory lock per
+//     digest, shared for pin rows and exclusive for arbitration, taken in
+//     key order so that nothing deadlocks.
+//   - Joint put: a put's pin row commits in the put's own transaction.
+//     On SQLite [Host.PinRows] runs in the transaction the engine's PutTx
+//     hands its also; on PostgreSQL the put batch's one statement carries
+//     the rows ([PGLockShared], [PGBatchPins], [PGPinArgs]), which
+//     PinRows defers to it ([PostgresConfig.Defer]).
+//   - A deleted blob's window row leaves with it, in the same statement,
+//     on PostgreSQL ([PGWindowGone]); elsewhere the sweep removes it after
+//     the delete (Window.WindowRemove).
+//   - Every transaction is ended on every path; on SQLite every write goes
+//     through the engine's Batcher, so fn of Arbitrate may run again after
+//     a shared transaction rolled back ([SQLite.ArbitrateAlone] runs once,
+//     alone).
+//
+// # Row times
+//
+// Every expiry and due time that one process writes and another compares
+// — a pin row's expiry, a window row's visible_after, and the namespace
+// registry's intents — is taken from one clock that every process sharing
+// the table reads, never from the process's own: callers pass durations
+// (a TTL, a delay), and this package adds them to the clock's now inside
+// the write. Two hosts whose clocks disagree by minutes then agree on
+// every row.
+//
+// On PostgreSQL it is the server's clock, read in the statement itself
+// (engines.PGNow), once per statement, so that every row of a renewal or
+// a reap is judged at one instant.
+//
+// On SQLite it is the host's CLOCK_BOOTTIME, which every process of the
+// host reads alike and which never jumps, plus an epoch recorded in
+// gc_clock by the first process of the boot to open the database
+// ([SQLite.RowNow], an engines.RowClock the sqlite engine hands the
+// namespace registry). A jump of the wall clock (settimeofday, NTP
+// stepping it, a VM restored from a snapshot) does nothing to pin rows,
+// window rows or intents: no process reads the wall clock for them once
+// the boot's epoch is recorded, so none expires early, none lingers late,
+// and two processes whose wall clocks disagree agree on every row. (The
+// wall clock still stamps what is meant as wall time: a namespace
+// reference's linked_at, a file's mtime on the mount, sweep reports.) The
+// boot clock counts suspend: after a host sleeps past a TTL its pin rows
+// have expired, and each owner's next renewal finds that and pins afresh
+// (gc's lapse), as after any stall longer than the TTL.
+//
+// At boot the clock restarts, so a process that opens the database under a
+// boot id (/proc/sys/kernel/random/boot_id) other than the recorded one
+// treats the old boot's rows as what they are — their processes are gone:
+// it deletes every pin row, lapses every namespace intent (the next
+// Recover settles it), and moves every window row to now plus what was
+// left of its delay when the old boot last staged a row (gc_clock.seen),
+// so that no candidate waits longer than its window, and none less than
+// what it had left. A database from before gc_clock keeps its rows, which
+// are on the wall clock, and the first epoch continues that clock. A
+// database must therefore be used by one host at a time (SQLite's locks do
+// not span hosts anyway): a second host opening it would take the first
+// one's rows for a dead boot's. Two containers in different time
+// namespaces (CLOCK_BOOTTIME offset) must not share one either.
+//
+// # The sweep lease
+//
+// One sweep at a time per pool: on SQLite an flock(2) on DB.gc-lease
+// beside the database, which the kernel drops when its holder dies; on
+// PostgreSQL a session advisory lock on a connection of its own, outside
+// the pool, which the server drops when the session ends — Check reports
+// that loss, and the sweeper stops deleting.
+//
+// # Still crossing packages (stage 2 of issue 36)
+//
+// A *sql.Tx still crosses this package's boundary in two places:
+// Host.Arbitrate's callback (the collector reads its TxSources and
+// deletes the kv rows in it) and Host.PinRows's transaction (a put's,
+// from the engine's PutTx). They go when the close hands this package
+// the rows it commits (the blob entry, the pin or intent, the link) and
+// the namespaces' tables join it.
+package meta
