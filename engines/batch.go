@@ -153,6 +153,14 @@ func (b *Batcher) do(j *batchJob) error {
 	return j.err
 }
 
+// Queued reports how many jobs wait for a transaction (not those of the
+// batch running now): for stats, and for tests that order their callers.
+func (b *Batcher) Queued() int {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return len(b.queue)
+}
+
 // Hurry lets whoever needs a lazy job's commit end its linger: the caller
 // of Do passes a context carrying h (WithHurry), and Now makes that job
 // eager, whether it is queued yet or not (a Now before the Do makes the

@@ -180,7 +180,7 @@ func TestArbitrateCanceledCaller(t *testing.T) {
 			return insert(ctx, tx, "other")
 		})
 	})
-	time.Sleep(50 * time.Millisecond) // queued first
+	awaitQueued(t, e, 1) // the other writer's job is queued first
 	sweep, cancel := context.WithCancel(t.Context())
 	defer cancel()
 	wg.Go(func() {
@@ -190,7 +190,7 @@ func TestArbitrateCanceledCaller(t *testing.T) {
 			return err
 		})
 	})
-	time.Sleep(50 * time.Millisecond)
+	awaitQueued(t, e, 2)
 	close(stop)
 	ch := <-holdCh // the arbitration's statement is midway
 	cancel()
@@ -206,6 +206,18 @@ func TestArbitrateCanceledCaller(t *testing.T) {
 	var n int
 	if err := e.DB().QueryRow(`SELECT count(*) FROM t`).Scan(&n); err != nil || n != 5001 {
 		t.Errorf("%d rows committed (%v); want 5001", n, err)
+	}
+}
+
+// awaitQueued waits until n jobs wait in e's Batcher, for at most a
+// minute.
+func awaitQueued(t *testing.T, e *sqliteState, n int) {
+	t.Helper()
+	for deadline := time.Now().Add(time.Minute); e.batch.Queued() != n; {
+		if time.Now().After(deadline) {
+			t.Fatalf("the Batcher holds %d queued jobs after a minute, want %d", e.batch.Queued(), n)
+		}
+		time.Sleep(time.Millisecond)
 	}
 }
 
