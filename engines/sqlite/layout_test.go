@@ -150,6 +150,7 @@ func TestEngineInlineLayout(t *testing.T) {
 	t.Run("Host", func(t *testing.T) {
 		metatest.Host(t, func(t *testing.T) engines.Engine { return open(t, path) })
 	})
+	t.Run("Window", func(t *testing.T) { metatest.WindowEngine(t, inline) })
 	wantLayout(t, path, 1)
 }
 
