@@ -34,7 +34,7 @@ func (r *SQL) Link(ctx context.Context, name string, d blob.Digest) (bool, error
 // the registry's database: the reference commits or rolls back with tx.
 // This is how a kv put and its link become one (store.WithLink with
 // Service.LinkFunc).
-func (r *SQL) LinkTx(ctx context.Context, tx *sql.Tx, name string, d blob.Digest) (bool, error) {
+func (r *SQL) LinkTx(ctx context.Context, tx *sql.Tx, name string, d blob.Digest, size int64) (bool, error) {
 	if err := check(ctx, name); err != nil {
 		return false, wrap("link", name, d, err)
 	}

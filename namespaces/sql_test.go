@@ -140,7 +140,7 @@ func testLinkTx(t *testing.T, r *namespaces.SQL, e interface {
 	// probe first: engines/postgres/putfast.go), so it returns its
 	// failures rather than end the test from the batch's goroutine.
 	_, err := e.PutTx(ctx, d, v, func(ctx context.Context, tx *sql.Tx) error {
-		if linked, err := r.LinkTx(ctx, tx, "a", d); err != nil || !linked {
+		if linked, err := r.LinkTx(ctx, tx, "a", d, 0); err != nil || !linked {
 			return fmt.Errorf("LinkTx = %v, %w", linked, err)
 		}
 		return boom
@@ -157,7 +157,7 @@ func testLinkTx(t *testing.T, r *namespaces.SQL, e interface {
 
 	// A link into an absent namespace fails the put as a whole.
 	_, err = e.PutTx(ctx, d, v, func(ctx context.Context, tx *sql.Tx) error {
-		_, err := r.LinkTx(ctx, tx, "nope", d)
+		_, err := r.LinkTx(ctx, tx, "nope", d, 0)
 		return err
 	})
 	if !errors.Is(err, namespaces.ErrNotFound) {
@@ -169,7 +169,7 @@ func testLinkTx(t *testing.T, r *namespaces.SQL, e interface {
 
 	// Success: both commit.
 	if _, err := e.PutTx(ctx, d, v, func(ctx context.Context, tx *sql.Tx) error {
-		_, err := r.LinkTx(ctx, tx, "a", d)
+		_, err := r.LinkTx(ctx, tx, "a", d, 0)
 		return err
 	}); err != nil {
 		t.Fatal(err)
