@@ -110,18 +110,18 @@ func (s *Server) quotaRefused(ctx context.Context, ns string, err error) error {
 	}
 	msg := fmt.Sprintf("namespace %q is at its quota: nothing was linked", ns)
 	if u, uerr := s.ns.Usage(ctx, ns); uerr == nil {
-		msg = fmt.Sprintf("namespace %q is at its quota (%s): nothing was linked; unlink blobs from it or ask for a larger quota", ns, QuotaState(u))
+		msg = fmt.Sprintf("namespace %q is at its quota (it %s): nothing was linked; unlink blobs from it, or ask root or the server's own user for more", ns, QuotaState(u))
 	}
 	return &httpError{http.StatusInsufficientStorage, wire.CodeQuota, msg}
 }
 
-// QuotaState says what a namespace holds against each of its limits, for
-// messages: "holds 90 of 100 bytes and 3 of 10 blobs". The CLI says it
-// the same way.
+// QuotaState says what a namespace holds against its limits, for
+// messages: "holds 90 of 100 bytes and 3 blobs". The CLI says it the same
+// way.
 func QuotaState(u namespaces.Usage) string {
 	part := func(n, limit int64, unit string) string {
-		if limit == 0 {
-			return fmt.Sprintf("%d %s, no limit", n, unit)
+		if limit <= 0 {
+			return fmt.Sprintf("%d %s", n, unit)
 		}
 		return fmt.Sprintf("%d of %d %s", n, limit, unit)
 	}

@@ -215,7 +215,7 @@ error.`,
 				if errors.Is(err, store.ErrMissing) && errors.As(err, &ne) {
 					return fmt.Errorf("link %s: %s: %w (not in the store); nothing linked", name, ne.Digest, store.ErrMissing)
 				}
-				return quotaRefused(ctx, svc, name, err)
+				return quotaRefused(ctx, svc, name, "link", err)
 			}
 			return st.Close()
 		},

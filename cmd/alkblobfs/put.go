@@ -91,7 +91,7 @@ later with "alkblobfs link NAME DIGEST", to keep them.`,
 			for _, name := range args {
 				d, err := a.putOne(cmd, st, name, opts...)
 				if err != nil && quotaSvc != nil {
-					return quotaRefused(cmd.Context(), quotaSvc, quotaNS, err)
+					return quotaRefused(cmd.Context(), quotaSvc, quotaNS, "put "+name, err)
 				}
 				if err != nil {
 					return err

@@ -289,15 +289,29 @@ func writeUsage(w io.Writer, names []string, rows []namespaces.Usage) error {
 }
 
 // quotaRefused says, for put --ns and link, that namespace name's quota
-// refused the link: the namespace, its limits and what it holds, and what
-// to do. It wraps err (blob.ErrQuota); other errors pass.
-func quotaRefused(ctx context.Context, svc *namespaces.Service, name string, err error) error {
+// refused the link of what: the namespace, what it holds against its
+// limits, and what to do. It wraps err (store.ErrQuota); other errors
+// pass.
+func quotaRefused(ctx context.Context, svc *namespaces.Service, name, what string, err error) error {
 	if !errors.Is(err, store.ErrQuota) {
 		return err
 	}
 	state := ""
 	if u, uerr := svc.Usage(ctx, name); uerr == nil {
-		state = " (" + ops.QuotaState(u) + ")"
+		state = " (it " + ops.QuotaState(u) + ")"
 	}
-	return fmt.Errorf("namespace %s is at its quota%s: nothing linked; unlink blobs from it, or ask root or the store's owner for more (alkblobfs ns quota): %w", name, state, err)
+	return &quotaError{
+		msg: fmt.Sprintf("%s: namespace %s is at its quota%s: nothing linked; unlink blobs from it, or ask root or the store's owner for more (alkblobfs ns quota)", what, name, state),
+		err: err,
+	}
 }
+
+// quotaError is quotaRefused's: its own words, the registry's error
+// beneath for errors.Is.
+type quotaError struct {
+	msg string
+	err error
+}
+
+func (e *quotaError) Error() string { return e.msg }
+func (e *quotaError) Unwrap() error { return e.err }
