@@ -149,12 +149,12 @@ var ddl = map[string][]string{
 }
 
 type queries struct {
-	create, remove, exists, names        string
-	perm, setPerm                        string
-	linkIf, unlink, has, count, entries  string
-	pend, settleTake, settleLink         string
-	renew, recoverTake, recoverLink      string
-	isLive, live                         string
+	create, remove, exists, names       string
+	perm, setPerm                       string
+	linkIf, unlink, has, count, entries string
+	pend, settleTake, settleLink        string
+	renew, recoverTake, recoverLink     string
+	isLive, live                        string
 	// usage (sql_usage.go)
 	lockNS, held, pendHeld, charge       string
 	takeRef, intentNS, takeIntent, usage string
@@ -188,8 +188,8 @@ func newQueries(dialect string) queries {
 		count:   r(`SELECT COUNT(*) FROM ns_refs WHERE ns = ?`),
 		entries: r(`SELECT digest, linked_at FROM ns_refs WHERE ns = ? AND digest > ? ORDER BY digest LIMIT ?`),
 
-		pend:   r(`INSERT INTO ns_pending (id, ns, digest, holder, expiry, size) SELECT ?, ?, ?, ?, {now} + ?, ? WHERE EXISTS (SELECT 1 FROM ns WHERE name = ?)`),
-		renew:  r(`UPDATE ns_pending SET expiry = {now} + ? WHERE holder = ?`),
+		pend:  r(`INSERT INTO ns_pending (id, ns, digest, holder, expiry, size) SELECT ?, ?, ?, ?, {now} + ?, ? WHERE EXISTS (SELECT 1 FROM ns WHERE name = ?)`),
+		renew: r(`UPDATE ns_pending SET expiry = {now} + ? WHERE holder = ?`),
 		// Settle and Recover on SQLite: take the rows, then link them, in
 		// one IMMEDIATE transaction.
 		settleTake:  r(`DELETE FROM ns_pending WHERE id = ? RETURNING ns, digest, size`),
