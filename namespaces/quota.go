@@ -13,6 +13,14 @@ type Quota struct {
 	Bytes, Blobs int64
 }
 
+// check refuses a negative limit.
+func (q Quota) check() error {
+	if q.Bytes < 0 || q.Blobs < 0 {
+		return fmt.Errorf("negative quota (%d bytes, %d blobs); 0 means no limit", q.Bytes, q.Blobs)
+	}
+	return nil
+}
+
 // fits reports whether usage of blobs and bytes is within q.
 func (q Quota) fits(blobs, bytes int64) bool {
 	return (q.Blobs <= 0 || blobs <= q.Blobs) && (q.Bytes <= 0 || bytes <= q.Bytes)
