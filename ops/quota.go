@@ -58,7 +58,7 @@ func (s *Server) setQuota(w http.ResponseWriter, r *http.Request) error {
 		return err
 	}
 	if c.Namespaces != nil {
-		return forbidden("namespace %q: a token bound to namespaces does not set quotas; only root and the server's own user do", ns)
+		return forbidden("namespace %q: a token bound to namespaces does not set quotas: only root and the server's own user set quotas, with a token not bound to namespaces", ns)
 	}
 	if err := namespaces.AllowedQuota(c.Principal, s.owner.UID); err != nil {
 		return forbidden("namespace %q: only root and the server's own user set quotas", ns)
