@@ -9,3 +9,11 @@ func SetTierInterval(t interface{ Cleanup(func()) }, d time.Duration) {
 	tierInterval = d
 	t.Cleanup(func() { tierInterval = old })
 }
+
+// SetMaxNamespaceSeries bounds the namespaces a scrape reports, until the
+// test ends.
+func SetMaxNamespaceSeries(t interface{ Cleanup(func()) }, n int) {
+	old := maxNamespaceSeries
+	maxNamespaceSeries = n
+	t.Cleanup(func() { maxNamespaceSeries = old })
+}

@@ -11,8 +11,8 @@ import (
 
 // maxNamespaceSeries bounds the namespaces one scrape reports, in name
 // order: each costs a usage lookup, and a series per namespace is a
-// series a Prometheus server keeps.
-const maxNamespaceSeries = 10000
+// series a Prometheus server keeps. A variable for tests.
+var maxNamespaceSeries = 10000
 
 var (
 	descNSBytes       = desc("alkblobfs_namespace_bytes", "Bytes of the blobs a namespace links (a blob two namespaces link counts in both).", "namespace")

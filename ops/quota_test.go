@@ -41,6 +41,16 @@ func TestQuotaHTTP(t *testing.T) {
 	if _, ok, err := e.svc.Has(ctx, "builds", blob.Sum(over)); err != nil || ok {
 		t.Errorf("the refused put is linked: %v, %v", ok, err)
 	}
+	// Over the kv threshold the content is stored before its link is
+	// refused: unreferenced, it goes at the next sweeps.
+	big := randBytes(256<<10, 38)
+	if _, _, err := e.c.Put(ctx, "builds", bytes.NewReader(big), int64(len(big)), nil); !errors.Is(err, blob.ErrQuota) {
+		t.Fatalf("a large put over the quota: %v", err)
+	}
+	e.sweepAll(t)
+	if e.has(t, blob.Sum(big)) {
+		t.Error("the content of a refused put outlived two sweeps")
+	}
 	u, err := e.c.Usage(ctx, "builds")
 	if err != nil {
 		t.Fatal(err)
@@ -136,6 +146,29 @@ func TestQuotaHTTPAccess(t *testing.T) {
 	}
 	if a["alkblobfs_namespace_quota_bytes builds"] {
 		t.Error("/metrics has a quota series for a namespace without a quota")
+	}
+}
+
+// TestNamespaceSeriesBound: a scrape reports the usage of at most the
+// first namespaces in name order that the caller may see.
+func TestNamespaceSeriesBound(t *testing.T) {
+	ops.SetMaxNamespaceSeries(t, 2)
+	e := newEnv(t, envOptions{})
+	for _, ns := range []string{"c", "a"} {
+		if err := e.svc.Create(t.Context(), ns); err != nil {
+			t.Fatal(err)
+		}
+	}
+	_, _, body := request(t, http.MethodGet, e.url+"/metrics", nil, nil)
+	var got []string
+	for l := range strings.SplitSeq(string(body), "\n") {
+		if ns, ok := strings.CutPrefix(l, `alkblobfs_namespace_blobs{namespace="`); ok {
+			ns, _, _ = strings.Cut(ns, `"`)
+			got = append(got, ns)
+		}
+	}
+	if strings.Join(got, " ") != "a builds" {
+		t.Errorf("a scrape bounded to 2 namespaces reports %q, want a and builds", got)
 	}
 }
 

@@ -560,3 +560,54 @@ func TestQuotaFleet(t *testing.T) {
 		t.Errorf("after an unlink on the other host: %s", out)
 	}
 }
+
+// TestQuotaCLI: what the CLI alone promises: link of several digests is
+// all or nothing against the quota; a limit lowered below what the
+// namespace holds keeps its blobs and refuses more until it is under;
+// unlink frees at once; ns ls -l shows blobs and bytes.
+func TestQuotaCLI(t *testing.T) {
+	t.Parallel()
+	c := newCLI(t)
+	c.ok("ns", "create", "n")
+	dir := t.TempDir()
+	put := func(ns string, b []byte) string {
+		t.Helper()
+		p := filepath.Join(dir, sum(b))
+		if err := os.WriteFile(p, b, 0o644); err != nil {
+			t.Fatal(err)
+		}
+		args := []string{"put", p}
+		if ns != "" {
+			args = []string{"put", "--ns", ns, p}
+		}
+		return strings.TrimSpace(c.ok(args...))
+	}
+	a, b := put("", content("cli a", 60)), put("", content("cli b", 60))
+	c.ok("ns", "quota", "n", "--bytes", "100")
+	c.fail(1, "namespace n is at its quota (it holds 0 of 100 bytes and 0 blobs)", "link", "n", a, b)
+	if got := c.ok("ls", "n"); got != "" {
+		t.Errorf("a link refused for quota linked %q", got)
+	}
+	c.ok("link", "n", a)
+	c.fail(1, "holds 60 of 100 bytes and 1 blobs", "link", "n", b)
+
+	// Lowered below what it holds: nothing goes, nothing more comes.
+	c.ok("ns", "quota", "n", "--bytes", "10", "--blobs", "5")
+	if got := lines(c.ok("ls", "n")); !slices.Equal(got, []string{a}) {
+		t.Errorf("after a lower quota the namespace lists %q, want %s", got, a)
+	}
+	c.fail(1, "is at its quota (it holds 60 of 10 bytes and 1 of 5 blobs)", "put", "--ns", "n", filepath.Join(dir, sum(content("cli b", 60))))
+	// --bytes 0 lifts the byte limit and keeps the blob limit.
+	c.ok("ns", "quota", "n", "--bytes", "0")
+	if u := cliUsage(t, c, "n")["n"]; u.quotaBytes != "-" || u.quotaBlobs != "5" {
+		t.Errorf("after --bytes 0: %+v, want no byte limit and 5 blobs", u)
+	}
+	c.ok("ns", "quota", "n", "--bytes", "100")
+	// Unlink frees at once.
+	c.ok("unlink", "n", a)
+	c.ok("link", "n", b)
+	if got := lines(c.ok("ns", "ls", "-l")); !slices.Equal(got, []string{"n 1 60"}) {
+		t.Errorf("ns ls -l = %q", got)
+	}
+	c.fail(2, "needs the NAMEs", "--remote", "unix:/nonexistent", "ns", "usage")
+}
