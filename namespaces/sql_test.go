@@ -308,3 +308,16 @@ func TestOpenBesideAWriter(t *testing.T) {
 		t.Fatalf("open beside a writer took %s", d)
 	}
 }
+
+// TestSQLiteUsage: two registries on one SQLite file race as two
+// processes of one host would.
+func TestSQLiteUsage(t *testing.T) {
+	nstest.RunUsage(t, func(t *testing.T, n int) []namespaces.Registry {
+		path := filepath.Join(t.TempDir(), "kv.db")
+		regs := make([]namespaces.Registry, n)
+		for i := range regs {
+			regs[i], _ = openSQLiteEngine(t, path, nil)
+		}
+		return regs
+	}, damage)
+}
