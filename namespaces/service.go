@@ -241,10 +241,15 @@ func (s *Service) SettleFunc(name string, p Pending) func(ctx context.Context, t
 		if err != nil {
 			return err
 		}
-		if _, err := tl.LinkTx(ctx, tx, name, d, size); err != nil {
+		// The earlier version goes first, as in Pend, so that its
+		// charge is freed before this one's is admitted against the
+		// quota: a file rewritten near the limit is judged by what it
+		// will hold, not by both versions at once.
+		if err := tl.CancelTx(ctx, tx, p.Replaces); err != nil {
 			return err
 		}
-		return tl.CancelTx(ctx, tx, p.Replaces)
+		_, err = tl.LinkTx(ctx, tx, name, d, size)
+		return err
 	}
 }
 
