@@ -252,12 +252,16 @@ func (m *Mem) Pend(ctx context.Context, name string, d blob.Digest, p Pending) (
 	// The replaced intent goes first, as on SQL, so that its charge is
 	// freed before this one's is admitted; a refusal puts it back.
 	old, hadOld := m.pending[p.Replaces]
+	var oldSize int64
+	if hadOld {
+		oldSize = m.usage[old.ns].size[old.d]
+	}
 	m.dropIntentLocked(p.Replaces)
 	u := m.usage[name]
 	if !u.held(d) {
 		if err := u.admit(1, p.Size); err != nil {
 			if hadOld {
-				m.addIntentLocked(p.Replaces, old, m.usage[old.ns].size[old.d])
+				m.addIntentLocked(p.Replaces, old, oldSize)
 			}
 			return 0, wrap("pend", name, d, err)
 		}

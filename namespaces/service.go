@@ -241,10 +241,15 @@ func (s *Service) SettleFunc(name string, p Pending) func(ctx context.Context, t
 		if err != nil {
 			return err
 		}
-		if _, err := tl.LinkTx(ctx, tx, name, d, size); err != nil {
+		// The earlier version goes first, as in Pend, so that its
+		// charge is freed before this one's is admitted against the
+		// quota: a file rewritten near the limit is judged by what it
+		// will hold, not by both versions at once.
+		if err := tl.CancelTx(ctx, tx, p.Replaces); err != nil {
 			return err
 		}
-		return tl.CancelTx(ctx, tx, p.Replaces)
+		_, err = tl.LinkTx(ctx, tx, name, d, size)
+		return err
 	}
 }
 
@@ -275,6 +280,57 @@ func (s *Service) PendFunc(name string, p Pending, out *Intent) func(ctx context
 		}
 		return err
 	}
+}
+
+// unsizedRows is a registry whose rows may lack sizes: a store made
+// before usage was kept (SQL).
+type unsizedRows interface {
+	unsizedPage(ctx context.Context, after blob.Digest, n int) ([]blob.Digest, error)
+	setSize(ctx context.Context, d blob.Digest, size int64) error
+}
+
+// FillSizes gives the references and intents made before usage was kept
+// their blobs' sizes, from the pool, and then recounts every namespace's
+// usage (Registry.Recount); it returns how many digests it sized. A
+// digest the pool does not hold (lost) is sized 0. Until it runs, such
+// rows count as blobs of 0 bytes. It finds nothing to do at once on a
+// store made since (an index holds only the unsized references), so
+// every process that opens a writable store may call it.
+func (s *Service) FillSizes(ctx context.Context) (int, error) {
+	u, ok := s.Registry.(unsizedRows)
+	if !ok {
+		return 0, nil
+	}
+	filled := 0
+	var after blob.Digest
+	for {
+		page, err := u.unsizedPage(ctx, after, pageSize)
+		if err != nil {
+			return filled, wrap("fill sizes", "", blob.Digest{}, err)
+		}
+		if len(page) == 0 {
+			break
+		}
+		for _, d := range page {
+			size, err := s.pool.Size(ctx, d)
+			if errors.Is(err, blob.ErrMissing) {
+				size, err = 0, nil
+			}
+			if err == nil {
+				err = u.setSize(ctx, d, size)
+			}
+			if err != nil {
+				return filled, wrap("fill sizes", "", d, err)
+			}
+			filled++
+		}
+		after = page[len(page)-1]
+	}
+	if filled == 0 {
+		return 0, nil
+	}
+	_, err := s.Registry.Recount(ctx)
+	return filled, err
 }
 
 func (s *Service) txLinker(name string, d blob.Digest) (TxLinker, error) {

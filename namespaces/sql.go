@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"iter"
+	"slices"
 	"strings"
 
 	"github.com/alkblobfs/alkblobfs/blob"
@@ -97,6 +98,7 @@ var ddl = map[string][]string{
 			PRIMARY KEY (ns, digest)
 		) WITHOUT ROWID`,
 		`CREATE INDEX IF NOT EXISTS ns_refs_digest ON ns_refs (digest)`,
+		unsizedIndex,
 		`CREATE TABLE IF NOT EXISTS ns_pending (
 			id     INTEGER PRIMARY KEY,
 			ns     TEXT NOT NULL REFERENCES ns (name),
@@ -135,6 +137,7 @@ var ddl = map[string][]string{
 			PRIMARY KEY (ns, digest)
 		)`,
 		`CREATE INDEX IF NOT EXISTS ns_refs_digest ON ns_refs (digest)`,
+		unsizedIndex,
 		`CREATE TABLE IF NOT EXISTS ns_pending (
 			id     BIGINT PRIMARY KEY,
 			ns     TEXT COLLATE "C" NOT NULL REFERENCES ns (name),
@@ -147,6 +150,12 @@ var ddl = map[string][]string{
 		`CREATE INDEX IF NOT EXISTS ns_pending_holder ON ns_pending (holder)`,
 	},
 }
+
+// unsizedIndex finds the references made before sizes were kept, which
+// Service.FillSizes sizes from the pool: empty once they are, so it costs
+// the writes of sized references nothing, and an open finds at once that
+// there is nothing to fill.
+const unsizedIndex = `CREATE INDEX IF NOT EXISTS ns_refs_unsized ON ns_refs (digest) WHERE size IS NULL`
 
 type queries struct {
 	create, remove, exists, names       string
@@ -259,6 +268,21 @@ func OpenSQL(ctx context.Context, e engines.SQL, clock Clock) (*SQL, error) {
 	if dialect == "sqlite" && rows == nil {
 		return nil, fmt.Errorf("namespaces: open sqlite: %T keeps no row clock (engines.RowClock) to time intents with; open the database with engines/sqlite", e)
 	}
+	// The usage columns go in first: the schema's index of unsized
+	// references names one of them.
+	var usageAdded, usageCols bool
+	err := retryDeadlock(func() (err error) {
+		usageAdded, usageCols, err = addUsageColumns(ctx, db, dialect)
+		return err
+	})
+	if err != nil {
+		return nil, fmt.Errorf("namespaces: open %s: add the usage columns: %w", dialect, err)
+	}
+	if !usageCols {
+		// An older store on read-only media: no index on a column it
+		// lacks.
+		stmts = slices.DeleteFunc(slices.Clone(stmts), func(s string) bool { return s == unsizedIndex })
+	}
 	if err := createSchema(ctx, db, dialect, stmts); err != nil {
 		return nil, fmt.Errorf("namespaces: open %s: create schema: %w", dialect, err)
 	}
@@ -268,20 +292,12 @@ func OpenSQL(ctx context.Context, e engines.SQL, clock Clock) (*SQL, error) {
 		}
 	}
 	var permCols bool
-	err := retryDeadlock(func() (err error) {
+	err = retryDeadlock(func() (err error) {
 		permCols, err = addPermColumns(ctx, db, dialect)
 		return err
 	})
 	if err != nil {
 		return nil, fmt.Errorf("namespaces: open %s: add the ns permission columns: %w", dialect, err)
-	}
-	var usageAdded, usageCols bool
-	err = retryDeadlock(func() (err error) {
-		usageAdded, usageCols, err = addUsageColumns(ctx, db, dialect)
-		return err
-	})
-	if err != nil {
-		return nil, fmt.Errorf("namespaces: open %s: add the usage columns: %w", dialect, err)
 	}
 	r := &SQL{db: db, dialect: dialect, clock: orWall(clock), q: newQueries(dialect), noPerm: !permCols, noUsage: !usageCols}
 	r.settles = &settleGroup{db: db}

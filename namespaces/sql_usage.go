@@ -292,6 +292,8 @@ func addUsageColumns(ctx context.Context, db *sql.DB, dialect string) (added, ok
 		q = `SELECT column_name FROM information_schema.columns WHERE table_schema = current_schema() AND table_name = $1`
 		typ = "BIGINT"
 	}
+	// A table that does not exist yet (a new store) is created with
+	// them: only a table with columns but not these lacks them.
 	missing := func(qr querier) ([]int, error) {
 		have := make(map[string]map[string]bool)
 		var out []int
@@ -314,7 +316,7 @@ func addUsageColumns(ctx context.Context, db *sql.DB, dialect string) (added, ok
 					return nil, err
 				}
 			}
-			if !have[c.table][c.column] {
+			if len(have[c.table]) > 0 && !have[c.table][c.column] {
 				out = append(out, i)
 			}
 		}
@@ -348,4 +350,30 @@ func addUsageColumns(ctx context.Context, db *sql.DB, dialect string) (added, ok
 		return false, false, nil
 	}
 	return added, err == nil, err
+}
+
+// unsizedPage returns up to n digests, after `after` in ascending order,
+// that a reference or an intent made before sizes were kept names.
+func (r *SQL) unsizedPage(ctx context.Context, after blob.Digest, n int) ([]blob.Digest, error) {
+	q := rebind(r.dialect, `SELECT digest FROM ns_refs WHERE size IS NULL AND digest > ?
+		UNION SELECT digest FROM ns_pending WHERE size IS NULL AND digest > ? ORDER BY 1 LIMIT ?`)
+	rows, err := r.db.QueryContext(ctx, q, key(after), key(after), n)
+	if err != nil {
+		return nil, err
+	}
+	var out []blob.Digest
+	err = engines.ScanDigests(rows, func(d blob.Digest) { out = append(out, d) })
+	return out, errors.Join(err, rows.Close())
+}
+
+// setSize records d's size in the rows that lack it.
+func (r *SQL) setSize(ctx context.Context, d blob.Digest, size int64) error {
+	return r.inTx(ctx, func(ctx context.Context, tx *sql.Tx) error {
+		for _, table := range []string{"ns_refs", "ns_pending"} {
+			if _, err := tx.ExecContext(ctx, rebind(r.dialect, `UPDATE `+table+` SET size = ? WHERE digest = ? AND size IS NULL`), size, d[:]); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
 }
