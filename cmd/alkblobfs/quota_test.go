@@ -5,6 +5,7 @@ package main
 import (
 	"bytes"
 	"crypto/sha256"
+	"database/sql"
 	"errors"
 	"fmt"
 	"net/http"
@@ -610,4 +611,35 @@ func TestQuotaCLI(t *testing.T) {
 		t.Errorf("ns ls -l = %q", got)
 	}
 	c.fail(2, "needs the NAMEs", "--remote", "unix:/nonexistent", "ns", "usage")
+}
+
+// TestQuotaOlderStoreSized: references an older version made carry no
+// size; the first process that writes the store sizes them from the pool,
+// so that usage counts their bytes. A read command changes nothing.
+func TestQuotaOlderStoreSized(t *testing.T) {
+	t.Parallel()
+	c := newCLI(t)
+	c.ok("ns", "create", "old")
+	p, _, _ := writeFile(t, t.TempDir(), smallSize, 23)
+	c.ok("put", "--ns", "old", p)
+	db, err := sql.Open("sqlite", filepath.Join(c.data, "kv.db"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer db.Close()
+	// As an older version left it, after the open that added the
+	// columns recounted it: a reference of unknown size, counted 0 bytes.
+	if _, err := db.ExecContext(t.Context(), `UPDATE ns_refs SET size = NULL`); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := db.ExecContext(t.Context(), `UPDATE ns SET bytes = 0`); err != nil {
+		t.Fatal(err)
+	}
+	if u := cliUsage(t, c, "old")["old"]; u.blobs != 1 || u.bytes != 0 {
+		t.Fatalf("the older store's usage before a writer: %+v", u)
+	}
+	c.ok("ns", "create", "new") // a command that writes
+	if u := cliUsage(t, c, "old")["old"]; u.blobs != 1 || u.bytes != smallSize {
+		t.Errorf("after a writer opened the store: %+v, want 1 blob of %d bytes", u, smallSize)
+	}
 }
