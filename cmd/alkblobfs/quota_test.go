@@ -77,10 +77,11 @@ func newQuotaFixture(t *testing.T) *quotaFixture {
 	return f
 }
 
-// file writes content to a source file of its own and returns its path.
+// file writes content to a source file of its own and returns its path:
+// a new one per call, since surfaces in parallel put the same content.
 func (f *quotaFixture) file(t *testing.T, content []byte) string {
 	t.Helper()
-	p := filepath.Join(f.src, sum(content))
+	p := filepath.Join(f.src, f.name(sum(content)[:16]))
 	if err := os.WriteFile(p, content, 0o644); err != nil {
 		t.Fatal(err)
 	}
