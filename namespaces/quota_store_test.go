@@ -1,6 +1,8 @@
 package namespaces_test
 
 import (
+	"context"
+	"database/sql"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -134,6 +136,27 @@ func testPutQuota(t *testing.T, kv engines.KV, joint bool) {
 		t.Fatal(err)
 	}
 	usage(2, 100, "after settling it")
+
+	// A put whose transaction rolls back after its link was charged (here
+	// its hook fails after linking; a kill -9 before COMMIT is the same
+	// rollback) leaves the counters as they were: they are rows of the
+	// same transaction.
+	if joint {
+		mustDo(t, svc.SetQuota(ctx, ns, namespaces.Quota{}))
+		rolled := content(30, "rolled back")
+		_, err := put(rolled, func(ctx context.Context, tx *sql.Tx, d blob.Digest, size int64) error {
+			if err := svc.LinkFunc(ns)(ctx, tx, d, size); err != nil {
+				return err
+			}
+			return errors.New("the put fails after its link")
+		})
+		if err == nil {
+			t.Fatal("a put whose hook failed succeeded")
+		}
+		refused(blob.Sum(rolled), "a put rolled back after its link")
+		usage(2, 100, "after a put rolled back after its link")
+		mustDo(t, svc.SetQuota(ctx, ns, namespaces.Quota{Bytes: 100}))
+	}
 
 	// A dedup at the limit costs nothing and is not refused.
 	if _, err := put(first, svc.LinkFunc(ns)); err != nil {
