@@ -4,6 +4,7 @@ package main
 
 import (
 	"bytes"
+	"context"
 	"crypto/sha256"
 	"database/sql"
 	"errors"
@@ -497,11 +498,11 @@ func TestQuotaSetByOwnerOnly(t *testing.T) {
 	f.c.fail(1, "does not exist", "ns", "quota", "absent", "--bytes", "1")
 }
 
-// TestQuotaFleet: two fleet mounts on one PostgreSQL database share a
-// namespace's limit. Writers on both race for its last blobs: no more
-// than the limit are linked, the rest see EDQUOT at close, and usage is
-// what the namespace lists. An unlink on one host frees the quota for the
-// other at once.
+// TestQuotaFleet: two fleet mounts and a serve process on one PostgreSQL
+// database share a namespace's limit. Writers on all three race for its
+// last blobs: no more than the limit are linked, the rest see EDQUOT at
+// close (507 over HTTP), and usage is what the namespace lists. An unlink
+// on one host frees the quota for the other at once.
 func TestQuotaFleet(t *testing.T) {
 	t.Parallel()
 	requireFUSE(t)
@@ -514,6 +515,10 @@ func TestQuotaFleet(t *testing.T) {
 	mnts := []string{t.TempDir(), t.TempDir()}
 	startDaemon(t, c.data, mnts[0], flags...)
 	startDaemon(t, t.TempDir(), mnts[1], flags...)
+	hc, err := client.New(startServe(t, c, "--listen", "127.0.0.1:0", "--insecure-loopback").url, "")
+	if err != nil {
+		t.Fatal(err)
+	}
 	src := t.TempDir()
 
 	const writers = 10
@@ -528,7 +533,17 @@ func TestQuotaFleet(t *testing.T) {
 			t.Fatal(err)
 		}
 		go func() {
-			out, err := exec.Command("cp", p, filepath.Join(mnts[i%2], "p", "incoming", fmt.Sprint(i))).CombinedOutput()
+			if i%3 == 2 {
+				b := content(fmt.Sprint("fleet ", i), 1000)
+				_, _, err := hc.Put(context.Background(), "p", bytes.NewReader(b), int64(len(b)), nil)
+				if errors.Is(err, blob.ErrQuota) {
+					results <- result{false, edquotText + " (HTTP: " + err.Error() + ")"}
+					return
+				}
+				results <- result{err == nil, fmt.Sprint(err)}
+				return
+			}
+			out, err := exec.Command("cp", p, filepath.Join(mnts[i%3], "p", "incoming", fmt.Sprint(i))).CombinedOutput()
 			results <- result{err == nil, string(out)}
 		}()
 	}
