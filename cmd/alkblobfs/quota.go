@@ -15,7 +15,6 @@ import (
 
 	"github.com/spf13/cobra"
 
-	"github.com/alkblobfs/alkblobfs/client"
 	"github.com/alkblobfs/alkblobfs/namespaces"
 	"github.com/alkblobfs/alkblobfs/ops"
 	"github.com/alkblobfs/alkblobfs/store"
@@ -64,13 +63,14 @@ user, with a token of the sweep verb that is not bound to namespaces.
 				if err != nil {
 					return err
 				}
+				// The limits not given are kept: read them first.
 				u, err := c.Usage(ctx, name)
 				if err != nil {
-					return remoteQuotaErr(name, err)
+					return fmt.Errorf("ns quota %s: %w", name, err)
 				}
 				q := set.apply(namespaces.Quota{Bytes: u.Quota.Bytes, Blobs: u.Quota.Blobs})
 				if _, err := c.SetQuota(ctx, name, q.Bytes, q.Blobs); err != nil {
-					return remoteQuotaErr(name, err)
+					return fmt.Errorf("ns quota %s: %w", name, err)
 				}
 				return nil
 			}
@@ -183,16 +183,6 @@ func (a *app) mayQuota() error {
 	return nil
 }
 
-// remoteQuotaErr says a remote quota or usage call failed, with the
-// namespace.
-func remoteQuotaErr(name string, err error) error {
-	var ce *client.Error
-	if errors.As(err, &ce) && errors.Is(err, os.ErrPermission) {
-		return fmt.Errorf("ns quota %s: %w", name, err)
-	}
-	return fmt.Errorf("namespace %s: %w", name, err)
-}
-
 func newNsUsageCmd(a *app) *cobra.Command {
 	return &cobra.Command{
 		Use:         "usage [NAME...]",
@@ -224,7 +214,7 @@ the namespaces the caller may search; NAME is then required.`,
 				for _, name := range args {
 					u, err := c.Usage(ctx, name)
 					if err != nil {
-						return remoteQuotaErr(name, err)
+						return fmt.Errorf("ns usage %s: %w", name, err)
 					}
 					rows = append(rows, namespaces.Usage{Blobs: u.Blobs, Bytes: u.Bytes, UniqueBlobs: u.UniqueBlobs,
 						UniqueBytes: u.UniqueBytes, Quota: namespaces.Quota{Bytes: u.Quota.Bytes, Blobs: u.Quota.Blobs}})
