@@ -178,7 +178,7 @@ func (a *app) mayQuota() error {
 		}
 	}
 	if err := namespaces.AllowedQuota(me, owner); err != nil {
-		return fmt.Errorf("only root and the store's owner (uid %d, who owns %s) set quotas: %w", owner, db, err)
+		return fmt.Errorf("only root and the store's owner set quotas (the store's owner is uid %d, who owns %s): %w", owner, db, err)
 	}
 	return nil
 }

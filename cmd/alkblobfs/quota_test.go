@@ -441,13 +441,22 @@ func TestQuotaSetByOwnerOnly(t *testing.T) {
 	f.c.ok("ns", "create", "shared")
 	f.c.ok("ns", "quota", "shared", "--bytes", "1000")
 
-	// The CLI as a user who owns neither the store nor anything else.
+	// The CLI as a user who owns neither the store nor anything else:
+	// one who cannot look into the data directory, and one who can.
 	fusetest.Reachable(t, bin)
-	out, err := exec.Command("setpriv", "--reuid=4242", "--regid=4242", "--clear-groups", "--",
-		"env", "HOME=/", bin, "--data", f.c.data, "ns", "quota", "shared", "--bytes", "1GiB").CombinedOutput()
-	var ee *exec.ExitError
-	if !errors.As(err, &ee) || ee.ExitCode() != 1 || !strings.Contains(string(out), "only root and the store's owner set quotas") {
-		t.Errorf("ns quota as uid 4242: %v %q; want exit 1 saying only root and the store's owner set quotas", err, out)
+	for _, mode := range []os.FileMode{0o700, 0o711} {
+		if err := os.Chmod(f.c.data, mode); err != nil {
+			t.Fatal(err)
+		}
+		out, err := exec.Command("setpriv", "--reuid=4242", "--regid=4242", "--clear-groups", "--",
+			"env", "HOME=/", bin, "--data", f.c.data, "ns", "quota", "shared", "--bytes", "1GiB").CombinedOutput()
+		var ee *exec.ExitError
+		if !errors.As(err, &ee) || ee.ExitCode() != 1 || !strings.Contains(string(out), "only root and the store's owner set quotas") {
+			t.Errorf("ns quota as uid 4242, data directory %04o: %v %q; want exit 1 saying only root and the store's owner set quotas", mode, err, out)
+		}
+	}
+	if err := os.Chmod(f.c.data, 0o700); err != nil {
+		t.Fatal(err)
 	}
 
 	for _, who := range []string{"other", "bound"} {
