@@ -17,3 +17,11 @@ func SetMaxNamespaceSeries(t interface{ Cleanup(func()) }, n int) {
 	maxNamespaceSeries = n
 	t.Cleanup(func() { maxNamespaceSeries = old })
 }
+
+// SetNamespaceInterval sets how often namespace usage is recounted for
+// /metrics, for servers made afterwards, until the test ends.
+func SetNamespaceInterval(t interface{ Cleanup(func()) }, d time.Duration) {
+	old := nsInterval
+	nsInterval = d
+	t.Cleanup(func() { nsInterval = old })
+}

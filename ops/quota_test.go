@@ -7,6 +7,7 @@ import (
 	"net/http"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/alkblobfs/alkblobfs/blob"
 	"github.com/alkblobfs/alkblobfs/client"
@@ -95,6 +96,7 @@ func TestQuotaHTTP(t *testing.T) {
 // AllowedQuota), and /metrics shows each caller the usage of the
 // namespaces it may search, and only those.
 func TestQuotaHTTPAccess(t *testing.T) {
+	ops.SetNamespaceInterval(t, 0) // every scrape starts a count: the next one sees it
 	e := newEnv(t, envOptions{})
 	ctx := t.Context()
 	// alice (1001) owns "private", mode 0700; "builds" is everyone's.
@@ -135,7 +137,12 @@ func TestQuotaHTTPAccess(t *testing.T) {
 		}
 		return got
 	}
-	a, b := seen(aliceTok), seen(bobTok)
+	// The first scrape starts the count in the background.
+	var a, b map[string]bool
+	waitFor(t, "the namespaces' usage in /metrics", 10*time.Second, func() bool {
+		a, b = seen(aliceTok), seen(bobTok)
+		return a["alkblobfs_namespace_quota_blobs private"] && b["alkblobfs_namespace_bytes builds"]
+	})
 	for _, m := range []string{"alkblobfs_namespace_bytes private", "alkblobfs_namespace_blobs private", "alkblobfs_namespace_unique_bytes private", "alkblobfs_namespace_quota_bytes private", "alkblobfs_namespace_quota_blobs private", "alkblobfs_namespace_bytes builds"} {
 		if !a[m] {
 			t.Errorf("alice's /metrics lacks %s: %v", m, a)
@@ -153,20 +160,25 @@ func TestQuotaHTTPAccess(t *testing.T) {
 // first namespaces in name order that the caller may see.
 func TestNamespaceSeriesBound(t *testing.T) {
 	ops.SetMaxNamespaceSeries(t, 2)
+	ops.SetNamespaceInterval(t, 0)
 	e := newEnv(t, envOptions{})
 	for _, ns := range []string{"c", "a"} {
 		if err := e.svc.Create(t.Context(), ns); err != nil {
 			t.Fatal(err)
 		}
 	}
-	_, _, body := request(t, http.MethodGet, e.url+"/metrics", nil, nil)
 	var got []string
-	for l := range strings.SplitSeq(string(body), "\n") {
-		if ns, ok := strings.CutPrefix(l, `alkblobfs_namespace_blobs{namespace="`); ok {
-			ns, _, _ = strings.Cut(ns, `"`)
-			got = append(got, ns)
+	waitFor(t, "the namespaces' usage in /metrics", 10*time.Second, func() bool {
+		_, _, body := request(t, http.MethodGet, e.url+"/metrics", nil, nil)
+		got = got[:0]
+		for l := range strings.SplitSeq(string(body), "\n") {
+			if ns, ok := strings.CutPrefix(l, `alkblobfs_namespace_blobs{namespace="`); ok {
+				ns, _, _ = strings.Cut(ns, `"`)
+				got = append(got, ns)
+			}
 		}
-	}
+		return len(got) > 0
+	})
 	if strings.Join(got, " ") != "a builds" {
 		t.Errorf("a scrape bounded to 2 namespaces reports %q, want a and builds", got)
 	}

@@ -140,6 +140,9 @@ type Server struct {
 	sharesM sync.Mutex
 	shares  map[uint32]*semaphore.Weighted
 	held    atomic.Int64
+
+	// usages is the namespaces' usage /metrics reports.
+	usages nsUsages
 }
 
 // New returns a server over cfg.Store. Close releases the pins its
@@ -193,6 +196,7 @@ func New(cfg Config) *Server {
 	if cfg.PermTTL < 0 {
 		s.permTTL = 0
 	}
+	s.usages = nsUsages{ns: cfg.Namespaces, every: nsInterval, log: cfg.Logger}
 	s.owner = &Caller{Principal: s.ids.principal(cfg.Owner.UID, first(cfg.Owner.GIDs)), Verbs: AllVerbs}
 	if cfg.AuthToken != "" {
 		if s.tokenFile == nil {
@@ -240,6 +244,7 @@ func (s *Server) Close() {
 	s.gate.Unlock()
 	s.handlers.Wait()
 	s.tokens.close()
+	s.usages.close()
 	s.metrics.Close()
 }
 

@@ -19,6 +19,7 @@ import (
 	"sync/atomic"
 	"syscall"
 	"testing"
+	"time"
 
 	dto "github.com/prometheus/client_model/go"
 	"github.com/prometheus/common/expfmt"
@@ -305,7 +306,7 @@ func TestQuotaEverySurface(t *testing.T) {
 func quotaSameEverywhere(t *testing.T, f *quotaFixture) {
 	t.Helper()
 	rows := cliUsage(t, f.c)
-	fams := scrapeMetricsAs(t, f.url, f.toks["root"])
+	var fams map[string]*dto.MetricFamily
 	series := func(name, ns string) (float64, bool) {
 		for _, m := range fams[name].GetMetric() {
 			for _, l := range m.GetLabel() {
@@ -323,6 +324,17 @@ func quotaSameEverywhere(t *testing.T, f *quotaFixture) {
 		n, _ := strconv.ParseInt(s, 10, 64)
 		return n
 	}
+	// The server counts the namespaces' usage in the background, from
+	// the first scrape on: the count after these changes.
+	eventually(t, 20*time.Second, "every namespace in /metrics", func() bool {
+		fams = scrapeMetricsAs(t, f.url, f.toks["root"])
+		for ns := range rows {
+			if _, ok := series("alkblobfs_namespace_bytes", ns); !ok {
+				return false
+			}
+		}
+		return true
+	})
 	for ns, r := range rows {
 		u, err := f.hc.Usage(t.Context(), ns)
 		if err != nil {
