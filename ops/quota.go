@@ -94,10 +94,12 @@ func (s *Server) setQuota(w http.ResponseWriter, r *http.Request) error {
 
 func wireUsage(ns string, u namespaces.Usage) wire.Usage {
 	return wire.Usage{
-		Namespace: ns,
-		Blobs:     u.Blobs, Bytes: u.Bytes,
-		UniqueBlobs: u.UniqueBlobs, UniqueBytes: u.UniqueBytes,
-		Quota: wire.Quota{Bytes: u.Quota.Bytes, Blobs: u.Quota.Blobs},
+		Namespace:   ns,
+		Blobs:       u.Blobs,
+		Bytes:       u.Bytes,
+		UniqueBlobs: u.UniqueBlobs,
+		UniqueBytes: u.UniqueBytes,
+		Quota:       wire.Quota{Bytes: u.Quota.Bytes, Blobs: u.Quota.Blobs},
 	}
 }
 
