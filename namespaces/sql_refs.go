@@ -259,7 +259,8 @@ func (r *SQL) Unlink(ctx context.Context, name string, d blob.Digest) error {
 			return err
 		}
 		var size sql.NullInt64
-		err := tx.QueryRowContext(ctx, r.q.takeRef, name, d[:]).Scan(&size)
+		var note string
+		err := tx.QueryRowContext(ctx, r.q.takeRef, name, d[:]).Scan(&size, &note)
 		if errors.Is(err, sql.ErrNoRows) {
 			return blob.ErrMissing
 		}
