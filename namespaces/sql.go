@@ -158,12 +158,12 @@ var ddl = map[string][]string{
 const unsizedIndex = `CREATE INDEX IF NOT EXISTS ns_refs_unsized ON ns_refs (digest) WHERE size IS NULL`
 
 type queries struct {
-	create, remove, exists, names       string
-	perm, setPerm                       string
-	linkIf, unlink, has, count, entries string
-	pend, settleTake, settleLink        string
-	renew, recoverTake, recoverLink     string
-	isLive, live                        string
+	create, remove, exists, names   string
+	perm, setPerm                   string
+	linkIf, has, count, entries     string
+	pend, settleTake, settleLink    string
+	renew, recoverTake, recoverLink string
+	isLive, live                    string
 	// usage (sql_usage.go)
 	lockNS, held, pendHeld, charge       string
 	takeRef, intentNS, takeIntent, usage string
@@ -192,7 +192,6 @@ func newQueries(dialect string) queries {
 		names:  r(`SELECT name FROM ns WHERE name > ? ORDER BY name LIMIT ?`),
 
 		linkIf:  r(`INSERT INTO ns_refs (ns, digest, linked_at, size) SELECT ?, ?, ?, ? WHERE EXISTS (SELECT 1 FROM ns WHERE name = ?) ON CONFLICT (ns, digest) DO NOTHING`),
-		unlink:  r(`DELETE FROM ns_refs WHERE ns = ? AND digest = ?`),
 		has:     r(`SELECT linked_at FROM ns_refs WHERE ns = ? AND digest = ?`),
 		count:   r(`SELECT COUNT(*) FROM ns_refs WHERE ns = ?`),
 		entries: r(`SELECT digest, linked_at FROM ns_refs WHERE ns = ? AND digest > ? ORDER BY digest LIMIT ?`),

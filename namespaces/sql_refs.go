@@ -94,21 +94,8 @@ func (r *SQL) linkTx(ctx context.Context, tx *sql.Tx, name string, d blob.Digest
 	return n == 1, nil
 }
 
-// mustExist returns ErrNotFound unless the namespace exists, read in tx:
-// with SQLite's IMMEDIATE transactions nothing can remove it before the
-// insert that follows; on PostgreSQL the foreign key catches a concurrent
-// Remove (see linkFailed).
-func (r *SQL) mustExist(ctx context.Context, tx *sql.Tx, name string) error {
-	var one int
-	err := tx.StmtContext(ctx, r.existsStmt).QueryRowContext(ctx, name).Scan(&one)
-	if errors.Is(err, sql.ErrNoRows) {
-		return ErrNotFound
-	}
-	return err
-}
-
 // linkFailed turns an insert's foreign-key violation (the namespace was
-// removed after mustExist, PostgreSQL only) into ErrNotFound. It re-checks
+// removed concurrently, PostgreSQL only) into ErrNotFound. It re-checks
 // outside the transaction, which a failed statement may have aborted.
 func (r *SQL) linkFailed(ctx context.Context, name string, err error) error {
 	if errors.Is(err, ErrNotFound) {
@@ -259,7 +246,8 @@ func (r *SQL) Unlink(ctx context.Context, name string, d blob.Digest) error {
 			return err
 		}
 		var size sql.NullInt64
-		err := tx.QueryRowContext(ctx, r.q.takeRef, name, d[:]).Scan(&size)
+		var note string
+		err := tx.QueryRowContext(ctx, r.q.takeRef, name, d[:]).Scan(&size, &note)
 		if errors.Is(err, sql.ErrNoRows) {
 			return blob.ErrMissing
 		}

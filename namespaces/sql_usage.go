@@ -31,6 +31,11 @@ import (
 // overshoot. The lock does not conflict with the foreign keys' KEY SHARE
 // locks, so it orders only the writers of one namespace.
 
+// takeRefReturning ends Unlink's statement: the size it frees, and a
+// column that PostgreSQL's Watch fills with its notification
+// (watch_postgres.go).
+const takeRefReturning = ` RETURNING size, ''`
+
 // nsUsageRow is a namespace's row as lockNS reads it.
 type nsUsageRow struct {
 	blobs, bytes int64
@@ -57,7 +62,7 @@ func (q *queries) usageQueries(dialect string) {
 	q.held = r(`SELECT EXISTS (SELECT 1 FROM ns_refs WHERE ns = ? AND digest = ?) OR EXISTS (SELECT 1 FROM ns_pending WHERE ns = ? AND digest = ?)`)
 	q.pendHeld = r(`SELECT EXISTS (SELECT 1 FROM ns_pending WHERE ns = ? AND digest = ?)`)
 	q.charge = r(`UPDATE ns SET blobs = blobs + ?, bytes = bytes + ? WHERE name = ?`)
-	q.takeRef = r(`DELETE FROM ns_refs WHERE ns = ? AND digest = ? RETURNING size`)
+	q.takeRef = r(`DELETE FROM ns_refs WHERE ns = ? AND digest = ?` + takeRefReturning)
 	q.intentNS = r(`SELECT ns FROM ns_pending WHERE id = ?`)
 	q.takeIntent = r(`DELETE FROM ns_pending WHERE id = ? RETURNING ns, digest, size`)
 	// The digests a namespace holds, once each, with their size (a row
