@@ -52,6 +52,11 @@ var (
 	// serving a byte, until the right content is put again or its file is
 	// restored. Errors wrapping it wrap ErrVerification too.
 	ErrCorrupt = errors.New("blob is known corrupt")
+	// ErrQuota: a link into a namespace would take it over its quota
+	// (bytes or blobs). Nothing was linked, and whatever the link was to
+	// publish with it (a put's entry in the same transaction) was not
+	// published. A mount answers EDQUOT, HTTP 507.
+	ErrQuota = errors.New("namespace quota exceeded")
 	// ErrCorruptRow: a stored key is not 32 bytes (FromBytes).
 	ErrCorruptRow = errors.New("corrupt row")
 	// ErrLost: a namespace (a liveness source) links the blob but no tier

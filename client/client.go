@@ -126,21 +126,7 @@ func (c *Client) do(req *http.Request) (*http.Response, error) {
 }
 
 func (c *Client) postJSON(ctx context.Context, path string, in, out any) error {
-	b, err := json.Marshal(in)
-	if err != nil {
-		return err
-	}
-	req, err := http.NewRequestWithContext(ctx, http.MethodPost, c.url(path, nil), bytes.NewReader(b))
-	if err != nil {
-		return err
-	}
-	req.Header.Set("Content-Type", "application/json")
-	resp, err := c.do(req)
-	if err != nil {
-		return err
-	}
-	defer resp.Body.Close()
-	return json.NewDecoder(resp.Body).Decode(out)
+	return c.doJSON(ctx, http.MethodPost, path, in, out)
 }
 
 // Put stores the content of r in namespace ns and returns its digest and
@@ -332,3 +318,48 @@ func (v *verifying) Read(p []byte) (int, error) {
 }
 
 func (v *verifying) Close() error { return v.body.Close() }
+
+// Usage is what namespace ns links and its quota (GET
+// /v1/namespaces/NS/usage): for a caller who may search it.
+func (c *Client) Usage(ctx context.Context, ns string) (wire.Usage, error) {
+	var out wire.Usage
+	err := c.doJSON(ctx, http.MethodGet, "/v1/namespaces/"+url.PathEscape(ns)+"/usage", nil, &out)
+	return out, err
+}
+
+// SetQuota sets namespace ns's limits, 0 for none, and returns its usage
+// under them (PUT /v1/namespaces/NS/quota): root and the server's own
+// user only; anyone else's call matches fs.ErrPermission.
+func (c *Client) SetQuota(ctx context.Context, ns string, bytes, blobs int64) (wire.Usage, error) {
+	var out wire.Usage
+	err := c.doJSON(ctx, http.MethodPut, "/v1/namespaces/"+url.PathEscape(ns)+"/quota", wire.Quota{Bytes: bytes, Blobs: blobs}, &out)
+	return out, err
+}
+
+// doJSON sends in (nil: no body) and decodes the answer into out.
+func (c *Client) doJSON(ctx context.Context, method, path string, in, out any) error {
+	var body io.Reader
+	if in != nil {
+		b, err := json.Marshal(in)
+		if err != nil {
+			return err
+		}
+		body = bytes.NewReader(b)
+	}
+	req, err := http.NewRequestWithContext(ctx, method, c.url(path, nil), body)
+	if err != nil {
+		return err
+	}
+	if in != nil {
+		req.Header.Set("Content-Type", "application/json")
+	}
+	resp, err := c.do(req)
+	if err != nil {
+		return err
+	}
+	defer resp.Body.Close()
+	if err := json.NewDecoder(resp.Body).Decode(out); err != nil {
+		return fmt.Errorf("%s %s: the server's answer: %w", method, path, err)
+	}
+	return nil
+}

@@ -122,6 +122,9 @@ func toErrno(err error) syscall.Errno {
 		return syscall.ENOENT
 	case errors.Is(err, blob.ErrVerification):
 		return syscall.EIO
+	case errors.Is(err, blob.ErrQuota):
+		// Before ErrNoSpace: the namespace's quota, not the store, is full.
+		return syscall.EDQUOT
 	case errors.Is(err, blob.ErrTooLarge), errors.Is(err, blob.ErrNoSpace):
 		return syscall.ENOSPC
 	case errors.Is(err, blob.ErrGcRefuse):

@@ -45,6 +45,7 @@ func TestToErrno(t *testing.T) {
 		{"vanished", errGone, syscall.ENOENT},
 		{"name too long", errNameTooLong, syscall.ENAMETOOLONG},
 		{"store full", wrapped(blob.ErrNoSpace), syscall.ENOSPC},
+		{"namespace at its quota", nsErr(blob.ErrQuota), syscall.EDQUOT},
 		{"failed publish", errPublishFailed, syscall.EIO},
 		{"missing blob", wrapped(blob.ErrMissing), syscall.ENOENT},
 		{"malformed digest", blob.ErrKeyInvalid, syscall.ENOENT},

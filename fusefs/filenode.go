@@ -68,7 +68,6 @@ var (
 	_ = (fs.NodeListxattrer)((*fileNode)(nil))
 	_ = (fs.NodeSetxattrer)((*fileNode)(nil))
 	_ = (fs.NodeRemovexattrer)((*fileNode)(nil))
-	_ = (fs.NodeStatfser)((*fileNode)(nil))
 
 	_ = (fs.FileReader)((*fileHandle)(nil))
 	_ = (fs.FileWriter)((*fileHandle)(nil))

@@ -30,6 +30,9 @@ import (
 type Store interface {
 	Has(ctx context.Context, d blob.Digest) (bool, error)
 	Stat(ctx context.Context, d blob.Digest) (store.Info, bool, error)
+	// Size is d's logical size, which a namespace link charges to the
+	// namespace's usage (namespaces.Pool).
+	Size(ctx context.Context, d blob.Digest) (int64, error)
 	StatMany(ctx context.Context, ds []blob.Digest) (map[blob.Digest]store.Info, error)
 	Get(ctx context.Context, d blob.Digest) (*store.Reader, bool, error)
 	NewUpload(ctx context.Context) (*store.Upload, error)

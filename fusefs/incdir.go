@@ -38,7 +38,6 @@ var (
 	_ = (fs.NodeMknoder)((*incDir)(nil))
 	_ = (fs.NodeGetxattrer)((*incDir)(nil))
 	_ = (fs.NodeSetxattrer)((*incDir)(nil))
-	_ = (fs.NodeStatfser)((*incDir)(nil))
 	_ = (fs.NodeLookuper)((*incDir)(nil))
 	_ = (fs.NodeReaddirer)((*incDir)(nil))
 )

@@ -64,7 +64,6 @@ var (
 	_ = (fs.NodeSymlinker)((*nsDir)(nil))
 	_ = (fs.NodeMknoder)((*nsDir)(nil))
 	_ = (fs.NodeLinker)((*nsDir)(nil))
-	_ = (fs.NodeStatfser)((*nsDir)(nil))
 )
 
 func newNSDir(f *FS, name string) *nsDir {

@@ -219,3 +219,23 @@ func TestChangePerm(t *testing.T) {
 		}
 	}
 }
+
+// TestAllowedQuota: root and the store's owner may set quotas; nobody
+// else, not even a namespace's own owner, and the refusal is EPERM's.
+func TestAllowedQuota(t *testing.T) {
+	const owner = 1000
+	for _, tc := range []struct {
+		who namespaces.Principal
+		ok  bool
+	}{
+		{namespaces.Root, true},
+		{namespaces.Principal{UID: owner, GIDs: []uint32{owner}}, true},
+		{namespaces.Principal{UID: 1001, GIDs: []uint32{0, owner}}, false},
+		{namespaces.Principal{UID: 65534, GIDs: []uint32{65534}}, false},
+	} {
+		err := namespaces.AllowedQuota(tc.who, owner)
+		if tc.ok && err != nil || !tc.ok && !errors.Is(err, namespaces.ErrNotOwner) {
+			t.Errorf("AllowedQuota(%+v, store owner %d) = %v; want allowed %v", tc.who, owner, err, tc.ok)
+		}
+	}
+}

@@ -72,6 +72,31 @@
 // while it runs, so a dead writer whose mountpoint is never mounted
 // again still has its closed files published.
 //
+// # Usage and quotas
+//
+// Every registry keeps each namespace's [Usage] exactly, below the
+// surfaces: the distinct digests it links or pends and their logical
+// bytes. A digest counts once per namespace, from its first link or
+// intent (an intent counts from the close that records it) to the last
+// of them to go: a settle changes nothing, Cancel and Unlink free at
+// once, not at the sweep. A digest in two namespaces counts in both;
+// Usage's unique figures are what no other namespace holds, computed when
+// asked. Sizes reach the registry with the link: [Registry.LinkSized],
+// [Pending.Size], and the put's content length in the [Service]'s publish
+// hooks; a Service's own Link and Pend ask the pool ([Pool.Size]).
+//
+// A [Quota] (SetQuota; who may set one is [AllowedQuota]) limits bytes
+// and blobs. A link or intent that would take the namespace over it fails
+// with an error wrapping blob.ErrQuota and changes nothing — on SQL in the
+// transaction of the row, so a put's publication rolls back with it; a
+// dedup costs nothing and is never refused; LinkManySized is all or
+// nothing. On SQL the counters change in the transaction that changes the
+// rows, after the namespace's row is locked, so the limit holds exactly
+// across processes and hosts and the counters are exact after a crash;
+// [Registry.Recount] recomputes them from the rows (an open runs it when
+// a migration added them, and [Service.FillSizes] sizes the references
+// older stores made without sizes).
+//
 // # Access
 //
 // [Allowed] is who may use a namespace: its [Perm] against a [Principal]
@@ -88,5 +113,8 @@
 // lock. SQL relies on the database: on SQLite, writers serialize on the
 // write lock and each statement is atomic; on PostgreSQL a foreign key from
 // ns_refs to ns keeps a concurrent Link and Remove from leaving a reference
-// in a removed namespace.
+// in a removed namespace, and every writer that may change what a
+// namespace holds locks the namespace's row (FOR NO KEY UPDATE) before it
+// looks, so writers of one namespace serialize on every host
+// (sql_usage.go).
 package namespaces

@@ -217,7 +217,7 @@ func TestServiceRefusesAbsent(t *testing.T) {
 		if _, err := svc.LinkMany(ctx, "a", []blob.Digest{in, out}); !errors.Is(err, blob.ErrMissing) {
 			t.Fatalf("LinkMany with a digest not in the pool = %v, want ErrMissing", err)
 		}
-		if err := svc.LinkFunc("a")(ctx, nil, out); !errors.Is(err, blob.ErrMissing) {
+		if err := svc.LinkFunc("a")(ctx, nil, out, 0); !errors.Is(err, blob.ErrMissing) {
 			t.Fatalf("LinkFunc(nil tx) of a digest not in the pool = %v, want ErrMissing", err)
 		}
 		if _, err := svc.Link(ctx, "bad/name", in); !errors.Is(err, namespaces.ErrBadName) {
@@ -233,7 +233,7 @@ func TestServiceRefusesAbsent(t *testing.T) {
 		if linked, err := svc.Link(ctx, "a", in); err != nil || !linked {
 			t.Fatalf("Link of a pooled digest = %v, %v", linked, err)
 		}
-		mustDo(t, svc.LinkFunc("a")(ctx, nil, in))
+		mustDo(t, svc.LinkFunc("a")(ctx, nil, in, 0))
 		if n, err := svc.LinkMany(ctx, "a", []blob.Digest{in}); err != nil || n != 0 {
 			t.Fatalf("LinkMany of a linked digest = %d, %v", n, err)
 		}
@@ -253,7 +253,7 @@ func TestLinkFuncNeedsTxLinker(t *testing.T) {
 	svc := namespaces.NewService(r, gctest.NewPool(gc.Options{}))
 	v := []byte("v")
 	_, err := e.PutTx(ctx, blob.Sum(v), v, func(ctx context.Context, tx *sql.Tx) error {
-		return svc.LinkFunc("a")(ctx, tx, blob.Sum(v))
+		return svc.LinkFunc("a")(ctx, tx, blob.Sum(v), int64(len(v)))
 	})
 	if err == nil {
 		t.Fatal("LinkFunc with a tx and a Mem registry succeeded")

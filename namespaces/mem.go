@@ -29,6 +29,9 @@ type Mem struct {
 	pending   map[Intent]memIntent
 	pendingIn map[string]int
 	perms     map[string]Perm // recorded Perms (CreatePerm, SetPerm)
+	// usage is each namespace's usage and quota, kept with every change
+	// of its references and intents.
+	usage map[string]*memUsage
 }
 
 type memIntent struct {
@@ -38,13 +41,60 @@ type memIntent struct {
 	until  time.Duration // since Mem.base
 }
 
+// memUsage is one namespace's usage: every digest it links or pends,
+// with its size and how many of its intents name it.
+type memUsage struct {
+	blobs, bytes int64
+	quota        Quota
+	size         map[blob.Digest]int64 // every digest linked or pending
+	pends        map[blob.Digest]int   // intents naming each pending digest
+}
+
+func newMemUsage() *memUsage {
+	return &memUsage{size: make(map[blob.Digest]int64), pends: make(map[blob.Digest]int)}
+}
+
+// held reports whether the namespace links or pends d.
+func (u *memUsage) held(d blob.Digest) bool { _, ok := u.size[d]; return ok }
+
+// charge counts d, new to the namespace, at size.
+func (u *memUsage) charge(d blob.Digest, size int64) {
+	u.size[d] = size
+	u.blobs++
+	u.bytes += size
+}
+
+// release uncounts d unless the namespace still links (refs) or pends it.
+func (u *memUsage) release(refs *ordered, d blob.Digest) {
+	size, ok := u.size[d]
+	if !ok || u.pends[d] > 0 {
+		return
+	}
+	if _, linked := refs.get(d); linked {
+		return
+	}
+	delete(u.size, d)
+	u.blobs--
+	u.bytes -= size
+}
+
+// admit returns nil if growing by blobs and bytes stays within the quota,
+// and an error wrapping blob.ErrQuota otherwise. Growth by nothing is
+// always admitted (a dedup).
+func (u *memUsage) admit(blobs, bytes int64) error {
+	if blobs == 0 || u.quota.fits(u.blobs+blobs, u.bytes+bytes) {
+		return nil
+	}
+	return errQuota(u.quota, Usage{Blobs: u.blobs, Bytes: u.bytes}, blobs, bytes)
+}
+
 var _ Registry = (*Mem)(nil)
 
 // NewMem returns an empty in-memory registry. clock stamps LinkedAt; nil
 // means the wall clock.
 func NewMem(clock Clock) *Mem {
 	return &Mem{clock: orWall(clock), base: time.Now(), ns: make(map[string]*ordered),
-		pending: make(map[Intent]memIntent), pendingIn: make(map[string]int)}
+		pending: make(map[Intent]memIntent), pendingIn: make(map[string]int), usage: make(map[string]*memUsage)}
 }
 
 // Create implements Registry.
@@ -65,6 +115,7 @@ func (m *Mem) create(ctx context.Context, name string, p *Perm) error {
 		return wrap("create", name, blob.Digest{}, ErrExists)
 	}
 	m.ns[name] = &ordered{}
+	m.usage[name] = newMemUsage()
 	i, _ := slices.BinarySearch(m.names, name)
 	m.names = slices.Insert(m.names, i, name)
 	if p != nil {
@@ -123,6 +174,7 @@ func (m *Mem) Remove(ctx context.Context, name string) error {
 	}
 	delete(m.ns, name)
 	delete(m.perms, name)
+	delete(m.usage, name)
 	i, _ := slices.BinarySearch(m.names, name)
 	m.names = slices.Delete(m.names, i, i+1)
 	return nil
@@ -158,12 +210,26 @@ func (m *Mem) Names(ctx context.Context, after string) iter.Seq2[string, error] 
 
 // Link implements Registry.
 func (m *Mem) Link(ctx context.Context, name string, d blob.Digest) (bool, error) {
-	n, err := m.link(ctx, "link", name, []blob.Digest{d})
+	return m.LinkSized(ctx, name, d, 0)
+}
+
+// LinkSized implements Registry.
+func (m *Mem) LinkSized(ctx context.Context, name string, d blob.Digest, size int64) (bool, error) {
+	n, err := m.link(ctx, "link", name, []Sized{{Digest: d, Size: size}})
 	return n == 1, err
 }
 
 // LinkMany implements Registry.
 func (m *Mem) LinkMany(ctx context.Context, name string, ds []blob.Digest) (int, error) {
+	sized := make([]Sized, len(ds))
+	for i, d := range ds {
+		sized[i].Digest = d
+	}
+	return m.link(ctx, "linkmany", name, sized)
+}
+
+// LinkManySized implements Registry.
+func (m *Mem) LinkManySized(ctx context.Context, name string, ds []Sized) (int, error) {
 	return m.link(ctx, "linkmany", name, ds)
 }
 
@@ -175,17 +241,47 @@ func (m *Mem) Pend(ctx context.Context, name string, d blob.Digest, p Pending) (
 	if p.Holder == "" {
 		return 0, wrap("pend", name, d, errors.New("an intent needs a holder"))
 	}
+	if err := checkSize(p.Size); err != nil {
+		return 0, wrap("pend", name, d, err)
+	}
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	if _, ok := m.ns[name]; !ok {
 		return 0, wrap("pend", name, d, ErrNotFound)
 	}
+	// The replaced intent goes first, as on SQL, so that its charge is
+	// freed before this one's is admitted; a refusal puts it back.
+	old, hadOld := m.pending[p.Replaces]
+	var oldSize int64
+	if hadOld {
+		oldSize = m.usage[old.ns].size[old.d]
+	}
 	m.dropIntentLocked(p.Replaces)
+	u := m.usage[name]
+	if !u.held(d) {
+		if err := u.admit(1, p.Size); err != nil {
+			if hadOld {
+				m.addIntentLocked(p.Replaces, old, oldSize)
+			}
+			return 0, wrap("pend", name, d, err)
+		}
+	}
 	i := newIntent()
-	m.pending[i] = memIntent{ns: name, d: d, holder: p.Holder, until: time.Since(m.base) + p.TTL}
-	m.pendingIn[name]++
-	m.live.add(d, 1)
+	m.addIntentLocked(i, memIntent{ns: name, d: d, holder: p.Holder, until: time.Since(m.base) + p.TTL}, p.Size)
 	return i, nil
+}
+
+// addIntentLocked records intent i, charging its namespace size if the
+// digest is new to it (the caller has admitted it).
+func (m *Mem) addIntentLocked(i Intent, p memIntent, size int64) {
+	u := m.usage[p.ns]
+	if !u.held(p.d) {
+		u.charge(p.d, size)
+	}
+	u.pends[p.d]++
+	m.pending[i] = p
+	m.pendingIn[p.ns]++
+	m.live.add(p.d, 1)
 }
 
 // Settle implements Registry.
@@ -221,6 +317,11 @@ func (m *Mem) dropIntentLocked(i Intent) {
 		delete(m.pendingIn, p.ns)
 	}
 	m.live.add(p.d, -1)
+	u := m.usage[p.ns]
+	if u.pends[p.d]--; u.pends[p.d] <= 0 {
+		delete(u.pends, p.d)
+	}
+	u.release(m.ns[p.ns], p.d)
 }
 
 // Cancel implements Registry.
@@ -284,13 +385,20 @@ func (m *Mem) Recover(ctx context.Context, holder string) (int, error) {
 	return n, nil
 }
 
-func (m *Mem) link(ctx context.Context, op, name string, ds []blob.Digest) (int, error) {
+// link links ds, all or nothing: the digests new to the namespace are
+// admitted against its quota together before any is linked.
+func (m *Mem) link(ctx context.Context, op, name string, ds []Sized) (int, error) {
 	var d0 blob.Digest
 	if len(ds) == 1 {
-		d0 = ds[0]
+		d0 = ds[0].Digest
 	}
 	if err := check(ctx, name); err != nil {
 		return 0, wrap(op, name, d0, err)
+	}
+	for _, d := range ds {
+		if err := checkSize(d.Size); err != nil {
+			return 0, wrap(op, name, d.Digest, err)
+		}
 	}
 	now := m.clock.Now().UnixNano()
 	m.mu.Lock()
@@ -299,10 +407,25 @@ func (m *Mem) link(ctx context.Context, op, name string, ds []blob.Digest) (int,
 	if !ok {
 		return 0, wrap(op, name, d0, ErrNotFound)
 	}
+	u := m.usage[name]
+	var blobs, bytes int64
+	seen := make(map[blob.Digest]bool, len(ds))
+	for _, d := range ds {
+		if !u.held(d.Digest) && !seen[d.Digest] {
+			seen[d.Digest] = true
+			blobs, bytes = blobs+1, bytes+d.Size
+		}
+	}
+	if err := u.admit(blobs, bytes); err != nil {
+		return 0, wrap(op, name, d0, err)
+	}
 	n := 0
 	for _, d := range ds {
-		if refs.insert(d, now) {
-			m.live.add(d, 1)
+		if !u.held(d.Digest) {
+			u.charge(d.Digest, d.Size)
+		}
+		if refs.insert(d.Digest, now) {
+			m.live.add(d.Digest, 1)
 			n++
 		}
 	}
@@ -324,7 +447,87 @@ func (m *Mem) Unlink(ctx context.Context, name string, d blob.Digest) error {
 		return wrap("unlink", name, d, blob.ErrMissing)
 	}
 	m.live.add(d, -1)
+	m.usage[name].release(refs, d)
 	return nil
+}
+
+// Usage implements Registry.
+func (m *Mem) Usage(ctx context.Context, name string) (Usage, error) {
+	if err := check(ctx, name); err != nil {
+		return Usage{}, wrap("usage", name, blob.Digest{}, err)
+	}
+	m.mu.RLock()
+	defer m.mu.RUnlock()
+	u, ok := m.usage[name]
+	if !ok {
+		return Usage{}, wrap("usage", name, blob.Digest{}, ErrNotFound)
+	}
+	out := Usage{Blobs: u.blobs, Bytes: u.bytes, Quota: u.quota}
+	refs := m.ns[name]
+	for d, size := range u.size {
+		// live counts every reference and intent naming d; those of
+		// this namespace are its own.
+		all, _ := m.live.get(d)
+		own := int64(u.pends[d])
+		if _, linked := refs.get(d); linked {
+			own++
+		}
+		if all == own {
+			out.UniqueBlobs++
+			out.UniqueBytes += size
+		}
+	}
+	return out, nil
+}
+
+// SetQuota implements Registry.
+func (m *Mem) SetQuota(ctx context.Context, name string, q Quota) error {
+	if err := check(ctx, name); err != nil {
+		return wrap("set quota", name, blob.Digest{}, err)
+	}
+	if err := q.check(); err != nil {
+		return wrap("set quota", name, blob.Digest{}, err)
+	}
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	u, ok := m.usage[name]
+	if !ok {
+		return wrap("set quota", name, blob.Digest{}, ErrNotFound)
+	}
+	u.quota = q
+	return nil
+}
+
+// Recount implements Registry: the counters are recomputed from the
+// sizes of the digests each namespace holds.
+func (m *Mem) Recount(ctx context.Context) (int, error) {
+	if err := ctx.Err(); err != nil {
+		return 0, wrap("recount", "", blob.Digest{}, err)
+	}
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	fixed := 0
+	for _, u := range m.usage {
+		var bytes int64
+		for _, size := range u.size {
+			bytes += size
+		}
+		if blobs := int64(len(u.size)); blobs != u.blobs || bytes != u.bytes {
+			u.blobs, u.bytes = blobs, bytes
+			fixed++
+		}
+	}
+	return fixed, nil
+}
+
+// damageUsage sets a namespace's counters to wrong values, for the tests
+// of Recount.
+func (m *Mem) damageUsage(name string, blobs, bytes int64) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if u, ok := m.usage[name]; ok {
+		u.blobs, u.bytes = blobs, bytes
+	}
 }
 
 // Has implements Registry.

@@ -70,3 +70,16 @@ func TestPostgresLinkTx(t *testing.T) {
 	r, e := openPostgres(t, pgtest.DSN(t), nil)
 	testLinkTx(t, r, e)
 }
+
+// TestPostgresUsage: two registries on one database, each with its own
+// engine and connection pool, race as two hosts of a fleet would.
+func TestPostgresUsage(t *testing.T) {
+	nstest.RunUsage(t, func(t *testing.T, n int) []namespaces.Registry {
+		dsn := pgtest.DSN(t)
+		regs := make([]namespaces.Registry, n)
+		for i := range regs {
+			regs[i], _ = openPostgres(t, dsn, nil)
+		}
+		return regs
+	}, damage)
+}

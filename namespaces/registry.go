@@ -68,13 +68,27 @@ type Registry interface {
 	// reference, and a re-link keeps the first LinkedAt. ErrNotFound if the
 	// namespace is absent.
 	Link(ctx context.Context, name string, d blob.Digest) (linked bool, err error)
+	// LinkSized is Link charging the namespace size bytes (the blob's
+	// logical size) when the digest is new to it: a digest the namespace
+	// already links or pends costs nothing and never fails for quota. A
+	// link that would take the namespace over its Quota fails with an
+	// error wrapping blob.ErrQuota and changes nothing. Link is LinkSized
+	// with size 0: a bare Registry does not see the pool, so a Service's
+	// Link, which asks the pool for the size, is what charges bytes.
+	LinkSized(ctx context.Context, name string, d blob.Digest, size int64) (linked bool, err error)
+	// LinkManySized is LinkMany with sizes (see LinkSized): all or
+	// nothing, quota included — if the digests new to the namespace would
+	// take it over its Quota, none is linked.
+	LinkManySized(ctx context.Context, name string, ds []Sized) (linked int, err error)
 	// LinkMany links every digest in ds atomically (all or nothing), all
 	// stamped with one clock reading, and returns how many references it
 	// added. Duplicates in ds are allowed. It is the bulk path (imports,
 	// restores, tests): one transaction, not len(ds).
 	LinkMany(ctx context.Context, name string, ds []blob.Digest) (linked int, err error)
-	// Unlink drops the reference to d. An absent reference returns an error
-	// wrapping blob.ErrMissing; an absent namespace ErrNotFound.
+	// Unlink drops the reference to d, and frees its charge at once
+	// (not at the sweep) unless an intent of the namespace still names d.
+	// An absent reference returns an error wrapping blob.ErrMissing; an
+	// absent namespace ErrNotFound.
 	Unlink(ctx context.Context, name string, d blob.Digest) error
 	// Has returns the reference to d if there is one. ErrNotFound if the
 	// namespace is absent.
@@ -92,8 +106,10 @@ type Registry interface {
 	// canceled, d is live (the registry reports it to the GC) but not
 	// referenced: Has, Entries and Count do not show it. The intent is
 	// durable where the registry is (SQL): after a crash, Recover links
-	// it. holder names the writer (see Recover); the TTL is how long the
-	// intent lives unless renewed. replaces, when non-zero, is the same writer's
+	// it. It charges p.Size to the namespace's usage as LinkSized does:
+	// an intent over the Quota fails with blob.ErrQuota. holder names
+	// the writer (see Recover); the TTL is how long the intent lives
+	// unless renewed. replaces, when non-zero, is the same writer's
 	// earlier intent, dropped atomically with this one's recording: a
 	// version superseded before its writer finished is never linked.
 	// ErrNotFound if the namespace is absent.
@@ -103,8 +119,9 @@ type Registry interface {
 	// intent already gone (canceled, or settled by Recover) is not an
 	// error: it changes nothing and reports false.
 	Settle(ctx context.Context, i Intent) (linked bool, err error)
-	// Cancel drops an intent without linking. An intent already gone is
-	// not an error.
+	// Cancel drops an intent without linking, and frees its charge at
+	// once if nothing else in the namespace names its digest. An intent
+	// already gone is not an error.
 	Cancel(ctx context.Context, i Intent) error
 	// Renew gives every intent of holder ttl more to live, from now.
 	Renew(ctx context.Context, holder string, ttl time.Duration) error
@@ -115,6 +132,24 @@ type Registry interface {
 	Recover(ctx context.Context, holder string) (int, error)
 	// Holders lists the holders of intents, once each.
 	Holders(ctx context.Context) ([]string, error)
+	// Usage returns what the namespace holds and its quota (see Usage).
+	// Blobs and Bytes are counters kept with the rows they count (in the
+	// same transaction on SQL); the unique figures are one query over the
+	// namespace's rows. ErrNotFound if the namespace is absent.
+	Usage(ctx context.Context, name string) (Usage, error)
+	// SetQuota records q as the namespace's quota; the zero Quota clears
+	// it. A quota below the current usage is allowed: nothing is removed,
+	// and further growth is refused. Who may call it is AllowedQuota's
+	// rule, which the surfaces apply. ErrNotFound if the namespace is
+	// absent.
+	SetQuota(ctx context.Context, name string, q Quota) error
+	// Recount recomputes every namespace's usage counters from its rows
+	// and fixes them, and returns how many namespaces it found wrong. The
+	// counters change in the transactions that change the rows, so they
+	// are exact after a crash too; Recount is the repair for counters
+	// damaged otherwise, and what an open runs after a migration added
+	// them.
+	Recount(ctx context.Context) (fixed int, err error)
 	// Entries streams the namespace's references in ascending digest order,
 	// starting after `after` (the zero digest lists from the start, itself
 	// included). It reads a page at a time by key (digest > last) and holds
@@ -130,7 +165,9 @@ type Registry interface {
 // transaction, so that a kv put and its link commit together (see
 // engines.TxPutter and store.WithLink). *SQL implements it.
 type TxLinker interface {
-	LinkTx(ctx context.Context, tx *sql.Tx, name string, d blob.Digest) (linked bool, err error)
+	// LinkTx is Registry.LinkSized inside tx: a link refused for quota
+	// fails, and the caller's transaction rolls back with it.
+	LinkTx(ctx context.Context, tx *sql.Tx, name string, d blob.Digest, size int64) (linked bool, err error)
 	// PendTx is Registry.Pend inside tx.
 	PendTx(ctx context.Context, tx *sql.Tx, name string, d blob.Digest, p Pending) (Intent, error)
 	// CancelTx is Registry.Cancel inside tx.
@@ -170,6 +207,12 @@ type Pending struct {
 	TTL time.Duration
 	// Replaces is the writer's earlier intent for the same file, or 0.
 	Replaces Intent
+	// Size is the blob's logical size, charged to the namespace's usage
+	// from the intent's recording if the namespace neither links nor
+	// pends the digest yet (see Registry.LinkSized). An intent that would
+	// take the namespace over its Quota is refused (blob.ErrQuota) and
+	// not recorded; settling it later costs nothing more.
+	Size int64
 }
 
 // Clock stamps LinkedAt and created_at: wall times, which a mount shows as

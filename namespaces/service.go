@@ -21,6 +21,10 @@ type Pool interface {
 	Pin(ctx context.Context, d blob.Digest) (*gc.Pin, error)
 	// PinMany is Pin for many digests at once.
 	PinMany(ctx context.Context, ds []blob.Digest) ([]*gc.Pin, error)
+	// Size returns d's logical size, which a link charges to the
+	// namespace's usage; an error wrapping blob.ErrMissing if the pool
+	// does not hold d.
+	Size(ctx context.Context, d blob.Digest) (int64, error)
 }
 
 // Service is a Registry whose Link and LinkMany refuse digests that are not
@@ -92,27 +96,40 @@ func (s *Service) Have(ctx context.Context, name string, ds []blob.Digest) (pres
 // keep d instead. Where pins are rows, the pin commits before the check, so
 // this holds for a sweep in any process. After the link, the registry
 // itself keeps d live.
+//
+// It charges the blob's size, which it asks the pool, to the namespace's
+// usage (Registry.LinkSized): a link over the namespace's quota fails
+// with blob.ErrQuota.
 func (s *Service) Link(ctx context.Context, name string, d blob.Digest) (bool, error) {
 	var linked bool
-	err := s.checked(ctx, "link", name, d, func() (err error) {
-		linked, err = s.Registry.Link(ctx, name, d)
+	err := s.checked(ctx, "link", name, d, func(size int64) (err error) {
+		linked, err = s.Registry.LinkSized(ctx, name, d, size)
 		return err
 	})
 	return linked, err
 }
 
-// Pend is Registry.Pend with Link's pool check.
+// LinkSized is Link; size is ignored for the pool's own (the caller's
+// figure could be wrong, and usage must be exact).
+func (s *Service) LinkSized(ctx context.Context, name string, d blob.Digest, _ int64) (bool, error) {
+	return s.Link(ctx, name, d)
+}
+
+// Pend is Registry.Pend with Link's pool check; the intent is charged the
+// pool's size of d, whatever p.Size says.
 func (s *Service) Pend(ctx context.Context, name string, d blob.Digest, p Pending) (Intent, error) {
 	var i Intent
-	err := s.checked(ctx, "pend", name, d, func() (err error) {
+	err := s.checked(ctx, "pend", name, d, func(size int64) (err error) {
+		p.Size = size
 		i, err = s.Registry.Pend(ctx, name, d, p)
 		return err
 	})
 	return i, err
 }
 
-// checked runs f while d is pinned and known to be in the pool.
-func (s *Service) checked(ctx context.Context, op, name string, d blob.Digest, f func() error) error {
+// checked runs f with d's size while d is pinned and known to be in the
+// pool.
+func (s *Service) checked(ctx context.Context, op, name string, d blob.Digest, f func(size int64) error) error {
 	if err := check(ctx, name); err != nil {
 		return wrap(op, name, d, err)
 	}
@@ -124,11 +141,16 @@ func (s *Service) checked(ctx context.Context, op, name string, d blob.Digest, f
 	if err := s.present(ctx, d); err != nil {
 		return wrap(op, name, d, err)
 	}
-	return f()
+	size, err := s.pool.Size(ctx, d)
+	if err != nil {
+		return wrap(op, name, d, err)
+	}
+	return f(size)
 }
 
 // LinkMany is Link for many digests, all or nothing: one missing digest
-// fails the call and links none.
+// fails the call and links none, and so does a quota the new ones would
+// exceed (Registry.LinkManySized).
 func (s *Service) LinkMany(ctx context.Context, name string, ds []blob.Digest) (int, error) {
 	if err := check(ctx, name); err != nil {
 		return 0, wrap("linkmany", name, blob.Digest{}, err)
@@ -138,12 +160,27 @@ func (s *Service) LinkMany(ctx context.Context, name string, ds []blob.Digest) (
 		return 0, wrap("linkmany", name, blob.Digest{}, err)
 	}
 	defer gc.ReleaseAll(pins)
-	for _, d := range ds {
+	sized := make([]Sized, len(ds))
+	for i, d := range ds {
 		if err := s.present(ctx, d); err != nil {
 			return 0, wrap("linkmany", name, d, err)
 		}
+		size, err := s.pool.Size(ctx, d)
+		if err != nil {
+			return 0, wrap("linkmany", name, d, err)
+		}
+		sized[i] = Sized{Digest: d, Size: size}
 	}
-	return s.Registry.LinkMany(ctx, name, ds)
+	return s.Registry.LinkManySized(ctx, name, sized)
+}
+
+// LinkManySized is LinkMany; the sizes are the pool's, not the caller's.
+func (s *Service) LinkManySized(ctx context.Context, name string, ds []Sized) (int, error) {
+	digests := make([]blob.Digest, len(ds))
+	for i, d := range ds {
+		digests[i] = d.Digest
+	}
+	return s.LinkMany(ctx, name, digests)
 }
 
 func (s *Service) present(ctx context.Context, d blob.Digest) error {
@@ -156,7 +193,10 @@ func (s *Service) present(ctx context.Context, d blob.Digest) error {
 
 // LinkFunc returns a publish hook that links the put's digest into name,
 // shaped as store.LinkFunc so that store.WithLink(svc.LinkFunc(ns)) needs no
-// conversion (this package does not import store).
+// conversion (this package does not import store). size is the put's
+// content length, which the link charges to the namespace (LinkSized): a
+// link over the quota fails the put, and in the joint form nothing
+// commits.
 //
 // With tx set, the put is inserting d in that very transaction, so the
 // registry links in it (TxLinker) and skips the pool check: the reference
@@ -164,8 +204,8 @@ func (s *Service) present(ctx context.Context, d blob.Digest) error {
 // until then. A registry that cannot join a transaction fails the put
 // rather than link outside it. With tx nil (engines that cannot join), the
 // entry is already published and Link runs with its pool check.
-func (s *Service) LinkFunc(name string) func(ctx context.Context, tx *sql.Tx, d blob.Digest) error {
-	return func(ctx context.Context, tx *sql.Tx, d blob.Digest) error {
+func (s *Service) LinkFunc(name string) func(ctx context.Context, tx *sql.Tx, d blob.Digest, size int64) error {
+	return func(ctx context.Context, tx *sql.Tx, d blob.Digest, size int64) error {
 		if tx == nil {
 			_, err := s.Link(ctx, name, d)
 			return err
@@ -174,7 +214,7 @@ func (s *Service) LinkFunc(name string) func(ctx context.Context, tx *sql.Tx, d 
 		if err != nil {
 			return err
 		}
-		_, err = tl.LinkTx(ctx, tx, name, d)
+		_, err = tl.LinkTx(ctx, tx, name, d, size)
 		return err
 	}
 }
@@ -184,11 +224,11 @@ func (s *Service) LinkFunc(name string) func(ctx context.Context, tx *sql.Tx, d 
 // the put's transaction that is one link and one delete; without one it
 // records an intent replacing p.Replaces and settles it, two steps each
 // atomic, so a crash between them leaves only the final version pending.
-func (s *Service) SettleFunc(name string, p Pending) func(ctx context.Context, tx *sql.Tx, d blob.Digest) error {
+func (s *Service) SettleFunc(name string, p Pending) func(ctx context.Context, tx *sql.Tx, d blob.Digest, size int64) error {
 	if p.Replaces == 0 {
 		return s.LinkFunc(name)
 	}
-	return func(ctx context.Context, tx *sql.Tx, d blob.Digest) error {
+	return func(ctx context.Context, tx *sql.Tx, d blob.Digest, size int64) error {
 		if tx == nil {
 			i, err := s.Pend(ctx, name, d, p)
 			if err != nil {
@@ -201,10 +241,15 @@ func (s *Service) SettleFunc(name string, p Pending) func(ctx context.Context, t
 		if err != nil {
 			return err
 		}
-		if _, err := tl.LinkTx(ctx, tx, name, d); err != nil {
+		// The earlier version goes first, as in Pend, so that its
+		// charge is freed before this one's is admitted against the
+		// quota: a file rewritten near the limit is judged by what it
+		// will hold, not by both versions at once.
+		if err := tl.CancelTx(ctx, tx, p.Replaces); err != nil {
 			return err
 		}
-		return tl.CancelTx(ctx, tx, p.Replaces)
+		_, err = tl.LinkTx(ctx, tx, name, d, size)
+		return err
 	}
 }
 
@@ -213,8 +258,13 @@ func (s *Service) SettleFunc(name string, p Pending) func(ctx context.Context, t
 // then fails, as its transaction's COMMIT may have landed unanswered (or,
 // with tx nil, the intent's own: SQL.Pend). A caller whose put failed with
 // *out set drops it (Lease.Abandon).
-func (s *Service) PendFunc(name string, p Pending, out *Intent) func(ctx context.Context, tx *sql.Tx, d blob.Digest) error {
-	return func(ctx context.Context, tx *sql.Tx, d blob.Digest) error {
+//
+// The intent is charged size, the put's content length (p.Size is
+// ignored): one over the namespace's quota fails the put with
+// blob.ErrQuota, and in the joint form the put's entry does not commit.
+func (s *Service) PendFunc(name string, p Pending, out *Intent) func(ctx context.Context, tx *sql.Tx, d blob.Digest, size int64) error {
+	return func(ctx context.Context, tx *sql.Tx, d blob.Digest, size int64) error {
+		p.Size = size
 		var i Intent
 		var err error
 		if tx == nil {
@@ -230,6 +280,57 @@ func (s *Service) PendFunc(name string, p Pending, out *Intent) func(ctx context
 		}
 		return err
 	}
+}
+
+// unsizedRows is a registry whose rows may lack sizes: a store made
+// before usage was kept (SQL).
+type unsizedRows interface {
+	unsizedPage(ctx context.Context, after blob.Digest, n int) ([]blob.Digest, error)
+	setSize(ctx context.Context, d blob.Digest, size int64) error
+}
+
+// FillSizes gives the references and intents made before usage was kept
+// their blobs' sizes, from the pool, and then recounts every namespace's
+// usage (Registry.Recount); it returns how many digests it sized. A
+// digest the pool does not hold (lost) is sized 0. Until it runs, such
+// rows count as blobs of 0 bytes. It finds nothing to do at once on a
+// store made since (an index holds only the unsized references), so
+// every process that opens a writable store may call it.
+func (s *Service) FillSizes(ctx context.Context) (int, error) {
+	u, ok := s.Registry.(unsizedRows)
+	if !ok {
+		return 0, nil
+	}
+	filled := 0
+	var after blob.Digest
+	for {
+		page, err := u.unsizedPage(ctx, after, pageSize)
+		if err != nil {
+			return filled, wrap("fill sizes", "", blob.Digest{}, err)
+		}
+		if len(page) == 0 {
+			break
+		}
+		for _, d := range page {
+			size, err := s.pool.Size(ctx, d)
+			if errors.Is(err, blob.ErrMissing) {
+				size, err = 0, nil
+			}
+			if err == nil {
+				err = u.setSize(ctx, d, size)
+			}
+			if err != nil {
+				return filled, wrap("fill sizes", "", d, err)
+			}
+			filled++
+		}
+		after = page[len(page)-1]
+	}
+	if filled == 0 {
+		return 0, nil
+	}
+	_, err := s.Registry.Recount(ctx)
+	return filled, err
 }
 
 func (s *Service) txLinker(name string, d blob.Digest) (TxLinker, error) {

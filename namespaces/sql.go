@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"iter"
+	"slices"
 	"strings"
 
 	"github.com/alkblobfs/alkblobfs/blob"
@@ -46,6 +47,8 @@ type SQL struct {
 	// per put was a tenth of the CPU of a `cp -r` of small files.
 	existsStmt, linkStmt, pendStmt, unpendStmt *sql.Stmt
 	settleTakeStmt, settleLinkStmt             *sql.Stmt
+	lockStmt, heldStmt, pendHeldStmt           *sql.Stmt
+	chargeStmt                                 *sql.Stmt
 	// batch, when the engine has one (SQLite), carries the registry's
 	// write transactions (write), settles lazily.
 	batch *engines.Batcher
@@ -54,6 +57,9 @@ type SQL struct {
 	// noPerm: the ns table has no permission columns (an older store on
 	// read-only media): Perm reports none.
 	noPerm bool
+	// noUsage: the tables have no usage columns (an older store on
+	// read-only media): Usage fails, and nothing can be written anyway.
+	noUsage bool
 	// pends, when the engine has it (PostgreSQL), carries the intents of
 	// puts into the put's own batch statement (PendTx).
 	pends pendDeferrer
@@ -76,7 +82,11 @@ var ddl = map[string][]string{
 			created_at INTEGER NOT NULL,
 			uid        INTEGER,
 			gid        INTEGER,
-			mode       INTEGER
+			mode       INTEGER,
+			blobs       INTEGER NOT NULL DEFAULT 0,
+			bytes       INTEGER NOT NULL DEFAULT 0,
+			quota_blobs INTEGER NOT NULL DEFAULT 0,
+			quota_bytes INTEGER NOT NULL DEFAULT 0
 		) WITHOUT ROWID`,
 		// WITHOUT ROWID clusters the rows by (ns, digest): a namespace's
 		// listing reads consecutive pages.
@@ -84,15 +94,18 @@ var ddl = map[string][]string{
 			ns        TEXT NOT NULL REFERENCES ns (name),
 			digest    BLOB NOT NULL,
 			linked_at INTEGER NOT NULL,
+			size      INTEGER,
 			PRIMARY KEY (ns, digest)
 		) WITHOUT ROWID`,
 		`CREATE INDEX IF NOT EXISTS ns_refs_digest ON ns_refs (digest)`,
+		unsizedIndex,
 		`CREATE TABLE IF NOT EXISTS ns_pending (
 			id     INTEGER PRIMARY KEY,
 			ns     TEXT NOT NULL REFERENCES ns (name),
 			digest BLOB NOT NULL,
 			holder TEXT NOT NULL,
-			expiry INTEGER NOT NULL
+			expiry INTEGER NOT NULL,
+			size   INTEGER
 		)`,
 		`CREATE INDEX IF NOT EXISTS ns_pending_digest ON ns_pending (digest)`,
 		// No index on holder: it cost every small close a b-tree write,
@@ -108,7 +121,11 @@ var ddl = map[string][]string{
 			created_at BIGINT NOT NULL,
 			uid        BIGINT,
 			gid        BIGINT,
-			mode       BIGINT
+			mode       BIGINT,
+			blobs       BIGINT NOT NULL DEFAULT 0,
+			bytes       BIGINT NOT NULL DEFAULT 0,
+			quota_blobs BIGINT NOT NULL DEFAULT 0,
+			quota_bytes BIGINT NOT NULL DEFAULT 0
 		)`,
 		// The foreign key closes the Link/Remove race under READ COMMITTED
 		// (SQLite serializes writers, so it needs no enforcement there).
@@ -116,32 +133,45 @@ var ddl = map[string][]string{
 			ns        TEXT COLLATE "C" NOT NULL REFERENCES ns (name),
 			digest    BYTEA NOT NULL,
 			linked_at BIGINT NOT NULL,
+			size      BIGINT,
 			PRIMARY KEY (ns, digest)
 		)`,
 		`CREATE INDEX IF NOT EXISTS ns_refs_digest ON ns_refs (digest)`,
+		unsizedIndex,
 		`CREATE TABLE IF NOT EXISTS ns_pending (
 			id     BIGINT PRIMARY KEY,
 			ns     TEXT COLLATE "C" NOT NULL REFERENCES ns (name),
 			digest BYTEA NOT NULL,
 			holder TEXT NOT NULL,
-			expiry BIGINT NOT NULL
+			expiry BIGINT NOT NULL,
+			size   BIGINT
 		)`,
 		`CREATE INDEX IF NOT EXISTS ns_pending_digest ON ns_pending (digest)`,
 		`CREATE INDEX IF NOT EXISTS ns_pending_holder ON ns_pending (holder)`,
 	},
 }
 
+// unsizedIndex finds the references made before sizes were kept, which
+// Service.FillSizes sizes from the pool: empty once they are, so it costs
+// the writes of sized references nothing, and an open finds at once that
+// there is nothing to fill.
+const unsizedIndex = `CREATE INDEX IF NOT EXISTS ns_refs_unsized ON ns_refs (digest) WHERE size IS NULL`
+
 type queries struct {
-	create, remove, exists, names        string
-	perm, setPerm                        string
-	linkIf, unlink, has, count, entries  string
-	pend, unpend, settleTake, settleLink string
-	renew, recoverTake, recoverLink      string
-	isLive, live                         string
+	create, remove, exists, names   string
+	perm, setPerm                   string
+	linkIf, has, count, entries     string
+	pend, settleTake, settleLink    string
+	renew, recoverTake, recoverLink string
+	isLive, live                    string
+	// usage (sql_usage.go)
+	lockNS, held, pendHeld, charge       string
+	takeRef, intentNS, takeIntent, usage string
+	unique, recount, setQuota, setUsage  string
 	linkRows                             string // linkBatch rows per INSERT
 }
 
-// linkBatch is how many rows one LinkMany INSERT carries: 768 bind
+// linkBatch is how many rows one LinkMany INSERT carries: 1024 bind
 // parameters, far under SQLite's 32 766 and PostgreSQL's 65 535, and
 // enough to amortize per-statement cost.
 const linkBatch = 256
@@ -161,20 +191,18 @@ func newQueries(dialect string) queries {
 		exists: r(`SELECT 1 FROM ns WHERE name = ?`),
 		names:  r(`SELECT name FROM ns WHERE name > ? ORDER BY name LIMIT ?`),
 
-		linkIf:  r(`INSERT INTO ns_refs (ns, digest, linked_at) SELECT ?, ?, ? WHERE EXISTS (SELECT 1 FROM ns WHERE name = ?) ON CONFLICT (ns, digest) DO NOTHING`),
-		unlink:  r(`DELETE FROM ns_refs WHERE ns = ? AND digest = ?`),
+		linkIf:  r(`INSERT INTO ns_refs (ns, digest, linked_at, size) SELECT ?, ?, ?, ? WHERE EXISTS (SELECT 1 FROM ns WHERE name = ?) ON CONFLICT (ns, digest) DO NOTHING`),
 		has:     r(`SELECT linked_at FROM ns_refs WHERE ns = ? AND digest = ?`),
 		count:   r(`SELECT COUNT(*) FROM ns_refs WHERE ns = ?`),
 		entries: r(`SELECT digest, linked_at FROM ns_refs WHERE ns = ? AND digest > ? ORDER BY digest LIMIT ?`),
 
-		pend:   r(`INSERT INTO ns_pending (id, ns, digest, holder, expiry) SELECT ?, ?, ?, ?, {now} + ? WHERE EXISTS (SELECT 1 FROM ns WHERE name = ?)`),
-		unpend: r(`DELETE FROM ns_pending WHERE id = ?`),
-		renew:  r(`UPDATE ns_pending SET expiry = {now} + ? WHERE holder = ?`),
+		pend:  r(`INSERT INTO ns_pending (id, ns, digest, holder, expiry, size) SELECT ?, ?, ?, ?, {now} + ?, ? WHERE EXISTS (SELECT 1 FROM ns WHERE name = ?)`),
+		renew: r(`UPDATE ns_pending SET expiry = {now} + ? WHERE holder = ?`),
 		// Settle and Recover on SQLite: take the rows, then link them, in
 		// one IMMEDIATE transaction.
-		settleTake:  r(`DELETE FROM ns_pending WHERE id = ? RETURNING ns, digest`),
-		settleLink:  r(`INSERT INTO ns_refs (ns, digest, linked_at) VALUES (?, ?, ?) ON CONFLICT (ns, digest) DO NOTHING`),
-		recoverLink: r(`INSERT INTO ns_refs (ns, digest, linked_at) SELECT DISTINCT ns, digest, ? FROM ns_pending WHERE holder = ? OR expiry < {now} ON CONFLICT (ns, digest) DO NOTHING`),
+		settleTake:  r(`DELETE FROM ns_pending WHERE id = ? RETURNING ns, digest, size`),
+		settleLink:  r(`INSERT INTO ns_refs (ns, digest, linked_at, size) VALUES (?, ?, ?, ?) ON CONFLICT (ns, digest) DO NOTHING`),
+		recoverLink: r(`INSERT INTO ns_refs (ns, digest, linked_at, size) SELECT ns, digest, ?, max(size) FROM ns_pending WHERE holder = ? OR expiry < {now} GROUP BY ns, digest ON CONFLICT (ns, digest) DO NOTHING`),
 		recoverTake: r(`DELETE FROM ns_pending WHERE holder = ? OR expiry < {now}`),
 
 		// A digest is live while a namespace references it or an intent
@@ -190,25 +218,32 @@ func newQueries(dialect string) queries {
 			UNION (SELECT DISTINCT digest FROM ns_pending WHERE digest > $2 ORDER BY digest LIMIT $3)
 			ORDER BY 1 LIMIT $3`
 		// One statement each: READ COMMITTED gives no snapshot across two.
-		q.settleTake = `WITH p AS (DELETE FROM ns_pending WHERE id = $1 RETURNING ns, digest),
-			l AS (INSERT INTO ns_refs (ns, digest, linked_at) SELECT ns, digest, $2::bigint FROM p ON CONFLICT (ns, digest) DO NOTHING RETURNING 1)
+		// Each first locks the namespaces' rows it settles into (k), as
+		// every writer that changes what a namespace holds does
+		// (sql_usage.go): an Unlink of the digest an intent settles into
+		// must not judge it unheld by the intent this statement takes.
+		q.settleTake = `WITH k AS (SELECT name FROM ns WHERE name = (SELECT ns FROM ns_pending WHERE id = $1) FOR NO KEY UPDATE),
+			p AS (DELETE FROM ns_pending WHERE id = $1 AND ns IN (SELECT name FROM k) RETURNING ns, digest, size),
+			l AS (INSERT INTO ns_refs (ns, digest, linked_at, size) SELECT ns, digest, $2::bigint, size FROM p ON CONFLICT (ns, digest) DO NOTHING RETURNING 1)
 			SELECT count(*) FROM l`
-		q.recoverTake = `WITH p AS (DELETE FROM ns_pending WHERE holder = $1 OR expiry < ` + now + ` RETURNING ns, digest),
-			l AS (INSERT INTO ns_refs (ns, digest, linked_at) SELECT DISTINCT ns, digest, $2::bigint FROM p ON CONFLICT (ns, digest) DO NOTHING)
+		q.recoverTake = `WITH k AS (SELECT name FROM ns WHERE name IN (SELECT ns FROM ns_pending WHERE holder = $1 OR expiry < ` + now + `) ORDER BY name FOR NO KEY UPDATE),
+			p AS (DELETE FROM ns_pending WHERE (holder = $1 OR expiry < ` + now + `) AND ns IN (SELECT name FROM k) RETURNING ns, digest, size),
+			l AS (INSERT INTO ns_refs (ns, digest, linked_at, size) SELECT ns, digest, $2::bigint, max(size) FROM p GROUP BY ns, digest ON CONFLICT (ns, digest) DO NOTHING)
 			SELECT count(*) FROM p`
 	}
+	q.usageQueries(dialect)
 	q.linkRows = linkRowsQuery(dialect, linkBatch)
 	return q
 }
 
 func linkRowsQuery(dialect string, rows int) string {
 	var b strings.Builder
-	b.WriteString(`INSERT INTO ns_refs (ns, digest, linked_at) VALUES `)
+	b.WriteString(`INSERT INTO ns_refs (ns, digest, linked_at, size) VALUES `)
 	for i := range rows {
 		if i > 0 {
 			b.WriteString(", ")
 		}
-		b.WriteString("(?, ?, ?)")
+		b.WriteString("(?, ?, ?, ?)")
 	}
 	b.WriteString(` ON CONFLICT (ns, digest) DO NOTHING`)
 	return rebind(dialect, b.String())
@@ -232,6 +267,21 @@ func OpenSQL(ctx context.Context, e engines.SQL, clock Clock) (*SQL, error) {
 	if dialect == "sqlite" && rows == nil {
 		return nil, fmt.Errorf("namespaces: open sqlite: %T keeps no row clock (engines.RowClock) to time intents with; open the database with engines/sqlite", e)
 	}
+	// The usage columns go in first: the schema's index of unsized
+	// references names one of them.
+	var usageAdded, usageCols bool
+	err := retryDeadlock(func() (err error) {
+		usageAdded, usageCols, err = addUsageColumns(ctx, db, dialect)
+		return err
+	})
+	if err != nil {
+		return nil, fmt.Errorf("namespaces: open %s: add the usage columns: %w", dialect, err)
+	}
+	if !usageCols {
+		// An older store on read-only media: no index on a column it
+		// lacks.
+		stmts = slices.DeleteFunc(slices.Clone(stmts), func(s string) bool { return s == unsizedIndex })
+	}
 	if err := createSchema(ctx, db, dialect, stmts); err != nil {
 		return nil, fmt.Errorf("namespaces: open %s: create schema: %w", dialect, err)
 	}
@@ -241,14 +291,14 @@ func OpenSQL(ctx context.Context, e engines.SQL, clock Clock) (*SQL, error) {
 		}
 	}
 	var permCols bool
-	err := retryDeadlock(func() (err error) {
+	err = retryDeadlock(func() (err error) {
 		permCols, err = addPermColumns(ctx, db, dialect)
 		return err
 	})
 	if err != nil {
 		return nil, fmt.Errorf("namespaces: open %s: add the ns permission columns: %w", dialect, err)
 	}
-	r := &SQL{db: db, dialect: dialect, clock: orWall(clock), q: newQueries(dialect), noPerm: !permCols}
+	r := &SQL{db: db, dialect: dialect, clock: orWall(clock), q: newQueries(dialect), noPerm: !permCols, noUsage: !usageCols}
 	r.settles = &settleGroup{db: db}
 	r.pends, _ = e.(pendDeferrer)
 	if dialect == "sqlite" {
@@ -262,6 +312,13 @@ func OpenSQL(ctx context.Context, e engines.SQL, clock Clock) (*SQL, error) {
 	r.watchOpen(e)
 	if err := retryDeadlock(func() error { return r.prepare(ctx) }); err != nil {
 		return nil, fmt.Errorf("namespaces: open %s: prepare: %w", dialect, err)
+	}
+	if usageAdded {
+		// The rows made before usage was kept are counted once, now;
+		// their sizes are unknown (0) until Service.FillSizes.
+		if _, err := r.Recount(ctx); err != nil {
+			return nil, fmt.Errorf("namespaces: open %s: count the usage of a store made before it was kept: %w", dialect, err)
+		}
 	}
 	return r, nil
 }
@@ -285,13 +342,23 @@ func retryDeadlock(f func() error) error {
 func (r *SQL) prepare(ctx context.Context) error {
 	db := r.db
 	var prepared []*sql.Stmt
-	for _, p := range []struct {
+	stmts := []struct {
 		st **sql.Stmt
 		q  string
-	}{
-		{&r.existsStmt, r.q.exists}, {&r.linkStmt, r.q.linkIf}, {&r.pendStmt, r.q.pend}, {&r.unpendStmt, r.q.unpend},
-		{&r.settleTakeStmt, r.q.settleTake}, {&r.settleLinkStmt, r.q.settleLink},
-	} {
+	}{{&r.existsStmt, r.q.exists}}
+	if !r.noUsage {
+		// The rest name the usage columns, which an older store on
+		// read-only media lacks; it writes nothing (see writable).
+		stmts = append(stmts, []struct {
+			st **sql.Stmt
+			q  string
+		}{
+			{&r.linkStmt, r.q.linkIf}, {&r.pendStmt, r.q.pend}, {&r.unpendStmt, r.q.takeIntent},
+			{&r.settleTakeStmt, r.q.settleTake}, {&r.settleLinkStmt, r.q.settleLink},
+			{&r.lockStmt, r.q.lockNS}, {&r.heldStmt, r.q.held}, {&r.pendHeldStmt, r.q.pendHeld}, {&r.chargeStmt, r.q.charge},
+		}...)
+	}
+	for _, p := range stmts {
 		st, err := db.PrepareContext(ctx, p.q)
 		if err != nil {
 			for _, st := range prepared {
@@ -301,6 +368,15 @@ func (r *SQL) prepare(ctx context.Context) error {
 		}
 		*p.st = st
 		prepared = append(prepared, st)
+	}
+	return nil
+}
+
+// writable fails a write on an older store opened on read-only media
+// (noUsage), whose statements are not prepared.
+func (r *SQL) writable() error {
+	if r.noUsage {
+		return errNoUsage
 	}
 	return nil
 }

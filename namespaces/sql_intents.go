@@ -35,7 +35,7 @@ func (r *SQL) Pend(ctx context.Context, name string, d blob.Digest, p Pending) (
 // in the put's own statement (engines/postgres.Engine.DeferPend): it
 // reports false where tx is not such a transaction.
 type pendDeferrer interface {
-	DeferPend(tx *sql.Tx, id int64, ns string, d blob.Digest, holder string, ttl time.Duration) bool
+	DeferPend(tx *sql.Tx, id int64, ns string, d blob.Digest, holder string, ttl time.Duration, size int64) bool
 	// InProbe reports whether tx only probes what the batch's jobs ask
 	// for; a statement on it fails, and the batch then takes a
 	// transaction.
@@ -55,10 +55,14 @@ func (r *SQL) PendTx(ctx context.Context, tx *sql.Tx, name string, d blob.Digest
 	if p.Holder == "" {
 		return 0, wrap("pend", name, d, errors.New("an intent needs a holder"))
 	}
+	if err := errors.Join(checkSize(p.Size), r.writable()); err != nil {
+		return 0, wrap("pend", name, d, err)
+	}
 	if p.Replaces == 0 && r.pends != nil {
 		// Carried by the put's batch statement, which fails as a whole
-		// (and runs again with this statement) if the namespace is gone.
-		if i := newIntent(); r.pends.DeferPend(tx, int64(i), name, d, p.Holder, p.TTL) {
+		// (and runs again with this statement) if the namespace is gone
+		// or the intent is over its quota.
+		if i := newIntent(); r.pends.DeferPend(tx, int64(i), name, d, p.Holder, p.TTL, p.Size) {
 			return i, nil
 		}
 	}
@@ -67,8 +71,31 @@ func (r *SQL) PendTx(ctx context.Context, tx *sql.Tx, name string, d blob.Digest
 			return 0, err
 		}
 	}
+	i, err := r.pendTx(ctx, tx, name, d, p)
+	if err != nil {
+		return 0, wrap("pend", name, d, err)
+	}
+	return i, nil
+}
+
+// pendTx records the intent in tx, charging p.Size if the namespace does
+// not hold d yet (sql_usage.go).
+func (r *SQL) pendTx(ctx context.Context, tx *sql.Tx, name string, d blob.Digest, p Pending) (Intent, error) {
+	u, err := r.lockNS(ctx, tx, name)
+	if err != nil {
+		return 0, r.linkFailed(ctx, name, err)
+	}
+	held, err := r.isHeld(ctx, tx, name, d)
+	if err != nil {
+		return 0, err
+	}
+	if !held {
+		if err := u.admit(1, p.Size); err != nil {
+			return 0, err
+		}
+	}
 	i := newIntent()
-	res, err := r.txExec(ctx, tx, r.pendStmt, r.q.pend, r.args(int64(i), name, d[:], p.Holder, nowArg{}, int64(p.TTL), name)...)
+	res, err := r.txExec(ctx, tx, r.pendStmt, r.q.pend, r.args(int64(i), name, d[:], p.Holder, nowArg{}, int64(p.TTL), p.Size, name)...)
 	var n int64
 	if err == nil {
 		n, err = res.RowsAffected()
@@ -78,14 +105,20 @@ func (r *SQL) PendTx(ctx context.Context, tx *sql.Tx, name string, d blob.Digest
 	if err == nil && n == 0 {
 		err = ErrNotFound
 	}
+	if err == nil && !held {
+		err = r.chargeTx(ctx, tx, name, 1, p.Size)
+	}
 	if err != nil {
-		return 0, wrap("pend", name, d, err)
+		return 0, err
 	}
 	return i, nil
 }
 
 // Settle implements Registry.
 func (r *SQL) Settle(ctx context.Context, i Intent) (bool, error) {
+	if err := r.writable(); err != nil {
+		return false, wrap("settle", "", blob.Digest{}, err)
+	}
 	now := r.clock.Now().UnixNano()
 	if r.dialect == "postgres" {
 		linked, err := r.settles.do(ctx, i, now)
@@ -96,16 +129,19 @@ func (r *SQL) Settle(ctx context.Context, i Intent) (bool, error) {
 	}
 	var linked bool
 	settle := func(ctx context.Context, tx *sql.Tx) error {
+		// The namespace held the digest through the intent and holds it
+		// through the reference: the counters do not change.
 		var name string
 		var b []byte
-		err := tx.StmtContext(ctx, r.settleTakeStmt).QueryRowContext(ctx, int64(i)).Scan(&name, &b)
+		var size sql.NullInt64
+		err := tx.StmtContext(ctx, r.settleTakeStmt).QueryRowContext(ctx, int64(i)).Scan(&name, &b, &size)
 		if errors.Is(err, sql.ErrNoRows) {
 			return nil
 		}
 		if err != nil {
 			return err
 		}
-		res, err := tx.StmtContext(ctx, r.settleLinkStmt).ExecContext(ctx, name, b, now)
+		res, err := tx.StmtContext(ctx, r.settleLinkStmt).ExecContext(ctx, name, b, now, size)
 		if err != nil {
 			return err
 		}
@@ -121,9 +157,13 @@ func (r *SQL) Settle(ctx context.Context, i Intent) (bool, error) {
 	return linked, nil
 }
 
-// Cancel implements Registry.
+// Cancel implements Registry, in its own transaction (cancelTx).
 func (r *SQL) Cancel(ctx context.Context, i Intent) error {
-	if _, err := r.unpendStmt.ExecContext(ctx, int64(i)); err != nil {
+	if err := r.writable(); err != nil {
+		return wrap("cancel", "", blob.Digest{}, err)
+	}
+	err := r.inTx(ctx, func(ctx context.Context, tx *sql.Tx) error { return r.cancelTx(ctx, tx, i) })
+	if err != nil {
 		return wrap("cancel", "", blob.Digest{}, err)
 	}
 	return nil
@@ -131,7 +171,10 @@ func (r *SQL) Cancel(ctx context.Context, i Intent) error {
 
 // CancelTx implements TxLinker.
 func (r *SQL) CancelTx(ctx context.Context, tx *sql.Tx, i Intent) error {
-	if _, err := r.txExec(ctx, tx, r.unpendStmt, r.q.unpend, int64(i)); err != nil {
+	if err := r.writable(); err != nil {
+		return wrap("cancel", "", blob.Digest{}, err)
+	}
+	if err := r.cancelTx(ctx, tx, i); err != nil {
 		return wrap("cancel", "", blob.Digest{}, err)
 	}
 	return nil
@@ -253,9 +296,14 @@ const settleGroupMax = 256
 // other in a cycle), stamped $2. It returns, for each pair it linked anew,
 // the smallest of the intents that named it: that settle linked, the
 // others found it linked.
-const settleManySQL = `WITH p AS (DELETE FROM ns_pending WHERE id = ANY($1::bigint[]) RETURNING id, ns, digest),
-	l AS (INSERT INTO ns_refs (ns, digest, linked_at)
-		SELECT DISTINCT ns, digest, $2::bigint FROM p ORDER BY ns, digest
+//
+// It first locks the rows of the namespaces it settles into (k), in name
+// order, as every writer that changes what a namespace holds does
+// (sql_usage.go).
+const settleManySQL = `WITH k AS (SELECT name FROM ns WHERE name IN (SELECT ns FROM ns_pending WHERE id = ANY($1::bigint[])) ORDER BY name FOR NO KEY UPDATE),
+	p AS (DELETE FROM ns_pending WHERE id = ANY($1::bigint[]) AND ns IN (SELECT name FROM k) RETURNING id, ns, digest, size),
+	l AS (INSERT INTO ns_refs (ns, digest, linked_at, size)
+		SELECT ns, digest, $2::bigint, max(size) FROM p GROUP BY ns, digest ORDER BY ns, digest
 		ON CONFLICT (ns, digest) DO NOTHING RETURNING ns, digest)
 	SELECT min(p.id) FROM p JOIN l ON p.ns = l.ns AND p.digest = l.digest GROUP BY p.ns, p.digest`
 

@@ -15,13 +15,21 @@ import (
 
 // Link implements Registry. It runs in its own transaction; see LinkTx.
 func (r *SQL) Link(ctx context.Context, name string, d blob.Digest) (bool, error) {
+	return r.LinkSized(ctx, name, d, 0)
+}
+
+// LinkSized implements Registry, in its own transaction.
+func (r *SQL) LinkSized(ctx context.Context, name string, d blob.Digest, size int64) (bool, error) {
 	if err := check(ctx, name); err != nil {
+		return false, wrap("link", name, d, err)
+	}
+	if err := errors.Join(checkSize(size), r.writable()); err != nil {
 		return false, wrap("link", name, d, err)
 	}
 	var linked bool
 	err := r.inTx(ctx, func(ctx context.Context, tx *sql.Tx) error {
 		var err error
-		linked, err = r.linkTx(ctx, tx, name, d)
+		linked, err = r.linkTx(ctx, tx, name, d, size)
 		return err
 	})
 	if err != nil {
@@ -34,8 +42,11 @@ func (r *SQL) Link(ctx context.Context, name string, d blob.Digest) (bool, error
 // the registry's database: the reference commits or rolls back with tx.
 // This is how a kv put and its link become one (store.WithLink with
 // Service.LinkFunc).
-func (r *SQL) LinkTx(ctx context.Context, tx *sql.Tx, name string, d blob.Digest) (bool, error) {
+func (r *SQL) LinkTx(ctx context.Context, tx *sql.Tx, name string, d blob.Digest, size int64) (bool, error) {
 	if err := check(ctx, name); err != nil {
+		return false, wrap("link", name, d, err)
+	}
+	if err := errors.Join(checkSize(size), r.writable()); err != nil {
 		return false, wrap("link", name, d, err)
 	}
 	if r.pends != nil && r.pends.InProbe(tx) {
@@ -43,44 +54,53 @@ func (r *SQL) LinkTx(ctx context.Context, tx *sql.Tx, name string, d blob.Digest
 		// would fail and linkFailed would ask the server why.
 		return false, errNeedsTx
 	}
-	linked, err := r.linkTx(ctx, tx, name, d)
+	linked, err := r.linkTx(ctx, tx, name, d, size)
 	if err != nil {
 		return false, wrap("link", name, d, err)
 	}
 	return linked, nil
 }
 
-func (r *SQL) linkTx(ctx context.Context, tx *sql.Tx, name string, d blob.Digest) (bool, error) {
-	// One statement inserts only if the namespace exists; no row means
-	// already linked or no such namespace.
-	res, err := tx.StmtContext(ctx, r.linkStmt).ExecContext(ctx, name, d[:], r.clock.Now().UnixNano(), name)
+// linkTx links d in tx, charging size if the namespace does not hold d
+// yet (sql_usage.go): lock the namespace's row, look, admit, insert,
+// count.
+func (r *SQL) linkTx(ctx context.Context, tx *sql.Tx, name string, d blob.Digest, size int64) (bool, error) {
+	u, err := r.lockNS(ctx, tx, name)
+	if err != nil {
+		return false, r.linkFailed(ctx, name, err)
+	}
+	held, err := r.isHeld(ctx, tx, name, d)
+	if err != nil {
+		return false, err
+	}
+	if !held {
+		if err := u.admit(1, size); err != nil {
+			return false, err
+		}
+	}
+	res, err := r.txExec(ctx, tx, r.linkStmt, r.q.linkIf, name, d[:], r.clock.Now().UnixNano(), size, name)
 	if err != nil {
 		return false, r.linkFailed(ctx, name, err)
 	}
 	n, err := res.RowsAffected()
-	if err != nil || n == 1 {
-		return n == 1, err
+	if err != nil {
+		return false, err
 	}
-	return false, r.mustExist(ctx, tx, name)
-}
-
-// mustExist returns ErrNotFound unless the namespace exists, read in tx:
-// with SQLite's IMMEDIATE transactions nothing can remove it before the
-// insert that follows; on PostgreSQL the foreign key catches a concurrent
-// Remove (see linkFailed).
-func (r *SQL) mustExist(ctx context.Context, tx *sql.Tx, name string) error {
-	var one int
-	err := tx.StmtContext(ctx, r.existsStmt).QueryRowContext(ctx, name).Scan(&one)
-	if errors.Is(err, sql.ErrNoRows) {
-		return ErrNotFound
+	if n == 1 && !held {
+		if err := r.chargeTx(ctx, tx, name, 1, size); err != nil {
+			return false, err
+		}
 	}
-	return err
+	return n == 1, nil
 }
 
 // linkFailed turns an insert's foreign-key violation (the namespace was
-// removed after mustExist, PostgreSQL only) into ErrNotFound. It re-checks
+// removed concurrently, PostgreSQL only) into ErrNotFound. It re-checks
 // outside the transaction, which a failed statement may have aborted.
 func (r *SQL) linkFailed(ctx context.Context, name string, err error) error {
+	if errors.Is(err, ErrNotFound) {
+		return err
+	}
 	if ok, cerr := r.exists(ctx, r.db, name); cerr == nil && !ok {
 		return ErrNotFound
 	}
@@ -89,20 +109,54 @@ func (r *SQL) linkFailed(ctx context.Context, name string, err error) error {
 
 // LinkMany implements Registry: one transaction, linkBatch rows per INSERT.
 func (r *SQL) LinkMany(ctx context.Context, name string, ds []blob.Digest) (int, error) {
+	sized := make([]Sized, len(ds))
+	for i, d := range ds {
+		sized[i].Digest = d
+	}
+	return r.LinkManySized(ctx, name, sized)
+}
+
+// LinkManySized implements Registry: one transaction, which locks the
+// namespace's row, finds which digests it holds already, admits the
+// others against the quota together, inserts linkBatch rows per INSERT
+// and updates the counters once.
+func (r *SQL) LinkManySized(ctx context.Context, name string, ds []Sized) (int, error) {
 	if err := check(ctx, name); err != nil {
 		return 0, wrap("linkmany", name, blob.Digest{}, err)
+	}
+	if err := r.writable(); err != nil {
+		return 0, wrap("linkmany", name, blob.Digest{}, err)
+	}
+	for _, d := range ds {
+		if err := checkSize(d.Size); err != nil {
+			return 0, wrap("linkmany", name, d.Digest, err)
+		}
 	}
 	now := r.clock.Now().UnixNano()
 	// Inserting in key order turns random B-tree inserts into near-appends
 	// on both the primary key and the digest index: 2.5× faster for random
 	// batches on SQLite, 10× when the caller's batches are ordered too.
 	ds = slices.Clone(ds)
-	slices.SortFunc(ds, blob.Digest.Compare)
-	ds = slices.Compact(ds)
+	slices.SortFunc(ds, func(a, b Sized) int { return a.Digest.Compare(b.Digest) })
+	ds = slices.CompactFunc(ds, func(a, b Sized) bool { return a.Digest == b.Digest })
 	total := 0
 	err := r.inTx(ctx, func(ctx context.Context, tx *sql.Tx) error {
 		total = 0
-		if err := r.mustExist(ctx, tx, name); err != nil {
+		u, err := r.lockNS(ctx, tx, name)
+		if err != nil {
+			return err
+		}
+		held, err := r.heldAmong(ctx, tx, name, ds)
+		if err != nil {
+			return err
+		}
+		var blobs, bytes int64
+		for _, d := range ds {
+			if !held[d.Digest] {
+				blobs, bytes = blobs+1, bytes+d.Size
+			}
+		}
+		if err := u.admit(blobs, bytes); err != nil {
 			return err
 		}
 		var full *sql.Stmt
@@ -114,12 +168,12 @@ func (r *SQL) LinkMany(ctx context.Context, name string, ds []blob.Digest) (int,
 			defer st.Close()
 			full = st
 		}
-		args := make([]any, 0, 3*linkBatch)
+		args := make([]any, 0, 4*linkBatch)
 		for rest := ds; len(rest) > 0; {
 			k := min(len(rest), linkBatch)
 			args = args[:0]
 			for i := range rest[:k] {
-				args = append(args, name, rest[i][:], now)
+				args = append(args, name, rest[i].Digest[:], now, rest[i].Size)
 			}
 			q := ""
 			if k < linkBatch {
@@ -132,7 +186,10 @@ func (r *SQL) LinkMany(ctx context.Context, name string, ds []blob.Digest) (int,
 			total += n
 			rest = rest[k:]
 		}
-		return nil
+		if blobs == 0 {
+			return nil
+		}
+		return r.chargeTx(ctx, tx, name, blobs, bytes)
 	})
 	if err != nil {
 		return 0, wrap("linkmany", name, blob.Digest{}, err)
@@ -179,15 +236,31 @@ func (r *SQL) Unlink(ctx context.Context, name string, d blob.Digest) error {
 	if err := check(ctx, name); err != nil {
 		return wrap("unlink", name, d, err)
 	}
-	res, err := r.db.ExecContext(ctx, r.q.unlink, name, d[:])
-	var n int64
-	if err == nil {
-		n, err = res.RowsAffected()
-	}
-	if err != nil || n == 1 {
+	if err := r.writable(); err != nil {
 		return wrap("unlink", name, d, err)
 	}
-	return wrap("unlink", name, d, r.absent(ctx, name, blob.ErrMissing))
+	// Lock the namespace's row, take the reference, and free its charge
+	// unless an intent of the namespace still names d.
+	err := r.inTx(ctx, func(ctx context.Context, tx *sql.Tx) error {
+		if _, err := r.lockNS(ctx, tx, name); err != nil {
+			return err
+		}
+		var size sql.NullInt64
+		var note string
+		err := tx.QueryRowContext(ctx, r.q.takeRef, name, d[:]).Scan(&size, &note)
+		if errors.Is(err, sql.ErrNoRows) {
+			return blob.ErrMissing
+		}
+		if err != nil {
+			return err
+		}
+		held, err := r.pendHeld(ctx, tx, name, d)
+		if err != nil || held {
+			return err
+		}
+		return r.chargeTx(ctx, tx, name, -1, -size.Int64)
+	})
+	return wrap("unlink", name, d, err)
 }
 
 // absent explains a miss: ErrNotFound if the namespace is gone, else miss.

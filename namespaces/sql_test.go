@@ -16,6 +16,8 @@ import (
 	"github.com/alkblobfs/alkblobfs/engines/postgres"
 	"github.com/alkblobfs/alkblobfs/engines/postgres/pgtest"
 	"github.com/alkblobfs/alkblobfs/engines/sqlite"
+	"github.com/alkblobfs/alkblobfs/gc"
+	"github.com/alkblobfs/alkblobfs/gc/gctest"
 	"github.com/alkblobfs/alkblobfs/namespaces"
 	"github.com/alkblobfs/alkblobfs/namespaces/nstest"
 )
@@ -140,7 +142,7 @@ func testLinkTx(t *testing.T, r *namespaces.SQL, e interface {
 	// probe first: engines/postgres/putfast.go), so it returns its
 	// failures rather than end the test from the batch's goroutine.
 	_, err := e.PutTx(ctx, d, v, func(ctx context.Context, tx *sql.Tx) error {
-		if linked, err := r.LinkTx(ctx, tx, "a", d); err != nil || !linked {
+		if linked, err := r.LinkTx(ctx, tx, "a", d, 0); err != nil || !linked {
 			return fmt.Errorf("LinkTx = %v, %w", linked, err)
 		}
 		return boom
@@ -157,7 +159,7 @@ func testLinkTx(t *testing.T, r *namespaces.SQL, e interface {
 
 	// A link into an absent namespace fails the put as a whole.
 	_, err = e.PutTx(ctx, d, v, func(ctx context.Context, tx *sql.Tx) error {
-		_, err := r.LinkTx(ctx, tx, "nope", d)
+		_, err := r.LinkTx(ctx, tx, "nope", d, 0)
 		return err
 	})
 	if !errors.Is(err, namespaces.ErrNotFound) {
@@ -169,7 +171,7 @@ func testLinkTx(t *testing.T, r *namespaces.SQL, e interface {
 
 	// Success: both commit.
 	if _, err := e.PutTx(ctx, d, v, func(ctx context.Context, tx *sql.Tx) error {
-		_, err := r.LinkTx(ctx, tx, "a", d)
+		_, err := r.LinkTx(ctx, tx, "a", d, 0)
 		return err
 	}); err != nil {
 		t.Fatal(err)
@@ -307,4 +309,122 @@ func TestOpenBesideAWriter(t *testing.T) {
 	if d := time.Since(start); d > 2*time.Second {
 		t.Fatalf("open beside a writer took %s", d)
 	}
+}
+
+// TestSQLiteUsage: two registries on one SQLite file race as two
+// processes of one host would.
+func TestSQLiteUsage(t *testing.T) {
+	nstest.RunUsage(t, func(t *testing.T, n int) []namespaces.Registry {
+		path := filepath.Join(t.TempDir(), "kv.db")
+		regs := make([]namespaces.Registry, n)
+		for i := range regs {
+			regs[i], _ = openSQLiteEngine(t, path, nil)
+		}
+		return regs
+	}, damage)
+}
+
+// TestUsageColumnsAdded: a store made before usage was kept opens, by
+// several processes at once, with its namespaces' blobs counted; its
+// references' sizes come from the pool with Service.FillSizes, which
+// then recounts the bytes, and finds nothing to do the next time.
+func TestUsageColumnsAdded(t *testing.T) {
+	t.Run("sqlite", func(t *testing.T) {
+		path := filepath.Join(t.TempDir(), "kv.db")
+		open := func() engines.SQL {
+			e, err := sqlite.Open(t.Context(), path)
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() { e.Close() })
+			return e
+		}
+		testUsageColumnsAdded(t, open().DB(), []string{
+			`CREATE TABLE ns (name TEXT PRIMARY KEY, created_at INTEGER NOT NULL, uid INTEGER, gid INTEGER, mode INTEGER) WITHOUT ROWID`,
+			`CREATE TABLE ns_refs (ns TEXT NOT NULL REFERENCES ns (name), digest BLOB NOT NULL, linked_at INTEGER NOT NULL, PRIMARY KEY (ns, digest)) WITHOUT ROWID`,
+			`CREATE INDEX ns_refs_digest ON ns_refs (digest)`,
+			`CREATE TABLE ns_pending (id INTEGER PRIMARY KEY, ns TEXT NOT NULL REFERENCES ns (name), digest BLOB NOT NULL, holder TEXT NOT NULL, expiry INTEGER NOT NULL)`,
+			`CREATE INDEX ns_pending_digest ON ns_pending (digest)`,
+		}, open)
+	})
+	t.Run("postgres", func(t *testing.T) {
+		dsn := pgtest.DSN(t)
+		open := func() engines.SQL {
+			e, err := postgres.Open(t.Context(), dsn)
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() { e.Close() })
+			return e
+		}
+		testUsageColumnsAdded(t, open().DB(), []string{
+			`CREATE TABLE ns (name TEXT COLLATE "C" PRIMARY KEY, created_at BIGINT NOT NULL, uid BIGINT, gid BIGINT, mode BIGINT)`,
+			`CREATE TABLE ns_refs (ns TEXT COLLATE "C" NOT NULL REFERENCES ns (name), digest BYTEA NOT NULL, linked_at BIGINT NOT NULL, PRIMARY KEY (ns, digest))`,
+			`CREATE INDEX ns_refs_digest ON ns_refs (digest)`,
+			`CREATE TABLE ns_pending (id BIGINT PRIMARY KEY, ns TEXT COLLATE "C" NOT NULL REFERENCES ns (name), digest BYTEA NOT NULL, holder TEXT NOT NULL, expiry BIGINT NOT NULL)`,
+			`CREATE INDEX ns_pending_digest ON ns_pending (digest)`,
+			`CREATE INDEX ns_pending_holder ON ns_pending (holder)`,
+		}, open)
+	})
+}
+
+func testUsageColumnsAdded(t *testing.T, old *sql.DB, oldDDL []string, open func() engines.SQL) {
+	ctx := t.Context()
+	d1, d2, d3 := blob.Sum([]byte("one")), blob.Sum([]byte("two")), blob.Sum([]byte("three"))
+	for _, q := range oldDDL {
+		if _, err := old.ExecContext(ctx, q); err != nil {
+			t.Fatalf("%s: %v", q, err)
+		}
+	}
+	for _, q := range []struct {
+		q    string
+		args []any
+	}{
+		{`INSERT INTO ns (name, created_at) VALUES ('old', 1), ('other', 1)`, nil},
+		{`INSERT INTO ns_refs (ns, digest, linked_at) VALUES ('old', $1, 1), ('old', $2, 1), ('other', $1, 1)`, []any{d1[:], d2[:]}},
+		{`INSERT INTO ns_pending (id, ns, digest, holder, expiry) VALUES (7, 'old', $1, 'h', 9000000000000000000)`, []any{d3[:]}},
+	} {
+		if _, err := old.ExecContext(ctx, q.q, q.args...); err != nil {
+			t.Fatalf("%s: %v", q.q, err)
+		}
+	}
+	var wg sync.WaitGroup
+	regs := make([]*namespaces.SQL, 3)
+	errs := make([]error, 3)
+	for i := range regs {
+		e := open()
+		wg.Go(func() { regs[i], errs[i] = namespaces.OpenSQL(ctx, e, nil) })
+	}
+	wg.Wait()
+	if err := errors.Join(errs...); err != nil {
+		t.Fatalf("concurrent opens of an old store: %v", err)
+	}
+	usage := func(name string, blobs, bytes int64, what string) {
+		t.Helper()
+		u, err := regs[1].Usage(ctx, name)
+		if err != nil || u.Blobs != blobs || u.Bytes != bytes {
+			t.Fatalf("%s: Usage(%q) = %+v, %v; want %d blobs, %d bytes", what, name, u, err, blobs, bytes)
+		}
+	}
+	usage("old", 3, 0, "opened")
+	usage("other", 1, 0, "opened")
+	pool := gctest.NewPool(gc.Options{}, d1, d2) // d3 is lost: sized 0
+	size := func(d blob.Digest) int64 { n, _ := pool.Size(ctx, d); return n }
+	svc := namespaces.NewService(regs[0], pool)
+	if n, err := svc.FillSizes(ctx); err != nil || n != 3 {
+		t.Fatalf("FillSizes = %d, %v; want 3 digests sized", n, err)
+	}
+	usage("old", 3, size(d1)+size(d2), "sized")
+	usage("other", 1, size(d1), "sized")
+	if n, err := svc.FillSizes(ctx); err != nil || n != 0 {
+		t.Fatalf("FillSizes again = %d, %v; want nothing to do", n, err)
+	}
+	must := func(err error) {
+		t.Helper()
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	must(regs[2].Unlink(ctx, "old", d2))
+	usage("old", 2, size(d1), "after an unlink of a sized reference")
 }

@@ -44,7 +44,9 @@ func (r *SQL) watchOpen(e engines.SQL) {
 	r.q.create = notifying(r.q.create, "name", "'c"+o+"name")
 	r.q.setPerm = notifying(r.q.setPerm, "name", "'p"+o+"name")
 	r.q.remove = notifying(r.q.remove, "name", "'r"+o+"name")
-	r.q.unlink = notifying(r.q.unlink, "ns, digest", "'u"+o+"ns || ' ' || encode(digest, 'hex')")
+	// Unlink's statement (sql_usage.go) returns the size it frees, and a
+	// second column, here the notification's.
+	r.q.takeRef = "WITH n AS (" + strings.TrimSuffix(r.q.takeRef, takeRefReturning) + " RETURNING ns, digest, size) SELECT size, pg_notify('" + notifyChannel + "', 'u" + o + "ns || ' ' || encode(digest, 'hex'))::text FROM n"
 	// The statements still report the rows they changed: a SELECT's
 	// command tag counts the rows it returned, one per row changed.
 }

@@ -22,7 +22,10 @@ import (
 //	DELETE ?namespace=NS (unlink)     write+search on NS, as rm   verb delete
 //	DELETE without a namespace        root or the server's owner, as alkblobfs rm
 //	DELETE /v1/pins/T, renewal        the token's minter (or root)
-//	/metrics                          anyone the server accepts (counts only)
+//	GET /v1/namespaces/NS/usage       search on NS                verb read
+//	PUT, DELETE /v1/namespaces/NS/quota  root or the server's owner, not bound to namespaces (namespaces.AllowedQuota)  verb sweep
+//	/metrics                          anyone the server accepts (counts only); a namespace's
+//	                                  usage series only for the namespaces the caller may search
 
 // perm is namespace ns's Perm as the mount shows it: the recorded one, or
 // for a namespace made without one the server's owner and 0755.

@@ -76,7 +76,7 @@ func (s *Server) put(w http.ResponseWriter, r *http.Request) error {
 		return badRequest("the request body ended early (%v): nothing was stored", body.err)
 	}
 	if err != nil {
-		return err
+		return s.quotaRefused(r.Context(), ns, err)
 	}
 	tok := s.tokens.mint(pin, ns, c.UID)
 	minted = true

@@ -69,6 +69,8 @@ func publicMessage(code string, r *http.Request) string {
 		return "the content does not match the digest claimed for it: nothing was stored"
 	case wire.CodeNoSpace:
 		return "the store is full: nothing was stored"
+	case wire.CodeQuota:
+		return "the namespace is at its quota: nothing was linked"
 	case wire.CodeReadOnly:
 		return "the store is read-only"
 	case wire.CodeForbidden:
@@ -104,6 +106,9 @@ func classify(err error) (status int, kind string) {
 		return http.StatusInternalServerError, "corrupt"
 	case errors.Is(err, blob.ErrVerification):
 		return http.StatusUnprocessableEntity, "verification"
+	case errors.Is(err, blob.ErrQuota):
+		// Before ErrNoSpace: the namespace is full, not the store.
+		return http.StatusInsufficientStorage, wire.CodeQuota
 	case errors.Is(err, blob.ErrNoSpace):
 		return http.StatusInsufficientStorage, "no_space"
 	case errors.Is(err, blob.ErrReadOnly):

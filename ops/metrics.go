@@ -81,6 +81,14 @@ func (m *Metrics) Handler() http.Handler {
 	return promhttp.HandlerFor(m.reg, promhttp.HandlerOpts{})
 }
 
+// handlerWith serves the metrics and extra's, which is collected for this
+// scrape alone (a caller's view).
+func (m *Metrics) handlerWith(extra prometheus.Collector) http.Handler {
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(extra)
+	return promhttp.HandlerFor(prometheus.Gatherers{m.reg, reg}, promhttp.HandlerOpts{})
+}
+
 // Close stops a tier count under way and waits for it.
 func (m *Metrics) Close() { m.tiers.close() }
 

@@ -140,6 +140,9 @@ type Server struct {
 	sharesM sync.Mutex
 	shares  map[uint32]*semaphore.Weighted
 	held    atomic.Int64
+
+	// usages is the namespaces' usage /metrics reports.
+	usages nsUsages
 }
 
 // New returns a server over cfg.Store. Close releases the pins its
@@ -193,6 +196,7 @@ func New(cfg Config) *Server {
 	if cfg.PermTTL < 0 {
 		s.permTTL = 0
 	}
+	s.usages = nsUsages{ns: cfg.Namespaces, every: nsInterval, log: cfg.Logger}
 	s.owner = &Caller{Principal: s.ids.principal(cfg.Owner.UID, first(cfg.Owner.GIDs)), Verbs: AllVerbs}
 	if cfg.AuthToken != "" {
 		if s.tokenFile == nil {
@@ -211,13 +215,20 @@ func New(cfg Config) *Server {
 	if cfg.Upkeep != nil {
 		s.upkeepRoutes(cfg.Upkeep)
 	}
+	s.namespaceRoutes()
 	metrics := s.metrics.Handler()
 	s.mux.Handle("GET /metrics", s.counted("metrics", func(w http.ResponseWriter, r *http.Request) error {
-		metrics.ServeHTTP(w, r)
+		if s.ns == nil {
+			metrics.ServeHTTP(w, r)
+			return nil
+		}
+		// The namespaces' usage is the caller's to see only where it may
+		// search: a collector of its own for this scrape.
+		s.metrics.handlerWith(&nsCollector{s: s, c: caller(r), ctx: r.Context()}).ServeHTTP(w, r)
 		return nil
 	}))
 	s.mux.Handle("/", s.counted("unknown", func(w http.ResponseWriter, r *http.Request) error {
-		return notFound("no such endpoint: %s %s (see GET /v1/blobs/DIGEST, POST /v1/blobs, POST /v1/blobs/have, /v1/upkeep/sweep, /v1/upkeep/scrub, /metrics)", r.Method, clip(r.URL.Path))
+		return notFound("no such endpoint: %s %s (see GET /v1/blobs/DIGEST, POST /v1/blobs, POST /v1/blobs/have, /v1/namespaces/NS/usage, /v1/namespaces/NS/quota, /v1/upkeep/sweep, /v1/upkeep/scrub, /metrics)", r.Method, clip(r.URL.Path))
 	}))
 	return s
 }
@@ -233,6 +244,7 @@ func (s *Server) Close() {
 	s.gate.Unlock()
 	s.handlers.Wait()
 	s.tokens.close()
+	s.usages.close()
 	s.metrics.Close()
 }
 

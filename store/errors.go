@@ -19,4 +19,7 @@ var (
 	ErrReadOnly     = blob.ErrReadOnly
 	ErrCorrupt      = blob.ErrCorrupt
 	ErrLost         = blob.ErrLost
+	// ErrQuota: a put's link refused by its namespace's quota (the
+	// commands say so without importing blob).
+	ErrQuota = blob.ErrQuota
 )

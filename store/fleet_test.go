@@ -285,7 +285,7 @@ func TestFleetReap(t *testing.T) {
 	}
 }
 
-func linkFails(context.Context, *sql.Tx, blob.Digest) error { return errors.New("link refused") }
+func linkFails(context.Context, *sql.Tx, blob.Digest, int64) error { return errors.New("link refused") }
 
 // TestPostgresFailedJointPut: a put whose transaction fails midway (its
 // link fails after the entry and the pin row were written) leaves no entry,

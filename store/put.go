@@ -25,8 +25,9 @@ type Pin = gc.Pin
 // there must keep d live to every process's sweeps (a namespace reference
 // or intent). Otherwise it runs right after publish with tx nil, while the
 // put's pin protects the entry. If it fails, the put fails (and, in the
-// joint form, nothing commits).
-type LinkFunc func(ctx context.Context, tx *sql.Tx, d Digest) error
+// joint form, nothing commits). size is the content's length, which a
+// namespace link charges to the namespace's usage and quota.
+type LinkFunc func(ctx context.Context, tx *sql.Tx, d Digest, size int64) error
 
 // PutOption adjusts one put.
 type PutOption func(*putOptions)
@@ -180,14 +181,14 @@ func (s *Store) putSmall(ctx context.Context, b []byte, want *Digest, o putOptio
 					return err
 				}
 				if o.link != nil {
-					return o.link(ctx, tx, d)
+					return o.link(ctx, tx, d, int64(len(b)))
 				}
 				return nil
 			})
 		} else {
 			inserted, err = s.kv.Put(ctx, d, b)
 			if err == nil && o.link != nil {
-				err = o.link(ctx, nil, d)
+				err = o.link(ctx, nil, d, int64(len(b)))
 			}
 		}
 		return err
@@ -303,7 +304,7 @@ func (s *Store) commitLarge(ctx context.Context, st engines.Stage, h *contentHas
 	}
 	s.repaired(ctx, d, mark)
 	if o.link != nil {
-		if err := o.link(ctx, nil, d); err != nil {
+		if err := o.link(ctx, nil, d, h.n); err != nil {
 			pin.Release()
 			return Digest{}, nil, blob.Wrap("link", s.large.Name(), d, err)
 		}

@@ -320,6 +320,20 @@ func (s *Store) statTiers(ctx context.Context, d Digest) (Info, bool, error) {
 	return Info{}, false, nil
 }
 
+// Size returns d's logical size from metadata, or an error wrapping
+// ErrMissing if no tier holds it. It is what a namespace link charges to
+// the namespace's usage (namespaces.Pool).
+func (s *Store) Size(ctx context.Context, d Digest) (int64, error) {
+	info, ok, err := s.statTiers(ctx, d)
+	switch {
+	case err != nil:
+		return 0, err
+	case !ok:
+		return 0, blob.Wrap("size", "store", d, ErrMissing)
+	}
+	return info.Size, nil
+}
+
 // StatMany is Stat for many digests, with one query per tier whose engine
 // is an engines.BatchSizer (a listing of a namespace asks for a page at a
 // time). A digest no tier holds is absent from the map.

@@ -19,6 +19,8 @@
 //	                                Repr-Digest and Content-Digest: DigestField of the bytes sent
 //	DELETE /v1/blobs/DIGEST         → 204 (409 while live)
 //	DELETE /v1/pins/TOKEN           → 204
+//	GET    /v1/namespaces/NS/usage  → 200 Usage
+//	PUT    /v1/namespaces/NS/quota  Quota → 200 Usage (DELETE: clears it)
 //	GET    /metrics                 Prometheus text format
 //
 // Over TCP every request carries "Authorization: Bearer T", a token of
@@ -42,7 +44,8 @@
 //	422  the content does not match a digest claimed for it           blob.ErrVerification
 //	429  the caller holds as many live pin tokens as it may           ErrTooMany
 //	503  the backend failed: try again (Retry-After)
-//	507  the store is full                                            blob.ErrNoSpace
+//	507  the store is full (code no_space)                            blob.ErrNoSpace
+//	507  the link would take the namespace over its quota (code quota) blob.ErrQuota
 //
 // # Compatibility
 //

@@ -38,6 +38,10 @@ var golden = []struct {
 		`{"error":"no such blob"}`},
 	{"error-code", &ErrorResponse{Error: "no such blob", Code: CodeNotFound},
 		`{"error":"no such blob","code":"not_found"}`},
+	{"quota", &Quota{Bytes: 10 << 30, Blobs: 1000000},
+		`{"bytes":10737418240,"blobs":1000000}`},
+	{"usage", &Usage{Namespace: "builds", Blobs: 3, Bytes: 300, UniqueBlobs: 1, UniqueBytes: 100, Quota: Quota{Bytes: 1000}},
+		`{"namespace":"builds","blobs":3,"bytes":300,"unique_blobs":1,"unique_bytes":100,"quota":{"bytes":1000,"blobs":0}}`},
 }
 
 const emptyHex = "e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855"
@@ -138,7 +142,8 @@ func TestSentinel(t *testing.T) {
 
 // TestSentinelOf: a 403 is a permission refusal unless its code says the
 // server is read-only (an older server sends no code: read-only, as
-// Sentinel says); a 429 is too many tokens.
+// Sentinel says); a 429 is too many tokens; a 507 is a full namespace
+// when its code says quota, else a full store.
 func TestSentinelOf(t *testing.T) {
 	for _, tc := range []struct {
 		status int
@@ -150,6 +155,9 @@ func TestSentinelOf(t *testing.T) {
 		{http.StatusForbidden, "", blob.ErrReadOnly},
 		{http.StatusTooManyRequests, CodeTooMany, ErrTooMany},
 		{http.StatusNotFound, CodeNotFound, blob.ErrMissing},
+		{http.StatusInsufficientStorage, CodeNoSpace, blob.ErrNoSpace},
+		{http.StatusInsufficientStorage, CodeQuota, blob.ErrQuota},
+		{http.StatusInsufficientStorage, "", blob.ErrNoSpace},
 	} {
 		if got := SentinelOf(tc.status, tc.code); got != tc.want {
 			t.Errorf("SentinelOf(%d, %q) = %v, want %v", tc.status, tc.code, got, tc.want)

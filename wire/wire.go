@@ -33,6 +33,27 @@ type HaveResponse struct {
 	Present []bool `json:"present"`
 }
 
+// Quota is a namespace's limits (PUT /v1/namespaces/NS/quota, and part of
+// Usage). 0 is no limit.
+type Quota struct {
+	Bytes int64 `json:"bytes"`
+	Blobs int64 `json:"blobs"`
+}
+
+// Usage is what a namespace links and may link: GET
+// /v1/namespaces/NS/usage, and the answer to a quota change. Blobs and
+// Bytes count every blob it links (a blob two namespaces link counts in
+// both); UniqueBlobs and UniqueBytes those no other namespace links, what
+// sweeps would free if it went.
+type Usage struct {
+	Namespace   string `json:"namespace"`
+	Blobs       int64  `json:"blobs"`
+	Bytes       int64  `json:"bytes"`
+	UniqueBlobs int64  `json:"unique_blobs"`
+	UniqueBytes int64  `json:"unique_bytes"`
+	Quota       Quota  `json:"quota"`
+}
+
 // ErrorResponse is the body of every error answer. Error is for people:
 // it names the request's own inputs (a digest, a namespace it asked for),
 // never a server path, an engine URL or another namespace's contents.
@@ -57,7 +78,8 @@ const (
 	CodeTooMany      = "too_many"     // 429: the caller's live pin tokens are at the bound
 	CodeCorrupt      = "corrupt"      // 500: the stored copy is known corrupt
 	CodeUnavailable  = "unavailable"  // 503: the backend failed, or the server is shutting down
-	CodeNoSpace      = "no_space"     // 507
+	CodeNoSpace      = "no_space"     // 507: the store is full
+	CodeQuota        = "quota"        // 507: the namespace's quota refuses the link
 )
 
 // ErrDenied is what a 403 with CodeForbidden stands for: the caller may
@@ -69,13 +91,16 @@ var ErrTooMany = errors.New("too many live pin tokens")
 
 // SentinelOf is the sentinel an error answer stands for, by its status
 // and code: Sentinel's, except that a 403 is ErrDenied unless its code is
-// CodeReadOnly, and a 429 is ErrTooMany.
+// CodeReadOnly, a 429 is ErrTooMany, and a 507 with CodeQuota is
+// blob.ErrQuota (the namespace's quota, not the store, is full).
 func SentinelOf(status int, code string) error {
 	switch {
 	case status == http.StatusForbidden && code != CodeReadOnly && code != "":
 		return ErrDenied
 	case status == http.StatusTooManyRequests:
 		return ErrTooMany
+	case status == http.StatusInsufficientStorage && code == CodeQuota:
+		return blob.ErrQuota
 	}
 	return Sentinel(status)
 }

@@ -125,6 +125,7 @@ func (a *app) openStore(cmd *cobra.Command) (*store.Store, store.Config, *namesp
 		} else if n > 0 {
 			a.log.Info("published files whose close succeeded before their writer died", "files", n)
 		}
+		a.fillSizes(ctx, svc)
 	}
 	a.log.Debug("store open", "mode", st.Mode(), "threshold", st.Threshold(), "kv", engineName(cfg.KV), "large", engineName(cfg.Large), "namespaces", svc != nil)
 	return st, cfg, svc, nil

@@ -181,6 +181,9 @@ As root the mount uses mount(2) directly; otherwise fusermount3.`,
 				return err
 			}
 			defer st.Close()
+			if !ro && !st.ReadOnly() {
+				a.fillSizes(cmd.Context(), svc)
+			}
 			var metrics *ops.Metrics
 			var observe func(string, time.Duration)
 			if ln != nil {

@@ -22,7 +22,8 @@ is collected by the next sweeps. Namespaces are kept in the kv engine's
 database (--kv sqlite:PATH), beside the blobs they protect.
 
 Link blobs with "put --ns NAME" or "link NAME DIGEST", list them with
-"ls NAME", drop references with "unlink NAME DIGEST".
+"ls NAME", drop references with "unlink NAME DIGEST". "ns usage" shows what
+each namespace holds, "ns quota" limits it.
 
 ` + nameRule + `.`,
 		Example: `  alkblobfs ns create builds
@@ -35,7 +36,7 @@ Link blobs with "put --ns NAME" or "link NAME DIGEST", list them with
 			return usage(cmd, errors.New("no subcommand given"))
 		},
 	}
-	cmd.AddCommand(newNsCreateCmd(a), newNsRmCmd(a), newNsLsCmd(a))
+	cmd.AddCommand(newNsCreateCmd(a), newNsRmCmd(a), newNsLsCmd(a), newNsUsageCmd(a), newNsQuotaCmd(a))
 	return cmd
 }
 
@@ -139,8 +140,8 @@ func newNsLsCmd(a *app) *cobra.Command {
 		Use:   "ls [-l]",
 		Short: "List namespaces",
 		Long: `ls prints every namespace name, one per line, in ascending byte order. With
--l each name is followed by the number of blobs it links; counting reads the
-namespace's references, so -l takes time on namespaces of millions.`,
+-l each name is followed by the number of blobs it links and their logical
+bytes (the counts "ns usage" shows, with unique bytes and quotas).`,
 		Example: `  alkblobfs ns ls
   alkblobfs ns ls -l`,
 		Args: argsRange(0, 0, "no arguments"),
@@ -161,7 +162,7 @@ namespace's references, so -l takes time on namespaces of millions.`,
 					fmt.Fprintln(w, name)
 					continue
 				}
-				n, err := svc.Count(ctx, name)
+				u, err := svc.Usage(ctx, name)
 				if errors.Is(err, namespaces.ErrNotFound) {
 					continue // removed since it was listed
 				}
@@ -169,7 +170,7 @@ namespace's references, so -l takes time on namespaces of millions.`,
 					w.Flush()
 					return err
 				}
-				fmt.Fprintf(w, "%s %d\n", name, n)
+				fmt.Fprintf(w, "%s %d %d\n", name, u.Blobs, u.Bytes)
 			}
 			if err := w.Flush(); err != nil {
 				return err
@@ -177,7 +178,7 @@ namespace's references, so -l takes time on namespaces of millions.`,
 			return st.Close()
 		},
 	}
-	cmd.Flags().BoolVarP(&long, "long", "l", false, "print each name with the number of blobs it links")
+	cmd.Flags().BoolVarP(&long, "long", "l", false, "print each name with the number of blobs it links and their bytes")
 	return cmd
 }
 
@@ -188,7 +189,8 @@ func newLinkCmd(a *app) *cobra.Command {
 		Short:       "Link stored blobs into a namespace",
 		Long: `link adds a reference from namespace NAME to each blob DIGEST, so that sweeps
 keep it. Every DIGEST must already be in the store: link refuses a digest the
-store does not hold (exit status 1). All or nothing: if one DIGEST is
+store does not hold (exit status 1), and so does NAME's quota (ns quota) when
+the links would take it over a limit. All or nothing: if one DIGEST is
 refused, none is linked. Linking a blob that NAME already links is not an
 error.`,
 		Example: `  alkblobfs link builds 3f0a…e91c
@@ -213,7 +215,7 @@ error.`,
 				if errors.Is(err, store.ErrMissing) && errors.As(err, &ne) {
 					return fmt.Errorf("link %s: %s: %w (not in the store); nothing linked", name, ne.Digest, store.ErrMissing)
 				}
-				return err
+				return quotaRefused(ctx, svc, name, "link", err)
 			}
 			return st.Close()
 		},

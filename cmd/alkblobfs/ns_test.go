@@ -44,7 +44,7 @@ func TestNamespaceLifecycle(t *testing.T) {
 
 	p, _, d := writeFile(t, t.TempDir(), smallSize, 20)
 	c.ok("put", "--ns", "a", p)
-	if got := lines(c.ok("ns", "ls", "-l")); !slices.Equal(got, []string{"a 1", "b 0"}) {
+	if got := lines(c.ok("ns", "ls", "-l")); !slices.Equal(got, []string{"a 1 1000", "b 0 0"}) {
 		t.Fatalf("ns ls -l = %q", got)
 	}
 	c.fail(1, "namespace not empty", "ns", "rm", "a")
@@ -335,7 +335,7 @@ func TestBadNamespaceNames(t *testing.T) {
 	c.ok("put", "--ns", "ok", p)
 	c.fail(2, "bad namespace name", "ns", "create", "fine", "no/slash")
 	c.fail(2, "bad namespace name", "put", "--ns", ".x", p)
-	if got := lines(c.ok("ns", "ls", "-l")); !slices.Equal(got, []string{"ok 1"}) {
+	if got := lines(c.ok("ns", "ls", "-l")); !slices.Equal(got, []string{"ok 1 1000"}) {
 		t.Fatalf("ns ls -l after bad names = %q", got)
 	}
 }

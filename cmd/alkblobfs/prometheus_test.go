@@ -121,6 +121,7 @@ func TestPrometheusScrape(t *testing.T) {
 	// The local store, with the sweep timer on.
 	local := newCLI(t)
 	local.ok("ns", "create", "p")
+	local.ok("ns", "quota", "p", "--bytes", "1GiB") // for the quota alert's series
 	mntA := t.TempDir()
 	a := startDaemon(t, local.data, mntA, "--listen", "127.0.0.1:0", "--insecure-loopback", "--sweep-every", "1h")
 	// S3 with a cache.

@@ -9,6 +9,7 @@ import (
 
 	"github.com/spf13/cobra"
 
+	"github.com/alkblobfs/alkblobfs/namespaces"
 	"github.com/alkblobfs/alkblobfs/store"
 )
 
@@ -26,7 +27,9 @@ before it were stored.
 With --ns NAME each blob is also linked into namespace NAME as it is
 published (for kv-tier blobs in the same database transaction), so sweeps
 keep it. NAME must exist (alkblobfs ns create NAME); an absent NAME fails
-before any file is read.
+before any file is read. A blob that would take NAME over its quota (ns quota)
+is not linked: put stops there with exit status 1, naming the namespace, its
+limit and what it holds.
 
 With --remote URL the files go to that alkblobfs server (serve, or mount
 --listen) over HTTP; --ns is then required.
@@ -61,6 +64,8 @@ later with "alkblobfs link NAME DIGEST", to keep them.`,
 			}
 			var st *store.Store
 			var opts []store.PutOption
+			var quotaNS string
+			var quotaSvc *namespaces.Service
 			if nsSet {
 				s, svc, err := a.openNamespaces(cmd)
 				if err != nil {
@@ -74,6 +79,7 @@ later with "alkblobfs link NAME DIGEST", to keep them.`,
 				// putOne releases each put's pin as it returns: the
 				// link keeps the blob (store.ReleasesPinAtOnce).
 				opts = append(opts, store.WithLink(svc.LinkFunc(ns)), store.ReleasesPinAtOnce())
+				quotaNS, quotaSvc = ns, svc
 			} else {
 				s, err := a.open(cmd)
 				if err != nil {
@@ -84,6 +90,9 @@ later with "alkblobfs link NAME DIGEST", to keep them.`,
 			}
 			for _, name := range args {
 				d, err := a.putOne(cmd, st, name, opts...)
+				if err != nil && quotaSvc != nil {
+					return quotaRefused(cmd.Context(), quotaSvc, quotaNS, "put "+name, err)
+				}
 				if err != nil {
 					return err
 				}

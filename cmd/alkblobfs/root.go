@@ -37,7 +37,7 @@ type app struct {
 	shared    bool
 	tables    []string
 	logLevel  levelValue
-	remote    string     // --remote: put, get, cat and have go to this server
+	remote    string     // --remote: put, get, cat, have, ns usage and ns quota go to this server
 	tokenFile string     // --auth-token-file: the bearer token, server and client
 	cache     cacheFlags // --cache, --cache-size (config.go)
 
@@ -100,7 +100,7 @@ Commands: %s
 			}
 			a.log = slog.New(slog.NewTextHandler(a.stderr, &slog.HandlerOptions{Level: slog.Level(a.logLevel)}))
 			if a.remote != "" && cmd.Annotations[annRemote] == "" {
-				return usagef(cmd, "%s works on a store, not through --remote (put, get, cat and have do)", cmd.CommandPath())
+				return usagef(cmd, "%s works on a store, not through --remote (put, get, cat, have, ns usage and ns quota do)", cmd.CommandPath())
 			}
 			return nil
 		},
@@ -134,7 +134,7 @@ Commands: %s
 	f.StringArrayVar(&a.tables, "liveness-table", nil, "a table in the kv engine's database whose digest column keeps blobs alive (repeatable; TABLE or SCHEMA.TABLE)")
 	f.BoolVar(&a.shared, "shared-media", false, "with --fleet: the local large tier is on storage every host mounts at the same path")
 	f.Var(&a.logLevel, "log-level", "log level on stderr (and mount's --log-file): debug, info, warn or error")
-	f.StringVar(&a.remote, "remote", "", "send put, get, cat and have to the alkblobfs HTTP server at this `URL` (unix:PATH, or http://HOST:PORT) instead of opening a store")
+	f.StringVar(&a.remote, "remote", "", "send put, get, cat, have, ns usage and ns quota to the alkblobfs HTTP server at this `URL` (unix:PATH, or http://HOST:PORT) instead of opening a store")
 	a.cache.register(f)
 	f.StringVar(&a.tokenFile, "auth-token-file", "", "token file (mode 0600): serve and mount --listen HOST:PORT accept its tokens, one a line (TOKEN USER [namespaces=NS,...] [verbs=...]), rereading it within a second of a change and at once on SIGHUP; --remote sends the first token of `FILE`")
 

@@ -122,6 +122,7 @@ counters added to the metrics.`,
 				// server runs has its closed files published once its
 				// lease lapses.
 				defer svc.KeepSettling(st.PinTTL(), lg)()
+				a.fillSizes(cmd.Context(), svc)
 			}
 			u, err := upkeep.New(upkeep.Config{
 				Store: st, Logger: lg, SweepEvery: sched.sweepEvery, ReadOnly: st.ReadOnly(),

@@ -155,3 +155,17 @@ func (e *noNamespaceError) Error() string {
 }
 
 func (e *noNamespaceError) Unwrap() error { return namespaces.ErrNotFound }
+
+// fillSizes gives the references an older version made, without their
+// blobs' sizes, the sizes from the pool, so that namespace usage and
+// quotas count them (namespaces.Service.FillSizes). Every process that
+// writes the store does it as it opens it: on a store made since, an
+// index finds nothing to do at once. A failure leaves those references
+// counted as 0 bytes until the next writer.
+func (a *app) fillSizes(ctx context.Context, svc *namespaces.Service) {
+	if n, err := svc.FillSizes(ctx); err != nil {
+		a.log.Warn("could not size the references an older version made; namespace usage counts them as 0 bytes until the next process that writes the store", "err", err)
+	} else if n > 0 {
+		a.log.Info("sized the references an older version made, for namespace usage and quotas", "blobs", n)
+	}
+}

@@ -63,6 +63,7 @@ type pendReq struct {
 	d      blob.Digest
 	holder string
 	ttl    time.Duration
+	size   int64 // the blob's size, charged to the namespace's usage
 }
 
 // DeferPend adds an intent to the batch statement of tx, when tx is the
@@ -73,12 +74,20 @@ type pendReq struct {
 // intent itself. The namespace must exist (ns_pending's foreign key): a
 // batch whose namespace is gone fails on the server and runs again in a
 // transaction, where the caller's own statement reports it.
-func (e *Engine) DeferPend(tx *sql.Tx, id int64, ns string, d blob.Digest, holder string, ttl time.Duration) bool {
+//
+// The statement also keeps the namespaces' usage as the registry does
+// (namespaces/sql_usage.go): size is charged to ns if no reference or
+// intent of ns named d before, within its quota. A batch over a quota,
+// or one that another writer of its namespaces overtook (see
+// batchPendSQL), fails on the server likewise, and runs again in a
+// transaction, where the registry's statements charge, or refuse the
+// intent over its quota alone.
+func (e *Engine) DeferPend(tx *sql.Tx, id int64, ns string, d blob.Digest, holder string, ttl time.Duration, size int64) bool {
 	b := e.puts.batchOf(tx)
 	if b == nil || !b.probe {
 		return false
 	}
-	b.pends = append(b.pends, pendReq{id: id, ns: ns, d: d, holder: holder, ttl: ttl})
+	b.pends = append(b.pends, pendReq{id: id, ns: ns, d: d, holder: holder, ttl: ttl, size: size})
 	return true
 }
 

@@ -118,6 +118,17 @@ func (p *Pool) Has(ctx context.Context, d blob.Digest) (bool, error) {
 	return ok, nil
 }
 
+// Size returns d's size, or an error wrapping blob.ErrMissing.
+func (p *Pool) Size(ctx context.Context, d blob.Digest) (int64, error) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	n, ok := p.m[d]
+	if !ok {
+		return 0, blob.Wrap("size", "gctest", d, blob.ErrMissing)
+	}
+	return n, nil
+}
+
 // Pin pins d on the collector.
 func (p *Pool) Pin(ctx context.Context, d blob.Digest) (*gc.Pin, error) { return p.C.Pin(ctx, d) }
 

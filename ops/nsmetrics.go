@@ -1,0 +1,150 @@
+package ops
+
+import (
+	"context"
+	"errors"
+	"sync"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/alkblobfs/alkblobfs/namespaces"
+)
+
+// maxNamespaceSeries bounds the namespaces a count covers, in name order:
+// each costs a usage lookup, and a series per namespace is a series a
+// Prometheus server keeps. A variable for tests.
+var maxNamespaceSeries = 10000
+
+// nsInterval is how often the namespaces' usage is counted at most. A
+// variable for tests.
+var nsInterval = 15 * time.Second
+
+var (
+	descNSBytes       = desc("alkblobfs_namespace_bytes", "Bytes of the blobs a namespace links (a blob two namespaces link counts in both).", "namespace")
+	descNSBlobs       = desc("alkblobfs_namespace_blobs", "Blobs a namespace links.", "namespace")
+	descNSUniqueBytes = desc("alkblobfs_namespace_unique_bytes", "Bytes of the blobs only this namespace links: what sweeps would free if it went.", "namespace")
+	descNSQuotaBytes  = desc("alkblobfs_namespace_quota_bytes", "A namespace's byte quota (absent: no limit).", "namespace")
+	descNSQuotaBlobs  = desc("alkblobfs_namespace_quota_blobs", "A namespace's blob quota (absent: no limit).", "namespace")
+)
+
+// nsCollector reports, at one scrape, the usage of the namespaces the
+// caller may search (and, for a token bound to namespaces, names), from
+// the server's last count.
+type nsCollector struct {
+	s   *Server
+	c   *Caller
+	ctx context.Context
+}
+
+// Describe describes nothing: an unchecked collector.
+func (n *nsCollector) Describe(chan<- *prometheus.Desc) {}
+
+func (n *nsCollector) Collect(ch chan<- prometheus.Metric) {
+	if n.c.may(VerbRead) != nil {
+		return
+	}
+	gauge := func(d *prometheus.Desc, v int64, ns string) {
+		ch <- prometheus.MustNewConstMetric(d, prometheus.GaugeValue, float64(v), ns)
+	}
+	for _, u := range n.s.usages.get() {
+		if !n.c.bound(u.name) {
+			continue
+		}
+		p, err := n.s.perm(n.ctx, u.name)
+		if err != nil || namespaces.Allowed(p, n.c.Principal, namespaces.Search) != nil {
+			continue // removed since the count, or not the caller's to see
+		}
+		gauge(descNSBytes, u.Bytes, u.name)
+		gauge(descNSBlobs, u.Blobs, u.name)
+		gauge(descNSUniqueBytes, u.UniqueBytes, u.name)
+		if u.Quota.Bytes > 0 {
+			gauge(descNSQuotaBytes, u.Quota.Bytes, u.name)
+		}
+		if u.Quota.Blobs > 0 {
+			gauge(descNSQuotaBlobs, u.Quota.Blobs, u.name)
+		}
+	}
+}
+
+// nsUsages counts every namespace's usage at most once per `every` and in
+// the background, as tierSizes counts the tiers: a usage's unique figures
+// are a query over the namespace's rows, which a scrape must not wait
+// for, nor start twice. The first scrape starts the first count and
+// reports no namespace.
+type nsUsages struct {
+	ns    *namespaces.Service
+	every time.Duration
+	log   interface{ Warn(string, ...any) }
+
+	mu      sync.Mutex
+	counted time.Time
+	running bool
+	closed  bool
+	cancel  context.CancelFunc
+	done    chan struct{}
+	last    []nsUsage
+}
+
+type nsUsage struct {
+	name string
+	namespaces.Usage
+}
+
+func (t *nsUsages) get() []nsUsage {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if t.ns != nil && !t.running && !t.closed && time.Since(t.counted) >= t.every {
+		t.running = true
+		ctx, cancel := context.WithCancel(context.Background())
+		t.cancel, t.done = cancel, make(chan struct{})
+		go t.count(ctx, cancel, t.done)
+	}
+	return t.last
+}
+
+func (t *nsUsages) count(ctx context.Context, cancel context.CancelFunc, done chan struct{}) {
+	defer close(done)
+	defer cancel()
+	var got []nsUsage
+	failed := false
+	for name, err := range t.ns.Names(ctx, "") {
+		if err != nil {
+			t.log.Warn("metrics: listing the namespaces for their usage", "err", err)
+			failed = true
+			break
+		}
+		if len(got) == maxNamespaceSeries {
+			t.log.Warn("metrics: reporting the usage of the first namespaces only", "most", maxNamespaceSeries)
+			break
+		}
+		u, err := t.ns.Usage(ctx, name)
+		if errors.Is(err, namespaces.ErrNotFound) {
+			continue // removed since it was listed
+		}
+		if err != nil {
+			t.log.Warn("metrics: reading a namespace's usage", "namespace", name, "err", err)
+			continue
+		}
+		got = append(got, nsUsage{name, u})
+	}
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	t.running = false
+	t.counted = time.Now()
+	// A count cut short keeps the last whole one.
+	if ctx.Err() == nil && !failed {
+		t.last = got
+	}
+}
+
+func (t *nsUsages) close() {
+	t.mu.Lock()
+	t.closed = true
+	cancel, done := t.cancel, t.done
+	t.mu.Unlock()
+	if cancel != nil {
+		cancel()
+		<-done
+	}
+}
