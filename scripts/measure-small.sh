@@ -22,7 +22,7 @@
 # of the same filesystem (the ratio is native ÷ mount, 1.0 is native
 # speed).
 #
-#   scripts/measure-small.sh [-n N] [-r REPS] [--tool cp|tar|rsync] [--base BIN|COMMIT] [--bin BIN] [--profile DIR]
+#   scripts/measure-small.sh [-n N] [-r REPS] [--tool cp|tar|rsync] [--base BIN|COMMIT] [--bin BIN] [--quota] [--profile DIR]
 #
 #   -n N            files per run (default 10000)
 #   -r REPS         repetitions (default 3); medians are printed
@@ -33,6 +33,11 @@
 #                   repository built from `git archive`, no worktree
 #                   touched): each repetition runs both, alternating which
 #                   goes first, and the summary gives both medians
+#   --quota         also "quota": the measured binary with a quota on the
+#                   namespace (far above what the copy needs, so every
+#                   close is checked against it and none refused), each
+#                   repetition beside the same binary without one: what a
+#                   quota costs a close
 #   --profile DIR   the first repetition of each binary also writes a CPU
 #                   profile (mount --cpuprofile, the daemon's whole life)
 #                   and a heap profile at unmount (mount --memprofile, for
@@ -44,7 +49,7 @@
 # /var/tmp): sources, stores and the native target share one filesystem.
 set -euo pipefail
 
-n=10000 reps=3 base= bin= profile= tool=cp
+n=10000 reps=3 base= bin= profile= tool=cp quota=
 while (($#)); do
 	case $1 in
 	-n) n=$2; shift 2 ;;
@@ -53,6 +58,7 @@ while (($#)); do
 	--base) base=$2; shift 2 ;;
 	--bin) bin=$2; shift 2 ;;
 	--profile) profile=$2; shift 2 ;;
+	--quota) quota=1; shift ;;
 	-h | --help) sed -n '2,/^set -e/p' "$0" | sed '$d; s/^# \{0,1\}//'; exit 0 ;;
 	*) echo "measure-small.sh: unknown argument $1 (see --help)" >&2; exit 2 ;;
 	esac
@@ -100,6 +106,10 @@ if [[ -n $base ]]; then
 	build "$base" "$work/before"
 	labels=(before after)
 fi
+if [[ -n $quota ]]; then
+	cp "$work/after" "$work/quota"
+	labels+=(quota)
+fi
 if [[ -n $profile ]]; then
 	mkdir -p "$profile"
 	for l in "${labels[@]}"; do cp "$work/$l" "$profile/$l.bin"; done
@@ -137,6 +147,9 @@ run() {
 	local label=$1 r=$2 b=$work/$1 data=$work/data-$1-$2 mnt=$work/mnt-$1-$2 flags=() pid c0 c1 w0 w1 t0 t1 t2 got
 	mkdir -p "$data" && chmod 700 "$data"
 	"$b" --data "$data" ns create bench >/dev/null
+	if [[ $label == quota ]]; then
+		"$b" --data "$data" ns quota bench --bytes 1TiB --blobs 1000000000 >/dev/null
+	fi
 	if [[ -n $profile && $r == 1 ]]; then
 		flags=(--cpuprofile "$profile/$label.cpu.pprof" --memprofile "$profile/$label.heap.pprof")
 	fi
@@ -181,12 +194,13 @@ native() {
 for r in $(seq 1 "$reps"); do
 	echo "== repetition $r of $reps"
 	native "$r"
-	if ((${#labels[@]} == 2 && r % 2 == 0)); then
-		run after "$r"
-		run before "$r"
-	else
-		for l in "${labels[@]}"; do run "$l" "$r"; done
+	# Alternate the order of the systems from one repetition to the next.
+	order=("${labels[@]}")
+	if ((r % 2 == 0)); then
+		order=()
+		for ((i = ${#labels[@]} - 1; i >= 0; i--)); do order+=("${labels[$i]}"); done
 	fi
+	for l in "${order[@]}"; do run "$l" "$r"; done
 done
 
 echo

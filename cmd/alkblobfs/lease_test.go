@@ -3,6 +3,8 @@
 package main
 
 import (
+	"bufio"
+	"bytes"
 	"fmt"
 	"os"
 	"os/exec"
@@ -208,23 +210,38 @@ func TestLapsedWriterSettledByCLI(t *testing.T) {
 				// closes a copy of it, which is a close that commits.
 				startServeURL(t, c, `url=(unix:\S+)`, "--listen", "unix:"+filepath.Join(t.TempDir(), "sock"))
 			}
-			f, err := os.Create(filepath.Join(mnt, "ns", "incoming", "f"))
+			// The writer is a process of its own, which forks nothing: in
+			// this test binary any parallel test's fork would hold a copy
+			// of the descriptor until its exec closes it, and that close
+			// is a close that commits the unsynced bytes too.
+			synced := randomBytes(5000, 7)
+			writer := exec.Command("python3", "-c", `import os, sys
+f = os.open(sys.argv[1], os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+os.write(f, sys.stdin.buffer.read())
+os.fsync(f)
+os.write(f, b"never synced")
+print("written", flush=True)
+sys.stdin.close()
+import time
+time.sleep(3600)`, filepath.Join(mnt, "ns", "incoming", "f"))
+			writer.Stdin = bytes.NewReader(synced)
+			out, err := writer.StdoutPipe()
 			if err != nil {
 				t.Fatal(err)
 			}
-			synced := randomBytes(5000, 7)
-			if _, err := f.Write(synced); err != nil {
+			writer.Stderr = os.Stderr
+			if err := writer.Start(); err != nil {
 				t.Fatal(err)
 			}
-			if err := f.Sync(); err != nil {
-				t.Fatalf("fsync: %v", err)
-			}
-			if _, err := f.Write([]byte("never synced")); err != nil {
-				t.Fatal(err)
+			t.Cleanup(func() { writer.Process.Kill(); writer.Wait() })
+			if line, err := bufio.NewReader(out).ReadString('\n'); err != nil || line != "written\n" {
+				writer.Process.Kill()
+				t.Fatalf("the writer said %q, %v; want written", line, err)
 			}
 			dm.cmd.Process.Kill()
 			dm.wait(20 * time.Second)
-			f.Close() // ENOTCONN: the daemon is gone
+			writer.Process.Kill() // its close finds the daemon gone
+			writer.Wait()
 			want := sum(synced)
 			kv := func() *sqlite.Engine {
 				e, err := sqlite.Open(t.Context(), filepath.Join(c.data, "kv.db"))
