@@ -203,9 +203,13 @@ func TestMountMemoryBounded(t *testing.T) {
 // listingRSSCap bounds the daemon's peak RSS through two ls -l of a
 // namespace of 100 000 blobs (as make bench lists it): the nodes of the
 // entries the kernel keeps, about 50 MiB of heap, collected for
-// --heap-target's 64 MiB, plus about 25 MiB of binary and SQLite pages. It
-// was 135-152 MiB with 320-byte blob nodes and Go's default pacing.
-const listingRSSCap = 100 << 20
+// --heap-target's 64 MiB, plus about 25 MiB of binary and SQLite pages:
+// 92.8 MiB on a quiet machine. It was 112 MiB without the pacing, and
+// 135-152 MiB with 320-byte blob nodes and Go's default pacing. The cap
+// leaves 6 MiB over make bench's target of 100 for a loaded machine,
+// where the collector's workers run late (101.5 MiB beside stress-ng),
+// and still fails either regression.
+const listingRSSCap = 106 << 20
 
 // TestMountListingMemory lists a namespace of 100 000 blobs twice through
 // a daemon, and checks its peak RSS.

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"runtime"
+	"sync/atomic"
 	"testing"
 	"time"
 	"unsafe"
@@ -252,6 +253,7 @@ func (s *suite) testListDeleteWhileListing(t *testing.T) {
 	})
 	ds := putMany(t, e, 1500)
 	done := make(chan error, 1)
+	var progress atomic.Int64 // entries listed and deleted
 	go func() {
 		i := 0
 		for en, err := range e.List(t.Context(), blob.Digest{}) {
@@ -268,6 +270,7 @@ func (s *suite) testListDeleteWhileListing(t *testing.T) {
 				return
 			}
 			i++
+			progress.Store(int64(i))
 		}
 		if i != len(ds) {
 			done <- fmt.Errorf("listed %d entries while deleting; want %d", i, len(ds))
@@ -275,18 +278,27 @@ func (s *suite) testListDeleteWhileListing(t *testing.T) {
 		}
 		done <- nil
 	}()
-	deadline := time.NewTimer(time.Minute)
-	defer deadline.Stop()
-	select {
-	case err := <-done:
-		finished = true
-		if err != nil {
-			t.Fatal(err)
+	// A deadlock is a loop that stops moving: on a loaded machine 1500
+	// deletes of a remote engine may take minutes, each still a step.
+	tick := time.NewTicker(time.Minute)
+	defer tick.Stop()
+	for last, start := int64(-1), time.Now(); ; {
+		select {
+		case err := <-done:
+			finished = true
+			if err != nil {
+				t.Fatal(err)
+			}
+			checkOnly(t, e)
+			return
+		case <-tick.C:
 		}
-	case <-deadline.C:
-		buf := make([]byte, 1<<20)
-		buf = buf[:runtime.Stack(buf, true)]
-		t.Fatalf("List with a Delete inside the loop did not finish in a minute: deadlock. Goroutines:\n%s", buf)
+		now := progress.Load()
+		if now == last || time.Since(start) > 10*time.Minute {
+			buf := make([]byte, 1<<20)
+			buf = buf[:runtime.Stack(buf, true)]
+			t.Fatalf("List with a Delete inside the loop stopped at entry %d of %d for a minute (or ran 10): deadlock. Goroutines:\n%s", now, len(ds), buf)
+		}
+		last = now
 	}
-	checkOnly(t, e)
 }
