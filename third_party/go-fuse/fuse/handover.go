@@ -161,33 +161,47 @@ func (ms *Server) NegotiatedFlags() uint64 {
 // The options that INIT settled cannot change: opts.MaxWrite, if set,
 // must equal st.MaxWrite. The other options that shape the INIT reply
 // (capabilities, MaxBackground, MaxReadAhead...) are ignored.
+//
+// fd is the server's from the call on: on an error it is closed, so
+// the caller never closes it (a descriptor kept open by mistake would
+// keep the connection alive with nobody serving it).
 func NewServerOnFD(fs RawFileSystem, fd int, st InitState, opts *MountOptions) (*Server, error) {
+	ms, taken, err := newServerOnFD(fs, fd, st, opts)
+	if err != nil && !taken && fd >= 0 {
+		syscall.Close(fd)
+	}
+	return ms, err
+}
+
+// newServerOnFD is NewServerOnFD; taken reports whether fd is already
+// the server's (closed by it on an error).
+func newServerOnFD(fs RawFileSystem, fd int, st InitState, opts *MountOptions) (ms *Server, taken bool, err error) {
 	if err := st.Check(); err != nil {
-		return nil, err
+		return nil, false, err
 	}
 	if opts == nil {
 		opts = &MountOptions{MaxBackground: _DEFAULT_BACKGROUND_TASKS}
 	}
 	o := *opts
 	if o.MaxWrite != 0 && o.MaxWrite != int(st.MaxWrite) {
-		return nil, fmt.Errorf("fuse: option MaxWrite %d differs from the connection's %d, fixed at INIT", o.MaxWrite, st.MaxWrite)
+		return nil, false, fmt.Errorf("fuse: option MaxWrite %d differs from the connection's %d, fixed at INIT", o.MaxWrite, st.MaxWrite)
 	}
 	o.MaxWrite = int(st.MaxWrite)
 	o.setDefaults(fs)
 	if o.MaxWrite != int(st.MaxWrite) {
-		return nil, fmt.Errorf("fuse: the connection's max write %d is more than this kernel allows (%d)", st.MaxWrite, o.MaxWrite)
+		return nil, false, fmt.Errorf("fuse: the connection's max write %d is more than this kernel allows (%d)", st.MaxWrite, o.MaxWrite)
 	}
 
-	ms := newServer(fs, &o)
+	ms = newServer(fs, &o)
 	ms.kernelSettings = st.kernelInit()
 	ms.initOut = st.reply()
 	ms.negotiatedFlags = st.Flags
 	ms.mountPoint = st.MountPoint
 
-	var err error
+	// newFuseFD owns fd from here: it closes it on its error.
 	ms.fuseFD, err = ms.newFuseFD(fd)
 	if err != nil {
-		return nil, err
+		return nil, true, err
 	}
 	ms.protocolServer.writev = ms.fuseFD.writev
 	if ms.kernelSettings.Minor >= 13 {
@@ -197,7 +211,7 @@ func NewServerOnFD(fs RawFileSystem, fd int, st InitState, opts *MountOptions) (
 	// The mount exists already: WaitMount has nothing to wait for.
 	ms.ready <- nil
 	ms.fuseFD.loops.Add(1)
-	return ms, nil
+	return ms, true, nil
 }
 
 // SupportsResend reports whether the kernel offered FUSE_HAS_RESEND at
