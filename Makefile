@@ -49,7 +49,7 @@ test: deps
 # cover). Upstream's own tests of the copy are not run: some sleep for
 # ordering and fail on a loaded machine, on the unpatched release too.
 test-fork:
-	cd third_party/go-fuse && ALKBLOBFS_REQUIRE_FUSE=1 $(GO) test $(TEST_FLAGS) -run '^TestHandover' ./fs/
+	cd third_party/go-fuse && ALKBLOBFS_REQUIRE_FUSE=1 $(GO) test $(TEST_FLAGS) -run '^TestHandover' ./fs/ ./fuse/
 
 # test-long also runs the slow tests (those that check ALKBLOBFS_LONG).
 test-long: deps

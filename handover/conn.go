@@ -7,6 +7,8 @@ import (
 	"io"
 	"net"
 	"syscall"
+
+	"golang.org/x/sys/unix"
 )
 
 // magic opens every message, so that a peer speaking something else is
@@ -16,7 +18,8 @@ var magic = [4]byte{'A', 'F', 'H', '1'}
 const headerLen = len(magic) + 8 // magic, big-endian state length
 
 // ErrProtocol is what Receive wraps when the peer's message is not a
-// handover: no magic, no descriptor or several, a state too large.
+// handover: no magic, no descriptor or several, a descriptor that is not
+// /dev/fuse, a state too large.
 var ErrProtocol = errors.New("not a handover message")
 
 // Send writes fd (as SCM_RIGHTS, on the header's bytes) and state to c.
@@ -44,11 +47,19 @@ func Send(c *net.UnixConn, fd int, state []byte) error {
 func Receive(c *net.UnixConn, maxState int) (fd int, state []byte, err error) {
 	var hdr [headerLen]byte
 	oob := make([]byte, syscall.CmsgSpace(4*4)) // room to see a peer that sends several
-	n, oobn, _, _, err := c.ReadMsgUnix(hdr[:], oob)
+	n, oobn, flags, _, err := c.ReadMsgUnix(hdr[:], oob)
 	if err != nil {
 		return -1, nil, fmt.Errorf("handover: receive descriptor: %w", err)
 	}
 	fd, err = parseRights(oob[:oobn])
+	if flags&syscall.MSG_CTRUNC != 0 {
+		// The kernel dropped descriptors that did not fit: the
+		// message is not one of Send's, whatever arrived.
+		if err == nil {
+			syscall.Close(fd)
+		}
+		return -1, nil, fmt.Errorf("handover: receive: %w: control data truncated (more descriptors than one)", ErrProtocol)
+	}
 	if err != nil {
 		return -1, nil, err
 	}
@@ -59,6 +70,9 @@ func Receive(c *net.UnixConn, maxState int) (fd int, state []byte, err error) {
 			fd = -1
 		}
 	}()
+	if err := checkFuseDevice(fd); err != nil {
+		return -1, nil, err
+	}
 	// A stream may deliver the header in pieces; the descriptor
 	// came with the first.
 	if _, err := io.ReadFull(c, hdr[n:]); err != nil {
@@ -76,6 +90,27 @@ func Receive(c *net.UnixConn, maxState int) (fd int, state []byte, err error) {
 		return -1, nil, fmt.Errorf("handover: receive %d bytes of state: %w", size, err)
 	}
 	return fd, state, nil
+}
+
+// The FUSE device's numbers (Linux's Documentation/admin-guide/devices.txt:
+// misc major 10, minor 229).
+const (
+	fuseMajor = 10
+	fuseMinor = 229
+)
+
+// checkFuseDevice refuses a descriptor that is not /dev/fuse: serving
+// some other file as a FUSE connection would write replies into it.
+func checkFuseDevice(fd int) error {
+	var st unix.Stat_t
+	if err := unix.Fstat(fd, &st); err != nil {
+		return fmt.Errorf("handover: receive: fstat descriptor: %w", err)
+	}
+	if st.Mode&unix.S_IFMT != unix.S_IFCHR || unix.Major(st.Rdev) != fuseMajor || unix.Minor(st.Rdev) != fuseMinor {
+		return fmt.Errorf("handover: receive: %w: the descriptor is not /dev/fuse (mode %#o, device %d:%d)",
+			ErrProtocol, st.Mode&unix.S_IFMT, unix.Major(st.Rdev), unix.Minor(st.Rdev))
+	}
+	return nil
 }
 
 // parseRights returns the one descriptor in the control messages oob,

@@ -8,7 +8,9 @@
 //
 // The contract: Send writes one message and Receive reads it whole or
 // fails; a Receive that fails closes any descriptor it got, so a failed
-// exchange leaks nothing, and the sender keeps serving (its own
+// exchange leaks nothing. Receive accepts only a descriptor of
+// /dev/fuse (character device 10:229), one, with control data the
+// kernel did not truncate; and the sender keeps serving (its own
 // descriptor is untouched). The state is opaque bytes here: its format
 // and version are the caller's.
 package handover

@@ -383,10 +383,19 @@ func TestReceiveRefuses(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer devnull.Close()
+	// An unmounted /dev/fuse descriptor: what Receive accepts.
+	devfuse, err := os.OpenFile("/dev/fuse", os.O_RDWR, 0)
+	if err != nil {
+		if os.Getenv("ALKBLOBFS_REQUIRE_FUSE") != "" {
+			t.Fatalf("open /dev/fuse: %v", err)
+		}
+		t.Skipf("open /dev/fuse: %v", err)
+	}
+	defer devfuse.Close()
 
 	t.Run("round trip", func(t *testing.T) {
 		s, r := pair(t)
-		if err := Send(s, int(devnull.Fd()), []byte("state")); err != nil {
+		if err := Send(s, int(devfuse.Fd()), []byte("state")); err != nil {
 			t.Fatal(err)
 		}
 		fd, st, err := Receive(r, 16)
@@ -396,14 +405,14 @@ func TestReceiveRefuses(t *testing.T) {
 		defer syscall.Close(fd)
 		var a, b syscall.Stat_t
 		syscall.Fstat(fd, &a)
-		syscall.Fstat(int(devnull.Fd()), &b)
+		syscall.Fstat(int(devfuse.Fd()), &b)
 		if string(st) != "state" || a.Rdev != b.Rdev || a.Ino != b.Ino {
-			t.Errorf("received %q and a descriptor of %d/%d, want %q and /dev/null's %d/%d", st, a.Rdev, a.Ino, "state", b.Rdev, b.Ino)
+			t.Errorf("received %q and a descriptor of %d/%d, want %q and /dev/fuse's %d/%d", st, a.Rdev, a.Ino, "state", b.Rdev, b.Ino)
 		}
 	})
 	t.Run("too large", func(t *testing.T) {
 		s, r := pair(t)
-		if err := Send(s, int(devnull.Fd()), make([]byte, 17)); err != nil {
+		if err := Send(s, int(devfuse.Fd()), make([]byte, 17)); err != nil {
 			t.Fatal(err)
 		}
 		if _, _, err := Receive(r, 16); !errors.Is(err, ErrProtocol) {
@@ -421,11 +430,30 @@ func TestReceiveRefuses(t *testing.T) {
 	})
 	t.Run("bad magic", func(t *testing.T) {
 		s, r := pair(t)
-		if _, _, err := s.WriteMsgUnix([]byte("XXXX\x00\x00\x00\x00\x00\x00\x00\x00"), syscall.UnixRights(int(devnull.Fd())), nil); err != nil {
+		if _, _, err := s.WriteMsgUnix([]byte("XXXX\x00\x00\x00\x00\x00\x00\x00\x00"), syscall.UnixRights(int(devfuse.Fd())), nil); err != nil {
 			t.Fatal(err)
 		}
 		if _, _, err := Receive(r, 16); !errors.Is(err, ErrProtocol) {
 			t.Errorf("bad magic: %v, want ErrProtocol", err)
+		}
+	})
+	t.Run("not /dev/fuse", func(t *testing.T) {
+		s, r := pair(t)
+		if err := Send(s, int(devnull.Fd()), []byte("state")); err != nil {
+			t.Fatal(err)
+		}
+		if _, _, err := Receive(r, 16); !errors.Is(err, ErrProtocol) || !strings.Contains(err.Error(), "not /dev/fuse") {
+			t.Errorf("a /dev/null descriptor: %v, want ErrProtocol naming /dev/fuse", err)
+		}
+	})
+	t.Run("truncated control data", func(t *testing.T) {
+		s, r := pair(t)
+		fd := int(devfuse.Fd())
+		if _, _, err := s.WriteMsgUnix([]byte("AFH1\x00\x00\x00\x00\x00\x00\x00\x00"), syscall.UnixRights(fd, fd, fd, fd, fd, fd, fd, fd), nil); err != nil {
+			t.Fatal(err)
+		}
+		if _, _, err := Receive(r, 16); !errors.Is(err, ErrProtocol) || !strings.Contains(err.Error(), "truncated") {
+			t.Errorf("eight descriptors: %v, want ErrProtocol for truncated control data", err)
 		}
 	})
 }

@@ -119,10 +119,11 @@ func ExportState(raw fuse.RawFileSystem, nodeKey func(*Inode) (string, error), f
 	t.mu.Lock()
 	st := &TableState{
 		Version:          TableStateVersion,
-		Epoch:            t.epoch,
+		Epoch:            max(t.epoch, t.successorEpochs),
 		NextNodeID:       t.nextNodeId,
 		NextAutomaticIno: t.automaticIno,
 	}
+	t.leaveRangeToSuccessor(st)
 	for id, e := range t.nodes {
 		if id == fuse.FUSE_ROOT_ID || e.lookupCount == 0 {
 			continue

@@ -6,6 +6,7 @@ package fs
 
 import (
 	"log"
+	"math"
 	"runtime/debug"
 	"sync"
 	"sync/atomic"
@@ -110,6 +111,44 @@ type mapIdentityTable struct {
 	// ESTALE, where an unknown id in a table that was not
 	// imported is a protocol error.
 	imported bool
+
+	// successorEpochs is the lowest handle epoch an export may give
+	// a successor: above every epoch an earlier successor (and its
+	// own successors) may have used. See leaveRangeToSuccessor.
+	successorEpochs uint32
+}
+
+// Once a table is exported, its successor hands out node ids from
+// st.NextNodeID up, file handles of epoch st.Epoch+1 (and its own
+// successors the epochs after) and automatic inode numbers from
+// st.NextAutomaticIno up. If the successor serves and then fails, the
+// exporter resumes (fuse.Server.ResumeReading) while the kernel still
+// holds what the successor handed out: the exporter must never issue
+// those again, or the kernel would take a new node for a cached one
+// and read another file's bytes. So the export moves the exporter's
+// counters this far past the successor's start.
+const (
+	successorNodeIDs   = 1 << 40
+	successorInos      = 1 << 40
+	successorEpochSpan = 1 << 12 // handovers chained from one successor
+)
+
+// leaveRangeToSuccessor moves t's counters out of the range that the
+// successor of export st allocates from, and makes t answer ESTALE for
+// the node ids and handles the successor handed out, which t never
+// learns (as an imported table does). Called with t.mu held.
+func (t *mapIdentityTable) leaveRangeToSuccessor(st *TableState) {
+	t.nextNodeId = st.NextNodeID + successorNodeIDs
+	t.automaticIno = st.NextAutomaticIno + successorInos
+	t.successorEpochs = st.Epoch + successorEpochSpan
+	if t.successorEpochs < st.Epoch {
+		// Wrapped: the next export is refused as exhausted.
+		t.successorEpochs = math.MaxUint32
+	}
+	t.imported = true
+	if t.foreign == nil {
+		t.foreign = make(map[uint64]*fileEntry)
+	}
 }
 
 // file returns the entry for fh, or nil if fh is not open. fh 0 is

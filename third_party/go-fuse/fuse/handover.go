@@ -21,12 +21,16 @@ package fuse
 import (
 	"errors"
 	"fmt"
+	"os"
 	"path/filepath"
+	"strconv"
 	"sync"
 	"sync/atomic"
 	"syscall"
 	"time"
 	"unsafe"
+
+	"golang.org/x/sys/unix"
 )
 
 // InitStateVersion is the format version of InitState. A reader refuses
@@ -157,33 +161,47 @@ func (ms *Server) NegotiatedFlags() uint64 {
 // The options that INIT settled cannot change: opts.MaxWrite, if set,
 // must equal st.MaxWrite. The other options that shape the INIT reply
 // (capabilities, MaxBackground, MaxReadAhead...) are ignored.
+//
+// fd is the server's from the call on: on an error it is closed, so
+// the caller never closes it (a descriptor kept open by mistake would
+// keep the connection alive with nobody serving it).
 func NewServerOnFD(fs RawFileSystem, fd int, st InitState, opts *MountOptions) (*Server, error) {
+	ms, taken, err := newServerOnFD(fs, fd, st, opts)
+	if err != nil && !taken && fd >= 0 {
+		syscall.Close(fd)
+	}
+	return ms, err
+}
+
+// newServerOnFD is NewServerOnFD; taken reports whether fd is already
+// the server's (closed by it on an error).
+func newServerOnFD(fs RawFileSystem, fd int, st InitState, opts *MountOptions) (ms *Server, taken bool, err error) {
 	if err := st.Check(); err != nil {
-		return nil, err
+		return nil, false, err
 	}
 	if opts == nil {
 		opts = &MountOptions{MaxBackground: _DEFAULT_BACKGROUND_TASKS}
 	}
 	o := *opts
 	if o.MaxWrite != 0 && o.MaxWrite != int(st.MaxWrite) {
-		return nil, fmt.Errorf("fuse: option MaxWrite %d differs from the connection's %d, fixed at INIT", o.MaxWrite, st.MaxWrite)
+		return nil, false, fmt.Errorf("fuse: option MaxWrite %d differs from the connection's %d, fixed at INIT", o.MaxWrite, st.MaxWrite)
 	}
 	o.MaxWrite = int(st.MaxWrite)
 	o.setDefaults(fs)
 	if o.MaxWrite != int(st.MaxWrite) {
-		return nil, fmt.Errorf("fuse: the connection's max write %d is more than this kernel allows (%d)", st.MaxWrite, o.MaxWrite)
+		return nil, false, fmt.Errorf("fuse: the connection's max write %d is more than this kernel allows (%d)", st.MaxWrite, o.MaxWrite)
 	}
 
-	ms := newServer(fs, &o)
+	ms = newServer(fs, &o)
 	ms.kernelSettings = st.kernelInit()
 	ms.initOut = st.reply()
 	ms.negotiatedFlags = st.Flags
 	ms.mountPoint = st.MountPoint
 
-	var err error
+	// newFuseFD owns fd from here: it closes it on its error.
 	ms.fuseFD, err = ms.newFuseFD(fd)
 	if err != nil {
-		return nil, err
+		return nil, true, err
 	}
 	ms.protocolServer.writev = ms.fuseFD.writev
 	if ms.kernelSettings.Minor >= 13 {
@@ -193,7 +211,7 @@ func NewServerOnFD(fs RawFileSystem, fd int, st InitState, opts *MountOptions) (
 	// The mount exists already: WaitMount has nothing to wait for.
 	ms.ready <- nil
 	ms.fuseFD.loops.Add(1)
-	return ms, nil
+	return ms, true, nil
 }
 
 // SupportsResend reports whether the kernel offered FUSE_HAS_RESEND at
@@ -230,10 +248,9 @@ func (ms *Server) DupFD() (int, error) {
 	nfd := -1
 	var err error
 	if cerr := ms.fuseFD.withFD(func(fd int) {
-		nfd, err = syscall.Dup(fd)
-		if err == nil {
-			syscall.CloseOnExec(nfd)
-		}
+		// F_DUPFD_CLOEXEC: no window in which a concurrent
+		// fork/exec could leak the connection to a child.
+		nfd, err = unix.FcntlInt(uintptr(fd), unix.F_DUPFD_CLOEXEC, 0)
 	}); cerr != nil {
 		return -1, cerr
 	}
@@ -250,54 +267,105 @@ type AbortRequest struct {
 }
 
 // ErrStopTimeout is what StopReading returns when its readers did not
-// all stop in time. The server reads again (as after ResumeReading).
+// all stop in time. The server reads again by itself once the handlers
+// still running have answered (see StopReading).
 var ErrStopTimeout = errors.New("fuse: readers did not stop in time")
 
 // handoverWakeName is the name StopReading looks up in the mount's
-// root to wake a reader blocked in read(2): the kernel sends the LOOKUP
-// to a reader, which answers it ENOENT whether it is stopping or not
-// (isHandoverWake), so the lookup never waits on a stopped server.
+// root to wake a reader blocked in read(2). While a stop is in progress
+// (readerGate.inProgress), a reader answers this process's own lookup
+// of it ENOENT whether it is stopping or not (isHandoverWakeInput), so
+// the lookup never waits on a stopped server. Outside a stop, and for
+// other processes, it is a name like any other.
 const handoverWakeName = ".go-fuse-handover-wake"
 
 // maxWakes bounds the wake-up lookups in flight (each waits in a
 // goroutine until a server answers it).
 const maxWakes = 2 * maxMaxReaders
 
-// isHandoverWake reports whether req, parsed, is StopReading's wake-up
-// LOOKUP.
-func isHandoverWake(req *request) bool {
-	h := req.inHeader()
-	return h.Opcode == _OP_LOOKUP && h.NodeId == FUSE_ROOT_ID && req.filename() == handoverWakeName
-}
-
-// isHandoverWakeInput is isHandoverWake on a request's raw input, which
-// a stopping reader has not parsed.
+// isHandoverWakeInput reports whether in, a request's raw input, is
+// StopReading's wake-up LOOKUP: a LOOKUP of handoverWakeName in the
+// root made by a thread of this process. It does not allocate unless
+// the name matches (the caller checks readerGate.inProgress first, so
+// a mount that never stops pays one atomic load per request).
 func isHandoverWakeInput(in []byte) bool {
 	hs := int(unsafe.Sizeof(InHeader{}))
 	if len(in) < hs+len(handoverWakeName)+1 {
 		return false
 	}
 	h := (*InHeader)(unsafe.Pointer(&in[0]))
+	if h.Opcode != _OP_LOOKUP || h.NodeId != FUSE_ROOT_ID {
+		return false
+	}
 	name := in[hs:]
-	return h.Opcode == _OP_LOOKUP && h.NodeId == FUSE_ROOT_ID &&
-		string(name[:len(handoverWakeName)]) == handoverWakeName && name[len(handoverWakeName)] == 0
+	if name[len(handoverWakeName)] != 0 || string(name[:len(handoverWakeName)]) != handoverWakeName {
+		return false
+	}
+	return ownThread(h.Caller.Pid)
+}
+
+// ownThread reports whether tid, the pid of a FUSE request's caller,
+// is a thread of this process. The kernel puts the calling thread's id
+// there (not its thread group's), so a wake-up from any goroutine's
+// thread is recognised through /proc/self/task. It assumes the mount's
+// pid namespace is this process's, as it is for a mount this process
+// or its parent made.
+func ownThread(tid uint32) bool {
+	if tid == 0 {
+		return false
+	}
+	if int(tid) == os.Getpid() {
+		return true
+	}
+	var st syscall.Stat_t
+	return syscall.Stat("/proc/self/task/"+strconv.FormatUint(uint64(tid), 10), &st) == nil
 }
 
 // readerGate parks a server's readers for a handover. The zero value
 // lets them run.
 type readerGate struct {
 	// stopping is read by every reader before and after each read.
+	// It stays set from StopReading until Serve has parked and a
+	// ResumeReading lets it go: a handler still running when a stop
+	// times out must finish before anything is resent, or the kernel
+	// would queue its request again and it would run twice.
 	stopping atomic.Bool
 
 	mu      sync.Mutex
 	parked  chan struct{} // closed when Serve has parked
 	decided chan bool     // true: read again; false: detach
-	// resumed is set by a ResumeReading that came before Serve
-	// parked (a handler was still running): Serve reads on.
-	resumed bool
+	// decision is what this stop has been given (ResumeReading,
+	// Detach or StopReading's time-out), so that a second one is
+	// refused rather than blocking on decided.
+	decision gateDecision
 
 	// wakes counts the wake-up lookups not yet answered.
 	wakes atomic.Int32
+}
+
+type gateDecision int
+
+const (
+	undecided gateDecision = iota
+	resuming
+	detached
+)
+
+func (d gateDecision) String() string {
+	switch d {
+	case resuming:
+		return "resuming"
+	case detached:
+		return "detached"
+	}
+	return "undecided"
+}
+
+// inProgress reports whether a stop is under way or a wake-up lookup
+// of one is still outstanding: the only time a reader intercepts the
+// reserved name.
+func (g *readerGate) inProgress() bool {
+	return g.stopping.Load() || g.wakes.Load() > 0
 }
 
 // park runs in Serve once all readers have returned. It reports
@@ -305,11 +373,6 @@ type readerGate struct {
 // waits for ResumeReading (resume=true) or Detach.
 func (g *readerGate) park() (resume, parked bool) {
 	g.mu.Lock()
-	if g.resumed {
-		g.resumed = false
-		g.mu.Unlock()
-		return true, true
-	}
 	if !g.stopping.Load() {
 		g.mu.Unlock()
 		return false, false
@@ -343,14 +406,20 @@ func (ms *Server) handleWhileStopping(req *requestAlloc) {
 // StopReading makes the server stop reading requests without closing
 // its fd or unmounting, so that the connection can be handed to a
 // successor. It returns once every reader has returned and every
-// request being handled has been answered, or after timeout
-// (ErrStopTimeout; the server then reads again). Requests read during
-// the stop are left unanswered: the successor's NotifyResend, or
+// request being handled has been answered. Requests read during the
+// stop are left unanswered: the successor's NotifyResend, or
 // ResumeReading, has the kernel send them again. It needs a kernel
 // with FUSE_HAS_RESEND.
 //
 // After it, call Detach once the successor serves, or ResumeReading
 // if it failed.
+//
+// After timeout it returns ErrStopTimeout and the stop turns into a
+// resume: the server keeps the readers stopped until the handlers
+// still running have answered, then asks for the resend and reads
+// again, by itself (ResumeReading and Detach are refused meanwhile).
+// Resending earlier would have the kernel queue those handlers'
+// requests again, and run them twice.
 func (ms *Server) StopReading(timeout time.Duration) error {
 	if !ms.serving.Load() {
 		return fmt.Errorf("fuse: StopReading before Serve")
@@ -370,6 +439,7 @@ func (ms *Server) StopReading(timeout time.Duration) error {
 	parked := make(chan struct{})
 	g.parked = parked
 	g.decided = make(chan bool, 1)
+	g.decision = undecided
 	g.stopping.Store(true)
 	g.mu.Unlock()
 
@@ -387,12 +457,66 @@ func (ms *Server) StopReading(timeout time.Duration) error {
 		case <-tick.C:
 			ms.wakeBlockedReader()
 		case <-deadline.C:
-			if err := ms.ResumeReading(); err != nil {
-				return fmt.Errorf("%w; resuming: %v", ErrStopTimeout, err)
+			if err := ms.decide(resuming); err != nil {
+				// A concurrent ResumeReading or Detach
+				// decided first: it has the stop now.
+				return fmt.Errorf("%w; %v", ErrStopTimeout, err)
 			}
+			go func() {
+				if err := ms.resumeWhenParked(parked); err != nil {
+					ms.opts.Logger.Printf("fuse: resuming after a stop time-out: %v", err)
+				}
+			}()
 			return ErrStopTimeout
 		}
 	}
+}
+
+// decide records d as the outcome of the current stop, refusing a
+// second one.
+func (ms *Server) decide(d gateDecision) error {
+	g := &ms.gate
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if !g.stopping.Load() {
+		return fmt.Errorf("fuse: not stopped")
+	}
+	if g.decision != undecided {
+		return fmt.Errorf("fuse: the stop is already %v", g.decision)
+	}
+	g.decision = d
+	return nil
+}
+
+// resumeWhenParked waits for Serve to park, waking blocked readers
+// meanwhile, then lets the readers read again and asks the kernel to
+// resend what they left unanswered. No handler runs by then, so no
+// request can be resent while it is still being handled.
+func (ms *Server) resumeWhenParked(parked <-chan struct{}) error {
+	tick := time.NewTicker(2 * time.Millisecond)
+	defer tick.Stop()
+wait:
+	for {
+		select {
+		case <-parked:
+			break wait
+		case <-tick.C:
+			ms.wakeBlockedReader()
+		}
+	}
+	g := &ms.gate
+	g.mu.Lock()
+	g.stopping.Store(false)
+	decided := g.decided
+	g.mu.Unlock()
+	// The readers are parked: the resend queues the requests they
+	// left before any of them reads again.
+	st := ms.NotifyResend()
+	decided <- true
+	if !st.Ok() {
+		return fmt.Errorf("fuse: NOTIFY_RESEND: %v", st)
+	}
+	return nil
 }
 
 // wakeBlockedReader wakes a reader blocked in read(2), if any is, by
@@ -402,6 +526,11 @@ func (ms *Server) StopReading(timeout time.Duration) error {
 // the root is the one node every mount has), nor a signal that
 // interrupts the read: the Go runtime installs its handlers with
 // SA_RESTART.
+//
+// The lookup goes through the mount point's path: if the mount point
+// is moved or shadowed by another mount during a stop, the wake-ups
+// miss and StopReading times out (it never answers a stranger's
+// request instead).
 //
 // A wake-up may stall before its LOOKUP (its path walk's GETATTR can
 // be the request a stopping reader leaves for the successor, which
@@ -430,31 +559,27 @@ func (ms *Server) wakeBlockedReader() {
 	}()
 }
 
-// ResumeReading undoes StopReading: the server reads again, after
-// asking the kernel to resend what its readers left unanswered.
+// ResumeReading undoes StopReading, for a handover whose successor
+// failed: it waits for the handlers still running to answer (waking
+// the readers blocked in read(2)), then the server reads again, after
+// asking the kernel to resend what its readers left unanswered. It is
+// refused after Detach, after another ResumeReading, and after a
+// StopReading that timed out (that one resumes by itself).
+//
+// If the successor served requests, it handed out node ids and file
+// handles this server does not know: package fs's ExportState moves
+// the exporter's counters out of the successor's range, so they are
+// never reissued for another file, and the kernel's requests for them
+// get ESTALE.
 func (ms *Server) ResumeReading() error {
+	if err := ms.decide(resuming); err != nil {
+		return fmt.Errorf("fuse: ResumeReading: %w", err)
+	}
 	g := &ms.gate
 	g.mu.Lock()
-	defer g.mu.Unlock()
-	if !g.stopping.Load() {
-		return fmt.Errorf("fuse: ResumeReading while not stopped")
-	}
-	g.stopping.Store(false)
-	select {
-	case <-g.parked:
-		g.decided <- true
-	default:
-		// Serve has not parked: the readers still running see
-		// stopping=false and read on; Serve reads on too when it
-		// gets to park.
-		g.resumed = true
-	}
-	// The requests dropped during the stop come back with the
-	// resend.
-	if st := ms.NotifyResend(); !st.Ok() {
-		return fmt.Errorf("fuse: NOTIFY_RESEND: %v", st)
-	}
-	return nil
+	parked := g.parked
+	g.mu.Unlock()
+	return ms.resumeWhenParked(parked)
 }
 
 // Detach ends a stopped server without unmounting: Serve returns
@@ -474,6 +599,9 @@ func (ms *Server) Detach(timeout time.Duration) error {
 	case <-parked:
 	case <-time.After(timeout):
 		return fmt.Errorf("fuse: Detach: the server did not park within %v", timeout)
+	}
+	if err := ms.decide(detached); err != nil {
+		return fmt.Errorf("fuse: Detach: %w", err)
 	}
 	ms.mountPoint = ""
 	g.decided <- false

@@ -36,6 +36,11 @@ type protocolServer struct {
 	// Server.InitState exports.
 	initOut InitOut
 
+	// gate parks the readers for a handover (handover.go). Its zero
+	// value lets them run, so a server that never hands over reads
+	// exactly as before.
+	gate readerGate
+
 	opts *MountOptions
 
 	// Pools for []byte
@@ -68,7 +73,7 @@ func (ms *protocolServer) handleRequest(h *operationHandler, req *request) {
 	} else if req.inHeader().NodeId == pollHackInode ||
 		req.inHeader().NodeId == FUSE_ROOT_ID && h.FileNames > 0 && req.filename() == pollHackName {
 		doPollHackLookup(ms, req)
-	} else if isHandoverWake(req) {
+	} else if ms.gate.inProgress() && isHandoverWakeInput(req.inputBuf) {
 		// A wake-up from StopReading (handover.go) that a
 		// reader took before it saw the stop.
 		req.status = ENOENT

@@ -63,17 +63,16 @@ type Server struct {
 	singleReader bool
 	canSplice    bool
 	serving      atomic.Bool // for preventing duplicate Serve() calls
+	// serveDone is closed when Serve returns. Wait and Unmount wait
+	// on it rather than on the readers' WaitGroup, which drops to
+	// zero whenever StopReading parks the readers (handover.go).
+	serveDone chan struct{}
 
 	// Used to implement WaitMount on macos.
 	ready chan error
 
 	// for implementing single threaded processing.
 	requestProcessingMu sync.Mutex
-
-	// gate parks the readers for a handover (handover.go). Its zero
-	// value lets them run, so a server that never hands over reads
-	// exactly as before.
-	gate readerGate
 }
 
 // SetDebug is deprecated. Use MountOptions.Debug instead.
@@ -116,6 +115,10 @@ func (ms *Server) Unmount() (err error) {
 	if ms.mountPoint == "" {
 		return nil
 	}
+	if ms.gate.stopping.Load() {
+		// Serve is parked and would never see the unmount.
+		return fmt.Errorf("fuse: Unmount of a server stopped for a handover: ResumeReading or Detach first")
+	}
 	if parseFuseFd(ms.mountPoint) >= 0 {
 		return fmt.Errorf("Cannot unmount magic mountpoint %q. Please use `fusermount -u REALMOUNTPOINT` instead.", ms.mountPoint)
 	}
@@ -135,8 +138,8 @@ func (ms *Server) Unmount() (err error) {
 	if err != nil {
 		return
 	}
-	// Wait for event loops to exit.
-	ms.fuseFD.loops.Wait()
+	// Wait for Serve to exit.
+	<-ms.serveDone
 	ms.mountPoint = ""
 	return err
 }
@@ -273,6 +276,7 @@ func newServer(fs RawFileSystem, o *MountOptions) *Server {
 		maxReaders:   maxReaders,
 		singleReader: useSingleReader,
 		ready:        make(chan error, 1),
+		serveDone:    make(chan struct{}),
 	}
 	ms.reqPool.New = func() any {
 		return &requestAlloc{
@@ -386,6 +390,7 @@ func (ms *Server) Serve() {
 		// Catch it early.
 		log.Panic("Serve() must only be called once, you have called it a second time")
 	}
+	defer close(ms.serveDone)
 
 	detached := false
 	for {
@@ -436,7 +441,7 @@ func (ms *Server) Serve() {
 // Wait waits for the serve loop to exit. This should only be called
 // after Serve has been called, or it will hang indefinitely.
 func (ms *Server) Wait() {
-	ms.fuseFD.loops.Wait()
+	<-ms.serveDone
 }
 
 func (ms *Server) handleInit() Status {
