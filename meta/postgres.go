@@ -99,7 +99,7 @@ func OpenPostgres(ctx context.Context, cfg PostgresConfig) (*Postgres, error) {
 	if p.wrapD == nil {
 		p.wrapD = func(op string, d blob.Digest, err error) error { return blob.Wrap(op, cfg.Name, d, err) }
 	}
-	if err := createPGSchema(ctx, cfg.Pool, pgPinsSchema, pgPinsOwnerIndex, pgCorruptSchema, pgWindowSchema); err != nil {
+	if err := CreatePGSchema(ctx, cfg.Pool, pgPinsSchema, pgPinsOwnerIndex, pgCorruptSchema, pgWindowSchema); err != nil {
 		return nil, p.wrap("open", err)
 	}
 	p.PGWindow = &PGWindow{pool: cfg.Pool, name: cfg.Name, wrapD: p.wrapD}
@@ -116,12 +116,14 @@ func (p *Postgres) wrap(op string, err error) error {
 	return p.wrapD(op, blob.Digest{}, err)
 }
 
-// createPGSchema runs ddl in one transaction under the schema lock
-// (engines.PGSchemaLock), so that engines opening the same database at
+// CreatePGSchema runs ddl in one transaction under the schema lock
+// (engines.PGSchemaLock), so that processes opening the same database at
 // once do not trip over each other, unless every table and index it makes
 // exists already: then it runs nothing, and takes no lock that a writer of
-// those tables holds (see engines.DDLRelations).
-func createPGSchema(ctx context.Context, pool *pgxpool.Pool, ddl ...string) error {
+// those tables holds (see engines.DDLRelations). It is how every table of
+// a pool's PostgreSQL database is made: the shared state's here, the
+// engines' blob tables through postgres.CreateSchema.
+func CreatePGSchema(ctx context.Context, pool *pgxpool.Pool, ddl ...string) error {
 	if names, ok := engines.DDLRelations(ddl); ok {
 		var missing int
 		if err := pool.QueryRow(ctx, engines.PGMissingRelations, names).Scan(&missing); err != nil {
@@ -481,7 +483,7 @@ var _ Window = (*PGWindow)(nil)
 // OpenPGWindow creates gc_window in pool's database if needed: the window
 // of a large engine there (pglo). name is the engine name errors carry.
 func OpenPGWindow(ctx context.Context, pool *pgxpool.Pool, name string) (*PGWindow, error) {
-	if err := createPGSchema(ctx, pool, pgWindowSchema); err != nil {
+	if err := CreatePGSchema(ctx, pool, pgWindowSchema); err != nil {
 		return nil, blob.Wrap("open", name, blob.Digest{}, err)
 	}
 	return &PGWindow{pool: pool, name: name, wrapD: func(op string, d blob.Digest, err error) error {
