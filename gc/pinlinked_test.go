@@ -54,11 +54,20 @@ func TestPinLinkedCloseWaits(t *testing.T) {
 	<-started
 	closed := make(chan error, 1)
 	go func() { closed <- c.Close() }()
-	// Close has begun once the collector refuses pins.
-	eventually(t, 10*time.Second, "Close to begin", func() bool {
-		_, err := c.PinLinked(ctx, dg(2), func(gc.RowFunc) error { return nil })
-		return errors.Is(err, blob.ErrClosed)
-	})
+	// A put after Close has begun is refused. The probe runs on its own:
+	// once Close waits for the running put, a probe that passed the
+	// closed check before Close set it waits too, until the put ends.
+	probe := make(chan error, 1)
+	go func() {
+		for {
+			pin, err := c.PinLinked(ctx, dg(2), func(gc.RowFunc) error { return nil })
+			if err != nil {
+				probe <- err
+				return
+			}
+			pin.Release()
+		}
+	}()
 	// Close may not reach its drop while the put runs. A bound, not an
 	// ordering: with the put holding rowMu, no wait is long enough.
 	select {
@@ -72,5 +81,13 @@ func TestPinLinkedCloseWaits(t *testing.T) {
 	}
 	if err := <-closed; err != nil {
 		t.Fatal(err)
+	}
+	select {
+	case err := <-probe:
+		if !errors.Is(err, blob.ErrClosed) {
+			t.Fatalf("a put after Close began: %v; want ErrClosed", err)
+		}
+	case <-time.After(30 * time.Second):
+		t.Fatal("a put after Close began neither returned nor was refused 30 s after Close returned")
 	}
 }
