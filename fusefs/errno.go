@@ -49,6 +49,12 @@ var (
 	errPublishFailed = errors.New("publish failed")
 	// errGone: the file was removed while the request was on its way.
 	errGone = errors.New("no such file")
+	// errStaleName: an open reached a file whose name went (a refused
+	// file's at its RELEASE, an unlink) after the kernel resolved the
+	// name. ESTALE makes the kernel resolve the path again
+	// (LOOKUP_REVAL): the open then finds the name's new file, or creates
+	// one with O_CREAT, or fails with ENOENT, as if it had come after.
+	errStaleName = errors.New("the name went while the open was on its way")
 	// errNameTooLong: a name over nameMax bytes, anywhere in the mount.
 	errNameTooLong = errors.New("file name too long")
 )
@@ -113,6 +119,8 @@ func toErrno(err error) syscall.Errno {
 		return syscall.ERANGE
 	case errors.Is(err, errGone):
 		return syscall.ENOENT
+	case errors.Is(err, errStaleName):
+		return syscall.ESTALE
 	case errors.Is(err, errPublishFailed):
 		return syscall.EIO
 	case errors.Is(err, errNameTooLong):

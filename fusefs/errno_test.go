@@ -43,6 +43,7 @@ func TestToErrno(t *testing.T) {
 		{"no xattr", errNoAttr, syscall.ENODATA},
 		{"xattr buffer", errRange, syscall.ERANGE},
 		{"vanished", errGone, syscall.ENOENT},
+		{"opened after its name went", errStaleName, syscall.ESTALE},
 		{"name too long", errNameTooLong, syscall.ENAMETOOLONG},
 		{"store full", wrapped(blob.ErrNoSpace), syscall.ENOSPC},
 		{"namespace at its quota", nsErr(blob.ErrQuota), syscall.EDQUOT},

@@ -200,7 +200,12 @@ func (n *fileNode) Open(ctx context.Context, flags uint32) (fs.FileHandle, uint3
 	n.mu.Lock()
 	defer n.mu.Unlock()
 	if n.detached {
-		return nil, 0, n.fsys.errno("open", n.digestForLog(), errGone)
+		// The kernel resolved the name to this file before it went: a
+		// retry of a refused `cp f incoming/x` whose open raced the
+		// failed file's RELEASE. Not ENOENT, which the kernel would
+		// return to the caller as it is: ESTALE makes it look the name up
+		// again and create the file anew (docs/publish.md).
+		return nil, 0, n.fsys.errno("open", n.digestForLog(), errStaleName)
 	}
 	// The kernel keeps what it cached of the file unless the content
 	// changed behind it: every other change is a write or truncate it made

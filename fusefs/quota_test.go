@@ -1,6 +1,10 @@
 package fusefs
 
 import (
+	"context"
+	"path/filepath"
+	"sync/atomic"
+	"syscall"
 	"testing"
 
 	"github.com/hanwen/go-fuse/v2/fuse"
@@ -40,5 +44,46 @@ func TestQuotaStatfs(t *testing.T) {
 		if got != tc.want {
 			t.Errorf("%s:\n got %+v\nwant %+v", tc.name, got, tc.want)
 		}
+	}
+}
+
+// uniqueCounter counts the calls of Registry.Unique, the query over all of
+// a namespace's references and intents.
+type uniqueCounter struct {
+	namespaces.Registry
+	calls atomic.Int64
+}
+
+func (u *uniqueCounter) Unique(ctx context.Context, name string) (namespaces.UniqueUsage, error) {
+	u.calls.Add(1)
+	return u.Registry.Unique(ctx, name)
+}
+
+// TestStatfsCountersOnly: df on a namespace directory reads the counters
+// kept with its rows, not the unique figures, which are a query over all
+// of the namespace's references: on a large namespace a df would take
+// seconds.
+func TestStatfsCountersOnly(t *testing.T) {
+	reg := &uniqueCounter{}
+	e := mountStore(t, defaultSpec, func(c *Config) {
+		reg.Registry = c.Namespaces
+		c.Namespaces = reg
+	})
+	dir := e.mkns("q")
+	e.fill("q", 3)
+	if err := e.reg.SetQuota(t.Context(), "q", namespaces.Quota{Blobs: 10}); err != nil {
+		t.Fatal(err)
+	}
+	for _, p := range []string{dir, filepath.Join(dir, "incoming")} {
+		var st syscall.Statfs_t
+		if err := syscall.Statfs(p, &st); err != nil {
+			t.Fatal(err)
+		}
+		if st.Files != 10 || st.Ffree != 7 {
+			t.Errorf("statfs %s: %d inodes, %d free; want the quota's 10, 7", p, st.Files, st.Ffree)
+		}
+	}
+	if n := reg.calls.Load(); n != 0 {
+		t.Errorf("df ran the unique query %d times, want 0", n)
 	}
 }

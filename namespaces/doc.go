@@ -80,8 +80,8 @@
 // intent (an intent counts from the close that records it) to the last
 // of them to go: a settle changes nothing, Cancel and Unlink free at
 // once, not at the sweep. A digest in two namespaces counts in both;
-// Usage's unique figures are what no other namespace holds, computed when
-// asked. Sizes reach the registry with the link: [Registry.LinkSized],
+// [Registry.Unique] returns what no other namespace holds, computed when
+// asked (O(the namespace's rows), unlike Usage's one row). Sizes reach the registry with the link: [Registry.LinkSized],
 // [Pending.Size], and the put's content length in the [Service]'s publish
 // hooks; a Service's own Link and Pend ask the pool ([Pool.Size]).
 //

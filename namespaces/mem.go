@@ -462,7 +462,21 @@ func (m *Mem) Usage(ctx context.Context, name string) (Usage, error) {
 	if !ok {
 		return Usage{}, wrap("usage", name, blob.Digest{}, ErrNotFound)
 	}
-	out := Usage{Blobs: u.blobs, Bytes: u.bytes, Quota: u.quota}
+	return Usage{Blobs: u.blobs, Bytes: u.bytes, Quota: u.quota}, nil
+}
+
+// Unique implements Registry.
+func (m *Mem) Unique(ctx context.Context, name string) (UniqueUsage, error) {
+	if err := check(ctx, name); err != nil {
+		return UniqueUsage{}, wrap("unique usage", name, blob.Digest{}, err)
+	}
+	m.mu.RLock()
+	defer m.mu.RUnlock()
+	u, ok := m.usage[name]
+	if !ok {
+		return UniqueUsage{}, wrap("unique usage", name, blob.Digest{}, ErrNotFound)
+	}
+	var out UniqueUsage
 	refs := m.ns[name]
 	for d, size := range u.size {
 		// live counts every reference and intent naming d; those of
@@ -473,8 +487,8 @@ func (m *Mem) Usage(ctx context.Context, name string) (Usage, error) {
 			own++
 		}
 		if all == own {
-			out.UniqueBlobs++
-			out.UniqueBytes += size
+			out.Blobs++
+			out.Bytes += size
 		}
 	}
 	return out, nil

@@ -29,18 +29,33 @@ func (q Quota) fits(blobs, bytes int64) bool {
 // Usage is what a namespace holds, kept exactly by the registry (not
 // estimated): a digest counts once per namespace whether it is linked,
 // pending (an intent, from the close that recorded it), or both; a digest
-// in two namespaces counts in both.
+// in two namespaces counts in both. Reading it costs one row, whatever
+// the namespace's size.
 type Usage struct {
 	// Blobs is the number of distinct digests the namespace links or
 	// pends; Bytes their logical sizes' sum.
 	Blobs, Bytes int64
-	// UniqueBlobs and UniqueBytes are those of them that no other
-	// namespace links or pends: what removing this namespace would let
-	// sweeps free. They are computed when asked (a query over the
-	// namespace's rows), not kept.
-	UniqueBlobs, UniqueBytes int64
 	// Quota is the namespace's limit (SetQuota); zero fields mean none.
 	Quota Quota
+}
+
+// UniqueUsage is the part of a namespace's Usage that no other namespace
+// links or pends: what removing the namespace would let sweeps free. It
+// is computed when asked, from every reference and intent of the
+// namespace (O(its rows)), not kept: a separate call
+// (Registry.Unique) so that the surfaces that run often (df, /metrics,
+// a refused put's message) never pay for it.
+type UniqueUsage struct {
+	Blobs, Bytes int64
+}
+
+// Count says n of unit, for the messages that print usage: "1 blob",
+// "0 blobs", "4096 bytes" (unit is the singular; its plural adds an s).
+func Count(n int64, unit string) string {
+	if n == 1 {
+		return "1 " + unit
+	}
+	return fmt.Sprintf("%d %ss", n, unit)
 }
 
 // Sized is a digest with its blob's logical size, which a link charges to
@@ -55,9 +70,9 @@ type Sized struct {
 func errQuota(q Quota, u Usage, blobs, bytes int64) error {
 	switch {
 	case q.Blobs > 0 && u.Blobs+blobs > q.Blobs:
-		return fmt.Errorf("%w: %d blobs + %d over the limit of %d", blob.ErrQuota, u.Blobs, blobs, q.Blobs)
+		return fmt.Errorf("%w: %s + %d over the limit of %d", blob.ErrQuota, Count(u.Blobs, "blob"), blobs, q.Blobs)
 	case q.Bytes > 0 && u.Bytes+bytes > q.Bytes:
-		return fmt.Errorf("%w: %d bytes + %d over the limit of %d", blob.ErrQuota, u.Bytes, bytes, q.Bytes)
+		return fmt.Errorf("%w: %s + %d over the limit of %d", blob.ErrQuota, Count(u.Bytes, "byte"), bytes, q.Bytes)
 	}
 	return blob.ErrQuota
 }

@@ -132,11 +132,16 @@ type Registry interface {
 	Recover(ctx context.Context, holder string) (int, error)
 	// Holders lists the holders of intents, once each.
 	Holders(ctx context.Context) ([]string, error)
-	// Usage returns what the namespace holds and its quota (see Usage).
-	// Blobs and Bytes are counters kept with the rows they count (in the
-	// same transaction on SQL); the unique figures are one query over the
-	// namespace's rows. ErrNotFound if the namespace is absent.
+	// Usage returns what the namespace holds and its quota (see Usage):
+	// counters kept with the rows they count (in the same transaction on
+	// SQL), read as one row. ErrNotFound if the namespace is absent.
 	Usage(ctx context.Context, name string) (Usage, error)
+	// Unique returns what of the namespace's usage no other namespace
+	// holds (see UniqueUsage): one query over all of the namespace's
+	// references and intents, O(its rows), for the surfaces a person
+	// asks (ns usage, the HTTP usage route), not those that poll.
+	// ErrNotFound if the namespace is absent.
+	Unique(ctx context.Context, name string) (UniqueUsage, error)
 	// SetQuota records q as the namespace's quota; the zero Quota clears
 	// it. A quota below the current usage is allowed: nothing is removed,
 	// and further growth is refused. Who may call it is AllowedQuota's

@@ -199,8 +199,29 @@ func (r *SQL) Usage(ctx context.Context, name string) (Usage, error) {
 	case err != nil:
 		return Usage{}, wrap("usage", name, blob.Digest{}, err)
 	}
-	if err := r.db.QueryRowContext(ctx, r.q.unique, name, name, name, name).Scan(&u.UniqueBlobs, &u.UniqueBytes); err != nil {
-		return Usage{}, wrap("usage", name, blob.Digest{}, err)
+	return u, nil
+}
+
+// Unique implements Registry. The namespace's row is read first, so that
+// an absent namespace is ErrNotFound rather than zero figures.
+func (r *SQL) Unique(ctx context.Context, name string) (UniqueUsage, error) {
+	if err := check(ctx, name); err != nil {
+		return UniqueUsage{}, wrap("unique usage", name, blob.Digest{}, err)
+	}
+	if r.noUsage {
+		return UniqueUsage{}, wrap("unique usage", name, blob.Digest{}, errNoUsage)
+	}
+	var row nsUsageRow
+	err := r.db.QueryRowContext(ctx, r.q.usage, name).Scan(&row.blobs, &row.bytes, &row.quota.Blobs, &row.quota.Bytes)
+	if errors.Is(err, sql.ErrNoRows) {
+		err = ErrNotFound
+	}
+	var u UniqueUsage
+	if err == nil {
+		err = r.db.QueryRowContext(ctx, r.q.unique, name, name, name, name).Scan(&u.Blobs, &u.Bytes)
+	}
+	if err != nil {
+		return UniqueUsage{}, wrap("unique usage", name, blob.Digest{}, err)
 	}
 	return u, nil
 }

@@ -21,11 +21,10 @@ var maxNamespaceSeries = 10000
 var nsInterval = 15 * time.Second
 
 var (
-	descNSBytes       = desc("alkblobfs_namespace_bytes", "Bytes of the blobs a namespace links (a blob two namespaces link counts in both).", "namespace")
-	descNSBlobs       = desc("alkblobfs_namespace_blobs", "Blobs a namespace links.", "namespace")
-	descNSUniqueBytes = desc("alkblobfs_namespace_unique_bytes", "Bytes of the blobs only this namespace links: what sweeps would free if it went.", "namespace")
-	descNSQuotaBytes  = desc("alkblobfs_namespace_quota_bytes", "A namespace's byte quota (absent: no limit).", "namespace")
-	descNSQuotaBlobs  = desc("alkblobfs_namespace_quota_blobs", "A namespace's blob quota (absent: no limit).", "namespace")
+	descNSBytes      = desc("alkblobfs_namespace_bytes", "Bytes of the blobs a namespace links (a blob two namespaces link counts in both).", "namespace")
+	descNSBlobs      = desc("alkblobfs_namespace_blobs", "Blobs a namespace links.", "namespace")
+	descNSQuotaBytes = desc("alkblobfs_namespace_quota_bytes", "A namespace's byte quota (absent: no limit).", "namespace")
+	descNSQuotaBlobs = desc("alkblobfs_namespace_quota_blobs", "A namespace's blob quota (absent: no limit).", "namespace")
 )
 
 // nsCollector reports, at one scrape, the usage of the namespaces the
@@ -57,7 +56,6 @@ func (n *nsCollector) Collect(ch chan<- prometheus.Metric) {
 		}
 		gauge(descNSBytes, u.Bytes, u.name)
 		gauge(descNSBlobs, u.Blobs, u.name)
-		gauge(descNSUniqueBytes, u.UniqueBytes, u.name)
 		if u.Quota.Bytes > 0 {
 			gauge(descNSQuotaBytes, u.Quota.Bytes, u.name)
 		}
@@ -68,10 +66,12 @@ func (n *nsCollector) Collect(ch chan<- prometheus.Metric) {
 }
 
 // nsUsages counts every namespace's usage at most once per `every` and in
-// the background, as tierSizes counts the tiers: a usage's unique figures
-// are a query over the namespace's rows, which a scrape must not wait
-// for, nor start twice. The first scrape starts the first count and
-// reports no namespace.
+// the background, as tierSizes counts the tiers: a row read per namespace,
+// up to maxNamespaceSeries of them, which a scrape must not wait for, nor
+// start twice. It reads the kept counters only (Registry.Usage), never
+// the unique figures (Registry.Unique), a query over all of a namespace's
+// references that would make every count a scan of them all. The first
+// scrape starts the first count and reports no namespace.
 type nsUsages struct {
 	ns    *namespaces.Service
 	every time.Duration

@@ -42,7 +42,16 @@ func (s *Server) usage(w http.ResponseWriter, r *http.Request) error {
 	if err != nil {
 		return noNamespace(ns, err)
 	}
-	writeJSON(w, http.StatusOK, wireUsage(ns, u))
+	// The unique figures cost a query over the namespace's references:
+	// this route, which a person or a script asks for by name, pays it;
+	// /metrics, the 507 and the quota reply do not.
+	uq, err := s.ns.Unique(r.Context(), ns)
+	if err != nil {
+		return noNamespace(ns, err)
+	}
+	out := wireUsage(ns, u)
+	out.Unique = &wire.Unique{Blobs: uq.Blobs, Bytes: uq.Bytes}
+	writeJSON(w, http.StatusOK, out)
 	return nil
 }
 
@@ -92,14 +101,13 @@ func (s *Server) setQuota(w http.ResponseWriter, r *http.Request) error {
 	return nil
 }
 
+// wireUsage is u's counters and quota, without the unique figures.
 func wireUsage(ns string, u namespaces.Usage) wire.Usage {
 	return wire.Usage{
-		Namespace:   ns,
-		Blobs:       u.Blobs,
-		Bytes:       u.Bytes,
-		UniqueBlobs: u.UniqueBlobs,
-		UniqueBytes: u.UniqueBytes,
-		Quota:       wire.Quota{Bytes: u.Quota.Bytes, Blobs: u.Quota.Blobs},
+		Namespace: ns,
+		Blobs:     u.Blobs,
+		Bytes:     u.Bytes,
+		Quota:     wire.Quota{Bytes: u.Quota.Bytes, Blobs: u.Quota.Blobs},
 	}
 }
 
@@ -118,14 +126,14 @@ func (s *Server) quotaRefused(ctx context.Context, ns string, err error) error {
 }
 
 // QuotaState says what a namespace holds against its limits, for
-// messages: "holds 90 of 100 bytes and 3 blobs". The CLI says it the same
+// messages: "holds 90 of 100 bytes and 1 blob". The CLI says it the same
 // way.
 func QuotaState(u namespaces.Usage) string {
 	part := func(n, limit int64, unit string) string {
 		if limit <= 0 {
-			return fmt.Sprintf("%d %s", n, unit)
+			return namespaces.Count(n, unit)
 		}
-		return fmt.Sprintf("%d of %d %s", n, limit, unit)
+		return fmt.Sprintf("%d of %s", n, namespaces.Count(limit, unit))
 	}
-	return "holds " + part(u.Bytes, u.Quota.Bytes, "bytes") + " and " + part(u.Blobs, u.Quota.Blobs, "blobs")
+	return "holds " + part(u.Bytes, u.Quota.Bytes, "byte") + " and " + part(u.Blobs, u.Quota.Blobs, "blob")
 }

@@ -2,10 +2,14 @@ package ops_test
 
 import (
 	"bytes"
+	"context"
 	"errors"
 	"io/fs"
+	"log/slog"
 	"net/http"
+	"net/http/httptest"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -56,8 +60,11 @@ func TestQuotaHTTP(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	want := wire.Usage{Namespace: "builds", Blobs: 2, Bytes: 100, UniqueBlobs: 2, UniqueBytes: 100, Quota: wire.Quota{Bytes: 100}}
-	if u != want {
+	if u.Unique == nil || *u.Unique != (wire.Unique{Blobs: 2, Bytes: 100}) {
+		t.Errorf("usage's unique figures = %+v, want 2 blobs, 100 bytes", u.Unique)
+	}
+	u.Unique = nil
+	if want := (wire.Usage{Namespace: "builds", Blobs: 2, Bytes: 100, Quota: wire.Quota{Bytes: 100}}); u != want {
 		t.Errorf("usage = %+v, want %+v", u, want)
 	}
 
@@ -69,8 +76,8 @@ func TestQuotaHTTP(t *testing.T) {
 
 	// Clearing: DELETE answers the usage without a quota.
 	status, _, body := request(t, http.MethodDelete, e.url+"/v1/namespaces/builds/quota", nil, nil)
-	if status != http.StatusOK || !strings.Contains(string(body), `"quota":{"bytes":0,"blobs":0}`) {
-		t.Errorf("DELETE quota: %d %s", status, body)
+	if status != http.StatusOK || !strings.Contains(string(body), `"quota":{"bytes":0,"blobs":0}`) || strings.Contains(string(body), `"unique"`) {
+		t.Errorf("DELETE quota: %d %s; want the counters and no unique figures", status, body)
 	}
 	for _, tc := range []struct {
 		method, path, body string
@@ -143,7 +150,7 @@ func TestQuotaHTTPAccess(t *testing.T) {
 		a, b = seen(aliceTok), seen(bobTok)
 		return a["alkblobfs_namespace_quota_blobs private"] && b["alkblobfs_namespace_bytes builds"]
 	})
-	for _, m := range []string{"alkblobfs_namespace_bytes private", "alkblobfs_namespace_blobs private", "alkblobfs_namespace_unique_bytes private", "alkblobfs_namespace_quota_bytes private", "alkblobfs_namespace_quota_blobs private", "alkblobfs_namespace_bytes builds"} {
+	for _, m := range []string{"alkblobfs_namespace_bytes private", "alkblobfs_namespace_blobs private", "alkblobfs_namespace_quota_bytes private", "alkblobfs_namespace_quota_blobs private", "alkblobfs_namespace_bytes builds"} {
 		if !a[m] {
 			t.Errorf("alice's /metrics lacks %s: %v", m, a)
 		}
@@ -193,4 +200,89 @@ func (e *env) putStore(t *testing.T, s string) blob.Digest {
 	}
 	t.Cleanup(pin.Release)
 	return d
+}
+
+// uniqueCounter counts the calls of Registry.Unique, the query over all of
+// a namespace's references, which only GET .../usage may run. It passes
+// TxLinker on, which a put's publication needs.
+type uniqueCounter struct {
+	namespaces.Registry
+	namespaces.TxLinker
+	calls atomic.Int64
+}
+
+func (u *uniqueCounter) Unique(ctx context.Context, name string) (namespaces.UniqueUsage, error) {
+	u.calls.Add(1)
+	return u.Registry.Unique(ctx, name)
+}
+
+// TestUniqueOnlyWhenAsked: /metrics counts, a refused put's 507 and a
+// quota change read the namespace's kept counters, never the unique
+// figures (O(the namespace's references) each: on a large store a scan
+// per namespace every count); GET .../usage does compute them.
+func TestUniqueOnlyWhenAsked(t *testing.T) {
+	ops.SetNamespaceInterval(t, 0)
+	e := newEnv(t, envOptions{})
+	ctx := t.Context()
+	reg := &uniqueCounter{Registry: e.svc.Registry, TxLinker: e.svc.Registry.(namespaces.TxLinker)}
+	srv := ops.New(ops.Config{Store: e.st, Namespaces: namespaces.NewService(reg, e.st), InsecureLoopback: true, Logger: slog.New(slog.DiscardHandler)})
+	hs := httptest.NewServer(srv.Handler())
+	t.Cleanup(func() { hs.Close(); srv.Close() })
+	url := hs.URL
+	c, err := client.New(url, "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, ns := range []string{"a", "b"} {
+		if err := e.svc.Create(ctx, ns); err != nil {
+			t.Fatal(err)
+		}
+	}
+	u, err := c.SetQuota(ctx, "builds", 10, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if u.Unique != nil {
+		t.Errorf("the quota change's answer has unique figures %+v", *u.Unique)
+	}
+	if _, _, err := c.Put(ctx, "builds", bytes.NewReader(make([]byte, 11)), 11, nil); !errors.Is(err, blob.ErrQuota) {
+		t.Fatalf("a put over the quota: %v, want a 507", err)
+	}
+	// Several whole counts: each scrape after the first count ends starts
+	// another, since the interval is 0.
+	scrapes := 0
+	waitFor(t, "three scrapes with the namespaces' usage", 10*time.Second, func() bool {
+		_, _, body := request(t, http.MethodGet, url+"/metrics", nil, nil)
+		if bytes.Contains(body, []byte(`alkblobfs_namespace_blobs{namespace="b"}`)) {
+			scrapes++
+		}
+		return scrapes >= 3
+	})
+	if n := reg.calls.Load(); n != 0 {
+		t.Fatalf("/metrics, a 507 and a quota change ran the unique query %d times, want 0", n)
+	}
+	if _, err := c.Usage(ctx, "builds"); err != nil {
+		t.Fatal(err)
+	}
+	if n := reg.calls.Load(); n != 1 {
+		t.Errorf("GET usage ran the unique query %d times, want 1", n)
+	}
+}
+
+// TestQuotaStateWords: what a namespace holds, in words with the right
+// number: one blob is "1 blob", a limit of one "of 1 blob".
+func TestQuotaStateWords(t *testing.T) {
+	for _, tc := range []struct {
+		u    namespaces.Usage
+		want string
+	}{
+		{namespaces.Usage{Blobs: 1, Bytes: 1}, "holds 1 byte and 1 blob"},
+		{namespaces.Usage{Blobs: 0, Bytes: 0}, "holds 0 bytes and 0 blobs"},
+		{namespaces.Usage{Blobs: 2, Bytes: 90, Quota: namespaces.Quota{Bytes: 100}}, "holds 90 of 100 bytes and 2 blobs"},
+		{namespaces.Usage{Blobs: 1, Bytes: 5, Quota: namespaces.Quota{Blobs: 1}}, "holds 5 bytes and 1 of 1 blob"},
+	} {
+		if got := ops.QuotaState(tc.u); got != tc.want {
+			t.Errorf("QuotaState(%+v) = %q, want %q", tc.u, got, tc.want)
+		}
+	}
 }

@@ -40,8 +40,12 @@ var golden = []struct {
 		`{"error":"no such blob","code":"not_found"}`},
 	{"quota", &Quota{Bytes: 10 << 30, Blobs: 1000000},
 		`{"bytes":10737418240,"blobs":1000000}`},
-	{"usage", &Usage{Namespace: "builds", Blobs: 3, Bytes: 300, UniqueBlobs: 1, UniqueBytes: 100, Quota: Quota{Bytes: 1000}},
-		`{"namespace":"builds","blobs":3,"bytes":300,"unique_blobs":1,"unique_bytes":100,"quota":{"bytes":1000,"blobs":0}}`},
+	{"usage", &Usage{Namespace: "builds", Blobs: 3, Bytes: 300, Unique: &Unique{Blobs: 1, Bytes: 100}, Quota: Quota{Bytes: 1000}},
+		`{"namespace":"builds","blobs":3,"bytes":300,"unique":{"blobs":1,"bytes":100},"quota":{"bytes":1000,"blobs":0}}`},
+	// The answer to a quota change: the counters, without the unique
+	// figures, which only GET .../usage computes.
+	{"usage-counters", &Usage{Namespace: "builds", Blobs: 3, Bytes: 300, Quota: Quota{Blobs: 5}},
+		`{"namespace":"builds","blobs":3,"bytes":300,"quota":{"bytes":0,"blobs":5}}`},
 }
 
 const emptyHex = "e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855"

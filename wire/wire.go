@@ -43,15 +43,23 @@ type Quota struct {
 // Usage is what a namespace links and may link: GET
 // /v1/namespaces/NS/usage, and the answer to a quota change. Blobs and
 // Bytes count every blob it links (a blob two namespaces link counts in
-// both); UniqueBlobs and UniqueBytes those no other namespace links, what
-// sweeps would free if it went.
+// both), counters the server reads as one row. Unique is what of it no
+// other namespace links, what sweeps would free if it went: a query over
+// all of the namespace's references, which only GET .../usage runs; the
+// answer to a quota change leaves it out (nil).
 type Usage struct {
-	Namespace   string `json:"namespace"`
-	Blobs       int64  `json:"blobs"`
-	Bytes       int64  `json:"bytes"`
-	UniqueBlobs int64  `json:"unique_blobs"`
-	UniqueBytes int64  `json:"unique_bytes"`
-	Quota       Quota  `json:"quota"`
+	Namespace string  `json:"namespace"`
+	Blobs     int64   `json:"blobs"`
+	Bytes     int64   `json:"bytes"`
+	Unique    *Unique `json:"unique,omitempty"`
+	Quota     Quota   `json:"quota"`
+}
+
+// Unique is the part of a namespace's usage that no other namespace links
+// (Usage.Unique).
+type Unique struct {
+	Blobs int64 `json:"blobs"`
+	Bytes int64 `json:"bytes"`
 }
 
 // ErrorResponse is the body of every error answer. Error is for people:

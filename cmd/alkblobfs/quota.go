@@ -192,8 +192,9 @@ func newNsUsageCmd(a *app) *cobra.Command {
 when none is given): the blobs it links, their logical bytes (a blob two
 namespaces link counts in both), its unique bytes (of the blobs no other
 namespace links: what sweeps would free if it went) and its quota, "-" for
-no limit. The counts are kept as links change, exact, so usage is quick on
-namespaces of millions. With --remote it asks the server, which shows only
+no limit. The blob and byte counts are kept as links change, exact, and
+read at once on namespaces of millions; the unique bytes are counted when
+asked, over all of the namespace's links, which takes longer on large ones. With --remote it asks the server, which shows only
 the namespaces the caller may search; NAME is then required.`,
 		Example: `  alkblobfs ns usage
   alkblobfs ns usage builds releases`,
@@ -210,14 +211,19 @@ the namespaces the caller may search; NAME is then required.`,
 				if err != nil {
 					return err
 				}
-				rows := make([]namespaces.Usage, 0, len(args))
+				rows := make([]usageLine, 0, len(args))
 				for _, name := range args {
 					u, err := c.Usage(ctx, name)
 					if err != nil {
 						return fmt.Errorf("ns usage %s: %w", name, err)
 					}
-					rows = append(rows, namespaces.Usage{Blobs: u.Blobs, Bytes: u.Bytes, UniqueBlobs: u.UniqueBlobs,
-						UniqueBytes: u.UniqueBytes, Quota: namespaces.Quota{Bytes: u.Quota.Bytes, Blobs: u.Quota.Blobs}})
+					if u.Unique == nil {
+						return fmt.Errorf("ns usage %s: the server's answer lacks the unique figures", name)
+					}
+					rows = append(rows, usageLine{
+						Usage:  namespaces.Usage{Blobs: u.Blobs, Bytes: u.Bytes, Quota: namespaces.Quota{Bytes: u.Quota.Bytes, Blobs: u.Quota.Blobs}},
+						unique: namespaces.UniqueUsage{Blobs: u.Unique.Blobs, Bytes: u.Unique.Bytes},
+					})
 				}
 				return writeUsage(a.stdout, args, rows)
 			}
@@ -236,9 +242,9 @@ the namespaces the caller may search; NAME is then required.`,
 				}
 			}
 			var shown []string
-			var rows []namespaces.Usage
+			var rows []usageLine
 			for _, name := range names {
-				u, err := svc.Usage(ctx, name)
+				u, err := readUsageLine(ctx, svc, name)
 				switch {
 				case errors.Is(err, namespaces.ErrNotFound) && len(args) == 0:
 					continue // removed since it was listed
@@ -258,8 +264,28 @@ the namespaces the caller may search; NAME is then required.`,
 	}
 }
 
+// usageLine is a line of ns usage: the counters and quota, and the unique
+// figures, which only ns usage asks for (ns ls -l does not).
+type usageLine struct {
+	namespaces.Usage
+	unique namespaces.UniqueUsage
+}
+
+// readUsageLine reads namespace name's usage and unique figures.
+func readUsageLine(ctx context.Context, svc *namespaces.Service, name string) (usageLine, error) {
+	u, err := svc.Usage(ctx, name)
+	if err != nil {
+		return usageLine{}, err
+	}
+	uq, err := svc.Unique(ctx, name)
+	if err != nil {
+		return usageLine{}, err
+	}
+	return usageLine{Usage: u, unique: uq}, nil
+}
+
 // writeUsage prints ns usage's table: exact numbers, "-" for no limit.
-func writeUsage(w io.Writer, names []string, rows []namespaces.Usage) error {
+func writeUsage(w io.Writer, names []string, rows []usageLine) error {
 	bw := bufio.NewWriter(w)
 	tw := tabwriter.NewWriter(bw, 0, 8, 2, ' ', 0)
 	fmt.Fprintln(tw, "NAMESPACE\tBLOBS\tBYTES\tUNIQUE_BYTES\tQUOTA_BYTES\tQUOTA_BLOBS")
@@ -270,7 +296,7 @@ func writeUsage(w io.Writer, names []string, rows []namespaces.Usage) error {
 		return strconv.FormatInt(n, 10)
 	}
 	for i, u := range rows {
-		fmt.Fprintf(tw, "%s\t%d\t%d\t%d\t%s\t%s\n", names[i], u.Blobs, u.Bytes, u.UniqueBytes, limit(u.Quota.Bytes), limit(u.Quota.Blobs))
+		fmt.Fprintf(tw, "%s\t%d\t%d\t%d\t%s\t%s\n", names[i], u.Blobs, u.Bytes, u.unique.Bytes, limit(u.Quota.Bytes), limit(u.Quota.Blobs))
 	}
 	if err := tw.Flush(); err != nil {
 		return err

@@ -340,7 +340,7 @@ func quotaSameEverywhere(t *testing.T, f *quotaFixture) {
 		if err != nil {
 			t.Fatalf("HTTP usage of %s: %v", ns, err)
 		}
-		if u.Blobs != r.blobs || u.Bytes != r.bytes || u.UniqueBytes != r.unique || u.Quota.Bytes != limit(r.quotaBytes) || u.Quota.Blobs != limit(r.quotaBlobs) {
+		if u.Blobs != r.blobs || u.Bytes != r.bytes || u.Unique == nil || u.Unique.Bytes != r.unique || u.Quota.Bytes != limit(r.quotaBytes) || u.Quota.Blobs != limit(r.quotaBlobs) {
 			t.Errorf("%s: HTTP says %+v, ns usage %+v", ns, u, r)
 		}
 		for _, m := range []struct {
@@ -349,7 +349,6 @@ func quotaSameEverywhere(t *testing.T, f *quotaFixture) {
 		}{
 			{"alkblobfs_namespace_blobs", r.blobs},
 			{"alkblobfs_namespace_bytes", r.bytes},
-			{"alkblobfs_namespace_unique_bytes", r.unique},
 			{"alkblobfs_namespace_quota_bytes", limit(r.quotaBytes)},
 			{"alkblobfs_namespace_quota_blobs", limit(r.quotaBlobs)},
 		} {
@@ -627,7 +626,7 @@ func TestQuotaCLI(t *testing.T) {
 		t.Errorf("a link refused for quota linked %q", got)
 	}
 	c.ok("link", "n", a)
-	c.fail(1, "holds 60 of 100 bytes and 1 blobs", "link", "n", b)
+	c.fail(1, "holds 60 of 100 bytes and 1 blob", "link", "n", b)
 
 	// Lowered below what it holds: nothing goes, nothing more comes.
 	c.ok("ns", "quota", "n", "--bytes", "10", "--blobs", "5")

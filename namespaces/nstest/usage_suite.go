@@ -28,12 +28,12 @@ func wantUsage(t *testing.T, r namespaces.Registry, name string, blobs, bytes in
 // wantUnique fails unless the namespace's unique usage is blobs and bytes.
 func wantUnique(t *testing.T, r namespaces.Registry, name string, blobs, bytes int64, what string) {
 	t.Helper()
-	u, err := r.Usage(t.Context(), name)
+	u, err := r.Unique(t.Context(), name)
 	if err != nil {
-		t.Fatalf("%s: Usage(%q): %v", what, name, err)
+		t.Fatalf("%s: Unique(%q): %v", what, name, err)
 	}
-	if u.UniqueBlobs != blobs || u.UniqueBytes != bytes {
-		t.Fatalf("%s: Usage(%q) unique = %d blobs, %d bytes; want %d, %d", what, name, u.UniqueBlobs, u.UniqueBytes, blobs, bytes)
+	if u.Blobs != blobs || u.Bytes != bytes {
+		t.Fatalf("%s: Unique(%q) = %d blobs, %d bytes; want %d, %d", what, name, u.Blobs, u.Bytes, blobs, bytes)
 	}
 }
 
@@ -126,6 +126,10 @@ func testUsage(t *testing.T, open Opener) {
 	wantErr(t, err, namespaces.ErrNotFound, "Usage of an absent namespace")
 	_, err = r.Usage(ctx, "bad/name")
 	wantErr(t, err, namespaces.ErrBadName, "Usage of a bad name")
+	_, err = r.Unique(ctx, "nope")
+	wantErr(t, err, namespaces.ErrNotFound, "Unique of an absent namespace")
+	_, err = r.Unique(ctx, "bad/name")
+	wantErr(t, err, namespaces.ErrBadName, "Unique of a bad name")
 	for _, d := range []blob.Digest{d1, d3} {
 		must(t, r.Unlink(ctx, "a", d))
 	}
