@@ -327,12 +327,7 @@ func (e *Engine) insertBatch(ctx context.Context, tx *sql.Tx, jobs []*putJob, pi
 	}
 	inserted := make(map[blob.Digest]bool, len(jobs))
 	if tx == nil {
-		rows, err := e.pool.Query(ctx, q, args...)
-		if err != nil {
-			return nil, e.wrap("put", err)
-		}
-		defer rows.Close()
-		if err := engines.ScanDigests(rows, func(d blob.Digest) { inserted[d] = true }); err != nil {
+		if err := e.oneStatement(ctx, q, args, pendNames(pends), func(d blob.Digest) { inserted[d] = true }); err != nil {
 			return nil, e.wrap("put", err)
 		}
 		return inserted, nil
