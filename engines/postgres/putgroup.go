@@ -66,6 +66,7 @@ type putGroup struct {
 	txs  map[*sql.Tx]*putBatch
 
 	fastBatches atomic.Int64 // batches committed by fast (tests)
+	txBatches   atomic.Int64 // batches fast handed to a transaction (tests)
 }
 
 // putRunners is how many batches of one engine run at once, each on a
@@ -153,7 +154,11 @@ func (g *putGroup) runBatch(jobs []*putJob) {
 	// Digest order: the batch's statements take locks and insert rows in
 	// the order every other batch and arbitration does.
 	slices.SortStableFunc(jobs, func(a, b *putJob) int { return a.d.Compare(b.d) })
-	if g.fast(jobs) || g.attempt(jobs) || len(jobs) == 1 {
+	if g.fast(jobs) {
+		return
+	}
+	g.txBatches.Add(1)
+	if g.attempt(jobs) || len(jobs) == 1 {
 		return
 	}
 	for _, j := range jobs {
