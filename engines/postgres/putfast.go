@@ -78,12 +78,13 @@ type pendReq struct {
 // batch whose namespace is gone fails on the server and runs again in a
 // transaction, where the caller's own statement reports it.
 //
-// The batch also keeps the namespaces' usage as the registry does
-// (namespaces/sql_usage.go, and chargeSQL): size is charged to ns if no
-// reference or other intent of ns names d, within its quota. A batch over
-// a quota fails on the server likewise, and runs again in a transaction,
-// where the registry's statements charge, or refuse the intent over its
-// quota alone.
+// The statement also keeps the namespaces' usage as the registry does
+// (namespaces/sql_usage.go): size is charged to ns if no reference or
+// intent of ns named d before, within its quota. A batch over a quota,
+// or one that another writer of its namespaces overtook (see
+// batchPendSQL), fails on the server likewise, and runs again in a
+// transaction, where the registry's statements charge, or refuse the
+// intent over its quota alone.
 func (e *Engine) DeferPend(tx *sql.Tx, id int64, ns string, d blob.Digest, holder string, ttl time.Duration, size int64) bool {
 	b := e.puts.batchOf(tx)
 	if b == nil || !b.probe {
@@ -154,42 +155,35 @@ func (g *putGroup) fast(jobs []*putJob) bool {
 }
 
 // lockNSSQL locks the rows of a one-statement batch's namespaces ($1,
-// sorted and distinct) in name order, ahead of its charge (see
+// sorted and distinct) in name order, ahead of its statement (see
 // oneStatement). FOR NO KEY UPDATE is the lock every writer of a
 // namespace's holdings takes first (namespaces/sql_usage.go); ORDER BY
 // puts the locking above the sort, so the rows are locked in name order,
 // and two batches that share namespaces never wait for each other in a
-// cycle. An absent namespace has no row to lock: the charge then fails.
+// cycle. An absent namespace has no row to lock: the statement then
+// fails as before.
 const lockNSSQL = `SELECT name FROM ns WHERE name = ANY($1::text[]) ORDER BY name FOR NO KEY UPDATE`
 
 // oneStatement runs a one-statement batch q on a pooled connection,
 // calling got with each digest it returns. With names (the namespaces the
-// batch's intents charge), it then locks their rows (lockNSSQL) and
-// charges them (chargeSQL with charge), all three in one pgx batch: one
-// network round trip and one implicit transaction, which commits at the
-// batch's end (Sync) or, if any statement fails, rolls back.
+// batch's intents charge), it first locks their rows (lockNSSQL), in one
+// pgx batch with q: one network round trip and one implicit transaction,
+// which commits at the batch's end (Sync) or, if either statement fails,
+// rolls back.
 //
-// Why this order. The charge reads what each namespace holds and its
-// counters, and must see every write to them committed before it, with
-// none committing after its read and before its own commit: so the
-// namespace's row is locked first, and the charge is a statement of its
-// own, whose snapshot (READ COMMITTED: taken when it starts) follows the
-// lock. Every writer of a namespace's holdings takes that lock first
-// (namespaces/sql_usage.go), so this is exact across hosts: no
-// overshoot. The lock is taken after q — q takes the arbitration locks,
-// writes the pin rows, intents and blobs, by far the longest part —
-// so that overlapping batches into one namespace run q side by side and
-// queue only for the short charge and the commit. (One statement that
-// charged against its own snapshot, updating the row only if unchanged
-// since, failed whenever another batch of the namespace had committed
-// meanwhile — constantly, with two put runners per host and several
-// hosts — and the batch then ran again in a transaction, and put by
-// put.) An intent of this batch that q inserted is not yet visible to
-// the others' charges, and theirs, uncommitted, not to this one: whoever
-// commits first charges a digest both add. q's arbitration locks are
-// shared and the batch waits for no one while it holds the namespace
-// locks, so two batches never wait for each other in a cycle.
-func (e *Engine) oneStatement(ctx context.Context, q string, args []any, names []string, charge []any, got func(blob.Digest)) error {
+// Why the lock: q charges each namespace against its counters and quota
+// as read in its snapshot, and updates the ns row only if it is still
+// that version (batchPendSQL). Without the lock, a batch overlapping
+// another writer of its namespace — the other put runner of this mount,
+// or another host's — failed that guard and ran again in a transaction,
+// then put by put: four round trips a put. With the lock granted first,
+// q's snapshot (READ COMMITTED: taken when q starts) sees the latest
+// committed row, and no writer can change it before the commit, so the
+// guard passes; overlapping batches wait for each other on the server, in
+// the same round trip, instead of failing. Locks are taken namespaces
+// first, then (in q) arbitration locks by digest, as the registry's
+// transactions do: the GC's order (docs/gc.md) is unchanged.
+func (e *Engine) oneStatement(ctx context.Context, q string, args []any, names []string, got func(blob.Digest)) error {
 	if len(names) == 0 {
 		rows, err := e.pool.Query(ctx, q, args...)
 		if err != nil {
@@ -199,17 +193,17 @@ func (e *Engine) oneStatement(ctx context.Context, q string, args []any, names [
 		return engines.ScanDigests(rows, got)
 	}
 	b := &pgx.Batch{}
-	b.Queue(q, args...)
 	b.Queue(lockNSSQL, names)
-	b.Queue(chargeSQL, charge...)
+	b.Queue(q, args...)
 	br := e.pool.SendBatch(ctx, b)
+	if _, err := br.Exec(); err != nil {
+		br.Close()
+		return err
+	}
 	rows, err := br.Query()
 	if err == nil {
 		err = engines.ScanDigests(rows, got)
 		rows.Close()
-	}
-	for i := 0; err == nil && i < 2; i++ {
-		_, err = br.Exec()
 	}
 	if err != nil {
 		br.Close()

@@ -257,40 +257,42 @@ func (g *putGroup) deferPins(tx *sql.Tx, rows []meta.PinRow) bool {
 // blobs ($5-$7), both from rows joined with the lock's CTE, so that no
 // row goes in before every lock is granted. It returns the digests it
 // inserted (not those already stored: a dedup). batchPendSQL also inserts
-// the intents deferred to the batch ($8-$13, see fast), likewise; their
-// namespaces' usage is charged after it, in the same transaction, by
-// lockNSSQL and chargeSQL (oneStatement).
+// the intents deferred to the batch ($8-$13, see fast), likewise, and
+// keeps their namespaces' usage (namespaces/sql_usage.go): it charges
+// each namespace the digests (nw) that none of its references or
+// intents named, in the statement's snapshot, and admits them against
+// its quota. A writer of the namespace that committed after that
+// snapshot changed the namespace's row if it changed what the namespace
+// holds (its counters), so the update of the row (c) requires the
+// version the snapshot read (its xmin: the update, waiting for such a
+// writer, re-reads the row and then finds it changed). A namespace that
+// is absent, over its quota or overtaken updates no row, and then the
+// division by zero (g) fails the whole statement, which commits nothing:
+// the batch runs again in a transaction (fast), where the registry locks
+// each namespace's row before it looks.
 const (
 	batchPutSQL  = batchLockPins + batchBlobs
 	batchPendSQL = batchLockPins + `,
+	q AS (SELECT * FROM unnest($8::bigint[], $9::text[], $10::bytea[], $11::text[], $12::bigint[], $13::bigint[]) AS u(i, n, d, h, t, s)),
 	i AS (INSERT INTO ns_pending (id, ns, digest, holder, expiry, size)
-		SELECT u.i, u.n, u.d, u.h, ` + nowOnce + ` + u.t, u.s FROM l,
-		unnest($8::bigint[], $9::text[], $10::bytea[], $11::text[], $12::bigint[], $13::bigint[]) AS u(i, n, d, h, t, s))` + batchBlobs
-
-	// chargeSQL keeps the usage of the namespaces of a batch's intents
-	// ($1-$4: id, namespace, digest, size; namespaces/sql_usage.go), run
-	// after batchPendSQL inserted them and lockNSSQL locked the
-	// namespaces' rows, so that its snapshot sees every write to what
-	// they hold that committed before, and none can commit before this
-	// transaction does. It charges each namespace the digests (nw) that
-	// none of its references or other intents names, and admits them
-	// against its quota. A namespace that is absent or over its quota
-	// updates no row, and then the division by zero fails the statement,
-	// and the whole batch with it: the batch runs again in a transaction
-	// (fast), where the registry refuses the over-quota intent alone.
-	chargeSQL = `WITH q AS (SELECT * FROM unnest($1::bigint[], $2::text[], $3::bytea[], $4::bigint[]) AS u(i, n, d, s)),
+		SELECT q.i, q.n, q.d, q.h, ` + nowOnce + ` + q.t, q.s FROM l, q),
 	nw AS (SELECT q.n, q.d, max(q.s) AS s FROM q
 		WHERE NOT EXISTS (SELECT 1 FROM ns_refs r WHERE r.ns = q.n AND r.digest = q.d)
-		AND NOT EXISTS (SELECT 1 FROM ns_pending p WHERE p.ns = q.n AND p.digest = q.d AND p.id <> ALL($1::bigint[]))
+		AND NOT EXISTS (SELECT 1 FROM ns_pending p WHERE p.ns = q.n AND p.digest = q.d)
 		GROUP BY q.n, q.d),
-	ch AS (SELECT t.n AS name, count(nw.d) AS blobs, coalesce(sum(nw.s), 0) AS bytes
-		FROM (SELECT DISTINCT n FROM q) t LEFT JOIN nw ON nw.n = t.n GROUP BY t.n),
-	c AS (UPDATE ns SET blobs = ns.blobs + ch.blobs, bytes = ns.bytes + ch.bytes FROM ch
-		WHERE ns.name = ch.name
+	ch AS (SELECT ns.name, ns.xmin::text AS x, count(nw.d) AS blobs, coalesce(sum(nw.s), 0) AS bytes
+		FROM ns JOIN (SELECT DISTINCT n FROM q) t ON ns.name = t.n LEFT JOIN nw ON nw.n = ns.name
+		GROUP BY ns.name, ns.xmin::text),
+	c AS (UPDATE ns SET blobs = ns.blobs + ch.blobs, bytes = ns.bytes + ch.bytes FROM l, ch
+		WHERE ns.name = ch.name AND ns.xmin::text = ch.x
 		AND (ch.blobs = 0 OR ((ns.quota_blobs = 0 OR ns.blobs + ch.blobs <= ns.quota_blobs)
 			AND (ns.quota_bytes = 0 OR ns.bytes + ch.bytes <= ns.quota_bytes)))
-		RETURNING 1)
-	SELECT 1 / (CASE WHEN (SELECT count(*) FROM c) = (SELECT count(*) FROM ch) THEN 1 ELSE 0 END)`
+		RETURNING 1),
+	g AS MATERIALIZED (SELECT 1 / (CASE WHEN (SELECT count(*) FROM c) = (SELECT count(DISTINCT n) FROM q) THEN 1 ELSE 0 END) AS ok)` + batchPendBlobs
+	batchPendBlobs = `
+	INSERT INTO blobs (digest, size, value)
+	SELECT u.d, u.n, u.v FROM l, g, unnest($5::bytea[], $6::bigint[], $7::bytea[]) AS u(d, n, v)
+	ON CONFLICT (digest) DO NOTHING RETURNING digest`
 
 	batchLockPins = `WITH l AS (` + meta.PGLockShared + `),
 	` + meta.PGBatchPins
@@ -325,14 +327,12 @@ func (e *Engine) insertBatch(ctx context.Context, tx *sql.Tx, jobs []*putJob, pi
 		is = append(is, p.size)
 	}
 	q, args := batchPutSQL, []any{meta.PGLockKeys(ds), pd, po, pt, bd, bn, bv}
-	var charge []any
 	if len(pends) > 0 {
 		q, args = batchPendSQL, append(args, ii, in, id, ih, it, is)
-		charge = []any{ii, in, id, is}
 	}
 	inserted := make(map[blob.Digest]bool, len(jobs))
 	if tx == nil {
-		if err := e.oneStatement(ctx, q, args, pendNames(pends), charge, func(d blob.Digest) { inserted[d] = true }); err != nil {
+		if err := e.oneStatement(ctx, q, args, pendNames(pends), func(d blob.Digest) { inserted[d] = true }); err != nil {
 			return nil, e.wrap("put", err)
 		}
 		return inserted, nil
