@@ -80,11 +80,10 @@ type pendReq struct {
 //
 // The statement also keeps the namespaces' usage as the registry does
 // (namespaces/sql_usage.go): size is charged to ns if no reference or
-// intent of ns named d before, within its quota. A batch over a quota,
-// or one that another writer of its namespaces overtook (see
-// batchPendSQL), fails on the server likewise, and runs again in a
-// transaction, where the registry's statements charge, or refuse the
-// intent over its quota alone.
+// intent of ns named d before, within its quota, after the batch locked
+// ns's row (oneStatement). A batch over a quota fails on the server
+// likewise, and runs again in a transaction, where the registry's
+// statements charge, or refuse the intent over its quota alone.
 func (e *Engine) DeferPend(tx *sql.Tx, id int64, ns string, d blob.Digest, holder string, ttl time.Duration, size int64) bool {
 	b := e.puts.batchOf(tx)
 	if b == nil || !b.probe {
