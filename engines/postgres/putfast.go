@@ -5,11 +5,14 @@ import (
 	"database/sql"
 	"database/sql/driver"
 	"errors"
+	"slices"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/alkblobfs/alkblobfs/blob"
+	"github.com/alkblobfs/alkblobfs/engines"
 )
 
 // The one-statement batch. Most batches' puts ask for nothing the batch
@@ -77,11 +80,10 @@ type pendReq struct {
 //
 // The statement also keeps the namespaces' usage as the registry does
 // (namespaces/sql_usage.go): size is charged to ns if no reference or
-// intent of ns named d before, within its quota. A batch over a quota,
-// or one that another writer of its namespaces overtook (see
-// batchPendSQL), fails on the server likewise, and runs again in a
-// transaction, where the registry's statements charge, or refuse the
-// intent over its quota alone.
+// intent of ns named d before, within its quota, after the batch locked
+// ns's row (oneStatement). A batch over a quota fails on the server
+// likewise, and runs again in a transaction, where the registry's
+// statements charge, or refuse the intent over its quota alone.
 func (e *Engine) DeferPend(tx *sql.Tx, id int64, ns string, d blob.Digest, holder string, ttl time.Duration, size int64) bool {
 	b := e.puts.batchOf(tx)
 	if b == nil || !b.probe {
@@ -149,6 +151,75 @@ func (g *putGroup) fast(jobs []*putJob) bool {
 	settled(jobs, inserted)
 	g.fastBatches.Add(1)
 	return true
+}
+
+// lockNSSQL locks the rows of a one-statement batch's namespaces ($1,
+// sorted and distinct) in name order, ahead of its statement (see
+// oneStatement). FOR NO KEY UPDATE is the lock every writer of a
+// namespace's holdings takes first (namespaces/sql_usage.go); ORDER BY
+// puts the locking above the sort, so the rows are locked in name order,
+// and two batches that share namespaces never wait for each other in a
+// cycle. An absent namespace has no row to lock: the statement then
+// fails as before.
+const lockNSSQL = `SELECT name FROM ns WHERE name = ANY($1::text[]) ORDER BY name FOR NO KEY UPDATE`
+
+// oneStatement runs a one-statement batch q on a pooled connection,
+// calling got with each digest it returns. With names (the namespaces the
+// batch's intents charge), it first locks their rows (lockNSSQL), in one
+// pgx batch with q: one network round trip and one implicit transaction,
+// which commits at the batch's end (Sync) or, if either statement fails,
+// rolls back.
+//
+// Why the lock: q charges each namespace against its counters and quota
+// as read in its snapshot, and updates the ns row only if it is still
+// that version (batchPendSQL). Without the lock, a batch overlapping
+// another writer of its namespace — the other put runner of this mount,
+// or another host's — failed that guard and ran again in a transaction,
+// then put by put: four round trips a put. With the lock granted first,
+// q's snapshot (READ COMMITTED: taken when q starts) sees the latest
+// committed row, and no writer can change it before the commit, so the
+// guard passes; overlapping batches wait for each other on the server, in
+// the same round trip, instead of failing. Locks are taken namespaces
+// first, then (in q) arbitration locks by digest, as the registry's
+// transactions do: the GC's order (docs/gc.md) is unchanged.
+func (e *Engine) oneStatement(ctx context.Context, q string, args []any, names []string, got func(blob.Digest)) error {
+	if len(names) == 0 {
+		rows, err := e.pool.Query(ctx, q, args...)
+		if err != nil {
+			return err
+		}
+		defer rows.Close()
+		return engines.ScanDigests(rows, got)
+	}
+	b := &pgx.Batch{}
+	b.Queue(lockNSSQL, names)
+	b.Queue(q, args...)
+	br := e.pool.SendBatch(ctx, b)
+	if _, err := br.Exec(); err != nil {
+		br.Close()
+		return err
+	}
+	rows, err := br.Query()
+	if err == nil {
+		err = engines.ScanDigests(rows, got)
+		rows.Close()
+	}
+	if err != nil {
+		br.Close()
+		return err
+	}
+	// The commit: Close reads up to the end of the implicit transaction.
+	return br.Close()
+}
+
+// pendNames returns the namespaces of pends, sorted and distinct.
+func pendNames(pends []pendReq) []string {
+	names := make([]string, 0, len(pends))
+	for _, p := range pends {
+		names = append(names, p.ns)
+	}
+	slices.Sort(names)
+	return slices.Compact(names)
 }
 
 // reset readies jobs to run again from scratch.

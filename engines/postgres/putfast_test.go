@@ -5,6 +5,7 @@ import (
 	"database/sql"
 	"errors"
 	"fmt"
+	"net/url"
 	"testing"
 	"time"
 
@@ -100,4 +101,144 @@ func TestPutBatchOneStatement(t *testing.T) {
 	if b, p, n := counts(d3, i); b != 0 || p != 0 || n != 0 {
 		t.Fatalf("after the refused put: %d blobs, %d pin rows, %d intents; want none", b, p, n)
 	}
+}
+
+// TestPutBatchesOverlapFast: two engines (two hosts) whose batches of
+// intents into one namespace overlap — every batch runner of both waits
+// on the namespace's row, locked by another writer, and the rest of the
+// puts queue — all commit as one-statement batches once the row is free:
+// they wait for each other rather than fail and run again in
+// transactions. The counters are exact. Then the two hosts race for the
+// last room of a quota: exactly that many puts are admitted, the others
+// refused alone with ErrQuota.
+func TestPutBatchesOverlapFast(t *testing.T) {
+	dsn := pgtest.DSN(t)
+	ctx := t.Context()
+	type host struct {
+		e   *postgres.Engine
+		reg *namespaces.SQL
+	}
+	var hosts [2]host
+	for i := range hosts {
+		u, err := url.Parse(dsn)
+		if err != nil {
+			t.Fatal(err)
+		}
+		q := u.Query()
+		q.Set("application_name", fmt.Sprint("host", i)) // to tell the hosts' connections apart
+		u.RawQuery = q.Encode()
+		e := open(t, u.String())
+		defer e.Close()
+		reg, err := namespaces.OpenSQL(ctx, e, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		hosts[i] = host{e, reg}
+	}
+	ns := fmt.Sprint("overlap", time.Now().UnixNano())
+	if err := hosts[0].reg.Create(ctx, ns); err != nil {
+		t.Fatal(err)
+	}
+	owner := t.Name()
+	defer hosts[0].e.Meta().Host.DropOwner(context.Background(), owner)
+	const perHost, size = 12, 64
+	// put puts distinct content of size bytes through h with an intent
+	// into ns, on a goroutine, and sends its error.
+	put := func(h host, tag string, errs chan<- error) {
+		v := fmt.Appendf(nil, "%-*s", size, fmt.Sprint(tag, " ", ns, " ", owner))[:size]
+		d := blob.Sum(v)
+		go func() {
+			_, err := h.e.PutTx(ctx, d, v, func(ctx context.Context, tx *sql.Tx) error {
+				if err := h.e.Meta().Host.PinRows(ctx, tx, owner, []blob.Digest{d}, time.Minute); err != nil {
+					return err
+				}
+				_, err := h.reg.PendTx(ctx, tx, ns, d, namespaces.Pending{Holder: owner, TTL: time.Minute, Size: size})
+				return err
+			})
+			errs <- err
+		}()
+	}
+	usage := func(blobs int64, what string) {
+		t.Helper()
+		u, err := hosts[1].reg.Usage(ctx, ns)
+		if err != nil || u.Blobs != blobs || u.Bytes != blobs*size {
+			t.Fatalf("%s: usage = %+v, %v; want %d blobs, %d bytes", what, u, err, blobs, blobs*size)
+		}
+		if n, err := hosts[1].reg.Recount(ctx); err != nil || n != 0 {
+			t.Fatalf("%s: Recount = %d fixed, %v; want 0", what, n, err)
+		}
+	}
+
+	// Another writer of the namespace holds its row while both hosts'
+	// puts start.
+	holder, err := hosts[0].e.Pool().Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer holder.Rollback(context.Background())
+	if _, err := holder.Exec(ctx, `SELECT 1 FROM ns WHERE name = $1 FOR NO KEY UPDATE`, ns); err != nil {
+		t.Fatal(err)
+	}
+	var fast, tx [2]int64
+	for i, h := range hosts {
+		fast[i], tx[i] = postgres.FastBatches(h.e), postgres.TxBatches(h.e)
+	}
+	errs := make(chan error, 2*perHost)
+	for i, h := range hosts {
+		for w := range perHost {
+			put(h, fmt.Sprint("host", i, " put", w), errs)
+		}
+	}
+	// Each host has a batch waiting on a lock (the first waiter waits for
+	// the holder, the others for it: the row's tuple lock); the puts
+	// queued behind them make later batches, which overlap too.
+	waitFor(t, "both hosts' batches waiting on the namespace's row", func() bool {
+		var n int
+		if err := hosts[0].e.Pool().QueryRow(ctx, `SELECT count(DISTINCT application_name) FROM pg_stat_activity
+			WHERE datname = current_database() AND application_name LIKE 'host%' AND wait_event_type = 'Lock'`).Scan(&n); err != nil {
+			t.Fatal(err)
+		}
+		return n == 2
+	})
+	if err := holder.Commit(ctx); err != nil {
+		t.Fatal(err)
+	}
+	for range 2 * perHost {
+		if err := <-errs; err != nil {
+			t.Fatal(err)
+		}
+	}
+	for i, h := range hosts {
+		if got := postgres.TxBatches(h.e) - tx[i]; got != 0 {
+			t.Errorf("host %d: %d overlapping batches ran again in a transaction; want none", i, got)
+		}
+		if got := postgres.FastBatches(h.e) - fast[i]; got < 1 {
+			t.Errorf("host %d: no one-statement batch for %d puts", i, perHost)
+		}
+	}
+	usage(2*perHost, "after the overlapping puts")
+
+	// The quota race across hosts.
+	const room = 5
+	if err := hosts[0].reg.SetQuota(ctx, ns, namespaces.Quota{Blobs: 2*perHost + room}); err != nil {
+		t.Fatal(err)
+	}
+	for i, h := range hosts {
+		for w := range perHost {
+			put(h, fmt.Sprint("host", i, " race", w), errs)
+		}
+	}
+	admitted := 0
+	for range 2 * perHost {
+		switch err := <-errs; {
+		case err == nil:
+			admitted++
+		case !errors.Is(err, blob.ErrQuota):
+			t.Fatalf("a put racing for the quota = %v; want nil or ErrQuota", err)
+		}
+	}
+	if admitted != room {
+		t.Fatalf("%d puts admitted racing for %d blobs of room", admitted, room)
+	}
+	usage(2*perHost+room, "after the quota race")
 }

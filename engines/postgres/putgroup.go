@@ -41,7 +41,11 @@ import (
 // undone by the put's insert, under the lock, in the same transaction as
 // the intent. Every batch takes its locks and inserts its rows in digest
 // order, so two batches never wait for each other in a cycle, nor a batch
-// and an arbitration (whose locks are in key order too).
+// and an arbitration (whose locks are in key order too). A one-statement
+// batch with intents locks its namespaces' rows before that, in name
+// order (oneStatement), as a registry transaction locks a namespace's row
+// before the batch statement's arbitration locks: namespaces, then
+// digests, everywhere.
 //
 // A put's statements may fail (an intent for a namespace just removed, a
 // server error), and PostgreSQL then aborts the whole transaction: the
@@ -66,6 +70,7 @@ type putGroup struct {
 	txs  map[*sql.Tx]*putBatch
 
 	fastBatches atomic.Int64 // batches committed by fast (tests)
+	txBatches   atomic.Int64 // batches fast handed to a transaction (tests)
 }
 
 // putRunners is how many batches of one engine run at once, each on a
@@ -153,7 +158,11 @@ func (g *putGroup) runBatch(jobs []*putJob) {
 	// Digest order: the batch's statements take locks and insert rows in
 	// the order every other batch and arbitration does.
 	slices.SortStableFunc(jobs, func(a, b *putJob) int { return a.d.Compare(b.d) })
-	if g.fast(jobs) || g.attempt(jobs) || len(jobs) == 1 {
+	if g.fast(jobs) {
+		return
+	}
+	g.txBatches.Add(1)
+	if g.attempt(jobs) || len(jobs) == 1 {
 		return
 	}
 	for _, j := range jobs {
@@ -256,15 +265,17 @@ func (g *putGroup) deferPins(tx *sql.Tx, rows []meta.PinRow) bool {
 // keeps their namespaces' usage (namespaces/sql_usage.go): it charges
 // each namespace the digests (nw) that none of its references or
 // intents named, in the statement's snapshot, and admits them against
-// its quota. A writer of the namespace that committed after that
-// snapshot changed the namespace's row if it changed what the namespace
-// holds (its counters), so the update of the row (c) requires the
-// version the snapshot read (its xmin: the update, waiting for such a
-// writer, re-reads the row and then finds it changed). A namespace that
-// is absent, over its quota or overtaken updates no row, and then the
-// division by zero (g) fails the whole statement, which commits nothing:
-// the batch runs again in a transaction (fast), where the registry locks
-// each namespace's row before it looks.
+// its quota. The statement runs after the namespaces' rows are locked
+// in the same transaction (oneStatement), so its snapshot is current and
+// no other writer of their holdings can commit before it does. The
+// update of the row (c) still requires the version the snapshot read
+// (its xmin), which the lock makes always so: a guard, should a caller
+// ever run the statement without the lock (the update would otherwise
+// apply a charge judged on a stale snapshot). A namespace that is
+// absent, over its quota or changed since the snapshot updates no row,
+// and then the division by zero (g) fails the whole statement, which
+// commits nothing: the batch runs again in a transaction (fast), where
+// the registry locks each namespace's row before it looks.
 const (
 	batchPutSQL  = batchLockPins + batchBlobs
 	batchPendSQL = batchLockPins + `,
@@ -327,12 +338,7 @@ func (e *Engine) insertBatch(ctx context.Context, tx *sql.Tx, jobs []*putJob, pi
 	}
 	inserted := make(map[blob.Digest]bool, len(jobs))
 	if tx == nil {
-		rows, err := e.pool.Query(ctx, q, args...)
-		if err != nil {
-			return nil, e.wrap("put", err)
-		}
-		defer rows.Close()
-		if err := engines.ScanDigests(rows, func(d blob.Digest) { inserted[d] = true }); err != nil {
+		if err := e.oneStatement(ctx, q, args, pendNames(pends), func(d blob.Digest) { inserted[d] = true }); err != nil {
 			return nil, e.wrap("put", err)
 		}
 		return inserted, nil
