@@ -50,7 +50,7 @@ type Metrics struct {
 	tokens atomic.Pointer[func() int]
 	upkeep atomic.Pointer[upkeep.Upkeep]
 
-	tiers tierSizes
+	tiers recounter[tierSize]
 }
 
 // NewMetrics returns the metrics of st.
@@ -69,7 +69,7 @@ func NewMetrics(st *store.Store) *Metrics {
 			Buckets: prometheus.ExponentialBuckets(10e-6, 4, 10),
 		}, []string{"op"}),
 		errors: make(map[string]int64),
-		tiers:  tierSizes{st: st, every: tierInterval},
+		tiers:  recounter[tierSize]{every: tierInterval, count: countTiers(st)},
 	}
 	m.reg.MustRegister(m.requests, m.fuse, (*storeCollector)(m),
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
@@ -287,65 +287,21 @@ var fillErrorCauses = []string{"remote", "nospace", "full", "verify", "local", "
 // tierInterval is how often tier sizes are counted at most.
 var tierInterval = time.Minute
 
-// tierSizes counts each tier's blobs and bytes by listing it, at most once
-// per `every` and in the background: a scrape never waits for a listing
-// and never starts a second one. The first scrape starts the first count
-// and reports no tier sizes.
-type tierSizes struct {
-	st    *store.Store
-	every time.Duration
-
-	mu      sync.Mutex
-	counted time.Time
-	running bool
-	closed  bool
-	cancel  context.CancelFunc
-	done    chan struct{}
-	last    []tierSize
-}
-
-func (t *tierSizes) close() {
-	t.mu.Lock()
-	t.closed = true
-	cancel, done := t.cancel, t.done
-	t.mu.Unlock()
-	if cancel != nil {
-		cancel()
-		<-done
-	}
-}
-
 type tierSize struct {
 	tier         store.Tier
 	blobs, bytes int64
 }
 
-func (t *tierSizes) get() []tierSize {
-	t.mu.Lock()
-	defer t.mu.Unlock()
-	if !t.running && !t.closed && time.Since(t.counted) >= t.every {
-		t.running = true
-		ctx, cancel := context.WithCancel(context.Background())
-		t.cancel, t.done = cancel, make(chan struct{})
-		go t.count(ctx, cancel, t.done)
-	}
-	return t.last
-}
-
-func (t *tierSizes) count(ctx context.Context, cancel context.CancelFunc, done chan struct{}) {
-	defer close(done)
-	defer cancel()
-	var sizes []tierSize
-	// A tier whose listing fails is left out of this count.
-	got, _ := t.st.TierSizes(ctx)
-	for _, ts := range got {
-		sizes = append(sizes, tierSize{tier: ts.Tier, blobs: ts.Blobs, bytes: ts.Bytes})
-	}
-	t.mu.Lock()
-	defer t.mu.Unlock()
-	t.running = false
-	t.counted = time.Now()
-	if ctx.Err() == nil {
-		t.last = sizes
+// countTiers counts each tier's blobs and bytes by listing it (for a
+// recounter: a scrape never waits for a listing).
+func countTiers(st *store.Store) func(ctx context.Context) ([]tierSize, bool) {
+	return func(ctx context.Context) ([]tierSize, bool) {
+		var sizes []tierSize
+		// A tier whose listing fails is left out of this count.
+		got, _ := st.TierSizes(ctx)
+		for _, ts := range got {
+			sizes = append(sizes, tierSize{tier: ts.Tier, blobs: ts.Blobs, bytes: ts.Bytes})
+		}
+		return sizes, true
 	}
 }

@@ -3,7 +3,6 @@ package ops
 import (
 	"context"
 	"errors"
-	"sync"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -65,86 +64,44 @@ func (n *nsCollector) Collect(ch chan<- prometheus.Metric) {
 	}
 }
 
-// nsUsages counts every namespace's usage at most once per `every` and in
-// the background, as tierSizes counts the tiers: a row read per namespace,
-// up to maxNamespaceSeries of them, which a scrape must not wait for, nor
-// start twice. It reads the kept counters only (Registry.Usage), never
-// the unique figures (Registry.Unique), a query over all of a namespace's
-// references that would make every count a scan of them all. The first
-// scrape starts the first count and reports no namespace.
-type nsUsages struct {
-	ns    *namespaces.Service
-	every time.Duration
-	log   interface{ Warn(string, ...any) }
-
-	mu      sync.Mutex
-	counted time.Time
-	running bool
-	closed  bool
-	cancel  context.CancelFunc
-	done    chan struct{}
-	last    []nsUsage
-}
-
 type nsUsage struct {
 	name string
 	namespaces.Usage
 }
 
-func (t *nsUsages) get() []nsUsage {
-	t.mu.Lock()
-	defer t.mu.Unlock()
-	if t.ns != nil && !t.running && !t.closed && time.Since(t.counted) >= t.every {
-		t.running = true
-		ctx, cancel := context.WithCancel(context.Background())
-		t.cancel, t.done = cancel, make(chan struct{})
-		go t.count(ctx, cancel, t.done)
+// countUsages counts every namespace's usage, for a recounter: a row read
+// per namespace, up to maxNamespaceSeries of them, which a scrape must not
+// wait for. It reads the kept counters only (Registry.Usage), never the
+// unique figures (Registry.Unique), a query over all of a namespace's
+// references that would make every count a scan of them all. A listing
+// that fails makes the count not whole. Nil without namespaces.
+func countUsages(svc *namespaces.Service, log interface{ Warn(string, ...any) }) func(context.Context) ([]nsUsage, bool) {
+	if svc == nil {
+		return nil
 	}
-	return t.last
-}
-
-func (t *nsUsages) count(ctx context.Context, cancel context.CancelFunc, done chan struct{}) {
-	defer close(done)
-	defer cancel()
-	var got []nsUsage
-	failed := false
-	for name, err := range t.ns.Names(ctx, "") {
-		if err != nil {
-			t.log.Warn("metrics: listing the namespaces for their usage", "err", err)
-			failed = true
-			break
+	return func(ctx context.Context) ([]nsUsage, bool) {
+		var got []nsUsage
+		failed := false
+		for name, err := range svc.Names(ctx, "") {
+			if err != nil {
+				log.Warn("metrics: listing the namespaces for their usage", "err", err)
+				failed = true
+				break
+			}
+			if len(got) == maxNamespaceSeries {
+				log.Warn("metrics: reporting the usage of the first namespaces only", "most", maxNamespaceSeries)
+				break
+			}
+			u, err := svc.Usage(ctx, name)
+			if errors.Is(err, namespaces.ErrNotFound) {
+				continue // removed since it was listed
+			}
+			if err != nil {
+				log.Warn("metrics: reading a namespace's usage", "namespace", name, "err", err)
+				continue
+			}
+			got = append(got, nsUsage{name, u})
 		}
-		if len(got) == maxNamespaceSeries {
-			t.log.Warn("metrics: reporting the usage of the first namespaces only", "most", maxNamespaceSeries)
-			break
-		}
-		u, err := t.ns.Usage(ctx, name)
-		if errors.Is(err, namespaces.ErrNotFound) {
-			continue // removed since it was listed
-		}
-		if err != nil {
-			t.log.Warn("metrics: reading a namespace's usage", "namespace", name, "err", err)
-			continue
-		}
-		got = append(got, nsUsage{name, u})
-	}
-	t.mu.Lock()
-	defer t.mu.Unlock()
-	t.running = false
-	t.counted = time.Now()
-	// A count cut short keeps the last whole one.
-	if ctx.Err() == nil && !failed {
-		t.last = got
-	}
-}
-
-func (t *nsUsages) close() {
-	t.mu.Lock()
-	t.closed = true
-	cancel, done := t.cancel, t.done
-	t.mu.Unlock()
-	if cancel != nil {
-		cancel()
-		<-done
+		return got, !failed
 	}
 }

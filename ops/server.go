@@ -142,7 +142,7 @@ type Server struct {
 	held    atomic.Int64
 
 	// usages is the namespaces' usage /metrics reports.
-	usages nsUsages
+	usages recounter[nsUsage]
 }
 
 // New returns a server over cfg.Store. Close releases the pins its
@@ -196,7 +196,7 @@ func New(cfg Config) *Server {
 	if cfg.PermTTL < 0 {
 		s.permTTL = 0
 	}
-	s.usages = nsUsages{ns: cfg.Namespaces, every: nsInterval, log: cfg.Logger}
+	s.usages = recounter[nsUsage]{every: nsInterval, count: countUsages(cfg.Namespaces, cfg.Logger)}
 	s.owner = &Caller{Principal: s.ids.principal(cfg.Owner.UID, first(cfg.Owner.GIDs)), Verbs: AllVerbs}
 	if cfg.AuthToken != "" {
 		if s.tokenFile == nil {
