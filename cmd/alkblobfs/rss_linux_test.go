@@ -140,15 +140,15 @@ const (
 // TestMountMemoryBounded copies 100 000 files into incoming/ within one
 // receipt TTL, and makes 10 000 directories under it, and checks the
 // daemon's peak RSS against the documented cap. That takes one and a half
-// minutes of a quiet machine's two cores, so make test runs a fifth of it
-// against the same rule (the cap less four fifths of the receipts' share,
-// with --max-receipts a fifth of the default) and make test-long the
+// minutes of a quiet machine's two cores, so make test runs a tenth of it
+// against the same rule (the cap less nine tenths of the receipts' share,
+// with --max-receipts a tenth of the default) and make test-long the
 // documented figures.
 func TestMountMemoryBounded(t *testing.T) {
 	t.Parallel()
 	requireFUSE(t)
-	files, dirs, limit := 20_000, 2_000, int64(receiptBase+20_000*receiptBytes)
-	args := []string{"--max-receipts", "20000"}
+	files, dirs, limit := 10_000, 1_000, int64(receiptBase+10_000*receiptBytes)
+	args := []string{"--max-receipts", "10000"}
 	if os.Getenv("ALKBLOBFS_LONG") == "1" {
 		files, dirs, limit, args = 100_000, 10_000, mountMemoryCap, nil
 	}

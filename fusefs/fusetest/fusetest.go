@@ -52,10 +52,11 @@ func (b *Buffer) String() string {
 	return b.b.String()
 }
 
-// Eventually polls cond until it holds, failing t after within: tests wait
-// on conditions, never on sleeps.
+// Eventually polls cond until it holds, failing t after within times
+// Slack: tests wait on conditions, never on sleeps.
 func Eventually(t testing.TB, within time.Duration, what string, cond func() bool) {
 	t.Helper()
+	within *= Slack
 	deadline := time.Now().Add(within)
 	for !cond() {
 		if time.Now().After(deadline) {
@@ -64,3 +65,12 @@ func Eventually(t testing.TB, within time.Duration, what string, cond func() boo
 		time.Sleep(5 * time.Millisecond)
 	}
 }
+
+// Slack multiplies the bound of every wait for a condition. A bound is
+// what the condition needs on a quiet machine with room to spare; the
+// suite must also pass beside other builds and a CPU hog (load 10 on two
+// cores), where a daemon's start or a mount's exit takes several times as
+// long. A bound only decides when a test that is failing gives up, so a
+// generous one costs a passing test nothing. A test of a promised
+// latency measures it and compares, rather than relying on this bound.
+const Slack = 3

@@ -310,7 +310,7 @@ func testBoundedMemory(t *testing.T, open Opener) {
 	}
 	all = nil
 	linked := time.Since(start)
-	if n, err := r.Count(ctx, "big"); err != nil || n != Big {
+	if n, err := r.Count(ctx, "big"); err != nil || n != int64(Big) {
 		t.Fatalf("Count = %d, %v; want %d", n, err, Big)
 	}
 	start = time.Now()
