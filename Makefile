@@ -37,12 +37,12 @@ deps:
 # ALKBLOBFS_REQUIRE_PG=1 and ALKBLOBFS_REQUIRE_S3=1: a test that cannot
 # reach its server fails here instead of skipping.
 # ALKBLOBFS_REQUIRE_FUSE=1 likewise turns a missing /dev/fuse into failures.
-# After the suite (which runs each fuzz target's seed corpus), every fuzz
-# target runs for FUZZTIME.
+# The suite runs each fuzz target's seed corpus; the fuzzing itself
+# (make fuzz: an instrumented build of every package it reaches, minutes
+# of CPU before the first input) is make test-long's.
 test: deps
 	ALKBLOBFS_REQUIRE_FUSE=1 scripts/pg.sh scripts/s3.sh $(GO) test $(TEST_FLAGS) ./...
 	$(MAKE) test-fork
-	$(MAKE) fuzz
 
 # test-fork runs the tests of the patches to go-fuse (third_party/go-fuse,
 # its own module, which ./... does not reach; PATCHES.md says what they
@@ -54,6 +54,7 @@ test-fork:
 # test-long also runs the slow tests (those that check ALKBLOBFS_LONG).
 test-long: deps
 	ALKBLOBFS_LONG=1 ALKBLOBFS_REQUIRE_FUSE=1 scripts/pg.sh scripts/s3.sh $(GO) test $(TEST_FLAGS) ./...
+	$(MAKE) test-fork
 	$(MAKE) fuzz FUZZTIME=60s
 
 # fuzz runs each go test -fuzz target for FUZZTIME: digest parsing,
