@@ -196,17 +196,19 @@ func TestScrubInterrupted(t *testing.T) {
 	e.mkns("i")
 	e.put("i", randBytes(51, 8<<20)) // 8 s at 1 MB/s
 	// The writer is interrupted once its scrub runs, not after a guess at
-	// how long the shell takes to start.
-	scrubbing := func() {
+	// how long the shell takes to start. The scrubs started are counted
+	// before the writer starts: its scrub may start before it is waited for.
+	started := func() int { return strings.Count(e.logs.String(), "scrub started") }
+	scrubbing := func(n int) {
 		t.Helper()
-		n := strings.Count(e.logs.String(), "scrub started")
-		eventually(t, 30*time.Second, "the scrub to start", func() bool { return strings.Count(e.logs.String(), "scrub started") > n })
+		eventually(t, 30*time.Second, "the scrub to start", func() bool { return started() > n })
 	}
+	n := started()
 	cmd := exec.Command("sh", "-c", "echo run > "+e.path(".alkblobfs", "scrub"))
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
 	}
-	scrubbing()
+	scrubbing(n)
 	start := time.Now()
 	cmd.Process.Signal(syscall.SIGINT)
 	if err := cmd.Wait(); err == nil {
@@ -223,11 +225,12 @@ func TestScrubInterrupted(t *testing.T) {
 	}
 
 	// An unmount does not wait for a scrub run from the control file.
+	n = started()
 	cmd = exec.Command("sh", "-c", "echo run > "+e.path(".alkblobfs", "scrub"))
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
 	}
-	scrubbing()
+	scrubbing(n)
 	start = time.Now()
 	done := make(chan error, 1)
 	go func() { done <- e.srv.Unmount() }()
