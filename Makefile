@@ -15,9 +15,12 @@ SBINDIR ?= /sbin
 # BUILD_VERSION is the version the binary (--version), the man pages and
 # the package carry: scripts/version.sh, from CHANGELOG.md's newest release
 # (0.1.0, or 0.1.0+g33b8a33 for a later commit). BUILDFLAGS and LDFLAGS
-# add to the build (deb: -buildmode=pie, -s).
+# add to the build (deb: -s). Every build is a position-independent
+# executable (ASLR for the daemon, as distributions build Go), the same
+# mode the tests build the binary in, so that make deb and make install
+# find every package compiled already instead of compiling all again.
 BUILD_VERSION ?= $(shell scripts/version.sh)
-BUILDFLAGS    ?=
+BUILDFLAGS    ?= -buildmode=pie
 LDFLAGS       ?=
 
 # A cold cache downloads and compiles the dependencies first, silently:

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"debug/elf"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -34,6 +35,15 @@ func TestMakeBuildVersion(t *testing.T) {
 	exe := filepath.Join(out, "alkblobfs")
 	if b, err := exec.Command("make", "-s", "-C", "../..", "build", "BIN="+exe).CombinedOutput(); err != nil {
 		t.Fatalf("make build: %v\n%s", err, b)
+	}
+	// A position-independent executable (ELF type DYN), as the Makefile says.
+	if f, err := elf.Open(exe); err != nil {
+		t.Error(err)
+	} else {
+		if f.Type != elf.ET_DYN {
+			t.Errorf("make build's binary is of ELF type %v; want a position-independent executable (ET_DYN)", f.Type)
+		}
+		f.Close()
 	}
 	b, err := exec.Command("../../scripts/version.sh").Output()
 	if err != nil {

@@ -249,7 +249,7 @@ func TestMountListingMemory(t *testing.T) {
 func fillNamespace(t *testing.T, data, ns string, n int) {
 	t.Helper()
 	mkpool := filepath.Join(t.TempDir(), "mkpool")
-	if out, err := exec.Command("go", "build", "-o", mkpool, "github.com/alkblobfs/alkblobfs/scripts/mkpool").CombinedOutput(); err != nil {
+	if out, err := exec.Command("go", "build", "-buildmode=pie", "-o", mkpool, "github.com/alkblobfs/alkblobfs/scripts/mkpool").CombinedOutput(); err != nil {
 		t.Fatalf("go build scripts/mkpool: %v\n%s", err, out)
 	}
 	out, err := exec.Command(mkpool, "-data", data, "-n", strconv.Itoa(n), "-link", "1", "-ns", ns, "-batch", "10000").CombinedOutput()
