@@ -169,6 +169,7 @@ type queries struct {
 	takeRef, intentNS, takeIntent, usage string
 	unique, recount, setQuota, setUsage  string
 	linkRows                             string // linkBatch rows per INSERT
+	anyPending                           string
 }
 
 // linkBatch is how many rows one LinkMany INSERT carries: 1024 bind
@@ -245,7 +246,7 @@ func linkRowsQuery(dialect string, rows int) string {
 		}
 		b.WriteString("(?, ?, ?, ?)")
 	}
-	b.WriteString(` ON CONFLICT (ns, digest) DO NOTHING`)
+	b.WriteString(` ON CONFLICT (ns, digest) DO NOTHING RETURNING digest, size`)
 	return rebind(dialect, b.String())
 }
 

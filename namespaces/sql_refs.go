@@ -117,9 +117,12 @@ func (r *SQL) LinkMany(ctx context.Context, name string, ds []blob.Digest) (int,
 }
 
 // LinkManySized implements Registry: one transaction, which locks the
-// namespace's row, finds which digests it holds already, admits the
-// others against the quota together, inserts linkBatch rows per INSERT
-// and updates the counters once.
+// namespace's row, inserts linkBatch rows per INSERT, charges the digests
+// the inserts added (RETURNING) less those an intent of the namespace held
+// already, and admits that charge against the quota before it commits: a
+// refusal rolls every insert back. The reference rows it did not insert
+// (ON CONFLICT DO NOTHING) were held already and cost nothing, so no
+// digest is looked up before its insert.
 func (r *SQL) LinkManySized(ctx context.Context, name string, ds []Sized) (int, error) {
 	if err := check(ctx, name); err != nil {
 		return 0, wrap("linkmany", name, blob.Digest{}, err)
@@ -146,19 +149,6 @@ func (r *SQL) LinkManySized(ctx context.Context, name string, ds []Sized) (int, 
 		if err != nil {
 			return err
 		}
-		held, err := r.heldAmong(ctx, tx, name, ds)
-		if err != nil {
-			return err
-		}
-		var blobs, bytes int64
-		for _, d := range ds {
-			if !held[d.Digest] {
-				blobs, bytes = blobs+1, bytes+d.Size
-			}
-		}
-		if err := u.admit(blobs, bytes); err != nil {
-			return err
-		}
 		var full *sql.Stmt
 		if len(ds) >= linkBatch {
 			st, err := tx.PrepareContext(ctx, r.q.linkRows)
@@ -168,6 +158,7 @@ func (r *SQL) LinkManySized(ctx context.Context, name string, ds []Sized) (int, 
 			defer st.Close()
 			full = st
 		}
+		var added []Sized // in key order: each INSERT's rows are
 		args := make([]any, 0, 4*linkBatch)
 		for rest := ds; len(rest) > 0; {
 			k := min(len(rest), linkBatch)
@@ -179,15 +170,18 @@ func (r *SQL) LinkManySized(ctx context.Context, name string, ds []Sized) (int, 
 			if k < linkBatch {
 				q = linkRowsQuery(r.dialect, k)
 			}
-			n, err := r.linkRowsExec(ctx, tx, full, q, args)
-			if err != nil {
+			if added, err = r.linkRowsQuery(ctx, tx, full, q, args, added); err != nil {
 				return r.linkFailed(ctx, name, err)
 			}
-			total += n
 			rest = rest[k:]
 		}
-		if blobs == 0 {
-			return nil
+		total = len(added)
+		blobs, bytes, err := r.chargeOfAdded(ctx, tx, name, added)
+		if err != nil || blobs == 0 {
+			return err
+		}
+		if err := u.admit(blobs, bytes); err != nil {
+			return err
 		}
 		return r.chargeTx(ctx, tx, name, blobs, bytes)
 	})
@@ -197,21 +191,75 @@ func (r *SQL) LinkManySized(ctx context.Context, name string, ds []Sized) (int, 
 	return total, nil
 }
 
-// linkRowsExec runs one multi-row link statement (st, or q when st is nil
-// or q is set) and returns how many references it added.
-func (r *SQL) linkRowsExec(ctx context.Context, tx *sql.Tx, st *sql.Stmt, q string, args []any) (int, error) {
-	var res sql.Result
+// linkRowsQuery runs one multi-row link statement (st, or q when st is
+// nil or q is set) and appends the references it added, with their
+// sizes, to added.
+func (r *SQL) linkRowsQuery(ctx context.Context, tx *sql.Tx, st *sql.Stmt, q string, args []any, added []Sized) ([]Sized, error) {
+	var rows *sql.Rows
 	var err error
 	if q != "" {
-		res, err = tx.ExecContext(ctx, q, args...)
+		rows, err = tx.QueryContext(ctx, q, args...)
 	} else {
-		res, err = st.ExecContext(ctx, args...)
+		rows, err = st.QueryContext(ctx, args...)
 	}
 	if err != nil {
-		return 0, err
+		return added, err
 	}
-	n, err := res.RowsAffected()
-	return int(n), err
+	for rows.Next() {
+		var b []byte
+		var size sql.NullInt64
+		if err := rows.Scan(&b, &size); err != nil {
+			rows.Close()
+			return added, err
+		}
+		d, err := blob.FromBytes(b)
+		if err != nil {
+			rows.Close()
+			return added, err
+		}
+		added = append(added, Sized{Digest: d, Size: size.Int64})
+	}
+	return added, errors.Join(rows.Err(), rows.Close())
+}
+
+// chargeOfAdded returns what the references added (new to ns_refs) cost
+// the namespace: each one's blob and size, except where an intent of the
+// namespace already named the digest (held through it). The namespace's
+// intents are few (the files being written), so this looks among them
+// only when there are any.
+func (r *SQL) chargeOfAdded(ctx context.Context, tx *sql.Tx, name string, added []Sized) (blobs, bytes int64, err error) {
+	for _, a := range added {
+		blobs, bytes = blobs+1, bytes+a.Size
+	}
+	if len(added) == 0 {
+		return 0, 0, nil
+	}
+	var some bool
+	if err := tx.QueryRowContext(ctx, r.q.anyPending, name).Scan(&some); err != nil || !some {
+		return blobs, bytes, err
+	}
+	size := make(map[blob.Digest]int64, len(added))
+	for _, a := range added {
+		size[a.Digest] = a.Size
+	}
+	for lo := 0; lo < len(added); lo += hasManyBatch {
+		batch := added[lo:min(len(added), lo+hasManyBatch)]
+		args := make([]any, 0, len(batch)+1)
+		args = append(args, name)
+		for _, a := range batch {
+			args = append(args, a.Digest[:])
+		}
+		rows, err := tx.QueryContext(ctx, rebind(r.dialect,
+			"SELECT DISTINCT digest FROM ns_pending WHERE ns = ? AND digest IN (?"+strings.Repeat(", ?", len(batch)-1)+")"), args...)
+		if err != nil {
+			return 0, 0, err
+		}
+		err = engines.ScanDigests(rows, func(d blob.Digest) { blobs, bytes = blobs-1, bytes-size[d] })
+		if err := errors.Join(err, rows.Close()); err != nil {
+			return 0, 0, err
+		}
+	}
+	return blobs, bytes, nil
 }
 
 // inTx is write, eager. f gets the context to use, which on SQLite is the

@@ -5,7 +5,6 @@ import (
 	"database/sql"
 	"errors"
 	"fmt"
-	"strings"
 
 	"github.com/alkblobfs/alkblobfs/blob"
 	"github.com/alkblobfs/alkblobfs/engines"
@@ -60,6 +59,7 @@ func (q *queries) usageQueries(dialect string) {
 	}
 	q.lockNS = r(lock)
 	q.held = r(`SELECT EXISTS (SELECT 1 FROM ns_refs WHERE ns = ? AND digest = ?) OR EXISTS (SELECT 1 FROM ns_pending WHERE ns = ? AND digest = ?)`)
+	q.anyPending = r(`SELECT EXISTS (SELECT 1 FROM ns_pending WHERE ns = ?)`)
 	q.pendHeld = r(`SELECT EXISTS (SELECT 1 FROM ns_pending WHERE ns = ? AND digest = ?)`)
 	q.charge = r(`UPDATE ns SET blobs = blobs + ?, bytes = bytes + ? WHERE name = ?`)
 	q.takeRef = r(`DELETE FROM ns_refs WHERE ns = ? AND digest = ?` + takeRefReturning)
@@ -118,35 +118,6 @@ func (r *SQL) pendHeld(ctx context.Context, tx *sql.Tx, name string, d blob.Dige
 func (r *SQL) chargeTx(ctx context.Context, tx *sql.Tx, name string, blobs, bytes int64) error {
 	_, err := r.txExec(ctx, tx, r.chargeStmt, r.q.charge, blobs, bytes, name)
 	return err
-}
-
-// heldAmong returns which of ds (sorted, distinct) the namespace links or
-// pends, read in tx after lockNS, hasManyBatch digests a query.
-func (r *SQL) heldAmong(ctx context.Context, tx *sql.Tx, name string, ds []Sized) (map[blob.Digest]bool, error) {
-	held := make(map[blob.Digest]bool)
-	for lo := 0; lo < len(ds); lo += hasManyBatch {
-		batch := ds[lo:min(len(ds), lo+hasManyBatch)]
-		in := "(?" + strings.Repeat(", ?", len(batch)-1) + ")"
-		args := make([]any, 0, 2*len(batch)+2)
-		args = append(args, name)
-		for _, d := range batch {
-			args = append(args, d.Digest[:])
-		}
-		args = append(args, name)
-		for _, d := range batch {
-			args = append(args, d.Digest[:])
-		}
-		rows, err := tx.QueryContext(ctx, rebind(r.dialect,
-			"SELECT digest FROM ns_refs WHERE ns = ? AND digest IN "+in+" UNION SELECT digest FROM ns_pending WHERE ns = ? AND digest IN "+in), args...)
-		if err != nil {
-			return nil, err
-		}
-		err = engines.ScanDigests(rows, func(d blob.Digest) { held[d] = true })
-		if err := errors.Join(err, rows.Close()); err != nil {
-			return nil, err
-		}
-	}
-	return held, nil
 }
 
 // cancelTx drops intent i in tx and frees its charge if nothing else of
