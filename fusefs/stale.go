@@ -36,6 +36,14 @@ func pidFile(dir string) string {
 	return filepath.Join(rundir.Dir(), hex.EncodeToString(h[:8])+".pid")
 }
 
+// ControlSocket is where the daemon serving mountpoint dir (absolute,
+// symbolic links resolved) takes requests of its own kind: `alkblobfs
+// upgrade`. Beside its pid file, mode 0600: root and the mount's owner
+// reach it.
+func ControlSocket(dir string) string {
+	return strings.TrimSuffix(pidFile(dir), ".pid") + ".sock"
+}
+
 // writePidFile records this process as the daemon of the mount on dir,
 // with the mount's FUSE connection number: a record only ever speaks for
 // that one connection.
