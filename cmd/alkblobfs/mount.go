@@ -175,11 +175,19 @@ As root the mount uses mount(2) directly; otherwise fusermount3.`,
 				if tokenTTL <= 0 {
 					return usagef(cmd, "--token-ttl %s: must be positive", tokenTTL)
 				}
-				if ln, toks, err = a.listen(cmd, listen, insecure, allowOther, tk.http()); err != nil {
-					return err
+				// A takeover gets its predecessor's socket later, with
+				// the mount.
+				if tk == nil {
+					if ln, toks, err = a.listen(cmd, listen, insecure, allowOther, nil); err != nil {
+						return err
+					}
 				}
-				defer ln.Close()
 			}
+			defer func() {
+				if ln != nil {
+					ln.Close()
+				}
+			}()
 			// The store, with its namespaces registry registered as a
 			// liveness source (registerSources). A store that cannot keep
 			// namespaces cannot be mounted: a usage error naming why.
@@ -193,7 +201,7 @@ As root the mount uses mount(2) directly; otherwise fusermount3.`,
 			}
 			var metrics *ops.Metrics
 			var observe func(string, time.Duration)
-			if ln != nil {
+			if listen != "" {
 				metrics = ops.NewMetrics(st)
 				observe = metrics.ObserveFUSE
 			}
@@ -224,6 +232,9 @@ As root the mount uses mount(2) directly; otherwise fusermount3.`,
 			var srv *fusefs.Server
 			if tk != nil {
 				srv, err = tk.run(cfg, lg)
+				if err == nil && listen != "" {
+					ln, toks, err = a.listen(cmd, listen, insecure, allowOther, tk.http())
+				}
 			} else {
 				srv, err = fusefs.Mount(args[0], cfg)
 			}

@@ -56,8 +56,21 @@ func sdNotifyBarrier(state string, timeout time.Duration) error {
 		return err
 	}
 	defer r.Close()
-	_, _, err = conn.WriteMsgUnix([]byte("BARRIER=1"), syscall.UnixRights(int(w.Fd())), nil)
+	raw, err := conn.SyscallConn()
+	if err != nil {
+		w.Close()
+		return err
+	}
+	var serr error
+	err = raw.Control(func(fd uintptr) {
+		// sendmsg(2) on the connected socket: net's WriteMsgUnix takes
+		// it for a WriteTo.
+		serr = syscall.Sendmsg(int(fd), []byte("BARRIER=1"), syscall.UnixRights(int(w.Fd())), nil, 0)
+	})
 	w.Close()
+	if err == nil {
+		err = serr
+	}
 	if err != nil {
 		return fmt.Errorf("barrier: %w", err)
 	}

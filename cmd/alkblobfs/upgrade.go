@@ -33,6 +33,7 @@ import (
 // the listeners it passes on), and they talk over it in lines:
 //
 //	new → old  hello             the store is open (the mount still serves)
+//	old → new  the listeners     the control socket and --listen's (passListeners)
 //	old → new  the handover      package handover: /dev/fuse and the state
 //	new → old  ready | refused: why
 //	old → new  go | abort        go: the old server let go and dropped its pins
@@ -45,9 +46,7 @@ import (
 
 // Environment of the process an upgrade starts.
 const (
-	envTakeoverFD     = "ALKBLOBFS_TAKEOVER_FD"      // the socket pair
-	envTakeoverHTTPFD = "ALKBLOBFS_TAKEOVER_HTTP_FD" // --listen's socket
-	envTakeoverCtlFD  = "ALKBLOBFS_TAKEOVER_CTL_FD"  // the control socket
+	envTakeoverFD = "ALKBLOBFS_TAKEOVER_FD" // the socket pair
 	// envTestPrefix: variables of the upgrade command's own environment
 	// with this prefix go to the new process (test hooks below).
 	envTestPrefix = "ALKBLOBFS_TEST_"
@@ -425,26 +424,6 @@ func (c *controlServer) startSuccessor(binary string, testEnv []string) (*succes
 	conn := fc.(*net.UnixConn)
 	files := []*os.File{theirs}
 	env := append(os.Environ(), envTakeoverFD+"=3")
-	add := func(name string, f *os.File) {
-		env = append(env, fmt.Sprintf("%s=%d", name, 3+len(files)))
-		files = append(files, f)
-	}
-	if c.httpLn != nil {
-		f, err := c.httpLn.(interface{ File() (*os.File, error) }).File()
-		if err != nil {
-			conn.Close()
-			return nil, fmt.Errorf("pass on the --listen socket: %w", err)
-		}
-		defer f.Close()
-		add(envTakeoverHTTPFD, f)
-	}
-	cf, err := c.ln.File()
-	if err != nil {
-		conn.Close()
-		return nil, fmt.Errorf("pass on the control socket: %w", err)
-	}
-	defer cf.Close()
-	add(envTakeoverCtlFD, cf)
 	for _, kv := range testEnv {
 		if strings.HasPrefix(kv, envTestPrefix) {
 			env = append(env, kv)
@@ -505,6 +484,10 @@ func (c *controlServer) upgrade(req upgradeRequest, say func(string, ...any)) (i
 	if _, err := s.expect("hello", helloTimeout); err != nil {
 		s.kill()
 		return 0, 0, fmt.Errorf("%w; the old daemon serves on", err)
+	}
+	if err := c.passListeners(s.conn); err != nil {
+		s.kill()
+		return 0, 0, fmt.Errorf("pass on the listening sockets: %w; the old daemon serves on", err)
 	}
 	say("the new daemon opened the store; pausing the mount")
 	start := time.Now()
@@ -594,29 +577,6 @@ func takeoverChild() (*takeover, error) {
 	}
 	t.conn = fc.(*net.UnixConn)
 	t.lines = bufio.NewReader(t.conn)
-	if f, err := file(envTakeoverHTTPFD); err != nil {
-		return nil, err
-	} else if f != nil {
-		ln, err := net.FileListener(f)
-		f.Close()
-		if err != nil {
-			return nil, fmt.Errorf("the --listen socket passed on: %w", err)
-		}
-		if u, ok := ln.(*net.UnixListener); ok {
-			u.SetUnlinkOnClose(true) // ours now, as if we had made it
-		}
-		t.httpLn = ln
-	}
-	if f, err := file(envTakeoverCtlFD); err != nil {
-		return nil, err
-	} else if f != nil {
-		ln, err := net.FileListener(f)
-		f.Close()
-		if err != nil {
-			return nil, fmt.Errorf("the control socket passed on: %w", err)
-		}
-		t.ctlLn, _ = ln.(*net.UnixListener)
-	}
 	return t, nil
 }
 
@@ -643,6 +603,9 @@ func (t *takeover) run(cfg fusefs.Config, lg *slog.Logger) (*fusefs.Server, erro
 	}
 	t.step(stepHello)
 	t.conn.SetReadDeadline(time.Now().Add(helloTimeout + stopTimeout + 10*time.Second))
+	if err := t.receiveListeners(); err != nil {
+		return nil, fmt.Errorf("takeover: %w", err)
+	}
 	fd, state, err := handover.Receive(t.conn, maxState)
 	if err != nil {
 		return nil, fmt.Errorf("takeover: %w", err)
@@ -691,4 +654,93 @@ func (t *takeover) ctl() *net.UnixListener {
 		return nil
 	}
 	return t.ctlLn
+}
+
+// Listening sockets pass by SCM_RIGHTS on the socket pair, one a
+// message: a tag byte and the descriptor, then listenersEnd alone. Not
+// as inherited descriptors (exec.Cmd.ExtraFiles): os/exec puts each
+// into blocking mode, and the mode belongs to the socket, shared with
+// this daemon's listener, whose Accept would then block in the kernel
+// and its Close wait for the next connection.
+const (
+	listenerHTTP = 'H'
+	listenerCtl  = 'C'
+	listenersEnd = '.'
+)
+
+// passListeners sends the control socket and --listen's.
+func (c *controlServer) passListeners(conn *net.UnixConn) error {
+	send := func(tag byte, ln any) error {
+		sc, ok := ln.(syscall.Conn)
+		if !ok {
+			return fmt.Errorf("a %T has no descriptor", ln)
+		}
+		raw, err := sc.SyscallConn()
+		if err != nil {
+			return err
+		}
+		var werr error
+		if err := raw.Control(func(fd uintptr) {
+			_, _, werr = conn.WriteMsgUnix([]byte{tag}, syscall.UnixRights(int(fd)), nil)
+		}); err != nil {
+			return err
+		}
+		return werr
+	}
+	if c.httpLn != nil {
+		if err := send(listenerHTTP, c.httpLn); err != nil {
+			return fmt.Errorf("--listen socket: %w", err)
+		}
+	}
+	if err := send(listenerCtl, c.ln); err != nil {
+		return fmt.Errorf("control socket: %w", err)
+	}
+	_, err := conn.Write([]byte{listenersEnd})
+	return err
+}
+
+// receiveListeners is passListeners' other side.
+func (t *takeover) receiveListeners() error {
+	for {
+		var b [1]byte
+		oob := make([]byte, syscall.CmsgSpace(4*4))
+		n, oobn, _, _, err := t.conn.ReadMsgUnix(b[:], oob)
+		if err != nil {
+			return fmt.Errorf("receive the listening sockets: %w", err)
+		}
+		var fds []int
+		if msgs, err := syscall.ParseSocketControlMessage(oob[:oobn]); err == nil {
+			for i := range msgs {
+				got, _ := syscall.ParseUnixRights(&msgs[i])
+				fds = append(fds, got...)
+			}
+		}
+		if n == 1 && b[0] == listenersEnd && len(fds) == 0 {
+			return nil
+		}
+		if n != 1 || len(fds) != 1 || b[0] != listenerHTTP && b[0] != listenerCtl {
+			for _, fd := range fds {
+				syscall.Close(fd)
+			}
+			return fmt.Errorf("receive the listening sockets: a message of %d bytes (%q) with %d descriptors", n, b[:n], len(fds))
+		}
+		unix.CloseOnExec(fds[0])
+		f := os.NewFile(uintptr(fds[0]), "listener")
+		ln, err := net.FileListener(f)
+		f.Close()
+		if err != nil {
+			return fmt.Errorf("a listening socket passed on: %w", err)
+		}
+		if b[0] == listenerHTTP {
+			if u, ok := ln.(*net.UnixListener); ok {
+				u.SetUnlinkOnClose(true) // ours now, as if we had made it
+			}
+			t.httpLn = ln
+		} else if u, ok := ln.(*net.UnixListener); ok {
+			t.ctlLn = u
+		} else {
+			ln.Close()
+			return errors.New("the control socket passed on is not a Unix socket")
+		}
+	}
 }
