@@ -247,10 +247,15 @@ func startControl(srv *fusefs.Server, inherited *net.UnixListener, httpLn net.Li
 			return nil, fmt.Errorf("control socket %s: another daemon answers there", path)
 		}
 		os.Remove(path)
-		old := syscall.Umask(0o177) // 0600 from the start: root and the owner
 		l, err := net.ListenUnix("unix", &net.UnixAddr{Name: path, Net: "unix"})
-		syscall.Umask(old)
 		if err != nil {
+			return nil, fmt.Errorf("control socket: %w", err)
+		}
+		// Root and the owner. (Not by the umask, which is the whole
+		// process's: files made meanwhile would take it.) Until the
+		// chmod, handle refuses any other user all the same.
+		if err := os.Chmod(path, 0o600); err != nil {
+			l.Close()
 			return nil, fmt.Errorf("control socket: %w", err)
 		}
 		ln = l

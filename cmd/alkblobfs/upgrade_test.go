@@ -199,6 +199,10 @@ func (u *upgradable) cleanup() {
 			u.old.Process.Kill()
 		}
 	}
+	// A binary built with -race reports into the log.
+	if strings.Contains(u.logText(), "WARNING: DATA RACE") {
+		t.Errorf("a daemon reported a data race:\n%s", u.logText())
+	}
 }
 
 // watchdog runs fn, which touches the mount, and gives up on the mount
@@ -306,7 +310,11 @@ func testUpgradeKeepsReaders(t *testing.T, mode string) {
 	slices.Sort(listed)
 	listed = slices.Compact(listed)
 
-	u := mountUpgradable(t, c, nil, "--verify="+mode)
+	args := []string{"--verify=" + mode}
+	if os.Getenv("ALKBLOBFS_TEST_UPGRADE_DEBUG") != "" {
+		args = append(args, "--debug") // every request in the log
+	}
+	u := mountUpgradable(t, c, nil, args...)
 	ns := filepath.Join(u.mnt, "ns")
 	if mode == "full" {
 		// Read once end to end: verified, the next opens pass through.
@@ -387,6 +395,12 @@ func testUpgradeKeepsReaders(t *testing.T, mode string) {
 	if err := sh.Start(); err != nil {
 		t.Fatal(err)
 	}
+	defer func() { // not left in the mount by a failure
+		if sh.ProcessState == nil {
+			sh.Process.Kill()
+			sh.Wait()
+		}
+	}()
 	shLines := bufio.NewReader(shOut)
 	u.watchdog(30*time.Second, "the shell's cd", func() error {
 		l, err := shLines.ReadString('\n')
@@ -410,7 +424,12 @@ func testUpgradeKeepsReaders(t *testing.T, mode string) {
 			return fmt.Errorf("dd across the upgrade read %s, want %s", got, big)
 		}
 		if got, err := faultSafeSum(mem); err != nil || got != mapD {
-			return fmt.Errorf("the mmap across the upgrade: %v (sum %s)", err, got)
+			size := int64(-1)
+			if fi, err := mf.Stat(); err == nil {
+				size = fi.Size()
+			}
+			stats, _ := os.ReadFile(filepath.Join(u.mnt, ".alkblobfs", "stats"))
+			return fmt.Errorf("the mmap across the upgrade: %v (sum %s; the file's size now %d, want %d; stats %s)", err, got, size, len(mapBytes), stats)
 		}
 		rest, err := io.ReadAll(held)
 		if err != nil {
@@ -469,7 +488,8 @@ func ptOpens(t *testing.T, stats string) int {
 
 // TestUpgradeRefusesWriters: a file open for writing in incoming/ refuses
 // the upgrade, which names it; the old daemon serves on, the write goes
-// on and publishes; once it closed, the upgrade works.
+// on and publishes; another user may not upgrade the mount; once the
+// file closed, the upgrade works.
 func TestUpgradeRefusesWriters(t *testing.T) {
 	t.Parallel()
 	c := newCLI(t)
@@ -504,6 +524,15 @@ func TestUpgradeRefusesWriters(t *testing.T) {
 	eventually(t, 10*time.Second, "the written file published", func() bool {
 		return slices.Contains(lines(c.ok("ls", "ns")), sum(data))
 	})
+	if os.Geteuid() == 0 {
+		// Another user may not upgrade root's mount.
+		other := fusetest.NewUser(t)
+		fusetest.Reachable(t, bin)
+		out, err := other.Sh(fmt.Sprintf("HOME=/nonexistent %s upgrade %s", bin, u.mnt))
+		if err == nil || !strings.Contains(out, "permission denied") || !alive(old) {
+			t.Fatalf("upgrade by another user: %v: %q", err, out)
+		}
+	}
 	u.mustUpgrade()
 	b, err := os.ReadFile(filepath.Join(u.mnt, "ns", sum(data)))
 	if err != nil || sum(b) != sum(data) {
