@@ -23,6 +23,7 @@ import (
 
 	"github.com/alkblobfs/alkblobfs/fusefs"
 	"github.com/alkblobfs/alkblobfs/handover"
+	"github.com/alkblobfs/alkblobfs/rundir"
 )
 
 // Upgrade without unmounting (issue 37; fusefs/handover.go has what
@@ -175,6 +176,15 @@ func runUpgrade(ctx context.Context, out io.Writer, mnt, binary string) error {
 		abs = real
 	}
 	sock := fusefs.ControlSocket(abs)
+	if _, err := os.Lstat(sock); errors.Is(err, os.ErrNotExist) && os.Geteuid() != 0 {
+		// Not this user's own mount: root's, whose socket is in the
+		// system runtime directory (and refuses this user).
+		if sys := filepath.Join(rundir.System, filepath.Base(sock)); sys != sock {
+			if _, err := os.Lstat(sys); err == nil {
+				sock = sys
+			}
+		}
+	}
 	c, err := net.DialTimeout("unix", sock, 5*time.Second)
 	if err != nil {
 		if errors.Is(err, os.ErrNotExist) || errors.Is(err, syscall.ECONNREFUSED) {
