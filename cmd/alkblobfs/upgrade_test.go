@@ -489,7 +489,8 @@ func ptOpens(t *testing.T, stats string) int {
 // TestUpgradeRefusesWriters: a file open for writing in incoming/ refuses
 // the upgrade, which names it; the old daemon serves on, the write goes
 // on and publishes; another user may not upgrade the mount; once the
-// file closed, the upgrade works.
+// file closed, the upgrade works, and a shell inside a directory made in
+// incoming/ (which does not carry across) gets ESTALE.
 func TestUpgradeRefusesWriters(t *testing.T) {
 	t.Parallel()
 	c := newCLI(t)
@@ -533,7 +534,43 @@ func TestUpgradeRefusesWriters(t *testing.T) {
 			t.Fatalf("upgrade by another user: %v: %q", err, out)
 		}
 	}
+	// A directory made in incoming/ does not carry across: a shell
+	// inside it gets ESTALE after the upgrade.
+	sub := filepath.Join(u.mnt, "ns", "incoming", "sub")
+	if err := os.Mkdir(sub, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	sh := exec.Command("sh", "-c", `cd "$1" || exit 9; echo in; read go; ls . 2>&1; echo "ls: $?"`, "sh", sub)
+	shIn, _ := sh.StdinPipe()
+	shOut, _ := sh.StdoutPipe()
+	if err := sh.Start(); err != nil {
+		t.Fatal(err)
+	}
+	defer func() {
+		if sh.ProcessState == nil {
+			sh.Process.Kill()
+			sh.Wait()
+		}
+	}()
+	shLines := bufio.NewReader(shOut)
+	u.watchdog(30*time.Second, "the shell's cd", func() error {
+		l, err := shLines.ReadString('\n')
+		if err == nil && l != "in\n" {
+			err = fmt.Errorf("the shell said %q", l)
+		}
+		return err
+	})
 	u.mustUpgrade()
+	u.watchdog(30*time.Second, "the shell in incoming/sub after the upgrade", func() error {
+		io.WriteString(shIn, "go\n")
+		shIn.Close()
+		out, _ := io.ReadAll(shLines)
+		sh.Wait()
+		if !strings.Contains(string(out), "Stale file handle") {
+			return fmt.Errorf("ls in a directory of incoming/ after the upgrade printed %q, want ESTALE", out)
+		}
+		return nil
+	})
 	b, err := os.ReadFile(filepath.Join(u.mnt, "ns", sum(data)))
 	if err != nil || sum(b) != sum(data) {
 		t.Fatalf("the published file after the upgrade: %v", err)
