@@ -169,6 +169,7 @@ func (b *blobFile) Open(ctx context.Context, flags uint32) (fs.FileHandle, uint3
 	f.stats.opens.Add(1)
 	f.stats.openHandles.Add(1)
 	h := &blobHandle{b: b, d: dg, rd: o.rd, pin: pin}
+	f.trackBlobHandle(h)
 	if f.cfg.Verify == VerifyStrict {
 		h.seq = newSeqCheck(dg, b.size)
 	}
@@ -207,6 +208,9 @@ func (o *blobOpen) choosePassthrough(f *FS) bool {
 }
 
 func (b *blobFile) release(h *blobHandle) {
+	if !b.fsys.untrackBlobHandle(h) {
+		return // released already (a handover's cleanup)
+	}
 	b.mu.Lock()
 	o := b.open
 	if h.pt {

@@ -206,6 +206,12 @@ type FS struct {
 
 	receipts receiptList
 
+	// blobHandles are the open handles of blob files, with their pins:
+	// a handover's cleanup releases them (the kernel sends their RELEASE
+	// to the successor).
+	blobHandlesMu sync.Mutex
+	blobHandles   map[*blobHandle]struct{}
+
 	// Passthrough: available once the probe at mount succeeded; off again
 	// if go-fuse silently gave up registering a backing file (a read then
 	// reaches a handle that asked for passthrough).
@@ -264,6 +270,8 @@ func newFS(cfg Config) (*FS, error) {
 		born: time.Now(),
 		ns:   make(map[string]*nsDir),
 		refs: newOpenRefs(),
+
+		blobHandles: make(map[*blobHandle]struct{}),
 	}
 	f.ctx, f.cancel = context.WithCancel(context.Background())
 	f.ptReason.Store("not probed")
@@ -416,3 +424,35 @@ func notifyEntry(parent *fs.Inode, name string) {
 // mkdir or unlink would then fail with EEXIST or ENOENT. The wait stays
 // bounded: every database wait has the store's own bound.
 func uninterrupted(ctx context.Context) context.Context { return context.WithoutCancel(ctx) }
+
+func (f *FS) trackBlobHandle(h *blobHandle) {
+	f.blobHandlesMu.Lock()
+	f.blobHandles[h] = struct{}{}
+	f.blobHandlesMu.Unlock()
+}
+
+// untrackBlobHandle forgets h, reporting whether it was still open.
+func (f *FS) untrackBlobHandle(h *blobHandle) bool {
+	f.blobHandlesMu.Lock()
+	defer f.blobHandlesMu.Unlock()
+	if _, ok := f.blobHandles[h]; !ok {
+		return false
+	}
+	delete(f.blobHandles, h)
+	return true
+}
+
+// releaseBlobHandles releases every open blob handle: their pins, their
+// readers. Only once nothing serves the kernel from this process (after
+// a handover).
+func (f *FS) releaseBlobHandles() {
+	f.blobHandlesMu.Lock()
+	hs := make([]*blobHandle, 0, len(f.blobHandles))
+	for h := range f.blobHandles {
+		hs = append(hs, h)
+	}
+	f.blobHandlesMu.Unlock()
+	for _, h := range hs {
+		h.b.release(h)
+	}
+}

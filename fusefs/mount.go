@@ -16,6 +16,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 
 	gofs "github.com/hanwen/go-fuse/v2/fs"
@@ -32,7 +33,12 @@ import (
 type Server struct {
 	fs     *FS
 	server *fuse.Server
+	bridge fuse.RawFileSystem // the node table (gofs.NewNodeFS), for a handover's export
 	dir    string
+	// handedOver: the connection went to a successor (handover.go): the
+	// cleanup releases what this process held and leaves the pid record,
+	// the successor's now.
+	handedOver atomic.Bool
 
 	done      chan struct{}
 	closeOnce sync.Once
@@ -63,8 +69,68 @@ func Mount(dir string, cfg Config) (*Server, error) {
 	// Before serving: publish what an earlier life of this mountpoint
 	// committed at a close but had not linked when it died.
 	f.intents.start(abs)
+	opts := f.nodeOptions()
+	bridge := gofs.NewNodeFS(f.root, opts)
+	raw := bridge
+	if cfg.Observe != nil {
+		raw = &timedFS{RawFileSystem: raw, observe: cfg.Observe}
+	}
+	server, err := fuse.NewServer(raw, abs, &opts.MountOptions)
+	if err != nil {
+		f.intents.close()
+		return nil, mountError(abs, err)
+	}
+	go server.Serve()
+	if err := server.WaitMount(); err != nil {
+		server.Unmount()
+		f.intents.close()
+		return nil, mountError(abs, err)
+	}
+	m := &Server{fs: f, server: server, bridge: bridge, dir: abs, done: make(chan struct{})}
+	m.start("mounted")
+	return m, nil
+}
+
+// start runs what a mount does once it serves, and a takeover once it
+// has taken the connection: the pid record, the passthrough probe, the
+// liveness source, the change feed, the guard, the timers; and the wait
+// for the end.
+func (m *Server) start(msg string) {
+	f, abs, server, cfg := m.fs, m.dir, m.server, m.fs.cfg
+	f.mount = m
+	if err := writePidFile(abs); err != nil {
+		f.log.Warn("could not record the daemon's pid; a later mount cannot recover this one if it dies stuck", "err", err)
+	}
+	prunePidFiles()
+	f.probePassthrough(server)
+	if err := raiseReadahead(abs); err != nil {
+		f.log.Debug("could not raise the mount's readahead", "err", err)
+	}
+	f.refsSource = f.st.Register(f.refs)
+	m.watch = f.startWatch()
+	if m.watch != nil && cfg.Guard {
+		if err := startGuard(abs); err != nil {
+			f.log.Warn("no mount guard: a kill of this daemon during a cache invalidation may hang the mount until it is mounted again or umount --force", "err", err)
+		}
+	}
+	f.upkeep.Start()
+	pt := "active"
+	if !f.ptAvailable.Load() {
+		pt = "off: " + f.ptReason.Load().(string)
+	}
+	f.log.Info(msg, "mountpoint", abs, "data", f.cfg.Data, "source", cmp.Or(f.cfg.Source, "alkblobfs"), "verify", string(f.cfg.Verify), "passthrough", pt,
+		"sweep_every", f.cfg.SweepEvery, "scrub_every", f.cfg.ScrubEvery, "receipt_ttl", f.cfg.ReceiptTTL)
+	go func() {
+		server.Wait()
+		m.cleanup()
+	}()
+}
+
+// nodeOptions are the mount's go-fuse options: a mount and a takeover
+// (handover.go) serve with the same.
+func (f *FS) nodeOptions() *gofs.Options {
 	sec := defaultTimeout
-	opts := &gofs.Options{
+	return &gofs.Options{
 		EntryTimeout: &sec,
 		AttrTimeout:  &sec,
 		// A mode with no permission bits is a mode: go-fuse would show
@@ -73,18 +139,18 @@ func Mount(dir string, cfg Config) (*Server, error) {
 		// full mode itself (TestModesShown).
 		NullPermissions: true,
 		MountOptions: fuse.MountOptions{
-			AllowOther:   cfg.AllowOther,
-			Options:      mountOptions(cfg),
+			AllowOther:   f.cfg.AllowOther,
+			Options:      mountOptions(f.cfg),
 			MaxWrite:     maxWrite,
 			MaxReadAhead: maxReadAhead,
 			// Readahead and parallel readers issue async requests; the
 			// default of 12 in flight throttles a fast disk.
 			MaxBackground: 64,
-			FsName:        cmp.Or(cfg.Source, "alkblobfs"),
+			FsName:        cmp.Or(f.cfg.Source, "alkblobfs"),
 			Name:          "alkblobfs",
 			// As root, mount(2) directly: no fusermount3 needed.
 			DirectMount: os.Geteuid() == 0,
-			Debug:       cfg.Debug,
+			Debug:       f.cfg.Debug,
 			Logger:      slog.NewLogLogger(f.log.Handler(), slog.LevelDebug),
 			// O_TRUNC arrives with OPEN (one request, atomic for uploads);
 			// plain `ls` may skip READDIRPLUS's per-entry lookups.
@@ -114,50 +180,6 @@ func Mount(dir string, cfg Config) (*Server, error) {
 		Logger:         log.New(&slogWriter{f.log}, "", 0),
 		RootStableAttr: &gofs.StableAttr{Ino: inoRoot},
 	}
-	raw := gofs.NewNodeFS(f.root, opts)
-	if cfg.Observe != nil {
-		raw = &timedFS{RawFileSystem: raw, observe: cfg.Observe}
-	}
-	server, err := fuse.NewServer(raw, abs, &opts.MountOptions)
-	if err != nil {
-		f.intents.close()
-		return nil, mountError(abs, err)
-	}
-	go server.Serve()
-	if err := server.WaitMount(); err != nil {
-		server.Unmount()
-		f.intents.close()
-		return nil, mountError(abs, err)
-	}
-	m := &Server{fs: f, server: server, dir: abs, done: make(chan struct{})}
-	f.mount = m
-	if err := writePidFile(abs); err != nil {
-		f.log.Warn("could not record the daemon's pid; a later mount cannot recover this one if it dies stuck", "err", err)
-	}
-	prunePidFiles()
-	f.probePassthrough(server)
-	if err := raiseReadahead(abs); err != nil {
-		f.log.Debug("could not raise the mount's readahead", "err", err)
-	}
-	f.refsSource = f.st.Register(f.refs)
-	m.watch = f.startWatch()
-	if m.watch != nil && cfg.Guard {
-		if err := startGuard(abs); err != nil {
-			f.log.Warn("no mount guard: a kill of this daemon during a cache invalidation may hang the mount until it is mounted again or umount --force", "err", err)
-		}
-	}
-	f.upkeep.Start()
-	pt := "active"
-	if !f.ptAvailable.Load() {
-		pt = "off: " + f.ptReason.Load().(string)
-	}
-	f.log.Info("mounted", "mountpoint", abs, "data", f.cfg.Data, "source", cmp.Or(f.cfg.Source, "alkblobfs"), "verify", string(f.cfg.Verify), "passthrough", pt,
-		"sweep_every", f.cfg.SweepEvery, "scrub_every", f.cfg.ScrubEvery, "receipt_ttl", f.cfg.ReceiptTTL)
-	go func() {
-		server.Wait()
-		m.cleanup()
-	}()
-	return m, nil
 }
 
 // Dir is the absolute mountpoint.
@@ -223,12 +245,21 @@ func (m *Server) cleanup() {
 		for _, d := range f.nsDirs() {
 			d.teardown()
 		}
+		if m.handedOver.Load() {
+			// The successor holds its own pins and references on what
+			// it serves (taken before this process let go): drop ours.
+			f.releaseBlobHandles()
+		}
 		f.intents.close()
 		if f.refsSource != nil {
 			f.refsSource.Deregister()
 		}
-		removePidFile(m.dir)
-		f.log.Info("unmounted", "mountpoint", m.dir)
+		if m.handedOver.Load() {
+			f.log.Info("handed over", "mountpoint", m.dir)
+		} else {
+			removePidFile(m.dir)
+			f.log.Info("unmounted", "mountpoint", m.dir)
+		}
 		close(m.done)
 	})
 }

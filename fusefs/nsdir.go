@@ -32,6 +32,9 @@ type nsDir struct {
 
 	once   sync.Once
 	inited atomic.Bool
+	// incAttr is incoming/'s StableAttr when a handover restores it
+	// (the kernel knows it by the predecessor's); zero: automatic.
+	incAttr fs.StableAttr
 
 	tree *incTree
 	inc  *incDir
@@ -78,8 +81,14 @@ func newNSDir(f *FS, name string) *nsDir {
 // root on first use. Persistent, so that incoming/ (in-memory state) lives
 // as long as the namespace, whatever the kernel forgets.
 func (d *nsDir) inode(ctx context.Context, root *fs.Inode) *fs.Inode {
+	return d.inodeAttr(ctx, root, fs.StableAttr{Mode: syscall.S_IFDIR})
+}
+
+// inodeAttr is inode with the StableAttr attr: a handover restores the
+// directory with the predecessor's.
+func (d *nsDir) inodeAttr(ctx context.Context, root *fs.Inode, attr fs.StableAttr) *fs.Inode {
 	d.once.Do(func() {
-		root.NewPersistentInode(ctx, d, fs.StableAttr{Mode: syscall.S_IFDIR})
+		root.NewPersistentInode(ctx, d, attr)
 		d.inited.Store(true)
 	})
 	return &d.Inode
@@ -87,7 +96,9 @@ func (d *nsDir) inode(ctx context.Context, root *fs.Inode) *fs.Inode {
 
 // OnAdd attaches incoming/.
 func (d *nsDir) OnAdd(ctx context.Context) {
-	ch := d.NewPersistentInode(ctx, d.inc, fs.StableAttr{Mode: syscall.S_IFDIR})
+	attr := d.incAttr
+	attr.Mode = syscall.S_IFDIR
+	ch := d.NewPersistentInode(ctx, d.inc, attr)
 	d.AddChild(incomingName, ch, true)
 }
 

@@ -8,10 +8,12 @@ import (
 	"io"
 	"io/fs"
 	"log/slog"
+	"net"
 	"os"
 	"path/filepath"
 	"strconv"
 	"strings"
+	"time"
 
 	"github.com/alkblobfs/alkblobfs/fusefs/fusectl"
 	"github.com/alkblobfs/alkblobfs/rundir"
@@ -34,6 +36,14 @@ import (
 func pidFile(dir string) string {
 	h := sha256.Sum256([]byte(dir))
 	return filepath.Join(rundir.Dir(), hex.EncodeToString(h[:8])+".pid")
+}
+
+// ControlSocket is where the daemon serving mountpoint dir (absolute,
+// symbolic links resolved) takes requests of its own kind: `alkblobfs
+// upgrade`. Beside its pid file, mode 0600: root and the mount's owner
+// reach it.
+func ControlSocket(dir string) string {
+	return strings.TrimSuffix(pidFile(dir), ".pid") + ".sock"
 }
 
 // writePidFile records this process as the daemon of the mount on dir,
@@ -135,7 +145,22 @@ func prunePidFiles() {
 			continue // its mount remains here: clearDeadMount's
 		}
 		removeIfSame(p, fi)
+		removeDeadSocket(strings.TrimSuffix(p, ".pid") + ".sock")
 	}
+}
+
+// removeDeadSocket removes the control socket (ControlSocket) a killed
+// daemon left beside its record, unless something answers on it.
+func removeDeadSocket(path string) {
+	if _, err := os.Lstat(path); err != nil {
+		return
+	}
+	c, err := net.DialTimeout("unix", path, time.Second)
+	if err == nil {
+		c.Close()
+		return
+	}
+	os.Remove(path)
 }
 
 // readRecord reads the pid file p and stats the inode it read.

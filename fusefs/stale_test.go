@@ -4,9 +4,11 @@ package fusefs
 
 import (
 	"fmt"
+	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strings"
 	"testing"
 
 	"github.com/alkblobfs/alkblobfs/rundir"
@@ -54,7 +56,30 @@ func TestPrunePidFiles(t *testing.T) {
 	alive := record(live.Process.Pid, fmt.Sprint(liveStart))
 	gone := record(dead.Process.Pid, "1")
 	reused := record(live.Process.Pid, fmt.Sprint(liveStart+1))
+	// Control sockets beside the records: a killed daemon's (nothing
+	// answers) goes with its record; one something answers stays.
+	sock := func(record string, answer bool) string {
+		path := strings.TrimSuffix(record, ".pid") + ".sock"
+		ln, err := net.ListenUnix("unix", &net.UnixAddr{Name: path, Net: "unix"})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { ln.Close(); os.Remove(path) })
+		if !answer {
+			ln.SetUnlinkOnClose(false)
+			ln.Close()
+		}
+		return path
+	}
+	deadSock := sock(gone, false)
+	liveSock := sock(reused, true)
 	prunePidFiles()
+	if _, err := os.Lstat(deadSock); !os.IsNotExist(err) {
+		t.Errorf("the control socket of a daemon that exited: %v; want it removed", err)
+	}
+	if _, err := os.Lstat(liveSock); err != nil {
+		t.Errorf("a control socket something answers on: %v; want it kept", err)
+	}
 	if _, err := os.Stat(alive); err != nil {
 		t.Errorf("the record of a live daemon whose mountpoint is not mounted here: %v; want it kept", err)
 	}

@@ -3,8 +3,8 @@
 // the new process needs to serve it (the INIT parameters and the node
 // table of the patched go-fuse in third_party/go-fuse, see its
 // PATCHES.md) in the same exchange. It is the transport of issue 37's
-// upgrade without unmounting; the mount (fusefs) and the CLI do not use
-// it yet.
+// upgrade without unmounting: `alkblobfs upgrade` (cmd/alkblobfs/upgrade.go)
+// sends the mount's descriptor with fusefs's state (fusefs/handover.go).
 //
 // The contract: Send writes one message and Receive reads it whole or
 // fails; a Receive that fails closes any descriptor it got, so a failed

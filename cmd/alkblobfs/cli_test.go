@@ -339,7 +339,7 @@ func TestHelpEveryCommand(t *testing.T) {
 	t.Parallel()
 	c := newCLI(t)
 	for _, cmd := range []string{"", "put", "get", "cat", "stat", "ls", "rm", "sweep", "verify",
-		"ns", "ns create", "ns rm", "ns ls", "link", "unlink", "mount", "umount", "version", "completion", "completion bash", "completion zsh", "completion fish", "completion powershell"} {
+		"ns", "ns create", "ns rm", "ns ls", "link", "unlink", "mount", "umount", "upgrade", "version", "completion", "completion bash", "completion zsh", "completion fish", "completion powershell"} {
 		t.Run("help "+cmd, func(t *testing.T) {
 			args := append(strings.Fields(cmd), "--help")
 			out := c.ok(args...)

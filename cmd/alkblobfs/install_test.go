@@ -108,6 +108,8 @@ func TestSystemdUnit(t *testing.T) {
 		{"Service", "Type", "notify"},
 		{"Service", "EnvironmentFile", "-/etc/alkblobfs/alkblobfs.env"},
 		{"Service", "ExecStart", "/usr/local/bin/alkblobfs mount %f"},
+		{"Service", "ExecReload", "/usr/local/bin/alkblobfs upgrade %f"},
+		{"Service", "NotifyAccess", "all"},
 		{"Service", "ProtectSystem", "strict"},
 		{"Service", "ReadWritePaths", "/var/lib/alkblobfs /run/alkblobfs %f"},
 		{"Install", "WantedBy", "multi-user.target"},

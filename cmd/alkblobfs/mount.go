@@ -119,7 +119,13 @@ As root the mount uses mount(2) directly; otherwise fusermount3.`,
 				}
 			}
 			child := daemonChild()
-			if daemon && child == nil {
+			// Started by `alkblobfs upgrade` of a daemon serving the
+			// mountpoint: take its mount over instead of mounting.
+			tk, err := takeoverChild()
+			if err != nil {
+				return err
+			}
+			if daemon && child == nil && tk == nil {
 				// The parent: start the daemon and wait until it serves.
 				if logFile == "" {
 					if logFile = defaultLogFile(a.data); logFile == "" {
@@ -149,6 +155,7 @@ As root the mount uses mount(2) directly; otherwise fusermount3.`,
 				lg = slog.New(slog.NewTextHandler(out, &slog.HandlerOptions{Level: lvl}))
 			}
 			a.log = lg // the store and engines log where the mount does
+			tk.step(stepStarted)
 			defer paceHeap(uint64(heapTarget))()
 			if cpuProfile != "" {
 				stop, err := startCPUProfile(cpuProfile)
@@ -168,11 +175,19 @@ As root the mount uses mount(2) directly; otherwise fusermount3.`,
 				if tokenTTL <= 0 {
 					return usagef(cmd, "--token-ttl %s: must be positive", tokenTTL)
 				}
-				if ln, toks, err = a.listen(cmd, listen, insecure, allowOther); err != nil {
-					return err
+				// A takeover gets its predecessor's socket later, with
+				// the mount.
+				if tk == nil {
+					if ln, toks, err = a.listen(cmd, listen, insecure, allowOther, nil); err != nil {
+						return err
+					}
 				}
-				defer ln.Close()
 			}
+			defer func() {
+				if ln != nil {
+					ln.Close()
+				}
+			}()
 			// The store, with its namespaces registry registered as a
 			// liveness source (registerSources). A store that cannot keep
 			// namespaces cannot be mounted: a usage error naming why.
@@ -186,7 +201,7 @@ As root the mount uses mount(2) directly; otherwise fusermount3.`,
 			}
 			var metrics *ops.Metrics
 			var observe func(string, time.Duration)
-			if ln != nil {
+			if listen != "" {
 				metrics = ops.NewMetrics(st)
 				observe = metrics.ObserveFUSE
 			}
@@ -194,7 +209,7 @@ As root the mount uses mount(2) directly; otherwise fusermount3.`,
 			if a.data != "" {
 				dataDir = resolvePath(a.data)
 			}
-			srv, err := fusefs.Mount(args[0], fusefs.Config{
+			cfg := fusefs.Config{
 				Store:         st,
 				Namespaces:    svc.Registry,
 				Verify:        v,
@@ -213,9 +228,22 @@ As root the mount uses mount(2) directly; otherwise fusermount3.`,
 				Logger:        lg,
 				Observe:       observe,
 				Guard:         true,
-			})
+			}
+			var srv *fusefs.Server
+			if tk != nil {
+				srv, err = tk.run(cfg, lg)
+				if err == nil && listen != "" {
+					ln, toks, err = a.listen(cmd, listen, insecure, allowOther, tk.http())
+				}
+			} else {
+				srv, err = fusefs.Mount(args[0], cfg)
+			}
 			if err != nil {
 				return err
+			}
+			ctl, err := startControl(srv, tk.ctl(), ln, lg)
+			if err != nil {
+				lg.Warn("no control socket: alkblobfs upgrade cannot reach this mount", "err", err)
 			}
 			stopHTTP := func() {}
 			if ln != nil {
@@ -230,8 +258,10 @@ As root the mount uses mount(2) directly; otherwise fusermount3.`,
 				defer reloadOnHangup(ctx, toks, lg)()
 				lg.Info("serving HTTP beside the mount", "url", listenURL(ln), "tokens", toks.Len())
 			}
-			if err := sdNotify("READY=1\nSTATUS=serving " + srv.Dir()); err != nil {
-				lg.Warn("could not tell the service manager that the mount is ready", "err", err)
+			if tk == nil {
+				if err := sdNotify("READY=1\nSTATUS=serving " + srv.Dir()); err != nil {
+					lg.Warn("could not tell the service manager that the mount is ready", "err", err)
+				}
 			}
 			child.ready()
 			select {
@@ -243,12 +273,25 @@ As root the mount uses mount(2) directly; otherwise fusermount3.`,
 					}
 				}
 				lg.Info("signal received; unmounting (a second signal exits at once)", "mountpoint", srv.Dir())
+				ctl.close(false)
 				if err := srv.Unmount(); err != nil {
 					return err
 				}
 			case <-srv.Done():
+				if srv.HandedOver() {
+					// A successor serves the mount, its sockets and the
+					// service manager's main pid: leave them to it once
+					// the upgrade's answer is out.
+					ctl.close(true)
+					if u, ok := ln.(*net.UnixListener); ok {
+						u.SetUnlinkOnClose(false)
+					}
+					stopHTTP()
+					return st.Close()
+				}
 				// umount by someone else.
 				sdNotify("STOPPING=1")
+				ctl.close(false)
 			}
 			stopHTTP()
 			return st.Close()

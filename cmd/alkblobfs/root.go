@@ -152,6 +152,7 @@ Commands: %s
 		newVerifyCmd(a),
 		newMountCmd(a),
 		newUmountCmd(a),
+		newUpgradeCmd(a),
 		newServeCmd(a),
 		newHaveCmd(a),
 		newVersionCmd(a),

@@ -1,0 +1,761 @@
+package main
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+
+	"github.com/spf13/cobra"
+	"golang.org/x/sys/unix"
+
+	"github.com/alkblobfs/alkblobfs/fusefs"
+	"github.com/alkblobfs/alkblobfs/handover"
+	"github.com/alkblobfs/alkblobfs/rundir"
+)
+
+// Upgrade without unmounting (issue 37; fusefs/handover.go has what
+// carries across). `alkblobfs upgrade MNT` asks the daemon serving MNT,
+// on its control socket (fusefs.ControlSocket), to hand the mount over.
+// The daemon starts the new binary with its own command line and
+// environment, plus envTakeoverFD naming one end of a socket pair (and
+// the listeners it passes on), and they talk over it in lines:
+//
+//	new → old  hello             the store is open (the mount still serves)
+//	old → new  the listeners     the control socket and --listen's (passListeners)
+//	old → new  the handover      package handover: /dev/fuse and the state
+//	new → old  ready | refused: why
+//	old → new  go | abort        go: the old server let go and dropped its pins
+//	new → old  serving PID
+//
+// Before "ready" anything that fails (the binary missing, a crash, a
+// refusal, a time-out) leaves the old daemon serving: it kills the new
+// process and resumes. The new process takes its pins before "ready", so
+// no blob open through the mount is unpinned for an instant.
+
+// Environment of the process an upgrade starts.
+const (
+	envTakeoverFD = "ALKBLOBFS_TAKEOVER_FD" // the socket pair
+	// envTestPrefix: variables of the upgrade command's own environment
+	// with this prefix go to the new process (test hooks below).
+	envTestPrefix = "ALKBLOBFS_TEST_"
+	// envTestDieAt makes the new process kill itself (SIGKILL) at that
+	// step of the takeover (takeoverStep).
+	envTestDieAt = envTestPrefix + "TAKEOVER_DIE_AT"
+	// envTestStateVersion makes the old daemon label its state with this
+	// format version, to test the refusal of a newer one.
+	envTestStateVersion = envTestPrefix + "HANDOVER_VERSION"
+)
+
+// Steps of the takeover at which envTestDieAt kills the new process.
+const (
+	stepStarted  = 1 // before it opens the store
+	stepHello    = 2 // store open, said hello; before the handover arrives
+	stepReceived = 3 // the descriptor and state received; before the restore
+	stepRestored = 4 // nodes restored and pins taken; before "ready"
+)
+
+// Bounds of an upgrade's waits.
+const (
+	helloTimeout         = 2 * time.Minute // the new process opens the store (the mount still serves)
+	stopTimeout          = 10 * time.Second
+	takeoverReadyTimeout = time.Minute // restore and pins (the mount is paused)
+	letGoTimeout         = 30 * time.Second
+	servingTimeout       = 30 * time.Second
+	upgradeTimeout       = helloTimeout + stopTimeout + takeoverReadyTimeout + letGoTimeout + servingTimeout + 30*time.Second
+	maxState             = 256 << 20
+)
+
+// upgradeRequest is what `alkblobfs upgrade` sends the daemon.
+type upgradeRequest struct {
+	Op     string   `json:"op"` // "upgrade"
+	Binary string   `json:"binary"`
+	Env    []string `json:"env,omitempty"` // envTestPrefix variables
+}
+
+// upgradeReply is one line of the daemon's answer: progress (Msg), then
+// the end: OK with the new daemon's pid, or Error.
+type upgradeReply struct {
+	Msg   string `json:"msg,omitempty"`
+	Error string `json:"error,omitempty"`
+	OK    bool   `json:"ok,omitempty"`
+	PID   int    `json:"pid,omitempty"`
+	Pause string `json:"pause,omitempty"`
+}
+
+func newUpgradeCmd(a *app) *cobra.Command {
+	var binary string
+	cmd := &cobra.Command{
+		Use:   "upgrade MOUNTPOINT",
+		Short: "Hand a live mount to a new alkblobfs binary without unmounting",
+		Long: `upgrade has the daemon serving MOUNTPOINT start a new alkblobfs (by default
+the executable at this command's own path, read again from disk: the build
+just installed) and hand it the live mount. Programs keep their open files,
+their working directories and directory listings in progress, and new opens
+work; a request made during the handover waits (tens of milliseconds) and
+is answered by the new daemon.
+
+The new daemon runs with the old one's command line and environment, takes
+its own pin on every blob open through the mount before the old one lets
+go, and keeps the old one's role: pid record, guard, --listen socket, sweep
+timer, change feed, writer lease. upgrade prints what happened and exits 0
+once the new daemon serves.
+
+If the new binary is missing, crashes, or refuses the state before it takes
+over, the old daemon serves on as if nothing happened and upgrade exits 1
+with the reason. Refused, the same way: while files in incoming/ are open,
+being uploaded or waiting for their last close (they do not carry across
+yet; retry when they close), a state format newer than the new build reads,
+and an option fixed when the mount was made that the new build would set
+otherwise (named).
+
+Not carried across yet: the contents of incoming/ (receipts, directories
+and links made there): their names are gone as after a restart, and a
+program inside such a directory gets ESTALE. Only root and the mount's
+owner may upgrade it.`,
+		Example: `  alkblobfs upgrade /mnt/blobs
+  alkblobfs upgrade --binary /usr/local/bin/alkblobfs.new /mnt/blobs`,
+		Args: argsRange(1, 1, "MOUNTPOINT"),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			if binary == "" {
+				exe, err := os.Executable()
+				if err != nil {
+					return fmt.Errorf("find this program (give --binary): %w", err)
+				}
+				binary = exe
+			}
+			abs, err := filepath.Abs(binary)
+			if err != nil {
+				return err
+			}
+			if err := checkExecutable(abs); err != nil {
+				return err
+			}
+			return runUpgrade(cmd.Context(), a.stdout, args[0], abs)
+		},
+	}
+	cmd.Flags().StringVar(&binary, "binary", "", "the `PATH` of the new alkblobfs (default: this command's executable, read again from disk)")
+	return cmd
+}
+
+// checkExecutable refuses a binary the daemon could not start, before
+// anything stops.
+func checkExecutable(path string) error {
+	fi, err := os.Stat(path)
+	switch {
+	case err != nil:
+		return fmt.Errorf("new binary: %w", err)
+	case !fi.Mode().IsRegular():
+		return fmt.Errorf("new binary %s: not a regular file", path)
+	case fi.Mode().Perm()&0o111 == 0:
+		return fmt.Errorf("new binary %s: not executable", path)
+	}
+	return nil
+}
+
+// runUpgrade is the upgrade command: it asks the daemon of mnt and
+// prints its progress to out.
+func runUpgrade(ctx context.Context, out io.Writer, mnt, binary string) error {
+	abs, err := filepath.Abs(mnt)
+	if err != nil {
+		return err
+	}
+	if real, err := filepath.EvalSymlinks(abs); err == nil {
+		abs = real
+	}
+	sock := fusefs.ControlSocket(abs)
+	if _, err := os.Lstat(sock); errors.Is(err, os.ErrNotExist) && os.Geteuid() != 0 {
+		// Not this user's own mount: root's, whose socket is in the
+		// system runtime directory (and refuses this user).
+		if sys := filepath.Join(rundir.System, filepath.Base(sock)); sys != sock {
+			if _, err := os.Lstat(sys); err == nil {
+				sock = sys
+			}
+		}
+	}
+	c, err := net.DialTimeout("unix", sock, 5*time.Second)
+	if err != nil {
+		if errors.Is(err, os.ErrNotExist) || errors.Is(err, syscall.ECONNREFUSED) {
+			return fmt.Errorf("%s: no alkblobfs daemon that can upgrade serves it (no control socket %s): is it mounted, by a build with upgrade?", abs, sock)
+		}
+		return fmt.Errorf("%s: reach its daemon: %w", abs, err)
+	}
+	defer c.Close()
+	c.SetDeadline(time.Now().Add(upgradeTimeout))
+	req := upgradeRequest{Op: "upgrade", Binary: binary}
+	for _, kv := range os.Environ() {
+		if strings.HasPrefix(kv, envTestPrefix) {
+			req.Env = append(req.Env, kv)
+		}
+	}
+	if err := json.NewEncoder(c).Encode(req); err != nil {
+		return fmt.Errorf("%s: send the request: %w", abs, err)
+	}
+	dec := json.NewDecoder(bufio.NewReader(c))
+	for {
+		var r upgradeReply
+		if err := dec.Decode(&r); err != nil {
+			if errors.Is(err, io.EOF) {
+				return fmt.Errorf("upgrade %s: the daemon closed the connection without an answer (see its log)", abs)
+			}
+			return fmt.Errorf("upgrade %s: %w", abs, err)
+		}
+		switch {
+		case r.Error != "":
+			return fmt.Errorf("upgrade %s: %s", abs, r.Error)
+		case r.OK:
+			fmt.Fprintf(out, "upgraded %s: pid %d serves it (requests paused %s)\n", abs, r.PID, r.Pause)
+			return nil
+		case r.Msg != "":
+			fmt.Fprintln(out, r.Msg)
+		}
+		if ctx.Err() != nil {
+			// The daemon goes on: an upgrade in progress is not stopped
+			// half way by a client that leaves.
+			return fmt.Errorf("upgrade %s: interrupted; the daemon finishes or abandons the upgrade by itself (see its log)", abs)
+		}
+	}
+}
+
+// controlServer is a daemon's control socket: it takes upgrade requests.
+type controlServer struct {
+	ln     *net.UnixListener
+	srv    *fusefs.Server
+	httpLn net.Listener // --listen's, passed on; nil without
+	lg     *slog.Logger
+
+	mu     sync.Mutex // one upgrade at a time
+	wg     sync.WaitGroup
+	closed chan struct{}
+	// handedOver is closed once the mount went to a successor that
+	// serves: the daemon then exits without unmounting.
+	handedOver chan struct{}
+	succeeded  sync.Once
+}
+
+// startControl listens on the mount's control socket (or takes the
+// predecessor's, inherited) and serves upgrade requests until close.
+func startControl(srv *fusefs.Server, inherited *net.UnixListener, httpLn net.Listener, lg *slog.Logger) (*controlServer, error) {
+	ln := inherited
+	if ln == nil {
+		path := fusefs.ControlSocket(srv.Dir())
+		// A socket left by a daemon that died: nothing answers it.
+		if c, err := net.DialTimeout("unix", path, time.Second); err == nil {
+			c.Close()
+			return nil, fmt.Errorf("control socket %s: another daemon answers there", path)
+		}
+		os.Remove(path)
+		l, err := net.ListenUnix("unix", &net.UnixAddr{Name: path, Net: "unix"})
+		if err != nil {
+			return nil, fmt.Errorf("control socket: %w", err)
+		}
+		// Root and the owner. (Not by the umask, which is the whole
+		// process's: files made meanwhile would take it.) Until the
+		// chmod, handle refuses any other user all the same.
+		if err := os.Chmod(path, 0o600); err != nil {
+			l.Close()
+			return nil, fmt.Errorf("control socket: %w", err)
+		}
+		ln = l
+	}
+	ln.SetUnlinkOnClose(true)
+	c := &controlServer{ln: ln, srv: srv, httpLn: httpLn, lg: lg, closed: make(chan struct{}), handedOver: make(chan struct{})}
+	c.wg.Add(1)
+	go c.serve()
+	return c, nil
+}
+
+// close stops taking requests and waits for the one under way. After a
+// handover the socket stays, the successor's.
+func (c *controlServer) close(handedOver bool) {
+	if c == nil {
+		return
+	}
+	if handedOver {
+		c.ln.SetUnlinkOnClose(false)
+	}
+	select {
+	case <-c.closed:
+	default:
+		close(c.closed)
+	}
+	c.ln.Close()
+	c.wg.Wait()
+}
+
+func (c *controlServer) serve() {
+	defer c.wg.Done()
+	for {
+		conn, err := c.ln.AcceptUnix()
+		if err != nil {
+			select {
+			case <-c.closed:
+				return
+			default:
+			}
+			if errors.Is(err, net.ErrClosed) {
+				return
+			}
+			c.lg.Warn("control socket", "err", err)
+			time.Sleep(100 * time.Millisecond) // not a busy loop on a persistent error (EMFILE)
+			continue
+		}
+		c.wg.Add(1)
+		go func() {
+			defer c.wg.Done()
+			c.handle(conn)
+		}()
+	}
+}
+
+// handle answers one connection: root and the daemon's own user only.
+func (c *controlServer) handle(conn *net.UnixConn) {
+	defer conn.Close()
+	conn.SetDeadline(time.Now().Add(upgradeTimeout))
+	enc := json.NewEncoder(conn)
+	if uid, err := peerUID(conn); err != nil || uid != 0 && uid != os.Geteuid() {
+		enc.Encode(upgradeReply{Error: fmt.Sprintf("permission denied: only root and the mount's owner (uid %d) may upgrade it", os.Geteuid())})
+		return
+	}
+	var req upgradeRequest
+	if err := json.NewDecoder(conn).Decode(&req); err != nil || req.Op != "upgrade" {
+		enc.Encode(upgradeReply{Error: fmt.Sprintf("bad request (%v)", err)})
+		return
+	}
+	if !c.mu.TryLock() {
+		enc.Encode(upgradeReply{Error: "an upgrade of this mount is under way already"})
+		return
+	}
+	defer c.mu.Unlock()
+	select {
+	case <-c.handedOver:
+		enc.Encode(upgradeReply{Error: "this daemon has handed the mount over already"})
+		return
+	default:
+	}
+	say := func(format string, args ...any) {
+		msg := fmt.Sprintf(format, args...)
+		c.lg.Info("upgrade: " + msg)
+		enc.Encode(upgradeReply{Msg: msg})
+	}
+	pid, pause, err := c.upgrade(req, say)
+	if err != nil {
+		c.lg.Warn("upgrade failed; serving on", "err", err)
+		enc.Encode(upgradeReply{Error: err.Error()})
+		return
+	}
+	enc.Encode(upgradeReply{OK: true, PID: pid, Pause: pause.Round(time.Millisecond).String()})
+	c.succeeded.Do(func() { close(c.handedOver) })
+}
+
+func peerUID(conn *net.UnixConn) (int, error) {
+	raw, err := conn.SyscallConn()
+	if err != nil {
+		return -1, err
+	}
+	var cred *unix.Ucred
+	var cerr error
+	if err := raw.Control(func(fd uintptr) {
+		cred, cerr = unix.GetsockoptUcred(int(fd), unix.SOL_SOCKET, unix.SO_PEERCRED)
+	}); err != nil {
+		return -1, err
+	}
+	if cerr != nil {
+		return -1, cerr
+	}
+	return int(cred.Uid), nil
+}
+
+// successor is the old daemon's view of the new process.
+type successor struct {
+	cmd    *exec.Cmd
+	conn   *net.UnixConn
+	lines  chan string // what it says, line by line; closed at EOF
+	exited chan struct{}
+	status error
+}
+
+// kill stops a successor that has not taken over, and reaps it.
+func (s *successor) kill() {
+	s.cmd.Process.Kill()
+	select {
+	case <-s.exited:
+	case <-time.After(10 * time.Second):
+	}
+	s.conn.Close()
+}
+
+// expect waits for a line starting with want, at most within.
+func (s *successor) expect(want string, within time.Duration) (string, error) {
+	select {
+	case l, ok := <-s.lines:
+		if !ok {
+			// Its end closed: it exited, or is about to.
+			select {
+			case <-s.exited:
+				return "", fmt.Errorf("the new daemon (pid %d) exited (%v) before it said %q; see the log", s.cmd.Process.Pid, s.status, want)
+			case <-time.After(5 * time.Second):
+				return "", fmt.Errorf("the new daemon (pid %d) closed the handover's socket before it said %q", s.cmd.Process.Pid, want)
+			}
+		}
+		if r, ok := strings.CutPrefix(l, "refused: "); ok {
+			return "", fmt.Errorf("the new daemon refused: %s", r)
+		}
+		if !strings.HasPrefix(l, want) {
+			return "", fmt.Errorf("the new daemon said %q, want %q", l, want)
+		}
+		return l, nil
+	case <-time.After(within):
+		return "", fmt.Errorf("the new daemon (pid %d) did not say %q within %s", s.cmd.Process.Pid, want, within)
+	}
+}
+
+// startSuccessor starts binary as this daemon's successor.
+func (c *controlServer) startSuccessor(binary string, testEnv []string) (*successor, error) {
+	fds, err := unix.Socketpair(unix.AF_UNIX, unix.SOCK_STREAM|unix.SOCK_CLOEXEC, 0)
+	if err != nil {
+		return nil, err
+	}
+	ours := os.NewFile(uintptr(fds[0]), "handover")
+	theirs := os.NewFile(uintptr(fds[1]), "handover")
+	defer theirs.Close()
+	fc, err := net.FileConn(ours)
+	ours.Close()
+	if err != nil {
+		return nil, err
+	}
+	conn := fc.(*net.UnixConn)
+	files := []*os.File{theirs}
+	env := append(os.Environ(), envTakeoverFD+"=3")
+	for _, kv := range testEnv {
+		if strings.HasPrefix(kv, envTestPrefix) {
+			env = append(env, kv)
+		}
+	}
+	cmd := &exec.Cmd{
+		Path:       binary,
+		Args:       append([]string{os.Args[0]}, os.Args[1:]...),
+		Env:        env,
+		Stdin:      os.Stdin,
+		Stdout:     os.Stdout,
+		Stderr:     os.Stderr,
+		ExtraFiles: files,
+		// A daemon of its own: it outlives this one.
+		SysProcAttr: &syscall.SysProcAttr{Setsid: true},
+	}
+	if err := cmd.Start(); err != nil {
+		conn.Close()
+		return nil, fmt.Errorf("start %s: %w", binary, err)
+	}
+	s := &successor{cmd: cmd, conn: conn, lines: make(chan string, 4), exited: make(chan struct{})}
+	go func() {
+		s.status = cmd.Wait()
+		close(s.exited)
+	}()
+	go func() {
+		defer close(s.lines)
+		sc := bufio.NewScanner(conn)
+		for sc.Scan() {
+			s.lines <- sc.Text()
+		}
+	}()
+	return s, nil
+}
+
+// upgrade hands the mount to binary; on an error the mount serves on
+// here (unless the error says otherwise).
+func (c *controlServer) upgrade(req upgradeRequest, say func(string, ...any)) (int, time.Duration, error) {
+	if err := c.srv.CheckHandover(); err != nil {
+		return 0, 0, err
+	}
+	if err := checkExecutable(req.Binary); err != nil {
+		return 0, 0, err
+	}
+	version := fusefs.HandoverVersion
+	for _, kv := range req.Env {
+		if v, ok := strings.CutPrefix(kv, envTestStateVersion+"="); ok {
+			if n, err := strconv.Atoi(v); err == nil {
+				version = n
+			}
+		}
+	}
+	s, err := c.startSuccessor(req.Binary, req.Env)
+	if err != nil {
+		return 0, 0, fmt.Errorf("%w; the old daemon serves on", err)
+	}
+	say("started %s (pid %d)", req.Binary, s.cmd.Process.Pid)
+	if _, err := s.expect("hello", helloTimeout); err != nil {
+		s.kill()
+		return 0, 0, fmt.Errorf("%w; the old daemon serves on", err)
+	}
+	if err := c.passListeners(s.conn); err != nil {
+		s.kill()
+		return 0, 0, fmt.Errorf("pass on the listening sockets: %w; the old daemon serves on", err)
+	}
+	say("the new daemon opened the store; pausing the mount")
+	start := time.Now()
+	h, err := c.srv.BeginHandover(stopTimeout, version)
+	if err != nil {
+		s.kill()
+		return 0, 0, fmt.Errorf("%w; the old daemon serves on", err)
+	}
+	// From here every failure before "go" resumes.
+	resume := func(err error) (int, time.Duration, error) {
+		s.kill()
+		if rerr := h.Resume(); rerr != nil {
+			return 0, 0, fmt.Errorf("%w; and resuming failed: %v", err, rerr)
+		}
+		return 0, 0, fmt.Errorf("%w; the old daemon serves on", err)
+	}
+	err = handover.Send(s.conn, h.FD(), h.State())
+	h.CloseFD()
+	if err != nil {
+		return resume(err)
+	}
+	if _, err := s.expect("ready", takeoverReadyTimeout); err != nil {
+		return resume(err)
+	}
+	if err := h.Commit(letGoTimeout); err != nil {
+		fmt.Fprintln(s.conn, "abort")
+		return resume(fmt.Errorf("let go of the mount: %w", err))
+	}
+	if _, err := fmt.Fprintln(s.conn, "go"); err != nil {
+		return 0, 0, fmt.Errorf("the old daemon let go, and telling the new one (pid %d) failed: %w; the mount may be left without a daemon (umount --force, then mount)", s.cmd.Process.Pid, err)
+	}
+	l, err := s.expect("serving", servingTimeout)
+	if err != nil {
+		return 0, 0, fmt.Errorf("the old daemon let go, and then: %w; the mount may be left without a daemon (umount --force, then mount)", err)
+	}
+	pause := time.Since(start)
+	pid, _ := strconv.Atoi(strings.TrimSpace(strings.TrimPrefix(l, "serving")))
+	s.conn.Close()
+	s.cmd.Process.Release()
+	return pid, pause, nil
+}
+
+// takeover is the new process's side, from its environment: nil when
+// this process was not started by an upgrade.
+type takeover struct {
+	conn   *net.UnixConn
+	httpLn net.Listener
+	ctlLn  *net.UnixListener
+	dieAt  int
+	lines  *bufio.Reader
+}
+
+// takeoverChild reads the environment an upgrade gives its new process
+// (and removes it, so that no child of this one inherits it).
+func takeoverChild() (*takeover, error) {
+	v := os.Getenv(envTakeoverFD)
+	if v == "" {
+		return nil, nil
+	}
+	file := func(name string) (*os.File, error) {
+		s := os.Getenv(name)
+		os.Unsetenv(name)
+		if s == "" {
+			return nil, nil
+		}
+		fd, err := strconv.Atoi(s)
+		if err != nil || fd < 3 {
+			return nil, fmt.Errorf("%s=%q: not a descriptor", name, s)
+		}
+		unix.CloseOnExec(fd)
+		return os.NewFile(uintptr(fd), name), nil
+	}
+	t := &takeover{}
+	if n, err := strconv.Atoi(os.Getenv(envTestDieAt)); err == nil {
+		t.dieAt = n
+	}
+	os.Unsetenv(envTestDieAt)
+	os.Unsetenv(envTestStateVersion)
+	f, err := file(envTakeoverFD)
+	if err != nil {
+		return nil, err
+	}
+	fc, err := net.FileConn(f)
+	f.Close()
+	if err != nil {
+		return nil, fmt.Errorf("the handover's socket: %w", err)
+	}
+	t.conn = fc.(*net.UnixConn)
+	t.lines = bufio.NewReader(t.conn)
+	return t, nil
+}
+
+// step is a test hook: the takeover dies here (SIGKILL, as a crash) when
+// envTestDieAt names the step.
+func (t *takeover) step(n int) {
+	if t != nil && t.dieAt == n {
+		syscall.Kill(os.Getpid(), syscall.SIGKILL)
+		select {} // the signal is on its way
+	}
+}
+
+func (t *takeover) say(line string) error {
+	_, err := fmt.Fprintln(t.conn, line)
+	return err
+}
+
+// run takes the mount over: hello, the handover, the restore with its
+// pins, ready, and once the old daemon let go, serving. A failure before
+// "go" is said to the old daemon, which serves on.
+func (t *takeover) run(cfg fusefs.Config, lg *slog.Logger) (*fusefs.Server, error) {
+	if err := t.say("hello"); err != nil {
+		return nil, fmt.Errorf("takeover: %w", err)
+	}
+	t.step(stepHello)
+	t.conn.SetReadDeadline(time.Now().Add(helloTimeout + stopTimeout + 10*time.Second))
+	if err := t.receiveListeners(); err != nil {
+		return nil, fmt.Errorf("takeover: %w", err)
+	}
+	fd, state, err := handover.Receive(t.conn, maxState)
+	if err != nil {
+		return nil, fmt.Errorf("takeover: %w", err)
+	}
+	t.step(stepReceived)
+	srv, err := fusefs.TakeOver(fd, state, cfg)
+	if err != nil {
+		t.say("refused: " + strings.ReplaceAll(err.Error(), "\n", "; "))
+		return nil, fmt.Errorf("takeover: %w", err)
+	}
+	t.step(stepRestored)
+	if err := t.say("ready"); err != nil {
+		srv.Abandon()
+		return nil, fmt.Errorf("takeover: %w", err)
+	}
+	t.conn.SetReadDeadline(time.Now().Add(takeoverReadyTimeout + letGoTimeout + 10*time.Second))
+	l, err := t.lines.ReadString('\n')
+	if strings.TrimSpace(l) != "go" {
+		srv.Abandon()
+		return nil, fmt.Errorf("takeover: the old daemon did not let go (%q, %v); it serves on", strings.TrimSpace(l), err)
+	}
+	srv.Serve()
+	// The service manager's main process is this one from now on (the
+	// old one exits once it hears "serving"): NotifyAccess=all lets it.
+	if err := sdNotifyBarrier(fmt.Sprintf("MAINPID=%d\nREADY=1\nSTATUS=serving %s", os.Getpid(), srv.Dir()), 5*time.Second); err != nil {
+		lg.Warn("could not tell the service manager that this process serves the mount now", "err", err)
+	}
+	if err := t.say(fmt.Sprintf("serving %d", os.Getpid())); err != nil {
+		lg.Warn("could not tell the old daemon that the mount is served", "err", err)
+	}
+	t.conn.Close()
+	return srv, nil
+}
+
+// http is the --listen socket passed on, if any.
+func (t *takeover) http() net.Listener {
+	if t == nil || t.httpLn == nil {
+		return nil
+	}
+	return t.httpLn
+}
+
+// ctl is the control socket passed on, if any.
+func (t *takeover) ctl() *net.UnixListener {
+	if t == nil {
+		return nil
+	}
+	return t.ctlLn
+}
+
+// Listening sockets pass by SCM_RIGHTS on the socket pair, one a
+// message: a tag byte and the descriptor, then listenersEnd alone. Not
+// as inherited descriptors (exec.Cmd.ExtraFiles): os/exec puts each
+// into blocking mode, and the mode belongs to the socket, shared with
+// this daemon's listener, whose Accept would then block in the kernel
+// and its Close wait for the next connection.
+const (
+	listenerHTTP = 'H'
+	listenerCtl  = 'C'
+	listenersEnd = '.'
+)
+
+// passListeners sends the control socket and --listen's.
+func (c *controlServer) passListeners(conn *net.UnixConn) error {
+	send := func(tag byte, ln any) error {
+		sc, ok := ln.(syscall.Conn)
+		if !ok {
+			return fmt.Errorf("a %T has no descriptor", ln)
+		}
+		raw, err := sc.SyscallConn()
+		if err != nil {
+			return err
+		}
+		var werr error
+		if err := raw.Control(func(fd uintptr) {
+			_, _, werr = conn.WriteMsgUnix([]byte{tag}, syscall.UnixRights(int(fd)), nil)
+		}); err != nil {
+			return err
+		}
+		return werr
+	}
+	if c.httpLn != nil {
+		if err := send(listenerHTTP, c.httpLn); err != nil {
+			return fmt.Errorf("--listen socket: %w", err)
+		}
+	}
+	if err := send(listenerCtl, c.ln); err != nil {
+		return fmt.Errorf("control socket: %w", err)
+	}
+	_, err := conn.Write([]byte{listenersEnd})
+	return err
+}
+
+// receiveListeners is passListeners' other side.
+func (t *takeover) receiveListeners() error {
+	for {
+		var b [1]byte
+		oob := make([]byte, syscall.CmsgSpace(4*4))
+		n, oobn, _, _, err := t.conn.ReadMsgUnix(b[:], oob)
+		if err != nil {
+			return fmt.Errorf("receive the listening sockets: %w", err)
+		}
+		var fds []int
+		if msgs, err := syscall.ParseSocketControlMessage(oob[:oobn]); err == nil {
+			for i := range msgs {
+				got, _ := syscall.ParseUnixRights(&msgs[i])
+				fds = append(fds, got...)
+			}
+		}
+		if n == 1 && b[0] == listenersEnd && len(fds) == 0 {
+			return nil
+		}
+		if n != 1 || len(fds) != 1 || b[0] != listenerHTTP && b[0] != listenerCtl {
+			for _, fd := range fds {
+				syscall.Close(fd)
+			}
+			return fmt.Errorf("receive the listening sockets: a message of %d bytes (%q) with %d descriptors", n, b[:n], len(fds))
+		}
+		unix.CloseOnExec(fds[0])
+		f := os.NewFile(uintptr(fds[0]), "listener")
+		ln, err := net.FileListener(f)
+		f.Close()
+		if err != nil {
+			return fmt.Errorf("a listening socket passed on: %w", err)
+		}
+		if b[0] == listenerHTTP {
+			if u, ok := ln.(*net.UnixListener); ok {
+				u.SetUnlinkOnClose(true) // ours now, as if we had made it
+			}
+			t.httpLn = ln
+		} else if u, ok := ln.(*net.UnixListener); ok {
+			t.ctlLn = u
+		} else {
+			ln.Close()
+			return errors.New("the control socket passed on is not a Unix socket")
+		}
+	}
+}

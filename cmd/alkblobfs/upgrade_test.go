@@ -1,0 +1,915 @@
+//go:build linux
+
+package main
+
+import (
+	"bufio"
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"io"
+	"math/rand/v2"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"runtime/debug"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/alkblobfs/alkblobfs/engines/sqlite"
+	"github.com/alkblobfs/alkblobfs/fusefs/fusetest"
+)
+
+// Tests of `alkblobfs upgrade` (issue 37, the read side): real daemons,
+// real mounts, the binary under test upgraded to itself. The daemon an
+// upgrade starts is no child of the test: upgradable's cleanup unmounts
+// and waits for it to exit, and a test that gives up aborts the mount's
+// FUSE connection (fusetest.GiveUp) rather than hang.
+
+// upgradable is a mount whose daemon may be upgraded.
+type upgradable struct {
+	t    *testing.T
+	c    *cli
+	mnt  string
+	log  string // the daemons' log: every generation appends to it
+	old  *exec.Cmd
+	done chan struct{} // closed when the first daemon exited
+	pid  int           // the daemon serving now
+	conn uint64        // the mount's FUSE connection
+	env  []string      // the daemon's environment added
+}
+
+var upgradedPid = regexp.MustCompile(`pid (\d+) serves it`)
+
+// mountUpgradable mounts c's store with args, in a daemon that logs to a
+// file (not a pipe: the next generation inherits the log, and a pipe
+// would keep exec.Cmd.Wait of the first waiting for the last).
+func mountUpgradable(t *testing.T, c *cli, env []string, args ...string) *upgradable {
+	t.Helper()
+	requireFUSE(t)
+	u := &upgradable{t: t, c: c, mnt: t.TempDir(), log: filepath.Join(t.TempDir(), "mount.log"), done: make(chan struct{}), env: env}
+	lf, err := os.OpenFile(u.log, os.O_WRONLY|os.O_CREATE|os.O_APPEND, 0o600)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer lf.Close()
+	u.old = exec.Command(bin, append(append([]string{"--data", c.data}, c.flags...), append(append([]string{"mount"}, args...), u.mnt)...)...)
+	u.old.Env = append(c.environ(), env...)
+	u.old.Stdout, u.old.Stderr = lf, lf
+	if err := u.old.Start(); err != nil {
+		t.Fatal(err)
+	}
+	u.pid = u.old.Process.Pid
+	go func() { u.old.Wait(); close(u.done) }()
+	t.Cleanup(u.cleanup)
+	eventually(t, 20*time.Second, "the mount", func() bool {
+		select {
+		case <-u.done:
+			t.Fatalf("the daemon exited before it mounted:\n%s", u.logText())
+		default:
+		}
+		return strings.Contains(u.logText(), "msg=mounted")
+	})
+	u.conn, err = fusetest.Conn(u.mnt)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return u
+}
+
+func (u *upgradable) logText() string {
+	b, _ := os.ReadFile(u.log)
+	return string(b)
+}
+
+// upgrade runs alkblobfs upgrade with env added, at most 3 minutes.
+func (u *upgradable) upgrade(env []string, args ...string) result {
+	u.t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, bin, append(append(append([]string{"--data", u.c.data}, u.c.flags...), "upgrade"), append(args, u.mnt)...)...)
+	cmd.Env = append(u.c.environ(), env...)
+	var stdout, stderr strings.Builder
+	cmd.Stdout, cmd.Stderr = &stdout, &stderr
+	err := cmd.Run()
+	if ctx.Err() != nil {
+		fusetest.GiveUp(u.t, u.mnt, u.conn, "alkblobfs upgrade did not return within 3 minutes")
+		u.t.FailNow()
+	}
+	if _, isExit := err.(*exec.ExitError); err != nil && !isExit {
+		u.t.Fatal(err)
+	}
+	return result{stdout.String(), stderr.String(), cmd.ProcessState.ExitCode(), cmd.ProcessState}
+}
+
+// mustUpgrade upgrades and returns the new daemon's pid; the one before
+// must have exited 0, and the new one must be alive.
+func (u *upgradable) mustUpgrade() int {
+	u.t.Helper()
+	before := u.pid
+	r := u.upgrade(nil)
+	m := upgradedPid.FindStringSubmatch(r.stdout)
+	if r.code != 0 || m == nil {
+		u.t.Fatalf("alkblobfs upgrade: exit %d, stdout %q, stderr %q\nlog:\n%s", r.code, r.stdout, r.stderr, u.logText())
+	}
+	u.pid, _ = strconv.Atoi(m[1])
+	if u.pid == before || !alive(u.pid) {
+		u.t.Fatalf("after the upgrade pid %d serves (before: %d), alive %v", u.pid, before, alive(u.pid))
+	}
+	if before == u.old.Process.Pid {
+		select {
+		case <-u.done:
+			if code := u.old.ProcessState.ExitCode(); code != 0 {
+				u.t.Fatalf("the old daemon exited %d after the upgrade", code)
+			}
+		case <-time.After(30 * time.Second):
+			// Its goroutines, into the log, for the report.
+			u.old.Process.Signal(syscall.SIGQUIT)
+			select {
+			case <-u.done:
+			case <-time.After(5 * time.Second):
+			}
+			u.t.Fatalf("the old daemon still ran 30 s after the upgrade:\n%s", u.logText())
+		}
+	} else {
+		u.waitGone(before, 30*time.Second)
+	}
+	return u.pid
+}
+
+// alive reports whether process pid exists and is not a zombie.
+func alive(pid int) bool {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		return false
+	}
+	s := string(b)
+	i := strings.LastIndexByte(s, ')')
+	return i < 0 || i+2 >= len(s) || s[i+2] != 'Z'
+}
+
+func (u *upgradable) waitGone(pid int, within time.Duration) {
+	u.t.Helper()
+	deadline := time.Now().Add(within)
+	for alive(pid) {
+		if time.Now().After(deadline) {
+			u.t.Fatalf("daemon pid %d still runs %s after it should have exited:\n%s", pid, within, u.logText())
+		}
+		time.Sleep(20 * time.Millisecond) // a poll: the test is not the parent of an upgraded daemon
+	}
+}
+
+// cleanup unmounts and waits for the daemon serving, whichever
+// generation, to exit: no daemon is left behind.
+func (u *upgradable) cleanup() {
+	t := u.t
+	if _, err := fusetest.Conn(u.mnt); err == nil {
+		fusetest.Unmount(t, u.mnt, u.conn, 20*time.Second, func() error {
+			out, err := exec.Command(bin, "umount", u.mnt).CombinedOutput()
+			if err != nil {
+				return fmt.Errorf("%v: %s", err, out)
+			}
+			return nil
+		})
+	}
+	deadline := time.Now().Add(20 * time.Second)
+	for alive(u.pid) {
+		if time.Now().After(deadline) {
+			t.Errorf("daemon pid %d still runs 20 s after the unmount; killing it", u.pid)
+			syscall.Kill(u.pid, syscall.SIGKILL)
+			break
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	// The first daemon, whichever serves now: one that failed to exit
+	// after handing over is killed (and the test told), never left.
+	select {
+	case <-u.done:
+	case <-time.After(20 * time.Second):
+		if u.pid != u.old.Process.Pid {
+			t.Errorf("the first daemon (pid %d) still runs after it handed over; killing it", u.old.Process.Pid)
+		}
+		u.old.Process.Kill()
+		<-u.done
+	}
+	// A binary built with -race reports into the log.
+	if strings.Contains(u.logText(), "WARNING: DATA RACE") {
+		t.Errorf("a daemon reported a data race:\n%s", u.logText())
+	}
+}
+
+// watchdog runs fn, which touches the mount, and gives up on the mount
+// (aborting its connection, so that fn returns) if fn takes over within.
+func (u *upgradable) watchdog(within time.Duration, what string, fn func() error) {
+	u.t.Helper()
+	done := make(chan error, 1)
+	go func() { done <- fn() }()
+	select {
+	case err := <-done:
+		if err != nil {
+			u.t.Fatalf("%s: %v\nlog:\n%s", what, err, u.logText())
+		}
+	case <-time.After(within):
+		fusetest.GiveUp(u.t, u.mnt, u.conn, what+" did not end within "+within.String())
+		<-done
+		u.t.FailNow()
+	}
+}
+
+// stats reads the mount's stats file.
+func (u *upgradable) stats() string {
+	b, err := os.ReadFile(filepath.Join(u.mnt, ".alkblobfs", "stats"))
+	if err != nil {
+		u.t.Fatal(err)
+	}
+	return string(b)
+}
+
+// noPinsLeft waits until the store holds no pin row of a live process,
+// once every reader closed: a released pin's row goes at the next renewal
+// tick of its process (a third of --pin-ttl).
+func noPinsLeft(t *testing.T, data string) {
+	t.Helper()
+	deadline := time.Now().Add(60 * time.Second)
+	for {
+		n, rows := pinRows(t, data)
+		if n == 0 {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%d pin rows of live processes 60 s after the readers closed:\n%s", n, rows)
+		}
+		time.Sleep(100 * time.Millisecond) // a poll of the database: nothing tells of a row's delete
+	}
+}
+
+// pinRows counts the store's pin rows (SQLite's gc_pins) of processes
+// that live: a process killed during a test (a successor at a step of
+// its takeover) leaves its rows to lapse after --pin-ttl, as any crash.
+// rows lists them all, for a message.
+func pinRows(t *testing.T, data string) (n int, all string) {
+	t.Helper()
+	e, err := sqlite.Open(t.Context(), filepath.Join(data, "kv.db"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer e.Close()
+	rows, err := e.DB().QueryContext(t.Context(), "SELECT hex(digest), owner, expiry FROM gc_pins")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer rows.Close()
+	var b strings.Builder
+	for rows.Next() {
+		var d, owner string
+		var expiry int64
+		if err := rows.Scan(&d, &owner, &expiry); err != nil {
+			t.Fatal(err)
+		}
+		// host:pid:nonce
+		f := strings.Split(owner, ":")
+		pid, err := strconv.Atoi(f[min(1, len(f)-1)])
+		live := err != nil || alive(pid)
+		if live {
+			n++
+		}
+		fmt.Fprintf(&b, "%s %s expiry %d live %v\n", d, owner, expiry, live)
+	}
+	if err := rows.Err(); err != nil {
+		t.Fatal(err)
+	}
+	return n, b.String()
+}
+
+func sha(b []byte) string {
+	s := sha256.Sum256(b)
+	return hex.EncodeToString(s[:])
+}
+
+// TestUpgradeKeepsReaders: across one upgrade, under --verify=full (the
+// dd reads through FUSE passthrough) and strict (every read through the
+// daemon), a dd of a 64 MiB blob in progress (1 GiB under
+// ALKBLOBFS_LONG) ends with the right sha256, and so do an mmap of a blob,
+// a reader holding one open, a directory listing in progress and a shell
+// whose working directory is the namespace; new opens work; and once
+// every reader closed, the store holds no pin.
+func TestUpgradeKeepsReaders(t *testing.T) {
+	for _, mode := range []string{"full", "strict"} {
+		t.Run(mode, func(t *testing.T) {
+			t.Parallel()
+			testUpgradeKeepsReaders(t, mode)
+		})
+	}
+}
+
+func testUpgradeKeepsReaders(t *testing.T, mode string) {
+	c := newCLI(t, "--pin-ttl", "3s")
+	size := 64 << 20
+	if os.Getenv("ALKBLOBFS_LONG") != "" {
+		size = 1 << 30
+	}
+	dir := t.TempDir()
+	bigPath, _, big := writeFile(t, dir, size, 1)
+	mapPath, mapBytes, mapD := writeFile(t, dir, 3<<20, 2)
+	heldPath, heldBytes, heldD := writeFile(t, dir, 2<<20, 3)
+	c.ok("ns", "create", "ns", "list")
+	c.ok("put", "--ns", "ns", bigPath, mapPath, heldPath)
+	var listed []string
+	var files []string
+	for i := range 400 {
+		p, _, d := writeFile(t, dir, 100+i, uint64(100+i))
+		files = append(files, p)
+		listed = append(listed, d)
+	}
+	c.ok(append([]string{"put", "--ns", "list"}, files...)...)
+	listed = append(listed, "incoming")
+	slices.Sort(listed)
+	listed = slices.Compact(listed)
+
+	args := []string{"--verify=" + mode}
+	if os.Getenv("ALKBLOBFS_TEST_UPGRADE_DEBUG") != "" {
+		args = append(args, "--debug") // every request in the log
+	}
+	u := mountUpgradable(t, c, nil, args...)
+	ns := filepath.Join(u.mnt, "ns")
+	if mode == "full" {
+		// Read once end to end: verified, the next opens pass through.
+		u.watchdog(time.Minute, "a first read of the big blob", func() error {
+			b, err := os.ReadFile(filepath.Join(ns, big))
+			if err == nil && sha(b) != big {
+				err = errors.New("wrong bytes")
+			}
+			return err
+		})
+	}
+	ptBefore := ptOpens(t, u.stats())
+
+	// The dd: it reads on until the pipe to the test is full, and waits
+	// there with the blob open and part read, until the test reads on.
+	pr, pw, err := os.Pipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	dd := exec.Command("dd", "if="+filepath.Join(ns, big), "bs=1M", "status=none")
+	dd.Stdout = pw
+	var ddErr strings.Builder
+	dd.Stderr = &ddErr
+	if err := dd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	pw.Close()
+	defer pr.Close()
+	hash := sha256.New()
+	u.watchdog(time.Minute, "the first 16 MiB of dd", func() error {
+		_, err := io.CopyN(hash, pr, 16<<20)
+		return err
+	})
+	if mode == "full" {
+		if pt := ptOpens(t, u.stats()); pt <= ptBefore {
+			t.Fatalf("--verify=full: the dd's open did not pass through (passthrough opens %d, before %d):\n%s", pt, ptBefore, u.stats())
+		}
+	}
+
+	// An mmap, a reader holding a blob open, a listing in progress.
+	mf, err := os.Open(filepath.Join(ns, mapD))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer mf.Close()
+	mem, err := syscall.Mmap(int(mf.Fd()), 0, len(mapBytes), syscall.PROT_READ, syscall.MAP_SHARED)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer syscall.Munmap(mem)
+	half := len(mapBytes) / 2
+	if got, err := faultSafeSum(mem[:half]); err != nil || got != sha(mapBytes[:half]) {
+		t.Fatalf("the mmap's first half before the upgrade: %v", err)
+	}
+	held, err := os.Open(filepath.Join(ns, heldD))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer held.Close()
+	head := make([]byte, 1<<20)
+	if _, err := io.ReadFull(held, head); err != nil {
+		t.Fatal(err)
+	}
+	ld, err := os.Open(filepath.Join(u.mnt, "list"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ld.Close()
+	first, err := ld.Readdirnames(30)
+	if err != nil {
+		t.Fatal(err)
+	}
+
+	// A shell in the namespace, waiting for a line to go on.
+	sh := exec.Command("sh", "-c", `cd "$1" || exit 9; echo in; read go; ls; sha256sum "$2"`, "sh", ns, heldD)
+	shIn, _ := sh.StdinPipe()
+	shOut, _ := sh.StdoutPipe()
+	if err := sh.Start(); err != nil {
+		t.Fatal(err)
+	}
+	defer func() { // not left in the mount by a failure
+		if sh.ProcessState == nil {
+			sh.Process.Kill()
+			sh.Wait()
+		}
+	}()
+	shLines := bufio.NewReader(shOut)
+	u.watchdog(30*time.Second, "the shell's cd", func() error {
+		l, err := shLines.ReadString('\n')
+		if err == nil && l != "in\n" {
+			err = fmt.Errorf("the shell said %q", l)
+		}
+		return err
+	})
+
+	pid := u.mustUpgrade()
+	t.Logf("--verify=%s: pid %d serves after the upgrade", mode, pid)
+
+	u.watchdog(2*time.Minute, "the readers after the upgrade", func() error {
+		if _, err := io.Copy(hash, pr); err != nil {
+			return fmt.Errorf("dd's output: %w", err)
+		}
+		if err := dd.Wait(); err != nil {
+			return fmt.Errorf("dd: %v: %s", err, ddErr.String())
+		}
+		if got := hex.EncodeToString(hash.Sum(nil)); got != big {
+			return fmt.Errorf("dd across the upgrade read %s, want %s", got, big)
+		}
+		if got, err := faultSafeSum(mem); err != nil || got != mapD {
+			size := int64(-1)
+			if fi, err := mf.Stat(); err == nil {
+				size = fi.Size()
+			}
+			stats, _ := os.ReadFile(filepath.Join(u.mnt, ".alkblobfs", "stats"))
+			return fmt.Errorf("the mmap across the upgrade: %v (sum %s; the file's size now %d, want %d; stats %s)", err, got, size, len(mapBytes), stats)
+		}
+		rest, err := io.ReadAll(held)
+		if err != nil {
+			return fmt.Errorf("the held reader: %w", err)
+		}
+		if sha(append(head, rest...)) != heldD || !slices.Equal(append(head, rest...), heldBytes) {
+			return errors.New("the held reader across the upgrade read wrong bytes")
+		}
+		more, err := ld.Readdirnames(-1)
+		if err != nil {
+			return fmt.Errorf("the listing after the upgrade: %w", err)
+		}
+		all := append(first, more...)
+		slices.Sort(all)
+		if !slices.Equal(all, listed) {
+			return fmt.Errorf("the listing across the upgrade has %d names (%d before it), want %d", len(all), len(first), len(listed))
+		}
+		io.WriteString(shIn, "go\n")
+		shIn.Close()
+		out, err := io.ReadAll(shLines)
+		if err != nil || sh.Wait() != nil {
+			return fmt.Errorf("the shell in the namespace after the upgrade: %v: %s", err, out)
+		}
+		if !strings.Contains(string(out), big) || !strings.Contains(string(out), heldD+"  "+heldD) {
+			return fmt.Errorf("the shell in the namespace after the upgrade printed %q", out)
+		}
+		// New opens.
+		b, err := os.ReadFile(filepath.Join(ns, mapD))
+		if err != nil || sha(b) != mapD {
+			return fmt.Errorf("a new open after the upgrade: %v", err)
+		}
+		return nil
+	})
+	syscall.Munmap(mem)
+	mem = nil
+	mf.Close()
+	held.Close()
+	ld.Close()
+	noPinsLeft(t, c.data)
+	if !strings.Contains(u.stats(), `"open_handles": 0`) {
+		t.Fatalf("open handles left in the new daemon:\n%s", u.stats())
+	}
+}
+
+var ptOpensRE = regexp.MustCompile(`"passthrough": \{[^}]*"opens": (\d+)`)
+
+func ptOpens(t *testing.T, stats string) int {
+	t.Helper()
+	m := ptOpensRE.FindStringSubmatch(stats)
+	if m == nil {
+		t.Fatalf("no passthrough opens in the stats:\n%s", stats)
+	}
+	n, _ := strconv.Atoi(m[1])
+	return n
+}
+
+// TestUpgradeRefusesWriters: a file open for writing in incoming/ refuses
+// the upgrade, which names it; the old daemon serves on, the write goes
+// on and publishes; another user may not upgrade the mount; once the
+// file closed, the upgrade works, and a shell inside a directory made in
+// incoming/ (which does not carry across) gets ESTALE.
+func TestUpgradeRefusesWriters(t *testing.T) {
+	t.Parallel()
+	c := newCLI(t)
+	c.ok("ns", "create", "ns")
+	u := mountUpgradable(t, c, nil)
+	old := u.pid
+	w, err := os.Create(filepath.Join(u.mnt, "ns", "incoming", "a"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer w.Close()
+	data := randomBytes(300<<10, 7)
+	if _, err := w.Write(data[:100<<10]); err != nil {
+		t.Fatal(err)
+	}
+	r := u.upgrade(nil)
+	checkFail(t, r, 1, "1 file in incoming/ not carried across an upgrade yet: ns/incoming/a (open for writing); retry when they close", []string{"upgrade"})
+	select {
+	case <-u.done:
+		t.Fatal("the old daemon exited after a refused upgrade")
+	default:
+	}
+	if u.pid != old {
+		t.Fatalf("pid %d serves after a refused upgrade, want %d", u.pid, old)
+	}
+	u.watchdog(time.Minute, "the writer after the refusal", func() error {
+		if _, err := w.Write(data[100<<10:]); err != nil {
+			return err
+		}
+		return w.Close()
+	})
+	eventually(t, 10*time.Second, "the written file published", func() bool {
+		return slices.Contains(lines(c.ok("ls", "ns")), sum(data))
+	})
+	if os.Geteuid() == 0 {
+		// Another user may not upgrade root's mount.
+		other := fusetest.NewUser(t)
+		fusetest.Reachable(t, bin)
+		out, err := other.Sh(fmt.Sprintf("HOME=/nonexistent %s upgrade %s", bin, u.mnt))
+		if err == nil || !strings.Contains(out, "permission denied") || !alive(old) {
+			t.Fatalf("upgrade by another user: %v: %q", err, out)
+		}
+	}
+	// A directory made in incoming/ does not carry across: a shell
+	// inside it gets ESTALE after the upgrade.
+	sub := filepath.Join(u.mnt, "ns", "incoming", "sub")
+	if err := os.Mkdir(sub, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	sh := exec.Command("sh", "-c", `cd "$1" || exit 9; echo in; read go; ls . 2>&1; echo "ls: $?"`, "sh", sub)
+	shIn, _ := sh.StdinPipe()
+	shOut, _ := sh.StdoutPipe()
+	if err := sh.Start(); err != nil {
+		t.Fatal(err)
+	}
+	defer func() {
+		if sh.ProcessState == nil {
+			sh.Process.Kill()
+			sh.Wait()
+		}
+	}()
+	shLines := bufio.NewReader(shOut)
+	u.watchdog(30*time.Second, "the shell's cd", func() error {
+		l, err := shLines.ReadString('\n')
+		if err == nil && l != "in\n" {
+			err = fmt.Errorf("the shell said %q", l)
+		}
+		return err
+	})
+	u.mustUpgrade()
+	u.watchdog(30*time.Second, "the shell in incoming/sub after the upgrade", func() error {
+		io.WriteString(shIn, "go\n")
+		shIn.Close()
+		out, _ := io.ReadAll(shLines)
+		sh.Wait()
+		if !strings.Contains(string(out), "Stale file handle") {
+			return fmt.Errorf("ls in a directory of incoming/ after the upgrade printed %q, want ESTALE", out)
+		}
+		return nil
+	})
+	b, err := os.ReadFile(filepath.Join(u.mnt, "ns", sum(data)))
+	if err != nil || sum(b) != sum(data) {
+		t.Fatalf("the published file after the upgrade: %v", err)
+	}
+}
+
+// TestUpgradeFailuresLeaveOldServing: the new process killed at each step
+// before the takeover, a binary that is missing, one that exits at once,
+// and a state in a format newer than the new build reads: each upgrade
+// exits 1 saying why, and the old daemon serves on with the file held
+// open reading right and its pin intact (the blob, unlinked and swept
+// twice, still reads); then an upgrade works.
+func TestUpgradeFailuresLeaveOldServing(t *testing.T) {
+	t.Parallel()
+	c := newCLI(t, "--pin-ttl", "3s")
+	c.ok("ns", "create", "ns")
+	p, data, d := writeFile(t, t.TempDir(), 5<<20, 11)
+	c.ok("put", "--ns", "ns", p)
+	u := mountUpgradable(t, c, nil)
+	old := u.pid
+	f, err := os.Open(filepath.Join(u.mnt, "ns", d))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	var off int64
+	readOn := func(what string) {
+		t.Helper()
+		u.watchdog(time.Minute, "a read "+what, func() error {
+			buf := make([]byte, 256<<10)
+			n, err := f.ReadAt(buf, off)
+			if err != nil && !errors.Is(err, io.EOF) {
+				return err
+			}
+			if !slices.Equal(buf[:n], data[off:off+int64(n)]) {
+				return fmt.Errorf("wrong bytes at %d", off)
+			}
+			off = (off + int64(n)) % int64(len(data))
+			return nil
+		})
+	}
+	readOn("before")
+	for _, tc := range []struct {
+		name string
+		env  []string
+		args []string
+		want string
+	}{
+		{"killed before it opens the store", []string{envTestDieAt + "=1"}, nil, `exited (signal: killed) before it said "hello"`},
+		{"killed after hello", []string{envTestDieAt + "=2"}, nil, "the old daemon serves on"},
+		{"killed after the handover arrived", []string{envTestDieAt + "=3"}, nil, `before it said "ready"`},
+		{"killed after its pins", []string{envTestDieAt + "=4"}, nil, `before it said "ready"`},
+		{"newer state", []string{envTestStateVersion + "=2"}, nil, "the new daemon refused: handover state version 2 is newer than this build reads (1)"},
+		{"missing binary", nil, []string{"--binary", "/nonexistent/alkblobfs"}, "new binary: stat /nonexistent/alkblobfs: no such file or directory"},
+		{"binary exits", nil, []string{"--binary", "/bin/false"}, `exited (exit status 1) before it said "hello"`},
+	} {
+		r := u.upgrade(tc.env, tc.args...)
+		checkFail(t, r, 1, tc.want, []string{"upgrade", tc.name})
+		if !alive(old) || u.pid != old {
+			t.Fatalf("%s: the old daemon is gone", tc.name)
+		}
+		if tc.args == nil && !strings.Contains(r.stderr, "the old daemon serves on") {
+			t.Fatalf("%s: the refusal does not say that the old daemon serves on: %q", tc.name, r.stderr)
+		}
+		readOn("after: " + tc.name)
+		if _, err := os.Stat(filepath.Join(u.mnt, "ns", d)); err != nil {
+			t.Fatalf("%s: a new lookup: %v", tc.name, err)
+		}
+	}
+	// The pin: unlinked and swept twice, the open blob stays.
+	c.ok("unlink", "ns", d)
+	sweepVia(t, u.mnt)
+	sweepVia(t, u.mnt)
+	if !strings.Contains(c.ok("ls"), d) {
+		t.Fatal("the open blob was collected: its pin did not hold after the failed upgrades")
+	}
+	readOn("after the sweeps")
+	u.mustUpgrade()
+	readOn("after the upgrade that worked")
+	f.Close()
+	noPinsLeft(t, c.data)
+	collected(t, c, d, func() { sweepVia(t, u.mnt) })
+}
+
+// TestUpgradeLoop: 20 upgrades in a row under a read load (readers that
+// open, read and close blobs of both tiers, and one that keeps a blob
+// open throughout): 0 errors, 0 wrong bytes, no pin once the readers
+// closed, and no daemon left once unmounted.
+func TestUpgradeLoop(t *testing.T) {
+	t.Parallel()
+	c := newCLI(t, "--pin-ttl", "3s")
+	c.ok("ns", "create", "ns")
+	dir := t.TempDir()
+	want := map[string][]byte{}
+	var paths []string
+	for i, n := range []int{3 << 10, 40 << 10, 1 << 20, 4 << 20, 9 << 20} {
+		p, b, d := writeFile(t, dir, n, uint64(40+i))
+		want[d] = b
+		paths = append(paths, p)
+	}
+	c.ok(append([]string{"put", "--ns", "ns"}, paths...)...)
+	digests := make([]string, 0, len(want))
+	for d := range want {
+		digests = append(digests, d)
+	}
+	slices.Sort(digests)
+	u := mountUpgradable(t, c, nil)
+
+	var reads, errs, wrong atomic.Int64
+	var firstErr atomic.Value
+	fail := func(kind *atomic.Int64, err error) {
+		kind.Add(1)
+		firstErr.CompareAndSwap(nil, err.Error())
+	}
+	stop := make(chan struct{})
+	var wg sync.WaitGroup
+	for r := range 3 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			rng := rand.New(rand.NewPCG(uint64(r), 9))
+			for {
+				select {
+				case <-stop:
+					return
+				default:
+				}
+				d := digests[rng.IntN(len(digests))]
+				b, err := os.ReadFile(filepath.Join(u.mnt, "ns", d))
+				switch {
+				case err != nil:
+					fail(&errs, err)
+				case sha(b) != d:
+					fail(&wrong, fmt.Errorf("%s read back as %s", d, sha(b)))
+				}
+				reads.Add(1)
+			}
+		}()
+	}
+	wg.Add(1)
+	go func() { // one blob held open across every upgrade
+		defer wg.Done()
+		d := digests[len(digests)-1]
+		f, err := os.Open(filepath.Join(u.mnt, "ns", d))
+		if err != nil {
+			fail(&errs, err)
+			return
+		}
+		defer f.Close()
+		buf := make([]byte, 64<<10)
+		for off := int64(0); ; off = (off + int64(len(buf))) % int64(len(want[d])) {
+			select {
+			case <-stop:
+				return
+			default:
+			}
+			n, err := f.ReadAt(buf, off)
+			if err != nil && !errors.Is(err, io.EOF) {
+				fail(&errs, err)
+				continue
+			}
+			if !slices.Equal(buf[:n], want[d][off:off+int64(n)]) {
+				fail(&wrong, fmt.Errorf("held %s: wrong bytes at %d", d, off))
+			}
+			reads.Add(1)
+		}
+	}()
+	stopped := false
+	stopReaders := func() {
+		if !stopped {
+			stopped = true
+			close(stop)
+			wg.Wait()
+		}
+	}
+	defer stopReaders()
+	const rounds = 20
+	for i := range rounds {
+		before := reads.Load()
+		eventually(t, 30*time.Second, "reads between upgrades", func() bool { return reads.Load() > before+20 })
+		u.mustUpgrade()
+		t.Logf("upgrade %d: pid %d, %d reads so far", i+1, u.pid, reads.Load())
+	}
+	u.watchdog(time.Minute, "the readers' end", func() error { stopReaders(); return nil })
+	t.Logf("%d upgrades, %d reads: %d errors, %d wrong", rounds, reads.Load(), errs.Load(), wrong.Load())
+	if errs.Load() != 0 || wrong.Load() != 0 {
+		t.Fatalf("%d errors, %d wrong reads across %d upgrades; first: %v\nlog:\n%s", errs.Load(), wrong.Load(), rounds, firstErr.Load(), u.logText())
+	}
+	noPinsLeft(t, c.data)
+	last := u.pid
+	u.cleanup()
+	if alive(last) || daemonRunning(u.mnt) {
+		t.Fatal("a daemon is left after the unmount")
+	}
+	if n := strings.Count(u.logText(), "msg=\"handed over\""); n != rounds {
+		t.Fatalf("%d daemons logged that they handed over, want %d", n, rounds)
+	}
+}
+
+// TestUpgradeTellsServiceManager: under a Type=notify service (a
+// NOTIFY_SOCKET of the test's), the new daemon sends MAINPID= with its own
+// pid and READY=1, then waits on a BARRIER=1 until the manager has read
+// them, before the old one exits; the old one never says STOPPING=1.
+func TestUpgradeTellsServiceManager(t *testing.T) {
+	t.Parallel()
+	sock := filepath.Join(t.TempDir(), "notify")
+	pc, err := net.ListenUnixgram("unixgram", &net.UnixAddr{Name: sock, Net: "unixgram"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pc.Close()
+	var mu sync.Mutex
+	var got []string
+	go func() {
+		buf := make([]byte, 4096)
+		oob := make([]byte, 1024)
+		for {
+			n, oobn, _, _, err := pc.ReadMsgUnix(buf, oob)
+			if err != nil {
+				return
+			}
+			mu.Lock()
+			got = append(got, string(buf[:n]))
+			mu.Unlock()
+			// A barrier's descriptor: closed, as the manager does once
+			// it has read what came before.
+			if msgs, err := syscall.ParseSocketControlMessage(oob[:oobn]); err == nil {
+				for i := range msgs {
+					fds, _ := syscall.ParseUnixRights(&msgs[i])
+					for _, fd := range fds {
+						syscall.Close(fd)
+					}
+				}
+			}
+		}
+	}()
+	c := newCLI(t)
+	u := mountUpgradable(t, c, []string{"NOTIFY_SOCKET=" + sock})
+	eventually(t, 10*time.Second, "READY=1 from the first daemon", func() bool {
+		mu.Lock()
+		defer mu.Unlock()
+		return len(got) > 0 && strings.HasPrefix(got[0], "READY=1")
+	})
+	pid := u.mustUpgrade()
+	mu.Lock()
+	defer mu.Unlock()
+	all := strings.Join(got, "\n---\n")
+	if !slices.ContainsFunc(got, func(s string) bool { return strings.HasPrefix(s, fmt.Sprintf("MAINPID=%d\nREADY=1", pid)) }) ||
+		!slices.Contains(got, "BARRIER=1") || strings.Contains(all, "STOPPING") {
+		t.Fatalf("notifications across the upgrade to pid %d:\n%s\nlog:\n%s", pid, all, u.logText())
+	}
+}
+
+// faultSafeSum is the sha256 of mapped memory; a page the mount fails to
+// fill (SIGBUS) is an error, not a crash of the test.
+func faultSafeSum(mem []byte) (sum string, err error) {
+	defer debug.SetPanicOnFault(debug.SetPanicOnFault(true))
+	defer func() {
+		if r := recover(); r != nil {
+			err = fmt.Errorf("fault reading the mapping: %v", r)
+		}
+	}()
+	return sha(mem), nil
+}
+
+// TestUpgradeKeepsRole: the new daemon keeps the old one's role: its pid
+// record, the control socket (a second upgrade reaches it), the --listen
+// socket (the same path answers, and goes with the last daemon), and the
+// sweep timer as the control file set it.
+func TestUpgradeKeepsRole(t *testing.T) {
+	t.Parallel()
+	c := newCLI(t)
+	sock := filepath.Join(t.TempDir(), "http.sock")
+	u := mountUpgradable(t, c, nil, "--listen", "unix:"+sock)
+	timer := filepath.Join(u.mnt, ".alkblobfs", "sweep-timer")
+	if err := os.WriteFile(timer, []byte("2h\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	client := &http.Client{Timeout: 20 * time.Second, Transport: &http.Transport{
+		DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
+			return (&net.Dialer{}).DialContext(ctx, "unix", sock)
+		}}}
+	metrics := func() {
+		t.Helper()
+		resp, err := client.Get("http://alkblobfs/metrics")
+		if err != nil {
+			t.Fatalf("GET /metrics on %s: %v", sock, err)
+		}
+		body, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if resp.StatusCode != 200 || !strings.Contains(string(body), "alkblobfs_") {
+			t.Fatalf("GET /metrics on %s: %s\n%.300s", sock, resp.Status, body)
+		}
+	}
+	metrics()
+	for range 2 {
+		pid := u.mustUpgrade()
+		client.CloseIdleConnections()
+		metrics()
+		if b, err := os.ReadFile(timer); err != nil || string(b) != "2h0m0s\n" {
+			t.Fatalf("the sweep timer after the upgrade: %q, %v", b, err)
+		}
+		if os.Geteuid() == 0 {
+			h := sha256.Sum256([]byte(u.mnt))
+			rec, err := os.ReadFile(filepath.Join("/run/alkblobfs", hex.EncodeToString(h[:8])+".pid"))
+			if f := strings.Fields(string(rec)); err != nil || len(f) < 1 || f[0] != strconv.Itoa(pid) {
+				t.Fatalf("the pid record after the upgrade to pid %d: %q, %v", pid, rec, err)
+			}
+		}
+	}
+	u.cleanup()
+	if _, err := os.Lstat(sock); !errors.Is(err, os.ErrNotExist) {
+		t.Fatalf("the --listen socket after the last daemon exited: %v", err)
+	}
+}

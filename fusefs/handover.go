@@ -1,0 +1,631 @@
+package fusefs
+
+import (
+	"cmp"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"slices"
+	"strconv"
+	"strings"
+	"syscall"
+	"time"
+
+	gofs "github.com/hanwen/go-fuse/v2/fs"
+	"github.com/hanwen/go-fuse/v2/fuse"
+
+	"github.com/alkblobfs/alkblobfs/blob"
+)
+
+// Handing the live mount to a new process (issue 37, `alkblobfs
+// upgrade`). The old daemon stops reading (fuse.Server.StopReading),
+// exports what INIT settled and its node table (package fs's
+// ExportState, with a key of ours for each node and handle: keys.go's
+// nodeKey and fileKey) and passes a duplicate of the /dev/fuse
+// descriptor; the new one rebuilds the nodes and handles from the keys
+// (restorer), takes its own pin on every blob it will serve through an
+// inherited handle, and starts a server on the descriptor without
+// serving yet. Only then does the old one Detach and release its pins,
+// and the new one asks the kernel to resend what the old one read and
+// did not answer (NotifyResend), and serves.
+//
+// What carries across: every node id and lookup count the kernel holds
+// for the root, the namespaces, incoming/ itself, blob files and the
+// control directory and files; every open handle of a blob file (its
+// passthrough registration is the connection's and stays), of a control
+// file and of a directory, which goes on from the kernel's offset. What
+// does not, yet: the contents of incoming/ (receipts, directories and
+// symbolic links made there, which the new process does not know: the
+// kernel's ids for them answer ESTALE, and their names are gone as after
+// a restart), and files open in incoming/, which refuse the handover
+// (Blockers) until they close.
+
+// HandoverVersion is the format version of the state a handover passes.
+// A build reads its own and older versions and refuses newer ones.
+const HandoverVersion = 1
+
+// handoverState is what passes from the old process to the new, beside
+// the descriptor: plain data, as JSON.
+type handoverState struct {
+	Version int
+	Dir     string
+	Init    fuse.InitState
+	Table   *gofs.TableState
+	// Fixed are the options the kernel holds the mount to (mount(2)'s
+	// options, INIT's reply): the new process must want the same.
+	Fixed map[string]string
+	// SweepEvery is the sweep timer as the control file left it (ns; 0
+	// off).
+	SweepEvery int64
+}
+
+// ErrBusy is what a handover that files open in incoming/ refuse wraps.
+var ErrBusy = errors.New("files open in incoming/")
+
+// Blockers lists, as paths under the mountpoint, the files in incoming/
+// that keep a handover from starting: files open for writing or
+// reading, uploads in flight, puts by path, and versions committed at a
+// close whose link waits for the file's last release. Empty when none.
+func (m *Server) Blockers() []string {
+	var out []string
+	for _, d := range m.fs.nsDirs() {
+		d.mu.Lock()
+		for name := range d.pending {
+			out = append(out, d.name+"/"+name+" (put by path)")
+		}
+		d.mu.Unlock()
+		t := d.tree
+		t.mu.Lock()
+		var files []*fileNode
+		for n := range t.live {
+			files = append(files, n)
+		}
+		for n := range t.owed {
+			files = append(files, n)
+		}
+		settling := len(t.settling)
+		t.mu.Unlock()
+		if d.inited.Load() {
+			walkIncoming(d.inc.EmbeddedInode(), func(n *fileNode) {
+				n.mu.Lock()
+				open := n.handles > 0
+				n.mu.Unlock()
+				if open {
+					files = append(files, n)
+				}
+			})
+		}
+		seen := map[*fileNode]bool{}
+		for _, n := range files {
+			if seen[n] {
+				continue
+			}
+			seen[n] = true
+			n.mu.Lock()
+			what := "open for reading"
+			switch {
+			case len(n.writers) > 0:
+				what = "open for writing"
+			case n.up != nil:
+				what = "upload in flight"
+			case n.owing || n.pub != nil && n.pub.intent != 0:
+				what = "publish waiting for its release"
+			}
+			n.mu.Unlock()
+			p := n.Path(nil)
+			if p == "" {
+				p = d.name + "/" + incomingName + "/(unlinked)"
+			}
+			out = append(out, p+" ("+what+")")
+		}
+		for range settling {
+			out = append(out, d.name+"/"+incomingName+"/(a link being committed)")
+		}
+	}
+	slices.Sort(out)
+	return out
+}
+
+// walkIncoming calls fn for every file below the incoming/ inode in.
+func walkIncoming(in *gofs.Inode, fn func(*fileNode)) {
+	if in == nil {
+		return
+	}
+	for _, ch := range in.Children() {
+		switch x := ch.Operations().(type) {
+		case *fileNode:
+			fn(x)
+		case *incDir:
+			walkIncoming(ch, fn)
+		}
+	}
+}
+
+// busyError is the refusal for blockers.
+func busyError(blockers []string) error {
+	const shown = 10
+	list := strings.Join(blockers[:min(len(blockers), shown)], ", ")
+	if len(blockers) > shown {
+		list += fmt.Sprintf(", and %d more", len(blockers)-shown)
+	}
+	word := "files"
+	if len(blockers) == 1 {
+		word = "file"
+	}
+	return fmt.Errorf("%w: %d %s in incoming/ not carried across an upgrade yet: %s; retry when they close", ErrBusy, len(blockers), word, list)
+}
+
+// Handover is the old process's side of a handover in progress: the
+// mount is stopped (no request is being answered) until Commit or
+// Resume.
+type Handover struct {
+	m     *Server
+	fd    int // a duplicate of the connection's descriptor, for the successor; -1 once closed
+	state []byte
+}
+
+// BeginHandover stops serving and exports the mount for a successor. It
+// refuses (ErrBusy, naming them) while Blockers lists anything. version
+// is the state's format version: HandoverVersion, or another for tests
+// of the successor's refusal. On an error the mount serves on.
+func (m *Server) BeginHandover(stopTimeout time.Duration, version int) (*Handover, error) {
+	if b := m.Blockers(); len(b) > 0 {
+		return nil, busyError(b)
+	}
+	if !m.server.SupportsResend() {
+		return nil, errors.New("the kernel did not offer FUSE_HAS_RESEND (Linux 6.9 or later): a request in flight would be lost; unmount and mount again instead")
+	}
+	if err := m.server.StopReading(stopTimeout); err != nil {
+		return nil, fmt.Errorf("stop serving: %w", err)
+	}
+	h := &Handover{m: m, fd: -1}
+	fail := func(err error) (*Handover, error) {
+		if rerr := h.Resume(); rerr != nil {
+			err = fmt.Errorf("%w; resuming: %v", err, rerr)
+		}
+		return nil, err
+	}
+	// A file opened between the check and the stop.
+	if b := m.Blockers(); len(b) > 0 {
+		return fail(busyError(b))
+	}
+	tbl, err := gofs.ExportState(m.bridge, nodeKey, fileKey)
+	if err != nil {
+		return fail(fmt.Errorf("export the node table: %w", err))
+	}
+	st := handoverState{
+		Version:    version,
+		Dir:        m.dir,
+		Init:       m.server.InitState(),
+		Table:      tbl,
+		Fixed:      m.fs.fixedOptions(),
+		SweepEvery: int64(m.fs.upkeep.Sweeper.Every()),
+	}
+	if h.state, err = json.Marshal(st); err != nil {
+		return fail(err)
+	}
+	if h.fd, err = m.server.DupFD(); err != nil {
+		return fail(fmt.Errorf("duplicate the connection's descriptor: %w", err))
+	}
+	m.fs.log.Info("handover: stopped serving and exported the mount", "mountpoint", m.dir,
+		"nodes", len(tbl.Nodes), "handles", len(tbl.Files), "state_bytes", len(h.state))
+	return h, nil
+}
+
+// FD is the descriptor to pass to the successor (SCM_RIGHTS); the
+// Handover closes it at CloseFD, Resume or Commit.
+func (h *Handover) FD() int { return h.fd }
+
+// State is the state to pass beside FD.
+func (h *Handover) State() []byte { return h.state }
+
+// CloseFD closes the duplicate descriptor (once it has been sent).
+func (h *Handover) CloseFD() {
+	if h.fd >= 0 {
+		syscall.Close(h.fd)
+		h.fd = -1
+	}
+}
+
+// Resume serves again: the successor failed before it took over. The
+// kernel resends what came in meanwhile.
+func (h *Handover) Resume() error {
+	h.CloseFD()
+	if err := h.m.server.ResumeReading(); err != nil {
+		return err
+	}
+	h.m.fs.log.Info("handover abandoned; serving again", "mountpoint", h.m.dir)
+	return nil
+}
+
+// Commit lets go of the mount, once the successor has taken its own
+// pins and is ready to serve: this server ends without unmounting, and
+// the cleanup releases the pins and readers of every open handle, the
+// writer lease and the liveness source, and leaves the pid record (the
+// successor's). It returns once that is done (Done is closed), at most
+// timeout. If the server could not let go, it still serves (Resume it)
+// and the successor must not start.
+func (h *Handover) Commit(timeout time.Duration) error {
+	h.CloseFD()
+	m := h.m
+	m.handedOver.Store(true)
+	m.fs.upkeep.Scrubber.Stop()
+	if err := m.server.Detach(timeout); err != nil {
+		m.handedOver.Store(false)
+		return err
+	}
+	select {
+	case <-m.done:
+		return nil
+	case <-time.After(timeout):
+		return fmt.Errorf("handover: the old server did not clean up within %s", timeout)
+	}
+}
+
+// fixedOptions are the options the kernel holds a mount to for its
+// life: the mount's (mount(2) flags and -o options) and INIT's. A
+// successor that would want others is refused, naming the option.
+func (f *FS) fixedOptions() map[string]string {
+	o := f.nodeOptions().MountOptions
+	return map[string]string{
+		"--allow-other":          strconv.FormatBool(f.cfg.AllowOther),
+		"--read-only":            strconv.FormatBool(f.cfg.ReadOnly),
+		"--source":               cmp.Or(f.cfg.Source, "alkblobfs"),
+		"mount options":          strings.Join(o.Options, ","),
+		"max_write":              strconv.Itoa(o.MaxWrite),
+		"max_readahead":          strconv.Itoa(o.MaxReadAhead),
+		"max_background":         strconv.Itoa(o.MaxBackground),
+		"capabilities":           fmt.Sprintf("%#x", o.ExtraCapabilities),
+		"explicit cache control": strconv.FormatBool(o.ExplicitDataCacheControl),
+	}
+}
+
+// checkFixed compares the options the mount was made with (have) with
+// this process's (want), naming the first that differs.
+func checkFixed(have, want map[string]string) error {
+	keys := make([]string, 0, len(have)+len(want))
+	for k := range have {
+		keys = append(keys, k)
+	}
+	for k := range want {
+		if _, ok := have[k]; !ok {
+			keys = append(keys, k)
+		}
+	}
+	slices.Sort(keys)
+	for _, k := range keys {
+		h, hok := have[k]
+		w, wok := want[k]
+		switch {
+		case !hok:
+			return fmt.Errorf("option %s: the mount does not record it (an older build), and this build sets it to %q; it is fixed when the mount is made: unmount and mount again", k, w)
+		case !wok:
+			return fmt.Errorf("option %s: the mount has %q, and this build does not know it; it is fixed when the mount is made: unmount and mount again", k, h)
+		case h != w:
+			return fmt.Errorf("option %s: the mount has %q and this build would have %q; it is fixed when the mount is made: unmount and mount again to change it", k, h, w)
+		}
+	}
+	return nil
+}
+
+// decodeHandover parses a handover's state, refusing a version this
+// build does not read.
+func decodeHandover(b []byte) (*handoverState, error) {
+	var v struct{ Version int }
+	if err := json.Unmarshal(b, &v); err != nil {
+		return nil, fmt.Errorf("handover state: %w", err)
+	}
+	switch {
+	case v.Version <= 0:
+		return nil, errors.New("handover state: no version")
+	case v.Version > HandoverVersion:
+		return nil, fmt.Errorf("handover state version %d is newer than this build reads (%d): the running daemon is a newer alkblobfs than the one it was asked to start", v.Version, HandoverVersion)
+	}
+	var st handoverState
+	if err := json.Unmarshal(b, &st); err != nil {
+		return nil, fmt.Errorf("handover state: %w", err)
+	}
+	if st.Table == nil {
+		return nil, errors.New("handover state: no node table")
+	}
+	if err := st.Init.Check(); err != nil {
+		return nil, err
+	}
+	return &st, nil
+}
+
+// TakeOver is the new process's side: it builds the mount from a
+// predecessor's state on the connection fd (which it owns from the call
+// on: closed on an error), with cfg, and restores every node and handle,
+// taking a pin on every blob open through an inherited handle. It does
+// not serve: Serve does, once the predecessor has let go; Abandon undoes
+// it. Any handle it cannot restore refuses the takeover: the
+// predecessor serves on.
+func TakeOver(fd int, state []byte, cfg Config) (*Server, error) {
+	st, err := decodeHandover(state)
+	if err != nil {
+		syscall.Close(fd)
+		return nil, err
+	}
+	f, err := newFS(cfg)
+	if err != nil {
+		syscall.Close(fd)
+		return nil, err
+	}
+	if err := checkFixed(st.Fixed, f.fixedOptions()); err != nil {
+		syscall.Close(fd)
+		return nil, err
+	}
+	f.intents.start(st.Dir)
+	abandon := func(err error) (*Server, error) {
+		f.releaseBlobHandles()
+		f.intents.close()
+		f.cancel()
+		return nil, err
+	}
+	opts := f.nodeOptions()
+	rs := newRestorer(f, st.Table)
+	bridge, res, err := gofs.NewNodeFSFromState(f.root, opts, st.Table, rs.restorer())
+	if err != nil {
+		syscall.Close(fd)
+		return abandon(fmt.Errorf("restore the node table: %w", err))
+	}
+	if rs.err != nil {
+		syscall.Close(fd)
+		return abandon(rs.err)
+	}
+	if res.Files != len(st.Table.Files) {
+		syscall.Close(fd)
+		return abandon(fmt.Errorf("restored %d of %d open handles: %v", res.Files, len(st.Table.Files), errors.Join(res.Skipped...)))
+	}
+	raw := bridge
+	if cfg.Observe != nil {
+		raw = &timedFS{RawFileSystem: raw, observe: cfg.Observe}
+	}
+	server, err := fuse.NewServerOnFD(raw, fd, st.Init, &opts.MountOptions)
+	if err != nil {
+		return abandon(fmt.Errorf("option fixed at INIT: %w", err))
+	}
+	if st.SweepEvery != int64(f.upkeep.Sweeper.Every()) && !cfg.ReadOnly {
+		cmd := "off"
+		if st.SweepEvery > 0 {
+			cmd = time.Duration(st.SweepEvery).String()
+		}
+		if _, err := f.upkeep.Sweeper.Set(cmd); err != nil {
+			f.log.Warn("handover: could not keep the sweep timer", "timer", cmd, "err", err)
+		}
+	}
+	m := &Server{fs: f, server: server, bridge: bridge, dir: st.Dir, done: make(chan struct{})}
+	f.mount = m
+	f.log.Info("handover: restored the mount", "mountpoint", st.Dir, "nodes", res.Nodes, "of", len(st.Table.Nodes),
+		"handles", res.Files, "left_stale", len(res.Skipped))
+	for _, e := range res.Skipped {
+		f.log.Debug("handover: left stale", "what", e.Error())
+	}
+	return m, nil
+}
+
+// Serve starts serving a mount from TakeOver, once the predecessor has
+// let go: the kernel resends what the predecessor read and did not
+// answer.
+func (m *Server) Serve() {
+	go m.server.Serve()
+	if st := m.server.NotifyResend(); !st.Ok() {
+		m.fs.log.Warn("handover: NOTIFY_RESEND failed: requests the old daemon left unanswered may wait", "status", st)
+	}
+	m.start("took over")
+}
+
+// Abandon undoes TakeOver when the predecessor does not let go: the
+// pins are released and the descriptor's server never serves (the
+// process exits after it, which closes it).
+func (m *Server) Abandon() {
+	m.fs.releaseBlobHandles()
+	m.fs.intents.close()
+	m.fs.cancel()
+}
+
+// Keys of nodes and handles in the exported table. A node of a kind
+// that does not carry across gets the key "" and stays unknown to the
+// successor (ESTALE).
+const (
+	keyCtlDir   = "ctl"
+	keyCtlFile  = "ctl/"  // + the file's name
+	keyNS       = "ns/"   // + the namespace
+	keyIncoming = "inc/"  // + the namespace
+	keyBlob     = "blob/" // + hex/size/linkedAt/tier
+	keyHandle   = "h"     // a blob's, a control file's or a directory stream's handle
+)
+
+func nodeKey(in *gofs.Inode) (string, error) {
+	switch x := in.Operations().(type) {
+	case *ctlDir:
+		return keyCtlDir, nil
+	case *ctlFile:
+		return keyCtlFile + x.name(), nil
+	case *nsDir:
+		return keyNS + x.name, nil
+	case *incDir:
+		if x.ns != nil {
+			return keyIncoming + x.ns.name, nil
+		}
+	case *blobFile:
+		tier := "kv"
+		if x.large {
+			tier = "large"
+		}
+		return fmt.Sprintf("%s%s/%d/%d/%s", keyBlob, x.name, x.size, x.linkedAt, tier), nil
+	}
+	return "", nil
+}
+
+func fileKey(in *gofs.Inode, fh gofs.FileHandle) (string, error) {
+	switch fh.(type) {
+	case *blobHandle, *ptHandle, *ctlHandle, *rootStream, *nsStream:
+		return keyHandle, nil
+	}
+	// Blockers refused every other kind before the export.
+	return "", fmt.Errorf("a handle of a %T does not carry across", fh)
+}
+
+// restorer rebuilds the nodes and handles of a table with f.
+type restorer struct {
+	f     *FS
+	byID  map[uint64]*gofs.NodeState
+	child map[uint64]map[string]*gofs.NodeState // by parent id, name
+	err   error                                 // the first handle that failed: the takeover is refused
+}
+
+func newRestorer(f *FS, t *gofs.TableState) *restorer {
+	r := &restorer{f: f, byID: map[uint64]*gofs.NodeState{}, child: map[uint64]map[string]*gofs.NodeState{}}
+	for i := range t.Nodes {
+		n := &t.Nodes[i]
+		r.byID[n.NodeID] = n
+		if r.child[n.Parent] == nil {
+			r.child[n.Parent] = map[string]*gofs.NodeState{}
+		}
+		r.child[n.Parent][n.Name] = n
+	}
+	return r
+}
+
+func (r *restorer) restorer() gofs.Restorer {
+	return gofs.Restorer{Node: r.node, File: r.file}
+}
+
+func (r *restorer) node(ctx context.Context, st gofs.NodeState, parent *gofs.Inode) (gofs.InodeEmbedder, error) {
+	f := r.f
+	attr := gofs.StableAttr{Mode: st.Mode, Ino: st.Ino, Gen: st.Gen}
+	switch k := st.Key; {
+	case k == keyCtlDir:
+		return f.root.GetChild(controlName).Operations(), nil
+	case strings.HasPrefix(k, keyCtlFile):
+		ch := f.root.GetChild(controlName).GetChild(strings.TrimPrefix(k, keyCtlFile))
+		if ch == nil {
+			return nil, fmt.Errorf("no control file %q in this build", strings.TrimPrefix(k, keyCtlFile))
+		}
+		return ch.Operations(), nil
+	case strings.HasPrefix(k, keyNS):
+		d, _ := f.nsDirFor(strings.TrimPrefix(k, keyNS))
+		if inc := r.child[st.NodeID][incomingName]; inc != nil && inc.Key == keyIncoming+d.name {
+			d.incAttr = gofs.StableAttr{Mode: inc.Mode, Ino: inc.Ino, Gen: inc.Gen}
+		}
+		d.inodeAttr(ctx, &f.root.Inode, attr)
+		return d, nil
+	case strings.HasPrefix(k, keyIncoming):
+		d, _ := f.nsDirFor(strings.TrimPrefix(k, keyIncoming))
+		if !d.inited.Load() {
+			return nil, errors.New("its namespace was not restored")
+		}
+		return d.inc, nil
+	case strings.HasPrefix(k, keyBlob):
+		return parseBlobKey(f, strings.TrimPrefix(k, keyBlob))
+	}
+	return nil, errors.New("not carried across an upgrade")
+}
+
+// parseBlobKey is nodeKey's inverse for a blob file.
+func parseBlobKey(f *FS, k string) (*blobFile, error) {
+	p := strings.Split(k, "/")
+	if len(p) != 4 {
+		return nil, fmt.Errorf("blob key %q", k)
+	}
+	if _, err := blob.Parse(p[0]); err != nil {
+		return nil, fmt.Errorf("blob key %q: %w", k, err)
+	}
+	size, err1 := strconv.ParseInt(p[1], 10, 64)
+	at, err2 := strconv.ParseInt(p[2], 10, 64)
+	if err1 != nil || err2 != nil || (p[3] != "kv" && p[3] != "large") {
+		return nil, fmt.Errorf("blob key %q", k)
+	}
+	return &blobFile{node: node{fsys: f}, name: p[0], size: size, linkedAt: at, large: p[3] == "large"}, nil
+}
+
+func (r *restorer) file(ctx context.Context, st gofs.FileState, in *gofs.Inode) (fh gofs.FileHandle, err error) {
+	defer func() {
+		if err != nil && r.err == nil {
+			r.err = fmt.Errorf("restore the handle %#x of %s: %w", st.Fh, in.Path(nil), err)
+		}
+	}()
+	switch x := in.Operations().(type) {
+	case *blobFile:
+		ns := r.byID[st.NodeID]
+		return x.restoreHandle(ctx, ns != nil && ns.BackingID != 0)
+	case *ctlFile:
+		x.fsys.stats.controlHandles.Add(1)
+		return &ctlHandle{c: x}, nil
+	case *rootDir:
+		h, _, errno := x.OpendirHandle(ctx, st.Flags)
+		if errno != 0 {
+			return nil, errno
+		}
+		return h, nil
+	case *nsDir:
+		h, _, errno := x.OpendirHandle(ctx, st.Flags)
+		if errno != 0 {
+			return nil, errno
+		}
+		return h, nil
+	}
+	return nil, fmt.Errorf("a handle of a %T does not carry across", in.Operations())
+}
+
+// restoreHandle is Open for a handle the predecessor opened: the pin
+// and the shared reader are this process's, the I/O mode the one the
+// kernel holds (pt: the node has a passthrough backing file, which the
+// kernel reads without us). A strict handle's whole-blob check starts
+// over only at its next read from 0: its reads go on chunk-verified.
+func (b *blobFile) restoreHandle(ctx context.Context, pt bool) (gofs.FileHandle, error) {
+	f, dg := b.fsys, b.digest()
+	pin, err := f.st.Pin(ctx, dg)
+	if err != nil {
+		return nil, err
+	}
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	o := b.open
+	if o == nil {
+		r, ok, err := f.st.Get(ctx, dg)
+		if err == nil && !ok {
+			err = blob.Wrap("open", "", dg, blob.ErrMissing)
+		}
+		if err != nil {
+			pin.Release()
+			return nil, err
+		}
+		o = &blobOpen{rd: r}
+		if f.cfg.Verify == VerifyPublish {
+			o.rd.Trust()
+		}
+		b.open = o
+	}
+	o.n++
+	f.refs.add(dg)
+	f.stats.openHandles.Add(1)
+	h := &blobHandle{b: b, d: dg, rd: o.rd, pin: pin}
+	f.trackBlobHandle(h)
+	if pt {
+		o.pt++
+		if fd, ok := o.rd.Passthrough(); ok {
+			o.ptFd = fd
+		}
+		h.pt, h.ptFd = true, o.ptFd
+		return &ptHandle{h}, nil
+	}
+	o.cached++
+	return h, nil
+}
+
+// CheckHandover is BeginHandover's first check, without stopping: nil
+// when nothing in incoming/ keeps a handover from starting.
+func (m *Server) CheckHandover() error {
+	if b := m.Blockers(); len(b) > 0 {
+		return busyError(b)
+	}
+	return nil
+}
+
+// HandedOver reports whether the mount went to a successor: Done was
+// closed without an unmount.
+func (m *Server) HandedOver() bool { return m.handedOver.Load() }
