@@ -292,6 +292,35 @@ func pinRows(t *testing.T, data string) (n int, all string) {
 	return n, b.String()
 }
 
+// startShell starts sh, a script that cds into the mount, says "in" and
+// waits for a line on its stdin, and returns once it said "in": its
+// stdin and its output's reader. A failing test kills it rather than
+// leave it in the mount.
+func (u *upgradable) startShell(sh *exec.Cmd) (io.WriteCloser, *bufio.Reader) {
+	t := u.t
+	t.Helper()
+	shIn, _ := sh.StdinPipe()
+	shOut, _ := sh.StdoutPipe()
+	if err := sh.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if sh.ProcessState == nil {
+			sh.Process.Kill()
+			sh.Wait()
+		}
+	})
+	shLines := bufio.NewReader(shOut)
+	u.watchdog(30*time.Second, "the shell's cd", func() error {
+		l, err := shLines.ReadString('\n')
+		if err == nil && l != "in\n" {
+			err = fmt.Errorf("the shell said %q", l)
+		}
+		return err
+	})
+	return shIn, shLines
+}
+
 func sha(b []byte) string {
 	s := sha256.Sum256(b)
 	return hex.EncodeToString(s[:])
@@ -426,25 +455,7 @@ func testUpgradeKeepsReaders(t *testing.T, mode string) {
 
 	// A shell in the namespace, waiting for a line to go on.
 	sh := exec.Command("sh", "-c", `cd "$1" || exit 9; echo in; read go; ls; sha256sum "$2"`, "sh", ns, heldD)
-	shIn, _ := sh.StdinPipe()
-	shOut, _ := sh.StdoutPipe()
-	if err := sh.Start(); err != nil {
-		t.Fatal(err)
-	}
-	defer func() { // not left in the mount by a failure
-		if sh.ProcessState == nil {
-			sh.Process.Kill()
-			sh.Wait()
-		}
-	}()
-	shLines := bufio.NewReader(shOut)
-	u.watchdog(30*time.Second, "the shell's cd", func() error {
-		l, err := shLines.ReadString('\n')
-		if err == nil && l != "in\n" {
-			err = fmt.Errorf("the shell said %q", l)
-		}
-		return err
-	})
+	shIn, shLines := u.startShell(sh)
 
 	pid := u.mustUpgrade()
 	t.Logf("--verify=%s: pid %d serves after the upgrade", mode, pid)
@@ -577,25 +588,7 @@ func TestUpgradeRefusesWriters(t *testing.T) {
 		t.Fatal(err)
 	}
 	sh := exec.Command("sh", "-c", `cd "$1" || exit 9; echo in; read go; ls . 2>&1; echo "ls: $?"`, "sh", sub)
-	shIn, _ := sh.StdinPipe()
-	shOut, _ := sh.StdoutPipe()
-	if err := sh.Start(); err != nil {
-		t.Fatal(err)
-	}
-	defer func() {
-		if sh.ProcessState == nil {
-			sh.Process.Kill()
-			sh.Wait()
-		}
-	}()
-	shLines := bufio.NewReader(shOut)
-	u.watchdog(30*time.Second, "the shell's cd", func() error {
-		l, err := shLines.ReadString('\n')
-		if err == nil && l != "in\n" {
-			err = fmt.Errorf("the shell said %q", l)
-		}
-		return err
-	})
+	shIn, shLines := u.startShell(sh)
 	u.mustUpgrade()
 	u.watchdog(30*time.Second, "the shell in incoming/sub after the upgrade", func() error {
 		io.WriteString(shIn, "go\n")
