@@ -3,7 +3,7 @@
 
 GO         ?= go
 BIN        := bin/alkblobfs
-TEST_FLAGS := -race -count=1 -timeout 14m -parallel 6
+TEST_FLAGS := -race -count=1 -timeout 14m -parallel 6 -p 4
 
 .PHONY: build test test-fork test-long fuzz deps lint bench man install deb release clean
 
