@@ -90,6 +90,59 @@ func TestStaleStageFiles(t *testing.T) {
 	}
 }
 
+// TestOpenBesideCommits: a process opening the store (the CLI beside a
+// mount, the new daemon of an upgrade) removes only what a crash left: a
+// commit in progress elsewhere — its stage file and the checksum sidecar
+// it writes into the stage directory before the blob is visible — goes
+// through. (The sidecar's temp file was unlocked, so an Open at the wrong
+// moment removed it and the commit failed.)
+func TestOpenBesideCommits(t *testing.T) {
+	ctx := t.Context()
+	dir := t.TempDir()
+	e := open(t, dir)
+	stop := make(chan struct{})
+	opened := make(chan int)
+	go func() {
+		n := 0
+		defer func() { opened <- n }()
+		for {
+			select {
+			case <-stop:
+				return
+			default:
+			}
+			if _, err := local.Open(ctx, dir, slog.New(slog.DiscardHandler)); err != nil {
+				t.Errorf("Open beside commits: %v", err)
+				return
+			}
+			n++
+		}
+	}()
+	const commits = 200
+	failed := 0
+	for i := range commits {
+		v := fmt.Appendf(nil, "blob %d committed while the store is opened", i)
+		st, err := e.Stage(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := st.Write(v); err != nil {
+			t.Fatal(err)
+		}
+		st.(engines.SidecarStage).SetSidecar(bytes.Repeat([]byte{byte(i)}, 64))
+		if err := st.Commit(ctx, blob.Sum(v)); err != nil {
+			failed++
+			t.Logf("commit %d: %v", i, err)
+		}
+	}
+	close(stop)
+	n := <-opened
+	if failed > 0 {
+		t.Fatalf("%d of %d commits failed while another Open ran %d times beside them", failed, commits, n)
+	}
+	t.Logf("%d commits, %d opens beside them", commits, n)
+}
+
 // TestLayout: blobs are read-only files sharded by their first two hex
 // digits, and they survive a reopen.
 func TestLayout(t *testing.T) {

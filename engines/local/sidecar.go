@@ -32,27 +32,30 @@ func (e *Engine) sidecarPath(d blob.Digest) string {
 }
 
 // writeSidecar writes b durably (a torn sidecar would fail good reads) by
-// temp file, fsync and rename.
+// temp file, fsync and rename. The temp file is locked until it is renamed
+// (createLocked): another process opening the store removes every
+// unlocked file of the stage directory, and took an unlocked one for a
+// crashed writer's, failing the commit it belonged to.
 func (e *Engine) writeSidecar(d blob.Digest, b []byte) error {
 	dir := filepath.Dir(e.sidecarPath(d))
 	if err := os.MkdirAll(dir, 0o700); err != nil {
 		return err
 	}
-	f, err := os.CreateTemp(e.stageDir, "sums-*")
+	f, err := e.createLocked("sums-*")
 	if err != nil {
 		return err
 	}
 	if _, err = f.Write(b); err == nil {
 		err = f.Sync()
 	}
-	if cerr := f.Close(); err == nil {
-		err = cerr
-	}
 	if err == nil {
 		err = os.Rename(f.Name(), e.sidecarPath(d))
 	}
 	if err != nil {
 		os.Remove(f.Name())
+	}
+	if cerr := f.Close(); err == nil {
+		err = cerr
 	}
 	return err
 }

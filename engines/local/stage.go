@@ -10,6 +10,8 @@ import (
 	"sync"
 	"sync/atomic"
 
+	"golang.org/x/sys/unix"
+
 	"github.com/alkblobfs/alkblobfs/blob"
 	"github.com/alkblobfs/alkblobfs/engines"
 )
@@ -25,23 +27,30 @@ func (e *Engine) Stage(ctx context.Context) (engines.Stage, error) {
 	if err := ctx.Err(); err != nil {
 		return nil, e.wrap("stage", blob.Digest{}, err)
 	}
-	f, err := e.createStage()
+	f, err := e.createLocked("stage-*")
 	if err != nil {
 		return nil, e.wrap("stage", blob.Digest{}, err)
 	}
 	return &stage{e: e, f: f}, nil
 }
 
-// createStage creates and locks a stage file. Between create and lock,
-// another process's Open may take the unlocked file for stale and remove
-// it; the file is then no longer the one at its path, and we start over.
-func (e *Engine) createStage() (*os.File, error) {
+// createLocked creates and locks a file in the stage directory, named by
+// pattern (os.CreateTemp's). Every file there is locked while it is in use
+// — stage files, and sidecars on their way to sums/ — because Open removes
+// every unlocked one as stale (removeStale). Between create and lock,
+// another process's Open may take the unlocked file for stale: it holds
+// the lock for a moment (and we start over) or it removes the file (it is
+// then no longer the one at its path, and we start over).
+func (e *Engine) createLocked(pattern string) (*os.File, error) {
 	for range 8 {
-		f, err := os.CreateTemp(e.stageDir, "stage-*")
+		f, err := os.CreateTemp(e.stageDir, pattern)
 		if err != nil {
 			return nil, err
 		}
-		if err := lock(f); err != nil {
+		if err := lock(f); errors.Is(err, unix.EWOULDBLOCK) {
+			f.Close() // the sweep that holds it removes it
+			continue
+		} else if err != nil {
 			f.Close()
 			os.Remove(f.Name())
 			return nil, err

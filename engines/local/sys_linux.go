@@ -3,6 +3,7 @@ package local
 import (
 	"errors"
 	"io"
+	"io/fs"
 	"os"
 
 	"golang.org/x/sys/unix"
@@ -31,6 +32,8 @@ func lock(f *os.File) error {
 }
 
 // removeIfUnlocked removes a stage file unless a live stage holds its lock.
+// A file that its writer renamed away (a committed stage, a sidecar) while
+// we waited for its lock is no longer the one at path: it is left alone.
 func removeIfUnlocked(path string) (bool, error) {
 	f, err := os.Open(path)
 	if err != nil {
@@ -43,7 +46,17 @@ func removeIfUnlocked(path string) (bool, error) {
 	case err != nil:
 		return false, err
 	}
-	if err := os.Remove(path); err != nil {
+	mine, err := f.Stat()
+	if err != nil {
+		return false, err
+	}
+	if there, err := os.Lstat(path); err != nil || !os.SameFile(mine, there) {
+		return false, nil // moved on
+	}
+	switch err := os.Remove(path); {
+	case errors.Is(err, fs.ErrNotExist):
+		return false, nil // another sweep took it
+	case err != nil:
 		return false, err
 	}
 	return true, nil
