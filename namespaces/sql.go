@@ -6,31 +6,28 @@ import (
 	"errors"
 	"fmt"
 	"iter"
-	"slices"
 	"strings"
 
 	"github.com/alkblobfs/alkblobfs/blob"
 	"github.com/alkblobfs/alkblobfs/engines"
 	"github.com/alkblobfs/alkblobfs/gc"
+	"github.com/alkblobfs/alkblobfs/meta"
 )
 
-// SQL is a Registry kept in two tables of a database/sql database, normally
-// the kv engine's own (see Open), so that links survive restarts and can
-// commit in the same transaction as a put (LinkTx):
-//
-//	ns(name TEXT PRIMARY KEY, created_at INTEGER, uid, gid, mode INTEGER NULL)
-//	ns_refs(ns TEXT REFERENCES ns, digest BLOB, linked_at INTEGER, PRIMARY KEY (ns, digest))
-//	index ns_refs_digest on ns_refs(digest), for IsLive and Live
-//	ns_pending(id INTEGER PRIMARY KEY, ns TEXT REFERENCES ns, digest BLOB, holder TEXT, expiry INTEGER)
-//	index ns_pending(digest) for liveness; on PostgreSQL ns_pending(holder) for Renew
+// SQL is a Registry kept in three tables of a database/sql database,
+// normally the kv engine's own (see Open), so that links survive restarts
+// and can commit in the same transaction as a put (LinkTx): ns (names,
+// permissions, usage), ns_refs (references) and ns_pending (intents).
+// Their schema and migrations are package meta's (meta/ns_schema.go,
+// meta.OpenNSTables), where their statements go next (issue 36, stage 2;
+// docs/architecture.md, "How one close commits").
 //
 // Times are unix nanoseconds. linked_at and created_at are the registry's
 // Clock (wall time). An intent's expiry is the row clock's, which every
 // process sharing the database reads alike: the server's on PostgreSQL
 // (engines.PGNow, read in the statement), the engine's on SQLite
-// (engines.RowClock, bound); writers pass a TTL. The DDL is per dialect
-// (BLOB/BYTEA, BIGINT, byte-order collation on PostgreSQL); every DML
-// statement is shared, with `?` placeholders rebound to `$n` for
+// (engines.RowClock, bound); writers pass a TTL. Every DML statement is
+// shared between the dialects, with `?` placeholders rebound to `$n` for
 // PostgreSQL and {now} standing for the row clock (see args).
 //
 // On SQLite the pool must begin transactions IMMEDIATE (_txlock=immediate,
@@ -74,88 +71,6 @@ var (
 	_ gc.TxSource    = (*SQL)(nil)
 	_ TxLinker       = (*SQL)(nil)
 )
-
-var ddl = map[string][]string{
-	"sqlite": {
-		`CREATE TABLE IF NOT EXISTS ns (
-			name       TEXT PRIMARY KEY,
-			created_at INTEGER NOT NULL,
-			uid        INTEGER,
-			gid        INTEGER,
-			mode       INTEGER,
-			blobs       INTEGER NOT NULL DEFAULT 0,
-			bytes       INTEGER NOT NULL DEFAULT 0,
-			quota_blobs INTEGER NOT NULL DEFAULT 0,
-			quota_bytes INTEGER NOT NULL DEFAULT 0
-		) WITHOUT ROWID`,
-		// WITHOUT ROWID clusters the rows by (ns, digest): a namespace's
-		// listing reads consecutive pages.
-		`CREATE TABLE IF NOT EXISTS ns_refs (
-			ns        TEXT NOT NULL REFERENCES ns (name),
-			digest    BLOB NOT NULL,
-			linked_at INTEGER NOT NULL,
-			size      INTEGER,
-			PRIMARY KEY (ns, digest)
-		) WITHOUT ROWID`,
-		`CREATE INDEX IF NOT EXISTS ns_refs_digest ON ns_refs (digest)`,
-		unsizedIndex,
-		`CREATE TABLE IF NOT EXISTS ns_pending (
-			id     INTEGER PRIMARY KEY,
-			ns     TEXT NOT NULL REFERENCES ns (name),
-			digest BLOB NOT NULL,
-			holder TEXT NOT NULL,
-			expiry INTEGER NOT NULL,
-			size   INTEGER
-		)`,
-		`CREATE INDEX IF NOT EXISTS ns_pending_digest ON ns_pending (digest)`,
-		// No index on holder: it cost every small close a b-tree write,
-		// and ns_pending holds only the intents of files being written,
-		// which Renew and Recover scan (docs/gc.md, "What a small close
-		// writes"). dropPendingHolder drops it from older databases.
-	},
-	"postgres": {
-		// COLLATE "C": names list in byte order whatever the database's
-		// locale. BIGINT: INTEGER is 32-bit in PostgreSQL.
-		`CREATE TABLE IF NOT EXISTS ns (
-			name       TEXT COLLATE "C" PRIMARY KEY,
-			created_at BIGINT NOT NULL,
-			uid        BIGINT,
-			gid        BIGINT,
-			mode       BIGINT,
-			blobs       BIGINT NOT NULL DEFAULT 0,
-			bytes       BIGINT NOT NULL DEFAULT 0,
-			quota_blobs BIGINT NOT NULL DEFAULT 0,
-			quota_bytes BIGINT NOT NULL DEFAULT 0
-		)`,
-		// The foreign key closes the Link/Remove race under READ COMMITTED
-		// (SQLite serializes writers, so it needs no enforcement there).
-		`CREATE TABLE IF NOT EXISTS ns_refs (
-			ns        TEXT COLLATE "C" NOT NULL REFERENCES ns (name),
-			digest    BYTEA NOT NULL,
-			linked_at BIGINT NOT NULL,
-			size      BIGINT,
-			PRIMARY KEY (ns, digest)
-		)`,
-		`CREATE INDEX IF NOT EXISTS ns_refs_digest ON ns_refs (digest)`,
-		unsizedIndex,
-		`CREATE TABLE IF NOT EXISTS ns_pending (
-			id     BIGINT PRIMARY KEY,
-			ns     TEXT COLLATE "C" NOT NULL REFERENCES ns (name),
-			digest BYTEA NOT NULL,
-			holder TEXT NOT NULL,
-			expiry BIGINT NOT NULL,
-			size   BIGINT
-		)`,
-		`CREATE INDEX IF NOT EXISTS ns_pending_digest ON ns_pending (digest)`,
-		`CREATE INDEX IF NOT EXISTS ns_pending_holder ON ns_pending (holder)`,
-	},
-}
-
-// unsizedIndex finds the references made before sizes were kept, which
-// Service.FillSizes sizes from the pool: empty once they are, so it costs
-// the writes of sized references nothing, and an open finds at once that
-// there is nothing to fill.
-const unsizedIndex = `CREATE INDEX IF NOT EXISTS ns_refs_unsized ON ns_refs (digest) WHERE size IS NULL`
 
 type queries struct {
 	create, remove, exists, names   string
@@ -260,46 +175,15 @@ func rebind(dialect, q string) string { return engines.Rebind(dialect, q) }
 // does not own e's database: closing the engine closes it.
 func OpenSQL(ctx context.Context, e engines.SQL, clock Clock) (*SQL, error) {
 	db, dialect := e.DB(), e.Dialect()
-	stmts, ok := ddl[dialect]
-	if !ok {
-		return nil, fmt.Errorf("namespaces: open: unknown SQL dialect %q (want sqlite or postgres)", dialect)
-	}
 	rows, _ := e.(engines.RowClock)
 	if dialect == "sqlite" && rows == nil {
 		return nil, fmt.Errorf("namespaces: open sqlite: %T keeps no row clock (engines.RowClock) to time intents with; open the database with engines/sqlite", e)
 	}
-	// The usage columns go in first: the schema's index of unsized
-	// references names one of them.
-	var usageAdded, usageCols bool
-	err := retryDeadlock(func() (err error) {
-		usageAdded, usageCols, err = addUsageColumns(ctx, db, dialect)
-		return err
-	})
+	schema, err := meta.OpenNSTables(ctx, db, dialect)
 	if err != nil {
-		return nil, fmt.Errorf("namespaces: open %s: add the usage columns: %w", dialect, err)
+		return nil, fmt.Errorf("namespaces: open %s: %w", dialect, err)
 	}
-	if !usageCols {
-		// An older store on read-only media: no index on a column it
-		// lacks.
-		stmts = slices.DeleteFunc(slices.Clone(stmts), func(s string) bool { return s == unsizedIndex })
-	}
-	if err := createSchema(ctx, db, dialect, stmts); err != nil {
-		return nil, fmt.Errorf("namespaces: open %s: create schema: %w", dialect, err)
-	}
-	if dialect == "sqlite" {
-		if err := dropPendingHolder(ctx, db); err != nil {
-			return nil, fmt.Errorf("namespaces: open %s: drop the index ns_pending_holder: %w", dialect, err)
-		}
-	}
-	var permCols bool
-	err = retryDeadlock(func() (err error) {
-		permCols, err = addPermColumns(ctx, db, dialect)
-		return err
-	})
-	if err != nil {
-		return nil, fmt.Errorf("namespaces: open %s: add the ns permission columns: %w", dialect, err)
-	}
-	r := &SQL{db: db, dialect: dialect, clock: orWall(clock), q: newQueries(dialect), noPerm: !permCols, noUsage: !usageCols}
+	r := &SQL{db: db, dialect: dialect, clock: orWall(clock), q: newQueries(dialect), noPerm: !schema.Perm, noUsage: !schema.Usage}
 	r.settles = &settleGroup{db: db}
 	r.pends, _ = e.(pendDeferrer)
 	if dialect == "sqlite" {
@@ -311,10 +195,10 @@ func OpenSQL(ctx context.Context, e engines.SQL, clock Clock) (*SQL, error) {
 		r.q.perm = rebind(dialect, `SELECT NULL, NULL, NULL FROM ns WHERE name = ?`)
 	}
 	r.watchOpen(e)
-	if err := retryDeadlock(func() error { return r.prepare(ctx) }); err != nil {
+	if err := meta.RetryDeadlock(func() error { return r.prepare(ctx) }); err != nil {
 		return nil, fmt.Errorf("namespaces: open %s: prepare: %w", dialect, err)
 	}
-	if usageAdded {
+	if schema.UsageAdded {
 		// The rows made before usage was kept are counted once, now;
 		// their sizes are unknown (0) until Service.FillSizes.
 		if _, err := r.Recount(ctx); err != nil {
@@ -322,21 +206,6 @@ func OpenSQL(ctx context.Context, e engines.SQL, clock Clock) (*SQL, error) {
 		}
 	}
 	return r, nil
-}
-
-// retryDeadlock runs f again, up to three times in all, while PostgreSQL
-// answers "deadlock detected": concurrent opens of an old store (one
-// adding the permission columns, another preparing statements on the
-// table) can form a lock cycle, which the server breaks by aborting one
-// of them; that one just tries again.
-func retryDeadlock(f func() error) error {
-	for try := 1; ; try++ {
-		err := f()
-		var st interface{ SQLState() string }
-		if err == nil || try == 3 || !errors.As(err, &st) || st.SQLState() != "40P01" {
-			return err
-		}
-	}
 }
 
 // prepare prepares the registry's hot statements.
