@@ -85,12 +85,6 @@ func TestSharedStateTables(t *testing.T) {
 // in SQL, each until its step of issue 36, stage 2 (docs/architecture.md,
 // "How one close commits") moves its statements into meta.
 var sharedStateStill = map[string]bool{
-	// The registry's statements on SQL: they move behind meta's typed
-	// operations (step 2).
-	"namespaces/sql.go":         true,
-	"namespaces/sql_refs.go":    true,
-	"namespaces/sql_intents.go": true,
-	"namespaces/sql_usage.go":   true,
 	// The PostgreSQL put batch's intents and its namespaces' row locks:
 	// they become meta's fragments when the close hands down rows (step 3).
 	"engines/postgres/putgroup.go": true,
