@@ -79,7 +79,7 @@ type pendReq struct {
 // transaction, where the caller's own statement reports it.
 //
 // The statement also keeps the namespaces' usage as the registry does
-// (namespaces/sql_usage.go): size is charged to ns if no reference or
+// (meta/ns_usage.go): size is charged to ns if no reference or
 // intent of ns named d before, within its quota, after the batch locked
 // ns's row (oneStatement). A batch over a quota fails on the server
 // likewise, and runs again in a transaction, where the registry's
@@ -156,7 +156,7 @@ func (g *putGroup) fast(jobs []*putJob) bool {
 // lockNSSQL locks the rows of a one-statement batch's namespaces ($1,
 // sorted and distinct) in name order, ahead of its statement (see
 // oneStatement). FOR NO KEY UPDATE is the lock every writer of a
-// namespace's holdings takes first (namespaces/sql_usage.go); ORDER BY
+// namespace's holdings takes first (meta/ns_usage.go); ORDER BY
 // puts the locking above the sort, so the rows are locked in name order,
 // and two batches that share namespaces never wait for each other in a
 // cycle. An absent namespace has no row to lock: the statement then

@@ -262,7 +262,7 @@ func (g *putGroup) deferPins(tx *sql.Tx, rows []meta.PinRow) bool {
 // row goes in before every lock is granted. It returns the digests it
 // inserted (not those already stored: a dedup). batchPendSQL also inserts
 // the intents deferred to the batch ($8-$13, see fast), likewise, and
-// keeps their namespaces' usage (namespaces/sql_usage.go): it charges
+// keeps their namespaces' usage (meta/ns_usage.go): it charges
 // each namespace the digests (nw) that none of its references or
 // intents named, in the statement's snapshot, and admits them against
 // its quota. The statement runs after the namespaces' rows are locked
