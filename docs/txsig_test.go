@@ -72,6 +72,7 @@ var txStill = map[string]string{
 	"engines.Batcher.Do":      "the group commit's job",
 	"engines.Batcher.DoAlone": "meta.SQLite.ArbitrateAlone's transaction",
 	"engines.InTx":            "a transaction of one's own",
+	"engines.Write":           "Do, or InTx without a Batcher",
 	// Bulk loading of a store, many puts to a transaction
 	// (scripts/mkpool): a tool's, kept.
 	"engines/sqlite.Engine.PutIn": "scripts/mkpool's bulk puts",

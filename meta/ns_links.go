@@ -235,14 +235,10 @@ func (l *Links) inTx(ctx context.Context, f func(ctx context.Context, tx *sql.Tx
 	return l.write(ctx, false, f)
 }
 
-// write runs fn in a write transaction: through the engine's Batcher when
-// it has one (SQLite), lazily if asked (engines.Batcher), so that these
-// writes queue with the puts; in one of its own otherwise.
+// write runs fn in a write transaction (engines.Write: through the
+// engine's Batcher when it has one, lazily if asked).
 func (l *Links) write(ctx context.Context, lazy bool, fn func(ctx context.Context, tx *sql.Tx) error) error {
-	if l.batch != nil {
-		return l.batch.Do(ctx, lazy, fn)
-	}
-	return engines.InTx(ctx, l.db, nil, func(tx *sql.Tx) error { return fn(ctx, tx) })
+	return engines.Write(ctx, l.batch, l.db, lazy, fn)
 }
 
 // Unlink drops the namespace's reference to d and frees its charge unless
