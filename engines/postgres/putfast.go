@@ -13,6 +13,7 @@ import (
 
 	"github.com/alkblobfs/alkblobfs/blob"
 	"github.com/alkblobfs/alkblobfs/engines"
+	"github.com/alkblobfs/alkblobfs/meta"
 )
 
 // The one-statement batch. Most batches' puts ask for nothing the batch
@@ -68,6 +69,10 @@ type pendReq struct {
 	ttl    time.Duration
 	size   int64 // the blob's size, charged to the namespace's usage
 }
+
+// meta.Links defers the intents of puts to the put batch's statement
+// through these two methods.
+var _ meta.PendDeferrer = (*Engine)(nil)
 
 // DeferPend adds an intent to the batch statement of tx, when tx is the
 // probe transaction of a put's batch (see above), and reports whether it
