@@ -62,33 +62,10 @@ func TestArchitectureImports(t *testing.T) {
 // other packages call (or, for a statement that must carry meta's rows,
 // embed meta's exported fragment). A literal that only names one, with no
 // SQL in it (a configuration key such as "gc_window"), is no statement.
-// The files of sharedStateStill may still do so until stage 2 of issue 36
-// moves their statements; the list only shrinks.
 func TestSharedStateTables(t *testing.T) {
-	still := make(map[string]bool)
 	for _, f := range sharedStateSQL(t, "..") {
-		file := strings.SplitN(f.pos, ":", 2)[0]
-		if sharedStateStill[file] {
-			still[file] = true
-			continue
-		}
 		t.Errorf("%s names a table of package meta in SQL: %s; move the statement into meta (docs/architecture.md, \"How one close commits\")", f.pos, f.lit)
 	}
-	for _, file := range slices.Sorted(maps.Keys(sharedStateStill)) {
-		if !still[file] {
-			t.Errorf("%s names no table of package meta in SQL any more: remove it from sharedStateStill", file)
-		}
-	}
-}
-
-// sharedStateStill are the files that still name the namespaces' tables
-// in SQL, each until its step of issue 36, stage 2 (docs/architecture.md,
-// "How one close commits") moves its statements into meta.
-var sharedStateStill = map[string]bool{
-	// The PostgreSQL put batch's intents and its namespaces' row locks:
-	// they become meta's fragments when the close hands down rows (step 3).
-	"engines/postgres/putgroup.go": true,
-	"engines/postgres/putfast.go":  true,
 }
 
 // TestSharedStateTablesFails: the check finds a statement of a shared

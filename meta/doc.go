@@ -126,7 +126,7 @@
 // through namespaces.Service's LinkFunc, SettleFunc and PendFunc). They
 // go when the close hands this package the rows it commits (the blob
 // entry, the pin or intent, the link) as a value (docs/architecture.md,
-// "How one close commits"); the PostgreSQL put batch's intent statement
-// (engines/postgres/putgroup.go) then becomes this package's fragment, as
-// the pin rows' are.
+// "How one close commits"). The PostgreSQL put batch already carries its
+// intents with this package's fragment (PGBatchIntents, ns_postgres.go),
+// as it does its pin rows.
 package meta
