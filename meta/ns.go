@@ -83,21 +83,18 @@ type LinksConfig struct {
 	// Origin, on PostgreSQL, makes every statement that commits a change
 	// another host's cache must learn of (a namespace created, its
 	// permissions changed, it removed, a reference unlinked) notify it on
-	// NSNotifyChannel, in the same statement: see NSNote.
+	// NSNotifyChannel, in the same statement.
 	Origin string
 }
 
 // NSNotifyChannel is the PostgreSQL channel that namespace changes are
-// notified on (LISTEN/NOTIFY), in the kv database.
+// notified on (LISTEN/NOTIFY), in the kv database. A notification's
+// payload is "<kind> <origin> <namespace> [<digest hex>]", kind c
+// (created), p (permissions changed), r (removed) or u (a reference
+// unlinked, with its digest); namespace names hold no space. The server
+// delivers it when the change commits, never for one that rolls back,
+// and it costs no round trip.
 const NSNotifyChannel = "alkblobfs_ns"
-
-// NSNote is the payload of a notification on NSNotifyChannel:
-// "<kind> <origin> <namespace> [<digest hex>]", kind c (created), p
-// (permissions changed), r (removed) or u (a reference unlinked, with its
-// digest). Namespace names hold no space. The server delivers it when the
-// change commits, never for one that rolls back, and it costs no round
-// trip.
-type NSNote = string
 
 // PendDeferrer is an engine whose puts' transactions can carry an intent
 // in the put's own statement (engines/postgres.Engine.DeferPend): it

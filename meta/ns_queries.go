@@ -137,7 +137,7 @@ func (q *nsQueries) usageQueries(dialect string) {
 // notifying makes each statement that commits a change another host's
 // cache must learn of (a namespace created, its permissions changed, it
 // removed, a reference unlinked) one that also sends a notification for
-// each row it changed (NSNote), with pg_notify in the same statement.
+// each row it changed (see NSNotifyChannel), with pg_notify in the same statement.
 // origin, random per registry, lets the registry leave out its own
 // changes. The statements still report the rows they changed: a SELECT's
 // command tag counts the rows it returned, one per row changed.

@@ -179,11 +179,6 @@ func retryDeadlock(f func() error) error {
 	}
 }
 
-// RetryDeadlock is retryDeadlock for package namespaces' own opening
-// statements (it prepares statements on these tables while another host
-// may be altering them).
-func RetryDeadlock(f func() error) error { return retryDeadlock(f) }
-
 // createNSSchema creates the tables and indexes that do not exist yet. On
 // SQLite each statement runs on its own, taking the write lock only if it
 // creates something (a store on read-only media opens too); on PostgreSQL

@@ -23,7 +23,7 @@ var _ Watcher = (*SQL)(nil)
 
 // watchOpen readies Watch on PostgreSQL: an origin, random per registry,
 // which meta's statements put in each notification of a change they
-// commit (meta.NSNote), so that Watch can leave out the registry's own
+// commit (see meta.NSNotifyChannel), so that Watch can leave out the registry's own
 // changes.
 func (r *SQL) watchOpen(e engines.SQL) {
 	if e.Dialect() != "postgres" {
@@ -97,7 +97,7 @@ func (r *SQL) listenLoop(ctx context.Context, f *feed) {
 	}
 }
 
-// parseNote reads a payload (meta.NSNote). Its own changes and unknown
+// parseNote reads a payload (meta.NSNotifyChannel). Its own changes and unknown
 // kinds report nothing; a payload it cannot read reports a Resync, since
 // some change went by unread.
 func (r *SQL) parseNote(payload string) (Change, bool) {
