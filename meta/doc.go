@@ -34,10 +34,12 @@
 //	ns_refs(ns, digest, linked_at, size)           PRIMARY KEY (ns, digest); index ns_refs_digest (digest)
 //	ns_pending(id PRIMARY KEY, ns, digest, holder, expiry, size)   index ns_pending_digest (digest)
 //
-// BLOB and INTEGER on SQLite (WITHOUT ROWID), BYTEA and BIGINT on
-// PostgreSQL; every time is unix nanoseconds on the row clock. The names
-// and columns are those the engines created before this package owned
-// them: a database made by an earlier build opens with its rows, and the
+// BLOB and INTEGER on SQLite (the gc_ tables WITHOUT ROWID), BYTEA and
+// BIGINT on PostgreSQL; every time is unix nanoseconds, on the row clock
+// except ns.created_at and ns_refs.linked_at, which are the caller's wall
+// clock (what a user reads as the time of a namespace or a link). The
+// names and columns are those the engines (the gc_ tables) and package
+// namespaces (the ns tables) created before this package owned them: a database made by an earlier build opens with its rows, and the
 // migrations that existed still run (a database from before gc_clock
 // adopts its wall-clock rows; a read-only database from before gc_corrupt
 // reads an empty ledger and refuses marks).

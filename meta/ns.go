@@ -23,7 +23,7 @@ import (
 //
 // Links validates nothing a caller decides: the caller checks names and
 // sizes first. Errors are the database's, or ErrNSNotFound, ErrNSExists,
-// ErrNSNotEmpty, blob.ErrMissing (no such reference), an *OverQuota
+// ErrNSNotEmpty, blob.ErrMissing (no such reference), an error from QuotaError (wrapping blob.ErrQuota)
 // (wrapping blob.ErrQuota) or blob.ErrReadOnly; the caller names the
 // operation.
 //

@@ -29,7 +29,7 @@ func (l *Links) Link(ctx context.Context, name string, d blob.Digest, size int64
 // LinkTx is Link inside the caller's transaction tx, which must belong to
 // the engine's database: the reference commits or rolls back with tx (a
 // kv put's transaction). linked reports whether it added the reference.
-// Over the namespace's quota it fails with an *OverQuota and writes
+// Over the namespace's quota it fails with an error from QuotaError (wrapping blob.ErrQuota) and writes
 // nothing.
 func (l *Links) LinkTx(ctx context.Context, tx *sql.Tx, name string, d blob.Digest, size int64) (bool, error) {
 	if err := l.writable(); err != nil {

@@ -32,7 +32,7 @@ func TestNSRebind(t *testing.T) {
 	}
 }
 
-// TestSQLiteQueryPlans: the hot queries use the indexes rather than a scan
+// TestNSSQLiteQueryPlans: the hot queries use the indexes rather than a scan
 // and a sort — what keeps IsLive and an arbitration batch (liveAmong)
 // probes and Live and Entries streaming at millions of rows, ns_pending
 // included: a dead mount's backlog of intents or a big cp -r waiting for

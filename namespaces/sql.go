@@ -48,7 +48,10 @@ func OpenSQL(ctx context.Context, e engines.SQL, clock Clock) (*SQL, error) {
 }
 
 // openSQL is OpenSQL whose writes go through batch when it is set (the
-// SQLite engine's Batcher: see Open).
+// SQLite engine's Batcher: see Open). That includes the usage recount at
+// open, when the usage columns were just added: eager Batcher jobs, which
+// may share a transaction with other writers' and run again after a
+// rollback; the recount is idempotent (it sets every counter afresh).
 func openSQL(ctx context.Context, e engines.SQL, clock Clock, batch *engines.Batcher) (*SQL, error) {
 	r := &SQL{db: e.DB()}
 	r.watchOpen(e)
@@ -129,10 +132,11 @@ func (r *SQL) Exists(ctx context.Context, name string) (bool, error) {
 // Names implements Registry.
 func (r *SQL) Names(ctx context.Context, after string) iter.Seq2[string, error] {
 	return paged(ctx, "names", "", func(first bool, last string) ([]string, error) {
+		from := after
 		if !first {
-			after = last
+			from = last
 		}
-		return r.l.NamesPage(ctx, after, pageSize)
+		return r.l.NamesPage(ctx, from, pageSize)
 	})
 }
 
