@@ -55,15 +55,16 @@ func TestArchitectureImports(t *testing.T) {
 }
 
 // TestSharedStateTables: only package meta (meta/...) names the tables of
-// the pool's shared GC state in SQL: no non-test .go file elsewhere has a
-// string literal that names gc_pins, gc_window, gc_clock or gc_corrupt
+// the pool's shared state in SQL: no non-test .go file elsewhere has a
+// string literal that names gc_pins, gc_window, gc_clock, gc_corrupt,
+// ns_refs, ns_pending or ns (after FROM, INTO, UPDATE, JOIN or TABLE)
 // beside an SQL keyword. Statements of those tables belong in meta, which
 // other packages call (or, for a statement that must carry meta's rows,
 // embed meta's exported fragment). A literal that only names one, with no
 // SQL in it (a configuration key such as "gc_window"), is no statement.
 func TestSharedStateTables(t *testing.T) {
 	for _, f := range sharedStateSQL(t, "..") {
-		t.Errorf("%s names a table of package meta in SQL: %s; move the statement into meta (docs/architecture.md, \"Where each rule lives\")", f.pos, f.lit)
+		t.Errorf("%s names a table of package meta in SQL: %s; move the statement into meta (docs/architecture.md, \"How one close commits\")", f.pos, f.lit)
 	}
 }
 
@@ -85,19 +86,24 @@ func TestSharedStateTablesFails(t *testing.T) {
 	write("meta/m.go", "package meta\n\nconst q = `SELECT digest FROM gc_window`\n")
 	write("engines/x/x_test.go", "package x\n\nconst q = `UPDATE gc_clock SET seen = 1`\n")
 	write("cmd/c.go", "package main\n\nvar keys = map[string]string{\"gc_window\": \"--gc-window\"}\nconst other = `SELECT 1 FROM gc_windows_of_mine`\n")
+	write("fusefs/f.go", "package fusefs\n\nconst q = `SELECT 1 FROM ns_refs_backup WHERE x = 1`\nconst msg = \"took 5 ns from the queue\"\nconst ns = \"select the ns field\"\nconst help = \"store it, link it into NS\"\n")
+	write("ops/o.go", "package ops\n\nconst q = `SELECT name FROM ns WHERE name = ?`\n")
+	write("store/s.go", "package store\n\nconst q = `DELETE FROM ns_pending WHERE id = ?`\n")
 	got := sharedStateSQL(t, dir)
 	var files []string
 	for _, f := range got {
 		files = append(files, strings.SplitN(f.pos, ":", 2)[0])
 	}
-	want := []string{"engines/x/x.go", "gc/y.go"}
+	want := []string{"engines/x/x.go", "gc/y.go", "ops/o.go", "store/s.go"}
 	if !slices.Equal(files, want) {
 		t.Fatalf("found SQL of the shared tables in %v; want %v", files, want)
 	}
 }
 
-// sharedTable names a table of the shared state as an SQL word.
-var sharedTable = regexp.MustCompile(`\bgc_(pins|window|clock|corrupt)\b`)
+// sharedTable names a table of the shared state as an SQL word: the GC's,
+// the namespaces' links and intents, and their names' table ns where a
+// statement reads or writes it.
+var sharedTable = regexp.MustCompile(`\bgc_(pins|window|clock|corrupt)\b|\bns_(refs|pending)\b|\b(?i:from|into|update|join|table)\s+ns\b`)
 
 // sqlWord is what makes a literal SQL rather than a name.
 var sqlWord = regexp.MustCompile(`(?i)\b(select|insert|update|delete|create|drop|alter|from|into|where|join|table|index)\b`)

@@ -122,6 +122,20 @@ func (b *Batcher) Do(ctx context.Context, lazy bool, fn func(ctx context.Context
 	return b.do(&batchJob{fn: fn, ctx: context.WithoutCancel(ctx), lazy: lazy, done: make(chan struct{})})
 }
 
+// Write runs fn in a write transaction of db: through b when there is
+// one (a writable SQLite database, whose writers — puts, deletes, pin,
+// window and namespace rows, the sweep's arbitration — then share its
+// queue instead of polling SQLite's lock behind it), lazily if asked (see
+// Do); in a transaction of its own otherwise (b nil: a read-only
+// database, where it fails, or a database without a group commit). fn
+// gets the context to use, which through b is the Batcher's.
+func Write(ctx context.Context, b *Batcher, db *sql.DB, lazy bool, fn func(ctx context.Context, tx *sql.Tx) error) error {
+	if b != nil {
+		return b.Do(ctx, lazy, fn)
+	}
+	return InTx(ctx, db, nil, func(tx *sql.Tx) error { return fn(ctx, tx) })
+}
+
 // DoAlone runs fn once in a write transaction of its own, in the queue
 // with the other jobs: never shared, so fn reads only committed work and
 // its own, and never run again. It is for a transaction that serves as a

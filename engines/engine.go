@@ -302,6 +302,14 @@ func InTx(ctx context.Context, db *sql.DB, wrap func(error) error, fn func(tx *s
 	return nil
 }
 
+// Querier is what *sql.DB and *sql.Tx share: a statement that runs on
+// its own, or inside a transaction the caller holds.
+type Querier interface {
+	ExecContext(ctx context.Context, query string, args ...any) (sql.Result, error)
+	QueryContext(ctx context.Context, query string, args ...any) (*sql.Rows, error)
+	QueryRowContext(ctx context.Context, query string, args ...any) *sql.Row
+}
+
 // DigestRows is what ScanDigests reads: *sql.Rows, or pgx.Rows.
 type DigestRows interface {
 	Next() bool

@@ -97,11 +97,7 @@ func (t *Table) LiveAmongTx(ctx context.Context, tx *sql.Tx, ds []blob.Digest) (
 	return t.liveAmong(ctx, tx, ds)
 }
 
-type querier interface {
-	QueryContext(ctx context.Context, query string, args ...any) (*sql.Rows, error)
-}
-
-func (t *Table) liveAmong(ctx context.Context, q0 querier, ds []blob.Digest) (map[blob.Digest]bool, error) {
+func (t *Table) liveAmong(ctx context.Context, q0 engines.Querier, ds []blob.Digest) (map[blob.Digest]bool, error) {
 	live := make(map[blob.Digest]bool)
 	if len(ds) == 0 {
 		return live, nil

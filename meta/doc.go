@@ -1,7 +1,8 @@
 // Package meta is the one owner of the state every process and host of a
-// pool shares for its garbage collection: pin rows, the arbitration lock,
+// pool shares: for its garbage collection, pin rows, the arbitration lock,
 // the sweep lease, the delete window, the corrupt ledger and the row clock
-// that times them. It owns their tables — their schema, their migrations,
+// that times them; for its namespaces, their names, links (references),
+// intents and usage counters. It owns their tables — their schema, their migrations,
 // every statement that reads or writes them — per dialect:
 //
 //   - SQLite (sqlite.go, sqlite_clock.go): [SQLite], in the sqlite kv
@@ -10,6 +11,10 @@
 //     database, and [PGWindow], the window alone, in pglo's.
 //   - mem (mem.go): [MemLedger], the corrupt ledger of a mem engine, in the
 //     process.
+//   - the namespaces' tables, both SQL dialects (ns_schema.go, ns*.go):
+//     [Links], which package namespaces opens on the kv engine's database
+//     ([OpenLinks]) and reaches its rows through; its mem registry keeps
+//     its own, in the process.
 //
 // An engine opens its dialect in its own database at Open and hands it
 // out as a [State] ([Holder]); the store gives the kv engine's (or, for
@@ -25,11 +30,16 @@
 //	gc_window(digest PRIMARY KEY, visible_after)
 //	gc_corrupt(digest PRIMARY KEY, file, reason, marked)
 //	gc_clock(id = 1, boot_id, epoch, seen)          SQLite only
+//	ns(name PRIMARY KEY, created_at, uid, gid, mode, blobs, bytes, quota_blobs, quota_bytes)
+//	ns_refs(ns, digest, linked_at, size)           PRIMARY KEY (ns, digest); index ns_refs_digest (digest)
+//	ns_pending(id PRIMARY KEY, ns, digest, holder, expiry, size)   index ns_pending_digest (digest)
 //
-// BLOB and INTEGER on SQLite (WITHOUT ROWID), BYTEA and BIGINT on
-// PostgreSQL; every time is unix nanoseconds on the row clock. The names
-// and columns are those the engines created before this package owned
-// them: a database made by an earlier build opens with its rows, and the
+// BLOB and INTEGER on SQLite (the gc_ tables WITHOUT ROWID), BYTEA and
+// BIGINT on PostgreSQL; every time is unix nanoseconds, on the row clock
+// except ns.created_at and ns_refs.linked_at, which are the caller's wall
+// clock (what a user reads as the time of a namespace or a link). The
+// names and columns are those the engines (the gc_ tables) and package
+// namespaces (the ns tables) created before this package owned them: a database made by an earlier build opens with its rows, and the
 // migrations that existed still run (a database from before gc_clock
 // adopts its wall-clock rows; a read-only database from before gc_corrupt
 // reads an empty ledger and refuses marks).
@@ -111,10 +121,14 @@
 //
 // # Still crossing packages (stage 2 of issue 36)
 //
-// A *sql.Tx still crosses this package's boundary in two places:
+// A *sql.Tx still crosses this package's boundary in three places:
 // Host.Arbitrate's callback (the collector reads its TxSources and
-// deletes the kv rows in it) and Host.PinRows's transaction (a put's,
-// from the engine's PutTx). They go when the close hands this package
-// the rows it commits (the blob entry, the pin or intent, the link) and
-// the namespaces' tables join it.
+// deletes the kv rows in it), Host.PinRows's transaction (a put's, from
+// the engine's PutTx) and Links' LinkTx, PendTx and CancelTx (a put's,
+// through namespaces.Service's LinkFunc, SettleFunc and PendFunc). They
+// go when the close hands this package the rows it commits (the blob
+// entry, the pin or intent, the link) as a value (docs/architecture.md,
+// "How one close commits"). The PostgreSQL put batch already carries its
+// intents with this package's fragment (PGBatchIntents, ns_postgres.go),
+// as it does its pin rows.
 package meta

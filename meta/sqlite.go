@@ -188,16 +188,10 @@ func (s *SQLite) inTx(ctx context.Context, op string, fn func(ctx context.Contex
 	return err
 }
 
-// write runs fn in a write transaction: through the engine's Batcher
-// (eager) when the database is writable, so that puts, pin rows, window
-// rows, deletes and the sweep's arbitration share its queue instead of
-// polling SQLite's lock behind it; in a transaction of its own otherwise
-// (a read-only database, where it fails).
+// write runs fn in a write transaction, eager (engines.Write: through the
+// engine's Batcher when the database is writable).
 func (s *SQLite) write(ctx context.Context, fn func(ctx context.Context, tx *sql.Tx) error) error {
-	if s.batch != nil {
-		return s.batch.Do(ctx, false, fn)
-	}
-	return engines.InTx(ctx, s.db, nil, func(tx *sql.Tx) error { return fn(ctx, tx) })
+	return engines.Write(ctx, s.batch, s.db, false, fn)
 }
 
 // SerialArbitration implements SerialHost: Arbitrate's lock is the

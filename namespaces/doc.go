@@ -116,5 +116,5 @@
 // in a removed namespace, and every writer that may change what a
 // namespace holds locks the namespace's row (FOR NO KEY UPDATE) before it
 // looks, so writers of one namespace serialize on every host
-// (sql_usage.go).
+// (meta/ns_usage.go).
 package namespaces

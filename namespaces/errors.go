@@ -5,19 +5,21 @@ import (
 	"strconv"
 
 	"github.com/alkblobfs/alkblobfs/blob"
+	"github.com/alkblobfs/alkblobfs/meta"
 )
 
-// Sentinel errors of the registry. Every error meaning one of these wraps it
+// Sentinel errors of the registry (the first three are meta's, whose
+// statements find them, under the registry's names). Every error meaning one of these wraps it
 // in an *Error naming the operation and the namespace; match with errors.Is.
 // A reference that is not there (Unlink) wraps blob.ErrMissing, as does a
 // Service link of a digest that is not in the pool.
 var (
 	// ErrExists: Create of a namespace that already exists.
-	ErrExists = errors.New("namespace exists")
+	ErrExists = meta.ErrNSExists
 	// ErrNotEmpty: Remove of a namespace that still holds references.
-	ErrNotEmpty = errors.New("namespace not empty")
+	ErrNotEmpty = meta.ErrNSNotEmpty
 	// ErrNotFound: the namespace does not exist.
-	ErrNotFound = errors.New("namespace not found")
+	ErrNotFound = meta.ErrNSNotFound
 	// ErrBadName: the name breaks the rules of ValidName.
 	ErrBadName = errors.New("bad namespace name")
 )

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/alkblobfs/alkblobfs/blob"
+	"github.com/alkblobfs/alkblobfs/meta"
 )
 
 // Mem is an in-memory Registry, for stores whose kv engine is not
@@ -82,10 +83,10 @@ func (u *memUsage) release(refs *ordered, d blob.Digest) {
 // and an error wrapping blob.ErrQuota otherwise. Growth by nothing is
 // always admitted (a dedup).
 func (u *memUsage) admit(blobs, bytes int64) error {
-	if blobs == 0 || u.quota.fits(u.blobs+blobs, u.bytes+bytes) {
+	if blobs == 0 || u.quota.Fits(u.blobs+blobs, u.bytes+bytes) {
 		return nil
 	}
-	return errQuota(u.quota, Usage{Blobs: u.blobs, Bytes: u.bytes}, blobs, bytes)
+	return meta.QuotaError(u.quota, Usage{Blobs: u.blobs, Bytes: u.bytes}, blobs, bytes)
 }
 
 var _ Registry = (*Mem)(nil)
@@ -499,7 +500,7 @@ func (m *Mem) SetQuota(ctx context.Context, name string, q Quota) error {
 	if err := check(ctx, name); err != nil {
 		return wrap("set quota", name, blob.Digest{}, err)
 	}
-	if err := q.check(); err != nil {
+	if err := q.Check(); err != nil {
 		return wrap("set quota", name, blob.Digest{}, err)
 	}
 	m.mu.Lock()

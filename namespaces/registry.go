@@ -4,21 +4,17 @@ import (
 	"context"
 	"database/sql"
 	"iter"
-	"math/rand/v2"
 	"time"
 
 	"github.com/alkblobfs/alkblobfs/blob"
 	"github.com/alkblobfs/alkblobfs/engines"
 	"github.com/alkblobfs/alkblobfs/gc"
+	"github.com/alkblobfs/alkblobfs/meta"
 )
 
-// Ref is one reference of a namespace to a digest.
-type Ref struct {
-	Digest blob.Digest
-	// LinkedAt is when the digest was first linked into the namespace (the
-	// file's mtime on the mount). Re-linking keeps it.
-	LinkedAt time.Time
-}
+// Ref is one reference of a namespace to a digest (LinkedAt: when it
+// was first linked, the file's mtime on the mount; re-linking keeps it).
+type Ref = meta.Ref
 
 // Perm is who may use a namespace through a mount: the owner, group and
 // permission bits of its directory, which the kernel checks when other
@@ -186,13 +182,7 @@ type TxLinker interface {
 type Intent int64
 
 // newIntent returns a random non-zero intent id.
-func newIntent() Intent {
-	for {
-		if i := Intent(rand.Int64()); i != 0 {
-			return i
-		}
-	}
-}
+func newIntent() Intent { return Intent(meta.NewIntentID()) }
 
 // Pending describes an intent being recorded.
 type Pending struct {
@@ -249,14 +239,11 @@ const pageSize = 1000
 // gets the in-memory registry.
 func Open(ctx context.Context, kv engines.Engine, clock Clock) (Registry, error) {
 	if s, ok := kv.(engines.SQL); ok {
-		r, err := OpenSQL(ctx, s, clock)
-		if err != nil {
-			return nil, err
-		}
+		var batch *engines.Batcher
 		if b, ok := kv.(engines.Batching); ok {
-			r.batch = b.Batcher()
+			batch = b.Batcher()
 		}
-		return r, nil
+		return openSQL(ctx, s, clock, batch)
 	}
 	return NewMem(clock), nil
 }

@@ -6,63 +6,26 @@ import (
 	"errors"
 	"fmt"
 	"iter"
-	"slices"
-	"strings"
+	"time"
 
 	"github.com/alkblobfs/alkblobfs/blob"
 	"github.com/alkblobfs/alkblobfs/engines"
 	"github.com/alkblobfs/alkblobfs/gc"
+	"github.com/alkblobfs/alkblobfs/meta"
 )
 
-// SQL is a Registry kept in two tables of a database/sql database, normally
-// the kv engine's own (see Open), so that links survive restarts and can
-// commit in the same transaction as a put (LinkTx):
-//
-//	ns(name TEXT PRIMARY KEY, created_at INTEGER, uid, gid, mode INTEGER NULL)
-//	ns_refs(ns TEXT REFERENCES ns, digest BLOB, linked_at INTEGER, PRIMARY KEY (ns, digest))
-//	index ns_refs_digest on ns_refs(digest), for IsLive and Live
-//	ns_pending(id INTEGER PRIMARY KEY, ns TEXT REFERENCES ns, digest BLOB, holder TEXT, expiry INTEGER)
-//	index ns_pending(digest) for liveness; on PostgreSQL ns_pending(holder) for Renew
-//
-// Times are unix nanoseconds. linked_at and created_at are the registry's
-// Clock (wall time). An intent's expiry is the row clock's, which every
-// process sharing the database reads alike: the server's on PostgreSQL
-// (engines.PGNow, read in the statement), the engine's on SQLite
-// (engines.RowClock, bound); writers pass a TTL. The DDL is per dialect
-// (BLOB/BYTEA, BIGINT, byte-order collation on PostgreSQL); every DML
-// statement is shared, with `?` placeholders rebound to `$n` for
-// PostgreSQL and {now} standing for the row clock (see args).
-//
-// On SQLite the pool must begin transactions IMMEDIATE (_txlock=immediate,
-// as engines/sqlite does): Link reads and then writes in one transaction.
+// SQL is a Registry kept in the kv engine's database (see Open), so that
+// links survive restarts and can commit in the same transaction as a put
+// (LinkTx). Its rows — names, references, intents, usage counters — are
+// package meta's (meta.Links: the tables, their migrations and every
+// statement, per dialect); SQL checks names and sizes, names the
+// operation on every error, pages the listings and watches for other
+// hosts' changes.
 type SQL struct {
-	db      *sql.DB
-	dialect string
-	clock   Clock
-	// rows is the row clock on SQLite; nil on PostgreSQL, whose
-	// statements read the server's.
-	rows engines.RowClock
-	q    queries
-	// The statements of a put's joint link, prepared once: parsing them
-	// per put was a tenth of the CPU of a `cp -r` of small files.
-	existsStmt, linkStmt, pendStmt, unpendStmt *sql.Stmt
-	settleTakeStmt, settleLinkStmt             *sql.Stmt
-	lockStmt, heldStmt, pendHeldStmt           *sql.Stmt
-	chargeStmt                                 *sql.Stmt
-	// batch, when the engine has one (SQLite), carries the registry's
-	// write transactions (write), settles lazily.
-	batch *engines.Batcher
-	// settles groups concurrent settles in one statement (PostgreSQL).
-	settles *settleGroup
-	// noPerm: the ns table has no permission columns (an older store on
-	// read-only media): Perm reports none.
-	noPerm bool
-	// noUsage: the tables have no usage columns (an older store on
-	// read-only media): Usage fails, and nothing can be written anyway.
-	noUsage bool
-	// pends, when the engine has it (PostgreSQL), carries the intents of
-	// puts into the put's own batch statement (PendTx).
-	pends pendDeferrer
+	l *meta.Links
+	// db is the engine's database, which l writes; nothing here does but
+	// the tests' DamageUsage.
+	db *sql.DB
 	// listen and origin serve Watch on PostgreSQL (watch_postgres.go).
 	listen listener
 	origin string
@@ -75,383 +38,57 @@ var (
 	_ TxLinker       = (*SQL)(nil)
 )
 
-var ddl = map[string][]string{
-	"sqlite": {
-		`CREATE TABLE IF NOT EXISTS ns (
-			name       TEXT PRIMARY KEY,
-			created_at INTEGER NOT NULL,
-			uid        INTEGER,
-			gid        INTEGER,
-			mode       INTEGER,
-			blobs       INTEGER NOT NULL DEFAULT 0,
-			bytes       INTEGER NOT NULL DEFAULT 0,
-			quota_blobs INTEGER NOT NULL DEFAULT 0,
-			quota_bytes INTEGER NOT NULL DEFAULT 0
-		) WITHOUT ROWID`,
-		// WITHOUT ROWID clusters the rows by (ns, digest): a namespace's
-		// listing reads consecutive pages.
-		`CREATE TABLE IF NOT EXISTS ns_refs (
-			ns        TEXT NOT NULL REFERENCES ns (name),
-			digest    BLOB NOT NULL,
-			linked_at INTEGER NOT NULL,
-			size      INTEGER,
-			PRIMARY KEY (ns, digest)
-		) WITHOUT ROWID`,
-		`CREATE INDEX IF NOT EXISTS ns_refs_digest ON ns_refs (digest)`,
-		unsizedIndex,
-		`CREATE TABLE IF NOT EXISTS ns_pending (
-			id     INTEGER PRIMARY KEY,
-			ns     TEXT NOT NULL REFERENCES ns (name),
-			digest BLOB NOT NULL,
-			holder TEXT NOT NULL,
-			expiry INTEGER NOT NULL,
-			size   INTEGER
-		)`,
-		`CREATE INDEX IF NOT EXISTS ns_pending_digest ON ns_pending (digest)`,
-		// No index on holder: it cost every small close a b-tree write,
-		// and ns_pending holds only the intents of files being written,
-		// which Renew and Recover scan (docs/gc.md, "What a small close
-		// writes"). dropPendingHolder drops it from older databases.
-	},
-	"postgres": {
-		// COLLATE "C": names list in byte order whatever the database's
-		// locale. BIGINT: INTEGER is 32-bit in PostgreSQL.
-		`CREATE TABLE IF NOT EXISTS ns (
-			name       TEXT COLLATE "C" PRIMARY KEY,
-			created_at BIGINT NOT NULL,
-			uid        BIGINT,
-			gid        BIGINT,
-			mode       BIGINT,
-			blobs       BIGINT NOT NULL DEFAULT 0,
-			bytes       BIGINT NOT NULL DEFAULT 0,
-			quota_blobs BIGINT NOT NULL DEFAULT 0,
-			quota_bytes BIGINT NOT NULL DEFAULT 0
-		)`,
-		// The foreign key closes the Link/Remove race under READ COMMITTED
-		// (SQLite serializes writers, so it needs no enforcement there).
-		`CREATE TABLE IF NOT EXISTS ns_refs (
-			ns        TEXT COLLATE "C" NOT NULL REFERENCES ns (name),
-			digest    BYTEA NOT NULL,
-			linked_at BIGINT NOT NULL,
-			size      BIGINT,
-			PRIMARY KEY (ns, digest)
-		)`,
-		`CREATE INDEX IF NOT EXISTS ns_refs_digest ON ns_refs (digest)`,
-		unsizedIndex,
-		`CREATE TABLE IF NOT EXISTS ns_pending (
-			id     BIGINT PRIMARY KEY,
-			ns     TEXT COLLATE "C" NOT NULL REFERENCES ns (name),
-			digest BYTEA NOT NULL,
-			holder TEXT NOT NULL,
-			expiry BIGINT NOT NULL,
-			size   BIGINT
-		)`,
-		`CREATE INDEX IF NOT EXISTS ns_pending_digest ON ns_pending (digest)`,
-		`CREATE INDEX IF NOT EXISTS ns_pending_holder ON ns_pending (holder)`,
-	},
-}
-
-// unsizedIndex finds the references made before sizes were kept, which
-// Service.FillSizes sizes from the pool: empty once they are, so it costs
-// the writes of sized references nothing, and an open finds at once that
-// there is nothing to fill.
-const unsizedIndex = `CREATE INDEX IF NOT EXISTS ns_refs_unsized ON ns_refs (digest) WHERE size IS NULL`
-
-type queries struct {
-	create, remove, exists, names   string
-	perm, setPerm                   string
-	linkIf, has, count, entries     string
-	pend, settleTake, settleLink    string
-	renew, recoverTake, recoverLink string
-	isLive, live                    string
-	// usage (sql_usage.go)
-	lockNS, held, pendHeld, charge       string
-	takeRef, intentNS, takeIntent, usage string
-	unique, recount, setQuota, setUsage  string
-	linkRows                             string // linkBatch rows per INSERT
-	anyPending                           string
-}
-
-// linkBatch is how many rows one LinkMany INSERT carries: 1024 bind
-// parameters, far under SQLite's 32 766 and PostgreSQL's 65 535, and
-// enough to amortize per-statement cost.
-const linkBatch = 256
-
-func newQueries(dialect string) queries {
-	now := "?"
-	if dialect == "postgres" {
-		now = "(SELECT " + engines.PGNow + ")"
-	}
-	r := func(q string) string { return rebind(dialect, strings.ReplaceAll(q, "{now}", now)) }
-	q := queries{
-		create:  r(`INSERT INTO ns (name, created_at, uid, gid, mode) VALUES (?, ?, ?, ?, ?) ON CONFLICT (name) DO NOTHING`),
-		perm:    r(`SELECT uid, gid, mode FROM ns WHERE name = ?`),
-		setPerm: r(`UPDATE ns SET uid = ?, gid = ?, mode = ? WHERE name = ?`),
-		remove: r(`DELETE FROM ns WHERE name = ? AND NOT EXISTS (SELECT 1 FROM ns_refs WHERE ns = ?)
-			AND NOT EXISTS (SELECT 1 FROM ns_pending WHERE ns = ?)`),
-		exists: r(`SELECT 1 FROM ns WHERE name = ?`),
-		names:  r(`SELECT name FROM ns WHERE name > ? ORDER BY name LIMIT ?`),
-
-		linkIf:  r(`INSERT INTO ns_refs (ns, digest, linked_at, size) SELECT ?, ?, ?, ? WHERE EXISTS (SELECT 1 FROM ns WHERE name = ?) ON CONFLICT (ns, digest) DO NOTHING`),
-		has:     r(`SELECT linked_at FROM ns_refs WHERE ns = ? AND digest = ?`),
-		count:   r(`SELECT COUNT(*) FROM ns_refs WHERE ns = ?`),
-		entries: r(`SELECT digest, linked_at FROM ns_refs WHERE ns = ? AND digest > ? ORDER BY digest LIMIT ?`),
-
-		pend:  r(`INSERT INTO ns_pending (id, ns, digest, holder, expiry, size) SELECT ?, ?, ?, ?, {now} + ?, ? WHERE EXISTS (SELECT 1 FROM ns WHERE name = ?)`),
-		renew: r(`UPDATE ns_pending SET expiry = {now} + ? WHERE holder = ?`),
-		// Settle and Recover on SQLite: take the rows, then link them, in
-		// one IMMEDIATE transaction.
-		settleTake:  r(`DELETE FROM ns_pending WHERE id = ? RETURNING ns, digest, size`),
-		settleLink:  r(`INSERT INTO ns_refs (ns, digest, linked_at, size) VALUES (?, ?, ?, ?) ON CONFLICT (ns, digest) DO NOTHING`),
-		recoverLink: r(`INSERT INTO ns_refs (ns, digest, linked_at, size) SELECT ns, digest, ?, max(size) FROM ns_pending WHERE holder = ? OR expiry < {now} GROUP BY ns, digest ON CONFLICT (ns, digest) DO NOTHING`),
-		recoverTake: r(`DELETE FROM ns_pending WHERE holder = ? OR expiry < {now}`),
-
-		// A digest is live while a namespace references it or an intent
-		// means to.
-		isLive: r(`SELECT 1 FROM ns_refs WHERE digest = ? UNION ALL SELECT 1 FROM ns_pending WHERE digest = ? LIMIT 1`),
-		live:   r(`SELECT digest FROM ns_refs WHERE digest > ? UNION SELECT digest FROM ns_pending WHERE digest > ? ORDER BY 1 LIMIT ?`),
-	}
-	if dialect == "postgres" {
-		// PostgreSQL sorts a whole UNION before its LIMIT: limit each
-		// index range first (DISTINCT per branch, or one digest linked
-		// in many namespaces would fill the page).
-		q.live = `(SELECT DISTINCT digest FROM ns_refs WHERE digest > $1 ORDER BY digest LIMIT $3)
-			UNION (SELECT DISTINCT digest FROM ns_pending WHERE digest > $2 ORDER BY digest LIMIT $3)
-			ORDER BY 1 LIMIT $3`
-		// One statement each: READ COMMITTED gives no snapshot across two.
-		// Each first locks the namespaces' rows it settles into (k), as
-		// every writer that changes what a namespace holds does
-		// (sql_usage.go): an Unlink of the digest an intent settles into
-		// must not judge it unheld by the intent this statement takes.
-		q.settleTake = `WITH k AS (SELECT name FROM ns WHERE name = (SELECT ns FROM ns_pending WHERE id = $1) FOR NO KEY UPDATE),
-			p AS (DELETE FROM ns_pending WHERE id = $1 AND ns IN (SELECT name FROM k) RETURNING ns, digest, size),
-			l AS (INSERT INTO ns_refs (ns, digest, linked_at, size) SELECT ns, digest, $2::bigint, size FROM p ON CONFLICT (ns, digest) DO NOTHING RETURNING 1)
-			SELECT count(*) FROM l`
-		q.recoverTake = `WITH k AS (SELECT name FROM ns WHERE name IN (SELECT ns FROM ns_pending WHERE holder = $1 OR expiry < ` + now + `) ORDER BY name FOR NO KEY UPDATE),
-			p AS (DELETE FROM ns_pending WHERE (holder = $1 OR expiry < ` + now + `) AND ns IN (SELECT name FROM k) RETURNING ns, digest, size),
-			l AS (INSERT INTO ns_refs (ns, digest, linked_at, size) SELECT ns, digest, $2::bigint, max(size) FROM p GROUP BY ns, digest ON CONFLICT (ns, digest) DO NOTHING)
-			SELECT count(*) FROM p`
-	}
-	q.usageQueries(dialect)
-	q.linkRows = linkRowsQuery(dialect, linkBatch)
-	return q
-}
-
-func linkRowsQuery(dialect string, rows int) string {
-	var b strings.Builder
-	b.WriteString(`INSERT INTO ns_refs (ns, digest, linked_at, size) VALUES `)
-	for i := range rows {
-		if i > 0 {
-			b.WriteString(", ")
-		}
-		b.WriteString("(?, ?, ?, ?)")
-	}
-	b.WriteString(` ON CONFLICT (ns, digest) DO NOTHING RETURNING digest, size`)
-	return rebind(dialect, b.String())
-}
-
-// rebind is engines.Rebind: the statements here are written once with `?`.
-func rebind(dialect, q string) string { return engines.Rebind(dialect, q) }
-
 // OpenSQL creates the registry's tables in e's database if needed and
 // returns the registry. e's dialect is "sqlite" or "postgres"; a SQLite
 // engine must be an engines.RowClock (engines/sqlite is), which times the
 // intents. clock stamps LinkedAt; nil means the wall clock. The registry
 // does not own e's database: closing the engine closes it.
 func OpenSQL(ctx context.Context, e engines.SQL, clock Clock) (*SQL, error) {
-	db, dialect := e.DB(), e.Dialect()
-	stmts, ok := ddl[dialect]
-	if !ok {
-		return nil, fmt.Errorf("namespaces: open: unknown SQL dialect %q (want sqlite or postgres)", dialect)
-	}
-	rows, _ := e.(engines.RowClock)
-	if dialect == "sqlite" && rows == nil {
-		return nil, fmt.Errorf("namespaces: open sqlite: %T keeps no row clock (engines.RowClock) to time intents with; open the database with engines/sqlite", e)
-	}
-	// The usage columns go in first: the schema's index of unsized
-	// references names one of them.
-	var usageAdded, usageCols bool
-	err := retryDeadlock(func() (err error) {
-		usageAdded, usageCols, err = addUsageColumns(ctx, db, dialect)
-		return err
-	})
-	if err != nil {
-		return nil, fmt.Errorf("namespaces: open %s: add the usage columns: %w", dialect, err)
-	}
-	if !usageCols {
-		// An older store on read-only media: no index on a column it
-		// lacks.
-		stmts = slices.DeleteFunc(slices.Clone(stmts), func(s string) bool { return s == unsizedIndex })
-	}
-	if err := createSchema(ctx, db, dialect, stmts); err != nil {
-		return nil, fmt.Errorf("namespaces: open %s: create schema: %w", dialect, err)
-	}
-	if dialect == "sqlite" {
-		if err := dropPendingHolder(ctx, db); err != nil {
-			return nil, fmt.Errorf("namespaces: open %s: drop the index ns_pending_holder: %w", dialect, err)
-		}
-	}
-	var permCols bool
-	err = retryDeadlock(func() (err error) {
-		permCols, err = addPermColumns(ctx, db, dialect)
-		return err
-	})
-	if err != nil {
-		return nil, fmt.Errorf("namespaces: open %s: add the ns permission columns: %w", dialect, err)
-	}
-	r := &SQL{db: db, dialect: dialect, clock: orWall(clock), q: newQueries(dialect), noPerm: !permCols, noUsage: !usageCols}
-	r.settles = &settleGroup{db: db}
-	r.pends, _ = e.(pendDeferrer)
-	if dialect == "sqlite" {
-		r.rows = rows
-	}
-	if r.noPerm {
-		// A store made before namespaces had permissions, opened
-		// read-only: none is recorded, and none can be.
-		r.q.perm = rebind(dialect, `SELECT NULL, NULL, NULL FROM ns WHERE name = ?`)
-	}
+	return openSQL(ctx, e, clock, nil)
+}
+
+// openSQL is OpenSQL whose writes go through batch when it is set (the
+// SQLite engine's Batcher: see Open). That includes the usage recount at
+// open, when the usage columns were just added: eager Batcher jobs, which
+// may share a transaction with other writers' and run again after a
+// rollback; the recount is idempotent (it sets every counter afresh).
+func openSQL(ctx context.Context, e engines.SQL, clock Clock, batch *engines.Batcher) (*SQL, error) {
+	r := &SQL{db: e.DB()}
 	r.watchOpen(e)
-	if err := retryDeadlock(func() error { return r.prepare(ctx) }); err != nil {
-		return nil, fmt.Errorf("namespaces: open %s: prepare: %w", dialect, err)
+	l, err := meta.OpenLinks(ctx, meta.LinksConfig{Engine: e, Batch: batch, Wall: orWall(clock).Now, Origin: r.origin})
+	if err != nil {
+		return nil, fmt.Errorf("namespaces: %w", err)
 	}
-	if usageAdded {
+	r.l = l
+	if l.NeedsRecount() {
 		// The rows made before usage was kept are counted once, now;
 		// their sizes are unknown (0) until Service.FillSizes.
 		if _, err := r.Recount(ctx); err != nil {
-			return nil, fmt.Errorf("namespaces: open %s: count the usage of a store made before it was kept: %w", dialect, err)
+			return nil, fmt.Errorf("namespaces: open %s: count the usage of a store made before it was kept: %w", e.Dialect(), err)
 		}
 	}
 	return r, nil
 }
 
-// retryDeadlock runs f again, up to three times in all, while PostgreSQL
-// answers "deadlock detected": concurrent opens of an old store (one
-// adding the permission columns, another preparing statements on the
-// table) can form a lock cycle, which the server breaks by aborting one
-// of them; that one just tries again.
-func retryDeadlock(f func() error) error {
-	for try := 1; ; try++ {
-		err := f()
-		var st interface{ SQLState() string }
-		if err == nil || try == 3 || !errors.As(err, &st) || st.SQLState() != "40P01" {
-			return err
-		}
-	}
-}
-
-// prepare prepares the registry's hot statements.
-func (r *SQL) prepare(ctx context.Context) error {
-	db := r.db
-	var prepared []*sql.Stmt
-	stmts := []struct {
-		st **sql.Stmt
-		q  string
-	}{{&r.existsStmt, r.q.exists}}
-	if !r.noUsage {
-		// The rest name the usage columns, which an older store on
-		// read-only media lacks; it writes nothing (see writable).
-		stmts = append(stmts, []struct {
-			st **sql.Stmt
-			q  string
-		}{
-			{&r.linkStmt, r.q.linkIf}, {&r.pendStmt, r.q.pend}, {&r.unpendStmt, r.q.takeIntent},
-			{&r.settleTakeStmt, r.q.settleTake}, {&r.settleLinkStmt, r.q.settleLink},
-			{&r.lockStmt, r.q.lockNS}, {&r.heldStmt, r.q.held}, {&r.pendHeldStmt, r.q.pendHeld}, {&r.chargeStmt, r.q.charge},
-		}...)
-	}
-	for _, p := range stmts {
-		st, err := db.PrepareContext(ctx, p.q)
-		if err != nil {
-			for _, st := range prepared {
-				st.Close()
-			}
-			return err
-		}
-		*p.st = st
-		prepared = append(prepared, st)
-	}
-	return nil
-}
-
-// writable fails a write on an older store opened on read-only media
-// (noUsage), whose statements are not prepared.
-func (r *SQL) writable() error {
-	if r.noUsage {
-		return errNoUsage
-	}
-	return nil
-}
-
 // Dialect is "sqlite" or "postgres".
-func (r *SQL) Dialect() string { return r.dialect }
-
-// nowArg stands for the row clock's now in a statement's arguments, where
-// the statement has {now}; see args.
-type nowArg struct{}
-
-// args resolves the nowArg among a: on SQLite it binds the row clock's
-// reading (one for the call); on PostgreSQL, whose statements read the
-// server's clock where {now} was, it is dropped.
-func (r *SQL) args(a ...any) []any {
-	out := a[:0:0]
-	var now any
-	for _, v := range a {
-		if _, ok := v.(nowArg); !ok {
-			out = append(out, v)
-			continue
-		}
-		if r.rows == nil {
-			continue
-		}
-		if now == nil {
-			now = r.rows.RowNow()
-		}
-		out = append(out, now)
-	}
-	return out
-}
-
-// querier is what *sql.DB and *sql.Tx share.
-type querier interface {
-	ExecContext(ctx context.Context, query string, args ...any) (sql.Result, error)
-	QueryContext(ctx context.Context, query string, args ...any) (*sql.Rows, error)
-	QueryRowContext(ctx context.Context, query string, args ...any) *sql.Row
-}
-
-func (r *SQL) exists(ctx context.Context, q querier, name string) (bool, error) {
-	var one int
-	err := q.QueryRowContext(ctx, r.q.exists, name).Scan(&one)
-	if errors.Is(err, sql.ErrNoRows) {
-		return false, nil
-	}
-	return err == nil, err
-}
+func (r *SQL) Dialect() string { return r.l.Dialect() }
 
 // Create implements Registry.
 func (r *SQL) Create(ctx context.Context, name string) error {
-	return r.create(ctx, name, nil, nil, nil)
+	return r.create(ctx, name, nil)
 }
 
 // CreatePerm implements Registry.
 func (r *SQL) CreatePerm(ctx context.Context, name string, p Perm) error {
 	p = p.clean()
-	return r.create(ctx, name, int64(p.Uid), int64(p.Gid), int64(p.Mode))
+	return r.create(ctx, name, &meta.NSPerm{Uid: p.Uid, Gid: p.Gid, Mode: p.Mode})
 }
 
-func (r *SQL) create(ctx context.Context, name string, uid, gid, mode any) error {
+func (r *SQL) create(ctx context.Context, name string, p *meta.NSPerm) error {
 	if err := check(ctx, name); err != nil {
 		return wrap("create", name, blob.Digest{}, err)
 	}
-	res, err := r.db.ExecContext(ctx, r.q.create, name, r.clock.Now().UnixNano(), uid, gid, mode)
-	if err != nil {
-		return wrap("create", name, blob.Digest{}, err)
-	}
-	if n, err := res.RowsAffected(); err != nil {
-		return wrap("create", name, blob.Digest{}, err)
-	} else if n == 0 {
-		return wrap("create", name, blob.Digest{}, ErrExists)
-	}
-	return nil
+	return wrap("create", name, blob.Digest{}, r.l.Create(ctx, name, p))
 }
 
 // Perm implements Registry.
@@ -459,17 +96,11 @@ func (r *SQL) Perm(ctx context.Context, name string) (Perm, bool, error) {
 	if err := check(ctx, name); err != nil {
 		return Perm{}, false, wrap("perm", name, blob.Digest{}, err)
 	}
-	var uid, gid, mode sql.NullInt64
-	err := r.db.QueryRowContext(ctx, r.q.perm, name).Scan(&uid, &gid, &mode)
-	switch {
-	case errors.Is(err, sql.ErrNoRows):
-		return Perm{}, false, wrap("perm", name, blob.Digest{}, ErrNotFound)
-	case err != nil:
+	p, ok, err := r.l.Perm(ctx, name)
+	if err != nil || !ok {
 		return Perm{}, false, wrap("perm", name, blob.Digest{}, err)
-	case !uid.Valid || !gid.Valid || !mode.Valid:
-		return Perm{}, false, nil
 	}
-	return Perm{Uid: uint32(uid.Int64), Gid: uint32(gid.Int64), Mode: uint32(mode.Int64)}.clean(), true, nil
+	return Perm{Uid: p.Uid, Gid: p.Gid, Mode: p.Mode}.clean(), true, nil
 }
 
 // SetPerm implements Registry.
@@ -477,22 +108,8 @@ func (r *SQL) SetPerm(ctx context.Context, name string, p Perm) error {
 	if err := check(ctx, name); err != nil {
 		return wrap("set perm", name, blob.Digest{}, err)
 	}
-	if r.noPerm {
-		return wrap("set perm", name, blob.Digest{}, blob.ErrReadOnly)
-	}
 	p = p.clean()
-	res, err := r.db.ExecContext(ctx, r.q.setPerm, int64(p.Uid), int64(p.Gid), int64(p.Mode), name)
-	var n int64
-	if err == nil {
-		n, err = res.RowsAffected()
-	}
-	if err != nil {
-		return wrap("set perm", name, blob.Digest{}, err)
-	}
-	if n == 0 {
-		return wrap("set perm", name, blob.Digest{}, ErrNotFound)
-	}
-	return nil
+	return wrap("set perm", name, blob.Digest{}, r.l.SetPerm(ctx, name, meta.NSPerm{Uid: p.Uid, Gid: p.Gid, Mode: p.Mode}))
 }
 
 // Remove implements Registry.
@@ -500,34 +117,7 @@ func (r *SQL) Remove(ctx context.Context, name string) error {
 	if err := check(ctx, name); err != nil {
 		return wrap("remove", name, blob.Digest{}, err)
 	}
-	res, err := r.db.ExecContext(ctx, r.q.remove, name, name, name)
-	var n int64
-	if err == nil {
-		n, err = res.RowsAffected()
-	}
-	if err == nil && n == 1 {
-		return nil
-	}
-	// Say why nothing was deleted.
-	ok, cerr := r.exists(ctx, r.db, name)
-	switch {
-	case cerr != nil:
-		return wrap("remove", name, blob.Digest{}, errors.Join(err, cerr))
-	case !ok:
-		return wrap("remove", name, blob.Digest{}, ErrNotFound)
-	case err == nil:
-		return wrap("remove", name, blob.Digest{}, ErrNotEmpty)
-	}
-	// The delete failed. On PostgreSQL a foreign-key violation means a
-	// concurrent Link or Pend committed first: not empty after all.
-	var refs int64
-	if qerr := r.db.QueryRowContext(ctx, r.q.count, name).Scan(&refs); qerr == nil && refs > 0 {
-		return wrap("remove", name, blob.Digest{}, ErrNotEmpty)
-	}
-	if ok, qerr := r.anyPending(ctx, name); qerr == nil && ok {
-		return wrap("remove", name, blob.Digest{}, ErrNotEmpty)
-	}
-	return wrap("remove", name, blob.Digest{}, err)
+	return wrap("remove", name, blob.Digest{}, r.l.Remove(ctx, name))
 }
 
 // Exists implements Registry.
@@ -535,7 +125,7 @@ func (r *SQL) Exists(ctx context.Context, name string) (bool, error) {
 	if err := check(ctx, name); err != nil {
 		return false, wrap("exists", name, blob.Digest{}, err)
 	}
-	ok, err := r.exists(ctx, r.db, name)
+	ok, err := r.l.Exists(ctx, name)
 	return ok, wrap("exists", name, blob.Digest{}, err)
 }
 
@@ -546,19 +136,341 @@ func (r *SQL) Names(ctx context.Context, after string) iter.Seq2[string, error] 
 		if !first {
 			from = last
 		}
-		rows, err := r.db.QueryContext(ctx, r.q.names, from, pageSize)
-		if err != nil {
-			return nil, err
-		}
-		defer rows.Close()
-		out := make([]string, 0, pageSize)
-		for rows.Next() {
-			var s string
-			if err := rows.Scan(&s); err != nil {
-				return nil, err
-			}
-			out = append(out, s)
-		}
-		return out, rows.Err()
+		return r.l.NamesPage(ctx, from, pageSize)
 	})
+}
+
+// Link implements Registry. It runs in its own transaction; see LinkTx.
+func (r *SQL) Link(ctx context.Context, name string, d blob.Digest) (bool, error) {
+	return r.LinkSized(ctx, name, d, 0)
+}
+
+// LinkSized implements Registry, in its own transaction.
+func (r *SQL) LinkSized(ctx context.Context, name string, d blob.Digest, size int64) (bool, error) {
+	if err := check(ctx, name); err != nil {
+		return false, wrap("link", name, d, err)
+	}
+	if err := checkSize(size); err != nil {
+		return false, wrap("link", name, d, err)
+	}
+	linked, err := r.l.Link(ctx, name, d, size)
+	return linked, wrap("link", name, d, err)
+}
+
+// LinkTx is Link inside the caller's transaction tx, which must belong to
+// the registry's database: the reference commits or rolls back with tx.
+// This is how a kv put and its link become one (store.WithLink with
+// Service.LinkFunc).
+func (r *SQL) LinkTx(ctx context.Context, tx *sql.Tx, name string, d blob.Digest, size int64) (bool, error) {
+	if err := check(ctx, name); err != nil {
+		return false, wrap("link", name, d, err)
+	}
+	if err := checkSize(size); err != nil {
+		return false, wrap("link", name, d, err)
+	}
+	linked, err := r.l.LinkTx(ctx, tx, name, d, size)
+	if errors.Is(err, meta.ErrNeedsTx) {
+		return false, err // not the link's error: it runs again in the batch
+	}
+	return linked, wrap("link", name, d, err)
+}
+
+// LinkMany implements Registry: one transaction (meta.Links.LinkMany).
+func (r *SQL) LinkMany(ctx context.Context, name string, ds []blob.Digest) (int, error) {
+	sized := make([]Sized, len(ds))
+	for i, d := range ds {
+		sized[i].Digest = d
+	}
+	return r.LinkManySized(ctx, name, sized)
+}
+
+// LinkManySized implements Registry: one transaction, which admits the
+// charge of the digests new to the namespace against its quota before it
+// commits (meta.Links.LinkMany).
+func (r *SQL) LinkManySized(ctx context.Context, name string, ds []Sized) (int, error) {
+	if err := check(ctx, name); err != nil {
+		return 0, wrap("linkmany", name, blob.Digest{}, err)
+	}
+	for _, d := range ds {
+		if err := checkSize(d.Size); err != nil {
+			return 0, wrap("linkmany", name, d.Digest, err)
+		}
+	}
+	n, err := r.l.LinkMany(ctx, name, ds)
+	return n, wrap("linkmany", name, blob.Digest{}, err)
+}
+
+// Unlink implements Registry.
+func (r *SQL) Unlink(ctx context.Context, name string, d blob.Digest) error {
+	if err := check(ctx, name); err != nil {
+		return wrap("unlink", name, d, err)
+	}
+	return wrap("unlink", name, d, r.l.Unlink(ctx, name, d))
+}
+
+// absent explains a miss: ErrNotFound if the namespace is gone, else nil.
+func (r *SQL) absent(ctx context.Context, name string) error {
+	ok, err := r.l.Exists(ctx, name)
+	switch {
+	case err != nil:
+		return err
+	case !ok:
+		return ErrNotFound
+	}
+	return nil
+}
+
+// Has implements Registry.
+func (r *SQL) Has(ctx context.Context, name string, d blob.Digest) (Ref, bool, error) {
+	if err := check(ctx, name); err != nil {
+		return Ref{}, false, wrap("has", name, d, err)
+	}
+	ref, ok, err := r.l.Has(ctx, name, d)
+	if err == nil && !ok {
+		err = r.absent(ctx, name)
+	}
+	return ref, ok, wrap("has", name, d, err)
+}
+
+// HasMany implements Registry.
+func (r *SQL) HasMany(ctx context.Context, name string, ds []blob.Digest) ([]bool, error) {
+	if err := check(ctx, name); err != nil {
+		return nil, wrap("has", name, blob.Digest{}, err)
+	}
+	found, err := r.l.HasMany(ctx, name, ds)
+	if err != nil {
+		return nil, wrap("has", name, blob.Digest{}, err)
+	}
+	out := make([]bool, len(ds))
+	for i, d := range ds {
+		out[i] = found[d]
+	}
+	if len(found) == 0 {
+		// Nothing found: the namespace may be absent.
+		if err := r.absent(ctx, name); err != nil {
+			return nil, wrap("has", name, blob.Digest{}, err)
+		}
+	}
+	return out, nil
+}
+
+// Count implements Registry. It counts the namespace's primary-key range,
+// O(references); see the package doc.
+func (r *SQL) Count(ctx context.Context, name string) (int64, error) {
+	if err := check(ctx, name); err != nil {
+		return 0, wrap("count", name, blob.Digest{}, err)
+	}
+	n, err := r.l.Count(ctx, name)
+	if err == nil && n == 0 {
+		err = r.absent(ctx, name)
+	}
+	return n, wrap("count", name, blob.Digest{}, err)
+}
+
+// Entries implements Registry.
+func (r *SQL) Entries(ctx context.Context, name string, after blob.Digest) iter.Seq2[Ref, error] {
+	if err := ValidName(name); err != nil {
+		return fail[Ref](wrap("entries", name, blob.Digest{}, err))
+	}
+	return paged(ctx, "entries", name, func(first bool, last Ref) ([]Ref, error) {
+		if !first {
+			return r.l.EntriesPage(ctx, name, &last.Digest, pageSize)
+		}
+		out, err := r.l.EntriesPage(ctx, name, from(after), pageSize)
+		if err == nil && len(out) == 0 {
+			err = r.absent(ctx, name)
+		}
+		return out, err
+	})
+}
+
+// from is where a listing that starts after d begins: the zero digest
+// lists from the start, itself included.
+func from(d blob.Digest) *blob.Digest {
+	if d.IsZero() {
+		return nil
+	}
+	return &d
+}
+
+// IsLive implements gc.Source with one index probe on ns_refs(digest) and,
+// if that misses, one on ns_pending(digest).
+func (r *SQL) IsLive(ctx context.Context, d blob.Digest) (bool, error) {
+	ok, err := r.l.IsLive(ctx, d)
+	return ok, wrap("islive", "", d, err)
+}
+
+// LiveAmong implements gc.BatchSource: which of ds any namespace
+// references or pends, in one query.
+func (r *SQL) LiveAmong(ctx context.Context, ds []blob.Digest) (map[blob.Digest]bool, error) {
+	live, err := r.l.LiveAmong(ctx, ds)
+	return live, wrap("islive", "", blob.Digest{}, err)
+}
+
+// LiveAmongTx implements gc.TxSource: the same query inside the
+// collector's arbitration transaction, so that a link committed by any
+// process before the arbitration's key locks were granted is seen.
+func (r *SQL) LiveAmongTx(ctx context.Context, tx *sql.Tx, ds []blob.Digest) (map[blob.Digest]bool, error) {
+	live, err := r.l.LiveAmongTx(ctx, tx, ds)
+	return live, wrap("islive", "", blob.Digest{}, err)
+}
+
+// Live implements gc.Source: the digests references and intents name,
+// paged by key.
+func (r *SQL) Live(ctx context.Context) iter.Seq2[blob.Digest, error] {
+	return paged(ctx, "live", "", func(first bool, last blob.Digest) ([]blob.Digest, error) {
+		if first {
+			return r.l.LivePage(ctx, nil, pageSize)
+		}
+		return r.l.LivePage(ctx, &last, pageSize)
+	})
+}
+
+// Pend implements Registry, in its own transaction. When the intent was
+// written and the COMMIT then failed, Pend returns the intent with the
+// error: the COMMIT may have reached the server and its answer been lost
+// (a connection reset), so the row may exist. The caller, which reports
+// the failure, drops it (Lease.Abandon); otherwise it would stay pending
+// under a live holder, renewed, and be linked at the lease's Close — a
+// close that failed published at unmount.
+func (r *SQL) Pend(ctx context.Context, name string, d blob.Digest, p Pending) (Intent, error) {
+	if err := checkPend(ctx, name, p); err != nil {
+		return 0, wrap("pend", name, d, err)
+	}
+	i, err := r.l.Pend(ctx, name, d, p.row())
+	return Intent(i), wrap("pend", name, d, err)
+}
+
+// PendTx implements TxLinker: the intent commits or rolls back with tx,
+// and so does the removal of the one it replaces.
+func (r *SQL) PendTx(ctx context.Context, tx *sql.Tx, name string, d blob.Digest, p Pending) (Intent, error) {
+	if err := checkPend(ctx, name, p); err != nil {
+		return 0, wrap("pend", name, d, err)
+	}
+	i, err := r.l.PendTx(ctx, tx, name, d, p.row())
+	return Intent(i), wrap("pend", name, d, err)
+}
+
+// checkPend refuses an intent with a bad name, no holder or a negative
+// size.
+func checkPend(ctx context.Context, name string, p Pending) error {
+	if err := check(ctx, name); err != nil {
+		return err
+	}
+	if p.Holder == "" {
+		return errors.New("an intent needs a holder")
+	}
+	return checkSize(p.Size)
+}
+
+// row is p as meta records it.
+func (p Pending) row() meta.NSIntent {
+	return meta.NSIntent{Holder: p.Holder, TTL: p.TTL, Replaces: int64(p.Replaces), Size: p.Size}
+}
+
+// Settle implements Registry.
+func (r *SQL) Settle(ctx context.Context, i Intent) (bool, error) {
+	linked, err := r.l.Settle(ctx, int64(i))
+	return linked, wrap("settle", "", blob.Digest{}, err)
+}
+
+// Cancel implements Registry, in its own transaction.
+func (r *SQL) Cancel(ctx context.Context, i Intent) error {
+	return wrap("cancel", "", blob.Digest{}, r.l.Cancel(ctx, int64(i)))
+}
+
+// CancelTx implements TxLinker.
+func (r *SQL) CancelTx(ctx context.Context, tx *sql.Tx, i Intent) error {
+	return wrap("cancel", "", blob.Digest{}, r.l.CancelTx(ctx, tx, int64(i)))
+}
+
+// Renew implements Registry.
+func (r *SQL) Renew(ctx context.Context, holder string, ttl time.Duration) error {
+	return wrap("renew", "", blob.Digest{}, r.l.Renew(ctx, holder, ttl))
+}
+
+// Recover implements Registry, in one transaction (one statement on
+// PostgreSQL). Lapse is judged on the row clock; the references it makes
+// are stamped with the registry's Clock.
+func (r *SQL) Recover(ctx context.Context, holder string) (int, error) {
+	n, err := r.l.Recover(ctx, holder)
+	if err != nil {
+		return 0, wrap("recover", "", blob.Digest{}, err)
+	}
+	return n, nil
+}
+
+// Holders implements Registry.
+func (r *SQL) Holders(ctx context.Context) ([]string, error) {
+	h, err := r.l.Holders(ctx)
+	if err != nil {
+		return nil, wrap("holders", "", blob.Digest{}, err)
+	}
+	return h, nil
+}
+
+// Usage implements Registry.
+func (r *SQL) Usage(ctx context.Context, name string) (Usage, error) {
+	if err := check(ctx, name); err != nil {
+		return Usage{}, wrap("usage", name, blob.Digest{}, err)
+	}
+	u, err := r.l.Usage(ctx, name)
+	return u, wrap("usage", name, blob.Digest{}, err)
+}
+
+// Unique implements Registry.
+func (r *SQL) Unique(ctx context.Context, name string) (UniqueUsage, error) {
+	if err := check(ctx, name); err != nil {
+		return UniqueUsage{}, wrap("unique usage", name, blob.Digest{}, err)
+	}
+	u, err := r.l.Unique(ctx, name)
+	if err != nil {
+		return UniqueUsage{}, wrap("unique usage", name, blob.Digest{}, err)
+	}
+	return u, nil
+}
+
+// SetQuota implements Registry.
+func (r *SQL) SetQuota(ctx context.Context, name string, q Quota) error {
+	if err := check(ctx, name); err != nil {
+		return wrap("set quota", name, blob.Digest{}, err)
+	}
+	if err := q.Check(); err != nil {
+		return wrap("set quota", name, blob.Digest{}, err)
+	}
+	return wrap("set quota", name, blob.Digest{}, r.l.SetQuota(ctx, name, q))
+}
+
+// Recount implements Registry: per namespace, one transaction that locks
+// its row, counts the digests its rows hold and fixes the counters if
+// they differ.
+func (r *SQL) Recount(ctx context.Context) (int, error) {
+	if err := r.l.UsageKept(); err != nil {
+		return 0, wrap("recount", "", blob.Digest{}, err)
+	}
+	fixed := 0
+	for name, err := range r.Names(ctx, "") {
+		if err != nil {
+			return fixed, wrap("recount", "", blob.Digest{}, err)
+		}
+		ok, err := r.l.Recount(ctx, name)
+		if err != nil {
+			return fixed, wrap("recount", name, blob.Digest{}, err)
+		}
+		if ok {
+			fixed++
+		}
+	}
+	return fixed, nil
+}
+
+// unsizedPage returns up to n digests, after `after` in ascending order,
+// that a reference or an intent made before sizes were kept names.
+func (r *SQL) unsizedPage(ctx context.Context, after blob.Digest, n int) ([]blob.Digest, error) {
+	return r.l.UnsizedPage(ctx, from(after), n)
+}
+
+// setSize records d's size in the rows that lack it.
+func (r *SQL) setSize(ctx context.Context, d blob.Digest, size int64) error {
+	return r.l.SetSize(ctx, d, size)
 }

@@ -10,11 +10,8 @@ import (
 
 	"github.com/alkblobfs/alkblobfs/blob"
 	"github.com/alkblobfs/alkblobfs/engines"
+	"github.com/alkblobfs/alkblobfs/meta"
 )
-
-// notifyChannel is the PostgreSQL channel that namespace changes are
-// notified on (LISTEN/NOTIFY), in the kv database.
-const notifyChannel = "alkblobfs_ns"
 
 // listener is a kv engine that LISTENs on a connection of its own
 // (engines/postgres.Engine.Listen).
@@ -24,35 +21,18 @@ type listener interface {
 
 var _ Watcher = (*SQL)(nil)
 
-// watchOpen readies Watch on PostgreSQL. Each statement that commits a
-// reported change (Create, SetPerm, Remove, Unlink) becomes one that
-// also sends a notification for each row it changed, with pg_notify in
-// the same statement: the server delivers it when the change commits and
-// never for one that rolls back, and it costs no round trip. The payload
-// is "<kind> <origin> <namespace> [<digest hex>]"; namespace names hold no
-// space (ValidName). origin, random per registry, lets Watch leave out the
-// registry's own changes.
+// watchOpen readies Watch on PostgreSQL: an origin, random per registry,
+// which meta's statements put in each notification of a change they
+// commit (see meta.NSNotifyChannel), so that Watch can leave out the registry's own
+// changes.
 func (r *SQL) watchOpen(e engines.SQL) {
-	if r.dialect != "postgres" {
+	if e.Dialect() != "postgres" {
 		return
 	}
 	r.listen, _ = e.(listener)
 	var b [8]byte
 	rand.Read(b[:])
 	r.origin = hex.EncodeToString(b[:])
-	o := " " + r.origin + " ' || "
-	r.q.create = notifying(r.q.create, "name", "'c"+o+"name")
-	r.q.setPerm = notifying(r.q.setPerm, "name", "'p"+o+"name")
-	r.q.remove = notifying(r.q.remove, "name", "'r"+o+"name")
-	// Unlink's statement (sql_usage.go) returns the size it frees, and a
-	// second column, here the notification's.
-	r.q.takeRef = "WITH n AS (" + strings.TrimSuffix(r.q.takeRef, takeRefReturning) + " RETURNING ns, digest, size) SELECT size, pg_notify('" + notifyChannel + "', 'u" + o + "ns || ' ' || encode(digest, 'hex'))::text FROM n"
-	// The statements still report the rows they changed: a SELECT's
-	// command tag counts the rows it returned, one per row changed.
-}
-
-func notifying(stmt, returning, payload string) string {
-	return "WITH n AS (" + stmt + " RETURNING " + returning + ") SELECT pg_notify('" + notifyChannel + "', " + payload + ") FROM n"
 }
 
 // Watch implements Watcher on PostgreSQL: one listener on a connection of
@@ -62,7 +42,7 @@ func notifying(stmt, returning, payload string) string {
 // returns ErrNoFeed.
 func (r *SQL) Watch(ctx context.Context) (<-chan Change, error) {
 	if r.listen == nil {
-		return nil, fmt.Errorf("namespaces: watch %s registry: %w", r.dialect, ErrNoFeed)
+		return nil, fmt.Errorf("namespaces: watch %s registry: %w", r.Dialect(), ErrNoFeed)
 	}
 	f := newFeed(ctx)
 	go r.listenLoop(ctx, f)
@@ -91,7 +71,7 @@ func (r *SQL) listenLoop(ctx context.Context, f *feed) {
 	var lastErr error
 	for ctx.Err() == nil {
 		var since time.Time
-		err := r.listen.Listen(ctx, notifyChannel, func() {
+		err := r.listen.Listen(ctx, meta.NSNotifyChannel, func() {
 			since = time.Now()
 			f.push(Change{Kind: Resync, Err: lastErr})
 		}, func(payload string) {
@@ -117,7 +97,7 @@ func (r *SQL) listenLoop(ctx context.Context, f *feed) {
 	}
 }
 
-// parseNote reads a payload (see watchOpen). Its own changes and unknown
+// parseNote reads a payload (meta.NSNotifyChannel). Its own changes and unknown
 // kinds report nothing; a payload it cannot read reports a Resync, since
 // some change went by unread.
 func (r *SQL) parseNote(payload string) (Change, bool) {

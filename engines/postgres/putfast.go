@@ -5,7 +5,6 @@ import (
 	"database/sql"
 	"database/sql/driver"
 	"errors"
-	"slices"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -13,6 +12,7 @@ import (
 
 	"github.com/alkblobfs/alkblobfs/blob"
 	"github.com/alkblobfs/alkblobfs/engines"
+	"github.com/alkblobfs/alkblobfs/meta"
 )
 
 // The one-statement batch. Most batches' puts ask for nothing the batch
@@ -59,15 +59,9 @@ func (probeConn) Begin() (driver.Tx, error)                    { return probeCon
 func (probeConn) Commit() error                                { return nil }
 func (probeConn) Rollback() error                              { return nil }
 
-// pendReq is an intent a put's job deferred to its batch's statement.
-type pendReq struct {
-	id     int64
-	ns     string
-	d      blob.Digest
-	holder string
-	ttl    time.Duration
-	size   int64 // the blob's size, charged to the namespace's usage
-}
+// meta.Links defers the intents of puts to the put batch's statement
+// through these two methods.
+var _ meta.PendDeferrer = (*Engine)(nil)
 
 // DeferPend adds an intent to the batch statement of tx, when tx is the
 // probe transaction of a put's batch (see above), and reports whether it
@@ -79,7 +73,7 @@ type pendReq struct {
 // transaction, where the caller's own statement reports it.
 //
 // The statement also keeps the namespaces' usage as the registry does
-// (namespaces/sql_usage.go): size is charged to ns if no reference or
+// (meta/ns_usage.go): size is charged to ns if no reference or
 // intent of ns named d before, within its quota, after the batch locked
 // ns's row (oneStatement). A batch over a quota fails on the server
 // likewise, and runs again in a transaction, where the registry's
@@ -89,7 +83,7 @@ func (e *Engine) DeferPend(tx *sql.Tx, id int64, ns string, d blob.Digest, holde
 	if b == nil || !b.probe {
 		return false
 	}
-	b.pends = append(b.pends, pendReq{id: id, ns: ns, d: d, holder: holder, ttl: ttl, size: size})
+	b.pends = append(b.pends, meta.IntentRow{ID: id, NS: ns, D: d, Holder: holder, TTL: ttl, Size: size})
 	return true
 }
 
@@ -153,19 +147,9 @@ func (g *putGroup) fast(jobs []*putJob) bool {
 	return true
 }
 
-// lockNSSQL locks the rows of a one-statement batch's namespaces ($1,
-// sorted and distinct) in name order, ahead of its statement (see
-// oneStatement). FOR NO KEY UPDATE is the lock every writer of a
-// namespace's holdings takes first (namespaces/sql_usage.go); ORDER BY
-// puts the locking above the sort, so the rows are locked in name order,
-// and two batches that share namespaces never wait for each other in a
-// cycle. An absent namespace has no row to lock: the statement then
-// fails as before.
-const lockNSSQL = `SELECT name FROM ns WHERE name = ANY($1::text[]) ORDER BY name FOR NO KEY UPDATE`
-
 // oneStatement runs a one-statement batch q on a pooled connection,
 // calling got with each digest it returns. With names (the namespaces the
-// batch's intents charge), it first locks their rows (lockNSSQL), in one
+// batch's intents charge), it first locks their rows (meta.PGLockNamespaces), in one
 // pgx batch with q: one network round trip and one implicit transaction,
 // which commits at the batch's end (Sync) or, if either statement fails,
 // rolls back.
@@ -192,7 +176,7 @@ func (e *Engine) oneStatement(ctx context.Context, q string, args []any, names [
 		return engines.ScanDigests(rows, got)
 	}
 	b := &pgx.Batch{}
-	b.Queue(lockNSSQL, names)
+	b.Queue(meta.PGLockNamespaces, names)
 	b.Queue(q, args...)
 	br := e.pool.SendBatch(ctx, b)
 	if _, err := br.Exec(); err != nil {
@@ -210,16 +194,6 @@ func (e *Engine) oneStatement(ctx context.Context, q string, args []any, names [
 	}
 	// The commit: Close reads up to the end of the implicit transaction.
 	return br.Close()
-}
-
-// pendNames returns the namespaces of pends, sorted and distinct.
-func pendNames(pends []pendReq) []string {
-	names := make([]string, 0, len(pends))
-	for _, p := range pends {
-		names = append(names, p.ns)
-	}
-	slices.Sort(names)
-	return slices.Compact(names)
 }
 
 // reset readies jobs to run again from scratch.

@@ -103,8 +103,8 @@ const nowOnce = `(SELECT ` + engines.PGNow + `)`
 // last statement.
 type putBatch struct {
 	pins  []meta.PinRow
-	pends []pendReq // a probe's (see fast)
-	probe bool      // the probe's transaction, not the batch's (fast)
+	pends []meta.IntentRow // a probe's (see fast)
+	probe bool             // the probe's transaction, not the batch's (fast)
 }
 
 func newPutGroup(e *Engine) *putGroup {
@@ -261,40 +261,14 @@ func (g *putGroup) deferPins(tx *sql.Tx, rows []meta.PinRow) bool {
 // blobs ($5-$7), both from rows joined with the lock's CTE, so that no
 // row goes in before every lock is granted. It returns the digests it
 // inserted (not those already stored: a dedup). batchPendSQL also inserts
-// the intents deferred to the batch ($8-$13, see fast), likewise, and
-// keeps their namespaces' usage (namespaces/sql_usage.go): it charges
-// each namespace the digests (nw) that none of its references or
-// intents named, in the statement's snapshot, and admits them against
-// its quota. The statement runs after the namespaces' rows are locked
-// in the same transaction (oneStatement), so its snapshot is current and
-// no other writer of their holdings can commit before it does. The
-// update of the row (c) still requires the version the snapshot read
-// (its xmin), which the lock makes always so: a guard, should a caller
-// ever run the statement without the lock (the update would otherwise
-// apply a charge judged on a stale snapshot). A namespace that is
-// absent, over its quota or changed since the snapshot updates no row,
-// and then the division by zero (g) fails the whole statement, which
-// commits nothing: the batch runs again in a transaction (fast), where
-// the registry locks each namespace's row before it looks.
+// the intents deferred to the batch ($8-$13, see fast) and keeps their
+// namespaces' usage, with meta's part of the statement
+// (meta.PGBatchIntents, which says how), after the namespaces' rows are
+// locked in the same transaction (oneStatement).
 const (
 	batchPutSQL  = batchLockPins + batchBlobs
 	batchPendSQL = batchLockPins + `,
-	q AS (SELECT * FROM unnest($8::bigint[], $9::text[], $10::bytea[], $11::text[], $12::bigint[], $13::bigint[]) AS u(i, n, d, h, t, s)),
-	i AS (INSERT INTO ns_pending (id, ns, digest, holder, expiry, size)
-		SELECT q.i, q.n, q.d, q.h, ` + nowOnce + ` + q.t, q.s FROM l, q),
-	nw AS (SELECT q.n, q.d, max(q.s) AS s FROM q
-		WHERE NOT EXISTS (SELECT 1 FROM ns_refs r WHERE r.ns = q.n AND r.digest = q.d)
-		AND NOT EXISTS (SELECT 1 FROM ns_pending p WHERE p.ns = q.n AND p.digest = q.d)
-		GROUP BY q.n, q.d),
-	ch AS (SELECT ns.name, ns.xmin::text AS x, count(nw.d) AS blobs, coalesce(sum(nw.s), 0) AS bytes
-		FROM ns JOIN (SELECT DISTINCT n FROM q) t ON ns.name = t.n LEFT JOIN nw ON nw.n = ns.name
-		GROUP BY ns.name, ns.xmin::text),
-	c AS (UPDATE ns SET blobs = ns.blobs + ch.blobs, bytes = ns.bytes + ch.bytes FROM l, ch
-		WHERE ns.name = ch.name AND ns.xmin::text = ch.x
-		AND (ch.blobs = 0 OR ((ns.quota_blobs = 0 OR ns.blobs + ch.blobs <= ns.quota_blobs)
-			AND (ns.quota_bytes = 0 OR ns.bytes + ch.bytes <= ns.quota_bytes)))
-		RETURNING 1),
-	g AS MATERIALIZED (SELECT 1 / (CASE WHEN (SELECT count(*) FROM c) = (SELECT count(DISTINCT n) FROM q) THEN 1 ELSE 0 END) AS ok)` + batchPendBlobs
+	` + meta.PGBatchIntents + batchPendBlobs
 	batchPendBlobs = `
 	INSERT INTO blobs (digest, size, value)
 	SELECT u.d, u.n, u.v FROM l, g, unnest($5::bytea[], $6::bigint[], $7::bytea[]) AS u(d, n, v)
@@ -310,7 +284,7 @@ const (
 
 // insertBatch runs batchPutSQL for jobs (in digest order), pins and
 // pends: in tx, or with tx nil as a statement of its own (fast).
-func (e *Engine) insertBatch(ctx context.Context, tx *sql.Tx, jobs []*putJob, pins []meta.PinRow, pends []pendReq) (map[blob.Digest]bool, error) {
+func (e *Engine) insertBatch(ctx context.Context, tx *sql.Tx, jobs []*putJob, pins []meta.PinRow, pends []meta.IntentRow) (map[blob.Digest]bool, error) {
 	pd, po, pt := meta.PGPinArgs(pins)
 	var bd, bv [][]byte
 	var bn []int64
@@ -325,20 +299,13 @@ func (e *Engine) insertBatch(ctx context.Context, tx *sql.Tx, jobs []*putJob, pi
 	for _, p := range pins {
 		ds = append(ds, p.D)
 	}
-	var ii, it, is []int64
-	var in, ih []string
-	var id [][]byte
-	for _, p := range pends {
-		ii, in, id, ih, it = append(ii, p.id), append(in, p.ns), append(id, p.d[:]), append(ih, p.holder), append(it, int64(p.ttl))
-		is = append(is, p.size)
-	}
 	q, args := batchPutSQL, []any{meta.PGLockKeys(ds), pd, po, pt, bd, bn, bv}
 	if len(pends) > 0 {
-		q, args = batchPendSQL, append(args, ii, in, id, ih, it, is)
+		q, args = batchPendSQL, append(args, meta.PGIntentArgs(pends)...)
 	}
 	inserted := make(map[blob.Digest]bool, len(jobs))
 	if tx == nil {
-		if err := e.oneStatement(ctx, q, args, pendNames(pends), func(d blob.Digest) { inserted[d] = true }); err != nil {
+		if err := e.oneStatement(ctx, q, args, meta.PGIntentNames(pends), func(d blob.Digest) { inserted[d] = true }); err != nil {
 			return nil, e.wrap("put", err)
 		}
 		return inserted, nil

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/alkblobfs/alkblobfs/blob"
+	"github.com/alkblobfs/alkblobfs/engines"
 )
 
 // The storage layout: how a database keeps the blobs' keys and values.
@@ -113,11 +114,7 @@ type layoutState struct {
 	sizeIndex bool  // an index blobs_size
 }
 
-type querier interface {
-	QueryRowContext(ctx context.Context, query string, args ...any) *sql.Row
-}
-
-func readLayout(ctx context.Context, q querier) (layoutState, error) {
+func readLayout(ctx context.Context, q engines.Querier) (layoutState, error) {
 	var s layoutState
 	err := q.QueryRowContext(ctx, `SELECT
 		(SELECT user_version FROM pragma_user_version),

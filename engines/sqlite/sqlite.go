@@ -258,17 +258,10 @@ func (e *Engine) inTx(ctx context.Context, op string, fn func(ctx context.Contex
 	return err
 }
 
-// write runs fn in a write transaction: through the Batcher (eager) when
-// the database is writable, so that puts, deletes and the shared state's
-// writes (pin rows, window rows, the sweep's arbitration: package meta)
-// share its queue instead of polling SQLite's lock behind it; in a
-// transaction of its own otherwise (a read-only database, where it
-// fails).
+// write runs fn in a write transaction, eager (engines.Write: through the
+// Batcher when the database is writable).
 func (e *Engine) write(ctx context.Context, fn func(ctx context.Context, tx *sql.Tx) error) error {
-	if e.batch != nil {
-		return e.batch.Do(ctx, false, fn)
-	}
-	return engines.InTx(ctx, e.db, nil, func(tx *sql.Tx) error { return fn(ctx, tx) })
+	return engines.Write(ctx, e.batch, e.db, false, fn)
 }
 
 // Close commits what is batched, and closes the statements and the pool.

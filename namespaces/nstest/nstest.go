@@ -198,6 +198,18 @@ func testNamesPaged(t *testing.T, open Opener) {
 	if got := names(t, r, ""); !slices.Equal(got, want) {
 		t.Fatalf("Names: %d names, want %d in order", len(got), len(want))
 	}
+	// One sequence ranged twice starts at its after both times.
+	seq := r.Names(context.Background(), "")
+	for run := range 2 {
+		var got []string
+		for name, err := range seq {
+			must(t, err)
+			got = append(got, name)
+		}
+		if !slices.Equal(got, want) {
+			t.Fatalf("Names, ranged a %d. time: %d names, want %d in order", run+1, len(got), len(want))
+		}
+	}
 	for _, i := range []int{0, 998, 999, 1000, 1001, n - 2, n - 1} {
 		if got := names(t, r, want[i]); !slices.Equal(got, want[i+1:]) {
 			t.Fatalf("Names after %s: %d names, want %d", want[i], len(got), len(want[i+1:]))

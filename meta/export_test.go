@@ -1,0 +1,32 @@
+package meta
+
+import "context"
+
+// NSQueries are the namespaces' statements by name, for the tests of
+// their plans and placeholders.
+func NSQueries(dialect string) map[string]string {
+	q := newNSQueries(dialect)
+	return map[string]string{
+		"isLive": q.isLive, "live": q.live, "entries": q.entries, "names": q.names, "count": q.count,
+		"liveAmong2": liveAmongQuery(dialect, 2),
+		"held":       q.held, "pendHeld": q.pendHeld, "lockNS": q.lockNS, "takeRef": q.takeRef,
+		"linkRows": q.linkRows, "usage": q.usage,
+	}
+}
+
+// NSDDL is the namespaces' schema of dialect.
+func NSDDL(dialect string) []string { return nsDDL[dialect] }
+
+// SettleGroup runs one group of settles of ids, stamped now, in one
+// statement (PostgreSQL), and returns each settle's answer.
+func SettleGroup(l *Links, ids []int64, now int64) (linked []bool, errs []error) {
+	var jobs []*settleJob
+	for _, id := range ids {
+		jobs = append(jobs, &settleJob{id: id, now: now, ctx: context.Background(), done: make(chan struct{})})
+	}
+	l.settles.settle(jobs)
+	for _, j := range jobs {
+		linked, errs = append(linked, j.linked), append(errs, j.err)
+	}
+	return linked, errs
+}
