@@ -2,14 +2,11 @@ package docs
 
 import (
 	"go/ast"
-	"go/parser"
 	"go/token"
-	"io/fs"
 	"maps"
 	"path/filepath"
 	"slices"
 	"strconv"
-	"strings"
 	"testing"
 )
 
@@ -85,26 +82,7 @@ var txStill = map[string]string{
 func txSignatures(t *testing.T, root string) []string {
 	t.Helper()
 	var out []string
-	fset := token.NewFileSet()
-	err := filepath.WalkDir(root, func(path string, d fs.DirEntry, err error) error {
-		if err != nil {
-			return err
-		}
-		rel, _ := filepath.Rel(root, path)
-		rel = filepath.ToSlash(rel)
-		if d.IsDir() {
-			if rel == "meta" || rel == "third_party" || d.Name() == "testdata" || (rel != "." && strings.HasPrefix(d.Name(), ".")) {
-				return filepath.SkipDir
-			}
-			return nil
-		}
-		if !strings.HasSuffix(rel, ".go") || strings.HasSuffix(rel, "_test.go") {
-			return nil
-		}
-		f, err := parser.ParseFile(fset, path, nil, parser.SkipObjectResolution)
-		if err != nil {
-			return err
-		}
+	eachSource(t, root, func(rel string, _ *token.FileSet, f *ast.File) {
 		sqlName := ""
 		for _, imp := range f.Imports {
 			if p, _ := strconv.Unquote(imp.Path.Value); p == "database/sql" {
@@ -115,7 +93,7 @@ func txSignatures(t *testing.T, root string) []string {
 			}
 		}
 		if sqlName == "" || f.Name.Name == "main" {
-			return nil
+			return
 		}
 		pkg := filepath.ToSlash(filepath.Dir(rel))
 		for _, decl := range f.Decls {
@@ -142,11 +120,7 @@ func txSignatures(t *testing.T, root string) []string {
 				}
 			}
 		}
-		return nil
 	})
-	if err != nil {
-		t.Fatal(err)
-	}
 	return out
 }
 

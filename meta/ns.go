@@ -326,7 +326,13 @@ func (l *Links) SetPerm(ctx context.Context, name string, p NSPerm) error {
 	if l.noPerm {
 		return blob.ErrReadOnly
 	}
-	res, err := l.db.ExecContext(ctx, l.q.setPerm, int64(p.Uid), int64(p.Gid), int64(p.Mode), name)
+	return l.updateNS(ctx, l.q.setPerm, int64(p.Uid), int64(p.Gid), int64(p.Mode), name)
+}
+
+// updateNS runs an UPDATE of one namespace's row: ErrNSNotFound when no
+// row has its name.
+func (l *Links) updateNS(ctx context.Context, query string, args ...any) error {
+	res, err := l.db.ExecContext(ctx, query, args...)
 	var n int64
 	if err == nil {
 		n, err = res.RowsAffected()

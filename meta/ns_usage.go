@@ -219,18 +219,7 @@ func (l *Links) SetQuota(ctx context.Context, name string, q Quota) error {
 	if l.noUsage {
 		return errNoUsage
 	}
-	res, err := l.db.ExecContext(ctx, l.q.setQuota, q.Blobs, q.Bytes, name)
-	var n int64
-	if err == nil {
-		n, err = res.RowsAffected()
-	}
-	if err != nil {
-		return err
-	}
-	if n == 0 {
-		return ErrNSNotFound
-	}
-	return nil
+	return l.updateNS(ctx, l.q.setQuota, q.Blobs, q.Bytes, name)
 }
 
 // Recount fixes one namespace's counters from its rows, in one
