@@ -14,6 +14,8 @@ import (
 	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/alkblobfs/alkblobfs/cmd/alkblobfs/internal/clitest"
 )
 
 // rssLimit bounds the binary's peak RSS for a 100 MiB blob. A streaming
@@ -30,14 +32,14 @@ const rssLimit = 64 << 20
 // include the test process itself. VmHWM belongs to the exec'd image's own
 // address space. It only grows, so sampling misses at most the last
 // millisecond's growth.
-func runPeak(c *cli, args ...string) (result, int64) {
-	c.t.Helper()
-	cmd := exec.Command(bin, append(append([]string{"--data", c.data}, c.flags...), args...)...)
-	cmd.Env = append(os.Environ(), "HOME="+c.t.TempDir(), "XDG_DATA_HOME=")
+func runPeak(c *clitest.CLI, args ...string) (clitest.Result, int64) {
+	c.T.Helper()
+	cmd := exec.Command(clitest.Bin, append(append([]string{"--data", c.Data}, c.Flags...), args...)...)
+	cmd.Env = append(os.Environ(), "HOME="+c.T.TempDir(), "XDG_DATA_HOME=")
 	var stdout, stderr bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &stdout, &stderr
 	if err := cmd.Start(); err != nil {
-		c.t.Fatal(err)
+		c.T.Fatal(err)
 	}
 	status := fmt.Sprintf("/proc/%d/status", cmd.Process.Pid)
 	done := make(chan struct{})
@@ -59,9 +61,9 @@ func runPeak(c *cli, args ...string) (result, int64) {
 	err := cmd.Wait()
 	close(done)
 	if _, isExit := err.(*exec.ExitError); err != nil && !isExit {
-		c.t.Fatalf("alkblobfs %s: %v", strings.Join(args, " "), err)
+		c.T.Fatalf("alkblobfs %s: %v", strings.Join(args, " "), err)
 	}
-	return result{stdout.String(), stderr.String(), cmd.ProcessState.ExitCode(), cmd.ProcessState}, peak.Load()
+	return clitest.ResultOf(stdout.String(), stderr.String(), cmd.ProcessState), peak.Load()
 }
 
 // vmHWM reads the VmHWM line (KiB) of a /proc status file; 0 if gone.
@@ -82,14 +84,14 @@ func vmHWM(path string) int64 {
 func TestPeakRSSBounded(t *testing.T) {
 	t.Parallel()
 	const size = 100 << 20
-	c := newCLI(t)
+	c := clitest.NewCLI(t)
 	dir := t.TempDir()
 	p := filepath.Join(dir, "big")
 	f, err := os.Create(p)
 	if err != nil {
 		t.Fatal(err)
 	}
-	chunk := randomBytes(1<<20, 11)
+	chunk := clitest.RandomBytes(1<<20, 11)
 	for i := range size >> 20 {
 		chunk[0] = byte(i) // no two MiB alike
 		if _, err := f.Write(chunk); err != nil {
@@ -101,18 +103,18 @@ func TestPeakRSSBounded(t *testing.T) {
 	}
 
 	put, rss := runPeak(c, "put", p)
-	if put.code != 0 {
-		t.Fatalf("put: exit %d, stderr %q", put.code, put.stderr)
+	if put.Code != 0 {
+		t.Fatalf("put: exit %d, stderr %q", put.Code, put.Stderr)
 	}
-	d := strings.TrimSpace(put.stdout)
+	d := strings.TrimSpace(put.Stdout)
 	t.Logf("put of 100 MiB: peak RSS %.1f MiB", float64(rss)/(1<<20))
 	if rss == 0 || rss > rssLimit {
 		t.Errorf("put of 100 MiB: peak RSS %d MiB, want under %d MiB", rss>>20, rssLimit>>20)
 	}
 
 	get, rss := runPeak(c, "get", d, "-o", filepath.Join(dir, "out"))
-	if get.code != 0 {
-		t.Fatalf("get: exit %d, stderr %q", get.code, get.stderr)
+	if get.Code != 0 {
+		t.Fatalf("get: exit %d, stderr %q", get.Code, get.Stderr)
 	}
 	t.Logf("get -o of 100 MiB: peak RSS %.1f MiB", float64(rss)/(1<<20))
 	if rss == 0 || rss > rssLimit {
@@ -146,16 +148,16 @@ const (
 // documented figures.
 func TestMountMemoryBounded(t *testing.T) {
 	t.Parallel()
-	requireFUSE(t)
+	clitest.RequireFUSE(t)
 	files, dirs, limit := 10_000, 1_000, int64(receiptBase+10_000*receiptBytes)
 	args := []string{"--max-receipts", "10000"}
 	if os.Getenv("ALKBLOBFS_LONG") == "1" {
 		files, dirs, limit, args = 100_000, 10_000, mountMemoryCap, nil
 	}
-	c := newCLI(t)
-	c.ok("ns", "create", "m")
+	c := clitest.NewCLI(t)
+	c.OK("ns", "create", "m")
 	mnt := t.TempDir()
-	dm := startDaemon(t, c.data, mnt, args...)
+	dm := clitest.StartDaemon(t, c.Data, mnt, args...)
 	inc := filepath.Join(mnt, "m", "incoming")
 	const writers = 4
 	start := time.Now()
@@ -188,7 +190,7 @@ func TestMountMemoryBounded(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	peak := vmHWM(fmt.Sprintf("/proc/%d/status", dm.cmd.Process.Pid)) << 10
+	peak := vmHWM(fmt.Sprintf("/proc/%d/status", dm.Cmd.Process.Pid)) << 10
 	t.Logf("%d files and %d directories in %s (%d entries in incoming/): daemon peak RSS %.1f MiB",
 		files, dirs, took.Round(time.Second), len(ents), float64(peak)/(1<<20))
 	if len(ents) != files+writers {
@@ -197,7 +199,7 @@ func TestMountMemoryBounded(t *testing.T) {
 	if peak == 0 || peak > limit {
 		t.Errorf("daemon peak RSS %d MiB, want under %d MiB", peak>>20, limit>>20)
 	}
-	stopDaemon(t, dm)
+	clitest.StopDaemon(t, dm)
 }
 
 // listingRSSCap bounds the daemon's peak RSS through two ls -l of a
@@ -215,12 +217,12 @@ const listingRSSCap = 106 << 20
 // a daemon, and checks its peak RSS.
 func TestMountListingMemory(t *testing.T) {
 	t.Parallel()
-	requireFUSE(t)
+	clitest.RequireFUSE(t)
 	const n = 100_000
-	c := newCLI(t)
-	fillNamespace(t, c.data, "ls", n)
+	c := clitest.NewCLI(t)
+	fillNamespace(t, c.Data, "ls", n)
 	mnt := t.TempDir()
-	dm := startDaemon(t, c.data, mnt)
+	dm := clitest.StartDaemon(t, c.Data, mnt)
 	for _, pass := range []string{"cold", "warm"} {
 		start := time.Now()
 		out, err := exec.Command("bash", "-ec", `ls -l "$0" | wc -l`, filepath.Join(mnt, "ls")).CombinedOutput()
@@ -232,12 +234,12 @@ func TestMountListingMemory(t *testing.T) {
 		}
 		t.Logf("ls -l of %d entries, %s: %s", n, pass, time.Since(start).Round(time.Millisecond))
 	}
-	peak := vmHWM(fmt.Sprintf("/proc/%d/status", dm.cmd.Process.Pid)) << 10
+	peak := vmHWM(fmt.Sprintf("/proc/%d/status", dm.Cmd.Process.Pid)) << 10
 	t.Logf("daemon peak RSS %.1f MiB", float64(peak)/(1<<20))
 	if peak == 0 || peak > listingRSSCap {
 		t.Errorf("daemon peak RSS %d MiB after listing %d entries, want under %d MiB", peak>>20, n, listingRSSCap>>20)
 	}
-	stopDaemon(t, dm)
+	clitest.StopDaemon(t, dm)
 }
 
 // fillNamespace puts n distinct tiny blobs into the default store under
