@@ -313,7 +313,7 @@ func syncStore(t *testing.T, data string) {
 	}
 }
 
-// cliRun is c.run bounded to a minute.
+// cliRun is c.Run bounded to a minute.
 func cliRun(t *testing.T, c *clitest.CLI, args ...string) clitest.Result {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(t.Context(), time.Minute)
@@ -332,7 +332,7 @@ func cliRun(t *testing.T, c *clitest.CLI, args ...string) clitest.Result {
 	return clitest.ResultOf(stdout.String(), stderr.String(), cmd.ProcessState)
 }
 
-// cliWithin is c.ok bounded to a minute.
+// cliWithin is c.OK bounded to a minute.
 func cliWithin(t *testing.T, c *clitest.CLI, args ...string) string {
 	t.Helper()
 	r := cliRun(t, c, args...)
