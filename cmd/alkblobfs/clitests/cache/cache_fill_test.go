@@ -75,12 +75,12 @@ func stopMidFill(t *testing.T, c *clitest.CLI, cdir, d string) (cmd *exec.Cmd, s
 		// Blocks, not the size: a claim sizes its stage to the blob at once.
 		if fi, err := os.Stat(filepath.Join(cdir, "stage", "stage-"+d)); err == nil && fi.Sys().(*syscall.Stat_t).Blocks > 0 {
 			cmd.Process.Signal(syscall.SIGSTOP)
-			if _, err := os.Stat(cachedFile(cdir, d)); err == nil {
+			if _, err := os.Stat(clitest.CachedFile(cdir, d)); err == nil {
 				return cmd, stderr, done, false
 			}
 			return cmd, stderr, done, true
 		}
-		if _, err := os.Stat(cachedFile(cdir, d)); err == nil {
+		if _, err := os.Stat(clitest.CachedFile(cdir, d)); err == nil {
 			return cmd, stderr, done, false
 		}
 		if time.Now().After(deadline) {
@@ -115,7 +115,7 @@ func TestCacheOneFillPerHost(t *testing.T) {
 	dbg := &clitest.CLI{T: t, Data: c.Data, Home: c.Home, Flags: append([]string{"--log-level", "debug"}, c.Flags...)}
 	_, berr, bdone := startCLI(t, dbg, "cache", "warm", da)
 	waitLog(t, berr, waiting)
-	if _, err := os.Stat(cachedFile(cdir, da)); err == nil {
+	if _, err := os.Stat(clitest.CachedFile(cdir, da)); err == nil {
 		t.Fatal("the blob was published while its filler was stopped: the second process filled it too")
 	}
 	a.Process.Signal(syscall.SIGCONT)
@@ -136,7 +136,7 @@ func TestCacheOneFillPerHost(t *testing.T) {
 	a.Process.Kill()
 	<-adone.ch
 	waitExit(t, "the second cache warm, its filler killed", bdone, berr)
-	if _, err := os.Stat(cachedFile(cdir, db)); err != nil {
+	if _, err := os.Stat(clitest.CachedFile(cdir, db)); err != nil {
 		t.Fatalf("the filler killed, the waiting process did not cache the blob: %v\n%s", err, berr)
 	}
 	if m, _ := filepath.Glob(filepath.Join(cdir, "stage", "*")); len(m) != 0 {
@@ -166,12 +166,12 @@ func TestCacheRoomCountsOtherProcesses(t *testing.T) {
 		t.Skip("the fill of x ended before the test could stop it (a fast machine)")
 	}
 	c.OK("cache", "warm", dy) // another process, while x's fill is in flight
-	if _, err := os.Stat(cachedFile(cdir, dz)); err == nil {
+	if _, err := os.Stat(clitest.CachedFile(cdir, dz)); err == nil {
 		t.Fatal("z was not evicted for y while another process filled x: that fill was not counted (z, x and y are over the limit)")
 	}
 	a.Process.Signal(syscall.SIGCONT)
 	waitExit(t, "the stopped cache warm", adone, aerr)
-	if _, err := os.Stat(cachedFile(cdir, dx)); err != nil {
+	if _, err := os.Stat(clitest.CachedFile(cdir, dx)); err != nil {
 		t.Fatalf("x not cached after its fill went on: %v", err)
 	}
 	if b := cacheStat(t, c)["bytes"].(float64); b > 80<<20 {

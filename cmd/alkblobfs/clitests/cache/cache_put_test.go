@@ -79,13 +79,13 @@ func TestCacheMountWriteThrough(t *testing.T) {
 		t.Fatalf("cp into incoming/: %v\n%s", err, out)
 	}
 	wrote := wchar(t, dm.Cmd.Process.Pid) - before
-	if _, err := os.Stat(cachedFile(cdir, da)); err != nil {
+	if _, err := os.Stat(clitest.CachedFile(cdir, da)); err != nil {
 		t.Fatalf("the put is not in the cache once cp returned: %v", err)
 	}
 	if wrote > n*5/2 {
 		t.Fatalf("the daemon wrote %d bytes for a put of %d: the cache got a second copy", wrote, n)
 	}
-	if _, err := os.Stat(cachedFile(cdir, db)); err == nil {
+	if _, err := os.Stat(clitest.CachedFile(cdir, db)); err == nil {
 		t.Fatal("a streamed put is in the cache")
 	}
 	want := map[string]int64{da: n, db: 3 << 20}
@@ -154,7 +154,7 @@ func TestCachePglo(t *testing.T) {
 	// --verify=full: the fill hashed the copy whole before it published
 	// it, so the next open (the page cache dropped) passes it through, as
 	// a local blob verified once in the process.
-	dropPageCache(t)
+	clitest.DropPageCache(t)
 	if got, err := os.ReadFile(filepath.Join(mnt, "p", da)); err != nil || !bytes.Equal(got, a) {
 		t.Fatalf("second read: %v", err)
 	}
@@ -165,7 +165,7 @@ func TestCachePglo(t *testing.T) {
 	if out, err := exec.Command("cp", fb, filepath.Join(mnt, "p", "incoming", "b")).CombinedOutput(); err != nil {
 		t.Fatalf("cp into incoming/: %v\n%s", err, out)
 	}
-	if _, err := os.Stat(cachedFile(cdir, db)); err != nil {
+	if _, err := os.Stat(clitest.CachedFile(cdir, db)); err != nil {
 		t.Fatalf("the put is not in the cache once cp returned: %v", err)
 	}
 	clitest.StopDaemon(t, dm)

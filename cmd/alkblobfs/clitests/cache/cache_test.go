@@ -30,20 +30,10 @@ func TestCacheFlagsRefused(t *testing.T) {
 	}
 }
 
-// dropPageCache makes the next read of a mounted file reach the daemon.
-func dropPageCache(t *testing.T) {
-	t.Helper()
-	if err := os.WriteFile("/proc/sys/vm/drop_caches", []byte("1\n"), 0o200); err != nil {
-		t.Skipf("cannot drop the page cache: %v", err)
-	}
-}
-
-func cachedFile(cdir, d string) string { return filepath.Join(cdir, "blobs", d[:2], d) }
-
 func waitCached(t *testing.T, cdir, d string) {
 	t.Helper()
 	clitest.Eventually(t, 20*time.Second, d+" to be in the cache", func() bool {
-		_, err := os.Stat(cachedFile(cdir, d))
+		_, err := os.Stat(clitest.CachedFile(cdir, d))
 		return err == nil
 	})
 }
@@ -70,12 +60,12 @@ func TestCacheMountS3Down(t *testing.T) {
 		t.Fatalf("first read through the mount: %v", err)
 	}
 	waitCached(t, cdir, da)
-	if _, err := os.Stat(cachedFile(cdir, db)); err == nil {
+	if _, err := os.Stat(clitest.CachedFile(cdir, db)); err == nil {
 		t.Fatalf("%s is cached without a read", db)
 	}
 
 	srv.Stop(t)
-	dropPageCache(t)
+	clitest.DropPageCache(t)
 	got, err = os.ReadFile(filepath.Join(mnt, "p", da))
 	if err != nil || !bytes.Equal(got, a) {
 		t.Fatalf("cached blob with S3 stopped: %v", err)
@@ -125,7 +115,7 @@ func TestCacheKill9MidFill(t *testing.T) {
 	dm.Cmd.Process.Kill()
 	dm.Wait(15 * time.Second)
 	clitest.AbortFUSE(t, mnt)
-	if _, err := os.Stat(cachedFile(cdir, d)); err == nil {
+	if _, err := os.Stat(clitest.CachedFile(cdir, d)); err == nil {
 		t.Fatal("a fill cut by kill -9 published a copy")
 	}
 	if len(stages()) == 0 {
@@ -207,7 +197,7 @@ func TestCacheSharedAndSweep(t *testing.T) {
 	}
 	clitest.Eventually(t, 15*time.Second, "the sweep to delete the blob and its cached copy", func() bool {
 		clitest.SweepVia(t, mntA)
-		_, err := os.Stat(cachedFile(cdir, d))
+		_, err := os.Stat(clitest.CachedFile(cdir, d))
 		return os.IsNotExist(err)
 	})
 	if strings.Contains(c.OK("ls"), d) {
@@ -238,11 +228,11 @@ func TestCacheWarmDrop(t *testing.T) {
 	}
 	c.OK("cache", "warm", "w")
 	for _, d := range ds {
-		if _, err := os.Stat(cachedFile(cdir, d)); err != nil {
+		if _, err := os.Stat(clitest.CachedFile(cdir, d)); err != nil {
 			t.Fatalf("warm w: %s not cached: %v", d[:12], err)
 		}
 	}
-	if _, err := os.Stat(cachedFile(cdir, loose)); !os.IsNotExist(err) {
+	if _, err := os.Stat(clitest.CachedFile(cdir, loose)); !os.IsNotExist(err) {
 		t.Fatalf("warm w cached a blob w does not link: %v", err)
 	}
 	c.OK("cache", "warm", loose)
@@ -254,7 +244,7 @@ func TestCacheWarmDrop(t *testing.T) {
 		t.Fatalf("after drop: %v blobs cached", n)
 	}
 	for _, d := range append(ds, loose) {
-		if _, err := os.Stat(cachedFile(cdir, d)); !os.IsNotExist(err) {
+		if _, err := os.Stat(clitest.CachedFile(cdir, d)); !os.IsNotExist(err) {
 			t.Fatalf("drop left %s: %v", d[:12], err)
 		}
 		c.OK("stat", d) // still in the store

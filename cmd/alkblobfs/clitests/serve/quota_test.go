@@ -29,6 +29,7 @@ import (
 	dto "github.com/prometheus/client_model/go"
 	"github.com/prometheus/common/expfmt"
 	"github.com/prometheus/common/model"
+	_ "modernc.org/sqlite" // the "sqlite" driver, to age a store as an older version left it
 )
 
 // The quota rule through every surface side by side, like the access

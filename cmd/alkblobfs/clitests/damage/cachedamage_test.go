@@ -1,6 +1,6 @@
 //go:build linux
 
-package cache
+package damage
 
 import (
 	"bytes"
@@ -102,7 +102,7 @@ func cliReader(c *clitest.CLI, args ...string) func(t *testing.T, d string) ([]b
 
 func mountReader(mnt, ns string) func(t *testing.T, d string) ([]byte, error) {
 	return func(t *testing.T, d string) ([]byte, error) {
-		dropPageCache(t)
+		clitest.DropPageCache(t)
 		return os.ReadFile(filepath.Join(mnt, ns, d))
 	}
 }
@@ -163,7 +163,7 @@ func TestCacheDamageEveryReader(t *testing.T) {
 			if _, err := cliReader(c, "cache", "warm")(t, d); err != nil {
 				return nil, err
 			}
-			return os.ReadFile(cachedFile(cdir, d)) // the copy warm vouched for
+			return os.ReadFile(clitest.CachedFile(cdir, d)) // the copy warm vouched for
 		}},
 		{"verify", func(t *testing.T, d string) ([]byte, error) {
 			if out, err := cliReader(c, "verify")(t, d); err != nil {
@@ -192,9 +192,9 @@ func TestCacheDamageEveryReader(t *testing.T) {
 				t.Parallel()
 				for _, dmg := range damages {
 					// A good copy first, as a read leaves it; then the damage.
-					os.Remove(cachedFile(cdir, d))
+					os.Remove(clitest.CachedFile(cdir, d))
 					c.OK("cache", "warm", d)
-					dmg.do(t, cachedFile(cdir, d), filepath.Join(cdir, "sums", d[:2], d), cachedFile(cdir, other))
+					dmg.do(t, clitest.CachedFile(cdir, d), filepath.Join(cdir, "sums", d[:2], d), clitest.CachedFile(cdir, other))
 					got, err := rd.read(t, d)
 					if err != nil {
 						t.Errorf("%s after %s: %v", rd.name, dmg.name, err)
@@ -205,7 +205,7 @@ func TestCacheDamageEveryReader(t *testing.T) {
 					}
 				}
 				// Removed by hand: a miss, filled again.
-				os.Remove(cachedFile(cdir, d))
+				os.Remove(clitest.CachedFile(cdir, d))
 				if got, err := rd.read(t, d); err != nil || !bytes.Equal(got, want) {
 					t.Errorf("%s after the copy was removed: %v (%d bytes)", rd.name, err, len(got))
 				}

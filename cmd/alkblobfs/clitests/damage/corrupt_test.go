@@ -1,6 +1,6 @@
 //go:build linux
 
-package cache
+package damage
 
 import (
 	"encoding/json"
