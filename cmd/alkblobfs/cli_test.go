@@ -11,120 +11,17 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/alkblobfs/alkblobfs/cmd/alkblobfs/internal/clitest"
 	"github.com/alkblobfs/alkblobfs/fusefs/fusetest"
 )
 
-const (
-	smallSize = 1000      // kv tier at the default 128 KiB threshold
-	largeSize = 300 << 10 // large tier
-)
-
-type statJSON struct {
-	Digest string `json:"digest"`
-	Size   int64  `json:"size"`
-	Tier   string `json:"tier"`
-}
-
-func (c *cli) stat(d string) statJSON {
-	c.t.Helper()
-	var s statJSON
-	if err := json.Unmarshal([]byte(c.ok("stat", "--json", d)), &s); err != nil {
-		c.t.Fatal(err)
-	}
-	return s
-}
-
-// roundTrip puts a small and a large blob and reads them back every way.
-// kvPersists is false for a mem: kv tier, which is gone once put exits.
-func roundTrip(t *testing.T, c *cli, kvPersists bool) {
-	dir := t.TempDir()
-	smallPath, small, smallD := writeFile(t, dir, smallSize, 1)
-	largePath, large, largeD := writeFile(t, dir, largeSize, 2)
-
-	if got := lines(c.ok("put", smallPath, largePath)); !slices.Equal(got, []string{smallD, largeD}) {
-		t.Fatalf("put printed %q, want %q", got, []string{smallD, largeD})
-	}
-	// A re-put dedups and prints the same digest.
-	if got := strings.TrimSpace(c.ok("put", largePath)); got != largeD {
-		t.Fatalf("re-put printed %q, want %s", got, largeD)
-	}
-
-	want := map[string][]byte{largeD: large}
-	if kvPersists {
-		want[smallD] = small
-	} else {
-		c.fail(1, "blob missing", "stat", smallD)
-	}
-	for d, content := range want {
-		s := c.stat(d)
-		wantTier := "large"
-		if len(content) == smallSize {
-			wantTier = "kv"
-		}
-		if s.Digest != d || s.Size != int64(len(content)) || s.Tier != wantTier {
-			t.Errorf("stat %s = %+v, want size %d tier %s", d, s, len(content), wantTier)
-		}
-		human := c.ok("stat", d)
-		if !strings.Contains(human, "tier    "+wantTier) {
-			t.Errorf("stat %s printed %q", d, human)
-		}
-		if got := c.ok("cat", d); got != string(content) {
-			t.Errorf("cat %s: %d bytes differ from the %d put", d, len(got), len(content))
-		}
-		if got := c.ok("get", d); got != string(content) {
-			t.Errorf("get %s to stdout: wrong content", d)
-		}
-		out := filepath.Join(dir, "out-"+d[:8])
-		if got := c.ok("get", d, "-o", out); got != "" {
-			t.Errorf("get -o printed %q on stdout", got)
-		}
-		if b, err := os.ReadFile(out); err != nil || !bytes.Equal(b, content) {
-			t.Errorf("get -o %s: wrong content (err %v)", d, err)
-		}
-	}
-
-	listed := lines(c.ok("ls"))
-	wantList := slices.Sorted(func(yield func(string) bool) {
-		for d := range want {
-			if !yield(d) {
-				return
-			}
-		}
-	})
-	if !slices.Equal(listed, wantList) {
-		t.Fatalf("ls = %q, want %q", listed, wantList)
-	}
-	if got := c.ok("ls", "-l"); !strings.Contains(got, largeD+" 307200\n") {
-		t.Errorf("ls -l = %q", got)
-	}
-
-	rm := []string{"rm"}
-	if !kvPersists {
-		// No namespaces, so nothing can prove the blob unreferenced: rm
-		// refuses unless forced.
-		c.fail(1, "no liveness source", "rm", largeD)
-		rm = append(rm, "--force")
-	}
-	c.ok(append(rm, largeD)...)
-	c.fail(1, "blob missing", append(rm, largeD)...)
-	c.fail(1, "blob missing", "get", largeD, "-o", filepath.Join(dir, "gone"))
-	if _, err := os.Stat(filepath.Join(dir, "gone")); !os.IsNotExist(err) {
-		t.Errorf("get -o of a missing blob left a file: %v", err)
-	}
-	if kvPersists {
-		if got := lines(c.ok("ls")); !slices.Equal(got, []string{smallD}) {
-			t.Fatalf("ls after rm = %q, want [%s]", got, smallD)
-		}
-	}
-}
-
 func TestRoundTripDefault(t *testing.T) {
 	t.Parallel()
-	c := newCLI(t)
-	roundTrip(t, c, true)
+	c := clitest.NewCLI(t)
+	clitest.RoundTrip(t, c, true)
 	// The defaults put the engines under --data.
 	for _, p := range []string{"kv.db", "large"} {
-		if _, err := os.Stat(filepath.Join(c.data, p)); err != nil {
+		if _, err := os.Stat(filepath.Join(c.Data, p)); err != nil {
 			t.Errorf("default engines: %v", err)
 		}
 	}
@@ -132,32 +29,32 @@ func TestRoundTripDefault(t *testing.T) {
 
 func TestRoundTripMemKV(t *testing.T) {
 	t.Parallel()
-	c := newCLI(t, "--kv", "mem:")
-	roundTrip(t, c, false)
+	c := clitest.NewCLI(t, "--kv", "mem:")
+	clitest.RoundTrip(t, c, false)
 }
 
 func TestMemOnly(t *testing.T) {
 	t.Parallel()
-	c := newCLI(t, "--kv", "mem:", "--large", "none")
-	_, small, d := writeFile(t, t.TempDir(), smallSize, 3)
-	r := c.run(bytes.NewReader(small), "put", "-")
-	if r.code != 0 || strings.TrimSpace(r.stdout) != d {
-		t.Fatalf("put - = %q exit %d (stderr %q), want %s", r.stdout, r.code, r.stderr, d)
+	c := clitest.NewCLI(t, "--kv", "mem:", "--large", "none")
+	_, small, d := clitest.WriteFile(t, t.TempDir(), clitest.SmallSize, 3)
+	r := c.Run(bytes.NewReader(small), "put", "-")
+	if r.Code != 0 || strings.TrimSpace(r.Stdout) != d {
+		t.Fatalf("put - = %q exit %d (stderr %q), want %s", r.Stdout, r.Code, r.Stderr, d)
 	}
-	if entries, _ := os.ReadDir(c.data); len(entries) != 0 {
+	if entries, _ := os.ReadDir(c.Data); len(entries) != 0 {
 		t.Errorf("mem-only store wrote to --data: %v", entries)
 	}
 }
 
 // putStdin pipes content to put - : exec hands the child a pipe, so the
 // size is unknown to the store.
-func putStdin(t *testing.T, c *cli, content []byte) string {
+func putStdin(t *testing.T, c *clitest.CLI, content []byte) string {
 	t.Helper()
-	r := c.run(bytes.NewReader(content), "put", "-")
-	if r.code != 0 || r.stderr != "" {
-		t.Fatalf("put -: exit %d, stderr %q", r.code, r.stderr)
+	r := c.Run(bytes.NewReader(content), "put", "-")
+	if r.Code != 0 || r.Stderr != "" {
+		t.Fatalf("put -: exit %d, stderr %q", r.Code, r.Stderr)
 	}
-	return strings.TrimSpace(r.stdout)
+	return strings.TrimSpace(r.Stdout)
 }
 
 func TestPutStdinUnknownSize(t *testing.T) {
@@ -168,23 +65,23 @@ func TestPutStdinUnknownSize(t *testing.T) {
 		size  int
 		tier  string
 	}{
-		{"small", nil, smallSize, "kv"},
+		{"small", nil, clitest.SmallSize, "kv"},
 		{"at threshold", nil, 128 << 10, "kv"},
-		{"over threshold", nil, largeSize, "large"},
+		{"over threshold", nil, clitest.LargeSize, "large"},
 		{"over a 4KiB threshold", []string{"--threshold", "4KiB"}, 10 << 10, "large"},
 		{"empty", nil, 0, "kv"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			c := newCLI(t, tc.flags...)
-			content := randomBytes(tc.size, 4)
+			c := clitest.NewCLI(t, tc.flags...)
+			content := clitest.RandomBytes(tc.size, 4)
 			d := putStdin(t, c, content)
-			if d != sum(content) {
-				t.Fatalf("put - printed %q, want %s", d, sum(content))
+			if d != clitest.Sum(content) {
+				t.Fatalf("put - printed %q, want %s", d, clitest.Sum(content))
 			}
-			if s := c.stat(d); s.Tier != tc.tier || s.Size != int64(tc.size) {
+			if s := c.Stat(d); s.Tier != tc.tier || s.Size != int64(tc.size) {
 				t.Errorf("stat = %+v, want tier %s size %d", s, tc.tier, tc.size)
 			}
-			if got := c.ok("cat", d); got != string(content) {
+			if got := c.OK("cat", d); got != string(content) {
 				t.Errorf("cat: wrong content")
 			}
 		})
@@ -194,48 +91,48 @@ func TestPutStdinUnknownSize(t *testing.T) {
 func TestPutStdinRedirectedFile(t *testing.T) {
 	t.Parallel()
 	// stdin that is a regular file has a known size.
-	c := newCLI(t)
-	p, content, d := writeFile(t, t.TempDir(), largeSize, 5)
+	c := clitest.NewCLI(t)
+	p, content, d := clitest.WriteFile(t, t.TempDir(), clitest.LargeSize, 5)
 	f, err := os.Open(p)
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer f.Close()
-	r := c.run(f, "put", "-")
-	if r.code != 0 || strings.TrimSpace(r.stdout) != d {
-		t.Fatalf("put - < file: %q exit %d stderr %q", r.stdout, r.code, r.stderr)
+	r := c.Run(f, "put", "-")
+	if r.Code != 0 || strings.TrimSpace(r.Stdout) != d {
+		t.Fatalf("put - < file: %q exit %d stderr %q", r.Stdout, r.Code, r.Stderr)
 	}
-	if got := c.ok("cat", d); got != string(content) {
+	if got := c.OK("cat", d); got != string(content) {
 		t.Errorf("cat: wrong content")
 	}
 }
 
 func TestPutStopsAtFirstFailure(t *testing.T) {
 	t.Parallel()
-	c := newCLI(t)
-	p, _, d := writeFile(t, t.TempDir(), smallSize, 6)
-	r := c.run(nil, "put", p, filepath.Join(c.data, "no-such-file"), p)
-	checkFail(t, r, 1, "no-such-file", []string{"put"})
-	if got := lines(r.stdout); !slices.Equal(got, []string{d}) {
+	c := clitest.NewCLI(t)
+	p, _, d := clitest.WriteFile(t, t.TempDir(), clitest.SmallSize, 6)
+	r := c.Run(nil, "put", p, filepath.Join(c.Data, "no-such-file"), p)
+	clitest.CheckFail(t, r, 1, "no-such-file", []string{"put"})
+	if got := clitest.Lines(r.Stdout); !slices.Equal(got, []string{d}) {
 		t.Errorf("stdout = %q, want the first digest only", got)
 	}
 }
 
 func TestKVOnlyRejectsLarge(t *testing.T) {
 	t.Parallel()
-	c := newCLI(t, "--large", "none")
-	p, content, _ := writeFile(t, t.TempDir(), largeSize, 7)
-	c.fail(1, "too large", "put", p)
-	r := c.run(bytes.NewReader(content), "put", "-")
-	checkFail(t, r, 1, "too large", []string{"put", "-"})
-	if got := c.ok("ls"); got != "" {
+	c := clitest.NewCLI(t, "--large", "none")
+	p, content, _ := clitest.WriteFile(t, t.TempDir(), clitest.LargeSize, 7)
+	c.Fail(1, "too large", "put", p)
+	r := c.Run(bytes.NewReader(content), "put", "-")
+	clitest.CheckFail(t, r, 1, "too large", []string{"put", "-"})
+	if got := c.OK("ls"); got != "" {
 		t.Fatalf("a rejected put stored something: ls = %q", got)
 	}
-	if _, err := os.Stat(filepath.Join(c.data, "large")); !os.IsNotExist(err) {
+	if _, err := os.Stat(filepath.Join(c.Data, "large")); !os.IsNotExist(err) {
 		t.Errorf("kv-only store created a large tier: %v", err)
 	}
 	// Below the threshold it works.
-	_, small, d := writeFile(t, t.TempDir(), smallSize, 8)
+	_, small, d := clitest.WriteFile(t, t.TempDir(), clitest.SmallSize, 8)
 	if got := putStdin(t, c, small); got != d {
 		t.Fatalf("put - = %q, want %s", got, d)
 	}
@@ -243,12 +140,12 @@ func TestKVOnlyRejectsLarge(t *testing.T) {
 
 func TestCorruptLargeBlob(t *testing.T) {
 	t.Parallel()
-	c := newCLI(t)
+	c := clitest.NewCLI(t)
 	dir := t.TempDir()
-	p, content, d := writeFile(t, dir, largeSize, 9)
-	c.ok("put", p)
+	p, content, d := clitest.WriteFile(t, dir, clitest.LargeSize, 9)
+	c.OK("put", p)
 
-	blobPath := filepath.Join(c.data, "large", "blobs", d[:2], d)
+	blobPath := filepath.Join(c.Data, "large", "blobs", d[:2], d)
 	if _, err := os.Stat(blobPath); err != nil {
 		t.Fatalf("large blob not where expected: %v", err)
 	}
@@ -269,7 +166,7 @@ func TestCorruptLargeBlob(t *testing.T) {
 
 	outDir := t.TempDir()
 	out := filepath.Join(outDir, "out")
-	c.fail(1, "does not match", "get", d, "-o", out)
+	c.Fail(1, "does not match", "get", d, "-o", out)
 	if entries, _ := os.ReadDir(outDir); len(entries) != 0 {
 		t.Fatalf("failed get -o left %v", entries)
 	}
@@ -277,19 +174,19 @@ func TestCorruptLargeBlob(t *testing.T) {
 	if err := os.WriteFile(out, []byte("old"), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	c.fail(1, "does not match", "get", d, "-o", out)
+	c.Fail(1, "does not match", "get", d, "-o", out)
 	if got, _ := os.ReadFile(out); string(got) != "old" {
 		t.Fatalf("failed get -o replaced the existing file: %q", got)
 	}
 	if entries, _ := os.ReadDir(outDir); len(entries) != 1 {
 		t.Fatalf("failed get -o left %v", entries)
 	}
-	c.fail(1, "does not match", "cat", d)
+	c.Fail(1, "does not match", "cat", d)
 }
 
 func TestExitCodes(t *testing.T) {
 	t.Parallel()
-	c := newCLI(t)
+	c := clitest.NewCLI(t)
 	absent := strings.Repeat("ab", 32)
 	for _, tc := range []struct {
 		args []string
@@ -324,25 +221,25 @@ func TestExitCodes(t *testing.T) {
 		{[]string{"put", "/no/such/file"}, 1, "no such file"},
 	} {
 		t.Run(strings.Join(tc.args, " "), func(t *testing.T) {
-			c.fail(tc.code, tc.want, tc.args...)
+			c.Fail(tc.code, tc.want, tc.args...)
 		})
 	}
 	// Bare alkblobfs prints a short usage and exits 0.
-	r := c.run(nil)
-	if r.code != 0 || r.stderr != "" || !strings.Contains(r.stdout, "Usage: alkblobfs [flags] COMMAND") ||
-		!strings.Contains(r.stdout, "mount") || strings.Count(r.stdout, "\n") > 12 {
-		t.Errorf("bare alkblobfs: exit %d, stdout %q, stderr %q", r.code, r.stdout, r.stderr)
+	r := c.Run(nil)
+	if r.Code != 0 || r.Stderr != "" || !strings.Contains(r.Stdout, "Usage: alkblobfs [flags] COMMAND") ||
+		!strings.Contains(r.Stdout, "mount") || strings.Count(r.Stdout, "\n") > 12 {
+		t.Errorf("bare alkblobfs: exit %d, stdout %q, stderr %q", r.Code, r.Stdout, r.Stderr)
 	}
 }
 
 func TestHelpEveryCommand(t *testing.T) {
 	t.Parallel()
-	c := newCLI(t)
+	c := clitest.NewCLI(t)
 	for _, cmd := range []string{"", "put", "get", "cat", "stat", "ls", "rm", "sweep", "verify",
 		"ns", "ns create", "ns rm", "ns ls", "link", "unlink", "mount", "umount", "upgrade", "version", "completion", "completion bash", "completion zsh", "completion fish", "completion powershell"} {
 		t.Run("help "+cmd, func(t *testing.T) {
 			args := append(strings.Fields(cmd), "--help")
-			out := c.ok(args...)
+			out := c.OK(args...)
 			if !strings.Contains(out, "Examples:\n  alkblobfs ") || !strings.Contains(out, "Usage:") {
 				t.Errorf("alkblobfs %s --help shows no example:\n%s", cmd, out)
 			}
@@ -357,26 +254,26 @@ func TestSweepWithoutSourcesAborts(t *testing.T) {
 	t.Parallel()
 	for _, flags := range [][]string{{"--kv", "none"}, {"--kv", "mem:"}} {
 		t.Run(strings.Join(flags, " "), func(t *testing.T) {
-			c := newCLI(t, flags...)
-			p, _, d := writeFile(t, t.TempDir(), largeSize, 10)
-			c.ok("put", p)
-			if out := c.ok("sweep"); !strings.Contains(out, "sweep aborted: NoLivenessSources") {
+			c := clitest.NewCLI(t, flags...)
+			p, _, d := clitest.WriteFile(t, t.TempDir(), clitest.LargeSize, 10)
+			c.OK("put", p)
+			if out := c.OK("sweep"); !strings.Contains(out, "sweep aborted: NoLivenessSources") {
 				t.Errorf("sweep printed %q", out)
 			}
 			var rep map[string]any
-			if err := json.Unmarshal([]byte(c.ok("sweep", "--json")), &rep); err != nil {
+			if err := json.Unmarshal([]byte(c.OK("sweep", "--json")), &rep); err != nil {
 				t.Fatal(err)
 			}
 			if rep["aborted"] != "NoLivenessSources" || rep["deleted"] != float64(0) {
 				t.Errorf("sweep --json = %v", rep)
 			}
-			if got := lines(c.ok("ls")); !slices.Equal(got, []string{d}) {
+			if got := clitest.Lines(c.OK("ls")); !slices.Equal(got, []string{d}) {
 				t.Errorf("an aborted sweep changed the store: ls = %q", got)
 			}
 			// Namespace commands say why they cannot work here.
-			c.fail(2, "this store keeps no namespaces", "ns", "create", "builds")
-			c.fail(2, "this store keeps no namespaces", "put", "--ns", "builds", p)
-			c.fail(2, "use --kv sqlite:PATH", "ls", "builds")
+			c.Fail(2, "this store keeps no namespaces", "ns", "create", "builds")
+			c.Fail(2, "this store keeps no namespaces", "put", "--ns", "builds", p)
+			c.Fail(2, "use --kv sqlite:PATH", "ls", "builds")
 		})
 	}
 }
@@ -386,55 +283,55 @@ func TestSweepWithoutSourcesAborts(t *testing.T) {
 // warning.
 func TestPrivateStore(t *testing.T) {
 	t.Parallel()
-	c := newCLI(t)
-	if err := os.Chmod(c.data, 0o755); err != nil {
+	c := clitest.NewCLI(t)
+	if err := os.Chmod(c.Data, 0o755); err != nil {
 		t.Fatal(err)
 	}
-	r := c.run(nil, "ls")
-	if r.code != 0 || !strings.Contains(r.stderr, "open to other users") {
-		t.Fatalf("ls in a 0755 data directory: exit %d, stderr %q; want a warning", r.code, r.stderr)
+	r := c.Run(nil, "ls")
+	if r.Code != 0 || !strings.Contains(r.Stderr, "open to other users") {
+		t.Fatalf("ls in a 0755 data directory: exit %d, stderr %q; want a warning", r.Code, r.Stderr)
 	}
 	for p, want := range map[string]os.FileMode{"kv.db": 0o600, "large": 0o700} {
-		fi, err := os.Stat(filepath.Join(c.data, p))
+		fi, err := os.Stat(filepath.Join(c.Data, p))
 		if err != nil || fi.Mode().Perm() != want {
 			t.Errorf("%s: mode %v (%v); want %#o", p, fi.Mode().Perm(), err, want)
 		}
 	}
-	if err := os.Chmod(c.data, 0o700); err != nil {
+	if err := os.Chmod(c.Data, 0o700); err != nil {
 		t.Fatal(err)
 	}
-	c.ok("ls") // no warning
+	c.OK("ls") // no warning
 }
 
 // TestSweepEveryBound: --sweep-every takes 0 (off) or at least a second.
 func TestSweepEveryBound(t *testing.T) {
 	t.Parallel()
-	c := newCLI(t)
-	c.fail(2, "at least 1s", "mount", "--sweep-every", "1ms", t.TempDir())
-	c.fail(2, "at least 1s", "mount", "--sweep-every", "-1s", t.TempDir())
+	c := clitest.NewCLI(t)
+	c.Fail(2, "at least 1s", "mount", "--sweep-every", "1ms", t.TempDir())
+	c.Fail(2, "at least 1s", "mount", "--sweep-every", "-1s", t.TempDir())
 }
 
 // TestScrubFlagsBound: --scrub-every takes 0 (off) or at least a second,
 // --scrub-rate no negative number.
 func TestScrubFlagsBound(t *testing.T) {
 	t.Parallel()
-	c := newCLI(t)
-	c.fail(2, "at least 1s", "mount", "--scrub-every", "10ms", t.TempDir())
-	c.fail(2, "scrub-rate", "mount", "--scrub-rate", "-1", t.TempDir())
+	c := clitest.NewCLI(t)
+	c.Fail(2, "at least 1s", "mount", "--scrub-every", "10ms", t.TempDir())
+	c.Fail(2, "scrub-rate", "mount", "--scrub-rate", "-1", t.TempDir())
 }
 
 // TestVersionAndCompletion: --version and version print the version and
 // the Go version; completion writes a shell's completion script.
 func TestVersionAndCompletion(t *testing.T) {
 	t.Parallel()
-	c := newCLI(t)
+	c := clitest.NewCLI(t)
 	for _, args := range [][]string{{"--version"}, {"version"}} {
-		out := c.ok(args...)
+		out := c.OK(args...)
 		if !strings.HasPrefix(out, "alkblobfs ") || !strings.Contains(out, " go1.") {
 			t.Errorf("alkblobfs %s = %q", args[0], out)
 		}
 	}
-	if out := c.ok("completion", "bash"); !strings.Contains(out, "bash completion") {
+	if out := c.OK("completion", "bash"); !strings.Contains(out, "bash completion") {
 		t.Errorf("completion bash wrote %.80q", out)
 	}
 }
@@ -443,48 +340,48 @@ func TestVersionAndCompletion(t *testing.T) {
 // the flag wins over it, and a bad value is a usage error naming it.
 func TestFlagsFromEnvironment(t *testing.T) {
 	t.Parallel()
-	c := newCLI(t)
-	c.env = []string{"ALKBLOBFS_KV=mem:", "ALKBLOBFS_LARGE=none", "ALKBLOBFS_THRESHOLD=10"}
+	c := clitest.NewCLI(t)
+	c.Env = []string{"ALKBLOBFS_KV=mem:", "ALKBLOBFS_LARGE=none", "ALKBLOBFS_THRESHOLD=10"}
 	src := filepath.Join(t.TempDir(), "f")
 	if err := os.WriteFile(src, make([]byte, 11), 0o644); err != nil {
 		t.Fatal(err)
 	}
 	// mem: kv alone, 10-byte limit: the 11-byte file is too large.
-	c.fail(1, "too large", "put", src)
+	c.Fail(1, "too large", "put", src)
 	// The flag wins over the variable.
-	c.ok("--threshold", "1KiB", "put", src)
-	c.env = append(c.env, "ALKBLOBFS_GC_WINDOW=soon")
-	c.fail(2, "ALKBLOBFS_GC_WINDOW", "ls")
+	c.OK("--threshold", "1KiB", "put", src)
+	c.Env = append(c.Env, "ALKBLOBFS_GC_WINDOW=soon")
+	c.Fail(2, "ALKBLOBFS_GC_WINDOW", "ls")
 }
 
 // TestErrorWords: the errors users meet most, each asserted on its exact
 // line and exit status.
 func TestErrorWords(t *testing.T) {
 	t.Parallel()
-	c := newCLI(t)
+	c := clitest.NewCLI(t)
 	exact := func(code int, want string, args ...string) {
 		t.Helper()
-		r := c.run(nil, args...)
-		if r.code != code || r.stderr != "alkblobfs: "+want+"\n" {
-			t.Errorf("alkblobfs %s: exit %d, stderr %q; want exit %d, %q", strings.Join(args, " "), r.code, r.stderr, code, "alkblobfs: "+want+"\n")
+		r := c.Run(nil, args...)
+		if r.Code != code || r.Stderr != "alkblobfs: "+want+"\n" {
+			t.Errorf("alkblobfs %s: exit %d, stderr %q; want exit %d, %q", strings.Join(args, " "), r.Code, r.Stderr, code, "alkblobfs: "+want+"\n")
 		}
 	}
 	exact(1, `namespace "nope" does not exist (create it with 'alkblobfs ns create nope')`, "ls", "nope")
-	c.ok("ns", "create", "a", "b")
+	c.OK("ns", "create", "a", "b")
 	d := putStdin(t, c, []byte("in two namespaces"))
-	c.ok("link", "a", d)
-	c.ok("link", "b", d)
+	c.OK("link", "a", d)
+	c.OK("link", "b", d)
 	exact(1, fmt.Sprintf("delete %[1]s: refused: blob is protected by liveness: linked in namespace a, b; unlink it first: alkblobfs unlink a %[1]s && alkblobfs unlink b %[1]s", d), "rm", d)
 
 	if os.Geteuid() != 0 {
 		t.Skip("the unwritable data directory case needs another user (root makes one)")
 	}
 	u := fusetest.NewUser(t)
-	fusetest.Reachable(t, bin)
-	fusetest.Reachable(t, c.data)
-	os.Chmod(c.data, 0o700)
-	out, err := u.Sh(fmt.Sprintf("HOME=/nonexistent %s --data %s ls", bin, c.data))
-	if want := fmt.Sprintf("alkblobfs: data directory %s (set by --data): permission denied\n", c.data); err == nil || !strings.HasSuffix(out, want) {
+	fusetest.Reachable(t, clitest.Bin)
+	fusetest.Reachable(t, c.Data)
+	os.Chmod(c.Data, 0o700)
+	out, err := u.Sh(fmt.Sprintf("HOME=/nonexistent %s --data %s ls", clitest.Bin, c.Data))
+	if want := fmt.Sprintf("alkblobfs: data directory %s (set by --data): permission denied\n", c.Data); err == nil || !strings.HasSuffix(out, want) {
 		t.Errorf("ls of another user's data directory: %v %q; want %q", err, out, want)
 	}
 }
@@ -495,31 +392,31 @@ func TestErrorWords(t *testing.T) {
 // every blob and namespace.
 func TestBackupRestoreMove(t *testing.T) {
 	t.Parallel()
-	c := newCLI(t)
-	c.ok("ns", "create", "keep")
+	c := clitest.NewCLI(t)
+	c.OK("ns", "create", "keep")
 	dir := t.TempDir()
-	small, _, ds := writeFile(t, dir, 1000, 11)
-	large, content, dl := writeFile(t, dir, 3<<20, 12)
-	c.ok("put", "--ns", "keep", small, large)
+	small, _, ds := clitest.WriteFile(t, dir, 1000, 11)
+	large, content, dl := clitest.WriteFile(t, dir, 3<<20, 12)
+	c.OK("put", "--ns", "keep", small, large)
 
 	backup := filepath.Join(t.TempDir(), "backup")
-	if out, err := exec.Command("cp", "-a", c.data, backup).CombinedOutput(); err != nil {
+	if out, err := exec.Command("cp", "-a", c.Data, backup).CombinedOutput(); err != nil {
 		t.Fatalf("cp -a: %v: %s", err, out)
 	}
-	if err := os.RemoveAll(c.data); err != nil {
+	if err := os.RemoveAll(c.Data); err != nil {
 		t.Fatal(err)
 	}
-	moved := newCLI(t)
-	moved.data = filepath.Join(t.TempDir(), "elsewhere")
-	if out, err := exec.Command("cp", "-a", backup, moved.data).CombinedOutput(); err != nil {
+	moved := clitest.NewCLI(t)
+	moved.Data = filepath.Join(t.TempDir(), "elsewhere")
+	if out, err := exec.Command("cp", "-a", backup, moved.Data).CombinedOutput(); err != nil {
 		t.Fatalf("restore: %v: %s", err, out)
 	}
-	moved.ok("verify")
-	if got := lines(moved.ok("ls", "keep")); !slices.Contains(got, ds) || !slices.Contains(got, dl) {
+	moved.OK("verify")
+	if got := clitest.Lines(moved.OK("ls", "keep")); !slices.Contains(got, ds) || !slices.Contains(got, dl) {
 		t.Fatalf("restored namespace lists %v", got)
 	}
 	out := filepath.Join(t.TempDir(), "out")
-	moved.ok("get", dl, "-o", out)
+	moved.OK("get", dl, "-o", out)
 	if b, err := os.ReadFile(out); err != nil || !bytes.Equal(b, content) {
 		t.Fatalf("restored blob: %v", err)
 	}

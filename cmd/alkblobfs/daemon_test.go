@@ -13,6 +13,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/alkblobfs/alkblobfs/cmd/alkblobfs/internal/clitest"
 	"github.com/alkblobfs/alkblobfs/fusefs/fusetest"
 )
 
@@ -55,23 +56,23 @@ func TestHelperArgs(t *testing.T) {
 // a daemon that cannot mount makes the command fail with its reason.
 func TestMountDaemon(t *testing.T) {
 	t.Parallel()
-	requireFUSE(t)
-	c := newCLI(t)
+	clitest.RequireFUSE(t)
+	c := clitest.NewCLI(t)
 	mnt := t.TempDir()
 	log := filepath.Join(t.TempDir(), "mount.log")
-	c.ok("mount", "--daemon", "--log-file", log, mnt)
+	c.OK("mount", "--daemon", "--log-file", log, mnt)
 	t.Cleanup(func() { syscall.Unmount(mnt, syscall.MNT_DETACH) })
 	servedAfterReturn(t, mnt)
-	unmountAndWait(t, mnt, log)
+	clitest.UnmountAndWait(t, mnt, log)
 
-	c.fail(1, "does not exist", "mount", "--daemon", "--log-file", log, filepath.Join(mnt, "nope"))
+	c.Fail(1, "does not exist", "mount", "--daemon", "--log-file", log, filepath.Join(mnt, "nope"))
 	full := t.TempDir()
 	os.WriteFile(filepath.Join(full, "x"), nil, 0o600)
-	c.fail(1, "not empty", "mount", "--daemon", "--log-file", log, full)
-	c.ok("mount", "--daemon", "--nonempty", "--log-file", log, full)
+	c.Fail(1, "not empty", "mount", "--daemon", "--log-file", log, full)
+	c.OK("mount", "--daemon", "--nonempty", "--log-file", log, full)
 	t.Cleanup(func() { syscall.Unmount(full, syscall.MNT_DETACH) })
 	servedAfterReturn(t, full)
-	unmountAndWait(t, full, log)
+	clitest.UnmountAndWait(t, full, log)
 	if _, err := os.Stat(filepath.Join(full, "x")); err != nil {
 		t.Fatalf("the file under the mountpoint after umount: %v", err)
 	}
@@ -83,15 +84,15 @@ func TestMountDaemon(t *testing.T) {
 // umount unmounts and the daemon exits.
 func TestFstabMount(t *testing.T) {
 	t.Parallel()
-	requireFUSE(t)
+	clitest.RequireFUSE(t)
 	if os.Geteuid() != 0 {
 		t.Skip("mount(8) with an fstab line needs root")
 	}
 	installHelper(t)
-	c := newCLI(t)
+	c := clitest.NewCLI(t)
 	mnt := t.TempDir()
 	fstab := filepath.Join(t.TempDir(), "fstab")
-	line := fmt.Sprintf("%s %s fuse.alkblobfs defaults,_netdev,verify=strict,sweep_every=1h,receipt_ttl=1m,x-systemd.requires=network-online.target 0 0\n", c.data, mnt)
+	line := fmt.Sprintf("%s %s fuse.alkblobfs defaults,_netdev,verify=strict,sweep_every=1h,receipt_ttl=1m,x-systemd.requires=network-online.target 0 0\n", c.Data, mnt)
 	if err := os.WriteFile(fstab, []byte(line), 0o644); err != nil {
 		t.Fatal(err)
 	}
@@ -104,18 +105,18 @@ func TestFstabMount(t *testing.T) {
 	if err != nil || !strings.Contains(string(stats), `"verify": "strict"`) || !strings.Contains(string(stats), `"sweep_timer": "1h0m0s"`) {
 		t.Fatalf("stats of the fstab mount (options verify=strict, sweep_every=1h): %v %s", err, stats)
 	}
-	src, _, d := writeFile(t, t.TempDir(), 200<<10, 5)
+	src, _, d := clitest.WriteFile(t, t.TempDir(), 200<<10, 5)
 	sh := fmt.Sprintf("mkdir %[1]s/ns && cp %[2]s %[1]s/ns/incoming/f && cmp %[2]s %[1]s/ns/%[3]s", mnt, src, d)
 	if out, err := exec.Command("sh", "-c", sh).CombinedOutput(); err != nil {
 		t.Fatalf("%s: %v: %s", sh, err, out)
 	}
-	unmountAndWait(t, mnt, filepath.Join(c.data, "mount.log"))
-	if !slices.Contains(lines(c.ok("ls", "ns")), d) {
+	clitest.UnmountAndWait(t, mnt, filepath.Join(c.Data, "mount.log"))
+	if !slices.Contains(clitest.Lines(c.OK("ls", "ns")), d) {
 		t.Fatal("the file written through the fstab mount is not in the store")
 	}
 
 	// A bad option: mount fails and says why.
-	bad := fmt.Sprintf("%s %s fuse.alkblobfs verify=fast 0 0\n", c.data, mnt)
+	bad := fmt.Sprintf("%s %s fuse.alkblobfs verify=fast 0 0\n", c.Data, mnt)
 	os.WriteFile(fstab, []byte(bad), 0o644)
 	out, err := exec.Command("mount", "-T", fstab, mnt).CombinedOutput()
 	if err == nil || !strings.Contains(string(out), "verify mode") {
@@ -127,16 +128,16 @@ func TestFstabMount(t *testing.T) {
 // for the test's duration (mount(8) looks for helpers only in /sbin).
 func installHelper(t *testing.T) {
 	t.Helper()
-	helperLock(t) // not while TestDebPackage has installed the package's
+	clitest.HelperLock(t) // not while TestDebPackage has installed the package's
 	link := "/sbin/" + helperName
-	if target, err := os.Readlink(link); err == nil && target != bin {
+	if target, err := os.Readlink(link); err == nil && target != clitest.Bin {
 		t.Fatalf("%s exists (-> %s): not replacing an installed helper", link, target)
 	} else if err == nil {
 		os.Remove(link)
 	} else if _, serr := os.Lstat(link); serr == nil {
 		t.Fatalf("%s exists: not replacing an installed helper", link)
 	}
-	if err := os.Symlink(bin, link); err != nil {
+	if err := os.Symlink(clitest.Bin, link); err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { os.Remove(link) })
@@ -161,35 +162,6 @@ func servedAfterReturn(t *testing.T, mnt string) {
 	}
 }
 
-// unmountAndWait runs umount(8) and waits until the daemon has logged
-// that it unmounted and exited.
-func unmountAndWait(t *testing.T, mnt, log string) {
-	t.Helper()
-	if out, err := exec.Command("umount", mnt).CombinedOutput(); err != nil {
-		t.Fatalf("umount %s: %v: %s", mnt, err, out)
-	}
-	eventually(t, 10*time.Second, "the daemon's exit", func() bool {
-		b, _ := os.ReadFile(log)
-		return strings.Contains(string(b), "msg=unmounted mountpoint="+mnt) && !daemonRunning(mnt)
-	})
-}
-
-// daemonRunning reports whether a process's command line names mnt.
-func daemonRunning(mnt string) bool {
-	procs, _ := filepath.Glob("/proc/[0-9]*/cmdline")
-	for _, p := range procs {
-		b, err := os.ReadFile(p)
-		if err != nil {
-			continue
-		}
-		args := strings.Split(string(b), "\x00")
-		if slices.Contains(args, "mount") && slices.Contains(args, mnt) {
-			return true
-		}
-	}
-	return false
-}
-
 // TestUnprivilegedMountErrors: a mount by a user other than root that
 // cannot open /dev/fuse, or that asks for --allow-other without
 // user_allow_other in /etc/fuse.conf, fails in one line that says how to
@@ -201,7 +173,7 @@ func daemonRunning(mnt string) bool {
 // stays in the namespace.
 func TestUnprivilegedMountErrors(t *testing.T) {
 	t.Parallel()
-	requireFUSE(t)
+	clitest.RequireFUSE(t)
 	if os.Geteuid() != 0 {
 		t.Skip("making a user needs root")
 	}
@@ -216,7 +188,7 @@ func TestUnprivilegedMountErrors(t *testing.T) {
 	// exit, then runs before userdel.
 	ns := fusetest.PrivateDevFUSE(t, 0o600)
 	u = u.In(ns)
-	fusetest.Reachable(t, bin)
+	fusetest.Reachable(t, clitest.Bin)
 	dir := t.TempDir()
 	data, mnt := filepath.Join(dir, "data"), filepath.Join(dir, "mnt")
 	for _, d := range []string{data, mnt} {
@@ -224,7 +196,7 @@ func TestUnprivilegedMountErrors(t *testing.T) {
 		os.Chown(d, int(u.UID), int(u.GID))
 	}
 	fusetest.Reachable(t, data)
-	mount := fmt.Sprintf("%s --data %s mount --daemon --log-file %s/log %s", bin, data, data, mnt)
+	mount := fmt.Sprintf("%s --data %s mount --daemon --log-file %s/log %s", clitest.Bin, data, data, mnt)
 
 	u.Denied(t, "a mount without access to /dev/fuse", mount, "cannot open /dev/fuse as user "+u.Name+": permission denied (make it usable by this user: chmod 0666 /dev/fuse")
 
@@ -240,5 +212,5 @@ func TestUnprivilegedMountErrors(t *testing.T) {
 		t.Fatalf("a mount by %s once /dev/fuse is usable: %v: %s", u.Name, err, out)
 	}
 	u.OK(t, fmt.Sprintf("mkdir %[1]s/ns && echo hi > %[1]s/ns/incoming/f && ls %[1]s/ns | grep -q incoming && fusermount3 -u %[1]s", mnt))
-	eventually(t, 10*time.Second, "the daemon's exit", func() bool { return !daemonRunning(mnt) })
+	clitest.Eventually(t, 10*time.Second, "the daemon's exit", func() bool { return !clitest.DaemonRunning(mnt) })
 }

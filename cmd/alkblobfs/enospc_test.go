@@ -12,6 +12,7 @@ import (
 	"syscall"
 	"testing"
 
+	"github.com/alkblobfs/alkblobfs/cmd/alkblobfs/internal/clitest"
 	"github.com/alkblobfs/alkblobfs/engines/postgres/pgtest"
 )
 
@@ -24,7 +25,7 @@ import (
 // tmpfs; the server's WAL stays on its own disk).
 func TestDiskFull(t *testing.T) {
 	t.Parallel()
-	requireFUSE(t)
+	clitest.RequireFUSE(t)
 	if os.Geteuid() != 0 {
 		t.Skip("mounting a tmpfs needs root")
 	}
@@ -34,8 +35,8 @@ func TestDiskFull(t *testing.T) {
 		if err := os.Mkdir(data, 0o700); err != nil {
 			t.Fatal(err)
 		}
-		c := newCLI(t)
-		c.data = data
+		c := clitest.NewCLI(t)
+		c.Data = data
 		diskFull(t, c, fsdir)
 	})
 	t.Run("postgres+pglo", func(t *testing.T) {
@@ -47,8 +48,8 @@ func TestDiskFull(t *testing.T) {
 		for dir := fsdir; dir != "/"; dir = filepath.Dir(dir) {
 			os.Chmod(dir, 0o755) // the server's user reaches the tablespace
 		}
-		c := newCLI(t)
-		c.flags = []string{"--kv", pgtest.TablespaceDSN(t, space), "--large", "pglo"}
+		c := clitest.NewCLI(t)
+		c.Flags = []string{"--kv", pgtest.TablespaceDSN(t, space), "--large", "pglo"}
 		diskFull(t, c, fsdir)
 	})
 }
@@ -66,13 +67,13 @@ func smallFS(t *testing.T, size string) string {
 
 // diskFull fills fsdir, which holds c's store, and copies files in
 // through a mount of it.
-func diskFull(t *testing.T, c *cli, fsdir string) {
-	c.ok("ns", "create", "ns")
+func diskFull(t *testing.T, c *clitest.CLI, fsdir string) {
+	c.OK("ns", "create", "ns")
 	mnt := t.TempDir()
-	dm := startDaemon(t, c.data, mnt, c.flags...)
+	dm := clitest.StartDaemon(t, c.Data, mnt, c.Flags...)
 	src := t.TempDir()
-	small, _, smallD := writeFile(t, src, 100<<10, 1)
-	large, _, largeD := writeFile(t, src, 600<<10, 2)
+	small, _, smallD := clitest.WriteFile(t, src, 100<<10, 1)
+	large, _, largeD := clitest.WriteFile(t, src, 600<<10, 2)
 
 	// Fill the filesystem.
 	filler := filepath.Join(fsdir, "filler")
@@ -97,14 +98,14 @@ func diskFull(t *testing.T, c *cli, fsdir string) {
 			t.Fatalf("cp of %s into a full store: %v: %s; want ENOSPC", filepath.Base(p), err, out)
 		}
 	}
-	if got := lines(c.ok("ls", "ns")); len(got) != 0 {
+	if got := clitest.Lines(c.OK("ls", "ns")); len(got) != 0 {
 		t.Fatalf("a failed copy published %v", got)
 	}
 	// The CLI's error names the put once (issue 29: "put sqlite:… D: put
 	// sqlite:… D: no space left in the store").
-	r := c.run(nil, "put", small)
-	if r.code != 1 || strings.Count(r.stderr, smallD) != 1 || strings.Count(r.stderr, "put ") != 1 || !strings.Contains(r.stderr, "no space left") {
-		t.Fatalf("put into a full store: exit %d, stderr %q; want exit 1 naming the put of %s once", r.code, r.stderr, smallD)
+	r := c.Run(nil, "put", small)
+	if r.Code != 1 || strings.Count(r.Stderr, smallD) != 1 || strings.Count(r.Stderr, "put ") != 1 || !strings.Contains(r.Stderr, "no space left") {
+		t.Fatalf("put into a full store: exit %d, stderr %q; want exit 1 naming the put of %s once", r.Code, r.Stderr, smallD)
 	}
 
 	if err := os.Remove(filler); err != nil {
@@ -115,9 +116,9 @@ func diskFull(t *testing.T, c *cli, fsdir string) {
 			t.Fatalf("cp once space is freed: %v: %s", err, out)
 		}
 	}
-	got := lines(c.ok("ls", "ns"))
+	got := clitest.Lines(c.OK("ls", "ns"))
 	if !slices.Contains(got, smallD) || !slices.Contains(got, largeD) {
 		t.Fatalf("after freeing space the namespace lists %v; want both blobs", got)
 	}
-	stopDaemon(t, dm)
+	clitest.StopDaemon(t, dm)
 }

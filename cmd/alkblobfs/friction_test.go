@@ -9,6 +9,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/alkblobfs/alkblobfs/cmd/alkblobfs/internal/clitest"
 )
 
 // The first-ten-minutes friction of issue 29, each reproduced as a user
@@ -19,13 +21,13 @@ import (
 // serve), warn for the rest.
 func TestLogLevelDefaultPerCommand(t *testing.T) {
 	t.Parallel()
-	c := newCLI(t)
+	c := clitest.NewCLI(t)
 	man := t.TempDir()
-	c.ok("man", man)
+	c.OK("man", man)
 	for cmd, want := range map[string]string{"mount": "info", "serve": "info", "ls": "warn", "put": "warn", "": "warn"} {
-		help := c.ok(append(strings.Fields(cmd), "--help")...)
+		help := c.OK(append(strings.Fields(cmd), "--help")...)
 		var line string
-		for _, l := range lines(help) {
+		for _, l := range clitest.Lines(help) {
 			if strings.Contains(l, "--log-level") {
 				line = l
 			}
@@ -52,15 +54,15 @@ func TestLogLevelDefaultPerCommand(t *testing.T) {
 // file keeps busy says that a control file is open.
 func TestMountLogNamesDataAndHandles(t *testing.T) {
 	t.Parallel()
-	requireFUSE(t)
+	clitest.RequireFUSE(t)
 	data, mnt := t.TempDir(), t.TempDir()
 	real, err := filepath.EvalSymlinks(data)
 	if err != nil {
 		t.Fatal(err)
 	}
-	dm := startDaemon(t, data, mnt)
+	dm := clitest.StartDaemon(t, data, mnt)
 	var mounted string
-	for _, l := range lines(dm.stderr.String()) {
+	for _, l := range clitest.Lines(dm.Stderr.String()) {
 		if strings.Contains(l, "msg=mounted") {
 			mounted = l
 		}
@@ -74,15 +76,15 @@ func TestMountLogNamesDataAndHandles(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer f.Close()
-	dm.cmd.Process.Signal(syscall.SIGTERM)
-	eventually(t, 20*time.Second, "the lazy-detach warning", func() bool {
-		return strings.Contains(dm.stderr.String(), "detaching lazily")
+	dm.Cmd.Process.Signal(syscall.SIGTERM)
+	clitest.Eventually(t, 20*time.Second, "the lazy-detach warning", func() bool {
+		return strings.Contains(dm.Stderr.String(), "detaching lazily")
 	})
 	f.Close()
-	if code := dm.wait(20 * time.Second); code != 0 {
-		t.Fatalf("mount exit %d:\n%s", code, dm.stderr.String())
+	if code := dm.Wait(20 * time.Second); code != 0 {
+		t.Fatalf("mount exit %d:\n%s", code, dm.Stderr.String())
 	}
-	for _, l := range lines(dm.stderr.String()) {
+	for _, l := range clitest.Lines(dm.Stderr.String()) {
 		if strings.Contains(l, "detaching lazily") && !strings.Contains(l, "open_control_files=1") {
 			t.Fatalf("the warning does not count the open control file: %s", l)
 		}
@@ -93,13 +95,13 @@ func TestMountLogNamesDataAndHandles(t *testing.T) {
 // as root too (whom access(2) tells EACCES), and creates nothing.
 func TestDataIsAFile(t *testing.T) {
 	t.Parallel()
-	c := newCLI(t)
-	c.data = filepath.Join(t.TempDir(), "file")
-	if err := os.WriteFile(c.data, []byte("x"), 0o600); err != nil {
+	c := clitest.NewCLI(t)
+	c.Data = filepath.Join(t.TempDir(), "file")
+	if err := os.WriteFile(c.Data, []byte("x"), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	c.fail(1, "data directory "+c.data+" (set by --data): not a directory", "ls")
-	if b, err := os.ReadFile(c.data); err != nil || string(b) != "x" {
+	c.Fail(1, "data directory "+c.Data+" (set by --data): not a directory", "ls")
+	if b, err := os.ReadFile(c.Data); err != nil || string(b) != "x" {
 		t.Fatalf("the file changed: %q, %v", b, err)
 	}
 }
@@ -108,9 +110,9 @@ func TestDataIsAFile(t *testing.T) {
 // no hint to create it.
 func TestNsRmMissing(t *testing.T) {
 	t.Parallel()
-	c := newCLI(t)
-	r := c.fail(1, `namespace "nosuch" does not exist (nothing to remove)`, "ns", "rm", "nosuch")
-	if strings.Contains(r.stderr, "create") {
-		t.Fatalf("ns rm suggests creating: %q", r.stderr)
+	c := clitest.NewCLI(t)
+	r := c.Fail(1, `namespace "nosuch" does not exist (nothing to remove)`, "ns", "rm", "nosuch")
+	if strings.Contains(r.Stderr, "create") {
+		t.Fatalf("ns rm suggests creating: %q", r.Stderr)
 	}
 }

@@ -13,6 +13,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/alkblobfs/alkblobfs/cmd/alkblobfs/internal/clitest"
 	"github.com/alkblobfs/alkblobfs/engines/postgres/pgtest"
 )
 
@@ -24,16 +25,16 @@ import (
 // source finds it.
 func TestFstabMountAll(t *testing.T) {
 	t.Parallel()
-	requireFUSE(t)
+	clitest.RequireFUSE(t)
 	if os.Geteuid() != 0 {
 		t.Skip("mount(8) with an fstab line needs root")
 	}
 	installHelper(t)
-	c := newCLI(t)
+	c := clitest.NewCLI(t)
 	// Through a symlink: mount(8) resolves a path source before it
 	// compares, so the mount must show the resolved one.
 	link := filepath.Join(t.TempDir(), "blobs")
-	if err := os.Symlink(c.data, link); err != nil {
+	if err := os.Symlink(c.Data, link); err != nil {
 		t.Fatal(err)
 	}
 	mnt, memMnt := t.TempDir(), t.TempDir()
@@ -53,7 +54,7 @@ func TestFstabMountAll(t *testing.T) {
 			t.Fatalf("mount -a -T %s (run %d): %v: %s", fstab, i+1, err, out)
 		}
 	}
-	for _, m := range []struct{ dir, source string }{{mnt, c.data}, {memMnt, "scratch-blobs"}} {
+	for _, m := range []struct{ dir, source string }{{mnt, c.Data}, {memMnt, "scratch-blobs"}} {
 		if n := mountsOn(t, m.dir); n != 1 {
 			t.Errorf("after two mount -a, %d mounts on %s; want 1", n, m.dir)
 		}
@@ -70,15 +71,15 @@ func TestFstabMountAll(t *testing.T) {
 		args     []string
 		dir, log string
 	}{
-		{[]string{"-c", c.data}, mnt, filepath.Join(c.data, "mount.log")},
+		{[]string{"-c", c.Data}, mnt, filepath.Join(c.Data, "mount.log")},
 		{[]string{"scratch-blobs"}, memMnt, memLog},
 	} {
 		if out, err := exec.Command("umount", m.args...).CombinedOutput(); err != nil {
 			t.Fatalf("umount %s (the source): %v: %s", strings.Join(m.args, " "), err, out)
 		}
-		eventually(t, 10*time.Second, "the daemon's exit", func() bool {
+		clitest.Eventually(t, 10*time.Second, "the daemon's exit", func() bool {
 			b, _ := os.ReadFile(m.log)
-			return strings.Contains(string(b), "msg=unmounted mountpoint="+m.dir) && !daemonRunning(m.dir)
+			return strings.Contains(string(b), "msg=unmounted mountpoint="+m.dir) && !clitest.DaemonRunning(m.dir)
 		})
 		if n := mountsOn(t, m.dir); n != 0 {
 			t.Errorf("umount %s left %d mounts on %s", strings.Join(m.args, " "), n, m.dir)
@@ -106,7 +107,7 @@ func TestHelperSource(t *testing.T) {
 // TestMountSourcePostgres), or --source.
 func TestMountSource(t *testing.T) {
 	t.Parallel()
-	requireFUSE(t)
+	clitest.RequireFUSE(t)
 	data := t.TempDir()
 	for _, tc := range []struct {
 		args []string
@@ -118,14 +119,14 @@ func TestMountSource(t *testing.T) {
 		{[]string{"--source", "my blobs"}, "my blobs"},
 	} {
 		mnt := t.TempDir()
-		dm := startDaemon(t, data, mnt, tc.args...)
+		dm := clitest.StartDaemon(t, data, mnt, tc.args...)
 		if got := findmntSource(t, mnt); got != tc.want {
 			t.Errorf("mount %v: source %q, want %q", tc.args, got, tc.want)
 		}
-		stopDaemon(t, dm)
+		clitest.StopDaemon(t, dm)
 	}
-	c := newCLI(t)
-	c.fail(2, "--source is empty", "mount", "--source=", t.TempDir())
+	c := clitest.NewCLI(t)
+	c.Fail(2, "--source is empty", "mount", "--source=", t.TempDir())
 }
 
 // findmntSource is findmnt's SOURCE of the mount on dir.
@@ -159,7 +160,7 @@ func mountsOn(t *testing.T, dir string) int {
 // user@host:port/database, never the password the URL holds.
 func TestMountSourcePostgres(t *testing.T) {
 	t.Parallel()
-	requireFUSE(t)
+	clitest.RequireFUSE(t)
 	dsn := pgtest.DSN(t)
 	u, err := url.Parse(dsn)
 	if err != nil {
@@ -168,10 +169,10 @@ func TestMountSourcePostgres(t *testing.T) {
 	pw, _ := u.User.Password()
 	want := "postgres://" + u.User.Username() + "@" + u.Host + u.Path
 	mnt := t.TempDir()
-	dm := startDaemon(t, t.TempDir(), mnt, "--kv", dsn, "--large", "pglo")
+	dm := clitest.StartDaemon(t, t.TempDir(), mnt, "--kv", dsn, "--large", "pglo")
 	got := findmntSource(t, mnt)
 	if got != want || pw == "" || strings.Contains(got, pw) {
 		t.Errorf("source %q; want %q (and never the password)", got, want)
 	}
-	stopDaemon(t, dm)
+	clitest.StopDaemon(t, dm)
 }

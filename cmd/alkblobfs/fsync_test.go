@@ -14,6 +14,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/alkblobfs/alkblobfs/cmd/alkblobfs/internal/clitest"
 	"golang.org/x/sys/unix"
 )
 
@@ -24,9 +25,9 @@ import (
 func TestFsyncSurvivesKill(t *testing.T) {
 	// Not parallel: its files open on the mount must see no close but its
 	// own, and another test's fork and exec closes copies of them (a FLUSH each).
-	requireFUSE(t)
-	data, mnt := newCLI(t).data, t.TempDir()
-	d := startDaemon(t, data, mnt)
+	clitest.RequireFUSE(t)
+	data, mnt := clitest.NewCLI(t).Data, t.TempDir()
+	d := clitest.StartDaemon(t, data, mnt)
 	ns := filepath.Join(mnt, "ns")
 	if err := os.Mkdir(ns, 0o755); err != nil {
 		t.Fatal(err)
@@ -46,14 +47,14 @@ func TestFsyncSurvivesKill(t *testing.T) {
 	// dd conv=fsync, the tool's own form: its fsync returns 0 (dd checks
 	// it), and its close publishes the file before the kill.
 	ddSrc := filepath.Join(t.TempDir(), "dd")
-	ddBytes := randomBytes(200_000, 99)
+	ddBytes := clitest.RandomBytes(200_000, 99)
 	if err := os.WriteFile(ddSrc, ddBytes, 0o644); err != nil {
 		t.Fatal(err)
 	}
 	if out, err := exec.Command("dd", "if="+ddSrc, "of="+filepath.Join(ns, "incoming", "dd"), "bs=64k", "conv=fsync", "status=none").CombinedOutput(); err != nil {
 		t.Fatalf("dd conv=fsync: %v\n%s", err, out)
 	}
-	want := []string{sum(ddBytes)}
+	want := []string{clitest.Sum(ddBytes)}
 
 	// From here on, no fork: a child's exec closes its copies of the
 	// descriptors below, and each such close is a close (FLUSH) of the
@@ -61,14 +62,14 @@ func TestFsyncSurvivesKill(t *testing.T) {
 	var files []*os.File
 	for i, size := range []int{1000, 300_000} {
 		// fsynced, then written again: the fsynced version survives.
-		synced, later := randomBytes(size, uint64(10+i)), randomBytes(size, uint64(20+i))
+		synced, later := clitest.RandomBytes(size, uint64(10+i)), clitest.RandomBytes(size, uint64(20+i))
 		f := open(fmt.Sprint("synced-", size))
 		write(f, synced)
 		if err := f.Sync(); err != nil {
 			t.Fatalf("fsync: %v", err)
 		}
 		write(f, later)
-		want = append(want, sum(synced))
+		want = append(want, clitest.Sum(synced))
 
 		// fsynced, then closed through a dup after more writes: the
 		// close's version supersedes the fsynced one.
@@ -86,11 +87,11 @@ func TestFsyncSurvivesKill(t *testing.T) {
 			t.Fatalf("close of a dup: %v", err)
 		}
 		write(g, []byte("never closed"))
-		want = append(want, sum(append(bytes.Clone(synced), later...)))
+		want = append(want, clitest.Sum(append(bytes.Clone(synced), later...)))
 		files = append(files, f, g)
 	}
-	d.cmd.Process.Kill()
-	d.wait(20 * time.Second)
+	d.Cmd.Process.Kill()
+	d.Wait(20 * time.Second)
 	for _, f := range files {
 		f.Close() // ENOTCONN: the daemon is gone
 	}
@@ -98,7 +99,7 @@ func TestFsyncSurvivesKill(t *testing.T) {
 		t.Fatalf("after kill -9, stat of the mountpoint: %v (want ENOTCONN)", err)
 	}
 
-	d2 := startDaemon(t, data, mnt)
+	d2 := clitest.StartDaemon(t, data, mnt)
 	slices.Sort(want)
 	var got []string
 	deadline := time.Now().Add(20 * time.Second)
@@ -119,15 +120,15 @@ func TestFsyncSurvivesKill(t *testing.T) {
 		time.Sleep(50 * time.Millisecond) // recovery links the intents as the mount starts
 	}
 	if !slices.Equal(got, want) {
-		t.Fatalf("after the crash the namespace lists\n  %v\nwant (the fsynced or closed versions)\n  %v\nlog:\n%s", got, want, d2.stderr.String())
+		t.Fatalf("after the crash the namespace lists\n  %v\nwant (the fsynced or closed versions)\n  %v\nlog:\n%s", got, want, d2.Stderr.String())
 	}
 	for _, name := range got {
-		if s := fileSHA(t, filepath.Join(ns, name)); s != name {
+		if s := clitest.FileSHA(t, filepath.Join(ns, name)); s != name {
 			t.Fatalf("%s hashes to %s", name, s)
 		}
 	}
-	d2.cmd.Process.Signal(syscall.SIGTERM)
-	if code := d2.wait(20 * time.Second); code != 0 {
-		t.Fatalf("exit %d:\n%s", code, d2.stderr.String())
+	d2.Cmd.Process.Signal(syscall.SIGTERM)
+	if code := d2.Wait(20 * time.Second); code != 0 {
+		t.Fatalf("exit %d:\n%s", code, d2.Stderr.String())
 	}
 }

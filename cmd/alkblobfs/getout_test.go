@@ -10,6 +10,8 @@ import (
 	"strings"
 	"syscall"
 	"testing"
+
+	"github.com/alkblobfs/alkblobfs/cmd/alkblobfs/internal/clitest"
 )
 
 // TestGetOutputSpecialFiles: get -o never replaces what is not a regular
@@ -18,17 +20,17 @@ import (
 // target is replaced; a dangling link is refused and stays.
 func TestGetOutputSpecialFiles(t *testing.T) {
 	t.Parallel()
-	c := newCLI(t)
+	c := clitest.NewCLI(t)
 	dir := t.TempDir()
-	src, content, _ := writeFile(t, dir, largeSize, 8)
-	d := strings.TrimSpace(c.ok("put", src))
+	src, content, _ := clitest.WriteFile(t, dir, clitest.LargeSize, 8)
+	d := strings.TrimSpace(c.OK("put", src))
 
 	if os.Geteuid() == 0 {
 		null := filepath.Join(dir, "null")
 		if err := syscall.Mknod(null, syscall.S_IFCHR|0o666, int(1<<8|3)); err != nil {
 			t.Fatal(err)
 		}
-		c.ok("get", d, "-o", null)
+		c.OK("get", d, "-o", null)
 		if fi, err := os.Lstat(null); err != nil || fi.Mode()&fs.ModeCharDevice == 0 {
 			t.Fatalf("after get -o, the character device is %v (%v)", fi.Mode(), err)
 		}
@@ -49,9 +51,9 @@ func TestGetOutputSpecialFiles(t *testing.T) {
 		f.Close()
 		got <- b
 	}()
-	c.ok("get", d, "-o", fifo)
-	if b := <-got; sum(b) != d {
-		t.Fatalf("the FIFO's reader got %d bytes that hash to %s", len(b), sum(b))
+	c.OK("get", d, "-o", fifo)
+	if b := <-got; clitest.Sum(b) != d {
+		t.Fatalf("the FIFO's reader got %d bytes that hash to %s", len(b), clitest.Sum(b))
 	}
 	if fi, err := os.Lstat(fifo); err != nil || fi.Mode()&fs.ModeNamedPipe == 0 {
 		t.Fatalf("after get -o, the FIFO is %v (%v)", fi.Mode(), err)
@@ -65,7 +67,7 @@ func TestGetOutputSpecialFiles(t *testing.T) {
 	if err := os.Symlink(target, link); err != nil {
 		t.Fatal(err)
 	}
-	c.ok("get", d, "-o", link)
+	c.OK("get", d, "-o", link)
 	if fi, err := os.Lstat(link); err != nil || fi.Mode()&fs.ModeSymlink == 0 {
 		t.Fatalf("after get -o, the link is %v (%v)", fi.Mode(), err)
 	}
@@ -77,7 +79,7 @@ func TestGetOutputSpecialFiles(t *testing.T) {
 	if err := os.Symlink(filepath.Join(dir, "nowhere", "x"), dangling); err != nil {
 		t.Fatal(err)
 	}
-	c.fail(1, "symbolic link to nothing", "get", d, "-o", dangling)
+	c.Fail(1, "symbolic link to nothing", "get", d, "-o", dangling)
 	if fi, err := os.Lstat(dangling); err != nil || fi.Mode()&fs.ModeSymlink == 0 {
 		t.Fatalf("a refused get -o changed the dangling link: %v (%v)", fi.Mode(), err)
 	}

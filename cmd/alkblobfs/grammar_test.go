@@ -5,6 +5,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/alkblobfs/alkblobfs/cmd/alkblobfs/internal/clitest"
 	"github.com/alkblobfs/alkblobfs/upkeep/upkeeptest"
 )
 
@@ -17,7 +18,7 @@ import (
 // took "+5m", "5m5m" and "30m1h".
 func TestUpkeepFlagsGrammar(t *testing.T) {
 	t.Parallel()
-	c := newCLI(t)
+	c := clitest.NewCLI(t)
 	for _, s := range []struct {
 		flag  string
 		args  func(v string) []string
@@ -38,10 +39,10 @@ func TestUpkeepFlagsGrammar(t *testing.T) {
 			if tc.Every == "" {
 				want = s.flag
 			}
-			r := c.run(nil, args...)
-			if r.code != 2 || !strings.Contains(r.stderr, want) {
-				t.Errorf("alkblobfs %s: exit %d, %s; want exit 2 and %q (the table says %s)", strings.Join(args, " "), r.code,
-					strings.TrimSpace(r.stderr), want, map[bool]string{true: "refused", false: fmt.Sprint("taken as ", tc.Every)}[tc.Every == ""])
+			r := c.Run(nil, args...)
+			if r.Code != 2 || !strings.Contains(r.Stderr, want) {
+				t.Errorf("alkblobfs %s: exit %d, %s; want exit 2 and %q (the table says %s)", strings.Join(args, " "), r.Code,
+					strings.TrimSpace(r.Stderr), want, map[bool]string{true: "refused", false: fmt.Sprint("taken as ", tc.Every)}[tc.Every == ""])
 			}
 		}
 	}

@@ -14,6 +14,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/alkblobfs/alkblobfs/cmd/alkblobfs/internal/clitest"
 	"github.com/alkblobfs/alkblobfs/engines/sqlite"
 	"github.com/alkblobfs/alkblobfs/namespaces"
 )
@@ -36,20 +37,20 @@ import (
 // fusectl so that the machine recovers, and fails.
 func TestKill9Loop(t *testing.T) {
 	t.Parallel()
-	requireFUSE(t)
+	clitest.RequireFUSE(t)
 	rounds := 5
 	if os.Getenv("ALKBLOBFS_LONG") == "1" {
 		rounds = 30
 	}
-	c := newCLI(t)
-	c.ok("ns", "create", "p")
-	c.ok("ns", "create", "g")
+	c := clitest.NewCLI(t)
+	c.OK("ns", "create", "p")
+	c.OK("ns", "create", "g")
 	mnt := t.TempDir()
 	logs := t.TempDir()
 	r := rand.New(rand.NewPCG(9, 9))
 	sweeps := 0
 	for round := range rounds {
-		dm := startDaemon(t, c.data, mnt)
+		dm := clitest.StartDaemon(t, c.Data, mnt)
 		var procs []*exec.Cmd
 		for w := range 3 {
 			// The sha256 of each copy whose close returned 0 is logged
@@ -80,14 +81,14 @@ func TestKill9Loop(t *testing.T) {
 			}
 		}
 		time.Sleep(time.Duration(100+r.IntN(800)) * time.Millisecond)
-		dm.cmd.Process.Kill()
+		dm.Cmd.Process.Kill()
 		select {
-		case <-dm.done:
+		case <-dm.Done:
 		case <-time.After(15 * time.Second):
-			abortFUSE(t, mnt)
+			clitest.AbortFUSE(t, mnt)
 			t.Fatalf("round %d: the killed daemon did not exit within 15s: a thread is stuck in the kernel", round)
 		}
-		sweeps += strings.Count(dm.stderr.String(), `msg="sweep done"`)
+		sweeps += strings.Count(dm.Stderr.String(), `msg="sweep done"`)
 		for _, p := range procs {
 			syscall.Kill(-p.Process.Pid, syscall.SIGKILL)
 		}
@@ -101,13 +102,13 @@ func TestKill9Loop(t *testing.T) {
 		select {
 		case <-waited:
 		case <-time.After(15 * time.Second):
-			abortFUSE(t, mnt)
+			clitest.AbortFUSE(t, mnt)
 			t.Fatalf("round %d: clients of the killed mount stuck", round)
 		}
 	}
 	// The recovery mount cleans up; its start-up removes stage files.
-	dm := startDaemon(t, c.data, mnt)
-	listed := lines(c.ok("ls", "p"))
+	dm := clitest.StartDaemon(t, c.Data, mnt)
+	listed := clitest.Lines(c.OK("ls", "p"))
 	published := 0
 	for round := range rounds {
 		for w := range 3 {
@@ -115,7 +116,7 @@ func TestKill9Loop(t *testing.T) {
 			if err != nil && !os.IsNotExist(err) {
 				t.Fatal(err)
 			}
-			for _, d := range lines(string(b)) {
+			for _, d := range clitest.Lines(string(b)) {
 				if !slices.Contains(listed, d) {
 					t.Errorf("round %d writer %d: close returned 0 but %s is not published", round, w, d)
 				}
@@ -126,14 +127,14 @@ func TestKill9Loop(t *testing.T) {
 	if published == 0 || sweeps == 0 {
 		t.Fatalf("%d files published, %d sweeps: the workload never ran", published, sweeps)
 	}
-	c.ok("verify") // every blob re-hashed
-	stage, _ := os.ReadDir(filepath.Join(c.data, "large", "stage"))
+	c.OK("verify") // every blob re-hashed
+	stage, _ := os.ReadDir(filepath.Join(c.Data, "large", "stage"))
 	if len(stage) > 0 {
 		t.Errorf("%d stage files survived start-up", len(stage))
 	}
-	stopDaemon(t, dm)
-	integrityCheck(t, filepath.Join(c.data, "kv.db"))
-	usageExact(t, filepath.Join(c.data, "kv.db"))
+	clitest.StopDaemon(t, dm)
+	integrityCheck(t, filepath.Join(c.Data, "kv.db"))
+	usageExact(t, filepath.Join(c.Data, "kv.db"))
 	t.Logf("%d rounds, %d sweeps, %d files published and verified", rounds, sweeps, published)
 }
 
@@ -170,14 +171,5 @@ func integrityCheck(t *testing.T, path string) {
 	}
 	if res != "ok" {
 		t.Fatalf("PRAGMA integrity_check of %s: %s", path, res)
-	}
-}
-
-// abortFUSE frees a hung mount with the product's own remedy, umount
-// --force (fusectl abort, then detach), which reads mountinfo only and so
-// cannot hang the test.
-func abortFUSE(t *testing.T, mnt string) {
-	if out, err := exec.Command(bin, "umount", "--force", mnt).CombinedOutput(); err != nil {
-		t.Logf("umount --force %s: %v: %s", mnt, err, out)
 	}
 }

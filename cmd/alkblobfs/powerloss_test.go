@@ -17,11 +17,11 @@ import (
 	"testing"
 	"time"
 
-	"golang.org/x/sys/unix"
-
+	"github.com/alkblobfs/alkblobfs/cmd/alkblobfs/internal/clitest"
 	"github.com/alkblobfs/alkblobfs/engines/local"
 	"github.com/alkblobfs/alkblobfs/engines/sqlite"
 	"github.com/alkblobfs/alkblobfs/store"
+	"golang.org/x/sys/unix"
 )
 
 // TestPowerLoss cuts the power under a mount: the store's data directory
@@ -58,7 +58,7 @@ import (
 // the WAL at 1000 pages, which a close in incoming/ adds about 12 to.
 func TestPowerLoss(t *testing.T) {
 	// Not parallel: the sync timer must have run within its interval and a margin.
-	requireFUSE(t)
+	clitest.RequireFUSE(t)
 	requirePowerCut(t)
 	guarded := os.Getenv("ALKBLOBFS_POWERLOSS_UNGUARDED") != "1"
 	var env []string // every command's and daemon's
@@ -71,12 +71,12 @@ func TestPowerLoss(t *testing.T) {
 	if err := os.Mkdir(data, 0o700); err != nil {
 		t.Fatal(err)
 	}
-	c := newCLI(t)
-	c.data = data
-	c.env = env
+	c := clitest.NewCLI(t)
+	c.Data = data
+	c.Env = env
 	cliWithin(t, c, "ns", "create", "p")
 	mnt, src := t.TempDir(), t.TempDir()
-	dm := startDaemonEnv(t, env, data, mnt)
+	dm := clitest.StartDaemonEnv(t, env, data, mnt)
 
 	aPut := newPowerSet(t, src, "A'", "put --ns", 3, 1)
 	cliWithin(t, c, append([]string{"put", "--ns", "p"}, aPut.files...)...)
@@ -108,11 +108,11 @@ func TestPowerLoss(t *testing.T) {
 	}
 	disk.cut()
 	cutAt := time.Now()
-	dm.cmd.Process.Kill()
+	dm.Cmd.Process.Kill()
 	select {
-	case <-dm.done:
+	case <-dm.Done:
 	case <-time.After(15 * time.Second):
-		abortFUSE(t, mnt)
+		clitest.AbortFUSE(t, mnt)
 		t.Fatal("the killed daemon did not exit within 15s")
 	}
 	if err := syscall.Unmount(mnt, syscall.MNT_DETACH); err != nil {
@@ -133,8 +133,8 @@ func TestPowerLoss(t *testing.T) {
 	// whole and checks its sha256.
 	must := slices.Concat(aPut.digests, a.digests, b.digests, fs.digests)
 	r := cliRun(t, c, append([]string{"verify"}, must...)...)
-	if r.code != 0 {
-		for _, l := range lines(r.stdout) {
+	if r.Code != 0 {
+		for _, l := range clitest.Lines(r.Stdout) {
 			f := strings.Fields(l)
 			if len(f) < 2 || f[0] != "MISSING" && f[0] != "CORRUPT" && f[0] != "UNREADABLE" {
 				continue
@@ -150,18 +150,18 @@ func TestPowerLoss(t *testing.T) {
 				t.Errorf("set %s (%s): %d of %d blobs not intact after the power cut: %s", s.name, s.how, len(s.lost), len(s.digests), strings.Join(s.lost, ", "))
 			}
 		}
-		t.Fatalf("verify of sets A', A, B and F: exit %d, stderr %q", r.code, r.stderr)
+		t.Fatalf("verify of sets A', A, B and F: exit %d, stderr %q", r.Code, r.Stderr)
 	}
-	if r := cliRun(t, c, "verify"); r.code != 0 {
-		t.Fatalf("verify of the whole store after the cut: exit %d\n%s%s", r.code, r.stdout, r.stderr)
+	if r := cliRun(t, c, "verify"); r.Code != 0 {
+		t.Fatalf("verify of the whole store after the cut: exit %d\n%s%s", r.Code, r.Stdout, r.Stderr)
 	}
 
 	// The recovery mount links what the dead one had only committed.
-	dm = startDaemonEnv(t, env, data, mnt)
+	dm = clitest.StartDaemonEnv(t, env, data, mnt)
 	var listed []string
 	deadline := time.Now().Add(20 * time.Second)
 	for {
-		listed = lines(cliWithin(t, c, "ls", "p"))
+		listed = clitest.Lines(cliWithin(t, c, "ls", "p"))
 		missing := 0
 		for _, d := range must {
 			if !slices.Contains(listed, d) {
@@ -182,7 +182,7 @@ func TestPowerLoss(t *testing.T) {
 			kept++
 		}
 	}
-	stopDaemon(t, dm)
+	clitest.StopDaemon(t, dm)
 	integrityCheck(t, filepath.Join(data, "kv.db"))
 	t.Logf("A' %d, A %d, B %d, F %d blobs intact and listed; C (no guarantee): %d of %d survived", len(aPut.digests), len(a.digests), len(b.digests), len(fs.digests), kept, len(cs.digests))
 }
@@ -225,13 +225,13 @@ func newPowerSet(t *testing.T, src, name, how string, n int, seed uint64) *power
 		if i == n-1 {
 			size = 200 << 10
 		}
-		b := randomBytes(size, seed<<32|uint64(i))
+		b := clitest.RandomBytes(size, seed<<32|uint64(i))
 		p := filepath.Join(src, fmt.Sprintf("set%d-%d", seed, i))
 		if err := os.WriteFile(p, b, 0o644); err != nil {
 			t.Fatal(err)
 		}
 		s.files = append(s.files, p)
-		s.digests = append(s.digests, sum(b))
+		s.digests = append(s.digests, clitest.Sum(b))
 	}
 	return s
 }
@@ -313,13 +313,13 @@ func syncStore(t *testing.T, data string) {
 	}
 }
 
-// cliRun is c.run bounded to a minute.
-func cliRun(t *testing.T, c *cli, args ...string) result {
+// cliRun is c.Run bounded to a minute.
+func cliRun(t *testing.T, c *clitest.CLI, args ...string) clitest.Result {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(t.Context(), time.Minute)
 	defer cancel()
-	cmd := exec.CommandContext(ctx, bin, append(append([]string{"--data", c.data}, c.flags...), args...)...)
-	cmd.Env = c.environ()
+	cmd := exec.CommandContext(ctx, clitest.Bin, append(append([]string{"--data", c.Data}, c.Flags...), args...)...)
+	cmd.Env = c.Environ()
 	var stdout, stderr bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &stdout, &stderr
 	err := cmd.Run()
@@ -329,17 +329,17 @@ func cliRun(t *testing.T, c *cli, args ...string) result {
 	if ctx.Err() != nil {
 		t.Fatalf("alkblobfs %s: still running after a minute", strings.Join(args, " "))
 	}
-	return result{stdout.String(), stderr.String(), cmd.ProcessState.ExitCode(), cmd.ProcessState}
+	return clitest.ResultOf(stdout.String(), stderr.String(), cmd.ProcessState)
 }
 
-// cliWithin is c.ok bounded to a minute.
-func cliWithin(t *testing.T, c *cli, args ...string) string {
+// cliWithin is c.OK bounded to a minute.
+func cliWithin(t *testing.T, c *clitest.CLI, args ...string) string {
 	t.Helper()
 	r := cliRun(t, c, args...)
-	if r.code != 0 || r.stderr != "" {
-		t.Fatalf("alkblobfs %s: exit %d, stderr %q", strings.Join(args, " "), r.code, r.stderr)
+	if r.Code != 0 || r.Stderr != "" {
+		t.Fatalf("alkblobfs %s: exit %d, stderr %q", strings.Join(args, " "), r.Code, r.Stderr)
 	}
-	return r.stdout
+	return r.Stdout
 }
 
 // loopDisk is an ext4 filesystem in a file, on a loop device, mounted.
@@ -479,13 +479,13 @@ func walHeader(data string) []byte {
 // value is a usage error naming the variable.
 func TestSyncEveryEnv(t *testing.T) {
 	t.Parallel()
-	c := newCLI(t)
+	c := clitest.NewCLI(t)
 	for _, v := range []string{"250ms", "off", "0"} {
-		c.env = []string{syncEveryEnv + "=" + v}
-		c.ok("ls")
+		c.Env = []string{syncEveryEnv + "=" + v}
+		c.OK("ls")
 	}
 	for _, v := range []string{"soon", "-1s"} {
-		c.env = []string{syncEveryEnv + "=" + v}
-		c.fail(2, syncEveryEnv, "ls")
+		c.Env = []string{syncEveryEnv + "=" + v}
+		c.Fail(2, syncEveryEnv, "ls")
 	}
 }

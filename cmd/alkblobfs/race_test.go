@@ -12,6 +12,8 @@ import (
 	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/alkblobfs/alkblobfs/cmd/alkblobfs/internal/clitest"
 )
 
 // TestCrossProcessRace races, as separate OS processes on the embedded
@@ -24,32 +26,32 @@ import (
 // enough); 120 s under ALKBLOBFS_LONG=1 (make test-long).
 func TestCrossProcessRace(t *testing.T) {
 	t.Parallel()
-	requireFUSE(t)
+	clitest.RequireFUSE(t)
 	dur := 10 * time.Second
 	if os.Getenv("ALKBLOBFS_LONG") == "1" {
 		dur = 120 * time.Second
 	}
-	c := newCLI(t)
-	c.ok("ns", "create", "a", "b")
+	c := clitest.NewCLI(t)
+	c.OK("ns", "create", "a", "b")
 	dir := t.TempDir()
 	var files, digests []string
 	for i := range 8 {
-		n := smallSize + i
+		n := clitest.SmallSize + i
 		if i >= 6 {
-			n = largeSize + i // two in the large tier
+			n = clitest.LargeSize + i // two in the large tier
 		}
-		p, _, d := writeFile(t, dir, n, uint64(100+i))
+		p, _, d := clitest.WriteFile(t, dir, n, uint64(100+i))
 		files, digests = append(files, p), append(digests, d)
 	}
 	mnt := t.TempDir()
-	dm := startDaemon(t, c.data, mnt, "--pin-ttl", "3s")
+	dm := clitest.StartDaemon(t, c.Data, mnt, "--pin-ttl", "3s")
 
 	run := func(args ...string) (int, string) {
-		r, err := c.exec(nil, args...)
+		r, err := c.Exec(nil, args...)
 		if err != nil {
 			return -1, err.Error()
 		}
-		return r.code, r.stderr
+		return r.Code, r.Stderr
 	}
 
 	stop := make(chan struct{})
@@ -147,14 +149,14 @@ func TestCrossProcessRace(t *testing.T) {
 
 	lost := 0
 	for _, ns := range []string{"a", "b"} {
-		for _, d := range lines(c.ok("ls", ns)) {
+		for _, d := range clitest.Lines(c.OK("ls", ns)) {
 			code, stderr := run("get", d, "-o", filepath.Join(t.TempDir(), "out"))
 			if code != 0 {
 				lost++
 				t.Errorf("namespace %s links %s, which does not read back: %s", ns, d, strings.TrimSpace(stderr))
 				continue
 			}
-			if got := fileSHA(t, filepath.Join(mnt, ns, d)); got != d {
+			if got := clitest.FileSHA(t, filepath.Join(mnt, ns, d)); got != d {
 				t.Errorf("%s/%s through the mount hashes to %s", ns, d, got)
 			}
 		}
@@ -162,5 +164,5 @@ func TestCrossProcessRace(t *testing.T) {
 	if lost > 0 {
 		t.Fatalf("%d linked blobs lost", lost)
 	}
-	stopDaemon(t, dm)
+	clitest.StopDaemon(t, dm)
 }

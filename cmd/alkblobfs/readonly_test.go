@@ -11,6 +11,7 @@ import (
 	"syscall"
 	"testing"
 
+	"github.com/alkblobfs/alkblobfs/cmd/alkblobfs/internal/clitest"
 	"github.com/alkblobfs/alkblobfs/engines/sqlite"
 )
 
@@ -20,17 +21,17 @@ import (
 // fails at once with a clear error, and nothing is written.
 func TestReadOnlyDataDir(t *testing.T) {
 	t.Parallel()
-	requireFUSE(t)
-	c := newCLI(t)
-	c.ok("ns", "create", "n")
+	clitest.RequireFUSE(t)
+	c := clitest.NewCLI(t)
+	c.OK("ns", "create", "n")
 	dir := t.TempDir()
-	small, _, ds := writeFile(t, dir, 100, 1)
-	large, _, dl := writeFile(t, dir, 2<<20, 2)
-	c.ok("put", "--ns", "n", small, large)
+	small, _, ds := clitest.WriteFile(t, dir, 100, 1)
+	large, _, dl := clitest.WriteFile(t, dir, 2<<20, 2)
+	c.OK("put", "--ns", "n", small, large)
 
 	// As a store made before namespaces had permissions: no such columns.
 	func() {
-		e, err := sqlite.Open(t.Context(), filepath.Join(c.data, "kv.db"))
+		e, err := sqlite.Open(t.Context(), filepath.Join(c.Data, "kv.db"))
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -43,48 +44,48 @@ func TestReadOnlyDataDir(t *testing.T) {
 	}()
 
 	ro := t.TempDir()
-	if err := syscall.Mount(c.data, ro, "", syscall.MS_BIND, ""); err != nil {
+	if err := syscall.Mount(c.Data, ro, "", syscall.MS_BIND, ""); err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { syscall.Unmount(ro, syscall.MNT_DETACH) })
 	if err := syscall.Mount("", ro, "", syscall.MS_BIND|syscall.MS_REMOUNT|syscall.MS_RDONLY, ""); err != nil {
 		t.Fatal(err)
 	}
-	r := newCLI(t)
-	r.data = ro
-	before := tree(t, c.data)
+	r := clitest.NewCLI(t)
+	r.Data = ro
+	before := tree(t, c.Data)
 
-	if got := sum([]byte(r.ok("cat", ds))); got != ds {
+	if got := clitest.Sum([]byte(r.OK("cat", ds))); got != ds {
 		t.Fatalf("cat of the small blob: %s", got)
 	}
 	out := filepath.Join(t.TempDir(), "out")
-	r.ok("get", dl, "-o", out)
-	if b, err := os.ReadFile(out); err != nil || sum(b) != dl {
+	r.OK("get", dl, "-o", out)
+	if b, err := os.ReadFile(out); err != nil || clitest.Sum(b) != dl {
 		t.Fatalf("get -o of the large blob: %v", err)
 	}
-	if ls := r.ok("ls", "n"); !strings.Contains(ls, ds) || !strings.Contains(ls, dl) {
+	if ls := r.OK("ls", "n"); !strings.Contains(ls, ds) || !strings.Contains(ls, dl) {
 		t.Fatalf("ls n: %q", ls)
 	}
-	r.ok("stat", dl)
-	r.ok("verify")
+	r.OK("stat", dl)
+	r.OK("verify")
 
 	for _, args := range [][]string{
 		{"put", small}, {"ns", "create", "m"}, {"ns", "rm", "n"}, {"link", "n", ds}, {"unlink", "n", ds}, {"rm", ds}, {"sweep"},
 	} {
-		r.fail(1, "read-only", args...)
+		r.Fail(1, "read-only", args...)
 	}
-	r.fail(1, "--read-only", "mount", t.TempDir())
+	r.Fail(1, "--read-only", "mount", t.TempDir())
 
 	mnt := t.TempDir()
-	dm := startDaemon(t, ro, mnt, "--read-only")
+	dm := clitest.StartDaemon(t, ro, mnt, "--read-only")
 	// Read through a child: the test process must not touch a mount it
 	// does not serve when the daemon could die.
 	if b, err := exec.Command("sh", "-c", "sha256sum < "+filepath.Join(mnt, "n", dl)).Output(); err != nil || !strings.HasPrefix(string(b), dl) {
 		t.Fatalf("read through the --read-only mount: %v %q", err, b)
 	}
-	stopDaemon(t, dm)
+	clitest.StopDaemon(t, dm)
 
-	if after := tree(t, c.data); after != before {
+	if after := tree(t, c.Data); after != before {
 		t.Fatalf("the read-only data directory changed:\nbefore %s\nafter  %s", before, after)
 	}
 }

@@ -11,6 +11,8 @@ import (
 	"strings"
 	"syscall"
 	"testing"
+
+	"github.com/alkblobfs/alkblobfs/cmd/alkblobfs/internal/clitest"
 )
 
 // TestRuntimeDirReachable: after a root mount, serve without
@@ -22,7 +24,7 @@ import (
 // The mount also removes the pid file of a mount that is gone, which
 // before stayed forever.
 func TestRuntimeDirReachable(t *testing.T) {
-	requireFUSE(t)
+	clitest.RequireFUSE(t)
 	if os.Geteuid() != 0 {
 		t.Skip("the runtime directory of root's processes is /run/alkblobfs")
 	}
@@ -48,10 +50,10 @@ func TestRuntimeDirReachable(t *testing.T) {
 	}
 	t.Cleanup(func() { os.Remove(stale) })
 
-	c := newCLI(t)
+	c := clitest.NewCLI(t)
 	mnt := t.TempDir()
-	d := startDaemon(t, c.data, mnt)
-	defer stopDaemon(t, d)
+	d := clitest.StartDaemon(t, c.Data, mnt)
+	defer clitest.StopDaemon(t, d)
 	if fi, err := os.Stat(dir); err != nil || fi.Mode().Perm() != 0o755 {
 		t.Fatalf("after a root mount, %s: %v, %v; want mode 0755", dir, fi.Mode(), err)
 	}
@@ -64,9 +66,9 @@ func TestRuntimeDirReachable(t *testing.T) {
 	}
 
 	t.Setenv("XDG_RUNTIME_DIR", "")
-	s := startServeURL(t, c, `url=(unix:\S+)`)
-	if s.url != "unix:"+dir+"/http.sock" {
-		t.Fatalf("serve without XDG_RUNTIME_DIR listens on %s; want %s/http.sock", s.url, dir)
+	s := clitest.StartServeURL(t, c, `url=(unix:\S+)`)
+	if s.URL != "unix:"+dir+"/http.sock" {
+		t.Fatalf("serve without XDG_RUNTIME_DIR listens on %s; want %s/http.sock", s.URL, dir)
 	}
 	out, err := exec.Command("runuser", "-u", "nobody", "--", "curl", "-sS", "-o", "/dev/null", "-w", "%{http_code}",
 		"--unix-socket", dir+"/http.sock", "http://x/v1/upkeep/sweep-timer").CombinedOutput()
@@ -75,6 +77,6 @@ func TestRuntimeDirReachable(t *testing.T) {
 		t.Fatalf("nobody's request to the default socket: %v, %s; want 200 (%s is %v)", err, out, dir, fi.Mode())
 	}
 	// Stopped so, it removes its socket.
-	s.cmd.Process.Signal(syscall.SIGTERM)
-	<-s.done
+	s.Cmd.Process.Signal(syscall.SIGTERM)
+	<-s.Done
 }

@@ -12,6 +12,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/alkblobfs/alkblobfs/cmd/alkblobfs/internal/clitest"
 )
 
 // TestStaleMountReusedPID: a mount whose daemon died is cleared by the
@@ -22,14 +24,14 @@ import (
 // the mountpoint but umount --force.
 func TestStaleMountReusedPID(t *testing.T) {
 	t.Parallel()
-	requireFUSE(t)
+	clitest.RequireFUSE(t)
 	if os.Geteuid() != 0 {
 		t.Skip("the pid file of a root mount is under /run/alkblobfs")
 	}
-	data, mnt := newCLI(t).data, t.TempDir()
-	d := startDaemon(t, data, mnt)
-	d.cmd.Process.Kill()
-	d.wait(20 * time.Second)
+	data, mnt := clitest.NewCLI(t).Data, t.TempDir()
+	d := clitest.StartDaemon(t, data, mnt)
+	d.Cmd.Process.Kill()
+	d.Wait(20 * time.Second)
 	// The dead daemon's mount stays (a stat of it may still be answered
 	// from the kernel's caches, so mountinfo is asked).
 	if mi, err := os.ReadFile("/proc/self/mountinfo"); err != nil || !strings.Contains(string(mi), " "+mnt+" ") {
@@ -49,19 +51,19 @@ func TestStaleMountReusedPID(t *testing.T) {
 		t.Fatalf("the dead daemon's pid file: %v", err)
 	}
 	f := strings.SplitN(strings.TrimSuffix(string(b), "\n"), " ", 2)
-	if len(f) != 2 || f[0] != strconv.Itoa(d.cmd.Process.Pid) {
-		t.Fatalf("pid file %q does not start with the daemon's pid %d", b, d.cmd.Process.Pid)
+	if len(f) != 2 || f[0] != strconv.Itoa(d.Cmd.Process.Pid) {
+		t.Fatalf("pid file %q does not start with the daemon's pid %d", b, d.Cmd.Process.Pid)
 	}
 	if err := os.WriteFile(pf, []byte(strconv.Itoa(other.Process.Pid)+" "+f[1]+"\n"), 0o600); err != nil {
 		t.Fatal(err)
 	}
 
-	d2 := startDaemon(t, data, mnt)
-	if !strings.Contains(d2.stderr.String(), "stale mount") {
-		t.Fatalf("no log line about the stale mount:\n%s", d2.stderr.String())
+	d2 := clitest.StartDaemon(t, data, mnt)
+	if !strings.Contains(d2.Stderr.String(), "stale mount") {
+		t.Fatalf("no log line about the stale mount:\n%s", d2.Stderr.String())
 	}
 	if err := os.Mkdir(filepath.Join(mnt, "after"), 0o755); err != nil {
 		t.Fatalf("the new mount does not serve: %v", err)
 	}
-	stopDaemon(t, d2)
+	clitest.StopDaemon(t, d2)
 }

@@ -27,6 +27,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/alkblobfs/alkblobfs/cmd/alkblobfs/internal/clitest"
 	"github.com/alkblobfs/alkblobfs/engines/sqlite"
 	"github.com/alkblobfs/alkblobfs/fusefs/fusetest"
 )
@@ -40,7 +41,7 @@ import (
 // upgradable is a mount whose daemon may be upgraded.
 type upgradable struct {
 	t    *testing.T
-	c    *cli
+	c    *clitest.CLI
 	mnt  string
 	log  string // the daemons' log: every generation appends to it
 	old  *exec.Cmd
@@ -55,17 +56,17 @@ var upgradedPid = regexp.MustCompile(`pid (\d+) serves it`)
 // mountUpgradable mounts c's store with args, in a daemon that logs to a
 // file (not a pipe: the next generation inherits the log, and a pipe
 // would keep exec.Cmd.Wait of the first waiting for the last).
-func mountUpgradable(t *testing.T, c *cli, env []string, args ...string) *upgradable {
+func mountUpgradable(t *testing.T, c *clitest.CLI, env []string, args ...string) *upgradable {
 	t.Helper()
-	requireFUSE(t)
+	clitest.RequireFUSE(t)
 	u := &upgradable{t: t, c: c, mnt: t.TempDir(), log: filepath.Join(t.TempDir(), "mount.log"), done: make(chan struct{}), env: env}
 	lf, err := os.OpenFile(u.log, os.O_WRONLY|os.O_CREATE|os.O_APPEND, 0o600)
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer lf.Close()
-	u.old = exec.Command(bin, append(append([]string{"--data", c.data}, c.flags...), append(append([]string{"mount"}, args...), u.mnt)...)...)
-	u.old.Env = append(c.environ(), env...)
+	u.old = exec.Command(clitest.Bin, append(append([]string{"--data", c.Data}, c.Flags...), append(append([]string{"mount"}, args...), u.mnt)...)...)
+	u.old.Env = append(c.Environ(), env...)
 	u.old.Stdout, u.old.Stderr = lf, lf
 	if err := u.old.Start(); err != nil {
 		t.Fatal(err)
@@ -73,7 +74,7 @@ func mountUpgradable(t *testing.T, c *cli, env []string, args ...string) *upgrad
 	u.pid = u.old.Process.Pid
 	go func() { u.old.Wait(); close(u.done) }()
 	t.Cleanup(u.cleanup)
-	eventually(t, 20*time.Second, "the mount", func() bool {
+	clitest.Eventually(t, 20*time.Second, "the mount", func() bool {
 		select {
 		case <-u.done:
 			t.Fatalf("the daemon exited before it mounted:\n%s", u.logText())
@@ -94,12 +95,12 @@ func (u *upgradable) logText() string {
 }
 
 // upgrade runs alkblobfs upgrade with env added, at most 3 minutes.
-func (u *upgradable) upgrade(env []string, args ...string) result {
+func (u *upgradable) upgrade(env []string, args ...string) clitest.Result {
 	u.t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
-	cmd := exec.CommandContext(ctx, bin, append(append(append([]string{"--data", u.c.data}, u.c.flags...), "upgrade"), append(args, u.mnt)...)...)
-	cmd.Env = append(u.c.environ(), env...)
+	cmd := exec.CommandContext(ctx, clitest.Bin, append(append(append([]string{"--data", u.c.Data}, u.c.Flags...), "upgrade"), append(args, u.mnt)...)...)
+	cmd.Env = append(u.c.Environ(), env...)
 	var stdout, stderr strings.Builder
 	cmd.Stdout, cmd.Stderr = &stdout, &stderr
 	err := cmd.Run()
@@ -110,7 +111,7 @@ func (u *upgradable) upgrade(env []string, args ...string) result {
 	if _, isExit := err.(*exec.ExitError); err != nil && !isExit {
 		u.t.Fatal(err)
 	}
-	return result{stdout.String(), stderr.String(), cmd.ProcessState.ExitCode(), cmd.ProcessState}
+	return clitest.ResultOf(stdout.String(), stderr.String(), cmd.ProcessState)
 }
 
 // mustUpgrade upgrades and returns the new daemon's pid; the one before
@@ -119,9 +120,9 @@ func (u *upgradable) mustUpgrade() int {
 	u.t.Helper()
 	before := u.pid
 	r := u.upgrade(nil)
-	m := upgradedPid.FindStringSubmatch(r.stdout)
-	if r.code != 0 || m == nil {
-		u.t.Fatalf("alkblobfs upgrade: exit %d, stdout %q, stderr %q\nlog:\n%s", r.code, r.stdout, r.stderr, u.logText())
+	m := upgradedPid.FindStringSubmatch(r.Stdout)
+	if r.Code != 0 || m == nil {
+		u.t.Fatalf("alkblobfs upgrade: exit %d, stdout %q, stderr %q\nlog:\n%s", r.Code, r.Stdout, r.Stderr, u.logText())
 	}
 	u.pid, _ = strconv.Atoi(m[1])
 	if u.pid == before || !alive(u.pid) {
@@ -176,7 +177,7 @@ func (u *upgradable) cleanup() {
 	t := u.t
 	if _, err := fusetest.Conn(u.mnt); err == nil {
 		fusetest.Unmount(t, u.mnt, u.conn, 20*time.Second, func() error {
-			out, err := exec.Command(bin, "umount", u.mnt).CombinedOutput()
+			out, err := exec.Command(clitest.Bin, "umount", u.mnt).CombinedOutput()
 			if err != nil {
 				return fmt.Errorf("%v: %s", err, out)
 			}
@@ -343,25 +344,25 @@ func TestUpgradeKeepsReaders(t *testing.T) {
 }
 
 func testUpgradeKeepsReaders(t *testing.T, mode string) {
-	c := newCLI(t, "--pin-ttl", "3s")
+	c := clitest.NewCLI(t, "--pin-ttl", "3s")
 	size := 64 << 20
 	if os.Getenv("ALKBLOBFS_LONG") != "" {
 		size = 1 << 30
 	}
 	dir := t.TempDir()
-	bigPath, _, big := writeFile(t, dir, size, 1)
-	mapPath, mapBytes, mapD := writeFile(t, dir, 3<<20, 2)
-	heldPath, heldBytes, heldD := writeFile(t, dir, 2<<20, 3)
-	c.ok("ns", "create", "ns", "list")
-	c.ok("put", "--ns", "ns", bigPath, mapPath, heldPath)
+	bigPath, _, big := clitest.WriteFile(t, dir, size, 1)
+	mapPath, mapBytes, mapD := clitest.WriteFile(t, dir, 3<<20, 2)
+	heldPath, heldBytes, heldD := clitest.WriteFile(t, dir, 2<<20, 3)
+	c.OK("ns", "create", "ns", "list")
+	c.OK("put", "--ns", "ns", bigPath, mapPath, heldPath)
 	var listed []string
 	var files []string
 	for i := range 400 {
-		p, _, d := writeFile(t, dir, 100+i, uint64(100+i))
+		p, _, d := clitest.WriteFile(t, dir, 100+i, uint64(100+i))
 		files = append(files, p)
 		listed = append(listed, d)
 	}
-	c.ok(append([]string{"put", "--ns", "list"}, files...)...)
+	c.OK(append([]string{"put", "--ns", "list"}, files...)...)
 	listed = append(listed, "incoming")
 	slices.Sort(listed)
 	listed = slices.Compact(listed)
@@ -515,7 +516,7 @@ func testUpgradeKeepsReaders(t *testing.T, mode string) {
 	mf.Close()
 	held.Close()
 	ld.Close()
-	noPinsLeft(t, c.data)
+	noPinsLeft(t, c.Data)
 	if !strings.Contains(u.stats(), `"open_handles": 0`) {
 		t.Fatalf("open handles left in the new daemon:\n%s", u.stats())
 	}
@@ -540,8 +541,8 @@ func ptOpens(t *testing.T, stats string) int {
 // incoming/ (which does not carry across) gets ESTALE.
 func TestUpgradeRefusesWriters(t *testing.T) {
 	t.Parallel()
-	c := newCLI(t)
-	c.ok("ns", "create", "ns")
+	c := clitest.NewCLI(t)
+	c.OK("ns", "create", "ns")
 	u := mountUpgradable(t, c, nil)
 	old := u.pid
 	w, err := os.Create(filepath.Join(u.mnt, "ns", "incoming", "a"))
@@ -549,12 +550,12 @@ func TestUpgradeRefusesWriters(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer w.Close()
-	data := randomBytes(300<<10, 7)
+	data := clitest.RandomBytes(300<<10, 7)
 	if _, err := w.Write(data[:100<<10]); err != nil {
 		t.Fatal(err)
 	}
 	r := u.upgrade(nil)
-	checkFail(t, r, 1, "1 file in incoming/ not carried across an upgrade yet: ns/incoming/a (open for writing); retry when they close", []string{"upgrade"})
+	clitest.CheckFail(t, r, 1, "1 file in incoming/ not carried across an upgrade yet: ns/incoming/a (open for writing); retry when they close", []string{"upgrade"})
 	select {
 	case <-u.done:
 		t.Fatal("the old daemon exited after a refused upgrade")
@@ -569,14 +570,14 @@ func TestUpgradeRefusesWriters(t *testing.T) {
 		}
 		return w.Close()
 	})
-	eventually(t, 10*time.Second, "the written file published", func() bool {
-		return slices.Contains(lines(c.ok("ls", "ns")), sum(data))
+	clitest.Eventually(t, 10*time.Second, "the written file published", func() bool {
+		return slices.Contains(clitest.Lines(c.OK("ls", "ns")), clitest.Sum(data))
 	})
 	if os.Geteuid() == 0 {
 		// Another user may not upgrade root's mount.
 		other := fusetest.NewUser(t)
-		fusetest.Reachable(t, bin)
-		out, err := other.Sh(fmt.Sprintf("HOME=/nonexistent %s upgrade %s", bin, u.mnt))
+		fusetest.Reachable(t, clitest.Bin)
+		out, err := other.Sh(fmt.Sprintf("HOME=/nonexistent %s upgrade %s", clitest.Bin, u.mnt))
 		if err == nil || !strings.Contains(out, "permission denied") || !alive(old) {
 			t.Fatalf("upgrade by another user: %v: %q", err, out)
 		}
@@ -600,8 +601,8 @@ func TestUpgradeRefusesWriters(t *testing.T) {
 		}
 		return nil
 	})
-	b, err := os.ReadFile(filepath.Join(u.mnt, "ns", sum(data)))
-	if err != nil || sum(b) != sum(data) {
+	b, err := os.ReadFile(filepath.Join(u.mnt, "ns", clitest.Sum(data)))
+	if err != nil || clitest.Sum(b) != clitest.Sum(data) {
 		t.Fatalf("the published file after the upgrade: %v", err)
 	}
 }
@@ -614,10 +615,10 @@ func TestUpgradeRefusesWriters(t *testing.T) {
 // twice, still reads); then an upgrade works.
 func TestUpgradeFailuresLeaveOldServing(t *testing.T) {
 	t.Parallel()
-	c := newCLI(t, "--pin-ttl", "3s")
-	c.ok("ns", "create", "ns")
-	p, data, d := writeFile(t, t.TempDir(), 5<<20, 11)
-	c.ok("put", "--ns", "ns", p)
+	c := clitest.NewCLI(t, "--pin-ttl", "3s")
+	c.OK("ns", "create", "ns")
+	p, data, d := clitest.WriteFile(t, t.TempDir(), 5<<20, 11)
+	c.OK("put", "--ns", "ns", p)
 	u := mountUpgradable(t, c, nil)
 	old := u.pid
 	f, err := os.Open(filepath.Join(u.mnt, "ns", d))
@@ -657,12 +658,12 @@ func TestUpgradeFailuresLeaveOldServing(t *testing.T) {
 		{"binary exits", nil, []string{"--binary", "/bin/false"}, `exited (exit status 1) before it said "hello"`},
 	} {
 		r := u.upgrade(tc.env, tc.args...)
-		checkFail(t, r, 1, tc.want, []string{"upgrade", tc.name})
+		clitest.CheckFail(t, r, 1, tc.want, []string{"upgrade", tc.name})
 		if !alive(old) || u.pid != old {
 			t.Fatalf("%s: the old daemon is gone", tc.name)
 		}
-		if tc.args == nil && !strings.Contains(r.stderr, "the old daemon serves on") {
-			t.Fatalf("%s: the refusal does not say that the old daemon serves on: %q", tc.name, r.stderr)
+		if tc.args == nil && !strings.Contains(r.Stderr, "the old daemon serves on") {
+			t.Fatalf("%s: the refusal does not say that the old daemon serves on: %q", tc.name, r.Stderr)
 		}
 		readOn("after: " + tc.name)
 		if _, err := os.Stat(filepath.Join(u.mnt, "ns", d)); err != nil {
@@ -670,18 +671,18 @@ func TestUpgradeFailuresLeaveOldServing(t *testing.T) {
 		}
 	}
 	// The pin: unlinked and swept twice, the open blob stays.
-	c.ok("unlink", "ns", d)
-	sweepVia(t, u.mnt)
-	sweepVia(t, u.mnt)
-	if !strings.Contains(c.ok("ls"), d) {
+	c.OK("unlink", "ns", d)
+	clitest.SweepVia(t, u.mnt)
+	clitest.SweepVia(t, u.mnt)
+	if !strings.Contains(c.OK("ls"), d) {
 		t.Fatal("the open blob was collected: its pin did not hold after the failed upgrades")
 	}
 	readOn("after the sweeps")
 	u.mustUpgrade()
 	readOn("after the upgrade that worked")
 	f.Close()
-	noPinsLeft(t, c.data)
-	collected(t, c, d, func() { sweepVia(t, u.mnt) })
+	noPinsLeft(t, c.Data)
+	clitest.Collected(t, c, d, func() { clitest.SweepVia(t, u.mnt) })
 }
 
 // TestUpgradeLoop: 20 upgrades in a row under a read load (readers that
@@ -690,17 +691,17 @@ func TestUpgradeFailuresLeaveOldServing(t *testing.T) {
 // closed, and no daemon left once unmounted.
 func TestUpgradeLoop(t *testing.T) {
 	t.Parallel()
-	c := newCLI(t, "--pin-ttl", "3s")
-	c.ok("ns", "create", "ns")
+	c := clitest.NewCLI(t, "--pin-ttl", "3s")
+	c.OK("ns", "create", "ns")
 	dir := t.TempDir()
 	want := map[string][]byte{}
 	var paths []string
 	for i, n := range []int{3 << 10, 40 << 10, 1 << 20, 4 << 20, 9 << 20} {
-		p, b, d := writeFile(t, dir, n, uint64(40+i))
+		p, b, d := clitest.WriteFile(t, dir, n, uint64(40+i))
 		want[d] = b
 		paths = append(paths, p)
 	}
-	c.ok(append([]string{"put", "--ns", "ns"}, paths...)...)
+	c.OK(append([]string{"put", "--ns", "ns"}, paths...)...)
 	digests := make([]string, 0, len(want))
 	for d := range want {
 		digests = append(digests, d)
@@ -779,7 +780,7 @@ func TestUpgradeLoop(t *testing.T) {
 	const rounds = 20
 	for i := range rounds {
 		before := reads.Load()
-		eventually(t, 30*time.Second, "reads between upgrades", func() bool { return reads.Load() > before+20 })
+		clitest.Eventually(t, 30*time.Second, "reads between upgrades", func() bool { return reads.Load() > before+20 })
 		u.mustUpgrade()
 		t.Logf("upgrade %d: pid %d, %d reads so far", i+1, u.pid, reads.Load())
 	}
@@ -788,10 +789,10 @@ func TestUpgradeLoop(t *testing.T) {
 	if errs.Load() != 0 || wrong.Load() != 0 {
 		t.Fatalf("%d errors, %d wrong reads across %d upgrades; first: %v\nlog:\n%s", errs.Load(), wrong.Load(), rounds, firstErr.Load(), u.logText())
 	}
-	noPinsLeft(t, c.data)
+	noPinsLeft(t, c.Data)
 	last := u.pid
 	u.cleanup()
-	if alive(last) || daemonRunning(u.mnt) {
+	if alive(last) || clitest.DaemonRunning(u.mnt) {
 		t.Fatal("a daemon is left after the unmount")
 	}
 	if n := strings.Count(u.logText(), "msg=\"handed over\""); n != rounds {
@@ -836,9 +837,9 @@ func TestUpgradeTellsServiceManager(t *testing.T) {
 			}
 		}
 	}()
-	c := newCLI(t)
+	c := clitest.NewCLI(t)
 	u := mountUpgradable(t, c, []string{"NOTIFY_SOCKET=" + sock})
-	eventually(t, 10*time.Second, "READY=1 from the first daemon", func() bool {
+	clitest.Eventually(t, 10*time.Second, "READY=1 from the first daemon", func() bool {
 		mu.Lock()
 		defer mu.Unlock()
 		return len(got) > 0 && strings.HasPrefix(got[0], "READY=1")
@@ -871,7 +872,7 @@ func faultSafeSum(mem []byte) (sum string, err error) {
 // sweep timer as the control file set it.
 func TestUpgradeKeepsRole(t *testing.T) {
 	t.Parallel()
-	c := newCLI(t)
+	c := clitest.NewCLI(t)
 	sock := filepath.Join(t.TempDir(), "http.sock")
 	u := mountUpgradable(t, c, nil, "--listen", "unix:"+sock)
 	timer := filepath.Join(u.mnt, ".alkblobfs", "sweep-timer")
