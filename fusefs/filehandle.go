@@ -276,6 +276,9 @@ func (h *fileHandle) Release(ctx context.Context) syscall.Errno {
 	}
 	send(notes)
 	if gone {
+		if testHookGone != nil {
+			testHookGone()
+		}
 		if n.want != nil {
 			n.ns.dropPending(n.name, n)
 			notifyEntry(&n.ns.Inode, n.name)
@@ -285,6 +288,11 @@ func (h *fileHandle) Release(ctx context.Context) syscall.Errno {
 	}
 	return 0
 }
+
+// testHookGone, set by tests only, runs between a file's detach at its
+// RELEASE and its name's removal: the window a concurrent lookup must not
+// find the file in.
+var testHookGone func()
 
 func (h *fileHandle) Allocate(ctx context.Context, off uint64, size uint64, mode uint32) syscall.Errno {
 	return h.n.fsys.errno("fallocate", blob.Digest{}, errUnsupported)

@@ -507,6 +507,14 @@ func (n *fileNode) receiptDigestLocked() (blob.Digest, bool) {
 	return n.pub.d, true
 }
 
+// gone reports whether the file was taken out of the tree (detach), even
+// if its name is still being removed.
+func (n *fileNode) gone() bool {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	return n.detached
+}
+
 // detach takes the file out of the tree: unlink, rename over it, expiry.
 func (n *fileNode) detach() {
 	n.mu.Lock()

@@ -113,6 +113,13 @@ func (d *incDir) Lookup(ctx context.Context, name string, out *fuse.EntryOut) (*
 		return nil, syscall.ENOENT
 	}
 	if fn, ok := child.Operations().(*fileNode); ok {
+		if fn.gone() {
+			// Detached (a refused file at its RELEASE, an unlink) and its
+			// name not yet removed: the name is free already. Found, a
+			// retry's open of it would be ESTALE again on the kernel's
+			// second try too (TestRetryAfterRefusedClose under load).
+			return nil, syscall.ENOENT
+		}
 		if dg, check := fn.receiptToCheck(); check {
 			ok, err := d.fsys.st.Has(ctx, dg)
 			if err == nil && !ok && fn.dropIfGone(dg) {

@@ -6,6 +6,7 @@ import (
 	"os"
 	"syscall"
 	"testing"
+	"time"
 
 	"github.com/alkblobfs/alkblobfs/namespaces"
 )
@@ -15,7 +16,13 @@ import (
 // once the quota is raised, as a user retrying `cp f incoming/x` does:
 // the failed file's name goes at its RELEASE, which may arrive while the
 // retry's open is on its way; that open must not fail with ENOENT.
+//
+// The window between the failed file's detach and its name's removal is
+// widened, as a loaded machine does: a lookup inside it must not find
+// the detached file (the open's retry would be ESTALE again).
 func TestRetryAfterRefusedClose(t *testing.T) {
+	testHookGone = func() { time.Sleep(20 * time.Millisecond) }
+	t.Cleanup(func() { testHookGone = nil })
 	e := mountStore(t, defaultSpec)
 	ctx := t.Context()
 	e.mkns("q")
