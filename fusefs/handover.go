@@ -3,6 +3,7 @@ package fusefs
 import (
 	"cmp"
 	"context"
+	"encoding/base64"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -34,8 +35,9 @@ import (
 // for the root, the namespaces, incoming/ itself, blob files and the
 // control directory and files; every open handle of a blob file (its
 // passthrough registration is the connection's and stays), of a control
-// file and of a directory, which goes on from the kernel's offset. What
-// does not, yet: the contents of incoming/ (receipts, directories and
+// file and of a directory, which goes on from the kernel's offset; a
+// --verify=strict handle's whole-blob check (seqState, in the handle's
+// key). What does not, yet: the contents of incoming/ (receipts, directories and
 // symbolic links made there, which the new process does not know: the
 // kernel's ids for them answer ESTALE, and their names are gone as after
 // a restart), and files open in incoming/, which refuse the handover
@@ -442,6 +444,9 @@ const (
 	keyIncoming = "inc/"  // + the namespace
 	keyBlob     = "blob/" // + hex/size/linkedAt/tier
 	keyHandle   = "h"     // a blob's, a control file's or a directory stream's handle
+	// keyStrict + base64(JSON(seqState)): a --verify=strict blob handle
+	// whose whole-blob check is under way.
+	keyStrict = keyHandle + "/strict/"
 )
 
 func nodeKey(in *gofs.Inode) (string, error) {
@@ -467,8 +472,21 @@ func nodeKey(in *gofs.Inode) (string, error) {
 }
 
 func fileKey(in *gofs.Inode, fh gofs.FileHandle) (string, error) {
-	switch fh.(type) {
-	case *blobHandle, *ptHandle, *ctlHandle, *rootStream, *nsStream:
+	switch x := fh.(type) {
+	case *blobHandle:
+		if x.seq == nil {
+			return keyHandle, nil
+		}
+		st, err := x.seq.export()
+		if err != nil {
+			return "", err
+		}
+		b, err := json.Marshal(st)
+		if err != nil {
+			return "", err
+		}
+		return keyStrict + base64.RawURLEncoding.EncodeToString(b), nil
+	case *ptHandle, *ctlHandle, *rootStream, *nsStream:
 		return keyHandle, nil
 	}
 	// Blockers refused every other kind before the export.
@@ -557,7 +575,11 @@ func (r *restorer) file(ctx context.Context, st gofs.FileState, in *gofs.Inode) 
 	switch x := in.Operations().(type) {
 	case *blobFile:
 		ns := r.byID[st.NodeID]
-		return x.restoreHandle(ctx, ns != nil && ns.BackingID != 0)
+		seq, err := parseStrictKey(x, st.Key)
+		if err != nil {
+			return nil, err
+		}
+		return x.restoreHandle(ctx, ns != nil && ns.BackingID != 0, seq)
 	case *ctlFile:
 		x.fsys.stats.controlHandles.Add(1)
 		return &ctlHandle{c: x}, nil
@@ -577,13 +599,31 @@ func (r *restorer) file(ctx context.Context, st gofs.FileState, in *gofs.Inode) 
 	return nil, fmt.Errorf("a handle of a %T does not carry across", in.Operations())
 }
 
+// parseStrictKey is the whole-blob check a blob handle's key carries
+// (fileKey), nil when it carries none.
+func parseStrictKey(b *blobFile, key string) (*seqCheck, error) {
+	enc, ok := strings.CutPrefix(key, keyStrict)
+	if !ok {
+		return nil, nil
+	}
+	raw, err := base64.RawURLEncoding.DecodeString(enc)
+	if err != nil {
+		return nil, fmt.Errorf("strict check: %w", err)
+	}
+	var st seqState
+	if err := json.Unmarshal(raw, &st); err != nil {
+		return nil, fmt.Errorf("strict check: %w", err)
+	}
+	return restoreSeqCheck(b.digest(), b.size, st)
+}
+
 // restoreHandle is Open for a handle the predecessor opened: the pin
 // and the shared reader are this process's, the I/O mode the one the
 // kernel holds (pt: the node has a passthrough backing file, which the
-// kernel reads without us). A strict handle loses its whole-blob sha256
-// check across the handover (no sequence check is restored): its reads
-// go on chunk-verified only.
-func (b *blobFile) restoreHandle(ctx context.Context, pt bool) (gofs.FileHandle, error) {
+// kernel reads without us). seq is a --verify=strict handle's
+// whole-blob check as the predecessor left it (nil: none, or a
+// predecessor that did not carry it).
+func (b *blobFile) restoreHandle(ctx context.Context, pt bool, seq *seqCheck) (gofs.FileHandle, error) {
 	f, dg := b.fsys, b.digest()
 	pin, err := f.st.Pin(ctx, dg)
 	if err != nil {
@@ -610,18 +650,27 @@ func (b *blobFile) restoreHandle(ctx context.Context, pt bool) (gofs.FileHandle,
 	o.n++
 	f.refs.add(dg)
 	f.stats.openHandles.Add(1)
-	h := &blobHandle{b: b, d: dg, rd: o.rd, pin: pin}
+	h := &blobHandle{b: b, d: dg, rd: o.rd, pin: pin, seq: seq}
 	f.trackBlobHandle(h)
-	if pt {
-		o.pt++
-		if fd, ok := o.rd.Passthrough(); ok {
-			o.ptFd = fd
-		}
-		h.pt, h.ptFd = true, o.ptFd
-		return &ptHandle{h}, nil
+	if !pt {
+		o.cached++
+		return h, nil
 	}
-	o.cached++
-	return h, nil
+	// The kernel goes on reading through the backing file the
+	// predecessor registered (the connection's, not a process's). Ours
+	// is needed only if go-fuse asks for one; this reader may offer
+	// none (not yet verified whole in --verify=full), and then the
+	// handle is a plain one in passthrough mode: never a ptHandle
+	// offering a descriptor it does not have.
+	o.pt++
+	if !o.ptOK {
+		o.ptFd, o.ptOK = o.rd.Passthrough()
+	}
+	h.pt, h.ptFd, h.ptOK = true, o.ptFd, o.ptOK
+	if !h.ptOK {
+		return h, nil
+	}
+	return &ptHandle{h}, nil
 }
 
 // CheckHandover is BeginHandover's first check, without stopping: nil
