@@ -230,41 +230,45 @@ func (h *Handover) CloseFD() {
 	}
 }
 
-// Resume serves again: the successor failed before it took over. The
-// kernel resends what came in meanwhile.
+// Resume serves again: the successor failed before it served, or was
+// killed before it said it serves (the caller has reaped it). The kernel
+// resends what came in meanwhile, and what the successor read and did
+// not answer; ids and handles it gave out answer ESTALE here (package
+// fs keeps their ranges apart). The pid record is this process's again.
 func (h *Handover) Resume() error {
 	h.CloseFD()
 	if err := h.m.server.ResumeReading(); err != nil {
 		return err
 	}
+	if err := writePidFile(h.m.dir); err != nil {
+		h.m.fs.log.Warn("handover abandoned: could not record the daemon's pid again", "err", err)
+	}
 	h.m.fs.log.Info("handover abandoned; serving again", "mountpoint", h.m.dir)
 	return nil
 }
 
-// Commit lets go of the mount, once the successor has taken its own
-// pins and is ready to serve: this server ends without unmounting, and
-// the cleanup releases the pins and readers of every open handle, the
-// writer lease and the liveness source, and leaves the pid record (the
-// successor's). It returns once that is done (Done is closed), at most
-// timeout. If the server could not let go, it still serves (Resume it)
-// and the successor must not start.
-func (h *Handover) Commit(timeout time.Duration) error {
+// Commit lets go of the mount once the successor serves it: this server
+// ends without unmounting, and the cleanup releases the pins and
+// readers of every open handle (the successor took its own before it
+// said ready), the writer lease and the liveness source, and leaves
+// the pid record (the successor's). It returns once that is done (Done
+// is closed), or after timeout with a warning. This server never reads
+// again: should it fail to detach, its readers stay parked and the
+// process's exit closes the descriptor.
+func (h *Handover) Commit(timeout time.Duration) {
 	h.CloseFD()
 	m := h.m
 	m.handedOver.Store(true)
 	m.fs.upkeep.Scrubber.Stop()
 	if err := m.server.Detach(timeout); err != nil {
-		m.handedOver.Store(false)
-		return err
+		m.fs.log.Error("handover: could not detach from the connection; the successor serves it, this process cleans up and exits", "err", err)
+		go m.cleanup()
 	}
-	// Detached: the successor must serve now whatever the cleanup takes
-	// (this server cannot resume), so a slow cleanup is only logged.
 	select {
 	case <-m.done:
 	case <-time.After(timeout):
 		m.fs.log.Warn("handover: the old server's cleanup is slow; the successor serves", "waited", timeout)
 	}
-	return nil
 }
 
 // fixedOptions are the options the kernel holds a mount to for its
@@ -410,13 +414,13 @@ func TakeOver(fd int, state []byte, cfg Config) (*Server, error) {
 	return m, nil
 }
 
-// Serve starts serving a mount from TakeOver, once the predecessor has
-// let go: the kernel resends what the predecessor read and did not
-// answer.
-// The resend comes before the first read: a request resent while a
-// reader of this server handles it would run twice (a second OPEN's
-// handle and pin the kernel never learns of, a second RELEASE of a
-// handle slot already given to a new open).
+// Serve starts serving a mount from TakeOver, while the predecessor,
+// stopped, still holds its pins: the kernel resends what the
+// predecessor read and did not answer. The resend comes before the
+// first read: a request resent while a reader of this server handles it
+// would run twice (a second OPEN's handle and pin the kernel never
+// learns of, a second RELEASE of a handle slot already given to a new
+// open).
 func (m *Server) Serve() {
 	if st := m.server.NotifyResend(); !st.Ok() {
 		m.fs.log.Warn("handover: NOTIFY_RESEND failed: requests the old daemon left unanswered may wait", "status", st)

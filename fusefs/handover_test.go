@@ -180,3 +180,41 @@ func TestRestoredBlobHandle(t *testing.T) {
 		t.Fatalf("%d handles left open", n)
 	}
 }
+
+// TestLogLevelsOfAFailedRun: what a failed run's log must show without
+// --log-level debug is logged at warning or above: a READ answered with
+// any error, and go-fuse's lines about a handover; the ordinary answers
+// (a lookup's ENOENT) and go-fuse's request trace stay at debug.
+func TestLogLevelsOfAFailedRun(t *testing.T) {
+	for _, tc := range []struct {
+		op   string
+		e    syscall.Errno
+		want slog.Level
+	}{
+		{"read", syscall.EIO, slog.LevelError},
+		{"read", syscall.ESTALE, slog.LevelWarn},
+		{"read", syscall.EINTR, slog.LevelWarn},
+		{"lookup", syscall.EIO, slog.LevelError},
+		{"lookup", syscall.ENOENT, slog.LevelDebug},
+		{"getxattr", syscall.ENODATA, slog.LevelDebug},
+	} {
+		if got := errnoLevel(tc.op, tc.e); got != tc.want {
+			t.Errorf("%s answered %v: logged at %v, want %v", tc.op, tc.e, got, tc.want)
+		}
+	}
+	for _, tc := range []struct {
+		line string
+		want slog.Level
+	}{
+		{"handover: unknown node 12 or file handle 0x100000003: ESTALE", slog.LevelWarn},
+		{"stopping: leaving READ unique 88 for the successor", slog.LevelWarn},
+		{"NOTIFY_RESEND: operation not permitted", slog.LevelWarn},
+		{"fuse: resuming after a stop time-out: fuse: ...", slog.LevelWarn},
+		{"rx 12: LOOKUP n1 [\"a\"] 2b", slog.LevelDebug},
+		{"tx 12:     OK, {n2 g1 tE=1s tA=1s}", slog.LevelDebug},
+	} {
+		if got := goFuseLevel(tc.line); got != tc.want {
+			t.Errorf("go-fuse's %q: logged at %v, want %v", tc.line, got, tc.want)
+		}
+	}
+}

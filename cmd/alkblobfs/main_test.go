@@ -37,7 +37,9 @@ func TestMain(m *testing.M) {
 		bin = filepath.Join(dir, "alkblobfs")
 		// Position-independent, as make build and make deb build it:
 		// the tests that run make then find every package compiled.
-		if out, err := exec.Command("go", "build", "-buildmode=pie", "-o", bin, ".").CombinedOutput(); err != nil {
+		// With the upgrade's test hooks (upgrade_hooks.go), which a
+		// production build does not have.
+		if out, err := exec.Command("go", "build", "-buildmode=pie", "-tags", "alkblobfs_testhooks", "-o", bin, ".").CombinedOutput(); err != nil {
 			buildErr = fmt.Errorf("go build: %v\n%s", err, out)
 		}
 	}

@@ -37,34 +37,94 @@ import (
 //	old → new  the listeners     the control socket and --listen's (passListeners)
 //	old → new  the handover      package handover: /dev/fuse and the state
 //	new → old  ready | refused: why
-//	old → new  go | abort        go: the old server let go and dropped its pins
+//	old → new  go                serve (the old server, stopped, keeps its pins)
 //	new → old  serving PID
+//	old        lets go: detaches, drops its pins, exits
 //
-// Before "ready" anything that fails (the binary missing, a crash, a
+// Before "serving" anything that fails (the binary missing, a crash, a
 // refusal, a time-out) leaves the old daemon serving: it kills the new
-// process and resumes. The new process takes its pins before "ready", so
-// no blob open through the mount is unpinned for an instant.
+// process, waits until it is gone, and resumes; the kernel resends what
+// the new one read and did not answer. The new process takes its pins
+// before "ready" and the old one drops its own after "serving", so no
+// blob open through the mount is unpinned for an instant.
 
 // Environment of the process an upgrade starts.
+const envTakeoverFD = "ALKBLOBFS_TAKEOVER_FD" // the socket pair
+
+// Test hooks: variables that break or slow an upgrade at a chosen step,
+// read only by a build with the tag alkblobfs_testhooks (testHooks: the
+// tests build the binary so in TestMain). Such a build passes the
+// variables of the upgrade command's own environment to the daemon, and
+// from it to the new process.
 const (
-	envTakeoverFD = "ALKBLOBFS_TAKEOVER_FD" // the socket pair
-	// envTestPrefix: variables of the upgrade command's own environment
-	// with this prefix go to the new process (test hooks below).
 	envTestPrefix = "ALKBLOBFS_TEST_"
 	// envTestDieAt makes the new process kill itself (SIGKILL) at that
-	// step of the takeover (takeoverStep).
-	envTestDieAt = envTestPrefix + "TAKEOVER_DIE_AT"
+	// step of the takeover (takeoverStep), envTestHangAt block there.
+	envTestDieAt  = envTestPrefix + "TAKEOVER_DIE_AT"
+	envTestHangAt = envTestPrefix + "TAKEOVER_HANG_AT"
 	// envTestStateVersion makes the old daemon label its state with this
 	// format version, to test the refusal of a newer one.
 	envTestStateVersion = envTestPrefix + "HANDOVER_VERSION"
+	// envTestServingTimeout is how long the old daemon waits for
+	// "serving" (a Go duration) instead of servingTimeout.
+	envTestServingTimeout = envTestPrefix + "SERVING_TIMEOUT"
 )
 
-// Steps of the takeover at which envTestDieAt kills the new process.
+// hooks are the test hooks set in an environment.
+type hooks struct {
+	dieAt, hangAt  int
+	stateVersion   int
+	servingTimeout time.Duration
+}
+
+// hooksFrom reads the hooks of env: none in a production build.
+func hooksFrom(env []string) hooks {
+	h := hooks{stateVersion: fusefs.HandoverVersion, servingTimeout: servingTimeout}
+	if !testHooks {
+		return h
+	}
+	for _, kv := range env {
+		k, v, _ := strings.Cut(kv, "=")
+		n, _ := strconv.Atoi(v)
+		switch k {
+		case envTestDieAt:
+			h.dieAt = n
+		case envTestHangAt:
+			h.hangAt = n
+		case envTestStateVersion:
+			h.stateVersion = n
+		case envTestServingTimeout:
+			if d, err := time.ParseDuration(v); err == nil {
+				h.servingTimeout = d
+			}
+		}
+	}
+	return h
+}
+
+// testEnv is the test hooks' variables of env, to pass on: none in a
+// production build.
+func testEnv(env []string) []string {
+	if !testHooks {
+		return nil
+	}
+	var out []string
+	for _, kv := range env {
+		if strings.HasPrefix(kv, envTestPrefix) {
+			out = append(out, kv)
+		}
+	}
+	return out
+}
+
+// Steps of the takeover at which the hooks kill or stop the new process.
 const (
 	stepStarted  = 1 // before it opens the store
 	stepHello    = 2 // store open, said hello; before the handover arrives
 	stepReceived = 3 // the descriptor and state received; before the restore
 	stepRestored = 4 // nodes restored and pins taken; before "ready"
+	stepGo       = 5 // told to serve; before it serves
+	stepServes   = 6 // serving; before it says so
 )
 
 // Bounds of an upgrade's waits.
@@ -82,7 +142,7 @@ const (
 type upgradeRequest struct {
 	Op     string   `json:"op"` // "upgrade"
 	Binary string   `json:"binary"`
-	Env    []string `json:"env,omitempty"` // envTestPrefix variables
+	Env    []string `json:"env,omitempty"` // test hooks (testEnv)
 }
 
 // upgradeReply is one line of the daemon's answer: progress (Msg), then
@@ -113,9 +173,9 @@ go, and keeps the old one's role: pid record, guard, --listen socket, sweep
 timer, change feed, writer lease. upgrade prints what happened and exits 0
 once the new daemon serves.
 
-If the new binary is missing, crashes, or refuses the state before it takes
-over, the old daemon serves on as if nothing happened and upgrade exits 1
-with the reason. Refused, the same way: while files in incoming/ are open,
+If the new binary is missing, crashes, refuses the state, or does not say
+it serves within 30 s, the old daemon kills it and serves on as if nothing
+happened, and upgrade exits 1 with the reason. Refused, the same way: while files in incoming/ are open,
 being uploaded or waiting for their last close (they do not carry across
 yet; retry when they close), a state format newer than the new build reads,
 and an option fixed when the mount was made that the new build would set
@@ -194,12 +254,7 @@ func runUpgrade(ctx context.Context, out io.Writer, mnt, binary string) error {
 	}
 	defer c.Close()
 	c.SetDeadline(time.Now().Add(upgradeTimeout))
-	req := upgradeRequest{Op: "upgrade", Binary: binary}
-	for _, kv := range os.Environ() {
-		if strings.HasPrefix(kv, envTestPrefix) {
-			req.Env = append(req.Env, kv)
-		}
-	}
+	req := upgradeRequest{Op: "upgrade", Binary: binary, Env: testEnv(os.Environ())}
 	if err := json.NewEncoder(c).Encode(req); err != nil {
 		return fmt.Errorf("%s: send the request: %w", abs, err)
 	}
@@ -387,14 +442,23 @@ type successor struct {
 	status error
 }
 
-// kill stops a successor that has not taken over, and reaps it.
-func (s *successor) kill() {
+// killTimeout bounds the wait for a killed successor to be gone.
+const killTimeout = 10 * time.Second
+
+// kill stops a successor that has not taken over, and reaps it. It
+// reports whether the successor is gone: one that is not may still read
+// from the mount's connection, so the old daemon must not serve beside it.
+// The socket pair closes after the kill: a successor that sees it close
+// takes the old daemon for gone.
+func (s *successor) kill() bool {
 	s.cmd.Process.Kill()
+	defer s.conn.Close()
 	select {
 	case <-s.exited:
-	case <-time.After(10 * time.Second):
+		return true
+	case <-time.After(killTimeout):
+		return false
 	}
-	s.conn.Close()
 }
 
 // expect waits for a line starting with want, at most within.
@@ -423,7 +487,8 @@ func (s *successor) expect(want string, within time.Duration) (string, error) {
 }
 
 // startSuccessor starts binary as this daemon's successor.
-func (c *controlServer) startSuccessor(binary string, testEnv []string) (*successor, error) {
+// hookEnv is the request's test hooks (testEnv), passed on.
+func (c *controlServer) startSuccessor(binary string, hookEnv []string) (*successor, error) {
 	fds, err := unix.Socketpair(unix.AF_UNIX, unix.SOCK_STREAM|unix.SOCK_CLOEXEC, 0)
 	if err != nil {
 		return nil, err
@@ -438,12 +503,7 @@ func (c *controlServer) startSuccessor(binary string, testEnv []string) (*succes
 	}
 	conn := fc.(*net.UnixConn)
 	files := []*os.File{theirs}
-	env := append(os.Environ(), envTakeoverFD+"=3")
-	for _, kv := range testEnv {
-		if strings.HasPrefix(kv, envTestPrefix) {
-			env = append(env, kv)
-		}
-	}
+	env := append(append(os.Environ(), envTakeoverFD+"=3"), testEnv(hookEnv)...)
 	cmd := &exec.Cmd{
 		Path:       binary,
 		Args:       append([]string{os.Args[0]}, os.Args[1:]...),
@@ -483,14 +543,7 @@ func (c *controlServer) upgrade(req upgradeRequest, say func(string, ...any)) (i
 	if err := checkExecutable(req.Binary); err != nil {
 		return 0, 0, err
 	}
-	version := fusefs.HandoverVersion
-	for _, kv := range req.Env {
-		if v, ok := strings.CutPrefix(kv, envTestStateVersion+"="); ok {
-			if n, err := strconv.Atoi(v); err == nil {
-				version = n
-			}
-		}
-	}
+	hk := hooksFrom(req.Env)
 	s, err := c.startSuccessor(req.Binary, req.Env)
 	if err != nil {
 		return 0, 0, fmt.Errorf("%w; the old daemon serves on", err)
@@ -506,18 +559,27 @@ func (c *controlServer) upgrade(req upgradeRequest, say func(string, ...any)) (i
 	}
 	say("the new daemon opened the store; pausing the mount")
 	start := time.Now()
-	h, err := c.srv.BeginHandover(stopTimeout, version)
+	h, err := c.srv.BeginHandover(stopTimeout, hk.stateVersion)
 	if err != nil {
 		s.kill()
 		return 0, 0, fmt.Errorf("%w; the old daemon serves on", err)
 	}
-	// From here every failure before "go" resumes.
+	// From here every failure before "serving" kills the successor and,
+	// once it is gone, resumes.
+	told := false // "go" sent: the successor may have served and told the service manager
 	resume := func(err error) (int, time.Duration, error) {
-		s.kill()
+		if !s.kill() {
+			return 0, 0, fmt.Errorf("%w; and the new daemon (pid %d) did not exit within %s of SIGKILL: the mount is left stopped (umount --force, then mount)", err, s.cmd.Process.Pid, killTimeout)
+		}
 		if rerr := h.Resume(); rerr != nil {
 			return 0, 0, fmt.Errorf("%w; and resuming failed: %v", err, rerr)
 		}
-		return 0, 0, fmt.Errorf("%w; the old daemon serves on", err)
+		if told {
+			if nerr := sdNotify(fmt.Sprintf("MAINPID=%d\nREADY=1\nSTATUS=serving %s", os.Getpid(), c.srv.Dir())); nerr != nil {
+				c.lg.Warn("could not tell the service manager that this process serves the mount again", "err", nerr)
+			}
+		}
+		return 0, 0, fmt.Errorf("%w; the new daemon was killed and the old daemon serves on", err)
 	}
 	err = handover.Send(s.conn, h.FD(), h.State())
 	h.CloseFD()
@@ -527,21 +589,21 @@ func (c *controlServer) upgrade(req upgradeRequest, say func(string, ...any)) (i
 	if _, err := s.expect("ready", takeoverReadyTimeout); err != nil {
 		return resume(err)
 	}
-	if err := h.Commit(letGoTimeout); err != nil {
-		fmt.Fprintln(s.conn, "abort")
-		return resume(fmt.Errorf("let go of the mount: %w", err))
-	}
+	told = true
 	if _, err := fmt.Fprintln(s.conn, "go"); err != nil {
-		return 0, 0, fmt.Errorf("the old daemon let go, and telling the new one (pid %d) failed: %w; the mount may be left without a daemon (umount --force, then mount)", s.cmd.Process.Pid, err)
+		return resume(fmt.Errorf("tell the new daemon (pid %d) to serve: %w", s.cmd.Process.Pid, err))
 	}
-	l, err := s.expect("serving", servingTimeout)
+	l, err := s.expect("serving", hk.servingTimeout)
 	if err != nil {
-		return 0, 0, fmt.Errorf("the old daemon let go, and then: %w; the mount may be left without a daemon (umount --force, then mount)", err)
+		return resume(err)
 	}
 	pause := time.Since(start)
-	pid, _ := strconv.Atoi(strings.TrimSpace(strings.TrimPrefix(l, "serving")))
+	h.Commit(letGoTimeout)
+	// The new daemon's process is waited for by startSuccessor's
+	// goroutine until this one exits (never released, which would race
+	// that Wait).
 	s.conn.Close()
-	s.cmd.Process.Release()
+	pid, _ := strconv.Atoi(strings.TrimSpace(strings.TrimPrefix(l, "serving")))
 	return pid, pause, nil
 }
 
@@ -551,7 +613,7 @@ type takeover struct {
 	conn   *net.UnixConn
 	httpLn net.Listener
 	ctlLn  *net.UnixListener
-	dieAt  int
+	hooks  hooks
 	lines  *bufio.Reader
 }
 
@@ -575,12 +637,11 @@ func takeoverChild() (*takeover, error) {
 		unix.CloseOnExec(fd)
 		return os.NewFile(uintptr(fd), name), nil
 	}
-	t := &takeover{}
-	if n, err := strconv.Atoi(os.Getenv(envTestDieAt)); err == nil {
-		t.dieAt = n
+	t := &takeover{hooks: hooksFrom(os.Environ())}
+	for _, kv := range testEnv(os.Environ()) {
+		k, _, _ := strings.Cut(kv, "=")
+		os.Unsetenv(k)
 	}
-	os.Unsetenv(envTestDieAt)
-	os.Unsetenv(envTestStateVersion)
 	f, err := file(envTakeoverFD)
 	if err != nil {
 		return nil, err
@@ -595,12 +656,19 @@ func takeoverChild() (*takeover, error) {
 	return t, nil
 }
 
-// step is a test hook: the takeover dies here (SIGKILL, as a crash) when
-// envTestDieAt names the step.
+// step is a test hook: the takeover dies here (SIGKILL, as a crash)
+// when envTestDieAt names the step, or blocks for good (a hang) when
+// envTestHangAt does.
 func (t *takeover) step(n int) {
-	if t != nil && t.dieAt == n {
+	if t == nil {
+		return
+	}
+	if t.hooks.dieAt == n {
 		syscall.Kill(os.Getpid(), syscall.SIGKILL)
 		select {} // the signal is on its way
+	}
+	if t.hooks.hangAt == n {
+		select {}
 	}
 }
 
@@ -636,13 +704,15 @@ func (t *takeover) run(cfg fusefs.Config, lg *slog.Logger) (*fusefs.Server, erro
 		srv.Abandon()
 		return nil, fmt.Errorf("takeover: %w", err)
 	}
-	t.conn.SetReadDeadline(time.Now().Add(takeoverReadyTimeout + letGoTimeout + 10*time.Second))
+	t.conn.SetReadDeadline(time.Now().Add(takeoverReadyTimeout + 10*time.Second))
 	l, err := t.lines.ReadString('\n')
 	if strings.TrimSpace(l) != "go" {
 		srv.Abandon()
-		return nil, fmt.Errorf("takeover: the old daemon did not let go (%q, %v); it serves on", strings.TrimSpace(l), err)
+		return nil, fmt.Errorf("takeover: the old daemon did not say go (%q, %v); it serves on", strings.TrimSpace(l), err)
 	}
+	t.step(stepGo)
 	srv.Serve()
+	t.step(stepServes)
 	// The service manager's main process is this one from now on (the
 	// old one exits once it hears "serving"): NotifyAccess=all lets it.
 	if err := sdNotifyBarrier(fmt.Sprintf("MAINPID=%d\nREADY=1\nSTATUS=serving %s", os.Getpid(), srv.Dir()), 5*time.Second); err != nil {

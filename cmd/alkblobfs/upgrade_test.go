@@ -50,7 +50,10 @@ type upgradable struct {
 	env  []string      // the daemon's environment added
 }
 
-var upgradedPid = regexp.MustCompile(`pid (\d+) serves it`)
+var (
+	upgradedPid = regexp.MustCompile(`pid (\d+) serves it`)
+	startedPid  = regexp.MustCompile(`started .* \(pid (\d+)\)`)
+)
 
 // mountUpgradable mounts c's store with args, in a daemon that logs to a
 // file (not a pipe: the next generation inherits the log, and a pipe
@@ -206,6 +209,9 @@ func (u *upgradable) cleanup() {
 	// A binary built with -race reports into the log.
 	if strings.Contains(u.logText(), "WARNING: DATA RACE") {
 		t.Errorf("a daemon reported a data race:\n%s", u.logText())
+	} else if t.Failed() {
+		// Whatever failed, what the daemons said goes with the report.
+		t.Logf("the daemons' log:\n%s", u.logText())
 	}
 }
 
@@ -652,6 +658,9 @@ func TestUpgradeFailuresLeaveOldServing(t *testing.T) {
 		{"killed after hello", []string{envTestDieAt + "=2"}, nil, "the old daemon serves on"},
 		{"killed after the handover arrived", []string{envTestDieAt + "=3"}, nil, `before it said "ready"`},
 		{"killed after its pins", []string{envTestDieAt + "=4"}, nil, `before it said "ready"`},
+		{"killed when told to serve", []string{envTestDieAt + "=5"}, nil, `before it said "serving"`},
+		{"killed once it serves, before it says so", []string{envTestDieAt + "=6"}, nil, `before it said "serving"`},
+		{"hangs once it serves", []string{envTestHangAt + "=6", envTestServingTimeout + "=3s"}, nil, `did not say "serving" within 3s; the new daemon was killed`},
 		{"newer state", []string{envTestStateVersion + "=2"}, nil, "the new daemon refused: handover state version 2 is newer than this build reads (1)"},
 		{"missing binary", nil, []string{"--binary", "/nonexistent/alkblobfs"}, "new binary: stat /nonexistent/alkblobfs: no such file or directory"},
 		{"binary exits", nil, []string{"--binary", "/bin/false"}, `exited (exit status 1) before it said "hello"`},
@@ -663,6 +672,13 @@ func TestUpgradeFailuresLeaveOldServing(t *testing.T) {
 		}
 		if tc.args == nil && !strings.Contains(r.stderr, "the old daemon serves on") {
 			t.Fatalf("%s: the refusal does not say that the old daemon serves on: %q", tc.name, r.stderr)
+		}
+		// The new process is gone, not left running beside the old.
+		if m := startedPid.FindStringSubmatch(r.stdout); m != nil {
+			pid, _ := strconv.Atoi(m[1])
+			u.waitGone(pid, 20*time.Second)
+		} else if tc.args == nil {
+			t.Fatalf("%s: upgrade did not say which process it started: %q", tc.name, r.stdout)
 		}
 		readOn("after: " + tc.name)
 		if _, err := os.Stat(filepath.Join(u.mnt, "ns", d)); err != nil {
