@@ -1,0 +1,131 @@
+package store
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/alkblobfs/alkblobfs/engines"
+)
+
+// Handing an upload in progress to another process: an upgrade
+// (`alkblobfs upgrade`) carries the files being written into incoming/ to
+// the new daemon. Export gives a descriptor of the content, passed by
+// SCM_RIGHTS; ImportUpload goes on from it. No content is copied for a
+// staged upload (the new process writes into the same file, which the old
+// one's Discard only unlinks); content held in memory, or in a stage of
+// no file of its own, is copied to an anonymous memory file. The new upload re-reads its content once at
+// Commit, as for any file written out of order.
+
+// ErrNotCarried is what Export wraps for an upload it cannot hand over.
+var ErrNotCarried = errors.New("upload cannot be handed to another process")
+
+// Export returns a descriptor of the upload's content, of Size bytes,
+// for ImportUpload in another process. The upload stays this process's,
+// unchanged: it goes on if the other process never takes it, and
+// Discard ends it (the exported file lives on while the other holds it).
+// An upload seeded from a published blob (Seed) and not yet copied
+// whole, or whose stage is not one local file, is refused
+// (ErrNotCarried), and a failed one returns its failure.
+func (u *Upload) Export() (*os.File, error) {
+	u.mu.Lock()
+	defer u.mu.Unlock()
+	switch {
+	case u.done:
+		return nil, os.ErrClosed
+	case u.base != nil:
+		return nil, fmt.Errorf("%w: it starts from a published version not yet copied in (a file reopened without truncation)", ErrNotCarried)
+	}
+	// The appends in flight reach the stage first; the stage writer
+	// ends, and later appends (here, if the other process never takes
+	// over) go on hashed in order without it.
+	if err := u.endWrites(); err != nil {
+		return nil, err
+	}
+	if u.st == nil {
+		return memFile(u.buf, u.size)
+	}
+	var f *os.File
+	switch st := u.st.(type) {
+	case *scratchFile:
+		f = st.f
+	case engines.FileStage:
+		f = st.File()
+	case interface{ LinkableFile() *os.File }: // the cache's scratch
+		f = st.LinkableFile()
+	}
+	if f == nil {
+		// A stage of no file of its own (the mem engine's): a copy.
+		return copyToMem(u.st, u.size)
+	}
+	fd, err := unix.FcntlInt(f.Fd(), unix.F_DUPFD_CLOEXEC, 0)
+	if err != nil {
+		return nil, fmt.Errorf("upload: duplicate the stage's descriptor: %w", err)
+	}
+	return os.NewFile(uintptr(fd), "upload"), nil
+}
+
+// memFile is an anonymous memory file holding buf, zero-extended to size.
+func memFile(buf []byte, size int64) (*os.File, error) {
+	fd, err := unix.MemfdCreate("alkblobfs-upload", unix.MFD_CLOEXEC)
+	if err != nil {
+		return nil, fmt.Errorf("upload: memory file: %w", err)
+	}
+	f := os.NewFile(uintptr(fd), "upload")
+	if _, err := f.WriteAt(buf, 0); err != nil {
+		f.Close()
+		return nil, fmt.Errorf("upload: memory file: %w", err)
+	}
+	if err := f.Truncate(size); err != nil {
+		f.Close()
+		return nil, fmt.Errorf("upload: memory file: %w", err)
+	}
+	return f, nil
+}
+
+// copyToMem is memFile of the first size bytes of r.
+func copyToMem(r io.ReaderAt, size int64) (*os.File, error) {
+	f, err := memFile(nil, 0)
+	if err != nil {
+		return nil, err
+	}
+	if _, err := io.Copy(f, io.NewSectionReader(r, 0, size)); err != nil {
+		f.Close()
+		return nil, fmt.Errorf("upload: copy the stage: %w", err)
+	}
+	return f, nil
+}
+
+// ImportUpload goes on with an upload another process exported: f holds
+// its size bytes, and is the upload's from the call on (closed on an
+// error). Content that fits the kv tier and the memory budget is read
+// into memory; anything else is written in place, in f, which Commit
+// re-reads once and streams into the large tier.
+func (s *Store) ImportUpload(ctx context.Context, f *os.File, size int64) (*Upload, error) {
+	if s.closed.Load() {
+		f.Close()
+		return nil, ErrClosed
+	}
+	if err := s.writable("upload"); err != nil {
+		f.Close()
+		return nil, err
+	}
+	u := &Upload{s: s, size: size}
+	if u.inMemory(size) {
+		defer f.Close()
+		u.buf = make([]byte, size)
+		if _, err := f.ReadAt(u.buf, 0); err != nil && !errors.Is(err, io.EOF) {
+			return nil, fmt.Errorf("upload: read the handed-over content: %w", err)
+		}
+		u.account()
+		// Content from 0 to size: appends hash on from it if it spills.
+		u.seq = true
+		return u, nil
+	}
+	u.st = &scratchFile{f: f}
+	return u, nil
+}
