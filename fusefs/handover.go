@@ -7,6 +7,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"os"
 	"slices"
 	"strconv"
 	"strings"
@@ -45,7 +46,8 @@ import (
 
 // HandoverVersion is the format version of the state a handover passes.
 // A build reads its own and older versions and refuses newer ones.
-const HandoverVersion = 1
+// Version 2 carries files of incoming/ (handover_files.go).
+const HandoverVersion = 2
 
 // handoverState is what passes from the old process to the new, beside
 // the descriptor: plain data, as JSON.
@@ -60,15 +62,33 @@ type handoverState struct {
 	// SweepEvery is the sweep timer as the control file left it (ns; 0
 	// off).
 	SweepEvery int64
+	// Uploads is how many descriptors of uploads follow the state
+	// (Handover.Files), in the order carriedFile.Upload counts.
+	Uploads int `json:",omitempty"`
 }
+
+// UploadsIn is how many descriptors of uploads follow a handover's state
+// (0 for a state it cannot read: TakeOver refuses it).
+func UploadsIn(state []byte) int {
+	var v struct{ Uploads int }
+	if json.Unmarshal(state, &v) != nil || v.Uploads < 0 || v.Uploads > maxUploads {
+		return 0
+	}
+	return v.Uploads
+}
+
+// maxUploads bounds the descriptors a successor receives.
+const maxUploads = 1 << 16
 
 // ErrBusy is what a handover that files open in incoming/ refuse wraps.
 var ErrBusy = errors.New("files open in incoming/")
 
 // Blockers lists, as paths under the mountpoint, the files in incoming/
-// that keep a handover from starting: files open for writing or
-// reading, uploads in flight, puts by path, and versions committed at a
-// close whose link waits for the file's last release. Empty when none.
+// that keep a handover from starting, each with why (notCarriedLocked):
+// puts by path, versions committed at an fsync or a close whose link
+// waits for the file's last release, files reopened without truncation
+// and not yet rewritten, failed uploads, and links being committed.
+// Empty when none.
 func (m *Server) Blockers() []string {
 	var out []string
 	for _, d := range m.fs.nsDirs() {
@@ -77,6 +97,20 @@ func (m *Server) Blockers() []string {
 			out = append(out, d.name+"/"+name+" (put by path)")
 		}
 		d.mu.Unlock()
+		if d.inited.Load() {
+			// A put by path that failed and is still open has left
+			// pending; its node is still the namespace's child.
+			for name, ch := range d.Children() {
+				if n, ok := ch.Operations().(*fileNode); ok && n.tree == nil {
+					n.mu.Lock()
+					open := n.handles > 0
+					n.mu.Unlock()
+					if open && !slices.Contains(out, d.name+"/"+name+" (put by path)") {
+						out = append(out, d.name+"/"+name+" (put by path)")
+					}
+				}
+			}
+		}
 		t := d.tree
 		t.mu.Lock()
 		var files []*fileNode
@@ -105,21 +139,16 @@ func (m *Server) Blockers() []string {
 			}
 			seen[n] = true
 			n.mu.Lock()
-			what := "open for reading"
-			switch {
-			case len(n.writers) > 0:
-				what = "open for writing"
-			case n.up != nil:
-				what = "upload in flight"
-			case n.owing || n.pub != nil && n.pub.intent != 0:
-				what = "publish waiting for its release"
-			}
+			why := n.notCarriedLocked()
 			n.mu.Unlock()
+			if why == "" {
+				continue
+			}
 			p := n.Path(nil)
 			if p == "" {
 				p = d.name + "/" + incomingName + "/(unlinked)"
 			}
-			out = append(out, p+" ("+what+")")
+			out = append(out, p+" ("+why+")")
 		}
 		for range settling {
 			out = append(out, d.name+"/"+incomingName+"/(a link being committed)")
@@ -155,7 +184,7 @@ func busyError(blockers []string) error {
 	if len(blockers) == 1 {
 		word = "file"
 	}
-	return fmt.Errorf("%w: %d %s in incoming/ not carried across an upgrade yet: %s; retry when they close", ErrBusy, len(blockers), word, list)
+	return fmt.Errorf("%w: %d %s in incoming/ not carried across an upgrade: %s; retry when they close", ErrBusy, len(blockers), word, list)
 }
 
 // Handover is the old process's side of a handover in progress: the
@@ -165,6 +194,8 @@ type Handover struct {
 	m     *Server
 	fd    int // a duplicate of the connection's descriptor, for the successor; -1 once closed
 	state []byte
+	x     *exporter // the uploads' descriptors and the files of incoming/ carried
+	told  bool      // the successor was told to serve (Told)
 }
 
 // BeginHandover stops serving and exports the mount for a successor. It
@@ -181,7 +212,7 @@ func (m *Server) BeginHandover(stopTimeout time.Duration, version int) (*Handove
 	if err := m.server.StopReading(stopTimeout); err != nil {
 		return nil, fmt.Errorf("stop serving: %w", err)
 	}
-	h := &Handover{m: m, fd: -1}
+	h := &Handover{m: m, fd: -1, x: &exporter{}}
 	fail := func(err error) (*Handover, error) {
 		if rerr := h.Resume(); rerr != nil {
 			err = fmt.Errorf("%w; resuming: %v", err, rerr)
@@ -192,7 +223,7 @@ func (m *Server) BeginHandover(stopTimeout time.Duration, version int) (*Handove
 	if b := m.Blockers(); len(b) > 0 {
 		return fail(busyError(b))
 	}
-	tbl, err := gofs.ExportState(m.bridge, nodeKey, fileKey)
+	tbl, err := gofs.ExportState(m.bridge, h.x.nodeKey, h.x.fileKey)
 	if err != nil {
 		return fail(fmt.Errorf("export the node table: %w", err))
 	}
@@ -203,6 +234,7 @@ func (m *Server) BeginHandover(stopTimeout time.Duration, version int) (*Handove
 		Table:      tbl,
 		Fixed:      m.fs.fixedOptions(),
 		SweepEvery: int64(m.fs.upkeep.Sweeper.Every()),
+		Uploads:    len(h.x.files),
 	}
 	if h.state, err = json.Marshal(st); err != nil {
 		return fail(err)
@@ -211,7 +243,7 @@ func (m *Server) BeginHandover(stopTimeout time.Duration, version int) (*Handove
 		return fail(fmt.Errorf("duplicate the connection's descriptor: %w", err))
 	}
 	m.fs.log.Info("handover: stopped serving and exported the mount", "mountpoint", m.dir,
-		"nodes", len(tbl.Nodes), "handles", len(tbl.Files), "state_bytes", len(h.state))
+		"nodes", len(tbl.Nodes), "handles", len(tbl.Files), "incoming_files", len(h.x.carried), "uploads", len(h.x.files), "state_bytes", len(h.state))
 	return h, nil
 }
 
@@ -222,13 +254,23 @@ func (h *Handover) FD() int { return h.fd }
 // State is the state to pass beside FD.
 func (h *Handover) State() []byte { return h.state }
 
-// CloseFD closes the duplicate descriptor (once it has been sent).
+// Files are the descriptors of the uploads carried, to pass beside the
+// state in this order (TakeOver's files); closed at CloseFD.
+func (h *Handover) Files() []*os.File { return h.x.files }
+
+// CloseFD closes the duplicate descriptors (once they have been sent).
 func (h *Handover) CloseFD() {
 	if h.fd >= 0 {
 		syscall.Close(h.fd)
 		h.fd = -1
 	}
+	h.x.close()
 }
+
+// Told notes that the successor is being told to serve: from here it
+// may answer writes to the files of incoming/ it took, so a Resume
+// fails them rather than go on without those writes.
+func (h *Handover) Told() { h.told = true }
 
 // Resume serves again: the successor failed before it served, or was
 // killed before it said it serves (the caller has reaped it). The kernel
@@ -237,6 +279,9 @@ func (h *Handover) CloseFD() {
 // fs keeps their ranges apart). The pid record is this process's again.
 func (h *Handover) Resume() error {
 	h.CloseFD()
+	if h.told {
+		handBack(h.x.carried)
+	}
 	if err := h.m.server.ResumeReading(); err != nil {
 		return err
 	}
@@ -260,6 +305,7 @@ func (h *Handover) Commit(timeout time.Duration) {
 	m := h.m
 	m.handedOver.Store(true)
 	m.fs.upkeep.Scrubber.Stop()
+	h.dropCarriedIntents(context.Background())
 	if err := m.server.Detach(timeout); err != nil {
 		m.fs.log.Error("handover: could not detach from the connection; the successor serves it, this process cleans up and exits", "err", err)
 		go m.cleanup()
@@ -337,6 +383,9 @@ func decodeHandover(b []byte) (*handoverState, error) {
 	if st.Table == nil {
 		return nil, errors.New("handover state: no node table")
 	}
+	if st.Uploads < 0 || st.Uploads > maxUploads {
+		return nil, fmt.Errorf("handover state: %d uploads", st.Uploads)
+	}
 	if err := st.Init.Check(); err != nil {
 		return nil, err
 	}
@@ -350,7 +399,14 @@ func decodeHandover(b []byte) (*handoverState, error) {
 // not serve: Serve does, once the predecessor has let go; Abandon undoes
 // it. Any handle it cannot restore refuses the takeover: the
 // predecessor serves on.
-func TakeOver(fd int, state []byte, cfg Config) (*Server, error) {
+func TakeOver(fd int, state []byte, files []*os.File, cfg Config) (*Server, error) {
+	defer func() {
+		for _, f := range files {
+			if f != nil {
+				f.Close() // not taken by an upload
+			}
+		}
+	}()
 	st, err := decodeHandover(state)
 	if err != nil {
 		syscall.Close(fd)
@@ -367,13 +423,15 @@ func TakeOver(fd int, state []byte, cfg Config) (*Server, error) {
 	}
 	f.intents.start(st.Dir)
 	abandon := func(err error) (*Server, error) {
-		f.releaseBlobHandles()
-		f.intents.close()
-		f.cancel()
+		f.abandonTakeover()
 		return nil, err
 	}
 	opts := f.nodeOptions()
-	rs := newRestorer(f, st.Table)
+	if len(files) != st.Uploads {
+		syscall.Close(fd)
+		return abandon(fmt.Errorf("handover: %d descriptors of uploads received, the state names %d", len(files), st.Uploads))
+	}
+	rs := newRestorer(f, st.Table, files)
 	bridge, res, err := gofs.NewNodeFSFromState(f.root, opts, st.Table, rs.restorer())
 	if err != nil {
 		syscall.Close(fd)
@@ -432,10 +490,15 @@ func (m *Server) Serve() {
 // Abandon undoes TakeOver when the predecessor does not let go: the
 // pins are released and the descriptor's server never serves (the
 // process exits after it, which closes it).
-func (m *Server) Abandon() {
-	m.fs.releaseBlobHandles()
-	m.fs.intents.close()
-	m.fs.cancel()
+func (m *Server) Abandon() { m.fs.abandonTakeover() }
+
+// abandonTakeover releases what a takeover took: pins and the writer
+// lease. The uploads of incoming/ it imported hold descriptors only,
+// which the process's exit closes (the predecessor's uploads go on).
+func (f *FS) abandonTakeover() {
+	f.releaseBlobHandles()
+	f.intents.close()
+	f.cancel()
 }
 
 // Keys of nodes and handles in the exported table. A node of a kind
@@ -500,13 +563,14 @@ func fileKey(in *gofs.Inode, fh gofs.FileHandle) (string, error) {
 // restorer rebuilds the nodes and handles of a table with f.
 type restorer struct {
 	f     *FS
+	files []*os.File // the uploads' content, by carriedFile.Upload; nil once taken
 	byID  map[uint64]*gofs.NodeState
 	child map[uint64]map[string]*gofs.NodeState // by parent id, name
 	err   error                                 // the first handle that failed: the takeover is refused
 }
 
-func newRestorer(f *FS, t *gofs.TableState) *restorer {
-	r := &restorer{f: f, byID: map[uint64]*gofs.NodeState{}, child: map[uint64]map[string]*gofs.NodeState{}}
+func newRestorer(f *FS, t *gofs.TableState, files []*os.File) *restorer {
+	r := &restorer{f: f, files: files, byID: map[uint64]*gofs.NodeState{}, child: map[uint64]map[string]*gofs.NodeState{}}
 	for i := range t.Nodes {
 		n := &t.Nodes[i]
 		r.byID[n.NodeID] = n
@@ -549,6 +613,18 @@ func (r *restorer) node(ctx context.Context, st gofs.NodeState, parent *gofs.Ino
 		return d.inc, nil
 	case strings.HasPrefix(k, keyBlob):
 		return parseBlobKey(f, strings.TrimPrefix(k, keyBlob))
+	case strings.HasPrefix(k, keyFile):
+		var c carriedFile
+		if _, err := decodeKey(k, keyFile, &c); err != nil {
+			return nil, err
+		}
+		n, err := r.restoreFile(ctx, c)
+		if err != nil && r.err == nil {
+			// A writer's upload that cannot go on: the takeover is
+			// refused, the predecessor serves on.
+			r.err = fmt.Errorf("restore the file %s of incoming/: %w", st.Name, err)
+		}
+		return n, err
 	}
 	return nil, errors.New("not carried across an upgrade")
 }
@@ -587,6 +663,12 @@ func (r *restorer) file(ctx context.Context, st gofs.FileState, in *gofs.Inode) 
 	case *ctlFile:
 		x.fsys.stats.controlHandles.Add(1)
 		return &ctlHandle{c: x}, nil
+	case *fileNode:
+		var c carriedHandle
+		if ok, err := decodeKey(st.Key, keyFileHandle, &c); !ok || err != nil {
+			return nil, cmp.Or(err, fmt.Errorf("a handle of a file of incoming/ without its state (key %q)", st.Key))
+		}
+		return restoreFileHandle(x, c), nil
 	case *rootDir:
 		h, _, errno := x.OpendirHandle(ctx, st.Flags)
 		if errno != 0 {

@@ -63,7 +63,7 @@ func TestHandoverOptionsAndVersion(t *testing.T) {
 	if st, err := decodeHandover(state(HandoverVersion)); err != nil || st.Dir != "/mnt" {
 		t.Fatalf("the current version: %v", err)
 	}
-	if _, err := decodeHandover(state(HandoverVersion + 1)); err == nil || !strings.Contains(err.Error(), "handover state version 2 is newer than this build reads (1)") {
+	if _, err := decodeHandover(state(HandoverVersion + 1)); err == nil || !strings.Contains(err.Error(), "handover state version 3 is newer than this build reads (2)") {
 		t.Errorf("a newer version: %v", err)
 	}
 	if _, err := decodeHandover(state(0)); err == nil || !strings.Contains(err.Error(), "no version") {

@@ -24,6 +24,26 @@ import (
 // ErrNotCarried is what Export wraps for an upload it cannot hand over.
 var ErrNotCarried = errors.New("upload cannot be handed to another process")
 
+// Exportable is nil when Export would take the upload, else why not
+// (ErrNotCarried, or the upload's failure).
+func (u *Upload) Exportable() error {
+	u.mu.Lock()
+	defer u.mu.Unlock()
+	return u.exportableLocked()
+}
+
+func (u *Upload) exportableLocked() error {
+	switch {
+	case u.done:
+		return os.ErrClosed
+	case u.failed != nil:
+		return u.failed
+	case u.base != nil:
+		return fmt.Errorf("%w: it starts from a published version not yet copied in (a file reopened without truncation)", ErrNotCarried)
+	}
+	return nil
+}
+
 // Export returns a descriptor of the upload's content, of Size bytes,
 // for ImportUpload in another process. The upload stays this process's,
 // unchanged: it goes on if the other process never takes it, and
@@ -34,11 +54,8 @@ var ErrNotCarried = errors.New("upload cannot be handed to another process")
 func (u *Upload) Export() (*os.File, error) {
 	u.mu.Lock()
 	defer u.mu.Unlock()
-	switch {
-	case u.done:
-		return nil, os.ErrClosed
-	case u.base != nil:
-		return nil, fmt.Errorf("%w: it starts from a published version not yet copied in (a file reopened without truncation)", ErrNotCarried)
+	if err := u.exportableLocked(); err != nil {
+		return nil, err
 	}
 	// The appends in flight reach the stage first; the stage writer
 	// ends, and later appends (here, if the other process never takes

@@ -582,6 +582,9 @@ func (c *controlServer) upgrade(req upgradeRequest, say func(string, ...any)) (i
 		return 0, 0, fmt.Errorf("%w; the new daemon was killed and the old daemon serves on", err)
 	}
 	err = handover.Send(s.conn, h.FD(), h.State())
+	if err == nil {
+		err = sendFiles(s.conn, h.Files())
+	}
 	h.CloseFD()
 	if err != nil {
 		return resume(err)
@@ -590,6 +593,7 @@ func (c *controlServer) upgrade(req upgradeRequest, say func(string, ...any)) (i
 		return resume(err)
 	}
 	told = true
+	h.Told()
 	if _, err := fmt.Fprintln(s.conn, "go"); err != nil {
 		return resume(fmt.Errorf("tell the new daemon (pid %d) to serve: %w", s.cmd.Process.Pid, err))
 	}
@@ -693,8 +697,13 @@ func (t *takeover) run(cfg fusefs.Config, lg *slog.Logger) (*fusefs.Server, erro
 	if err != nil {
 		return nil, fmt.Errorf("takeover: %w", err)
 	}
+	files, err := receiveFiles(t.conn, fusefs.UploadsIn(state))
+	if err != nil {
+		syscall.Close(fd)
+		return nil, fmt.Errorf("takeover: %w", err)
+	}
 	t.step(stepReceived)
-	srv, err := fusefs.TakeOver(fd, state, cfg)
+	srv, err := fusefs.TakeOver(fd, state, files, cfg)
 	if err != nil {
 		t.say("refused: " + strings.ReplaceAll(err.Error(), "\n", "; "))
 		return nil, fmt.Errorf("takeover: %w", err)
@@ -711,6 +720,12 @@ func (t *takeover) run(cfg fusefs.Config, lg *slog.Logger) (*fusefs.Server, erro
 		return nil, fmt.Errorf("takeover: the old daemon did not say go (%q, %v); it serves on", strings.TrimSpace(l), err)
 	}
 	t.step(stepGo)
+	if err := srv.PendCarried(context.Background()); err != nil {
+		// The old daemon, told to let this one serve, gets no
+		// "serving": it kills this process and serves on.
+		srv.Abandon()
+		return nil, fmt.Errorf("takeover: %w", err)
+	}
 	srv.Serve()
 	t.step(stepServes)
 	// The service manager's main process is this one from now on (the
@@ -750,8 +765,76 @@ func (t *takeover) ctl() *net.UnixListener {
 const (
 	listenerHTTP = 'H'
 	listenerCtl  = 'C'
+	uploadFile   = 'U' // after the handover: an upload's content (sendFiles)
 	listenersEnd = '.'
 )
+
+// sendFiles passes the uploads' descriptors after the handover, one a
+// message (uploadFile and the descriptor): as many as the state says
+// (fusefs.UploadsIn), so that a predecessor of a build that passes none
+// sends nothing more.
+func sendFiles(conn *net.UnixConn, files []*os.File) error {
+	for _, f := range files {
+		if _, _, err := conn.WriteMsgUnix([]byte{uploadFile}, syscall.UnixRights(int(f.Fd())), nil); err != nil {
+			return fmt.Errorf("pass on an upload: %w", err)
+		}
+	}
+	return nil
+}
+
+// receiveFiles is sendFiles' other side, for n descriptors.
+func receiveFiles(conn *net.UnixConn, n int) ([]*os.File, error) {
+	var files []*os.File
+	fail := func(err error) ([]*os.File, error) {
+		for _, f := range files {
+			f.Close()
+		}
+		return nil, fmt.Errorf("receive the uploads: %w", err)
+	}
+	for range n {
+		tag, fd, err := receiveOne(conn)
+		if err != nil {
+			return fail(err)
+		}
+		if tag != uploadFile {
+			if fd >= 0 {
+				syscall.Close(fd)
+			}
+			return fail(fmt.Errorf("a message tagged %q", tag))
+		}
+		files = append(files, os.NewFile(uintptr(fd), "upload"))
+	}
+	return files, nil
+}
+
+// receiveOne reads one message of a tag byte with one descriptor, or the
+// end (listenersEnd, with none).
+func receiveOne(conn *net.UnixConn) (byte, int, error) {
+	var b [1]byte
+	oob := make([]byte, syscall.CmsgSpace(4*4))
+	n, oobn, _, _, err := conn.ReadMsgUnix(b[:], oob)
+	if err != nil {
+		return 0, -1, err
+	}
+	var fds []int
+	if msgs, err := syscall.ParseSocketControlMessage(oob[:oobn]); err == nil {
+		for i := range msgs {
+			got, _ := syscall.ParseUnixRights(&msgs[i])
+			fds = append(fds, got...)
+		}
+	}
+	if n == 1 && b[0] == listenersEnd && len(fds) == 0 {
+		return listenersEnd, -1, nil
+	}
+	if n != 1 || len(fds) != 1 {
+		for _, fd := range fds {
+			syscall.Close(fd)
+		}
+		return 0, -1, fmt.Errorf("a message of %d bytes (%q) with %d descriptors", n, b[:n], len(fds))
+	}
+	unix.CloseOnExec(fds[0])
+	return b[0], fds[0], nil
+}
 
 // passListeners sends the control socket and --listen's.
 func (c *controlServer) passListeners(conn *net.UnixConn) error {

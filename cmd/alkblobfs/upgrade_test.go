@@ -53,6 +53,7 @@ type upgradable struct {
 var (
 	upgradedPid = regexp.MustCompile(`pid (\d+) serves it`)
 	startedPid  = regexp.MustCompile(`started .* \(pid (\d+)\)`)
+	noUploads   = regexp.MustCompile(`"uploads_in_flight":\s*0\b`)
 )
 
 // mountUpgradable mounts c's store with args, in a daemon that logs to a
@@ -539,9 +540,9 @@ func ptOpens(t *testing.T, stats string) int {
 	return n
 }
 
-// TestUpgradeRefusesWriters: a file open for writing in incoming/ refuses
-// the upgrade, which names it; the old daemon serves on, the write goes
-// on and publishes; another user may not upgrade the mount; once the
+// TestUpgradeRefusesWriters: a put by path in progress (which does not
+// carry across) refuses the upgrade, which names it; the old daemon
+// serves on, the write goes on and publishes; another user may not upgrade the mount; once the
 // file closed, the upgrade works, and a shell inside a directory made in
 // incoming/ (which does not carry across) gets ESTALE.
 func TestUpgradeRefusesWriters(t *testing.T) {
@@ -550,17 +551,23 @@ func TestUpgradeRefusesWriters(t *testing.T) {
 	c.ok("ns", "create", "ns")
 	u := mountUpgradable(t, c, nil)
 	old := u.pid
-	w, err := os.Create(filepath.Join(u.mnt, "ns", "incoming", "a"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer w.Close()
+	// A put by path (a file created under its digest's name, by a shell,
+	// which alone holds it: no fork of this test's closes a copy) does
+	// not carry across.
 	data := randomBytes(300<<10, 7)
-	if _, err := w.Write(data[:100<<10]); err != nil {
+	src := filepath.Join(t.TempDir(), "src")
+	if err := os.WriteFile(src, data, 0o644); err != nil {
 		t.Fatal(err)
 	}
+	sh := exec.Command("bash", "-c", `cd "$1" || exit 9
+exec 3>"$2" || exit 8
+echo in
+read go
+cat "$3" >&3 && exec 3>&- || exit 7
+echo done`, "sh", filepath.Join(u.mnt, "ns"), sum(data), src)
+	shIn, shLines := u.startShell(sh)
 	r := u.upgrade(nil)
-	checkFail(t, r, 1, "1 file in incoming/ not carried across an upgrade yet: ns/incoming/a (open for writing); retry when they close", []string{"upgrade"})
+	checkFail(t, r, 1, "1 file in incoming/ not carried across an upgrade: ns/"+sum(data)+" (put by path); retry when they close", []string{"upgrade"})
 	select {
 	case <-u.done:
 		t.Fatal("the old daemon exited after a refused upgrade")
@@ -570,10 +577,13 @@ func TestUpgradeRefusesWriters(t *testing.T) {
 		t.Fatalf("pid %d serves after a refused upgrade, want %d", u.pid, old)
 	}
 	u.watchdog(time.Minute, "the writer after the refusal", func() error {
-		if _, err := w.Write(data[100<<10:]); err != nil {
-			return err
+		io.WriteString(shIn, "go\n")
+		shIn.Close()
+		out, _ := io.ReadAll(shLines)
+		if err := sh.Wait(); err != nil || string(out) != "done\n" {
+			return fmt.Errorf("the writer: %v, said %q", err, out)
 		}
-		return w.Close()
+		return nil
 	})
 	eventually(t, 10*time.Second, "the written file published", func() bool {
 		return slices.Contains(lines(c.ok("ls", "ns")), sum(data))
@@ -593,8 +603,8 @@ func TestUpgradeRefusesWriters(t *testing.T) {
 	if err := os.Mkdir(sub, 0o755); err != nil {
 		t.Fatal(err)
 	}
-	sh := exec.Command("sh", "-c", `cd "$1" || exit 9; echo in; read go; ls . 2>&1; echo "ls: $?"`, "sh", sub)
-	shIn, shLines := u.startShell(sh)
+	sh = exec.Command("sh", "-c", `cd "$1" || exit 9; echo in; read go; ls . 2>&1; echo "ls: $?"`, "sh", sub)
+	shIn, shLines = u.startShell(sh)
 	u.mustUpgrade()
 	u.watchdog(30*time.Second, "the shell in incoming/sub after the upgrade", func() error {
 		io.WriteString(shIn, "go\n")
@@ -661,7 +671,7 @@ func TestUpgradeFailuresLeaveOldServing(t *testing.T) {
 		{"killed when told to serve", []string{envTestDieAt + "=5"}, nil, `before it said "serving"`},
 		{"killed once it serves, before it says so", []string{envTestDieAt + "=6"}, nil, `before it said "serving"`},
 		{"hangs once it serves", []string{envTestHangAt + "=6", envTestServingTimeout + "=3s"}, nil, `did not say "serving" within 3s; the new daemon was killed`},
-		{"newer state", []string{envTestStateVersion + "=2"}, nil, "the new daemon refused: handover state version 2 is newer than this build reads (1)"},
+		{"newer state", []string{envTestStateVersion + "=3"}, nil, "the new daemon refused: handover state version 3 is newer than this build reads (2)"},
 		{"missing binary", nil, []string{"--binary", "/nonexistent/alkblobfs"}, "new binary: stat /nonexistent/alkblobfs: no such file or directory"},
 		{"binary exits", nil, []string{"--binary", "/bin/false"}, `exited (exit status 1) before it said "hello"`},
 	} {
@@ -700,10 +710,13 @@ func TestUpgradeFailuresLeaveOldServing(t *testing.T) {
 	collected(t, c, d, func() { sweepVia(t, u.mnt) })
 }
 
-// TestUpgradeLoop: 20 upgrades in a row under a read load (readers that
-// open, read and close blobs of both tiers, and one that keeps a blob
-// open throughout): 0 errors, 0 wrong bytes, no pin once the readers
-// closed, and no daemon left once unmounted.
+// TestUpgradeLoop: 20 upgrades in a row under a read and write load
+// (readers that open, read and close blobs of both tiers, one that keeps
+// a blob open throughout, and a writer whose files in incoming/ span
+// upgrades, some fsynced half way): 0 errors, 0 wrong bytes, every
+// written file published under its digest at its close, no pin, stage
+// file or upload left once they closed, and no daemon left once
+// unmounted. It logs the write latency a writer saw (p50, p99, max).
 func TestUpgradeLoop(t *testing.T) {
 	t.Parallel()
 	c := newCLI(t, "--pin-ttl", "3s")
@@ -783,6 +796,64 @@ func TestUpgradeLoop(t *testing.T) {
 			reads.Add(1)
 		}
 	}()
+	// A writer in incoming/: files of 1 to 6 MiB written 64 KiB a
+	// write(2), one fsync in three files half way, across the
+	// upgrades; each publishes its digest at its close. Each write's
+	// time is kept: the pause a writer sees.
+	var chunks, files atomic.Int64
+	var latMu sync.Mutex
+	var lat []time.Duration
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		rng := rand.New(rand.NewPCG(7, 7))
+		buf := make([]byte, 64<<10)
+		for k := 0; ; k++ {
+			select {
+			case <-stop:
+				return
+			default:
+			}
+			w, err := os.Create(filepath.Join(u.mnt, "ns", "incoming", fmt.Sprintf("w%d", k)))
+			if err != nil {
+				fail(&errs, err)
+				continue
+			}
+			h := sha256.New()
+			n := 16 + rng.IntN(80)
+			for i := range n {
+				for j := range buf {
+					buf[j] = byte(rng.Uint32())
+				}
+				start := time.Now()
+				_, err := w.Write(buf)
+				d := time.Since(start)
+				if err != nil {
+					fail(&errs, fmt.Errorf("write w%d: %w", k, err))
+					break
+				}
+				latMu.Lock()
+				lat = append(lat, d)
+				latMu.Unlock()
+				h.Write(buf)
+				chunks.Add(1)
+				if k%3 == 0 && i == n/2 {
+					if err := w.Sync(); err != nil {
+						fail(&errs, fmt.Errorf("fsync w%d: %w", k, err))
+					}
+				}
+			}
+			if err := w.Close(); err != nil {
+				fail(&errs, fmt.Errorf("close w%d: %w", k, err))
+				continue
+			}
+			d := hex.EncodeToString(h.Sum(nil))
+			if _, err := os.Stat(filepath.Join(u.mnt, "ns", d)); err != nil {
+				fail(&wrong, fmt.Errorf("w%d closed, its digest %s: %w", k, d, err))
+			}
+			files.Add(1)
+		}
+	}()
 	stopped := false
 	stopReaders := func() {
 		if !stopped {
@@ -794,17 +865,28 @@ func TestUpgradeLoop(t *testing.T) {
 	defer stopReaders()
 	const rounds = 20
 	for i := range rounds {
-		before := reads.Load()
-		eventually(t, 30*time.Second, "reads between upgrades", func() bool { return reads.Load() > before+20 })
+		before, wrote := reads.Load(), chunks.Load()
+		eventually(t, 30*time.Second, "reads and writes between upgrades", func() bool {
+			return reads.Load() > before+20 && chunks.Load() > wrote+5
+		})
 		u.mustUpgrade()
 		t.Logf("upgrade %d: pid %d, %d reads so far", i+1, u.pid, reads.Load())
 	}
 	u.watchdog(time.Minute, "the readers' end", func() error { stopReaders(); return nil })
-	t.Logf("%d upgrades, %d reads: %d errors, %d wrong", rounds, reads.Load(), errs.Load(), wrong.Load())
+	t.Logf("%d upgrades, %d reads, %d files written (%d writes): %d errors, %d wrong", rounds, reads.Load(), files.Load(), chunks.Load(), errs.Load(), wrong.Load())
+	slices.Sort(lat)
+	if len(lat) > 0 {
+		t.Logf("write(2) of 64 KiB across the upgrades: p50 %s, p99 %s, max %s (%d writes)",
+			lat[len(lat)/2], lat[len(lat)*99/100], lat[len(lat)-1], len(lat))
+	}
 	if errs.Load() != 0 || wrong.Load() != 0 {
 		t.Fatalf("%d errors, %d wrong reads across %d upgrades; first: %v\nlog:\n%s", errs.Load(), wrong.Load(), rounds, firstErr.Load(), u.logText())
 	}
 	noPinsLeft(t, c.data)
+	eventually(t, 10*time.Second, "no stage file and no upload in flight", func() bool {
+		stages, _ := filepath.Glob(filepath.Join(c.data, "large", "stage", "*"))
+		return len(stages) == 0 && noUploads.MatchString(u.stats())
+	})
 	last := u.pid
 	u.cleanup()
 	if alive(last) || daemonRunning(u.mnt) {
@@ -929,5 +1011,118 @@ func TestUpgradeKeepsRole(t *testing.T) {
 	u.cleanup()
 	if _, err := os.Lstat(sock); !errors.Is(err, os.ErrNotExist) {
 		t.Fatalf("the --listen socket after the last daemon exited: %v", err)
+	}
+}
+
+// TestUpgradeCarriesWriters: a writer (a shell holding descriptors in
+// incoming/: a file past the kv threshold, staged on disk, and a small
+// one, in memory) writes half of each, the mount is upgraded, it writes
+// the rest and closes: both publish under their digests with the right
+// content, and afterwards no stage file, no upload and no pin is left.
+func TestUpgradeCarriesWriters(t *testing.T) {
+	t.Parallel()
+	c := newCLI(t, "--pin-ttl", "3s")
+	c.ok("ns", "create", "ns")
+	dir := t.TempDir()
+	bigPath, big, bigSum := writeFile(t, dir, 6<<20+123, 31)
+	smallPath, small, smallSum := writeFile(t, dir, 40<<10+7, 32)
+	u := mountUpgradable(t, c, nil)
+	inc := filepath.Join(u.mnt, "ns", "incoming")
+	sh := exec.Command("bash", "-c", `cd "$1" || exit 9
+exec 3>big 4>small
+head -c $4 "$2" >&3 && head -c $5 "$3" >&4 || exit 8
+echo in
+read go
+tail -c +$(($4+1)) "$2" >&3 && tail -c +$(($5+1)) "$3" >&4 || { echo "write: $?"; exit 7; }
+exec 3>&- 4>&- || { echo "close: $?"; exit 6; }
+echo done`, "sh", inc, bigPath, smallPath, strconv.Itoa(len(big)/2), strconv.Itoa(len(small)/2))
+	shIn, shLines := u.startShell(sh)
+	u.mustUpgrade()
+	u.watchdog(time.Minute, "the writer after the upgrade", func() error {
+		io.WriteString(shIn, "go\n")
+		shIn.Close()
+		out, _ := io.ReadAll(shLines)
+		if err := sh.Wait(); err != nil || string(out) != "done\n" {
+			return fmt.Errorf("the writer: %v, said %q", err, out)
+		}
+		return nil
+	})
+	for _, want := range []struct {
+		d    string
+		data []byte
+	}{{bigSum, big}, {smallSum, small}} {
+		b, err := os.ReadFile(filepath.Join(u.mnt, "ns", want.d))
+		if err != nil || !slices.Equal(b, want.data) {
+			t.Fatalf("%s after the upgrade: %v (%d bytes, want %d)", want.d, err, len(b), len(want.data))
+		}
+	}
+	eventually(t, 10*time.Second, "no stage file and no upload in flight", func() bool {
+		stages, _ := filepath.Glob(filepath.Join(c.data, "large", "stage", "*"))
+		return len(stages) == 0 && noUploads.MatchString(u.stats())
+	})
+	noPinsLeft(t, c.data)
+}
+
+// TestUpgradeCarriesFsyncThenKill9: a file in incoming/ held open by a
+// shell, with a version an fsync committed before the upgrade (dd
+// conv=fsync through a descriptor of its own), and in the second case
+// another after it; then kill -9 of the new daemon. As after any crash
+// (docs/publish.md) the newest fsynced version publishes once the dead
+// daemon's writer lease lapsed (here at a sweep's open), and the version
+// before it never shows: the new daemon held the pending link from before
+// it served, and the old one dropped its own.
+func TestUpgradeCarriesFsyncThenKill9(t *testing.T) {
+	t.Parallel()
+	for _, after := range []bool{false, true} {
+		t.Run(fmt.Sprint("fsync after the upgrade: ", after), func(t *testing.T) {
+			t.Parallel()
+			c := newCLI(t, "--pin-ttl", "3s")
+			c.ok("ns", "create", "ns")
+			src, data, full := writeFile(t, t.TempDir(), 3<<20, 33)
+			half := len(data) / 2
+			first := sum(data[:half])
+			u := mountUpgradable(t, c, nil)
+			sh := exec.Command("bash", "-c", `cd "$1" || exit 9
+exec 3>>f
+dd if="$2" of=f bs=$3 count=1 conv=notrunc,fsync status=none || exit 8
+echo in
+read go
+if [ "$4" = true ]; then
+	dd if="$2" of=f bs=$3 skip=1 seek=1 conv=notrunc,fsync status=none || exit 7
+fi
+echo synced
+read wait`, "sh", filepath.Join(u.mnt, "ns", "incoming"), src, strconv.Itoa(half), fmt.Sprint(after))
+			shIn, shLines := u.startShell(sh)
+			u.mustUpgrade()
+			u.watchdog(time.Minute, "the writer after the upgrade", func() error {
+				io.WriteString(shIn, "go\n")
+				l, err := shLines.ReadString('\n')
+				if err == nil && l != "synced\n" {
+					err = fmt.Errorf("the writer said %q", l)
+				}
+				return err
+			})
+			syscall.Kill(u.pid, syscall.SIGKILL)
+			u.waitGone(u.pid, 20*time.Second)
+			sh.Process.Kill()
+			sh.Wait()
+			if out, err := exec.Command(bin, "umount", "--force", u.mnt).CombinedOutput(); err != nil {
+				t.Fatalf("umount --force after the kill: %v: %s", err, out)
+			}
+			want, never := full, first
+			if !after {
+				want, never = first, ""
+			}
+			eventually(t, 30*time.Second, "the fsynced version published once the dead daemon's lease lapsed", func() bool {
+				c.ok("sweep")
+				return slices.Contains(lines(c.ok("ls", "ns")), want)
+			})
+			if never != "" && slices.Contains(lines(c.ok("ls", "ns")), never) {
+				t.Fatalf("the version the second fsync superseded (%s) was published", never)
+			}
+			if got := sum([]byte(c.ok("cat", want))); got != want {
+				t.Fatalf("the published file reads back as %s", got)
+			}
+		})
 	}
 }
