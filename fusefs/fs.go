@@ -38,7 +38,7 @@ type Store interface {
 	NewUpload(ctx context.Context) (*store.Upload, error)
 	// ImportUpload goes on with an upload a predecessor exported (a
 	// handover: handover_files.go).
-	ImportUpload(ctx context.Context, f *os.File, size int64) (*store.Upload, error)
+	ImportUpload(ctx context.Context, f *os.File, e store.Exported) (*store.Upload, error)
 	Pin(ctx context.Context, d blob.Digest) (*store.Pin, error)
 	PinMany(ctx context.Context, ds []blob.Digest) ([]*store.Pin, error)
 	Sweep(ctx context.Context) (store.Report, error)
@@ -222,6 +222,7 @@ type FS struct {
 	// version waits for its last release, until PendCarried records
 	// their pending links.
 	carriedPending []*fileNode
+
 	ptAvailable atomic.Bool
 	ptReason    atomic.Value // string: why not
 	ptFellBack  atomic.Bool

@@ -38,11 +38,12 @@ import (
 // passthrough registration is the connection's and stays), of a control
 // file and of a directory, which goes on from the kernel's offset; a
 // --verify=strict handle's whole-blob check (seqState, in the handle's
-// key). What does not, yet: the contents of incoming/ (receipts, directories and
-// symbolic links made there, which the new process does not know: the
-// kernel's ids for them answer ESTALE, and their names are gone as after
-// a restart), and files open in incoming/, which refuse the handover
-// (Blockers) until they close.
+// key); files of incoming/ open or being written, with their uploads and
+// pending links (handover_files.go). What does not: receipts at rest,
+// directories and symbolic links made in incoming/, which the new
+// process does not know (the kernel's ids for them answer ESTALE, and
+// their names are gone as after a restart), and the files Blockers
+// lists, which refuse the handover until they close.
 
 // HandoverVersion is the format version of the state a handover passes.
 // A build reads its own and older versions and refuses newer ones.
@@ -85,10 +86,8 @@ var ErrBusy = errors.New("files open in incoming/")
 
 // Blockers lists, as paths under the mountpoint, the files in incoming/
 // that keep a handover from starting, each with why (notCarriedLocked):
-// puts by path, versions committed at an fsync or a close whose link
-// waits for the file's last release, files reopened without truncation
-// and not yet rewritten, failed uploads, and links being committed.
-// Empty when none.
+// puts by path, failed uploads, and links being committed. Empty when
+// none.
 func (m *Server) Blockers() []string {
 	var out []string
 	for _, d := range m.fs.nsDirs() {

@@ -14,6 +14,7 @@ import (
 
 	"github.com/alkblobfs/alkblobfs/blob"
 	"github.com/alkblobfs/alkblobfs/namespaces"
+	"github.com/alkblobfs/alkblobfs/store"
 )
 
 // Files of incoming/ across a handover: a file open (for writing or
@@ -26,9 +27,10 @@ import (
 // successor records its own once told to serve (PendCarried), before it
 // serves, and the old daemon cancels its own once the successor serves
 // (Commit), so that a crash at any moment leaves the version pending
-// under one lease or both, never none. What still refuses a handover
-// (Blockers, naming the files): a put by path, a file reopened without
-// truncation whose content is still partly the published blob's, a
+// under one lease or both, never none. A file reopened without
+// truncation whose content is still partly the published blob's passes
+// the blob's digest, which the successor pins and reads. What still
+// refuses a handover (Blockers, naming the files): a put by path, a
 // failed upload, and a link being committed.
 // Directories of incoming/ and receipts at rest do not carry: a file in
 // a directory goes on without its name, as an unlinked one does.
@@ -49,7 +51,7 @@ var errHandedBack = errors.New("the upload went to a new daemon that failed afte
 type carriedFile struct {
 	NS                  string
 	Upload              int // index of its content among the files passed; -1: no upload
-	Size                int64
+	Content             store.Exported
 	Mode, UID, GID      uint32
 	Atime, Mtime, Ctime time.Time
 	Dirty, Written      bool
@@ -78,7 +80,7 @@ func (n *fileNode) notCarriedLocked() string {
 		return "a link being committed"
 	case n.up != nil:
 		if err := n.up.Exportable(); err != nil {
-			return "reopened without truncation, still partly the published version"
+			return "its upload failed"
 		}
 	}
 	return ""
@@ -119,11 +121,11 @@ func (x *exporter) nodeKey(in *gofs.Inode) (string, error) {
 	}
 	c.Owing = n.owing
 	if n.up != nil {
-		c.Size = n.up.Size()
-		f, err := n.up.Export()
+		f, e, err := n.up.Export()
 		if err != nil {
 			return "", err
 		}
+		c.Content = e
 		c.Upload = len(x.files)
 		x.files = append(x.files, f)
 	}
@@ -213,7 +215,7 @@ func (r *restorer) restoreFile(ctx context.Context, c carriedFile) (*fileNode, e
 		}
 		file := r.files[c.Upload]
 		r.files[c.Upload] = nil // the upload's from here
-		up, err := f.st.ImportUpload(ctx, file, c.Size)
+		up, err := f.st.ImportUpload(ctx, file, c.Content)
 		if err != nil {
 			return nil, err
 		}

@@ -6,9 +6,11 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"slices"
 
 	"golang.org/x/sys/unix"
 
+	"github.com/alkblobfs/alkblobfs/blob"
 	"github.com/alkblobfs/alkblobfs/engines"
 )
 
@@ -18,8 +20,21 @@ import (
 // SCM_RIGHTS; ImportUpload goes on from it. No content is copied for a
 // staged upload (the new process writes into the same file, which the old
 // one's Discard only unlinks); content held in memory, or in a stage of
-// no file of its own, is copied to an anonymous memory file. The new upload re-reads its content once at
-// Commit, as for any file written out of order.
+// no file of its own, is copied to an anonymous memory file. An upload
+// seeded from a published blob and not yet copied in whole passes the
+// blob's digest and which chunks were written since: the importer reads
+// the rest from the blob, pinned by its own pin. The new upload re-reads
+// its content once at Commit, as for any file written out of order.
+
+// Exported describes an exported upload, beside its descriptor.
+type Exported struct {
+	Size int64
+	// Base is the blob a Seed started from, still read where Mat's bit
+	// of a 64 KiB chunk below BaseLen is clear; empty: none.
+	Base    string   `json:",omitempty"`
+	BaseLen int64    `json:",omitempty"`
+	Mat     []uint64 `json:",omitempty"`
+}
 
 // ErrNotCarried is what Export wraps for an upload it cannot hand over.
 var ErrNotCarried = errors.New("upload cannot be handed to another process")
@@ -38,22 +53,30 @@ func (u *Upload) exportableLocked() error {
 		return os.ErrClosed
 	case u.failed != nil:
 		return u.failed
-	case u.base != nil:
-		return fmt.Errorf("%w: it starts from a published version not yet copied in (a file reopened without truncation)", ErrNotCarried)
 	}
 	return nil
 }
 
-// Export returns a descriptor of the upload's content, of Size bytes,
-// for ImportUpload in another process. The upload stays this process's,
-// unchanged: it goes on if the other process never takes it, and
-// Discard ends it (the exported file lives on while the other holds it).
-// An upload seeded from a published blob (Seed) and not yet copied
-// whole, or whose stage is not one local file, is refused
-// (ErrNotCarried), and a failed one returns its failure.
-func (u *Upload) Export() (*os.File, error) {
+// Export returns a descriptor of the upload's content and its
+// description, for ImportUpload in another process. The upload stays
+// this process's, unchanged: it goes on if the other process never
+// takes it, and Discard ends it (the exported file lives on while the
+// other holds it). A failed upload returns its failure.
+func (u *Upload) Export() (*os.File, Exported, error) {
 	u.mu.Lock()
 	defer u.mu.Unlock()
+	f, err := u.exportLocked()
+	if err != nil {
+		return nil, Exported{}, err
+	}
+	e := Exported{Size: u.size}
+	if u.base != nil {
+		e.Base, e.BaseLen, e.Mat = u.base.d.String(), u.baseLen, slices.Clone(u.mat)
+	}
+	return f, e, nil
+}
+
+func (u *Upload) exportLocked() (*os.File, error) {
 	if err := u.exportableLocked(); err != nil {
 		return nil, err
 	}
@@ -118,11 +141,12 @@ func copyToMem(r io.ReaderAt, size int64) (*os.File, error) {
 }
 
 // ImportUpload goes on with an upload another process exported: f holds
-// its size bytes, and is the upload's from the call on (closed on an
-// error). Content that fits the kv tier and the memory budget is read
-// into memory; anything else is written in place, in f, which Commit
-// re-reads once and streams into the large tier.
-func (s *Store) ImportUpload(ctx context.Context, f *os.File, size int64) (*Upload, error) {
+// its content as e describes it, and is the upload's from the call on
+// (closed on an error). Content that fits the kv tier and the memory
+// budget is read into memory; anything else is written in place, in f,
+// which Commit re-reads once and streams into the large tier. A seed
+// blob is pinned and read here until the upload ends.
+func (s *Store) ImportUpload(ctx context.Context, f *os.File, e Exported) (*Upload, error) {
 	if s.closed.Load() {
 		f.Close()
 		return nil, ErrClosed
@@ -131,7 +155,16 @@ func (s *Store) ImportUpload(ctx context.Context, f *os.File, size int64) (*Uplo
 		f.Close()
 		return nil, err
 	}
+	size := e.Size
 	u := &Upload{s: s, size: size}
+	if e.Base != "" {
+		if err := u.importBase(ctx, e); err != nil {
+			f.Close()
+			return nil, err
+		}
+		u.st = &scratchFile{f: f}
+		return u, nil
+	}
 	if u.inMemory(size) {
 		defer f.Close()
 		u.buf = make([]byte, size)
@@ -145,4 +178,30 @@ func (s *Store) ImportUpload(ctx context.Context, f *os.File, size int64) (*Uplo
 	}
 	u.st = &scratchFile{f: f}
 	return u, nil
+}
+
+// importBase takes up an exported upload's seed: its own pin and reader
+// of the blob, and which chunks were written since.
+func (u *Upload) importBase(ctx context.Context, e Exported) error {
+	d, err := blob.Parse(e.Base)
+	if err != nil {
+		return fmt.Errorf("upload: seed: %w", err)
+	}
+	if want := (e.BaseLen + 64*chunkSize - 1) / (64 * chunkSize); int64(len(e.Mat)) != want || e.BaseLen > e.Size {
+		return fmt.Errorf("upload: seed of %d bytes with %d words of written chunks", e.BaseLen, len(e.Mat))
+	}
+	pin, err := u.s.Pin(ctx, d)
+	if err != nil {
+		return err
+	}
+	r, ok, err := u.s.Get(ctx, d)
+	if err == nil && !ok {
+		err = blob.Wrap("seed", "", d, blob.ErrMissing)
+	}
+	if err != nil {
+		pin.Release()
+		return err
+	}
+	u.base, u.basePin, u.baseLen, u.mat = r, pin, e.BaseLen, e.Mat
+	return nil
 }

@@ -2,11 +2,9 @@ package store_test
 
 import (
 	"bytes"
-	"errors"
 	"testing"
 
 	"github.com/alkblobfs/alkblobfs/blob"
-	"github.com/alkblobfs/alkblobfs/store"
 )
 
 // TestUploadExport: an upload handed over half written (Export, then
@@ -15,7 +13,7 @@ import (
 // in every layout; the exporter's Discard (the old daemon letting go)
 // takes nothing from it, and no stage file is left. An exporter whose
 // successor never took over goes on with its own upload as before. A
-// seeded upload is refused.
+// seeded upload goes across too, reading the rest from its blob.
 func TestUploadExport(t *testing.T) {
 	ctx := t.Context()
 	for _, l := range layouts {
@@ -36,11 +34,11 @@ func TestUploadExport(t *testing.T) {
 			if _, err := old.WriteAt(content[:half], 0); err != nil {
 				t.Fatal(err)
 			}
-			f, err := old.Export()
+			f, e, err := old.Export()
 			if err != nil {
 				t.Fatalf("%s, %d bytes: export: %v", l.name, size, err)
 			}
-			up, err := s.ImportUpload(ctx, f, int64(half))
+			up, err := s.ImportUpload(ctx, f, e)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -66,7 +64,7 @@ func TestUploadExport(t *testing.T) {
 				t.Fatal(err)
 			}
 			old.WriteAt(content[:half], 0)
-			f, err = old.Export()
+			f, _, err = old.Export()
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -82,19 +80,44 @@ func TestUploadExport(t *testing.T) {
 		}
 	}
 
-	s := openStore(t, layouts[len(layouts)-1], t.TempDir())
-	base := randBytes(2 * threshold)
-	d, pin, err := s.PutBytes(ctx, base)
-	if err != nil {
-		t.Fatal(err)
+	// Seeded from a published blob (a file reopened without truncation)
+	// and partly rewritten: the importer reads the rest from the blob,
+	// under its own pin, even once the exporter let go of its own.
+	for _, l := range layouts {
+		if !l.large {
+			continue
+		}
+		s := openStore(t, l, t.TempDir())
+		base := randBytes(3<<20 + 5)
+		d, pin, err := s.PutBytes(ctx, base)
+		if err != nil {
+			t.Fatal(err)
+		}
+		old, _ := s.NewUpload(ctx)
+		r, _, _ := s.Get(ctx, d)
+		if err := old.Seed(ctx, r, pin); err != nil {
+			t.Fatal(err)
+		}
+		want := append([]byte(nil), base...)
+		patch := randBytes(100 << 10)
+		copy(want[1<<20:], patch)
+		old.WriteAt(patch, 1<<20)
+		f, e, err := old.Export()
+		if err != nil || e.Base != d.String() {
+			t.Fatalf("%s: a seeded upload's export: %+v, %v", l.name, e.Base, err)
+		}
+		up, err := s.ImportUpload(ctx, f, e)
+		if err != nil {
+			t.Fatal(err)
+		}
+		old.Discard()
+		tail := randBytes(7000)
+		want = append(want, tail...)
+		up.WriteAt(tail, int64(len(base)))
+		got, pin, err := up.Commit(ctx, nil)
+		if err != nil || got != blob.Sum(want) {
+			t.Fatalf("%s: the importer of a seeded upload committed %v, %v; want %v", l.name, got, err, blob.Sum(want))
+		}
+		pin.Release()
 	}
-	up, _ := s.NewUpload(ctx)
-	r, _, _ := s.Get(ctx, d)
-	if err := up.Seed(ctx, r, pin); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := up.Export(); !errors.Is(err, store.ErrNotCarried) {
-		t.Fatalf("a seeded upload's export: %v, want ErrNotCarried", err)
-	}
-	up.Discard()
 }

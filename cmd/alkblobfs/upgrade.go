@@ -170,21 +170,23 @@ is answered by the new daemon.
 The new daemon runs with the old one's command line and environment, takes
 its own pin on every blob open through the mount before the old one lets
 go, and keeps the old one's role: pid record, guard, --listen socket, sweep
-timer, change feed, writer lease. upgrade prints what happened and exits 0
-once the new daemon serves.
+timer, change feed, writer lease. Files being written into incoming/ carry
+across: their writers go on, and their last close publishes; a version an
+fsync committed stays pending throughout. upgrade prints what happened and
+exits 0 once the new daemon serves.
 
 If the new binary is missing, crashes, refuses the state, or does not say
 it serves within 30 s, the old daemon kills it and serves on as if nothing
-happened, and upgrade exits 1 with the reason. Refused, the same way: while files in incoming/ are open,
-being uploaded or waiting for their last close (they do not carry across
-yet; retry when they close), a state format newer than the new build reads,
-and an option fixed when the mount was made that the new build would set
-otherwise (named).
+happened, and upgrade exits 1 with the reason. Refused, the same way: while
+a put by path is in progress or a file's upload failed (named; retry when
+they close), a state format newer than the new build reads, and an option
+fixed when the mount was made that the new build would set otherwise
+(named).
 
-Not carried across yet: the contents of incoming/ (receipts, directories
-and links made there): their names are gone as after a restart, and a
-program inside such a directory gets ESTALE. Only root and the mount's
-owner may upgrade it.`,
+Not carried across: receipts not open, and directories and links made in
+incoming/: their names are gone as after a restart (a file being written
+in such a directory goes on without its name), and a program inside such a
+directory gets ESTALE. Only root and the mount's owner may upgrade it.`,
 		Example: `  alkblobfs upgrade /mnt/blobs
   alkblobfs upgrade --binary /usr/local/bin/alkblobfs.new /mnt/blobs`,
 		Args: argsRange(1, 1, "MOUNTPOINT"),
