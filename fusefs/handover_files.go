@@ -242,13 +242,16 @@ func restoreFileHandle(n *fileNode, c carriedHandle) *fileHandle {
 	return h
 }
 
-// handBack fails the files a successor took, once it failed after it
-// may have served them: their next close reports it, nothing of them
-// publishes.
+// handBack fails the files open for writing that a successor took, once
+// it failed after it may have served them: writes it answered are not
+// here (also for a file whose upload a close had just committed: the
+// next write would start again from that version). Their next write or
+// close reports it; a version a close or fsync committed before still
+// publishes at the last close (docs/publish.md, Failures).
 func handBack(files []*fileNode) {
 	for _, n := range files {
 		n.mu.Lock()
-		if n.up != nil {
+		if len(n.writers) > 0 || n.up != nil {
 			n.failLocked(errHandedBack)
 		}
 		n.mu.Unlock()

@@ -265,6 +265,25 @@ func noPinsLeft(t *testing.T, data string) {
 // that live: a process killed during a test (a successor at a step of
 // its takeover) leaves its rows to lapse after --pin-ttl, as any crash.
 // rows lists them all, for a message.
+// noIntentsLeft waits until the store holds no pending link (ns_pending:
+// a version committed at a close or fsync and not yet linked), once
+// every writer closed: the last release links it at once.
+func noIntentsLeft(t *testing.T, data string) {
+	t.Helper()
+	e, err := sqlite.Open(t.Context(), filepath.Join(data, "kv.db"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer e.Close()
+	var n int
+	eventually(t, 20*time.Second, "no pending link left", func() bool {
+		if err := e.DB().QueryRowContext(t.Context(), "SELECT count(*) FROM ns_pending").Scan(&n); err != nil {
+			t.Fatal(err)
+		}
+		return n == 0
+	})
+}
+
 func pinRows(t *testing.T, data string) (n int, all string) {
 	t.Helper()
 	e, err := sqlite.Open(t.Context(), filepath.Join(data, "kv.db"))
@@ -887,6 +906,7 @@ func TestUpgradeLoop(t *testing.T) {
 		stages, _ := filepath.Glob(filepath.Join(c.data, "large", "stage", "*"))
 		return len(stages) == 0 && noUploads.MatchString(u.stats())
 	})
+	noIntentsLeft(t, c.data)
 	last := u.pid
 	u.cleanup()
 	if alive(last) || daemonRunning(u.mnt) {
@@ -1061,6 +1081,7 @@ echo done`, "sh", inc, bigPath, smallPath, strconv.Itoa(len(big)/2), strconv.Ito
 		return len(stages) == 0 && noUploads.MatchString(u.stats())
 	})
 	noPinsLeft(t, c.data)
+	noIntentsLeft(t, c.data)
 }
 
 // TestUpgradeCarriesFsyncThenKill9: a file in incoming/ held open by a
@@ -1124,5 +1145,50 @@ read wait`, "sh", filepath.Join(u.mnt, "ns", "incoming"), src, strconv.Itoa(half
 				t.Fatalf("the published file reads back as %s", got)
 			}
 		})
+	}
+}
+
+// TestUpgradeHandsBackWriters: a new daemon that took a file being
+// written and was killed once it served, before it said so: the old
+// daemon serves on, and the writer's next write or close reports the
+// failure (EIO: the new daemon may have answered writes the old one does
+// not have); the version its earlier close committed still publishes.
+func TestUpgradeHandsBackWriters(t *testing.T) {
+	t.Parallel()
+	c := newCLI(t)
+	c.ok("ns", "create", "ns")
+	src, data, _ := writeFile(t, t.TempDir(), 1<<20, 34)
+	half := len(data) / 2
+	u := mountUpgradable(t, c, nil)
+	old := u.pid
+	sh := exec.Command("bash", "-c", `cd "$1" || exit 9
+exec 3>w
+head -c $3 "$2" >&3 || exit 8
+echo in
+read go
+tail -c +$(($3+1)) "$2" >&3 || echo "write failed"
+exec 3>&- || echo "close failed"
+echo done`, "sh", filepath.Join(u.mnt, "ns", "incoming"), src, strconv.Itoa(half))
+	shIn, shLines := u.startShell(sh)
+	r := u.upgrade([]string{envTestDieAt + "=6"})
+	checkFail(t, r, 1, `before it said "serving"`, []string{"upgrade"})
+	if !alive(old) {
+		t.Fatal("the old daemon is gone")
+	}
+	u.watchdog(time.Minute, "the writer after the failed upgrade", func() error {
+		io.WriteString(shIn, "go\n")
+		shIn.Close()
+		out, _ := io.ReadAll(shLines)
+		sh.Wait()
+		if !strings.Contains(string(out), "failed") || !strings.HasSuffix(string(out), "done\n") {
+			return fmt.Errorf("the writer said %q, want a failed write or close", out)
+		}
+		return nil
+	})
+	eventually(t, 10*time.Second, "the version the first close committed, published", func() bool {
+		return slices.Contains(lines(c.ok("ls", "ns")), sum(data[:half]))
+	})
+	if slices.Contains(lines(c.ok("ls", "ns")), sum(data)) {
+		t.Fatal("the whole file was published: the writes after the failed upgrade were not refused")
 	}
 }
