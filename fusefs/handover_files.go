@@ -76,7 +76,10 @@ func (n *fileNode) notCarriedLocked() string {
 		return "put by path"
 	case n.failed != nil:
 		return "its upload failed"
-	case n.owing && (n.pub == nil || n.pub.intent == 0):
+	case n.owing && n.pub != nil && n.pub.intent == 0:
+		// An owing file with no version yet (closed empty, or opened
+		// by a redirection's open, dup and close) carries: its RELEASE
+		// commits whatever it holds then.
 		return "a link being committed"
 	case n.up != nil:
 		if err := n.up.Exportable(); err != nil {
@@ -204,10 +207,17 @@ func (r *restorer) restoreFile(ctx context.Context, c carriedFile) (*fileNode, e
 			// serve (PendCarried).
 			f.carriedPending = append(f.carriedPending, n)
 		}
-		if c.Owing {
-			n.owing = true
-			d.tree.owe(n, dg)
+	}
+	if c.Owing {
+		// As stepOwe: the pending version's digest, else the empty
+		// content's (a file with nothing committed yet publishes what
+		// it holds at its RELEASE).
+		owed := blob.Sum(nil)
+		if c.Pending {
+			owed = n.pub.d
 		}
+		n.owing = true
+		d.tree.owe(n, owed)
 	}
 	if c.Upload >= 0 {
 		if c.Upload >= len(r.files) || r.files[c.Upload] == nil {

@@ -1034,39 +1034,33 @@ func TestUpgradeKeepsRole(t *testing.T) {
 	}
 }
 
-// TestUpgradeCarriesWriters: a writer (a shell holding descriptors in
-// incoming/: a file past the kv threshold, staged on disk, and a small
-// one, in memory) writes half of each, the mount is upgraded, it writes
-// the rest and closes: both publish under their digests with the right
-// content, and afterwards no stage file, no upload and no pin is left.
+// TestUpgradeCarriesWriters: two writers (shells, each holding the only
+// descriptor of a file in incoming/: one past the kv threshold, staged on
+// disk, and a small one, in memory) write half of each, the mount is
+// upgraded with both uploads live (the handover's log line counts them),
+// they write the rest and close: both publish under their digests with
+// the right content, and afterwards no stage file, no upload, no pin and
+// no pending link is left.
 func TestUpgradeCarriesWriters(t *testing.T) {
 	t.Parallel()
 	c := newCLI(t, "--pin-ttl", "3s")
 	c.ok("ns", "create", "ns")
 	dir := t.TempDir()
-	bigPath, big, bigSum := writeFile(t, dir, 6<<20+123, 31)
-	smallPath, small, smallSum := writeFile(t, dir, 40<<10+7, 32)
+	bigPath, big, bigSum := writeText(t, dir, 6<<20+123, 31)
+	smallPath, small, smallSum := writeText(t, dir, 40<<10+7, 32)
 	u := mountUpgradable(t, c, nil)
 	inc := filepath.Join(u.mnt, "ns", "incoming")
-	sh := exec.Command("bash", "-c", `cd "$1" || exit 9
-exec 3>big 4>small
-head -c $4 "$2" >&3 && head -c $5 "$3" >&4 || exit 8
-echo in
-read go
-tail -c +$(($4+1)) "$2" >&3 && tail -c +$(($5+1)) "$3" >&4 || { echo "write: $?"; exit 7; }
-exec 3>&- 4>&- || { echo "close: $?"; exit 6; }
-echo done`, "sh", inc, bigPath, smallPath, strconv.Itoa(len(big)/2), strconv.Itoa(len(small)/2))
-	shIn, shLines := u.startShell(sh)
+	bigW := u.startWriter(inc, "big", bigPath, len(big)/2, len(big)-len(big)/2)
+	smallW := u.startWriter(inc, "small", smallPath, len(small)/2, len(small)-len(small)/2)
 	u.mustUpgrade()
-	u.watchdog(time.Minute, "the writer after the upgrade", func() error {
-		io.WriteString(shIn, "go\n")
-		shIn.Close()
-		out, _ := io.ReadAll(shLines)
-		if err := sh.Wait(); err != nil || string(out) != "done\n" {
-			return fmt.Errorf("the writer: %v, said %q", err, out)
+	if !handedUploads(2).MatchString(u.logText()) {
+		t.Fatalf("the handover did not carry 2 uploads:\n%s", u.logText())
+	}
+	for _, w := range []*halfWriter{bigW, smallW} {
+		if code := w.finish(); code != 0 {
+			t.Fatalf("the writer of %s after the upgrade: exit %d", w.name, code)
 		}
-		return nil
-	})
+	}
 	for _, want := range []struct {
 		d    string
 		data []byte
@@ -1082,6 +1076,93 @@ echo done`, "sh", inc, bigPath, smallPath, strconv.Itoa(len(big)/2), strconv.Ito
 	})
 	noPinsLeft(t, c.data)
 	noIntentsLeft(t, c.data)
+}
+
+// handedUploads matches the old daemon's handover line when it carried n
+// uploads.
+func handedUploads(n int) *regexp.Regexp {
+	return regexp.MustCompile(`handover: stopped serving and exported the mount.* uploads=` + strconv.Itoa(n) + ` `)
+}
+
+// writeText is writeFile with letters only: a shell's builtins (read -N,
+// printf) carry it unchanged, where they would drop NUL bytes.
+func writeText(t *testing.T, dir string, n int, seed uint64) (string, []byte, string) {
+	t.Helper()
+	b := randomBytes(n, seed)
+	for i := range b {
+		b[i] = 'a' + b[i]%26
+	}
+	p := filepath.Join(dir, fmt.Sprintf("text-%d-%d", n, seed))
+	if err := os.WriteFile(p, b, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	return p, b, sum(b)
+}
+
+// halfWriter is a shell writing a file of incoming/ in two halves, with
+// a line on its stdin between them.
+type halfWriter struct {
+	u    *upgradable
+	name string
+	sh   *exec.Cmd
+	in   io.WriteCloser
+}
+
+// writerScript writes with builtins only, through its stdout, which is
+// the file: no fork and no redirection holds a copy of the descriptor,
+// whose close would send a FLUSH and so commit the upload (a close of any
+// copy does). Exit 7: the second half's write failed; 8: the first's.
+const writerScript = `cd "$1" || exit 9
+export LC_ALL=C
+exec 5<"$2" || exit 9
+IFS= read -r -N "$4" -u 5 first || exit 9
+exec 1>"$3" || exit 9
+printf %s "$first" || exit 8
+first=
+read go
+IFS= read -r -N "$5" -u 5 rest || exit 9
+printf %s "$rest" || exit 7
+exec 1>&-`
+
+// startWriter starts a halfWriter of name in dir, which writes n1 bytes
+// of src and returns once the mount shows them, then n2 more at finish.
+func (u *upgradable) startWriter(dir, name, src string, n1, n2 int) *halfWriter {
+	t := u.t
+	t.Helper()
+	w := &halfWriter{u: u, name: name,
+		sh: exec.Command("bash", "-c", writerScript, "sh", dir, src, name, strconv.Itoa(n1), strconv.Itoa(n2))}
+	w.in, _ = w.sh.StdinPipe()
+	if err := w.sh.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if w.sh.ProcessState == nil {
+			w.sh.Process.Kill()
+			w.sh.Wait()
+		}
+	})
+	var size int64 = -1
+	eventually(t, 30*time.Second, fmt.Sprintf("the first %d bytes of %s written", n1, name), func() bool {
+		if fi, err := os.Stat(filepath.Join(dir, name)); err == nil {
+			size = fi.Size()
+		}
+		return size == int64(n1)
+	})
+	return w
+}
+
+// finish lets the writer write the rest and close, and returns its exit
+// status.
+func (w *halfWriter) finish() int {
+	code := -1
+	w.u.watchdog(time.Minute, "the writer of "+w.name, func() error {
+		io.WriteString(w.in, "go\n")
+		w.in.Close()
+		w.sh.Wait()
+		code = w.sh.ProcessState.ExitCode()
+		return nil
+	})
+	return code
 }
 
 // TestUpgradeCarriesFsyncThenKill9: a file in incoming/ held open by a
@@ -1149,46 +1230,34 @@ read wait`, "sh", filepath.Join(u.mnt, "ns", "incoming"), src, strconv.Itoa(half
 }
 
 // TestUpgradeHandsBackWriters: a new daemon that took a file being
-// written and was killed once it served, before it said so: the old
-// daemon serves on, and the writer's next write or close reports the
-// failure (EIO: the new daemon may have answered writes the old one does
-// not have); the version its earlier close committed still publishes.
+// written (its upload live: the handover carried it) and was killed once
+// it served, before it said so: the old daemon serves on, and the
+// writer's next write reports the failure (EIO: the new daemon may have
+// answered writes the old one does not have); nothing of the file is
+// published.
 func TestUpgradeHandsBackWriters(t *testing.T) {
 	t.Parallel()
 	c := newCLI(t)
 	c.ok("ns", "create", "ns")
-	src, data, _ := writeFile(t, t.TempDir(), 1<<20, 34)
+	src, data, _ := writeText(t, t.TempDir(), 1<<20, 34)
 	half := len(data) / 2
 	u := mountUpgradable(t, c, nil)
 	old := u.pid
-	sh := exec.Command("bash", "-c", `cd "$1" || exit 9
-exec 3>w
-head -c $3 "$2" >&3 || exit 8
-echo in
-read go
-tail -c +$(($3+1)) "$2" >&3 || echo "write failed"
-exec 3>&- || echo "close failed"
-echo done`, "sh", filepath.Join(u.mnt, "ns", "incoming"), src, strconv.Itoa(half))
-	shIn, shLines := u.startShell(sh)
+	w := u.startWriter(filepath.Join(u.mnt, "ns", "incoming"), "w", src, half, len(data)-half)
 	r := u.upgrade([]string{envTestDieAt + "=6"})
 	checkFail(t, r, 1, `before it said "serving"`, []string{"upgrade"})
 	if !alive(old) {
 		t.Fatal("the old daemon is gone")
 	}
-	u.watchdog(time.Minute, "the writer after the failed upgrade", func() error {
-		io.WriteString(shIn, "go\n")
-		shIn.Close()
-		out, _ := io.ReadAll(shLines)
-		sh.Wait()
-		if !strings.Contains(string(out), "failed") || !strings.HasSuffix(string(out), "done\n") {
-			return fmt.Errorf("the writer said %q, want a failed write or close", out)
+	if !handedUploads(1).MatchString(u.logText()) {
+		t.Fatalf("the handover did not carry the upload:\n%s", u.logText())
+	}
+	if code := w.finish(); code != 7 {
+		t.Fatalf("the writer after the failed upgrade: exit %d, want 7 (its second write failed)", code)
+	}
+	for _, d := range []string{sum(data[:half]), sum(data)} {
+		if slices.Contains(lines(c.ok("ls", "ns")), d) {
+			t.Fatalf("%s was published: the writes after the failed upgrade were not refused", d)
 		}
-		return nil
-	})
-	eventually(t, 10*time.Second, "the version the first close committed, published", func() bool {
-		return slices.Contains(lines(c.ok("ls", "ns")), sum(data[:half]))
-	})
-	if slices.Contains(lines(c.ok("ls", "ns")), sum(data)) {
-		t.Fatal("the whole file was published: the writes after the failed upgrade were not refused")
 	}
 }
