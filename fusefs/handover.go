@@ -271,6 +271,11 @@ func (h *Handover) CloseFD() {
 // fails them rather than go on without those writes.
 func (h *Handover) Told() { h.told = true }
 
+// Refused notes that the successor, told to serve, refused before it
+// served (it answered nothing): Resume goes on with the files of
+// incoming/ it took, as after a refusal before Told.
+func (h *Handover) Refused() { h.told = false }
+
 // Resume serves again: the successor failed before it served, or was
 // killed before it said it serves (the caller has reaped it). The kernel
 // resends what came in meanwhile, and what the successor read and did

@@ -271,15 +271,25 @@ func handBack(files []*fileNode) {
 // PendCarried records, under this process's writer lease, the pending
 // link of every carried file whose last committed version waits for its
 // last release: once told to serve, before it serves. The predecessor
-// still holds its own until this process serves (Handover.Commit).
+// still holds its own until this process serves (Handover.Commit). On a
+// failure it cancels those it recorded: the caller abandons the
+// takeover, whose lease's close would link them while the predecessor
+// goes on writing those files.
 func (m *Server) PendCarried(ctx context.Context) error {
 	f := m.fs
-	for _, n := range f.carriedPending {
+	for k, n := range f.carriedPending {
 		n.mu.Lock()
 		d := n.pub.d
 		n.mu.Unlock()
 		i, err := f.svc.Pend(ctx, n.ns.name, d, f.intents.pending(0))
 		if err != nil {
+			for _, done := range f.carriedPending[:k] {
+				done.mu.Lock()
+				i := done.pub.intent
+				done.pub.intent = 0
+				done.mu.Unlock()
+				f.intents.cancel(ctx, i) // a failure is retried by the lease, before its close settles
+			}
 			return fmt.Errorf("record the pending link of %s in %s: %w", d, n.ns.name, err)
 		}
 		n.mu.Lock()

@@ -38,7 +38,7 @@ import (
 //	old → new  the handover      package handover: /dev/fuse and the state
 //	new → old  ready | refused: why
 //	old → new  go                serve (the old server, stopped, keeps its pins)
-//	new → old  serving PID
+//	new → old  serving PID | refused: why (before it serves)
 //	old        lets go: detaches, drops its pins, exits
 //
 // Before "serving" anything that fails (the binary missing, a crash, a
@@ -47,6 +47,9 @@ import (
 // the new one read and did not answer. The new process takes its pins
 // before "ready" and the old one drops its own after "serving", so no
 // blob open through the mount is unpinned for an instant.
+
+// errRefused: the new daemon said "refused: why" (before it serves).
+var errRefused = errors.New("the new daemon refused")
 
 // Environment of the process an upgrade starts.
 const envTakeoverFD = "ALKBLOBFS_TAKEOVER_FD" // the socket pair
@@ -68,6 +71,9 @@ const (
 	// envTestServingTimeout is how long the old daemon waits for
 	// "serving" (a Go duration) instead of servingTimeout.
 	envTestServingTimeout = envTestPrefix + "SERVING_TIMEOUT"
+	// envTestPendFail (any value) makes the new process fail to record
+	// the carried files' pending links once told to serve.
+	envTestPendFail = envTestPrefix + "PEND_FAIL"
 )
 
 // hooks are the test hooks set in an environment.
@@ -75,6 +81,7 @@ type hooks struct {
 	dieAt, hangAt  int
 	stateVersion   int
 	servingTimeout time.Duration
+	pendFail       bool
 }
 
 // hooksFrom reads the hooks of env: none in a production build.
@@ -97,6 +104,8 @@ func hooksFrom(env []string) hooks {
 			if d, err := time.ParseDuration(v); err == nil {
 				h.servingTimeout = d
 			}
+		case envTestPendFail:
+			h.pendFail = true
 		}
 	}
 	return h
@@ -477,7 +486,7 @@ func (s *successor) expect(want string, within time.Duration) (string, error) {
 			}
 		}
 		if r, ok := strings.CutPrefix(l, "refused: "); ok {
-			return "", fmt.Errorf("the new daemon refused: %s", r)
+			return "", fmt.Errorf("%w: %s", errRefused, r)
 		}
 		if !strings.HasPrefix(l, want) {
 			return "", fmt.Errorf("the new daemon said %q, want %q", l, want)
@@ -600,6 +609,12 @@ func (c *controlServer) upgrade(req upgradeRequest, say func(string, ...any)) (i
 		return resume(fmt.Errorf("tell the new daemon (pid %d) to serve: %w", s.cmd.Process.Pid, err))
 	}
 	l, err := s.expect("serving", hk.servingTimeout)
+	if errors.Is(err, errRefused) {
+		// It refuses only before it serves: it answered nothing, told
+		// nobody, and the files it took go on here unharmed.
+		told = false
+		h.Refused()
+	}
 	if err != nil {
 		return resume(err)
 	}
@@ -678,6 +693,15 @@ func (t *takeover) step(n int) {
 	}
 }
 
+// pendCarried records the carried files' pending links under this
+// process's lease (fusefs.Server.PendCarried), or fails as the hooks say.
+func (t *takeover) pendCarried(srv *fusefs.Server) error {
+	if t.hooks.pendFail {
+		return errors.New("test hook: the pending links could not be recorded")
+	}
+	return srv.PendCarried(context.Background())
+}
+
 func (t *takeover) say(line string) error {
 	_, err := fmt.Fprintln(t.conn, line)
 	return err
@@ -722,10 +746,13 @@ func (t *takeover) run(cfg fusefs.Config, lg *slog.Logger) (*fusefs.Server, erro
 		return nil, fmt.Errorf("takeover: the old daemon did not say go (%q, %v); it serves on", strings.TrimSpace(l), err)
 	}
 	t.step(stepGo)
-	if err := srv.PendCarried(context.Background()); err != nil {
-		// The old daemon, told to let this one serve, gets no
-		// "serving": it kills this process and serves on.
+	if err := t.pendCarried(srv); err != nil {
+		// Said before serving: the old daemon serves on with the files
+		// of incoming/ it carried, as after a refusal before "go" (a
+		// silent exit would make it fail them: this process might have
+		// answered writes).
 		srv.Abandon()
+		t.say("refused: " + strings.ReplaceAll(err.Error(), "\n", "; "))
 		return nil, fmt.Errorf("takeover: %w", err)
 	}
 	srv.Serve()

@@ -16,7 +16,7 @@ func TestTestHooksNotInProduction(t *testing.T) {
 	if testHooks {
 		t.Skip("built with -tags alkblobfs_testhooks")
 	}
-	env := []string{envTestDieAt + "=2", envTestHangAt + "=6", envTestStateVersion + "=9", envTestServingTimeout + "=1s", "HOME=/root"}
+	env := []string{envTestDieAt + "=2", envTestHangAt + "=6", envTestStateVersion + "=9", envTestServingTimeout + "=1s", envTestPendFail + "=1", "HOME=/root"}
 	want := hooks{stateVersion: fusefs.HandoverVersion, servingTimeout: servingTimeout}
 	if got := hooksFrom(env); got != want {
 		t.Errorf("hooks of a production build: %+v, want %+v", got, want)

@@ -1229,6 +1229,39 @@ read wait`, "sh", filepath.Join(u.mnt, "ns", "incoming"), src, strconv.Itoa(half
 	}
 }
 
+// TestUpgradeRefusedAfterGo: a new daemon that, told to serve, cannot
+// record the carried files' pending links refuses before it serves: the
+// old daemon serves on with the writer's upload (no EIO: the new one
+// answered nothing), and the writer's close publishes the whole file.
+func TestUpgradeRefusedAfterGo(t *testing.T) {
+	t.Parallel()
+	c := newCLI(t)
+	c.ok("ns", "create", "ns")
+	src, data, full := writeText(t, t.TempDir(), 1<<20, 35)
+	half := len(data) / 2
+	u := mountUpgradable(t, c, nil)
+	old := u.pid
+	w := u.startWriter(filepath.Join(u.mnt, "ns", "incoming"), "w", src, half, len(data)-half)
+	r := u.upgrade([]string{envTestPendFail + "=1"})
+	checkFail(t, r, 1, "the new daemon refused: test hook: the pending links could not be recorded", []string{"upgrade"})
+	if !alive(old) {
+		t.Fatal("the old daemon is gone")
+	}
+	if !handedUploads(1).MatchString(u.logText()) {
+		t.Fatalf("the handover did not carry the upload:\n%s", u.logText())
+	}
+	if code := w.finish(); code != 0 {
+		t.Fatalf("the writer after the refused upgrade: exit %d\n%s", code, u.logText())
+	}
+	eventually(t, 10*time.Second, "the whole file published", func() bool {
+		return slices.Contains(lines(c.ok("ls", "ns")), full)
+	})
+	if got := lines(c.ok("ls", "ns")); len(got) != 1 {
+		t.Fatalf("published after the refused upgrade: %q, want the whole file %s only", got, full)
+	}
+	noIntentsLeft(t, c.data)
+}
+
 // TestUpgradeHandsBackWriters: a new daemon that took a file being
 // written (its upload live: the handover carried it) and was killed once
 // it served, before it said so: the old daemon serves on, and the
