@@ -304,7 +304,8 @@ func (m *Server) PendCarried(ctx context.Context) error {
 // dropCarriedIntents cancels this process's pending links of the files
 // a successor took, once it serves them with its own (PendCarried): the
 // lease's close would otherwise link versions whose files are still
-// being written.
+// being written (an earlier version showing beside the one the last
+// close publishes).
 func (h *Handover) dropCarriedIntents(ctx context.Context) {
 	f := h.m.fs
 	for _, n := range h.x.carried {
@@ -317,8 +318,12 @@ func (h *Handover) dropCarriedIntents(ctx context.Context) {
 		if i == 0 {
 			continue
 		}
-		if err := f.intents.cancel(ctx, i); err != nil {
-			f.log.Warn("handover: could not drop a pending link the successor holds too; it lapses with this process's lease", "namespace", n.ns.name, "err", err)
+		if err := f.intents.cancelSoon(ctx, i); err != nil {
+			// The lease retries the cancel once more as it closes, before
+			// it links what it still holds; a registry that refuses that
+			// too gets the link.
+			f.log.Error("handover: could not cancel a pending link the successor holds too; unless the registry answers by this process's exit, the version is linked now, beside the one the file's last close publishes",
+				"namespace", n.ns.name, "digest", n.pub.d.String(), "err", err)
 		}
 	}
 }
