@@ -71,7 +71,10 @@ func (u *Upload) Export() (*os.File, Exported, error) {
 	}
 	e := Exported{Size: u.size}
 	if u.base != nil {
-		e.Base, e.BaseLen, e.Mat = u.base.d.String(), u.baseLen, slices.Clone(u.mat)
+		// A truncate keeps the words of chunks it cut off the base
+		// (Truncate): only those of the base left go across.
+		n := min(matWords(u.baseLen), len(u.mat))
+		e.Base, e.BaseLen, e.Mat = u.base.d.String(), u.baseLen, slices.Clone(u.mat[:n])
 	}
 	return f, e, nil
 }
@@ -180,6 +183,12 @@ func (s *Store) ImportUpload(ctx context.Context, f *os.File, e Exported) (*Uplo
 	return u, nil
 }
 
+// matWords is how many words of Mat (a bit per chunk) a base of n bytes
+// has.
+func matWords(n int64) int {
+	return int((n + 64*chunkSize - 1) / (64 * chunkSize))
+}
+
 // importBase takes up an exported upload's seed: its own pin and reader
 // of the blob, and which chunks were written since.
 func (u *Upload) importBase(ctx context.Context, e Exported) error {
@@ -187,7 +196,7 @@ func (u *Upload) importBase(ctx context.Context, e Exported) error {
 	if err != nil {
 		return fmt.Errorf("upload: seed: %w", err)
 	}
-	if want := (e.BaseLen + 64*chunkSize - 1) / (64 * chunkSize); int64(len(e.Mat)) != want || e.BaseLen > e.Size {
+	if len(e.Mat) != matWords(e.BaseLen) || e.BaseLen > e.Size {
 		return fmt.Errorf("upload: seed of %d bytes with %d words of written chunks", e.BaseLen, len(e.Mat))
 	}
 	pin, err := u.s.Pin(ctx, d)

@@ -119,5 +119,37 @@ func TestUploadExport(t *testing.T) {
 			t.Fatalf("%s: the importer of a seeded upload committed %v, %v; want %v", l.name, got, err, blob.Sum(want))
 		}
 		pin.Release()
+
+		// Seeded, then cut by a truncate below a word of Mat (4 MiB of
+		// chunks): what is exported describes the shorter seed.
+		big := randBytes(9<<20 + 3)
+		d, pin, err = s.PutBytes(ctx, big)
+		if err != nil {
+			t.Fatal(err)
+		}
+		old, _ = s.NewUpload(ctx)
+		r, _, _ = s.Get(ctx, d)
+		if err := old.Seed(ctx, r, pin); err != nil {
+			t.Fatal(err)
+		}
+		old.WriteAt(patch, 5<<20)
+		if err := old.Truncate(3<<20 + 11); err != nil {
+			t.Fatal(err)
+		}
+		want = big[:3<<20+11]
+		f, e, err = old.Export()
+		if err != nil {
+			t.Fatalf("%s: a truncated seeded upload's export: %v", l.name, err)
+		}
+		up, err = s.ImportUpload(ctx, f, e)
+		if err != nil {
+			t.Fatalf("%s: a truncated seeded upload's import: %v", l.name, err)
+		}
+		old.Discard()
+		got, pin, err = up.Commit(ctx, nil)
+		if err != nil || got != blob.Sum(want) {
+			t.Fatalf("%s: the importer of a truncated seeded upload committed %v, %v; want %v", l.name, got, err, blob.Sum(want))
+		}
+		pin.Release()
 	}
 }
