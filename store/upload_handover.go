@@ -29,6 +29,9 @@ import (
 // Exported describes an exported upload, beside its descriptor.
 type Exported struct {
 	Size int64
+	// Mem: the descriptor is an anonymous memory file (the exporter
+	// held the content in memory, or in a stage of no file of its own).
+	Mem bool `json:",omitempty"`
 	// Base is the blob a Seed started from, still read where Mat's bit
 	// of a 64 KiB chunk below BaseLen is clear; empty: none.
 	Base    string   `json:",omitempty"`
@@ -65,11 +68,11 @@ func (u *Upload) exportableLocked() error {
 func (u *Upload) Export() (*os.File, Exported, error) {
 	u.mu.Lock()
 	defer u.mu.Unlock()
-	f, err := u.exportLocked()
+	f, mem, err := u.exportLocked()
 	if err != nil {
 		return nil, Exported{}, err
 	}
-	e := Exported{Size: u.size}
+	e := Exported{Size: u.size, Mem: mem}
 	if u.base != nil {
 		// A truncate keeps the words of chunks it cut off the base
 		// (Truncate): only those of the base left go across.
@@ -79,20 +82,20 @@ func (u *Upload) Export() (*os.File, Exported, error) {
 	return f, e, nil
 }
 
-func (u *Upload) exportLocked() (*os.File, error) {
+func (u *Upload) exportLocked() (f *os.File, mem bool, err error) {
 	if err := u.exportableLocked(); err != nil {
-		return nil, err
+		return nil, false, err
 	}
 	// The appends in flight reach the stage first; the stage writer
 	// ends, and later appends (here, if the other process never takes
 	// over) go on hashed in order without it.
 	if err := u.endWrites(); err != nil {
-		return nil, err
+		return nil, false, err
 	}
 	if u.st == nil {
-		return memFile(u.buf, u.size)
+		f, err := memFile(u.buf, u.size)
+		return f, true, err
 	}
-	var f *os.File
 	switch st := u.st.(type) {
 	case *scratchFile:
 		f = st.f
@@ -103,13 +106,14 @@ func (u *Upload) exportLocked() (*os.File, error) {
 	}
 	if f == nil {
 		// A stage of no file of its own (the mem engine's): a copy.
-		return copyToMem(u.st, u.size)
+		f, err := copyToMem(u.st, u.size)
+		return f, true, err
 	}
 	fd, err := unix.FcntlInt(f.Fd(), unix.F_DUPFD_CLOEXEC, 0)
 	if err != nil {
-		return nil, fmt.Errorf("upload: duplicate the stage's descriptor: %w", err)
+		return nil, false, fmt.Errorf("upload: duplicate the stage's descriptor: %w", err)
 	}
-	return os.NewFile(uintptr(fd), "upload"), nil
+	return os.NewFile(uintptr(fd), "upload"), false, nil
 }
 
 // memFile is an anonymous memory file holding buf, zero-extended to size.
@@ -146,7 +150,9 @@ func copyToMem(r io.ReaderAt, size int64) (*os.File, error) {
 // ImportUpload goes on with an upload another process exported: f holds
 // its content as e describes it, and is the upload's from the call on
 // (closed on an error). Content that fits the kv tier and the memory
-// budget is read into memory; anything else is written in place, in f,
+// budget is read into memory; content of a memory file (e.Mem) that
+// does not is copied into a stage, as a spill; anything else is written
+// in place, in f,
 // which Commit re-reads once and streams into the large tier. A seed
 // blob is pinned and read here until the upload ends.
 func (s *Store) ImportUpload(ctx context.Context, f *os.File, e Exported) (*Upload, error) {
@@ -179,8 +185,37 @@ func (s *Store) ImportUpload(ctx context.Context, f *os.File, e Exported) (*Uplo
 		u.seq = true
 		return u, nil
 	}
+	if e.Mem {
+		defer f.Close()
+		if err := u.stageFrom(ctx, f, size); err != nil {
+			return nil, err
+		}
+		return u, nil
+	}
 	u.st = &scratchFile{f: f}
 	return u, nil
+}
+
+// stageFrom copies the first size bytes of f, a memory file, into a new
+// stage of the store's (as a spill does), for content that does not fit
+// the upload memory budget here: written on in place, the memory file
+// would grow RAM that no budget counts. Commit re-reads it once, as a
+// stage written out of order.
+func (u *Upload) stageFrom(ctx context.Context, f *os.File, size int64) error {
+	st, own, err := u.s.newStage(ctx)
+	if err != nil {
+		return err
+	}
+	if _, err := io.Copy(io.NewOffsetWriter(st, 0), io.NewSectionReader(f, 0, size)); err != nil {
+		st.Discard()
+		return fmt.Errorf("upload: stage the handed-over content: %w", err)
+	}
+	if err := st.Truncate(size); err != nil {
+		st.Discard()
+		return fmt.Errorf("upload: stage the handed-over content: %w", err)
+	}
+	u.st, u.own = st, own
+	return nil
 }
 
 // matWords is how many words of Mat (a bit per chunk) a base of n bytes

@@ -5,6 +5,8 @@ import (
 	"testing"
 
 	"github.com/alkblobfs/alkblobfs/blob"
+	"github.com/alkblobfs/alkblobfs/engines/mem"
+	"github.com/alkblobfs/alkblobfs/store"
 )
 
 // TestUploadExport: an upload handed over half written (Export, then
@@ -152,4 +154,46 @@ func TestUploadExport(t *testing.T) {
 		}
 		pin.Release()
 	}
+}
+
+// TestUploadImportOverBudget: content exported from memory and imported
+// with the upload memory budget full goes into a stage file of the
+// store's (counted as any spilled upload), not on in the memory file,
+// whose growth no budget counts; it commits whole.
+func TestUploadImportOverBudget(t *testing.T) {
+	ctx := t.Context()
+	s := openWith(t, store.Config{KV: mem.New(), Large: localLarge(t, t.TempDir()), UploadMemory: threshold})
+	data, other := randBytes(threshold/2), randBytes(threshold-100) // the budget, full
+	old, _ := s.NewUpload(ctx)
+	if _, err := old.WriteAt(data[:100], 0); err != nil {
+		t.Fatal(err)
+	}
+	filler, _ := s.NewUpload(ctx)
+	if _, err := filler.WriteAt(other, 0); err != nil {
+		t.Fatal(err)
+	}
+	defer filler.Discard()
+	f, e, err := old.Export()
+	if err != nil || !e.Mem {
+		t.Fatalf("an upload in memory exported %+v, %v; want a memory file", e, err)
+	}
+	if n := residue(t, s); n != 0 {
+		t.Fatalf("%d stage files before the import; want the budget to hold both uploads", n)
+	}
+	up, err := s.ImportUpload(ctx, f, e)
+	if err != nil {
+		t.Fatal(err)
+	}
+	old.Discard()
+	if n := residue(t, s); n != 1 {
+		t.Fatalf("%d stage files after an import past the memory budget; want 1, its own", n)
+	}
+	if _, err := up.WriteAt(data[100:], 100); err != nil {
+		t.Fatal(err)
+	}
+	d, pin, err := up.Commit(ctx, nil)
+	if err != nil || d != blob.Sum(data) {
+		t.Fatalf("the import committed %v, %v; want %v", d, err, blob.Sum(data))
+	}
+	pin.Release()
 }
