@@ -152,9 +152,8 @@ func copyToMem(r io.ReaderAt, size int64) (*os.File, error) {
 // (closed on an error). Content that fits the kv tier and the memory
 // budget is read into memory; content of a memory file (e.Mem) that
 // does not is copied into a stage, as a spill; anything else is written
-// in place, in f,
-// which Commit re-reads once and streams into the large tier. A seed
-// blob is pinned and read here until the upload ends.
+// in place, in f, which Commit re-reads once and streams into the large
+// tier. A seed blob is pinned and read here until the upload ends.
 func (s *Store) ImportUpload(ctx context.Context, f *os.File, e Exported) (*Upload, error) {
 	if s.closed.Load() {
 		f.Close()
