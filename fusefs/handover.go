@@ -47,8 +47,30 @@ import (
 
 // HandoverVersion is the format version of the state a handover passes.
 // A build reads its own and older versions and refuses newer ones.
-// Version 2 carries files of incoming/ (handover_files.go).
+// Version 2 carries files of incoming/ (handover_files.go) and a
+// --verify=strict handle's check (keyStrict); a state with neither is
+// written as version 1 (formatVersion), which a build before them reads.
 const HandoverVersion = 2
+
+// formatVersion is the oldest format version that reads tbl: 1 unless it
+// holds keys version 2 added, so that a downgrade with nothing of those
+// to carry still works.
+func formatVersion(tbl *gofs.TableState) int {
+	v2 := func(key string) bool {
+		return strings.HasPrefix(key, keyFile) || strings.HasPrefix(key, keyFileHandle) || strings.HasPrefix(key, keyStrict)
+	}
+	for _, n := range tbl.Nodes {
+		if v2(n.Key) {
+			return 2
+		}
+	}
+	for _, f := range tbl.Files {
+		if v2(f.Key) {
+			return 2
+		}
+	}
+	return 1
+}
 
 // handoverState is what passes from the old process to the new, beside
 // the descriptor: plain data, as JSON.
@@ -199,8 +221,9 @@ type Handover struct {
 
 // BeginHandover stops serving and exports the mount for a successor. It
 // refuses (ErrBusy, naming them) while Blockers lists anything. version
-// is the state's format version: HandoverVersion, or another for tests
-// of the successor's refusal. On an error the mount serves on.
+// is the state's format version: HandoverVersion (written as the oldest
+// that reads the state, formatVersion), or another for tests of the
+// successor's refusal. On an error the mount serves on.
 func (m *Server) BeginHandover(stopTimeout time.Duration, version int) (*Handover, error) {
 	if b := m.Blockers(); len(b) > 0 {
 		return nil, busyError(b)
@@ -225,6 +248,9 @@ func (m *Server) BeginHandover(stopTimeout time.Duration, version int) (*Handove
 	tbl, err := gofs.ExportState(m.bridge, h.x.nodeKey, h.x.fileKey)
 	if err != nil {
 		return fail(fmt.Errorf("export the node table: %w", err))
+	}
+	if version == HandoverVersion {
+		version = formatVersion(tbl)
 	}
 	st := handoverState{
 		Version:    version,
@@ -288,6 +314,13 @@ func (h *Handover) Resume() error {
 	}
 	if err := h.m.server.ResumeReading(); err != nil {
 		return err
+	}
+	if h.told {
+		// The successor may have answered RELEASEs and FORGETs: they
+		// never reach this process, whose handles and nodes (and their
+		// pins) then stay until the mount ends.
+		h.m.fs.log.Error("handover: the new daemon failed after it was told to serve; handles it closed and names it forgot meanwhile stay open here, with their pins, until the mount is unmounted: remount it when convenient",
+			"mountpoint", h.m.dir)
 	}
 	if err := writePidFile(h.m.dir); err != nil {
 		h.m.fs.log.Warn("handover abandoned: could not record the daemon's pid again", "err", err)

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"log/slog"
+	"slices"
 	"strings"
 	"syscall"
 	"testing"
@@ -68,6 +69,30 @@ func TestHandoverOptionsAndVersion(t *testing.T) {
 	}
 	if _, err := decodeHandover(state(0)); err == nil || !strings.Contains(err.Error(), "no version") {
 		t.Errorf("no version: %v", err)
+	}
+}
+
+// TestHandoverFormatVersion: a state with nothing version 2 added (no
+// file of incoming/, none of its handles, no --verify=strict check under
+// way) is written as version 1, which a build before version 2 reads; any
+// of those makes it version 2.
+func TestHandoverFormatVersion(t *testing.T) {
+	plain := gofs.TableState{
+		Nodes: []gofs.NodeState{{Key: keyCtlDir}, {Key: keyNS + "ns"}, {Key: keyIncoming + "ns"}, {Key: keyBlob + "ab/3/0/0"}},
+		Files: []gofs.FileState{{Key: keyHandle}, {Key: ""}},
+	}
+	if v := formatVersion(&plain); v != 1 {
+		t.Errorf("a state with nothing of version 2: version %d, want 1", v)
+	}
+	for _, tc := range []struct {
+		node, file string
+	}{{node: keyFile + "e30"}, {file: keyFileHandle + "e30"}, {file: keyStrict + "e30"}} {
+		tbl := plain
+		tbl.Nodes = append(slices.Clone(plain.Nodes), gofs.NodeState{Key: tc.node})
+		tbl.Files = append(slices.Clone(plain.Files), gofs.FileState{Key: tc.file})
+		if v := formatVersion(&tbl); v != 2 {
+			t.Errorf("a state with node key %q, handle key %q: version %d, want 2", tc.node, tc.file, v)
+		}
 	}
 }
 

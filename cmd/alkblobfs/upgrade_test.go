@@ -261,10 +261,6 @@ func noPinsLeft(t *testing.T, data string) {
 	}
 }
 
-// pinRows counts the store's pin rows (SQLite's gc_pins) of processes
-// that live: a process killed during a test (a successor at a step of
-// its takeover) leaves its rows to lapse after --pin-ttl, as any crash.
-// rows lists them all, for a message.
 // noIntentsLeft waits until the store holds no pending link (ns_pending:
 // a version committed at a close or fsync and not yet linked), once
 // every writer closed: the last release links it at once.
@@ -284,6 +280,10 @@ func noIntentsLeft(t *testing.T, data string) {
 	})
 }
 
+// pinRows counts the store's pin rows (SQLite's gc_pins) of processes
+// that live: a process killed during a test (a successor at a step of
+// its takeover) leaves its rows to lapse after --pin-ttl, as any crash.
+// rows lists them all, for a message.
 func pinRows(t *testing.T, data string) (n int, all string) {
 	t.Helper()
 	e, err := sqlite.Open(t.Context(), filepath.Join(data, "kv.db"))
@@ -1288,9 +1288,13 @@ func TestUpgradeHandsBackWriters(t *testing.T) {
 	if code := w.finish(); code != 7 {
 		t.Fatalf("the writer after the failed upgrade: exit %d, want 7 (its second write failed)", code)
 	}
+	if !strings.Contains(u.logText(), `level=ERROR msg="handover: the new daemon failed after it was told to serve;`) {
+		t.Fatalf("no error in the log telling to remount:\n%s", u.logText())
+	}
 	for _, d := range []string{sum(data[:half]), sum(data)} {
 		if slices.Contains(lines(c.ok("ls", "ns")), d) {
 			t.Fatalf("%s was published: the writes after the failed upgrade were not refused", d)
 		}
 	}
+	noIntentsLeft(t, c.data)
 }
