@@ -1267,7 +1267,9 @@ func TestUpgradeRefusedAfterGo(t *testing.T) {
 // it served, before it said so: the old daemon serves on, and the
 // writer's next write reports the failure (EIO: the new daemon may have
 // answered writes the old one does not have); nothing of the file is
-// published.
+// published, and the log says to remount. A second file, held open with
+// a version an fsync committed before the upgrade, still publishes that
+// version at its last close.
 func TestUpgradeHandsBackWriters(t *testing.T) {
 	t.Parallel()
 	c := newCLI(t)
@@ -1276,7 +1278,12 @@ func TestUpgradeHandsBackWriters(t *testing.T) {
 	half := len(data) / 2
 	u := mountUpgradable(t, c, nil)
 	old := u.pid
-	w := u.startWriter(filepath.Join(u.mnt, "ns", "incoming"), "w", src, half, len(data)-half)
+	inc := filepath.Join(u.mnt, "ns", "incoming")
+	w := u.startWriter(inc, "w", src, half, len(data)-half)
+	holder := u.startWriter(inc, "v", src, 0, 0)
+	if out, err := exec.Command("dd", "if="+src, "of="+filepath.Join(inc, "v"), "bs="+strconv.Itoa(half), "skip=1", "count=1", "conv=notrunc,fsync", "status=none").CombinedOutput(); err != nil {
+		t.Fatalf("dd conv=fsync: %v: %s", err, out)
+	}
 	r := u.upgrade([]string{envTestDieAt + "=6"})
 	checkFail(t, r, 1, `before it said "serving"`, []string{"upgrade"})
 	if !alive(old) {
@@ -1291,10 +1298,14 @@ func TestUpgradeHandsBackWriters(t *testing.T) {
 	if !strings.Contains(u.logText(), `level=ERROR msg="handover: the new daemon failed after it was told to serve;`) {
 		t.Fatalf("no error in the log telling to remount:\n%s", u.logText())
 	}
-	for _, d := range []string{sum(data[:half]), sum(data)} {
-		if slices.Contains(lines(c.ok("ls", "ns")), d) {
-			t.Fatalf("%s was published: the writes after the failed upgrade were not refused", d)
-		}
+	if code := holder.finish(); code != 0 {
+		t.Fatalf("the holder of the fsynced file after the failed upgrade: exit %d", code)
+	}
+	eventually(t, 10*time.Second, "the version the fsync committed, published at the last close", func() bool {
+		return slices.Contains(lines(c.ok("ls", "ns")), sum(data[half:]))
+	})
+	if got := lines(c.ok("ls", "ns")); len(got) != 1 {
+		t.Fatalf("published: %q, want only the fsynced version %s: the writes after the failed upgrade were not refused", got, sum(data[half:]))
 	}
 	noIntentsLeft(t, c.data)
 }
