@@ -1052,6 +1052,9 @@ func TestUpgradeCarriesWriters(t *testing.T) {
 	inc := filepath.Join(u.mnt, "ns", "incoming")
 	bigW := u.startWriter(inc, "big", bigPath, len(big)/2, len(big)-len(big)/2)
 	smallW := u.startWriter(inc, "small", smallPath, len(small)/2, len(small)-len(small)/2)
+	if stages, _ := filepath.Glob(filepath.Join(c.data, "large", "stage", "*")); len(stages) != 1 {
+		t.Fatalf("stage files before the upgrade: %q, want one (the big file's; the small one's in memory)", stages)
+	}
 	u.mustUpgrade()
 	if !handedUploads(2).MatchString(u.logText()) {
 		t.Fatalf("the handover did not carry 2 uploads:\n%s", u.logText())
