@@ -1037,10 +1037,12 @@ func TestUpgradeKeepsRole(t *testing.T) {
 // TestUpgradeCarriesWriters: two writers (shells, each holding the only
 // descriptor of a file in incoming/: one past the kv threshold, staged on
 // disk, and a small one, in memory) write half of each, the mount is
-// upgraded with both uploads live (the handover's log line counts them),
+// upgraded with the uploads live (the handover's log line counts them),
 // they write the rest and close: both publish under their digests with
 // the right content, and afterwards no stage file, no upload, no pin and
-// no pending link is left.
+// no pending link is left. A third holds a file still empty, waiting for
+// its last close (a FLUSH came with nothing written): it carries too, and
+// its close publishes the empty blob.
 func TestUpgradeCarriesWriters(t *testing.T) {
 	t.Parallel()
 	c := newCLI(t, "--pin-ttl", "3s")
@@ -1052,14 +1054,15 @@ func TestUpgradeCarriesWriters(t *testing.T) {
 	inc := filepath.Join(u.mnt, "ns", "incoming")
 	bigW := u.startWriter(inc, "big", bigPath, len(big)/2, len(big)-len(big)/2)
 	smallW := u.startWriter(inc, "small", smallPath, len(small)/2, len(small)-len(small)/2)
+	emptyW := u.startWriter(inc, "empty", smallPath, 0, 0)
 	if stages, _ := filepath.Glob(filepath.Join(c.data, "large", "stage", "*")); len(stages) != 1 {
 		t.Fatalf("stage files before the upgrade: %q, want one (the big file's; the small one's in memory)", stages)
 	}
 	u.mustUpgrade()
-	if !handedUploads(2).MatchString(u.logText()) {
-		t.Fatalf("the handover did not carry 2 uploads:\n%s", u.logText())
+	if !handedUploads(3).MatchString(u.logText()) {
+		t.Fatalf("the handover did not carry 3 uploads (the empty file's is one):\n%s", u.logText())
 	}
-	for _, w := range []*halfWriter{bigW, smallW} {
+	for _, w := range []*halfWriter{bigW, smallW, emptyW} {
 		if code := w.finish(); code != 0 {
 			t.Fatalf("the writer of %s after the upgrade: exit %d", w.name, code)
 		}
@@ -1067,7 +1070,7 @@ func TestUpgradeCarriesWriters(t *testing.T) {
 	for _, want := range []struct {
 		d    string
 		data []byte
-	}{{bigSum, big}, {smallSum, small}} {
+	}{{bigSum, big}, {smallSum, small}, {sum(nil), nil}} {
 		b, err := os.ReadFile(filepath.Join(u.mnt, "ns", want.d))
 		if err != nil || !slices.Equal(b, want.data) {
 			t.Fatalf("%s after the upgrade: %v (%d bytes, want %d)", want.d, err, len(b), len(want.data))
