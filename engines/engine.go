@@ -28,6 +28,7 @@ import (
 	"golang.org/x/sys/unix"
 	"io"
 	"iter"
+	"os"
 	"strconv"
 	"strings"
 
@@ -129,6 +130,14 @@ type RandomStage interface {
 	io.ReaderAt
 	Truncate(size int64) error
 	Size() (int64, error)
+}
+
+// FileStage is implemented by stages whose content is one local file
+// (the local engine's stage files): File is that file while the stage
+// lasts, nil once it ended. An upgrade hands an upload in progress to
+// another process (store.Upload.Export) as a descriptor of it.
+type FileStage interface {
+	File() *os.File
 }
 
 // StatFS is implemented by engines that sit on a local filesystem, so the

@@ -53,6 +53,9 @@ type blobFile struct {
 type blobOpen struct {
 	rd   *store.Reader
 	ptFd uintptr // the backing file handed to the kernel, while pt > 0
+	// ptOK: ptFd is set. A handle restored from a predecessor in
+	// passthrough mode may have none (handover.go: restoreHandle).
+	ptOK bool
 	// open handles by I/O mode. The kernel refuses (EIO at open) a
 	// passthrough open while the inode has cached-mode files open, and
 	// the reverse, so a new open takes the mode of those already open.
@@ -174,8 +177,11 @@ func (b *blobFile) Open(ctx context.Context, flags uint32) (fs.FileHandle, uint3
 		h.seq = newSeqCheck(dg, b.size)
 	}
 	if o.pt > 0 || o.cached == 0 && o.choosePassthrough(f) {
+		if !o.ptOK {
+			o.ptFd, o.ptOK = o.rd.Passthrough()
+		}
 		o.pt++
-		h.pt, h.ptFd = true, o.ptFd
+		h.pt, h.ptFd, h.ptOK = true, o.ptFd, o.ptOK
 		f.stats.ptOpens.Add(1)
 		// go-fuse registers the backing file and clears KEEP_CACHE.
 		return &ptHandle{h}, 0, 0
@@ -202,9 +208,8 @@ func (o *blobOpen) choosePassthrough(f *FS) bool {
 	if !f.ptAvailable.Load() || f.cfg.Verify == VerifyStrict {
 		return false
 	}
-	fd, ok := o.rd.Passthrough()
-	o.ptFd = fd
-	return ok
+	o.ptFd, o.ptOK = o.rd.Passthrough()
+	return o.ptOK
 }
 
 func (b *blobFile) release(h *blobHandle) {
@@ -273,8 +278,9 @@ type blobHandle struct {
 	d    blob.Digest
 	rd   *store.Reader
 	pin  *store.Pin
-	pt   bool      // asked for passthrough (ptHandle)
-	ptFd uintptr   // the backing file it asked with
+	pt   bool    // in passthrough mode: asked for it (ptHandle), or restored so
+	ptFd uintptr // the backing file it asked with, if ptOK
+	ptOK bool
 	seq  *seqCheck // --verify=strict: the sha256 of a read from 0 to the end
 }
 
@@ -283,12 +289,15 @@ type blobHandle struct {
 type ptHandle struct{ *blobHandle }
 
 // PassthroughFd hands the kernel the blob file's descriptor. go-fuse calls
-// it once per inode, right after Open, while the reader is open.
-func (h *ptHandle) PassthroughFd() (int, bool) { return int(h.ptFd), true }
+// it once per inode, right after Open, while the reader is open, and only
+// when the node has no backing file registered yet. Without a descriptor
+// (a node whose passthrough handles were restored from a predecessor,
+// with a reader that offers none here) the open is not passthrough.
+func (h *ptHandle) PassthroughFd() (int, bool) { return int(h.ptFd), h.ptOK }
 
 func (h *blobHandle) Read(ctx context.Context, dest []byte, off int64) (fuse.ReadResult, syscall.Errno) {
 	b, f := h.b, h.b.fsys
-	if h.pt && f.ptFellBack.CompareAndSwap(false, true) {
+	if h.pt && h.ptOK && f.ptFellBack.CompareAndSwap(false, true) {
 		// go-fuse turns passthrough off for the whole mount when a
 		// backing-file registration fails; say so once.
 		f.log.Warn("passthrough requested but the kernel sent a read: passthrough is off for this mount", "digest", b.name)

@@ -187,15 +187,27 @@ func digestOf(err error) blob.Digest {
 // naming the operation, the path or digest and the engine's message, since
 // the bare EIO carries nothing. Expected answers (ENOENT, EPERM, ...) are
 // logged at debug level only.
+// errnoLevel is the level at which a request answered e is logged: EIO
+// always at error; a READ's other errors (ESTALE, EINTR, ENOMEM: a read
+// of an open file has no ordinary failure) at warning, so that a failed
+// run's log says what a reader got; the ordinary answers of other
+// requests (ENOENT, ENODATA, EACCES, by the thousand) at debug.
+func errnoLevel(op string, e syscall.Errno) slog.Level {
+	switch {
+	case e == syscall.EIO:
+		return slog.LevelError
+	case op == "read":
+		return slog.LevelWarn
+	}
+	return slog.LevelDebug
+}
+
 func (f *FS) errno(op string, d blob.Digest, err error) syscall.Errno {
 	e := toErrno(err)
 	if e == 0 {
 		return 0
 	}
-	lvl := slog.LevelDebug
-	if e == syscall.EIO {
-		lvl = slog.LevelError
-	}
+	lvl := errnoLevel(op, e)
 	if !f.log.Enabled(context.Background(), lvl) {
 		return e // the common case: ENOENT, ENODATA answers by the thousand
 	}

@@ -36,6 +36,9 @@ type Store interface {
 	StatMany(ctx context.Context, ds []blob.Digest) (map[blob.Digest]store.Info, error)
 	Get(ctx context.Context, d blob.Digest) (*store.Reader, bool, error)
 	NewUpload(ctx context.Context) (*store.Upload, error)
+	// ImportUpload goes on with an upload a predecessor exported (a
+	// handover: handover_files.go).
+	ImportUpload(ctx context.Context, f *os.File, e store.Exported) (*store.Upload, error)
 	Pin(ctx context.Context, d blob.Digest) (*store.Pin, error)
 	PinMany(ctx context.Context, ds []blob.Digest) ([]*store.Pin, error)
 	Sweep(ctx context.Context) (store.Report, error)
@@ -215,6 +218,11 @@ type FS struct {
 	// Passthrough: available once the probe at mount succeeded; off again
 	// if go-fuse silently gave up registering a backing file (a read then
 	// reaches a handle that asked for passthrough).
+	// carriedPending: files of incoming/ a takeover restored whose
+	// version waits for its last release, until PendCarried records
+	// their pending links.
+	carriedPending []*fileNode
+
 	ptAvailable atomic.Bool
 	ptReason    atomic.Value // string: why not
 	ptFellBack  atomic.Bool

@@ -3,9 +3,11 @@ package fusefs
 import (
 	"cmp"
 	"context"
+	"encoding/base64"
 	"encoding/json"
 	"errors"
 	"fmt"
+	"os"
 	"slices"
 	"strconv"
 	"strings"
@@ -34,16 +36,41 @@ import (
 // for the root, the namespaces, incoming/ itself, blob files and the
 // control directory and files; every open handle of a blob file (its
 // passthrough registration is the connection's and stays), of a control
-// file and of a directory, which goes on from the kernel's offset. What
-// does not, yet: the contents of incoming/ (receipts, directories and
-// symbolic links made there, which the new process does not know: the
-// kernel's ids for them answer ESTALE, and their names are gone as after
-// a restart), and files open in incoming/, which refuse the handover
-// (Blockers) until they close.
+// file and of a directory, which goes on from the kernel's offset; a
+// --verify=strict handle's whole-blob check (seqState, in the handle's
+// key); files of incoming/ open or being written, with their uploads and
+// pending links (handover_files.go). What does not: receipts at rest,
+// directories and symbolic links made in incoming/, which the new
+// process does not know (the kernel's ids for them answer ESTALE, and
+// their names are gone as after a restart), and the files Blockers
+// lists, which refuse the handover until they close.
 
 // HandoverVersion is the format version of the state a handover passes.
 // A build reads its own and older versions and refuses newer ones.
-const HandoverVersion = 1
+// Version 2 carries files of incoming/ (handover_files.go) and a
+// --verify=strict handle's check (keyStrict); a state with neither is
+// written as version 1 (formatVersion), which a build before them reads.
+const HandoverVersion = 2
+
+// formatVersion is the oldest format version that reads tbl: 1 unless it
+// holds keys version 2 added, so that a downgrade with nothing of those
+// to carry still works.
+func formatVersion(tbl *gofs.TableState) int {
+	v2 := func(key string) bool {
+		return strings.HasPrefix(key, keyFile) || strings.HasPrefix(key, keyFileHandle) || strings.HasPrefix(key, keyStrict)
+	}
+	for _, n := range tbl.Nodes {
+		if v2(n.Key) {
+			return 2
+		}
+	}
+	for _, f := range tbl.Files {
+		if v2(f.Key) {
+			return 2
+		}
+	}
+	return 1
+}
 
 // handoverState is what passes from the old process to the new, beside
 // the descriptor: plain data, as JSON.
@@ -58,15 +85,31 @@ type handoverState struct {
 	// SweepEvery is the sweep timer as the control file left it (ns; 0
 	// off).
 	SweepEvery int64
+	// Uploads is how many descriptors of uploads follow the state
+	// (Handover.Files), in the order carriedFile.Upload counts.
+	Uploads int `json:",omitempty"`
 }
+
+// UploadsIn is how many descriptors of uploads follow a handover's state
+// (0 for a state it cannot read: TakeOver refuses it).
+func UploadsIn(state []byte) int {
+	var v struct{ Uploads int }
+	if json.Unmarshal(state, &v) != nil || v.Uploads < 0 || v.Uploads > maxUploads {
+		return 0
+	}
+	return v.Uploads
+}
+
+// maxUploads bounds the descriptors a successor receives.
+const maxUploads = 1 << 16
 
 // ErrBusy is what a handover that files open in incoming/ refuse wraps.
 var ErrBusy = errors.New("files open in incoming/")
 
 // Blockers lists, as paths under the mountpoint, the files in incoming/
-// that keep a handover from starting: files open for writing or
-// reading, uploads in flight, puts by path, and versions committed at a
-// close whose link waits for the file's last release. Empty when none.
+// that keep a handover from starting, each with why (notCarriedLocked):
+// puts by path, failed uploads, and links being committed. Empty when
+// none.
 func (m *Server) Blockers() []string {
 	var out []string
 	for _, d := range m.fs.nsDirs() {
@@ -75,6 +118,20 @@ func (m *Server) Blockers() []string {
 			out = append(out, d.name+"/"+name+" (put by path)")
 		}
 		d.mu.Unlock()
+		if d.inited.Load() {
+			// A put by path that failed and is still open has left
+			// pending; its node is still the namespace's child.
+			for name, ch := range d.Children() {
+				if n, ok := ch.Operations().(*fileNode); ok && n.tree == nil {
+					n.mu.Lock()
+					open := n.handles > 0
+					n.mu.Unlock()
+					if open && !slices.Contains(out, d.name+"/"+name+" (put by path)") {
+						out = append(out, d.name+"/"+name+" (put by path)")
+					}
+				}
+			}
+		}
 		t := d.tree
 		t.mu.Lock()
 		var files []*fileNode
@@ -103,21 +160,16 @@ func (m *Server) Blockers() []string {
 			}
 			seen[n] = true
 			n.mu.Lock()
-			what := "open for reading"
-			switch {
-			case len(n.writers) > 0:
-				what = "open for writing"
-			case n.up != nil:
-				what = "upload in flight"
-			case n.owing || n.pub != nil && n.pub.intent != 0:
-				what = "publish waiting for its release"
-			}
+			why := n.notCarriedLocked()
 			n.mu.Unlock()
+			if why == "" {
+				continue
+			}
 			p := n.Path(nil)
 			if p == "" {
 				p = d.name + "/" + incomingName + "/(unlinked)"
 			}
-			out = append(out, p+" ("+what+")")
+			out = append(out, p+" ("+why+")")
 		}
 		for range settling {
 			out = append(out, d.name+"/"+incomingName+"/(a link being committed)")
@@ -153,7 +205,7 @@ func busyError(blockers []string) error {
 	if len(blockers) == 1 {
 		word = "file"
 	}
-	return fmt.Errorf("%w: %d %s in incoming/ not carried across an upgrade yet: %s; retry when they close", ErrBusy, len(blockers), word, list)
+	return fmt.Errorf("%w: %d %s in incoming/ not carried across an upgrade: %s; retry when they close", ErrBusy, len(blockers), word, list)
 }
 
 // Handover is the old process's side of a handover in progress: the
@@ -163,12 +215,15 @@ type Handover struct {
 	m     *Server
 	fd    int // a duplicate of the connection's descriptor, for the successor; -1 once closed
 	state []byte
+	x     *exporter // the uploads' descriptors and the files of incoming/ carried
+	told  bool      // the successor was told to serve (Told)
 }
 
 // BeginHandover stops serving and exports the mount for a successor. It
 // refuses (ErrBusy, naming them) while Blockers lists anything. version
-// is the state's format version: HandoverVersion, or another for tests
-// of the successor's refusal. On an error the mount serves on.
+// is the state's format version: HandoverVersion (written as the oldest
+// that reads the state, formatVersion), or another for tests of the
+// successor's refusal. On an error the mount serves on.
 func (m *Server) BeginHandover(stopTimeout time.Duration, version int) (*Handover, error) {
 	if b := m.Blockers(); len(b) > 0 {
 		return nil, busyError(b)
@@ -179,7 +234,7 @@ func (m *Server) BeginHandover(stopTimeout time.Duration, version int) (*Handove
 	if err := m.server.StopReading(stopTimeout); err != nil {
 		return nil, fmt.Errorf("stop serving: %w", err)
 	}
-	h := &Handover{m: m, fd: -1}
+	h := &Handover{m: m, fd: -1, x: &exporter{}}
 	fail := func(err error) (*Handover, error) {
 		if rerr := h.Resume(); rerr != nil {
 			err = fmt.Errorf("%w; resuming: %v", err, rerr)
@@ -190,9 +245,12 @@ func (m *Server) BeginHandover(stopTimeout time.Duration, version int) (*Handove
 	if b := m.Blockers(); len(b) > 0 {
 		return fail(busyError(b))
 	}
-	tbl, err := gofs.ExportState(m.bridge, nodeKey, fileKey)
+	tbl, err := gofs.ExportState(m.bridge, h.x.nodeKey, h.x.fileKey)
 	if err != nil {
 		return fail(fmt.Errorf("export the node table: %w", err))
+	}
+	if version == HandoverVersion {
+		version = formatVersion(tbl)
 	}
 	st := handoverState{
 		Version:    version,
@@ -201,6 +259,7 @@ func (m *Server) BeginHandover(stopTimeout time.Duration, version int) (*Handove
 		Table:      tbl,
 		Fixed:      m.fs.fixedOptions(),
 		SweepEvery: int64(m.fs.upkeep.Sweeper.Every()),
+		Uploads:    len(h.x.files),
 	}
 	if h.state, err = json.Marshal(st); err != nil {
 		return fail(err)
@@ -209,7 +268,7 @@ func (m *Server) BeginHandover(stopTimeout time.Duration, version int) (*Handove
 		return fail(fmt.Errorf("duplicate the connection's descriptor: %w", err))
 	}
 	m.fs.log.Info("handover: stopped serving and exported the mount", "mountpoint", m.dir,
-		"nodes", len(tbl.Nodes), "handles", len(tbl.Files), "state_bytes", len(h.state))
+		"nodes", len(tbl.Nodes), "handles", len(tbl.Files), "incoming_files", len(h.x.carried), "uploads", len(h.x.files), "state_bytes", len(h.state))
 	return h, nil
 }
 
@@ -220,49 +279,79 @@ func (h *Handover) FD() int { return h.fd }
 // State is the state to pass beside FD.
 func (h *Handover) State() []byte { return h.state }
 
-// CloseFD closes the duplicate descriptor (once it has been sent).
+// Files are the descriptors of the uploads carried, to pass beside the
+// state in this order (TakeOver's files); closed at CloseFD.
+func (h *Handover) Files() []*os.File { return h.x.files }
+
+// CloseFD closes the duplicate descriptors (once they have been sent).
 func (h *Handover) CloseFD() {
 	if h.fd >= 0 {
 		syscall.Close(h.fd)
 		h.fd = -1
 	}
+	h.x.close()
 }
 
-// Resume serves again: the successor failed before it took over. The
-// kernel resends what came in meanwhile.
+// Told notes that the successor is being told to serve: from here it
+// may answer writes to the files of incoming/ it took, so a Resume
+// fails them rather than go on without those writes.
+func (h *Handover) Told() { h.told = true }
+
+// Refused notes that the successor, told to serve, refused before it
+// served (it answered nothing): Resume goes on with the files of
+// incoming/ it took, as after a refusal before Told.
+func (h *Handover) Refused() { h.told = false }
+
+// Resume serves again: the successor failed before it served, or was
+// killed before it said it serves (the caller has reaped it). The kernel
+// resends what came in meanwhile, and what the successor read and did
+// not answer; ids and handles it gave out answer ESTALE here (package
+// fs keeps their ranges apart). The pid record is this process's again.
 func (h *Handover) Resume() error {
 	h.CloseFD()
+	if h.told {
+		handBack(h.x.carried)
+	}
 	if err := h.m.server.ResumeReading(); err != nil {
 		return err
+	}
+	if h.told {
+		// The successor may have answered RELEASEs and FORGETs: they
+		// never reach this process, whose handles and nodes (and their
+		// pins) then stay until the mount ends.
+		h.m.fs.log.Error("handover: the new daemon failed after it was told to serve; handles it closed and names it forgot meanwhile stay open here, with their pins, until the mount is unmounted: remount it when convenient",
+			"mountpoint", h.m.dir)
+	}
+	if err := writePidFile(h.m.dir); err != nil {
+		h.m.fs.log.Warn("handover abandoned: could not record the daemon's pid again", "err", err)
 	}
 	h.m.fs.log.Info("handover abandoned; serving again", "mountpoint", h.m.dir)
 	return nil
 }
 
-// Commit lets go of the mount, once the successor has taken its own
-// pins and is ready to serve: this server ends without unmounting, and
-// the cleanup releases the pins and readers of every open handle, the
-// writer lease and the liveness source, and leaves the pid record (the
-// successor's). It returns once that is done (Done is closed), at most
-// timeout. If the server could not let go, it still serves (Resume it)
-// and the successor must not start.
-func (h *Handover) Commit(timeout time.Duration) error {
+// Commit lets go of the mount once the successor serves it: this server
+// ends without unmounting, and the cleanup releases the pins and
+// readers of every open handle (the successor took its own before it
+// said ready), the writer lease and the liveness source, and leaves
+// the pid record (the successor's). It returns once that is done (Done
+// is closed), or after timeout with a warning. This server never reads
+// again: should it fail to detach, its readers stay parked and the
+// process's exit closes the descriptor.
+func (h *Handover) Commit(timeout time.Duration) {
 	h.CloseFD()
 	m := h.m
 	m.handedOver.Store(true)
 	m.fs.upkeep.Scrubber.Stop()
+	h.dropCarriedIntents(context.Background())
 	if err := m.server.Detach(timeout); err != nil {
-		m.handedOver.Store(false)
-		return err
+		m.fs.log.Error("handover: could not detach from the connection; the successor serves it, this process cleans up and exits", "err", err)
+		go m.cleanup()
 	}
-	// Detached: the successor must serve now whatever the cleanup takes
-	// (this server cannot resume), so a slow cleanup is only logged.
 	select {
 	case <-m.done:
 	case <-time.After(timeout):
 		m.fs.log.Warn("handover: the old server's cleanup is slow; the successor serves", "waited", timeout)
 	}
-	return nil
 }
 
 // fixedOptions are the options the kernel holds a mount to for its
@@ -331,6 +420,9 @@ func decodeHandover(b []byte) (*handoverState, error) {
 	if st.Table == nil {
 		return nil, errors.New("handover state: no node table")
 	}
+	if st.Uploads < 0 || st.Uploads > maxUploads {
+		return nil, fmt.Errorf("handover state: %d uploads", st.Uploads)
+	}
 	if err := st.Init.Check(); err != nil {
 		return nil, err
 	}
@@ -344,7 +436,14 @@ func decodeHandover(b []byte) (*handoverState, error) {
 // not serve: Serve does, once the predecessor has let go; Abandon undoes
 // it. Any handle it cannot restore refuses the takeover: the
 // predecessor serves on.
-func TakeOver(fd int, state []byte, cfg Config) (*Server, error) {
+func TakeOver(fd int, state []byte, files []*os.File, cfg Config) (*Server, error) {
+	defer func() {
+		for _, f := range files {
+			if f != nil {
+				f.Close() // not taken by an upload
+			}
+		}
+	}()
 	st, err := decodeHandover(state)
 	if err != nil {
 		syscall.Close(fd)
@@ -361,13 +460,15 @@ func TakeOver(fd int, state []byte, cfg Config) (*Server, error) {
 	}
 	f.intents.start(st.Dir)
 	abandon := func(err error) (*Server, error) {
-		f.releaseBlobHandles()
-		f.intents.close()
-		f.cancel()
+		f.abandonTakeover()
 		return nil, err
 	}
 	opts := f.nodeOptions()
-	rs := newRestorer(f, st.Table)
+	if len(files) != st.Uploads {
+		syscall.Close(fd)
+		return abandon(fmt.Errorf("handover: %d descriptors of uploads received, the state names %d", len(files), st.Uploads))
+	}
+	rs := newRestorer(f, st.Table, files)
 	bridge, res, err := gofs.NewNodeFSFromState(f.root, opts, st.Table, rs.restorer())
 	if err != nil {
 		syscall.Close(fd)
@@ -408,13 +509,13 @@ func TakeOver(fd int, state []byte, cfg Config) (*Server, error) {
 	return m, nil
 }
 
-// Serve starts serving a mount from TakeOver, once the predecessor has
-// let go: the kernel resends what the predecessor read and did not
-// answer.
-// The resend comes before the first read: a request resent while a
-// reader of this server handles it would run twice (a second OPEN's
-// handle and pin the kernel never learns of, a second RELEASE of a
-// handle slot already given to a new open).
+// Serve starts serving a mount from TakeOver, while the predecessor,
+// stopped, still holds its pins: the kernel resends what the
+// predecessor read and did not answer. The resend comes before the
+// first read: a request resent while a reader of this server handles it
+// would run twice (a second OPEN's handle and pin the kernel never
+// learns of, a second RELEASE of a handle slot already given to a new
+// open).
 func (m *Server) Serve() {
 	if st := m.server.NotifyResend(); !st.Ok() {
 		m.fs.log.Warn("handover: NOTIFY_RESEND failed: requests the old daemon left unanswered may wait", "status", st)
@@ -426,10 +527,15 @@ func (m *Server) Serve() {
 // Abandon undoes TakeOver when the predecessor does not let go: the
 // pins are released and the descriptor's server never serves (the
 // process exits after it, which closes it).
-func (m *Server) Abandon() {
-	m.fs.releaseBlobHandles()
-	m.fs.intents.close()
-	m.fs.cancel()
+func (m *Server) Abandon() { m.fs.abandonTakeover() }
+
+// abandonTakeover releases what a takeover took: pins and the writer
+// lease. The uploads of incoming/ it imported hold descriptors only,
+// which the process's exit closes (the predecessor's uploads go on).
+func (f *FS) abandonTakeover() {
+	f.releaseBlobHandles()
+	f.intents.close()
+	f.cancel()
 }
 
 // Keys of nodes and handles in the exported table. A node of a kind
@@ -442,6 +548,9 @@ const (
 	keyIncoming = "inc/"  // + the namespace
 	keyBlob     = "blob/" // + hex/size/linkedAt/tier
 	keyHandle   = "h"     // a blob's, a control file's or a directory stream's handle
+	// keyStrict + base64(JSON(seqState)): a --verify=strict blob handle
+	// whose whole-blob check is under way.
+	keyStrict = keyHandle + "/strict/"
 )
 
 func nodeKey(in *gofs.Inode) (string, error) {
@@ -467,8 +576,21 @@ func nodeKey(in *gofs.Inode) (string, error) {
 }
 
 func fileKey(in *gofs.Inode, fh gofs.FileHandle) (string, error) {
-	switch fh.(type) {
-	case *blobHandle, *ptHandle, *ctlHandle, *rootStream, *nsStream:
+	switch x := fh.(type) {
+	case *blobHandle:
+		if x.seq == nil {
+			return keyHandle, nil
+		}
+		st, err := x.seq.export()
+		if err != nil {
+			return "", err
+		}
+		b, err := json.Marshal(st)
+		if err != nil {
+			return "", err
+		}
+		return keyStrict + base64.RawURLEncoding.EncodeToString(b), nil
+	case *ptHandle, *ctlHandle, *rootStream, *nsStream:
 		return keyHandle, nil
 	}
 	// Blockers refused every other kind before the export.
@@ -478,13 +600,14 @@ func fileKey(in *gofs.Inode, fh gofs.FileHandle) (string, error) {
 // restorer rebuilds the nodes and handles of a table with f.
 type restorer struct {
 	f     *FS
+	files []*os.File // the uploads' content, by carriedFile.Upload; nil once taken
 	byID  map[uint64]*gofs.NodeState
 	child map[uint64]map[string]*gofs.NodeState // by parent id, name
 	err   error                                 // the first handle that failed: the takeover is refused
 }
 
-func newRestorer(f *FS, t *gofs.TableState) *restorer {
-	r := &restorer{f: f, byID: map[uint64]*gofs.NodeState{}, child: map[uint64]map[string]*gofs.NodeState{}}
+func newRestorer(f *FS, t *gofs.TableState, files []*os.File) *restorer {
+	r := &restorer{f: f, files: files, byID: map[uint64]*gofs.NodeState{}, child: map[uint64]map[string]*gofs.NodeState{}}
 	for i := range t.Nodes {
 		n := &t.Nodes[i]
 		r.byID[n.NodeID] = n
@@ -527,6 +650,18 @@ func (r *restorer) node(ctx context.Context, st gofs.NodeState, parent *gofs.Ino
 		return d.inc, nil
 	case strings.HasPrefix(k, keyBlob):
 		return parseBlobKey(f, strings.TrimPrefix(k, keyBlob))
+	case strings.HasPrefix(k, keyFile):
+		var c carriedFile
+		if _, err := decodeKey(k, keyFile, &c); err != nil {
+			return nil, err
+		}
+		n, err := r.restoreFile(ctx, c)
+		if err != nil && r.err == nil {
+			// A writer's upload that cannot go on: the takeover is
+			// refused, the predecessor serves on.
+			r.err = fmt.Errorf("restore the file %s of incoming/: %w", st.Name, err)
+		}
+		return n, err
 	}
 	return nil, errors.New("not carried across an upgrade")
 }
@@ -557,10 +692,20 @@ func (r *restorer) file(ctx context.Context, st gofs.FileState, in *gofs.Inode) 
 	switch x := in.Operations().(type) {
 	case *blobFile:
 		ns := r.byID[st.NodeID]
-		return x.restoreHandle(ctx, ns != nil && ns.BackingID != 0)
+		seq, err := parseStrictKey(x, st.Key)
+		if err != nil {
+			return nil, err
+		}
+		return x.restoreHandle(ctx, ns != nil && ns.BackingID != 0, seq)
 	case *ctlFile:
 		x.fsys.stats.controlHandles.Add(1)
 		return &ctlHandle{c: x}, nil
+	case *fileNode:
+		var c carriedHandle
+		if ok, err := decodeKey(st.Key, keyFileHandle, &c); !ok || err != nil {
+			return nil, cmp.Or(err, fmt.Errorf("a handle of a file of incoming/ without its state (key %q)", st.Key))
+		}
+		return restoreFileHandle(x, c), nil
 	case *rootDir:
 		h, _, errno := x.OpendirHandle(ctx, st.Flags)
 		if errno != 0 {
@@ -577,13 +722,31 @@ func (r *restorer) file(ctx context.Context, st gofs.FileState, in *gofs.Inode) 
 	return nil, fmt.Errorf("a handle of a %T does not carry across", in.Operations())
 }
 
+// parseStrictKey is the whole-blob check a blob handle's key carries
+// (fileKey), nil when it carries none.
+func parseStrictKey(b *blobFile, key string) (*seqCheck, error) {
+	enc, ok := strings.CutPrefix(key, keyStrict)
+	if !ok {
+		return nil, nil
+	}
+	raw, err := base64.RawURLEncoding.DecodeString(enc)
+	if err != nil {
+		return nil, fmt.Errorf("strict check: %w", err)
+	}
+	var st seqState
+	if err := json.Unmarshal(raw, &st); err != nil {
+		return nil, fmt.Errorf("strict check: %w", err)
+	}
+	return restoreSeqCheck(b.digest(), b.size, st)
+}
+
 // restoreHandle is Open for a handle the predecessor opened: the pin
 // and the shared reader are this process's, the I/O mode the one the
 // kernel holds (pt: the node has a passthrough backing file, which the
-// kernel reads without us). A strict handle loses its whole-blob sha256
-// check across the handover (no sequence check is restored): its reads
-// go on chunk-verified only.
-func (b *blobFile) restoreHandle(ctx context.Context, pt bool) (gofs.FileHandle, error) {
+// kernel reads without us). seq is a --verify=strict handle's
+// whole-blob check as the predecessor left it (nil: none, or a
+// predecessor that did not carry it).
+func (b *blobFile) restoreHandle(ctx context.Context, pt bool, seq *seqCheck) (gofs.FileHandle, error) {
 	f, dg := b.fsys, b.digest()
 	pin, err := f.st.Pin(ctx, dg)
 	if err != nil {
@@ -610,18 +773,27 @@ func (b *blobFile) restoreHandle(ctx context.Context, pt bool) (gofs.FileHandle,
 	o.n++
 	f.refs.add(dg)
 	f.stats.openHandles.Add(1)
-	h := &blobHandle{b: b, d: dg, rd: o.rd, pin: pin}
+	h := &blobHandle{b: b, d: dg, rd: o.rd, pin: pin, seq: seq}
 	f.trackBlobHandle(h)
-	if pt {
-		o.pt++
-		if fd, ok := o.rd.Passthrough(); ok {
-			o.ptFd = fd
-		}
-		h.pt, h.ptFd = true, o.ptFd
-		return &ptHandle{h}, nil
+	if !pt {
+		o.cached++
+		return h, nil
 	}
-	o.cached++
-	return h, nil
+	// The kernel goes on reading through the backing file the
+	// predecessor registered (the connection's, not a process's). Ours
+	// is needed only if go-fuse asks for one; this reader may offer
+	// none (not yet verified whole in --verify=full), and then the
+	// handle is a plain one in passthrough mode: never a ptHandle
+	// offering a descriptor it does not have.
+	o.pt++
+	if !o.ptOK {
+		o.ptFd, o.ptOK = o.rd.Passthrough()
+	}
+	h.pt, h.ptFd, h.ptOK = true, o.ptFd, o.ptOK
+	if !h.ptOK {
+		return h, nil
+	}
+	return &ptHandle{h}, nil
 }
 
 // CheckHandover is BeginHandover's first check, without stopping: nil

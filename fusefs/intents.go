@@ -4,6 +4,7 @@ import (
 	"context"
 	"path/filepath"
 	"sync/atomic"
+	"time"
 
 	"github.com/alkblobfs/alkblobfs/namespaces"
 	"github.com/alkblobfs/alkblobfs/rundir"
@@ -71,6 +72,31 @@ func (in *intents) settle(ctx context.Context, i namespaces.Intent) (bool, error
 func (in *intents) cancel(ctx context.Context, i namespaces.Intent) error {
 	in.open.Add(-1)
 	return in.lease.Cancel(ctx, i)
+}
+
+// cancelRetries are the pauses between cancelSoon's tries.
+var cancelRetries = []time.Duration{200 * time.Millisecond, time.Second, 3 * time.Second}
+
+// cancelSoon is cancel for a process about to close its lease: a
+// failure is retried a few times now, not only at the lease's next tick,
+// since the lease's close links what it still holds. The intent leaves
+// the mount's count at once either way: a failed cancel is the lease's
+// to retry (namespaces.Lease.Cancel), at each tick and at its close
+// before it links the rest, and no RELEASE of this process settles it.
+func (in *intents) cancelSoon(ctx context.Context, i namespaces.Intent) error {
+	err := in.cancel(ctx, i)
+	for _, wait := range cancelRetries {
+		if err == nil {
+			return nil
+		}
+		select {
+		case <-ctx.Done():
+			return err
+		case <-time.After(wait):
+		}
+		err = in.lease.Cancel(ctx, i)
+	}
+	return err
 }
 
 // abandon drops i, recorded by a commit that failed: its fate is unknown

@@ -151,7 +151,7 @@ func (f *FS) nodeOptions() *gofs.Options {
 			// As root, mount(2) directly: no fusermount3 needed.
 			DirectMount: os.Geteuid() == 0,
 			Debug:       f.cfg.Debug,
-			Logger:      slog.NewLogLogger(f.log.Handler(), slog.LevelDebug),
+			Logger:      log.New(&slogWriter{l: f.log}, "", 0),
 			// O_TRUNC arrives with OPEN (one request, atomic for uploads);
 			// plain `ls` may skip READDIRPLUS's per-entry lookups.
 			// HANDLE_KILLPRIV_V2: the daemon clears set-id bits on write,
@@ -177,7 +177,7 @@ func (f *FS) nodeOptions() *gofs.Options {
 				return fuse.EIO
 			},
 		},
-		Logger:         log.New(&slogWriter{f.log}, "", 0),
+		Logger:         log.New(&slogWriter{l: f.log, prefix: "go-fuse: "}, "", 0),
 		RootStableAttr: &gofs.StableAttr{Ino: inoRoot},
 	}
 }
@@ -449,12 +449,35 @@ func raiseReadahead(dir string) error {
 	return os.WriteFile(p, []byte(strconv.Itoa(maxReadAhead>>10)), 0)
 }
 
-// slogWriter sends go-fuse's log.Logger output to slog at debug level.
-type slogWriter struct{ l *slog.Logger }
+// slogWriter sends go-fuse's log.Logger output to slog, each line after
+// prefix: at debug level (its --debug trace of every request), but for
+// goFuseWarnings.
+type slogWriter struct {
+	l      *slog.Logger
+	prefix string
+}
 
 func (w *slogWriter) Write(p []byte) (int, error) {
-	w.l.Debug("go-fuse: " + strings.TrimSpace(string(p)))
+	line := strings.TrimSpace(string(p))
+	w.l.Log(context.Background(), goFuseLevel(line), w.prefix+line)
 	return len(p), nil
+}
+
+// goFuseWarnings begin go-fuse's lines that say what a handover did with
+// a request or an id (the patched fs/handover.go, fuse/handover.go,
+// bridge.go: an id answered ESTALE, a request left for the successor, a
+// resend that failed) or that a call into the kernel failed: the log of
+// a failed upgrade must show them without --log-level debug.
+var goFuseWarnings = []string{"handover:", "NOTIFY_RESEND", "stopping:", "fuse: resuming", "UnregisterBackingFd"}
+
+// goFuseLevel is the level of a go-fuse log line.
+func goFuseLevel(line string) slog.Level {
+	for _, p := range goFuseWarnings {
+		if strings.HasPrefix(line, p) {
+			return slog.LevelWarn
+		}
+	}
+	return slog.LevelDebug
 }
 
 // mountOptions are the -o options of the mount. With --allow-other the

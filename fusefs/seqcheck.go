@@ -2,8 +2,10 @@ package fusefs
 
 import (
 	"crypto/sha256"
+	"encoding"
 	"fmt"
 	"hash"
+	"maps"
 	"sync"
 
 	"github.com/alkblobfs/alkblobfs/blob"
@@ -29,7 +31,8 @@ type seqCheck struct {
 	next    int64     // offset hashed up to
 	ahead   map[int64][]byte
 	aheadN  int
-	failure error // sticky: the blob did not hash to d
+	failure error       // sticky: the blob did not hash to d
+	got     blob.Digest // what it hashed to, when failure
 }
 
 // seqAheadMax bounds the reorder buffer, and how far past the hashed
@@ -97,11 +100,74 @@ func (c *seqCheck) finish() {
 	var got store.Digest
 	c.h.Sum(got[:0])
 	if got != c.d {
-		c.failure = fmt.Errorf("%w: the blob read from 0 to its end hashes to %s", blob.ErrVerification, got)
+		c.fail(got)
 	}
 	c.stop()
 }
 
+// fail records that the blob read from 0 to its end hashed to got.
+func (c *seqCheck) fail(got blob.Digest) {
+	c.got = got
+	c.failure = fmt.Errorf("%w: the blob read from 0 to its end hashes to %s", blob.ErrVerification, got)
+}
+
 func (c *seqCheck) stop() {
 	c.h, c.ahead, c.aheadN = nil, nil, 0
+}
+
+// seqState is a seqCheck carried across an upgrade (handover.go), so
+// that a strict reader whose reads span the handover is still checked
+// whole at its end: the sha256 state of the bytes hashed so far (its
+// MarshalBinary), the reads buffered ahead, and a failure already found.
+type seqState struct {
+	Next    int64
+	Hash    []byte           `json:",omitempty"` // nil: stopped (a seek) or done
+	Ahead   map[int64][]byte `json:",omitempty"`
+	Failure string           `json:",omitempty"` // the digest it hashed to, in hex
+}
+
+// export is the check's state, for a successor.
+func (c *seqCheck) export() (seqState, error) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	st := seqState{Next: c.next, Ahead: maps.Clone(c.ahead)}
+	if c.failure != nil {
+		st.Failure = c.got.String()
+	}
+	if c.h != nil {
+		m, ok := c.h.(encoding.BinaryMarshaler)
+		if !ok {
+			return seqState{}, fmt.Errorf("a %T cannot be carried", c.h)
+		}
+		b, err := m.MarshalBinary()
+		if err != nil {
+			return seqState{}, err
+		}
+		st.Hash = b
+	}
+	return st, nil
+}
+
+// restoreSeqCheck is export's inverse, for the blob d of size bytes.
+func restoreSeqCheck(d blob.Digest, size int64, st seqState) (*seqCheck, error) {
+	c := &seqCheck{d: d, size: size, next: st.Next, ahead: st.Ahead}
+	for _, p := range st.Ahead {
+		c.aheadN += len(p)
+	}
+	if st.Failure != "" {
+		got, err := blob.Parse(st.Failure)
+		if err != nil {
+			return nil, fmt.Errorf("strict check: %w", err)
+		}
+		c.fail(got)
+		return c, nil
+	}
+	if st.Hash != nil {
+		h := sha256.New()
+		if err := h.(encoding.BinaryUnmarshaler).UnmarshalBinary(st.Hash); err != nil {
+			return nil, fmt.Errorf("strict check: %w", err)
+		}
+		c.h = h
+	}
+	return c, nil
 }

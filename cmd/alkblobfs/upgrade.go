@@ -37,34 +37,103 @@ import (
 //	old → new  the listeners     the control socket and --listen's (passListeners)
 //	old → new  the handover      package handover: /dev/fuse and the state
 //	new → old  ready | refused: why
-//	old → new  go | abort        go: the old server let go and dropped its pins
-//	new → old  serving PID
+//	old → new  go                serve (the old server, stopped, keeps its pins)
+//	new → old  serving PID | refused: why (before it serves)
+//	old        lets go: detaches, drops its pins, exits
 //
-// Before "ready" anything that fails (the binary missing, a crash, a
+// Before "serving" anything that fails (the binary missing, a crash, a
 // refusal, a time-out) leaves the old daemon serving: it kills the new
-// process and resumes. The new process takes its pins before "ready", so
-// no blob open through the mount is unpinned for an instant.
+// process, waits until it is gone, and resumes; the kernel resends what
+// the new one read and did not answer. The new process takes its pins
+// before "ready" and the old one drops its own after "serving", so no
+// blob open through the mount is unpinned for an instant.
+
+// errRefused: the new daemon said "refused: why" (before it serves).
+var errRefused = errors.New("the new daemon refused")
 
 // Environment of the process an upgrade starts.
+const envTakeoverFD = "ALKBLOBFS_TAKEOVER_FD" // the socket pair
+
+// Test hooks: variables that break or slow an upgrade at a chosen step,
+// read only by a build with the tag alkblobfs_testhooks (testHooks: the
+// tests build the binary so in TestMain). Such a build passes the
+// variables of the upgrade command's own environment to the daemon, and
+// from it to the new process.
 const (
-	envTakeoverFD = "ALKBLOBFS_TAKEOVER_FD" // the socket pair
-	// envTestPrefix: variables of the upgrade command's own environment
-	// with this prefix go to the new process (test hooks below).
 	envTestPrefix = "ALKBLOBFS_TEST_"
 	// envTestDieAt makes the new process kill itself (SIGKILL) at that
-	// step of the takeover (takeoverStep).
-	envTestDieAt = envTestPrefix + "TAKEOVER_DIE_AT"
+	// step of the takeover (takeoverStep), envTestHangAt block there.
+	envTestDieAt  = envTestPrefix + "TAKEOVER_DIE_AT"
+	envTestHangAt = envTestPrefix + "TAKEOVER_HANG_AT"
 	// envTestStateVersion makes the old daemon label its state with this
 	// format version, to test the refusal of a newer one.
 	envTestStateVersion = envTestPrefix + "HANDOVER_VERSION"
+	// envTestServingTimeout is how long the old daemon waits for
+	// "serving" (a Go duration) instead of servingTimeout.
+	envTestServingTimeout = envTestPrefix + "SERVING_TIMEOUT"
+	// envTestPendFail (any value) makes the new process fail to record
+	// the carried files' pending links once told to serve.
+	envTestPendFail = envTestPrefix + "PEND_FAIL"
 )
 
-// Steps of the takeover at which envTestDieAt kills the new process.
+// hooks are the test hooks set in an environment.
+type hooks struct {
+	dieAt, hangAt  int
+	stateVersion   int
+	servingTimeout time.Duration
+	pendFail       bool
+}
+
+// hooksFrom reads the hooks of env: none in a production build.
+func hooksFrom(env []string) hooks {
+	h := hooks{stateVersion: fusefs.HandoverVersion, servingTimeout: servingTimeout}
+	if !testHooks {
+		return h
+	}
+	for _, kv := range env {
+		k, v, _ := strings.Cut(kv, "=")
+		n, _ := strconv.Atoi(v)
+		switch k {
+		case envTestDieAt:
+			h.dieAt = n
+		case envTestHangAt:
+			h.hangAt = n
+		case envTestStateVersion:
+			h.stateVersion = n
+		case envTestServingTimeout:
+			if d, err := time.ParseDuration(v); err == nil {
+				h.servingTimeout = d
+			}
+		case envTestPendFail:
+			h.pendFail = true
+		}
+	}
+	return h
+}
+
+// testEnv is the test hooks' variables of env, to pass on: none in a
+// production build.
+func testEnv(env []string) []string {
+	if !testHooks {
+		return nil
+	}
+	var out []string
+	for _, kv := range env {
+		if strings.HasPrefix(kv, envTestPrefix) {
+			out = append(out, kv)
+		}
+	}
+	return out
+}
+
+// Steps of the takeover at which the hooks kill or stop the new process.
 const (
 	stepStarted  = 1 // before it opens the store
 	stepHello    = 2 // store open, said hello; before the handover arrives
 	stepReceived = 3 // the descriptor and state received; before the restore
 	stepRestored = 4 // nodes restored and pins taken; before "ready"
+	stepGo       = 5 // told to serve; before it serves
+	stepServes   = 6 // serving; before it says so
 )
 
 // Bounds of an upgrade's waits.
@@ -82,7 +151,7 @@ const (
 type upgradeRequest struct {
 	Op     string   `json:"op"` // "upgrade"
 	Binary string   `json:"binary"`
-	Env    []string `json:"env,omitempty"` // envTestPrefix variables
+	Env    []string `json:"env,omitempty"` // test hooks (testEnv)
 }
 
 // upgradeReply is one line of the daemon's answer: progress (Msg), then
@@ -110,21 +179,23 @@ is answered by the new daemon.
 The new daemon runs with the old one's command line and environment, takes
 its own pin on every blob open through the mount before the old one lets
 go, and keeps the old one's role: pid record, guard, --listen socket, sweep
-timer, change feed, writer lease. upgrade prints what happened and exits 0
-once the new daemon serves.
+timer, change feed, writer lease. Files being written into incoming/ carry
+across: their writers go on, and their last close publishes; a version an
+fsync committed stays pending throughout. upgrade prints what happened and
+exits 0 once the new daemon serves.
 
-If the new binary is missing, crashes, or refuses the state before it takes
-over, the old daemon serves on as if nothing happened and upgrade exits 1
-with the reason. Refused, the same way: while files in incoming/ are open,
-being uploaded or waiting for their last close (they do not carry across
-yet; retry when they close), a state format newer than the new build reads,
-and an option fixed when the mount was made that the new build would set
-otherwise (named).
+If the new binary is missing, crashes, refuses the state, or does not say
+it serves within 30 s, the old daemon kills it and serves on as if nothing
+happened, and upgrade exits 1 with the reason. Refused, the same way: while
+a put by path is in progress or a file's upload failed (named; retry when
+they close), a state format newer than the new build reads, and an option
+fixed when the mount was made that the new build would set otherwise
+(named).
 
-Not carried across yet: the contents of incoming/ (receipts, directories
-and links made there): their names are gone as after a restart, and a
-program inside such a directory gets ESTALE. Only root and the mount's
-owner may upgrade it.`,
+Not carried across: receipts not open, and directories and links made in
+incoming/: their names are gone as after a restart (a file being written
+in such a directory goes on without its name), and a program inside such a
+directory gets ESTALE. Only root and the mount's owner may upgrade it.`,
 		Example: `  alkblobfs upgrade /mnt/blobs
   alkblobfs upgrade --binary /usr/local/bin/alkblobfs.new /mnt/blobs`,
 		Args: argsRange(1, 1, "MOUNTPOINT"),
@@ -194,12 +265,7 @@ func runUpgrade(ctx context.Context, out io.Writer, mnt, binary string) error {
 	}
 	defer c.Close()
 	c.SetDeadline(time.Now().Add(upgradeTimeout))
-	req := upgradeRequest{Op: "upgrade", Binary: binary}
-	for _, kv := range os.Environ() {
-		if strings.HasPrefix(kv, envTestPrefix) {
-			req.Env = append(req.Env, kv)
-		}
-	}
+	req := upgradeRequest{Op: "upgrade", Binary: binary, Env: testEnv(os.Environ())}
 	if err := json.NewEncoder(c).Encode(req); err != nil {
 		return fmt.Errorf("%s: send the request: %w", abs, err)
 	}
@@ -387,14 +453,23 @@ type successor struct {
 	status error
 }
 
-// kill stops a successor that has not taken over, and reaps it.
-func (s *successor) kill() {
+// killTimeout bounds the wait for a killed successor to be gone.
+const killTimeout = 10 * time.Second
+
+// kill stops a successor that has not taken over, and reaps it. It
+// reports whether the successor is gone: one that is not may still read
+// from the mount's connection, so the old daemon must not serve beside it.
+// The socket pair closes after the kill: a successor that sees it close
+// takes the old daemon for gone.
+func (s *successor) kill() bool {
 	s.cmd.Process.Kill()
+	defer s.conn.Close()
 	select {
 	case <-s.exited:
-	case <-time.After(10 * time.Second):
+		return true
+	case <-time.After(killTimeout):
+		return false
 	}
-	s.conn.Close()
 }
 
 // expect waits for a line starting with want, at most within.
@@ -411,7 +486,7 @@ func (s *successor) expect(want string, within time.Duration) (string, error) {
 			}
 		}
 		if r, ok := strings.CutPrefix(l, "refused: "); ok {
-			return "", fmt.Errorf("the new daemon refused: %s", r)
+			return "", fmt.Errorf("%w: %s", errRefused, r)
 		}
 		if !strings.HasPrefix(l, want) {
 			return "", fmt.Errorf("the new daemon said %q, want %q", l, want)
@@ -423,7 +498,8 @@ func (s *successor) expect(want string, within time.Duration) (string, error) {
 }
 
 // startSuccessor starts binary as this daemon's successor.
-func (c *controlServer) startSuccessor(binary string, testEnv []string) (*successor, error) {
+// hookEnv is the request's test hooks (testEnv), passed on.
+func (c *controlServer) startSuccessor(binary string, hookEnv []string) (*successor, error) {
 	fds, err := unix.Socketpair(unix.AF_UNIX, unix.SOCK_STREAM|unix.SOCK_CLOEXEC, 0)
 	if err != nil {
 		return nil, err
@@ -438,12 +514,7 @@ func (c *controlServer) startSuccessor(binary string, testEnv []string) (*succes
 	}
 	conn := fc.(*net.UnixConn)
 	files := []*os.File{theirs}
-	env := append(os.Environ(), envTakeoverFD+"=3")
-	for _, kv := range testEnv {
-		if strings.HasPrefix(kv, envTestPrefix) {
-			env = append(env, kv)
-		}
-	}
+	env := append(append(os.Environ(), envTakeoverFD+"=3"), testEnv(hookEnv)...)
 	cmd := &exec.Cmd{
 		Path:       binary,
 		Args:       append([]string{os.Args[0]}, os.Args[1:]...),
@@ -483,14 +554,7 @@ func (c *controlServer) upgrade(req upgradeRequest, say func(string, ...any)) (i
 	if err := checkExecutable(req.Binary); err != nil {
 		return 0, 0, err
 	}
-	version := fusefs.HandoverVersion
-	for _, kv := range req.Env {
-		if v, ok := strings.CutPrefix(kv, envTestStateVersion+"="); ok {
-			if n, err := strconv.Atoi(v); err == nil {
-				version = n
-			}
-		}
-	}
+	hk := hooksFrom(req.Env)
 	s, err := c.startSuccessor(req.Binary, req.Env)
 	if err != nil {
 		return 0, 0, fmt.Errorf("%w; the old daemon serves on", err)
@@ -506,20 +570,32 @@ func (c *controlServer) upgrade(req upgradeRequest, say func(string, ...any)) (i
 	}
 	say("the new daemon opened the store; pausing the mount")
 	start := time.Now()
-	h, err := c.srv.BeginHandover(stopTimeout, version)
+	h, err := c.srv.BeginHandover(stopTimeout, hk.stateVersion)
 	if err != nil {
 		s.kill()
 		return 0, 0, fmt.Errorf("%w; the old daemon serves on", err)
 	}
-	// From here every failure before "go" resumes.
+	// From here every failure before "serving" kills the successor and,
+	// once it is gone, resumes.
+	told := false // "go" sent: the successor may have served and told the service manager
 	resume := func(err error) (int, time.Duration, error) {
-		s.kill()
+		if !s.kill() {
+			return 0, 0, fmt.Errorf("%w; and the new daemon (pid %d) did not exit within %s of SIGKILL: the mount is left stopped (umount --force, then mount)", err, s.cmd.Process.Pid, killTimeout)
+		}
 		if rerr := h.Resume(); rerr != nil {
 			return 0, 0, fmt.Errorf("%w; and resuming failed: %v", err, rerr)
 		}
-		return 0, 0, fmt.Errorf("%w; the old daemon serves on", err)
+		if told {
+			if nerr := sdNotify(fmt.Sprintf("MAINPID=%d\nREADY=1\nSTATUS=serving %s", os.Getpid(), c.srv.Dir())); nerr != nil {
+				c.lg.Warn("could not tell the service manager that this process serves the mount again", "err", nerr)
+			}
+		}
+		return 0, 0, fmt.Errorf("%w; the new daemon was killed and the old daemon serves on", err)
 	}
 	err = handover.Send(s.conn, h.FD(), h.State())
+	if err == nil {
+		err = sendFiles(s.conn, h.Files())
+	}
 	h.CloseFD()
 	if err != nil {
 		return resume(err)
@@ -527,21 +603,28 @@ func (c *controlServer) upgrade(req upgradeRequest, say func(string, ...any)) (i
 	if _, err := s.expect("ready", takeoverReadyTimeout); err != nil {
 		return resume(err)
 	}
-	if err := h.Commit(letGoTimeout); err != nil {
-		fmt.Fprintln(s.conn, "abort")
-		return resume(fmt.Errorf("let go of the mount: %w", err))
-	}
+	told = true
+	h.Told()
 	if _, err := fmt.Fprintln(s.conn, "go"); err != nil {
-		return 0, 0, fmt.Errorf("the old daemon let go, and telling the new one (pid %d) failed: %w; the mount may be left without a daemon (umount --force, then mount)", s.cmd.Process.Pid, err)
+		return resume(fmt.Errorf("tell the new daemon (pid %d) to serve: %w", s.cmd.Process.Pid, err))
 	}
-	l, err := s.expect("serving", servingTimeout)
+	l, err := s.expect("serving", hk.servingTimeout)
+	if errors.Is(err, errRefused) {
+		// It refuses only before it serves: it answered nothing, told
+		// nobody, and the files it took go on here unharmed.
+		told = false
+		h.Refused()
+	}
 	if err != nil {
-		return 0, 0, fmt.Errorf("the old daemon let go, and then: %w; the mount may be left without a daemon (umount --force, then mount)", err)
+		return resume(err)
 	}
 	pause := time.Since(start)
-	pid, _ := strconv.Atoi(strings.TrimSpace(strings.TrimPrefix(l, "serving")))
+	h.Commit(letGoTimeout)
+	// The new daemon's process is waited for by startSuccessor's
+	// goroutine until this one exits (never released, which would race
+	// that Wait).
 	s.conn.Close()
-	s.cmd.Process.Release()
+	pid, _ := strconv.Atoi(strings.TrimSpace(strings.TrimPrefix(l, "serving")))
 	return pid, pause, nil
 }
 
@@ -551,7 +634,7 @@ type takeover struct {
 	conn   *net.UnixConn
 	httpLn net.Listener
 	ctlLn  *net.UnixListener
-	dieAt  int
+	hooks  hooks
 	lines  *bufio.Reader
 }
 
@@ -575,12 +658,11 @@ func takeoverChild() (*takeover, error) {
 		unix.CloseOnExec(fd)
 		return os.NewFile(uintptr(fd), name), nil
 	}
-	t := &takeover{}
-	if n, err := strconv.Atoi(os.Getenv(envTestDieAt)); err == nil {
-		t.dieAt = n
+	t := &takeover{hooks: hooksFrom(os.Environ())}
+	for _, kv := range testEnv(os.Environ()) {
+		k, _, _ := strings.Cut(kv, "=")
+		os.Unsetenv(k)
 	}
-	os.Unsetenv(envTestDieAt)
-	os.Unsetenv(envTestStateVersion)
 	f, err := file(envTakeoverFD)
 	if err != nil {
 		return nil, err
@@ -595,13 +677,29 @@ func takeoverChild() (*takeover, error) {
 	return t, nil
 }
 
-// step is a test hook: the takeover dies here (SIGKILL, as a crash) when
-// envTestDieAt names the step.
+// step is a test hook: the takeover dies here (SIGKILL, as a crash)
+// when envTestDieAt names the step, or blocks for good (a hang) when
+// envTestHangAt does.
 func (t *takeover) step(n int) {
-	if t != nil && t.dieAt == n {
+	if t == nil {
+		return
+	}
+	if t.hooks.dieAt == n {
 		syscall.Kill(os.Getpid(), syscall.SIGKILL)
 		select {} // the signal is on its way
 	}
+	if t.hooks.hangAt == n {
+		select {}
+	}
+}
+
+// pendCarried records the carried files' pending links under this
+// process's lease (fusefs.Server.PendCarried), or fails as the hooks say.
+func (t *takeover) pendCarried(srv *fusefs.Server) error {
+	if t.hooks.pendFail {
+		return errors.New("test hook: the pending links could not be recorded")
+	}
+	return srv.PendCarried(context.Background())
 }
 
 func (t *takeover) say(line string) error {
@@ -625,8 +723,13 @@ func (t *takeover) run(cfg fusefs.Config, lg *slog.Logger) (*fusefs.Server, erro
 	if err != nil {
 		return nil, fmt.Errorf("takeover: %w", err)
 	}
+	files, err := receiveFiles(t.conn, fusefs.UploadsIn(state))
+	if err != nil {
+		syscall.Close(fd)
+		return nil, fmt.Errorf("takeover: %w", err)
+	}
 	t.step(stepReceived)
-	srv, err := fusefs.TakeOver(fd, state, cfg)
+	srv, err := fusefs.TakeOver(fd, state, files, cfg)
 	if err != nil {
 		t.say("refused: " + strings.ReplaceAll(err.Error(), "\n", "; "))
 		return nil, fmt.Errorf("takeover: %w", err)
@@ -636,13 +739,24 @@ func (t *takeover) run(cfg fusefs.Config, lg *slog.Logger) (*fusefs.Server, erro
 		srv.Abandon()
 		return nil, fmt.Errorf("takeover: %w", err)
 	}
-	t.conn.SetReadDeadline(time.Now().Add(takeoverReadyTimeout + letGoTimeout + 10*time.Second))
+	t.conn.SetReadDeadline(time.Now().Add(takeoverReadyTimeout + 10*time.Second))
 	l, err := t.lines.ReadString('\n')
 	if strings.TrimSpace(l) != "go" {
 		srv.Abandon()
-		return nil, fmt.Errorf("takeover: the old daemon did not let go (%q, %v); it serves on", strings.TrimSpace(l), err)
+		return nil, fmt.Errorf("takeover: the old daemon did not say go (%q, %v); it serves on", strings.TrimSpace(l), err)
+	}
+	t.step(stepGo)
+	if err := t.pendCarried(srv); err != nil {
+		// Said before serving: the old daemon serves on with the files
+		// of incoming/ it carried, as after a refusal before "go" (a
+		// silent exit would make it fail them: this process might have
+		// answered writes).
+		srv.Abandon()
+		t.say("refused: " + strings.ReplaceAll(err.Error(), "\n", "; "))
+		return nil, fmt.Errorf("takeover: %w", err)
 	}
 	srv.Serve()
+	t.step(stepServes)
 	// The service manager's main process is this one from now on (the
 	// old one exits once it hears "serving"): NotifyAccess=all lets it.
 	if err := sdNotifyBarrier(fmt.Sprintf("MAINPID=%d\nREADY=1\nSTATUS=serving %s", os.Getpid(), srv.Dir()), 5*time.Second); err != nil {
@@ -680,8 +794,76 @@ func (t *takeover) ctl() *net.UnixListener {
 const (
 	listenerHTTP = 'H'
 	listenerCtl  = 'C'
+	uploadFile   = 'U' // after the handover: an upload's content (sendFiles)
 	listenersEnd = '.'
 )
+
+// sendFiles passes the uploads' descriptors after the handover, one a
+// message (uploadFile and the descriptor): as many as the state says
+// (fusefs.UploadsIn), so that a predecessor of a build that passes none
+// sends nothing more.
+func sendFiles(conn *net.UnixConn, files []*os.File) error {
+	for _, f := range files {
+		if _, _, err := conn.WriteMsgUnix([]byte{uploadFile}, syscall.UnixRights(int(f.Fd())), nil); err != nil {
+			return fmt.Errorf("pass on an upload: %w", err)
+		}
+	}
+	return nil
+}
+
+// receiveFiles is sendFiles' other side, for n descriptors.
+func receiveFiles(conn *net.UnixConn, n int) ([]*os.File, error) {
+	var files []*os.File
+	fail := func(err error) ([]*os.File, error) {
+		for _, f := range files {
+			f.Close()
+		}
+		return nil, fmt.Errorf("receive the uploads: %w", err)
+	}
+	for range n {
+		tag, fd, err := receiveOne(conn)
+		if err != nil {
+			return fail(err)
+		}
+		if tag != uploadFile {
+			if fd >= 0 {
+				syscall.Close(fd)
+			}
+			return fail(fmt.Errorf("a message tagged %q", tag))
+		}
+		files = append(files, os.NewFile(uintptr(fd), "upload"))
+	}
+	return files, nil
+}
+
+// receiveOne reads one message of a tag byte with one descriptor, or the
+// end (listenersEnd, with none).
+func receiveOne(conn *net.UnixConn) (byte, int, error) {
+	var b [1]byte
+	oob := make([]byte, syscall.CmsgSpace(4*4))
+	n, oobn, _, _, err := conn.ReadMsgUnix(b[:], oob)
+	if err != nil {
+		return 0, -1, err
+	}
+	var fds []int
+	if msgs, err := syscall.ParseSocketControlMessage(oob[:oobn]); err == nil {
+		for i := range msgs {
+			got, _ := syscall.ParseUnixRights(&msgs[i])
+			fds = append(fds, got...)
+		}
+	}
+	if n == 1 && b[0] == listenersEnd && len(fds) == 0 {
+		return listenersEnd, -1, nil
+	}
+	if n != 1 || len(fds) != 1 {
+		for _, fd := range fds {
+			syscall.Close(fd)
+		}
+		return 0, -1, fmt.Errorf("a message of %d bytes (%q) with %d descriptors", n, b[:n], len(fds))
+	}
+	unix.CloseOnExec(fds[0])
+	return b[0], fds[0], nil
+}
 
 // passListeners sends the control socket and --listen's.
 func (c *controlServer) passListeners(conn *net.UnixConn) error {

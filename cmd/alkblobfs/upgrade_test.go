@@ -51,7 +51,11 @@ type upgradable struct {
 	env  []string      // the daemon's environment added
 }
 
-var upgradedPid = regexp.MustCompile(`pid (\d+) serves it`)
+var (
+	upgradedPid = regexp.MustCompile(`pid (\d+) serves it`)
+	startedPid  = regexp.MustCompile(`started .* \(pid (\d+)\)`)
+	noUploads   = regexp.MustCompile(`"uploads_in_flight":\s*0\b`)
+)
 
 // mountUpgradable mounts c's store with args, in a daemon that logs to a
 // file (not a pipe: the next generation inherits the log, and a pipe
@@ -207,6 +211,9 @@ func (u *upgradable) cleanup() {
 	// A binary built with -race reports into the log.
 	if strings.Contains(u.logText(), "WARNING: DATA RACE") {
 		t.Errorf("a daemon reported a data race:\n%s", u.logText())
+	} else if t.Failed() {
+		// Whatever failed, what the daemons said goes with the report.
+		t.Logf("the daemons' log:\n%s", u.logText())
 	}
 }
 
@@ -253,6 +260,25 @@ func noPinsLeft(t *testing.T, data string) {
 		}
 		time.Sleep(100 * time.Millisecond) // a poll of the database: nothing tells of a row's delete
 	}
+}
+
+// noIntentsLeft waits until the store holds no pending link (ns_pending:
+// a version committed at a close or fsync and not yet linked), once
+// every writer closed: the last release links it at once.
+func noIntentsLeft(t *testing.T, data string) {
+	t.Helper()
+	e, err := sqlite.Open(t.Context(), filepath.Join(data, "kv.db"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer e.Close()
+	var n int
+	clitest.Eventually(t, 20*time.Second, "no pending link left", func() bool {
+		if err := e.DB().QueryRowContext(t.Context(), "SELECT count(*) FROM ns_pending").Scan(&n); err != nil {
+			t.Fatal(err)
+		}
+		return n == 0
+	})
 }
 
 // pinRows counts the store's pin rows (SQLite's gc_pins) of processes
@@ -534,9 +560,9 @@ func ptOpens(t *testing.T, stats string) int {
 	return n
 }
 
-// TestUpgradeRefusesWriters: a file open for writing in incoming/ refuses
-// the upgrade, which names it; the old daemon serves on, the write goes
-// on and publishes; another user may not upgrade the mount; once the
+// TestUpgradeRefusesWriters: a put by path in progress (which does not
+// carry across) refuses the upgrade, which names it; the old daemon
+// serves on, the write goes on and publishes; another user may not upgrade the mount; once the
 // file closed, the upgrade works, and a shell inside a directory made in
 // incoming/ (which does not carry across) gets ESTALE.
 func TestUpgradeRefusesWriters(t *testing.T) {
@@ -545,17 +571,23 @@ func TestUpgradeRefusesWriters(t *testing.T) {
 	c.OK("ns", "create", "ns")
 	u := mountUpgradable(t, c, nil)
 	old := u.pid
-	w, err := os.Create(filepath.Join(u.mnt, "ns", "incoming", "a"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer w.Close()
+	// A put by path (a file created under its digest's name, by a shell,
+	// which alone holds it: no fork of this test's closes a copy) does
+	// not carry across.
 	data := clitest.RandomBytes(300<<10, 7)
-	if _, err := w.Write(data[:100<<10]); err != nil {
+	src := filepath.Join(t.TempDir(), "src")
+	if err := os.WriteFile(src, data, 0o644); err != nil {
 		t.Fatal(err)
 	}
+	sh := exec.Command("bash", "-c", `cd "$1" || exit 9
+exec 3>"$2" || exit 8
+echo in
+read go
+cat "$3" >&3 && exec 3>&- || exit 7
+echo done`, "sh", filepath.Join(u.mnt, "ns"), clitest.Sum(data), src)
+	shIn, shLines := u.startShell(sh)
 	r := u.upgrade(nil)
-	clitest.CheckFail(t, r, 1, "1 file in incoming/ not carried across an upgrade yet: ns/incoming/a (open for writing); retry when they close", []string{"upgrade"})
+	clitest.CheckFail(t, r, 1, "1 file in incoming/ not carried across an upgrade: ns/"+clitest.Sum(data)+" (put by path); retry when they close", []string{"upgrade"})
 	select {
 	case <-u.done:
 		t.Fatal("the old daemon exited after a refused upgrade")
@@ -565,10 +597,13 @@ func TestUpgradeRefusesWriters(t *testing.T) {
 		t.Fatalf("pid %d serves after a refused upgrade, want %d", u.pid, old)
 	}
 	u.watchdog(time.Minute, "the writer after the refusal", func() error {
-		if _, err := w.Write(data[100<<10:]); err != nil {
-			return err
+		io.WriteString(shIn, "go\n")
+		shIn.Close()
+		out, _ := io.ReadAll(shLines)
+		if err := sh.Wait(); err != nil || string(out) != "done\n" {
+			return fmt.Errorf("the writer: %v, said %q", err, out)
 		}
-		return w.Close()
+		return nil
 	})
 	clitest.Eventually(t, 10*time.Second, "the written file published", func() bool {
 		return slices.Contains(clitest.Lines(c.OK("ls", "ns")), clitest.Sum(data))
@@ -588,8 +623,8 @@ func TestUpgradeRefusesWriters(t *testing.T) {
 	if err := os.Mkdir(sub, 0o755); err != nil {
 		t.Fatal(err)
 	}
-	sh := exec.Command("sh", "-c", `cd "$1" || exit 9; echo in; read go; ls . 2>&1; echo "ls: $?"`, "sh", sub)
-	shIn, shLines := u.startShell(sh)
+	sh = exec.Command("sh", "-c", `cd "$1" || exit 9; echo in; read go; ls . 2>&1; echo "ls: $?"`, "sh", sub)
+	shIn, shLines = u.startShell(sh)
 	u.mustUpgrade()
 	u.watchdog(30*time.Second, "the shell in incoming/sub after the upgrade", func() error {
 		io.WriteString(shIn, "go\n")
@@ -653,7 +688,10 @@ func TestUpgradeFailuresLeaveOldServing(t *testing.T) {
 		{"killed after hello", []string{envTestDieAt + "=2"}, nil, "the old daemon serves on"},
 		{"killed after the handover arrived", []string{envTestDieAt + "=3"}, nil, `before it said "ready"`},
 		{"killed after its pins", []string{envTestDieAt + "=4"}, nil, `before it said "ready"`},
-		{"newer state", []string{envTestStateVersion + "=2"}, nil, "the new daemon refused: handover state version 2 is newer than this build reads (1)"},
+		{"killed when told to serve", []string{envTestDieAt + "=5"}, nil, `before it said "serving"`},
+		{"killed once it serves, before it says so", []string{envTestDieAt + "=6"}, nil, `before it said "serving"`},
+		{"hangs once it serves", []string{envTestHangAt + "=6", envTestServingTimeout + "=3s"}, nil, `did not say "serving" within 3s; the new daemon was killed`},
+		{"newer state", []string{envTestStateVersion + "=3"}, nil, "the new daemon refused: handover state version 3 is newer than this build reads (2)"},
 		{"missing binary", nil, []string{"--binary", "/nonexistent/alkblobfs"}, "new binary: stat /nonexistent/alkblobfs: no such file or directory"},
 		{"binary exits", nil, []string{"--binary", "/bin/false"}, `exited (exit status 1) before it said "hello"`},
 	} {
@@ -664,6 +702,13 @@ func TestUpgradeFailuresLeaveOldServing(t *testing.T) {
 		}
 		if tc.args == nil && !strings.Contains(r.Stderr, "the old daemon serves on") {
 			t.Fatalf("%s: the refusal does not say that the old daemon serves on: %q", tc.name, r.Stderr)
+		}
+		// The new process is gone, not left running beside the old.
+		if m := startedPid.FindStringSubmatch(r.Stdout); m != nil {
+			pid, _ := strconv.Atoi(m[1])
+			u.waitGone(pid, 20*time.Second)
+		} else if tc.args == nil {
+			t.Fatalf("%s: upgrade did not say which process it started: %q", tc.name, r.Stdout)
 		}
 		readOn("after: " + tc.name)
 		if _, err := os.Stat(filepath.Join(u.mnt, "ns", d)); err != nil {
@@ -685,10 +730,13 @@ func TestUpgradeFailuresLeaveOldServing(t *testing.T) {
 	clitest.Collected(t, c, d, func() { clitest.SweepVia(t, u.mnt) })
 }
 
-// TestUpgradeLoop: 20 upgrades in a row under a read load (readers that
-// open, read and close blobs of both tiers, and one that keeps a blob
-// open throughout): 0 errors, 0 wrong bytes, no pin once the readers
-// closed, and no daemon left once unmounted.
+// TestUpgradeLoop: 20 upgrades in a row under a read and write load
+// (readers that open, read and close blobs of both tiers, one that keeps
+// a blob open throughout, and a writer whose files in incoming/ span
+// upgrades, some fsynced half way): 0 errors, 0 wrong bytes, every
+// written file published under its digest at its close, no pin, stage
+// file or upload left once they closed, and no daemon left once
+// unmounted. It logs the write latency a writer saw (p50, p99, max).
 func TestUpgradeLoop(t *testing.T) {
 	t.Parallel()
 	c := clitest.NewCLI(t, "--pin-ttl", "3s")
@@ -768,6 +816,64 @@ func TestUpgradeLoop(t *testing.T) {
 			reads.Add(1)
 		}
 	}()
+	// A writer in incoming/: files of 1 to 6 MiB written 64 KiB a
+	// write(2), one fsync in three files half way, across the
+	// upgrades; each publishes its digest at its close. Each write's
+	// time is kept: the pause a writer sees.
+	var chunks, files atomic.Int64
+	var latMu sync.Mutex
+	var lat []time.Duration
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		rng := rand.New(rand.NewPCG(7, 7))
+		buf := make([]byte, 64<<10)
+		for k := 0; ; k++ {
+			select {
+			case <-stop:
+				return
+			default:
+			}
+			w, err := os.Create(filepath.Join(u.mnt, "ns", "incoming", fmt.Sprintf("w%d", k)))
+			if err != nil {
+				fail(&errs, err)
+				continue
+			}
+			h := sha256.New()
+			n := 16 + rng.IntN(80)
+			for i := range n {
+				for j := range buf {
+					buf[j] = byte(rng.Uint32())
+				}
+				start := time.Now()
+				_, err := w.Write(buf)
+				d := time.Since(start)
+				if err != nil {
+					fail(&errs, fmt.Errorf("write w%d: %w", k, err))
+					break
+				}
+				latMu.Lock()
+				lat = append(lat, d)
+				latMu.Unlock()
+				h.Write(buf)
+				chunks.Add(1)
+				if k%3 == 0 && i == n/2 {
+					if err := w.Sync(); err != nil {
+						fail(&errs, fmt.Errorf("fsync w%d: %w", k, err))
+					}
+				}
+			}
+			if err := w.Close(); err != nil {
+				fail(&errs, fmt.Errorf("close w%d: %w", k, err))
+				continue
+			}
+			d := hex.EncodeToString(h.Sum(nil))
+			if _, err := os.Stat(filepath.Join(u.mnt, "ns", d)); err != nil {
+				fail(&wrong, fmt.Errorf("w%d closed, its digest %s: %w", k, d, err))
+			}
+			files.Add(1)
+		}
+	}()
 	stopped := false
 	stopReaders := func() {
 		if !stopped {
@@ -779,17 +885,29 @@ func TestUpgradeLoop(t *testing.T) {
 	defer stopReaders()
 	const rounds = 20
 	for i := range rounds {
-		before := reads.Load()
-		clitest.Eventually(t, 30*time.Second, "reads between upgrades", func() bool { return reads.Load() > before+20 })
+		before, wrote := reads.Load(), chunks.Load()
+		clitest.Eventually(t, 30*time.Second, "reads and writes between upgrades", func() bool {
+			return reads.Load() > before+20 && chunks.Load() > wrote+5
+		})
 		u.mustUpgrade()
 		t.Logf("upgrade %d: pid %d, %d reads so far", i+1, u.pid, reads.Load())
 	}
 	u.watchdog(time.Minute, "the readers' end", func() error { stopReaders(); return nil })
-	t.Logf("%d upgrades, %d reads: %d errors, %d wrong", rounds, reads.Load(), errs.Load(), wrong.Load())
+	t.Logf("%d upgrades, %d reads, %d files written (%d writes): %d errors, %d wrong", rounds, reads.Load(), files.Load(), chunks.Load(), errs.Load(), wrong.Load())
+	slices.Sort(lat)
+	if len(lat) > 0 {
+		t.Logf("write(2) of 64 KiB across the upgrades: p50 %s, p99 %s, max %s (%d writes)",
+			lat[len(lat)/2], lat[len(lat)*99/100], lat[len(lat)-1], len(lat))
+	}
 	if errs.Load() != 0 || wrong.Load() != 0 {
 		t.Fatalf("%d errors, %d wrong reads across %d upgrades; first: %v\nlog:\n%s", errs.Load(), wrong.Load(), rounds, firstErr.Load(), u.logText())
 	}
 	noPinsLeft(t, c.Data)
+	clitest.Eventually(t, 10*time.Second, "no stage file and no upload in flight", func() bool {
+		stages, _ := filepath.Glob(filepath.Join(c.Data, "large", "stage", "*"))
+		return len(stages) == 0 && noUploads.MatchString(u.stats())
+	})
+	noIntentsLeft(t, c.Data)
 	last := u.pid
 	u.cleanup()
 	if alive(last) || clitest.DaemonRunning(u.mnt) {
@@ -915,4 +1033,286 @@ func TestUpgradeKeepsRole(t *testing.T) {
 	if _, err := os.Lstat(sock); !errors.Is(err, os.ErrNotExist) {
 		t.Fatalf("the --listen socket after the last daemon exited: %v", err)
 	}
+}
+
+// TestUpgradeCarriesWriters: two writers (shells, each holding the only
+// descriptor of a file in incoming/: one past the kv threshold, staged on
+// disk, and a small one, in memory) write half of each, the mount is
+// upgraded with the uploads live (the handover's log line counts them),
+// they write the rest and close: both publish under their digests with
+// the right content, and afterwards no stage file, no upload, no pin and
+// no pending link is left. A third holds a file still empty, waiting for
+// its last close (a FLUSH came with nothing written): it carries too, and
+// its close publishes the empty blob.
+func TestUpgradeCarriesWriters(t *testing.T) {
+	t.Parallel()
+	c := clitest.NewCLI(t, "--pin-ttl", "3s")
+	c.OK("ns", "create", "ns")
+	dir := t.TempDir()
+	bigPath, big, bigSum := writeText(t, dir, 6<<20+123, 31)
+	smallPath, small, smallSum := writeText(t, dir, 40<<10+7, 32)
+	u := mountUpgradable(t, c, nil)
+	inc := filepath.Join(u.mnt, "ns", "incoming")
+	bigW := u.startWriter(inc, "big", bigPath, len(big)/2, len(big)-len(big)/2)
+	smallW := u.startWriter(inc, "small", smallPath, len(small)/2, len(small)-len(small)/2)
+	emptyW := u.startWriter(inc, "empty", smallPath, 0, 0)
+	if stages, _ := filepath.Glob(filepath.Join(c.Data, "large", "stage", "*")); len(stages) != 1 {
+		t.Fatalf("stage files before the upgrade: %q, want one (the big file's; the small one's in memory)", stages)
+	}
+	u.mustUpgrade()
+	if !handedUploads(3).MatchString(u.logText()) {
+		t.Fatalf("the handover did not carry 3 uploads (the empty file's is one):\n%s", u.logText())
+	}
+	for _, w := range []*halfWriter{bigW, smallW, emptyW} {
+		if code := w.finish(); code != 0 {
+			t.Fatalf("the writer of %s after the upgrade: exit %d", w.name, code)
+		}
+	}
+	for _, want := range []struct {
+		d    string
+		data []byte
+	}{{bigSum, big}, {smallSum, small}, {clitest.Sum(nil), nil}} {
+		b, err := os.ReadFile(filepath.Join(u.mnt, "ns", want.d))
+		if err != nil || !slices.Equal(b, want.data) {
+			t.Fatalf("%s after the upgrade: %v (%d bytes, want %d)", want.d, err, len(b), len(want.data))
+		}
+	}
+	clitest.Eventually(t, 10*time.Second, "no stage file and no upload in flight", func() bool {
+		stages, _ := filepath.Glob(filepath.Join(c.Data, "large", "stage", "*"))
+		return len(stages) == 0 && noUploads.MatchString(u.stats())
+	})
+	noPinsLeft(t, c.Data)
+	noIntentsLeft(t, c.Data)
+}
+
+// handedUploads matches the old daemon's handover line when it carried n
+// uploads.
+func handedUploads(n int) *regexp.Regexp {
+	return regexp.MustCompile(`handover: stopped serving and exported the mount.* uploads=` + strconv.Itoa(n) + ` `)
+}
+
+// writeText is writeFile with letters only: a shell's builtins (read -N,
+// printf) carry it unchanged, where they would drop NUL bytes.
+func writeText(t *testing.T, dir string, n int, seed uint64) (string, []byte, string) {
+	t.Helper()
+	b := clitest.RandomBytes(n, seed)
+	for i := range b {
+		b[i] = 'a' + b[i]%26
+	}
+	p := filepath.Join(dir, fmt.Sprintf("text-%d-%d", n, seed))
+	if err := os.WriteFile(p, b, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	return p, b, clitest.Sum(b)
+}
+
+// halfWriter is a shell writing a file of incoming/ in two halves, with
+// a line on its stdin between them.
+type halfWriter struct {
+	u    *upgradable
+	name string
+	sh   *exec.Cmd
+	in   io.WriteCloser
+}
+
+// writerScript writes with builtins only, through its stdout, which is
+// the file: no fork and no redirection holds a copy of the descriptor,
+// whose close would send a FLUSH and so commit the upload (a close of any
+// copy does). Exit 7: the second half's write failed; 8: the first's.
+const writerScript = `cd "$1" || exit 9
+export LC_ALL=C
+exec 5<"$2" || exit 9
+IFS= read -r -N "$4" -u 5 first || exit 9
+exec 1>"$3" || exit 9
+printf %s "$first" || exit 8
+first=
+read go
+IFS= read -r -N "$5" -u 5 rest || exit 9
+printf %s "$rest" || exit 7
+exec 1>&-`
+
+// startWriter starts a halfWriter of name in dir, which writes n1 bytes
+// of src and returns once the mount shows them, then n2 more at finish.
+func (u *upgradable) startWriter(dir, name, src string, n1, n2 int) *halfWriter {
+	t := u.t
+	t.Helper()
+	w := &halfWriter{u: u, name: name,
+		sh: exec.Command("bash", "-c", writerScript, "sh", dir, src, name, strconv.Itoa(n1), strconv.Itoa(n2))}
+	w.in, _ = w.sh.StdinPipe()
+	if err := w.sh.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if w.sh.ProcessState == nil {
+			w.sh.Process.Kill()
+			w.sh.Wait()
+		}
+	})
+	var size int64 = -1
+	clitest.Eventually(t, 30*time.Second, fmt.Sprintf("the first %d bytes of %s written", n1, name), func() bool {
+		if fi, err := os.Stat(filepath.Join(dir, name)); err == nil {
+			size = fi.Size()
+		}
+		return size == int64(n1)
+	})
+	return w
+}
+
+// finish lets the writer write the rest and close, and returns its exit
+// status.
+func (w *halfWriter) finish() int {
+	code := -1
+	w.u.watchdog(time.Minute, "the writer of "+w.name, func() error {
+		io.WriteString(w.in, "go\n")
+		w.in.Close()
+		w.sh.Wait()
+		code = w.sh.ProcessState.ExitCode()
+		return nil
+	})
+	return code
+}
+
+// TestUpgradeCarriesFsyncThenKill9: a file in incoming/ held open by a
+// shell, with a version an fsync committed before the upgrade (dd
+// conv=fsync through a descriptor of its own), and in the second case
+// another after it; then kill -9 of the new daemon. As after any crash
+// (docs/publish.md) the newest fsynced version publishes once the dead
+// daemon's writer lease lapsed (here at a sweep's open), and the version
+// before it never shows: the new daemon held the pending link from before
+// it served, and the old one dropped its own.
+func TestUpgradeCarriesFsyncThenKill9(t *testing.T) {
+	t.Parallel()
+	for _, after := range []bool{false, true} {
+		t.Run(fmt.Sprint("fsync after the upgrade: ", after), func(t *testing.T) {
+			t.Parallel()
+			c := clitest.NewCLI(t, "--pin-ttl", "3s")
+			c.OK("ns", "create", "ns")
+			src, data, full := clitest.WriteFile(t, t.TempDir(), 3<<20, 33)
+			half := len(data) / 2
+			first := clitest.Sum(data[:half])
+			u := mountUpgradable(t, c, nil)
+			sh := exec.Command("bash", "-c", `cd "$1" || exit 9
+exec 3>>f
+dd if="$2" of=f bs=$3 count=1 conv=notrunc,fsync status=none || exit 8
+echo in
+read go
+if [ "$4" = true ]; then
+	dd if="$2" of=f bs=$3 skip=1 seek=1 conv=notrunc,fsync status=none || exit 7
+fi
+echo synced
+read wait`, "sh", filepath.Join(u.mnt, "ns", "incoming"), src, strconv.Itoa(half), fmt.Sprint(after))
+			shIn, shLines := u.startShell(sh)
+			u.mustUpgrade()
+			u.watchdog(time.Minute, "the writer after the upgrade", func() error {
+				io.WriteString(shIn, "go\n")
+				l, err := shLines.ReadString('\n')
+				if err == nil && l != "synced\n" {
+					err = fmt.Errorf("the writer said %q", l)
+				}
+				return err
+			})
+			syscall.Kill(u.pid, syscall.SIGKILL)
+			u.waitGone(u.pid, 20*time.Second)
+			sh.Process.Kill()
+			sh.Wait()
+			if out, err := exec.Command(clitest.Bin, "umount", "--force", u.mnt).CombinedOutput(); err != nil {
+				t.Fatalf("umount --force after the kill: %v: %s", err, out)
+			}
+			want, never := full, first
+			if !after {
+				want, never = first, ""
+			}
+			clitest.Eventually(t, 30*time.Second, "the fsynced version published once the dead daemon's lease lapsed", func() bool {
+				c.OK("sweep")
+				return slices.Contains(clitest.Lines(c.OK("ls", "ns")), want)
+			})
+			if never != "" && slices.Contains(clitest.Lines(c.OK("ls", "ns")), never) {
+				t.Fatalf("the version the second fsync superseded (%s) was published", never)
+			}
+			if got := clitest.Sum([]byte(c.OK("cat", want))); got != want {
+				t.Fatalf("the published file reads back as %s", got)
+			}
+		})
+	}
+}
+
+// TestUpgradeRefusedAfterGo: a new daemon that, told to serve, cannot
+// record the carried files' pending links refuses before it serves: the
+// old daemon serves on with the writer's upload (no EIO: the new one
+// answered nothing), and the writer's close publishes the whole file.
+func TestUpgradeRefusedAfterGo(t *testing.T) {
+	t.Parallel()
+	c := clitest.NewCLI(t)
+	c.OK("ns", "create", "ns")
+	src, data, full := writeText(t, t.TempDir(), 1<<20, 35)
+	half := len(data) / 2
+	u := mountUpgradable(t, c, nil)
+	old := u.pid
+	w := u.startWriter(filepath.Join(u.mnt, "ns", "incoming"), "w", src, half, len(data)-half)
+	r := u.upgrade([]string{envTestPendFail + "=1"})
+	clitest.CheckFail(t, r, 1, "the new daemon refused: test hook: the pending links could not be recorded", []string{"upgrade"})
+	if !alive(old) {
+		t.Fatal("the old daemon is gone")
+	}
+	if !handedUploads(1).MatchString(u.logText()) {
+		t.Fatalf("the handover did not carry the upload:\n%s", u.logText())
+	}
+	if code := w.finish(); code != 0 {
+		t.Fatalf("the writer after the refused upgrade: exit %d\n%s", code, u.logText())
+	}
+	clitest.Eventually(t, 10*time.Second, "the whole file published", func() bool {
+		return slices.Contains(clitest.Lines(c.OK("ls", "ns")), full)
+	})
+	if got := clitest.Lines(c.OK("ls", "ns")); len(got) != 1 {
+		t.Fatalf("published after the refused upgrade: %q, want the whole file %s only", got, full)
+	}
+	noIntentsLeft(t, c.Data)
+}
+
+// TestUpgradeHandsBackWriters: a new daemon that took a file being
+// written (its upload live: the handover carried it) and was killed once
+// it served, before it said so: the old daemon serves on, and the
+// writer's next write reports the failure (EIO: the new daemon may have
+// answered writes the old one does not have); nothing of the file is
+// published, and the log says to remount. A second file, held open with
+// a version an fsync committed before the upgrade, still publishes that
+// version at its last close.
+func TestUpgradeHandsBackWriters(t *testing.T) {
+	t.Parallel()
+	c := clitest.NewCLI(t)
+	c.OK("ns", "create", "ns")
+	src, data, _ := writeText(t, t.TempDir(), 1<<20, 34)
+	half := len(data) / 2
+	u := mountUpgradable(t, c, nil)
+	old := u.pid
+	inc := filepath.Join(u.mnt, "ns", "incoming")
+	w := u.startWriter(inc, "w", src, half, len(data)-half)
+	holder := u.startWriter(inc, "v", src, 0, 0)
+	if out, err := exec.Command("dd", "if="+src, "of="+filepath.Join(inc, "v"), "bs="+strconv.Itoa(half), "skip=1", "count=1", "conv=notrunc,fsync", "status=none").CombinedOutput(); err != nil {
+		t.Fatalf("dd conv=fsync: %v: %s", err, out)
+	}
+	r := u.upgrade([]string{envTestDieAt + "=6"})
+	clitest.CheckFail(t, r, 1, `before it said "serving"`, []string{"upgrade"})
+	if !alive(old) {
+		t.Fatal("the old daemon is gone")
+	}
+	if !handedUploads(1).MatchString(u.logText()) {
+		t.Fatalf("the handover did not carry the upload:\n%s", u.logText())
+	}
+	if code := w.finish(); code != 7 {
+		t.Fatalf("the writer after the failed upgrade: exit %d, want 7 (its second write failed)", code)
+	}
+	if !strings.Contains(u.logText(), `level=ERROR msg="handover: the new daemon failed after it was told to serve;`) {
+		t.Fatalf("no error in the log telling to remount:\n%s", u.logText())
+	}
+	if code := holder.finish(); code != 0 {
+		t.Fatalf("the holder of the fsynced file after the failed upgrade: exit %d", code)
+	}
+	clitest.Eventually(t, 10*time.Second, "the version the fsync committed, published at the last close", func() bool {
+		return slices.Contains(clitest.Lines(c.OK("ls", "ns")), clitest.Sum(data[half:]))
+	})
+	if got := clitest.Lines(c.OK("ls", "ns")); len(got) != 1 {
+		t.Fatalf("published: %q, want only the fsynced version %s: the writes after the failed upgrade were not refused", got, clitest.Sum(data[half:]))
+	}
+	noIntentsLeft(t, c.Data)
 }

@@ -95,6 +95,13 @@ type stage struct {
 // small rewrite near the write head alone.
 const writebackChunk = 8 << 20
 
+// File is the stage file (engines.FileStage), nil once the stage ended.
+func (s *stage) File() *os.File {
+	s.mu.RLock()
+	defer s.mu.RUnlock()
+	return s.f
+}
+
 func (s *stage) io(op string, fn func(f *os.File) (int, error)) (int, error) {
 	s.mu.RLock()
 	defer s.mu.RUnlock()

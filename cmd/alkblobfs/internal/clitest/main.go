@@ -38,8 +38,10 @@ func Main(m *testing.M) {
 		defer os.RemoveAll(dir)
 		Bin = filepath.Join(dir, "alkblobfs")
 		// Position-independent, as make build and make deb build it:
-		// the tests that run make then find every package compiled.
-		cmd := exec.Command("go", "build", "-buildmode=pie", "-o", Bin, pkgPath)
+		// the tests that run make then find every package compiled. With
+		// the upgrade's test hooks (cmd/alkblobfs/upgrade_hooks.go), which
+		// a production build does not have.
+		cmd := exec.Command("go", "build", "-buildmode=pie", "-tags", "alkblobfs_testhooks", "-o", Bin, pkgPath)
 		if out, err := cmd.CombinedOutput(); err != nil {
 			BuildErr = fmt.Errorf("go build: %v\n%s", err, out)
 		}
