@@ -368,6 +368,7 @@ func TestReceiptOfSweptBlob(t *testing.T) {
 // time; every one of more than two pages lists, in byte order, after the
 // control directory, with ls -l's per-entry lookups answered.
 func TestRootListsManyNamespaces(t *testing.T) {
+	t.Parallel() // lists only (see TestMain)
 	e := mountStore(t, defaultSpec)
 	var want []string
 	for i := range 2500 {

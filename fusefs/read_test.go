@@ -29,6 +29,12 @@ import (
 // not happen in the process serving it (it can stall the Go runtime's
 // stop-the-world while the server waits to run), so mmap reads run in a
 // child.
+// Most tests here run one at a time: many hold a file of incoming/ open
+// in this process, and a fork by a test running beside them (any
+// exec.Command) would close its copy of that descriptor at exec, a
+// FLUSH that commits the file early. The few marked parallel only fork
+// or read blobs; Go runs them together after every serial test has
+// ended, so they never overlap one that holds such a file.
 func TestMain(m *testing.M) {
 	if p := os.Getenv("FUSEFS_TEST_MMAP"); p != "" {
 		os.Exit(mmapHelper(p))
@@ -79,6 +85,7 @@ func testMmap(t *testing.T, spec storeSpec) {
 
 // TestConcurrentReaders: readers of one large blob all get its bytes.
 func TestConcurrentReaders(t *testing.T) {
+	t.Parallel() // reads blobs only (see TestMain)
 	e := mountStore(t, defaultSpec)
 	e.mkns("r")
 	size := 256 << 20

@@ -40,6 +40,7 @@ func tree(t *testing.T, dir string, seed uint64) []string {
 // incoming/ and checks, after each, that the namespace lists exactly the
 // expected digests and that every published file hashes to its name.
 func TestTools(t *testing.T) {
+	t.Parallel() // every write is a forked tool's (see TestMain)
 	for _, spec := range storeSpecs {
 		t.Run(spec.name, func(t *testing.T) { testTools(t, spec) })
 	}
