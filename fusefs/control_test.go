@@ -286,11 +286,17 @@ func testSweepWhileOpen(t *testing.T, spec storeSpec) {
 // TestReceipts: the incoming name stays readable after publish, takes
 // attribute changes, expires after the TTL, and rm removes it early
 // without touching the published blob.
+//
+// The TTL is 2 s: everything before the expiry must happen within it,
+// eight requests of the mount that a loaded machine has taken over 1.5 s
+// to answer (with 300 ms, drop had expired before its rm).
 func TestReceipts(t *testing.T) {
-	e := mountStore(t, defaultSpec, withReceiptTTL(300*time.Millisecond))
+	const ttl = 2 * time.Second
+	e := mountStore(t, defaultSpec, withReceiptTTL(ttl))
 	e.mkns("r")
 	in := e.path("r", "incoming")
 	content := randBytes(13, 500<<10)
+	start := time.Now()
 	writeFile(t, in+"/keep", content)
 	writeFile(t, in+"/drop", []byte("drop me"))
 	if got := fileSum(t, in+"/keep"); got != sum(content) {
@@ -314,10 +320,10 @@ func TestReceipts(t *testing.T) {
 		t.Fatalf("chown not kept: %d:%d", st.Uid, st.Gid)
 	}
 	if err := os.Remove(in + "/drop"); err != nil {
-		t.Fatal(err)
+		t.Fatalf("%v (%s after the receipts were written, with a TTL of %s)", err, time.Since(start).Round(time.Millisecond), ttl)
 	}
 	e.expectNS(t, "r", []string{sum(content), sum([]byte("drop me"))})
-	eventually(t, 10*time.Second, "the receipt to expire", func() bool {
+	eventually(t, 10*ttl, "the receipt to expire", func() bool {
 		_, err := os.Stat(in + "/keep")
 		return errors.Is(err, fs.ErrNotExist)
 	})
@@ -403,9 +409,10 @@ func TestRootListsManyNamespaces(t *testing.T) {
 
 // TestEmptyIncomingDirsExpire: directories under incoming/ go a TTL after
 // they are found empty, nested ones too (the parent once its child went),
-// like receipts.
+// like receipts. The TTL (1 s) leaves a loaded machine time to make b
+// before a, found empty, expires.
 func TestEmptyIncomingDirsExpire(t *testing.T) {
-	e := mountStore(t, defaultSpec, withReceiptTTL(300*time.Millisecond))
+	e := mountStore(t, defaultSpec, withReceiptTTL(time.Second))
 	e.mkns("d")
 	in := e.path("d", "incoming")
 	if err := os.MkdirAll(filepath.Join(in, "a", "b"), 0o755); err != nil {
