@@ -17,7 +17,6 @@ import (
 	"os/exec"
 	"path/filepath"
 	"regexp"
-	"runtime/debug"
 	"slices"
 	"strconv"
 	"strings"
@@ -357,9 +356,10 @@ func sha(b []byte) string {
 // dd reads through FUSE passthrough) and strict (every read through the
 // daemon), a dd of a 64 MiB blob in progress (1 GiB under
 // ALKBLOBFS_LONG) ends with the right sha256, and so do an mmap of a blob
-// (under ALKBLOBFS_LONG only: see withMmap), a reader holding one open, a directory listing in progress and a shell
-// whose working directory is the namespace; new opens work; and once
-// every reader closed, the store holds no pin.
+// (half of it faulted in before the upgrade, half after), a reader
+// holding one open, a directory listing in progress and a shell whose
+// working directory is the namespace; new opens work; and once every
+// reader closed, the store holds no pin.
 func TestUpgradeKeepsReaders(t *testing.T) {
 	for _, mode := range []string{"full", "strict"} {
 		t.Run(mode, func(t *testing.T) {
@@ -437,29 +437,22 @@ func testUpgradeKeepsReaders(t *testing.T, mode string) {
 		}
 	}
 
-	// An mmap, a reader holding a blob open, a listing in progress.
-	//
-	// The mmap only under ALKBLOBFS_LONG (make test-long): in about one
-	// run in twelve a page fault on it after the upgrade gets SIGBUS, a
-	// defect not found yet (docs/operations.md warns of it). make test
-	// must not fail by chance; make test-long shows it until it is fixed.
-	withMmap := os.Getenv("ALKBLOBFS_LONG") == "1"
-	var mf *os.File
-	var mem []byte
-	if withMmap {
-		var err error
-		if mf, err = os.Open(filepath.Join(ns, mapD)); err != nil {
-			t.Fatal(err)
-		}
-		defer mf.Close()
-		if mem, err = syscall.Mmap(int(mf.Fd()), 0, len(mapBytes), syscall.PROT_READ, syscall.MAP_SHARED); err != nil {
-			t.Fatal(err)
-		}
-		defer syscall.Munmap(mem)
-		half := len(mapBytes) / 2
-		if got, err := faultSafeSum(mem[:half]); err != nil || got != sha(mapBytes[:half]) {
-			t.Fatalf("the mmap's first half before the upgrade: %v", err)
-		}
+	// An mmap, a reader holding a blob open, a listing in progress. The
+	// mapping reads without readahead (MADV_RANDOM): its first half
+	// faults in before the upgrade, its second half after it, each page
+	// a READ of its own to the new daemon.
+	mf, err := os.Open(filepath.Join(ns, mapD))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer mf.Close()
+	mem, unmap := mapShared(t, mf, len(mapBytes))
+	if err := syscall.Madvise(mem, syscall.MADV_RANDOM); err != nil {
+		t.Fatal(err)
+	}
+	half := len(mapBytes) / 2
+	if got, err := faultSafeSum(mem[:half]); err != nil || got != sha(mapBytes[:half]) {
+		t.Fatalf("the mmap's first half before the upgrade: %v", err)
 	}
 	held, err := os.Open(filepath.Join(ns, heldD))
 	if err != nil {
@@ -497,7 +490,7 @@ func testUpgradeKeepsReaders(t *testing.T, mode string) {
 		if got := hex.EncodeToString(hash.Sum(nil)); got != big {
 			return fmt.Errorf("dd across the upgrade read %s, want %s", got, big)
 		}
-		if got, err := faultSafeSum(mem); withMmap && (err != nil || got != mapD) {
+		if got, err := faultSafeSum(mem); err != nil || got != mapD {
 			size := int64(-1)
 			if fi, err := mf.Stat(); err == nil {
 				size = fi.Size()
@@ -537,8 +530,7 @@ func testUpgradeKeepsReaders(t *testing.T, mode string) {
 		}
 		return nil
 	})
-	syscall.Munmap(mem)
-	mem = nil
+	unmap()
 	mf.Close()
 	held.Close()
 	ld.Close()
@@ -970,18 +962,6 @@ func TestUpgradeTellsServiceManager(t *testing.T) {
 		!slices.Contains(got, "BARRIER=1") || strings.Contains(all, "STOPPING") {
 		t.Fatalf("notifications across the upgrade to pid %d:\n%s\nlog:\n%s", pid, all, u.logText())
 	}
-}
-
-// faultSafeSum is the sha256 of mapped memory; a page the mount fails to
-// fill (SIGBUS) is an error, not a crash of the test.
-func faultSafeSum(mem []byte) (sum string, err error) {
-	defer debug.SetPanicOnFault(debug.SetPanicOnFault(true))
-	defer func() {
-		if r := recover(); r != nil {
-			err = fmt.Errorf("fault reading the mapping: %v", r)
-		}
-	}()
-	return sha(mem), nil
 }
 
 // TestUpgradeKeepsRole: the new daemon keeps the old one's role: its pid
