@@ -4,6 +4,7 @@ package main
 
 import (
 	"bytes"
+	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -12,6 +13,8 @@ import (
 	"syscall"
 	"testing"
 	"unsafe"
+
+	"golang.org/x/sys/unix"
 )
 
 // Mappings of files in the tests of the mount (a blob mmapped across an
@@ -66,6 +69,46 @@ func faultSafeSum(mem []byte) (sum string, err error) {
 		}
 	}()
 	return sha(mem), nil
+}
+
+// errWrongBytes is readMapped's error for content that is not the blob's.
+var errWrongBytes = errors.New("wrong bytes")
+
+// readMapped maps the first n bytes of the blob at path, faults them in
+// page by page without readahead (MADV_RANDOM: a READ of its own for
+// each page), checks that they hash to d (errWrongBytes if not), and
+// unmaps and closes it; then it drops the file's pages from the page
+// cache (POSIX_FADV_DONTNEED), so that the next mapping of it reads
+// through the mount again. For a goroutine beside a test: it returns
+// errors rather than fail the test.
+func readMapped(path string, n int, d string) error {
+	f, err := os.Open(path)
+	if err != nil {
+		return err
+	}
+	defer f.Close()
+	mem, err := syscall.Mmap(int(f.Fd()), 0, n, syscall.PROT_READ, syscall.MAP_SHARED)
+	if err != nil {
+		return fmt.Errorf("mmap %s: %w", path, err)
+	}
+	err = syscall.Madvise(mem, syscall.MADV_RANDOM)
+	var got string
+	if err == nil {
+		got, err = faultSafeSum(mem)
+	}
+	if uerr := syscall.Munmap(mem); err == nil {
+		err = uerr
+	}
+	switch {
+	case err != nil:
+		return fmt.Errorf("%s through a mapping: %w", path, err)
+	case got != d:
+		return fmt.Errorf("%s through a mapping: %w (sha256 %s)", path, errWrongBytes, got)
+	}
+	if err := unix.Fadvise(int(f.Fd()), 0, 0, unix.FADV_DONTNEED); err != nil {
+		return fmt.Errorf("fadvise %s: %w", path, err)
+	}
+	return nil
 }
 
 // TestMapSharedUnmapsOnce: a mapping unmapped, then unmapped again by
