@@ -17,7 +17,6 @@ import (
 	"os/exec"
 	"path/filepath"
 	"regexp"
-	"runtime/debug"
 	"slices"
 	"strconv"
 	"strings"
@@ -49,10 +48,13 @@ type upgradable struct {
 	pid  int           // the daemon serving now
 	conn uint64        // the mount's FUSE connection
 	env  []string      // the daemon's environment added
+	// pauses are the requests' pauses the upgrades reported, in order.
+	pauses []time.Duration
 }
 
 var (
 	upgradedPid = regexp.MustCompile(`pid (\d+) serves it`)
+	pausedFor   = regexp.MustCompile(`requests paused (\S+)\)`)
 	startedPid  = regexp.MustCompile(`started .* \(pid (\d+)\)`)
 	noUploads   = regexp.MustCompile(`"uploads_in_flight":\s*0\b`)
 )
@@ -129,6 +131,15 @@ func (u *upgradable) mustUpgrade() int {
 		u.t.Fatalf("alkblobfs upgrade: exit %d, stdout %q, stderr %q\nlog:\n%s", r.Code, r.Stdout, r.Stderr, u.logText())
 	}
 	u.pid, _ = strconv.Atoi(m[1])
+	p := pausedFor.FindStringSubmatch(r.Stdout)
+	if p == nil {
+		u.t.Fatalf("alkblobfs upgrade did not say how long requests paused: %q", r.Stdout)
+	}
+	pause, err := time.ParseDuration(p[1])
+	if err != nil {
+		u.t.Fatalf("alkblobfs upgrade: the pause %q: %v", p[1], err)
+	}
+	u.pauses = append(u.pauses, pause)
 	if u.pid == before || !alive(u.pid) {
 		u.t.Fatalf("after the upgrade pid %d serves (before: %d), alive %v", u.pid, before, alive(u.pid))
 	}
@@ -357,9 +368,10 @@ func sha(b []byte) string {
 // dd reads through FUSE passthrough) and strict (every read through the
 // daemon), a dd of a 64 MiB blob in progress (1 GiB under
 // ALKBLOBFS_LONG) ends with the right sha256, and so do an mmap of a blob
-// (under ALKBLOBFS_LONG only: see withMmap), a reader holding one open, a directory listing in progress and a shell
-// whose working directory is the namespace; new opens work; and once
-// every reader closed, the store holds no pin.
+// (half of it faulted in before the upgrade, half after), a reader
+// holding one open, a directory listing in progress and a shell whose
+// working directory is the namespace; new opens work; and once every
+// reader closed, the store holds no pin.
 func TestUpgradeKeepsReaders(t *testing.T) {
 	for _, mode := range []string{"full", "strict"} {
 		t.Run(mode, func(t *testing.T) {
@@ -437,29 +449,22 @@ func testUpgradeKeepsReaders(t *testing.T, mode string) {
 		}
 	}
 
-	// An mmap, a reader holding a blob open, a listing in progress.
-	//
-	// The mmap only under ALKBLOBFS_LONG (make test-long): in about one
-	// run in twelve a page fault on it after the upgrade gets SIGBUS, a
-	// defect not found yet (docs/operations.md warns of it). make test
-	// must not fail by chance; make test-long shows it until it is fixed.
-	withMmap := os.Getenv("ALKBLOBFS_LONG") == "1"
-	var mf *os.File
-	var mem []byte
-	if withMmap {
-		var err error
-		if mf, err = os.Open(filepath.Join(ns, mapD)); err != nil {
-			t.Fatal(err)
-		}
-		defer mf.Close()
-		if mem, err = syscall.Mmap(int(mf.Fd()), 0, len(mapBytes), syscall.PROT_READ, syscall.MAP_SHARED); err != nil {
-			t.Fatal(err)
-		}
-		defer syscall.Munmap(mem)
-		half := len(mapBytes) / 2
-		if got, err := faultSafeSum(mem[:half]); err != nil || got != sha(mapBytes[:half]) {
-			t.Fatalf("the mmap's first half before the upgrade: %v", err)
-		}
+	// An mmap, a reader holding a blob open, a listing in progress. The
+	// mapping reads without readahead (MADV_RANDOM): its first half
+	// faults in before the upgrade, its second half after it, each page
+	// a READ of its own to the new daemon.
+	mf, err := os.Open(filepath.Join(ns, mapD))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer mf.Close()
+	mem, unmap := mapShared(t, mf, len(mapBytes))
+	if err := syscall.Madvise(mem, syscall.MADV_RANDOM); err != nil {
+		t.Fatal(err)
+	}
+	half := len(mapBytes) / 2
+	if got, err := faultSafeSum(mem[:half]); err != nil || got != sha(mapBytes[:half]) {
+		t.Fatalf("the mmap's first half before the upgrade: %v", err)
 	}
 	held, err := os.Open(filepath.Join(ns, heldD))
 	if err != nil {
@@ -497,7 +502,7 @@ func testUpgradeKeepsReaders(t *testing.T, mode string) {
 		if got := hex.EncodeToString(hash.Sum(nil)); got != big {
 			return fmt.Errorf("dd across the upgrade read %s, want %s", got, big)
 		}
-		if got, err := faultSafeSum(mem); withMmap && (err != nil || got != mapD) {
+		if got, err := faultSafeSum(mem); err != nil || got != mapD {
 			size := int64(-1)
 			if fi, err := mf.Stat(); err == nil {
 				size = fi.Size()
@@ -537,8 +542,7 @@ func testUpgradeKeepsReaders(t *testing.T, mode string) {
 		}
 		return nil
 	})
-	syscall.Munmap(mem)
-	mem = nil
+	unmap()
 	mf.Close()
 	held.Close()
 	ld.Close()
@@ -730,13 +734,15 @@ func TestUpgradeFailuresLeaveOldServing(t *testing.T) {
 	clitest.Collected(t, c, d, func() { clitest.SweepVia(t, u.mnt) })
 }
 
-// TestUpgradeLoop: 20 upgrades in a row under a read and write load
-// (readers that open, read and close blobs of both tiers, one that keeps
-// a blob open throughout, and a writer whose files in incoming/ span
+// TestUpgradeLoop: 20 upgrades in a row (100 under ALKBLOBFS_LONG)
+// under a read and write load (readers that open, read and close blobs
+// of both tiers, one that keeps a blob open throughout, one that reads
+// blobs through mappings, and a writer whose files in incoming/ span
 // upgrades, some fsynced half way): 0 errors, 0 wrong bytes, every
 // written file published under its digest at its close, no pin, stage
 // file or upload left once they closed, and no daemon left once
-// unmounted. It logs the write latency a writer saw (p50, p99, max).
+// unmounted. It logs the write latency a writer saw and the pauses the
+// upgrades reported (p50, p99, max).
 func TestUpgradeLoop(t *testing.T) {
 	t.Parallel()
 	c := clitest.NewCLI(t, "--pin-ttl", "3s")
@@ -816,6 +822,32 @@ func TestUpgradeLoop(t *testing.T) {
 			reads.Add(1)
 		}
 	}()
+	// A reader through mappings: it maps a blob, faults it in page by
+	// page (MADV_RANDOM: a READ for each page), checks its sum, unmaps
+	// it and drops its pages from the page cache, so that the next
+	// mapping reads again; its faults span the upgrades.
+	var mapped atomic.Int64
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		for i := 0; ; i++ {
+			select {
+			case <-stop:
+				return
+			default:
+			}
+			d := digests[i%len(digests)]
+			if err := readMapped(filepath.Join(u.mnt, "ns", d), len(want[d]), d); err != nil {
+				if errors.Is(err, errWrongBytes) {
+					fail(&wrong, err)
+				} else {
+					fail(&errs, err)
+				}
+				continue
+			}
+			mapped.Add(1)
+		}
+	}()
 	// A writer in incoming/: files of 1 to 6 MiB written 64 KiB a
 	// write(2), one fsync in three files half way, across the
 	// upgrades; each publishes its digest at its close. Each write's
@@ -883,24 +915,30 @@ func TestUpgradeLoop(t *testing.T) {
 		}
 	}
 	defer stopReaders()
-	const rounds = 20
-	for i := range rounds {
-		before, wrote := reads.Load(), chunks.Load()
-		clitest.Eventually(t, 30*time.Second, "reads and writes between upgrades", func() bool {
-			return reads.Load() > before+20 && chunks.Load() > wrote+5
+	rounds := 20
+	if os.Getenv("ALKBLOBFS_LONG") != "" {
+		rounds = 100 // the issue's loop: make test-long
+	}
+	failed := func() bool { return errs.Load()+wrong.Load() > 0 }
+	upgrades := 0
+	for upgrades < rounds && !failed() {
+		before, wrote, maps := reads.Load(), chunks.Load(), mapped.Load()
+		clitest.Eventually(t, 30*time.Second, "reads, mappings and writes between upgrades", func() bool {
+			return failed() || reads.Load() > before+20 && chunks.Load() > wrote+5 && mapped.Load() > maps
 		})
+		if failed() {
+			break // reported below, with the first error
+		}
 		u.mustUpgrade()
-		t.Logf("upgrade %d: pid %d, %d reads so far", i+1, u.pid, reads.Load())
+		upgrades++
+		t.Logf("upgrade %d: pid %d, %d reads so far", upgrades, u.pid, reads.Load())
 	}
 	u.watchdog(time.Minute, "the readers' end", func() error { stopReaders(); return nil })
-	t.Logf("%d upgrades, %d reads, %d files written (%d writes): %d errors, %d wrong", rounds, reads.Load(), files.Load(), chunks.Load(), errs.Load(), wrong.Load())
-	slices.Sort(lat)
-	if len(lat) > 0 {
-		t.Logf("write(2) of 64 KiB across the upgrades: p50 %s, p99 %s, max %s (%d writes)",
-			lat[len(lat)/2], lat[len(lat)*99/100], lat[len(lat)-1], len(lat))
-	}
+	t.Logf("%d upgrades, %d reads, %d blobs read through a mapping, %d files written (%d writes): %d errors, %d wrong", upgrades, reads.Load(), mapped.Load(), files.Load(), chunks.Load(), errs.Load(), wrong.Load())
+	t.Logf("write(2) of 64 KiB across the upgrades: %s (%d writes)", percentiles(lat), len(lat))
+	t.Logf("requests paused, as the upgrades reported: %s", percentiles(u.pauses))
 	if errs.Load() != 0 || wrong.Load() != 0 {
-		t.Fatalf("%d errors, %d wrong reads across %d upgrades; first: %v\nlog:\n%s", errs.Load(), wrong.Load(), rounds, firstErr.Load(), u.logText())
+		t.Fatalf("%d errors, %d wrong reads across %d upgrades; first: %v\nlog:\n%s", errs.Load(), wrong.Load(), upgrades, firstErr.Load(), u.logText())
 	}
 	noPinsLeft(t, c.Data)
 	clitest.Eventually(t, 10*time.Second, "no stage file and no upload in flight", func() bool {
@@ -916,6 +954,15 @@ func TestUpgradeLoop(t *testing.T) {
 	if n := strings.Count(u.logText(), "msg=\"handed over\""); n != rounds {
 		t.Fatalf("%d daemons logged that they handed over, want %d", n, rounds)
 	}
+}
+
+// percentiles says p50, p99 and max of ds (sorted in place).
+func percentiles(ds []time.Duration) string {
+	if len(ds) == 0 {
+		return "none"
+	}
+	slices.Sort(ds)
+	return fmt.Sprintf("p50 %s, p99 %s, max %s", ds[len(ds)/2], ds[len(ds)*99/100], ds[len(ds)-1])
 }
 
 // TestUpgradeTellsServiceManager: under a Type=notify service (a
@@ -970,18 +1017,6 @@ func TestUpgradeTellsServiceManager(t *testing.T) {
 		!slices.Contains(got, "BARRIER=1") || strings.Contains(all, "STOPPING") {
 		t.Fatalf("notifications across the upgrade to pid %d:\n%s\nlog:\n%s", pid, all, u.logText())
 	}
-}
-
-// faultSafeSum is the sha256 of mapped memory; a page the mount fails to
-// fill (SIGBUS) is an error, not a crash of the test.
-func faultSafeSum(mem []byte) (sum string, err error) {
-	defer debug.SetPanicOnFault(debug.SetPanicOnFault(true))
-	defer func() {
-		if r := recover(); r != nil {
-			err = fmt.Errorf("fault reading the mapping: %v", r)
-		}
-	}()
-	return sha(mem), nil
 }
 
 // TestUpgradeKeepsRole: the new daemon keeps the old one's role: its pid
