@@ -42,7 +42,10 @@ func tree(t *testing.T, dir string, seed uint64) []string {
 func TestTools(t *testing.T) {
 	t.Parallel() // every write is a forked tool's (see TestMain)
 	for _, spec := range storeSpecs {
-		t.Run(spec.name, func(t *testing.T) { testTools(t, spec) })
+		t.Run(spec.name, func(t *testing.T) {
+			t.Parallel() // a mount of its own, and forks only
+			testTools(t, spec)
+		})
 	}
 }
 
