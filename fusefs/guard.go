@@ -44,21 +44,34 @@ const GuardName = "alkblobfs-mount-guard"
 // killed daemon's mount hangs.
 const guardEvery = 100 * time.Millisecond
 
+// A daemon that hands its mount over (handover.go) retires its guard
+// before it exits: the successor serves the connection, with a guard of
+// its own, and the old daemon's exit, as it closes the descriptor it
+// still holds, is exactly what this guard aborts for. A guard that
+// outlived its retirement (the old daemon killed before it could) still
+// leaves the connection alone: the pid record names the successor.
+
+// guardProc is a running guard, a child of the daemon it guards.
+type guardProc struct {
+	proc   *os.Process
+	reaped chan struct{}
+}
+
 // startGuard starts the guard of this process's mount on dir.
-func startGuard(dir string) error {
+func startGuard(dir string) (*guardProc, error) {
 	m, ok, err := fusectl.Find(dir)
 	if err != nil || !ok {
-		return fmt.Errorf("find the new mount on %s: %v", dir, err)
+		return nil, fmt.Errorf("find the new mount on %s: %v", dir, err)
 	}
 	minor := m.Minor
 	// A guard that could not abort the connection (no root) guards
 	// nothing: say so at mount time, not silently when it is needed.
 	if err := fusectl.CanAbort(minor); err != nil {
-		return err
+		return nil, err
 	}
 	start, err := procStart(os.Getpid())
 	if err != nil {
-		return err
+		return nil, err
 	}
 	cmd := &exec.Cmd{
 		Path: "/proc/self/exe",
@@ -68,10 +81,29 @@ func startGuard(dir string) error {
 		SysProcAttr: &syscall.SysProcAttr{Setsid: true},
 	}
 	if err := cmd.Start(); err != nil {
-		return err
+		return nil, err
 	}
-	go cmd.Wait() // reaps it
-	return nil
+	g := &guardProc{proc: cmd.Process, reaped: make(chan struct{})}
+	go func() {
+		cmd.Wait()
+		close(g.reaped)
+	}()
+	return g, nil
+}
+
+// retire ends the guard of a daemon that handed its mount over, and
+// waits until it is gone (at most timeout).
+func (g *guardProc) retire(timeout time.Duration) error {
+	if g == nil {
+		return nil
+	}
+	g.proc.Kill() // it ignores the polite signals (RunGuard)
+	select {
+	case <-g.reaped:
+		return nil
+	case <-time.After(timeout):
+		return fmt.Errorf("the guard (pid %d) did not exit within %s of SIGKILL", g.proc.Pid, timeout)
+	}
 }
 
 // RunGuard is the guard's main (args: mountpoint, daemon pid, its start
@@ -107,6 +139,12 @@ func RunGuard(args []string) int {
 			// above. One that holds none (a zombie not yet reaped, which
 			// unmounted and closed it cleanly) leaves the connection to
 			// whoever mounted on dir since.
+			// One that handed the mount over and was killed before it
+			// retired this guard leaves it to the successor the pid
+			// record names.
+			if rp, _ := recordedPid(dir, minor); rp != 0 && rp != pid {
+				return 0
+			}
 			if err == nil && ok && holdsFUSE(pid) {
 				if err := fusectl.Abort(minor); err != nil {
 					return 1

@@ -338,6 +338,9 @@ func (h *Handover) Commit(timeout time.Duration) {
 	h.CloseFD()
 	m := h.m
 	m.handedOver.Store(true)
+	if err := m.guard.retire(timeout); err != nil {
+		m.fs.log.Warn("handover: the mount guard lingers; it leaves the successor's connection alone", "err", err)
+	}
 	m.fs.upkeep.Scrubber.Stop()
 	h.dropCarriedIntents(context.Background())
 	if err := m.server.Detach(timeout); err != nil {

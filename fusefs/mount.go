@@ -42,7 +42,8 @@ type Server struct {
 
 	done      chan struct{}
 	closeOnce sync.Once
-	watch     *watch // other hosts' changes (watch.go); nil without a feed
+	watch     *watch     // other hosts' changes (watch.go); nil without a feed
+	guard     *guardProc // the guard (guard.go); nil without a feed
 }
 
 // Mount request sizes. 1 MiB is the kernel's largest FUSE request (256
@@ -109,7 +110,8 @@ func (m *Server) start(msg string) {
 	f.refsSource = f.st.Register(f.refs)
 	m.watch = f.startWatch()
 	if m.watch != nil && cfg.Guard {
-		if err := startGuard(abs); err != nil {
+		var err error
+		if m.guard, err = startGuard(abs); err != nil {
 			f.log.Warn("no mount guard: a kill of this daemon during a cache invalidation may hang the mount until it is mounted again or umount --force", "err", err)
 		}
 	}

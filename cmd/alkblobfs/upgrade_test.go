@@ -161,6 +161,12 @@ func (u *upgradable) mustUpgrade() int {
 	} else {
 		u.waitGone(before, 30*time.Second)
 	}
+	// The old daemon retired its guard before it exited: one left
+	// polling would take the exit for a death and abort the connection
+	// the new daemon serves.
+	if g := clitest.GuardOf(before); g != 0 {
+		u.t.Fatalf("the guard (pid %d) of the old daemon (pid %d) still runs after it exited", g, before)
+	}
 	return u.pid
 }
 

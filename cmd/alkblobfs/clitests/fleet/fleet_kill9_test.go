@@ -9,7 +9,6 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"strconv"
 	"strings"
 	"syscall"
 	"testing"
@@ -17,7 +16,6 @@ import (
 
 	"github.com/alkblobfs/alkblobfs/cmd/alkblobfs/internal/clitest"
 	"github.com/alkblobfs/alkblobfs/engines/postgres/pgtest"
-	"github.com/alkblobfs/alkblobfs/fusefs"
 	"github.com/alkblobfs/alkblobfs/fusefs/fusectl"
 	"github.com/jackc/pgx/v5"
 	"golang.org/x/sys/unix"
@@ -168,16 +166,7 @@ func blockedThread(pid int) string {
 // would keep the connection from aborting when the daemon's closes.
 func guardOf(t *testing.T, pid int) int {
 	t.Helper()
-	var guard int
-	// The daemon starts it before it logs that it mounted.
-	procs, _ := os.ReadDir("/proc")
-	for _, p := range procs {
-		b, err := os.ReadFile(filepath.Join("/proc", p.Name(), "cmdline"))
-		args := strings.Split(string(b), "\x00")
-		if err == nil && len(args) > 2 && args[0] == fusefs.GuardName && args[2] == fmt.Sprint(pid) {
-			guard, _ = strconv.Atoi(p.Name())
-		}
-	}
+	guard := clitest.GuardOf(pid) // started before the daemon logs that it mounted
 	if guard == 0 {
 		return 0
 	}

@@ -10,11 +10,13 @@ import (
 	"os/exec"
 	"path/filepath"
 	"slices"
+	"strconv"
 	"strings"
 	"syscall"
 	"testing"
 	"time"
 
+	"github.com/alkblobfs/alkblobfs/fusefs"
 	"github.com/alkblobfs/alkblobfs/fusefs/fusetest"
 )
 
@@ -219,6 +221,21 @@ func DaemonRunning(mnt string) bool {
 		}
 	}
 	return false
+}
+
+// GuardOf is the pid of the mount guard of daemon pid (fusefs.GuardName,
+// whose second argument is the daemon's pid), 0 if it has none.
+func GuardOf(pid int) int {
+	procs, _ := filepath.Glob("/proc/[0-9]*/cmdline")
+	for _, p := range procs {
+		b, err := os.ReadFile(p)
+		args := strings.Split(string(b), "\x00")
+		if err == nil && len(args) > 2 && args[0] == fusefs.GuardName && args[2] == strconv.Itoa(pid) {
+			g, _ := strconv.Atoi(filepath.Base(filepath.Dir(p)))
+			return g
+		}
+	}
+	return 0
 }
 
 // AbortFUSE frees a hung mount with the product's own remedy, umount
