@@ -141,6 +141,9 @@ type Config struct {
 	// as GuardName. Off for a mount in a process that cannot (a test
 	// binary).
 	Guard bool
+	// RestartOnCrash has the guard keep the connection when the daemon
+	// dies and restart the daemon on it (restart.go); with Guard only.
+	RestartOnCrash bool
 }
 
 // Timeouts. Blob files are immutable and their dentries change only by

@@ -1,6 +1,8 @@
 package fusefs
 
 import (
+	"encoding/json"
+	"errors"
 	"fmt"
 	"os"
 	"os/exec"
@@ -9,6 +11,8 @@ import (
 	"strconv"
 	"syscall"
 	"time"
+
+	"github.com/hanwen/go-fuse/v2/fuse"
 
 	"github.com/alkblobfs/alkblobfs/fusefs/fusectl"
 )
@@ -57,8 +61,12 @@ type guardProc struct {
 	reaped chan struct{}
 }
 
-// startGuard starts the guard of this process's mount on dir.
-func startGuard(dir string) (*guardProc, error) {
+// startGuard starts the guard of this process's mount on dir. With
+// restart, it keeps a duplicate of the server's /dev/fuse descriptor,
+// what INIT settled and this process's command line, to restart a
+// crashed daemon (restart.go); and this process's standard error, for
+// the restarted daemon's log.
+func startGuard(dir string, server *fuse.Server, restart bool) (*guardProc, error) {
 	m, ok, err := fusectl.Find(dir)
 	if err != nil || !ok {
 		return nil, fmt.Errorf("find the new mount on %s: %v", dir, err)
@@ -80,6 +88,28 @@ func startGuard(dir string) (*guardProc, error) {
 		// stderr pipe open after the daemon (a parent waiting for EOF).
 		SysProcAttr: &syscall.SysProcAttr{Setsid: true},
 	}
+	if restart {
+		fd, err := server.DupFD()
+		if err != nil {
+			return nil, err
+		}
+		conn := os.NewFile(uintptr(fd), "/dev/fuse")
+		defer conn.Close()
+		init, err := json.Marshal(server.InitState())
+		if err != nil {
+			return nil, err
+		}
+		argv, err := json.Marshal(os.Args)
+		if err != nil {
+			return nil, err
+		}
+		cmd.Args = append(cmd.Args, guardRestart)
+		cmd.ExtraFiles = []*os.File{conn} // fd 3
+		cmd.Env = append(os.Environ(), envRestartInit+"="+string(init), envGuardArgs+"="+string(argv))
+		// Held for the restarted daemon's log: with --restart-on-crash,
+		// a pipe on the daemon's stderr stays open while its guard runs.
+		cmd.Stderr = os.Stderr
+	}
 	if err := cmd.Start(); err != nil {
 		return nil, err
 	}
@@ -90,6 +120,17 @@ func startGuard(dir string) (*guardProc, error) {
 	}()
 	return g, nil
 }
+
+// guardRestart is the guard's fifth argument when it restarts its daemon
+// after a crash; envGuardArgs then holds the daemon's command line (a
+// JSON array).
+const (
+	guardRestart = "restart"
+	envGuardArgs = "ALKBLOBFS_GUARD_ARGS"
+)
+
+// guardFD is the descriptor of the connection a restarting guard holds.
+const guardFD = 3
 
 // retire ends the guard of a daemon that handed its mount over, and
 // waits until it is gone (at most timeout).
@@ -107,10 +148,13 @@ func (g *guardProc) retire(timeout time.Duration) error {
 }
 
 // RunGuard is the guard's main (args: mountpoint, daemon pid, its start
-// time, connection minor); it returns the exit status.
+// time, connection minor, and guardRestart if it restarts the daemon
+// after a crash); it returns the exit status.
 func RunGuard(args []string) int {
-	signal.Ignore(syscall.SIGINT, syscall.SIGTERM, syscall.SIGHUP, syscall.SIGQUIT, syscall.SIGPIPE)
-	if len(args) != 4 {
+	// Caught, not ignored: a daemon this guard restarts gets the default
+	// actions back (an ignored signal would stay ignored across exec).
+	signal.Notify(make(chan os.Signal, 1), syscall.SIGINT, syscall.SIGTERM, syscall.SIGHUP, syscall.SIGQUIT, syscall.SIGPIPE)
+	if len(args) != 4 && (len(args) != 5 || args[4] != guardRestart) {
 		return 2
 	}
 	dir := args[0]
@@ -120,7 +164,11 @@ func RunGuard(args []string) int {
 	if err1 != nil || err2 != nil || err3 != nil {
 		return 2
 	}
-	closeFUSE()
+	var rs *restarter
+	if len(args) == 5 {
+		rs = newRestarter(dir, minor)
+	}
+	closeFUSE(rs != nil)
 	for {
 		time.Sleep(guardEvery) // a poll: the kernel tells no one of a dying process
 		// The guard's mount gone from dir (unmounted, or another mount's
@@ -131,28 +179,55 @@ func RunGuard(args []string) int {
 			return 0
 		}
 		exited, dying := daemonState(pid, start)
-		switch {
-		case exited:
+		if !exited && !dying {
+			continue
+		}
+		// One that handed the mount over and was killed before it
+		// retired this guard leaves it to the successor the pid record
+		// names.
+		if successorServes(dir, minor, pid) {
 			return 0
-		case dying:
-			// A dying daemon that still holds /dev/fuse is the hang
-			// above. One that holds none (a zombie not yet reaped, which
-			// unmounted and closed it cleanly) leaves the connection to
-			// whoever mounted on dir since.
-			// One that handed the mount over and was killed before it
-			// retired this guard leaves it to the successor the pid
-			// record names.
-			if rp, _ := recordedPid(dir, minor); rp != 0 && rp != pid {
+		}
+		if rs != nil {
+			// A crash: the connection lives on in this guard's
+			// descriptor, its requests queued, until a daemon serves
+			// it again or it is aborted.
+			np, err := rs.restart()
+			if err == nil {
+				pid, start = np.pid, np.start
+				continue
+			}
+			if errors.Is(err, errUnmounted) {
 				return 0
 			}
-			if err == nil && ok && holdsFUSE(pid) {
-				if err := fusectl.Abort(minor); err != nil {
-					return 1
-				}
+			rs.log("the mount's daemon died and was not restarted: %v; aborting its connection", err)
+			if err := fusectl.Abort(minor); err != nil {
+				return 1
 			}
 			return 0
 		}
+		if exited {
+			return 0
+		}
+		// A dying daemon that still holds /dev/fuse is the hang above.
+		// One that holds none (a zombie not yet reaped, which unmounted
+		// and closed it cleanly) leaves the connection to whoever
+		// mounted on dir since.
+		if err == nil && ok && holdsFUSE(pid) {
+			if err := fusectl.Abort(minor); err != nil {
+				return 1
+			}
+		}
+		return 0
 	}
+}
+
+// successorServes reports whether the pid record of the connection
+// minor on dir names a live daemon other than pid: one pid handed the
+// mount to.
+func successorServes(dir string, minor uint64, pid int) bool {
+	rp, rstart := recordedPid(dir, minor)
+	return rp != 0 && rp != pid && !daemonGone(rp, rstart)
 }
 
 // holdsFUSE reports whether a thread of process pid has /dev/fuse open.
@@ -173,11 +248,12 @@ func holdsFUSE(pid int) bool {
 
 // closeFUSE closes any /dev/fuse descriptor the guard inherited: holding
 // one would keep the connection from aborting when the daemon's closes.
-func closeFUSE() {
+// A restarting guard keeps the one it was given (guardFD).
+func closeFUSE(restart bool) {
 	ents, _ := os.ReadDir("/proc/self/fd")
 	for _, e := range ents {
 		if l, err := os.Readlink(filepath.Join("/proc/self/fd", e.Name())); err == nil && l == "/dev/fuse" {
-			if n, err := strconv.Atoi(e.Name()); err == nil {
+			if n, err := strconv.Atoi(e.Name()); err == nil && !(restart && n == guardFD) {
 				syscall.Close(n)
 			}
 		}

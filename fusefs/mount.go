@@ -42,8 +42,9 @@ type Server struct {
 
 	done      chan struct{}
 	closeOnce sync.Once
-	watch     *watch     // other hosts' changes (watch.go); nil without a feed
-	guard     *guardProc // the guard (guard.go); nil without a feed
+	watch     *watch        // other hosts' changes (watch.go); nil without a feed
+	guard     *guardProc    // the guard (guard.go); nil without one
+	minor     atomic.Uint64 // the connection's number (fusectl), once serving
 }
 
 // Mount request sizes. 1 MiB is the kernel's largest FUSE request (256
@@ -99,6 +100,9 @@ func Mount(dir string, cfg Config) (*Server, error) {
 func (m *Server) start(msg string) {
 	f, abs, server, cfg := m.fs, m.dir, m.server, m.fs.cfg
 	f.mount = m
+	if c, ok, err := fusectl.Find(abs); err == nil && ok {
+		m.minor.Store(c.Minor)
+	}
 	if err := writePidFile(abs); err != nil {
 		f.log.Warn("could not record the daemon's pid; a later mount cannot recover this one if it dies stuck", "err", err)
 	}
@@ -109,9 +113,11 @@ func (m *Server) start(msg string) {
 	}
 	f.refsSource = f.st.Register(f.refs)
 	m.watch = f.startWatch()
-	if m.watch != nil && cfg.Guard {
+	// A guard aborts the connection of a daemon killed while its feed
+	// notifies the kernel, or restarts one that crashed (restart.go).
+	if (m.watch != nil || cfg.RestartOnCrash) && cfg.Guard {
 		var err error
-		if m.guard, err = startGuard(abs); err != nil {
+		if m.guard, err = startGuard(abs, server, cfg.RestartOnCrash); err != nil {
 			f.log.Warn("no mount guard: a kill of this daemon during a cache invalidation may hang the mount until it is mounted again or umount --force", "err", err)
 		}
 	}
@@ -260,6 +266,7 @@ func (m *Server) cleanup() {
 			f.log.Info("handed over", "mountpoint", m.dir)
 		} else {
 			removePidFile(m.dir)
+			os.Remove(restartGenFile(m.dir))
 			f.log.Info("unmounted", "mountpoint", m.dir)
 		}
 		close(m.done)

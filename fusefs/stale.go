@@ -146,6 +146,8 @@ func prunePidFiles() {
 		}
 		removeIfSame(p, fi)
 		removeDeadSocket(strings.TrimSuffix(p, ".pid") + ".sock")
+		os.Remove(strings.TrimSuffix(p, ".pid") + ".restarts") // restart.go's count, for a connection gone
+
 	}
 }
 

@@ -41,6 +41,10 @@ type Stats struct {
 	SweepTimer string        `json:"sweep_timer"`
 	Sweeps     int64         `json:"sweeps"`
 	LastSweep  *store.Report `json:"last_sweep,omitempty"`
+
+	// CrashRestarts counts the times the guard restarted a crashed
+	// daemon on this mount's connection (--restart-on-crash).
+	CrashRestarts uint64 `json:"crash_restarts"`
 }
 
 // ScrubStats describes the mount's scrubs.
@@ -132,6 +136,7 @@ func (f *FS) Counters() Stats {
 	}
 	if f.mount != nil {
 		s.Mountpoint = f.mount.dir
+		s.CrashRestarts = restartGen(f.mount.dir, f.mount.minor.Load())
 	}
 	for _, d := range f.nsDirs() {
 		d.mu.Lock()

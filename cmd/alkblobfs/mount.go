@@ -36,6 +36,7 @@ func newMountCmd(a *app) *cobra.Command {
 		permTTL    time.Duration
 		tokenTTL   time.Duration
 		source     string
+		restart    bool
 	)
 	cmd := &cobra.Command{
 		Use:         "mount MOUNTPOINT",
@@ -93,7 +94,16 @@ between collections, so a larger live heap goes over the target rather
 than be collected back to back. GOGC in the environment turns this off.
 
 A stale mount left by a daemon that was killed is unmounted lazily first.
-As root the mount uses mount(2) directly; otherwise fusermount3.`,
+As root the mount uses mount(2) directly; otherwise fusermount3.
+
+--restart-on-crash (as root): when the daemon dies (kill -9, out of
+memory), its guard starts it again on the live connection instead of
+leaving the mount dead: programs keep the mount, their working
+directories and new opens work at once, and a file opened before gets
+ESTALE at its next request to the daemon (never another file's bytes).
+What the daemon had not made durable follows the crash rules of
+docs/publish.md. A third crash within a minute ends the mount as without
+the flag (ENOTCONN until it is mounted again).`,
 		Example: `  alkblobfs mount /mnt/blobs
   alkblobfs --data /srv/blobs mount --sweep-every 1h /mnt/blobs
   alkblobfs --kv mem: --large mem: mount --verify=publish /tmp/scratch`,
@@ -125,7 +135,13 @@ As root the mount uses mount(2) directly; otherwise fusermount3.`,
 			if err != nil {
 				return err
 			}
-			if daemon && child == nil && tk == nil {
+			// Started by the mount's guard after the daemon crashed:
+			// serve the live connection it kept.
+			rs, err := fusefs.RestartedFromEnv()
+			if err != nil {
+				return err
+			}
+			if daemon && child == nil && tk == nil && rs == nil {
 				// The parent: start the daemon and wait until it serves.
 				if logFile == "" {
 					if logFile = defaultLogFile(a.data); logFile == "" {
@@ -227,7 +243,9 @@ As root the mount uses mount(2) directly; otherwise fusermount3.`,
 				Data:          dataDir,
 				Logger:        lg,
 				Observe:       observe,
-				Guard:         true,
+				// A restarted daemon's guard is the one that restarted it.
+				Guard:          rs == nil,
+				RestartOnCrash: restart,
 			}
 			var srv *fusefs.Server
 			if tk != nil {
@@ -235,6 +253,9 @@ As root the mount uses mount(2) directly; otherwise fusermount3.`,
 				if err == nil && listen != "" {
 					ln, toks, err = a.listen(cmd, listen, insecure, allowOther, tk.http())
 				}
+			} else if rs != nil {
+				lg.Warn("restarting after a crash: descriptors opened before answer ESTALE", "restart", rs.Generation())
+				srv, err = fusefs.Restart(rs, cfg)
 			} else {
 				srv, err = fusefs.Mount(args[0], cfg)
 			}
@@ -258,7 +279,7 @@ As root the mount uses mount(2) directly; otherwise fusermount3.`,
 				defer reloadOnHangup(ctx, toks, lg)()
 				lg.Info("serving HTTP beside the mount", "url", listenURL(ln), "tokens", toks.Len())
 			}
-			if tk == nil {
+			if tk == nil && rs == nil {
 				if err := sdNotify("READY=1\nSTATUS=serving " + srv.Dir()); err != nil {
 					lg.Warn("could not tell the service manager that the mount is ready", "err", err)
 				}
@@ -318,6 +339,7 @@ As root the mount uses mount(2) directly; otherwise fusermount3.`,
 	f.BoolVar(&insecure, "insecure-loopback", false, "with --listen on loopback: no tokens, every local user acts as the mounting user (refused with --allow-other)")
 	permCacheFlag(f, &permTTL)
 	f.DurationVar(&tokenTTL, "token-ttl", ops.DefaultTokenTTL, "with --listen: life of a put's pin token after the put or its last renewal")
+	f.BoolVar(&restart, "restart-on-crash", false, "when the daemon dies, restart it on the live connection instead of leaving the mount dead (as root; see above)")
 	f.StringVar(&source, "source", "", "what the mount shows as its source in /proc/mounts, findmnt and df (default: the data directory, or the kv engine's URL without its password when no tier is there); the fstab helper passes the line's SOURCE")
 	return cmd
 }

@@ -16,7 +16,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/alkblobfs/alkblobfs/fusefs"
 	"github.com/alkblobfs/alkblobfs/fusefs/fusetest"
 )
 
@@ -223,14 +222,18 @@ func DaemonRunning(mnt string) bool {
 	return false
 }
 
-// GuardOf is the pid of the mount guard of daemon pid (fusefs.GuardName,
-// whose second argument is the daemon's pid), 0 if it has none.
+// GuardName is the name ps shows for a mount's guard process (fusefs's
+// GuardName, seen from outside as a user sees it).
+const GuardName = "alkblobfs-mount-guard"
+
+// GuardOf is the pid of the mount guard of daemon pid (GuardName, whose
+// second argument is the daemon's pid), 0 if it has none.
 func GuardOf(pid int) int {
 	procs, _ := filepath.Glob("/proc/[0-9]*/cmdline")
 	for _, p := range procs {
 		b, err := os.ReadFile(p)
 		args := strings.Split(string(b), "\x00")
-		if err == nil && len(args) > 2 && args[0] == fusefs.GuardName && args[2] == strconv.Itoa(pid) {
+		if err == nil && len(args) > 2 && args[0] == GuardName && args[2] == strconv.Itoa(pid) {
 			g, _ := strconv.Atoi(filepath.Base(filepath.Dir(p)))
 			return g
 		}
