@@ -30,6 +30,7 @@ type MountStats struct {
 	Publishes       int64
 	PublishFailures int64
 	VerifyFailures  int64
+	CrashRestarts   int64
 }
 
 // Metrics is the Prometheus side of a store (and of a mount, once
@@ -166,6 +167,7 @@ var (
 	descMountWrites    = desc("alkblobfs_mount_writes_total", "Write requests into incoming/.")
 	descMountBytesIn   = desc("alkblobfs_mount_written_bytes_total", "Bytes written into incoming/.")
 	descMountPublishes = desc("alkblobfs_mount_publishes_total", "Files published from incoming/.")
+	descMountRestarts  = desc("alkblobfs_mount_crash_restarts_total", "Times the mount's guard restarted its daemon after a crash, on the live connection (mount --restart-on-crash).")
 )
 
 func desc(name, help string, labels ...string) *prometheus.Desc {
@@ -268,6 +270,7 @@ func (c *storeCollector) Collect(ch chan<- prometheus.Metric) {
 		counter(descMountWrites, ms.Writes)
 		counter(descMountBytesIn, ms.BytesWritten)
 		counter(descMountPublishes, ms.Publishes)
+		counter(descMountRestarts, ms.CrashRestarts)
 		errs["mount_publish"] += ms.PublishFailures
 		errs["mount_verification"] += ms.VerifyFailures
 	}

@@ -27,7 +27,7 @@ var helperOptions = map[string]string{
 	"scrub_rate": "--scrub-rate", "receipt_ttl": "--receipt-ttl", "max_receipts": "--max-receipts",
 	"allow_other": "--allow-other", "ro": "--read-only", "nonempty": "--nonempty",
 	"passthrough": "--passthrough", "log_file": "--log-file", "log_level": "--log-level",
-	"debug": "--debug", "heap_target": "--heap-target",
+	"debug": "--debug", "heap_target": "--heap-target", "restart_on_crash": "--restart-on-crash",
 }
 
 // globalOptions are the store's flags, which go before the mount command.

@@ -351,6 +351,7 @@ func mountStats(s fusefs.Stats) ops.MountStats {
 		UploadsInFlight: int64(s.UploadsInFlight), Opens: s.Opens, Reads: s.Reads, BytesRead: s.BytesRead,
 		Writes: s.Writes, BytesWritten: s.BytesWritten, Publishes: s.Publishes,
 		PublishFailures: s.PublishFailures, VerifyFailures: s.VerifyFailures,
+		CrashRestarts: int64(s.CrashRestarts),
 	}
 }
 

@@ -3,8 +3,12 @@
 package main
 
 import (
+	"context"
 	"errors"
 	"fmt"
+	"io"
+	"net"
+	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -95,7 +99,8 @@ func TestRestartOnCrash(t *testing.T) {
 	bPath, bBytes, bD := clitest.WriteFile(t, dir, 8<<20, 2)
 	c.OK("ns", "create", "ns")
 	c.OK("put", "--ns", "ns", aPath, bPath)
-	u := mountUpgradable(t, c, nil, "--restart-on-crash", "--verify=strict")
+	sock := filepath.Join(t.TempDir(), "http.sock")
+	u := mountUpgradable(t, c, nil, "--restart-on-crash", "--verify=strict", "--listen", "unix:"+sock)
 	ns := filepath.Join(u.mnt, "ns")
 	if g := guardsOn(u.mnt); len(g) != 1 {
 		t.Fatalf("guards of the mount: %v, want one", g)
@@ -207,6 +212,21 @@ func TestRestartOnCrash(t *testing.T) {
 	}
 	if s := u.stats(); !strings.Contains(s, `"crash_restarts": 1`) {
 		t.Fatalf("stats after one restart:\n%s", s)
+	}
+	// The restarted daemon serves --listen again, its metric counting
+	// the restart.
+	client := &http.Client{Timeout: 20 * time.Second, Transport: &http.Transport{
+		DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
+			return (&net.Dialer{}).DialContext(ctx, "unix", sock)
+		}}}
+	resp, err := client.Get("http://alkblobfs/metrics")
+	if err != nil {
+		t.Fatalf("GET /metrics after the restart: %v", err)
+	}
+	body, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if !strings.Contains(string(body), "\nalkblobfs_mount_crash_restarts_total 1\n") {
+		t.Fatalf("GET /metrics after one restart: %s\n%s", resp.Status, body)
 	}
 
 	// An upgrade of the restarted daemon: the guard that restarted it
