@@ -5,6 +5,7 @@ import (
 	"context"
 	"crypto/sha256"
 	"errors"
+	"fmt"
 	"io"
 	"math/rand/v2"
 	"os"
@@ -530,5 +531,71 @@ func TestTruncatedAfterOpenRefetched(t *testing.T) {
 	off := 2 << 20
 	if _, err := r.ReadAt(p, int64(off)); err != nil || !bytes.Equal(p, b[off:off+len(p)]) {
 		t.Fatalf("read past the truncation: %v (right bytes: %v)", err, bytes.Equal(p, b[off:off+len(p)]))
+	}
+}
+
+// TestPublishingCopyIsNoMiss: a filler publishes by linking its stage as
+// the copy, removing the stage's name and then closing it, and holds the
+// stage's lock, the copy's inode, until it closes. A process that misses
+// the blob in that window claims a new stage (the name is free) and
+// finds the copy locked: it must wait for it, not fetch the blob a second
+// time. (Busy run 11: two processes, one blob, 2 × 64 MiB fetched.) The
+// window is held open here by a lock on the copy.
+func TestPublishingCopyIsNoMiss(t *testing.T) {
+	dir := t.TempDir()
+	url := s3test.URL(t)
+	a := newFixture(t, url, dir, 64<<20)
+	d, b := a.put(4<<20, 41)
+	a.read(d) // the copy
+	a.settled()
+	if !a.cached(d) {
+		t.Fatal("the blob is not cached after a read")
+	}
+	copyPath := filepath.Join(dir, "blobs", d.String()[:2], d.String())
+	held, err := os.Open(copyPath)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer held.Close()
+	if err := unix.Flock(int(held.Fd()), unix.LOCK_EX); err != nil {
+		t.Fatal(err)
+	}
+
+	other := newFixture(t, url, dir, 64<<20) // another process of the host
+	done := make(chan error, 1)
+	go func() {
+		r, ok, err := other.st.Get(context.Background(), d)
+		if err != nil || !ok {
+			done <- fmt.Errorf("get: %v %v", ok, err)
+			return
+		}
+		defer r.Close()
+		got, err := io.ReadAll(io.NewSectionReader(r, 0, r.Len()))
+		if err == nil && !bytes.Equal(got, b) {
+			err = errors.New("wrong bytes")
+		}
+		done <- err
+	}()
+	// While the copy is locked the reader waits, and fetches nothing; a
+	// wait of a few polls, which can only miss a fetch, never invent one.
+	select {
+	case err := <-done:
+		t.Fatalf("the read ended while the copy was locked (%v): it fetched the blob again: %+v", err, other.stats().Process)
+	case <-time.After(300 * time.Millisecond):
+	}
+	if s := other.stats().Process; s.BytesFilled != 0 {
+		t.Fatalf("a copy being published was taken for a miss: %+v", s)
+	}
+	unix.Flock(int(held.Fd()), unix.LOCK_UN)
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Fatal(err)
+		}
+	case <-time.After(30 * time.Second):
+		t.Fatal("the read did not end 30 s after the copy was unlocked")
+	}
+	if s := other.settled().Process; s.BytesFilled != 0 || s.Fills != 0 {
+		t.Fatalf("the read of a published copy: %+v; want no fill", s)
 	}
 }

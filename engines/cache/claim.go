@@ -72,6 +72,27 @@ func (e *Engine) claim(ctx context.Context, d blob.Digest, size int64) (*stageFi
 				fh.Close()
 				return nil, c, nil
 			}
+			if e.copyLocked(d) {
+				// Not a miss: a copy is there, locked. Its filler is
+				// publishing it (the copy is the stage's inode, which it
+				// holds locked from the removal of the stage's name,
+				// which let this process claim a new one, until it
+				// closes it), or an eviction is taking it. Give the
+				// claim back and look again.
+				os.Remove(path)
+				fh.Close()
+				if time.Since(start) > claimMax {
+					return nil, nil, errBusy
+				}
+				select {
+				case <-ctx.Done():
+					return nil, nil, ctx.Err()
+				case <-e.ctx.Done():
+					return nil, nil, context.Canceled
+				case <-time.After(claimPoll):
+				}
+				continue
+			}
 			err := fh.Truncate(0) // a dead filler's bytes
 			if err == nil {
 				err = fh.Truncate(size)
@@ -115,6 +136,21 @@ func (e *Engine) claim(ctx context.Context, d blob.Digest, size int64) (*stageFi
 		case <-time.After(claimPoll):
 		}
 	}
+}
+
+// copyLocked reports whether d's copy is there under an exclusive lock
+// (openHit then misses it): being published or evicted by a process.
+func (e *Engine) copyLocked(d blob.Digest) bool {
+	f, err := os.Open(e.loc.Path(d))
+	if err != nil {
+		return false
+	}
+	defer f.Close()
+	err = unix.Flock(int(f.Fd()), unix.LOCK_SH|unix.LOCK_NB)
+	if err == nil {
+		unix.Flock(int(f.Fd()), unix.LOCK_UN)
+	}
+	return errors.Is(err, unix.EWOULDBLOCK)
 }
 
 // namesFile reports whether path is f's file.
