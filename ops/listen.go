@@ -19,6 +19,10 @@ type ListenConfig struct {
 	// InsecureLoopback: a loopback address may go without one, and every
 	// request without a token acts as the server's own user.
 	InsecureLoopback bool
+	// TakeOver: the Unix socket's server is known dead (a mount's daemon
+	// restarted after a crash), though a descriptor of its may still
+	// accept (a dying process not yet gone): its path is taken over.
+	TakeOver bool
 }
 
 // ErrNeedsAuth: a TCP listener without a token file.
@@ -30,7 +34,7 @@ var ErrNeedsAuth = errors.New("a TCP listener needs a token file: give --auth-to
 // loopback address: without them any local user could act as anyone.
 func Listen(addr string, c ListenConfig) (net.Listener, error) {
 	if path, ok := strings.CutPrefix(addr, "unix:"); ok {
-		return ListenUnix(path)
+		return listenUnix(path, c.TakeOver)
 	}
 	if !c.Tokens && !c.InsecureLoopback {
 		return nil, fmt.Errorf("listen %s: %w", addr, ErrNeedsAuth)
@@ -71,7 +75,11 @@ func DefaultSocket() string {
 // which rundir.Make makes: /run/alkblobfs 0755 (and sets it back to
 // 0755), a user's own 0700. A socket left by a server
 // that is gone is replaced; one a live server answers on is an error.
-func ListenUnix(path string) (net.Listener, error) {
+func ListenUnix(path string) (net.Listener, error) { return listenUnix(path, false) }
+
+// listenUnix is ListenUnix; with takeOver, a socket that answers is
+// replaced as well (ListenConfig.TakeOver).
+func listenUnix(path string, takeOver bool) (net.Listener, error) {
 	if path == "" {
 		return nil, errors.New("listen unix: give a path (unix:PATH)")
 	}
@@ -86,10 +94,12 @@ func ListenUnix(path string) (net.Listener, error) {
 		if fi.Mode()&os.ModeSocket == 0 {
 			return nil, fmt.Errorf("listen unix:%s: a file that is not a socket is there; remove it or give another path", path)
 		}
-		c, err := net.DialTimeout("unix", path, time.Second)
-		if err == nil {
-			c.Close()
-			return nil, fmt.Errorf("listen unix:%s: another server listens there (stop it, or give --listen unix:OTHER)", path)
+		if !takeOver {
+			c, err := net.DialTimeout("unix", path, time.Second)
+			if err == nil {
+				c.Close()
+				return nil, fmt.Errorf("listen unix:%s: another server listens there (stop it, or give --listen unix:OTHER)", path)
+			}
 		}
 		os.Remove(path) // a dead server's: nothing answers
 	}

@@ -194,7 +194,7 @@ the flag (ENOTCONN until it is mounted again).`,
 				// A takeover gets its predecessor's socket later, with
 				// the mount.
 				if tk == nil {
-					if ln, toks, err = a.listen(cmd, listen, insecure, allowOther, nil); err != nil {
+					if ln, toks, err = a.listen(cmd, listen, insecure, allowOther, rs != nil, nil); err != nil {
 						return err
 					}
 				}
@@ -251,7 +251,7 @@ the flag (ENOTCONN until it is mounted again).`,
 			if tk != nil {
 				srv, err = tk.run(cfg, lg)
 				if err == nil && listen != "" {
-					ln, toks, err = a.listen(cmd, listen, insecure, allowOther, tk.http())
+					ln, toks, err = a.listen(cmd, listen, insecure, allowOther, false, tk.http())
 				}
 			} else if rs != nil {
 				lg.Warn("restarting after a crash: descriptors opened before answer ESTALE", "restart", rs.Generation())
@@ -262,7 +262,7 @@ the flag (ENOTCONN until it is mounted again).`,
 			if err != nil {
 				return err
 			}
-			ctl, err := startControl(srv, tk.ctl(), ln, lg)
+			ctl, err := startControl(srv, tk.ctl(), ln, lg, rs != nil)
 			if err != nil {
 				lg.Warn("no control socket: alkblobfs upgrade cannot reach this mount", "err", err)
 			}

@@ -106,7 +106,7 @@ counters added to the metrics.`,
 			if err != nil {
 				return err
 			}
-			ln, toks, err := a.listen(cmd, listen, insecure, false, nil)
+			ln, toks, err := a.listen(cmd, listen, insecure, false, false, nil)
 			if err != nil {
 				return err
 			}
@@ -181,7 +181,7 @@ counters added to the metrics.`,
 // --insecure-loopback beside --allow-other, is a usage error. inherited,
 // if not nil, is the listener a predecessor's upgrade passed on (its
 // address is addr's): it is used instead of a new one.
-func (a *app) listen(cmd *cobra.Command, addr string, insecure, allowOther bool, inherited net.Listener) (net.Listener, *ops.Tokens, error) {
+func (a *app) listen(cmd *cobra.Command, addr string, insecure, allowOther, takeOver bool, inherited net.Listener) (net.Listener, *ops.Tokens, error) {
 	if insecure && allowOther {
 		return nil, nil, usagef(cmd, "--insecure-loopback with --allow-other: every local user would act as you over HTTP, whatever the namespaces' modes; serve them on the Unix socket (--listen unix:) or give --auth-token-file")
 	}
@@ -199,7 +199,7 @@ func (a *app) listen(cmd *cobra.Command, addr string, insecure, allowOther bool,
 	if inherited != nil {
 		return inherited, toks, nil
 	}
-	ln, err := ops.Listen(addr, ops.ListenConfig{Tokens: toks != nil, InsecureLoopback: insecure})
+	ln, err := ops.Listen(addr, ops.ListenConfig{Tokens: toks != nil, InsecureLoopback: insecure, TakeOver: takeOver})
 	if errors.Is(err, ops.ErrNeedsAuth) {
 		return nil, nil, usage(cmd, err)
 	}

@@ -313,14 +313,19 @@ type controlServer struct {
 
 // startControl listens on the mount's control socket (or takes the
 // predecessor's, inherited) and serves upgrade requests until close.
-func startControl(srv *fusefs.Server, inherited *net.UnixListener, httpLn net.Listener, lg *slog.Logger) (*controlServer, error) {
+func startControl(srv *fusefs.Server, inherited *net.UnixListener, httpLn net.Listener, lg *slog.Logger, restarted bool) (*controlServer, error) {
 	ln := inherited
 	if ln == nil {
 		path := fusefs.ControlSocket(srv.Dir())
-		// A socket left by a daemon that died: nothing answers it.
-		if c, err := net.DialTimeout("unix", path, time.Second); err == nil {
+		// A socket left by a daemon that died: nothing answers it. One
+		// this daemon was restarted after may still accept (a dying
+		// process's descriptors, while it waits on the mount): taken
+		// over.
+		if c, err := net.DialTimeout("unix", path, time.Second); err == nil && !restarted {
 			c.Close()
 			return nil, fmt.Errorf("control socket %s: another daemon answers there", path)
+		} else if err == nil {
+			c.Close()
 		}
 		os.Remove(path)
 		l, err := net.ListenUnix("unix", &net.UnixAddr{Name: path, Net: "unix"})

@@ -6,6 +6,9 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
+	"net"
+	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -38,71 +41,10 @@ import (
 // exits.
 func TestFleetKill9InNotify(t *testing.T) {
 	t.Parallel()
-	clitest.RequireFUSE(t)
-	dsn := pgtest.DSN(t)
-	flags := []string{"--kv", dsn, "--large", "pglo", "--fleet"}
-	c := clitest.NewCLI(t, flags...)
-	c.OK("ns", "create", "q")
-	mntA, mntB := t.TempDir(), t.TempDir()
-	dmA := clitest.StartDaemon(t, t.TempDir(), mntA, flags...)
-	dmB := clitest.StartDaemon(t, t.TempDir(), mntB, flags...)
-	within(t, 10*time.Second, "a stat of namespace q on B", func() error {
-		_, err := os.Stat(filepath.Join(mntB, "q"))
-		return err
-	})
-
-	db, err := pgx.Connect(t.Context(), dsn)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer db.Close(context.Background())
-	// The insert's transaction on a connection of its own: a transaction
-	// sees pg_stat_activity as it was at its first look.
-	holder, err := pgx.Connect(t.Context(), dsn)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer holder.Close(context.Background())
-	tx, err := holder.Begin(t.Context())
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer tx.Rollback(context.Background())
-	if _, err := tx.Exec(t.Context(), `INSERT INTO ns (name, created_at) VALUES ('x', 0)`); err != nil {
-		t.Fatal(err)
-	}
-	// The mkdir runs in a process of its own: it ends with the mount's
-	// connection, or the test aborts that.
-	mk := exec.Command("mkdir", filepath.Join(mntB, "x"))
-	if err := mk.Start(); err != nil {
-		t.Fatal(err)
-	}
-	mkDone := make(chan error, 1)
-	go func() { mkDone <- mk.Wait() }()
-	t.Cleanup(func() { mk.Process.Kill() })
-	clitest.Eventually(t, 15*time.Second, "B's mkdir to wait behind the test's insert", func() bool {
-		select {
-		case err := <-mkDone:
-			t.Fatalf("the mkdir through B ended (%v) while the test's insert of the name is open; B's log:\n%s", err, dmB.Stderr.String())
-		default:
-		}
-		var n int
-		err := db.QueryRow(t.Context(), `SELECT count(*) FROM pg_stat_activity
-			WHERE datname = current_database() AND wait_event_type = 'Lock' AND query LIKE '%INSERT INTO ns %'`).Scan(&n)
-		return err == nil && n == 1
-	})
-
-	if err := unix.Rmdir(filepath.Join(mntA, "q")); err != nil {
-		t.Fatalf("rmdir q on A: %v", err)
-	}
+	n := stuckInNotify(t)
+	dmB, mntB, stuck, mkDone := n.dmB, n.mntB, n.stuck, n.mkDone
 	pid := dmB.Cmd.Process.Pid
 	guard := guardOf(t, pid)
-	var stuck string
-	clitest.Eventually(t, 15*time.Second, "B's change consumer to block in its notification", func() bool {
-		stuck = blockedThread(pid)
-		return stuck != ""
-	})
-	t.Logf("B's thread in the kernel: %s", stuck)
 
 	killed := time.Now()
 	dmB.Cmd.Process.Signal(syscall.SIGKILL)
@@ -134,7 +76,168 @@ func TestFleetKill9InNotify(t *testing.T) {
 		_, err := os.Stat(fmt.Sprintf("/proc/%d", guard))
 		return err != nil
 	})
-	clitest.StopDaemon(t, dmA)
+	clitest.StopDaemon(t, n.dmA)
+}
+
+// notifyStuck is a fleet of two mounts, A and B, with B's change
+// consumer blocked in a notification: a mkdir of x through B waits in
+// B's daemon behind the test's open insert of the same name (tx), with
+// the root's lock held by the kernel, and A removed namespace q, which
+// B's consumer invalidates in the root.
+type notifyStuck struct {
+	mntA, mntB string
+	dmA, dmB   *clitest.Daemon
+	tx         pgx.Tx
+	mkDone     chan error
+	stuck      string // the blocked thread of B, and its kernel stack
+	mkOut      *clitest.SyncBuffer
+}
+
+// stuckInNotify sets up a notifyStuck, B mounted with bFlags added.
+func stuckInNotify(t *testing.T, bFlags ...string) *notifyStuck {
+	t.Helper()
+	clitest.RequireFUSE(t)
+	dsn := pgtest.DSN(t)
+	flags := []string{"--kv", dsn, "--large", "pglo", "--fleet"}
+	c := clitest.NewCLI(t, flags...)
+	c.OK("ns", "create", "q")
+	n := &notifyStuck{mntA: t.TempDir(), mntB: t.TempDir()}
+	n.dmA = clitest.StartDaemon(t, t.TempDir(), n.mntA, flags...)
+	n.dmB = clitest.StartDaemon(t, t.TempDir(), n.mntB, append(flags, bFlags...)...)
+	within(t, 10*time.Second, "a stat of namespace q on B", func() error {
+		_, err := os.Stat(filepath.Join(n.mntB, "q"))
+		return err
+	})
+
+	db, err := pgx.Connect(t.Context(), dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer db.Close(context.Background())
+	// The insert's transaction on a connection of its own: a transaction
+	// sees pg_stat_activity as it was at its first look.
+	holder, err := pgx.Connect(t.Context(), dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { holder.Close(context.Background()) })
+	n.tx, err = holder.Begin(t.Context())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { n.tx.Rollback(context.Background()) })
+	if _, err := n.tx.Exec(t.Context(), `INSERT INTO ns (name, created_at) VALUES ('x', 0)`); err != nil {
+		t.Fatal(err)
+	}
+	// The mkdir runs in a process of its own: it ends with the mount's
+	// connection, or the test aborts that.
+	mk := exec.Command("mkdir", filepath.Join(n.mntB, "x"))
+	mkOut := &clitest.SyncBuffer{}
+	mk.Stderr = mkOut
+	n.mkOut = mkOut
+	if err := mk.Start(); err != nil {
+		t.Fatal(err)
+	}
+	n.mkDone = make(chan error, 1)
+	go func() { n.mkDone <- mk.Wait() }()
+	t.Cleanup(func() { mk.Process.Kill() })
+	clitest.Eventually(t, 15*time.Second, "B's mkdir to wait behind the test's insert", func() bool {
+		select {
+		case err := <-n.mkDone:
+			t.Fatalf("the mkdir through B ended (%v) while the test's insert of the name is open; B's log:\n%s", err, n.dmB.Stderr.String())
+		default:
+		}
+		var k int
+		err := db.QueryRow(t.Context(), `SELECT count(*) FROM pg_stat_activity
+			WHERE datname = current_database() AND wait_event_type = 'Lock' AND query LIKE '%INSERT INTO ns %'`).Scan(&k)
+		return err == nil && k == 1
+	})
+
+	if err := unix.Rmdir(filepath.Join(n.mntA, "q")); err != nil {
+		t.Fatalf("rmdir q on A: %v", err)
+	}
+	pid := n.dmB.Cmd.Process.Pid
+	clitest.Eventually(t, 15*time.Second, "B's change consumer to block in its notification", func() bool {
+		n.stuck = blockedThread(pid)
+		return n.stuck != ""
+	})
+	t.Logf("B's thread in the kernel: %s", n.stuck)
+	return n
+}
+
+// TestFleetRestartInNotify: B of TestFleetKill9InNotify mounted with
+// --restart-on-crash, killed the same way. Its guard restarts it on the
+// live connection at once: the kernel resends the mkdir B left
+// unanswered, the new daemon answers it once the test's insert ends,
+// which frees the root's lock, so the killed daemon's notification ends
+// and it exits. The mount lives on: x is made, A's rmdir shows, the new
+// daemon serves the control and --listen sockets the dying one still
+// held, and the mount unmounts cleanly.
+func TestFleetRestartInNotify(t *testing.T) {
+	t.Parallel()
+	sock := filepath.Join(t.TempDir(), "http.sock")
+	n := stuckInNotify(t, "--restart-on-crash", "--listen", "unix:"+sock)
+	pid := n.dmB.Cmd.Process.Pid
+	n.dmB.Cmd.Process.Signal(syscall.SIGKILL)
+	clitest.Eventually(t, 20*time.Second, "B's guard to restart it", func() bool {
+		return strings.Contains(n.dmB.Stderr.String(), "restarted it on the live connection")
+	})
+	if err := n.tx.Rollback(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+	const bound = 20 * time.Second
+	select {
+	case err := <-n.mkDone:
+		// The killed daemon's own database session, alive while its
+		// process waits on the mount, may commit the insert it waited on
+		// once the test's ends: the resent mkdir then finds x there.
+		if err != nil && !strings.Contains(n.mkOut.String(), "File exists") {
+			t.Fatalf("the mkdir B left unanswered, resent to the restarted daemon: %v: %s\n%s", err, n.mkOut, n.dmB.Stderr.String())
+		}
+	case <-time.After(bound):
+		clitest.AbortFUSE(t, n.mntB)
+		t.Fatalf("the mkdir through B still waiting %s after the test's insert ended\n%s", bound, n.dmB.Stderr.String())
+	}
+	clitest.Eventually(t, bound, "the killed B to exit, its notification over", func() bool {
+		_, err := os.Stat(fmt.Sprintf("/proc/%d/stat", pid))
+		return err != nil
+	})
+	within(t, bound, "the mount after the restart", func() error {
+		if _, err := os.Stat(filepath.Join(n.mntB, "x")); err != nil {
+			return fmt.Errorf("stat of the namespace made by the resent mkdir: %v", err)
+		}
+		if _, err := os.Stat(filepath.Join(n.mntB, "q")); !errors.Is(err, os.ErrNotExist) {
+			return fmt.Errorf("stat of q, removed on A: %v, want ENOENT", err)
+		}
+		return nil
+	})
+	if log := n.dmB.Stderr.String(); strings.Contains(log, "no control socket") || strings.Contains(log, "--listen") && strings.Contains(log, "level=ERROR") {
+		t.Fatalf("the restarted daemon did not take the sockets over:\n%s", log)
+	}
+	client := &http.Client{Timeout: 20 * time.Second, Transport: &http.Transport{
+		DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
+			return (&net.Dialer{}).DialContext(ctx, "unix", sock)
+		}}}
+	resp, err := client.Get("http://alkblobfs/metrics")
+	if err != nil {
+		t.Fatalf("GET /metrics from the restarted daemon: %v", err)
+	}
+	body, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if !strings.Contains(string(body), "\nalkblobfs_mount_crash_restarts_total 1\n") {
+		t.Fatalf("GET /metrics from the restarted daemon: %s\n%.400s", resp.Status, body)
+	}
+	if out, err := exec.Command(clitest.Bin, "umount", n.mntB).CombinedOutput(); err != nil {
+		t.Fatalf("umount B: %v: %s", err, out)
+	}
+	// B's standard error closes once the restarted daemon and the guard
+	// (which kept it for that daemon's log) have exited.
+	select {
+	case <-n.dmB.Done:
+	case <-time.After(bound):
+		t.Fatalf("B's restarted daemon or guard still runs %s after the unmount", bound)
+	}
+	clitest.StopDaemon(t, n.dmA)
 }
 
 // blockedThread names a thread of process pid that sleeps
