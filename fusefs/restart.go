@@ -194,19 +194,7 @@ func nextRestartGen(dir string, minor uint64) (uint64, error) {
 	if err := rundir.Make(filepath.Dir(p)); err != nil {
 		return 0, err
 	}
-	tmp, err := os.CreateTemp(filepath.Dir(p), ".restarts-*.tmp")
-	if err != nil {
-		return 0, err
-	}
-	_, err = fmt.Fprintf(tmp, "%d %d\n", minor, gen)
-	if cerr := tmp.Close(); err == nil {
-		err = cerr
-	}
-	if err == nil {
-		err = os.Rename(tmp.Name(), p)
-	}
-	if err != nil {
-		os.Remove(tmp.Name())
+	if err := writeRecord(p, fmt.Sprintf("%d %d\n", minor, gen)); err != nil {
 		return 0, err
 	}
 	return gen, nil

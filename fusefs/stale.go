@@ -62,15 +62,20 @@ func writePidFile(dir string) error {
 	if err != nil {
 		return err
 	}
-	// Whole or not at all (a temporary file renamed over the record):
-	// a reader, prunePidFiles above all, never sees a record half
-	// written, and a record once read is replaced by a new inode, never
-	// rewritten in place, so that "unchanged since read" is its inode.
-	tmp, err := os.CreateTemp(filepath.Dir(p), ".pid-*.tmp") // 0600
+	return writeRecord(p, fmt.Sprintf("%d %d %d %s\n", os.Getpid(), m.Minor, start, dir))
+}
+
+// writeRecord writes a record of the runtime directory (mode 0600) whole
+// or not at all, a temporary file renamed over it: a reader,
+// prunePidFiles above all, never sees a record half written, and a
+// record once read is replaced by a new inode, never rewritten in place,
+// so that "unchanged since read" is its inode.
+func writeRecord(p, content string) error {
+	tmp, err := os.CreateTemp(filepath.Dir(p), "."+filepath.Base(p)+"-*.tmp") // 0600
 	if err != nil {
 		return err
 	}
-	_, err = fmt.Fprintf(tmp, "%d %d %d %s\n", os.Getpid(), m.Minor, start, dir)
+	_, err = tmp.WriteString(content)
 	if cerr := tmp.Close(); err == nil {
 		err = cerr
 	}

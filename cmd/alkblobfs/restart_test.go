@@ -3,12 +3,8 @@
 package main
 
 import (
-	"context"
 	"errors"
 	"fmt"
-	"io"
-	"net"
-	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -215,18 +211,8 @@ func TestRestartOnCrash(t *testing.T) {
 	}
 	// The restarted daemon serves --listen again, its metric counting
 	// the restart.
-	client := &http.Client{Timeout: 20 * time.Second, Transport: &http.Transport{
-		DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
-			return (&net.Dialer{}).DialContext(ctx, "unix", sock)
-		}}}
-	resp, err := client.Get("http://alkblobfs/metrics")
-	if err != nil {
-		t.Fatalf("GET /metrics after the restart: %v", err)
-	}
-	body, _ := io.ReadAll(resp.Body)
-	resp.Body.Close()
-	if !strings.Contains(string(body), "\nalkblobfs_mount_crash_restarts_total 1\n") {
-		t.Fatalf("GET /metrics after one restart: %s\n%s", resp.Status, body)
+	if code, body := clitest.UnixGet(t, sock, "/metrics"); code != 200 || !strings.Contains(body, "\nalkblobfs_mount_crash_restarts_total 1\n") {
+		t.Fatalf("GET /metrics after one restart: %d\n%.400s", code, body)
 	}
 
 	// An upgrade of the restarted daemon: the guard that restarted it

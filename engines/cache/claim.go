@@ -84,12 +84,8 @@ func (e *Engine) claim(ctx context.Context, d blob.Digest, size int64) (*stageFi
 				if time.Since(start) > claimMax {
 					return nil, nil, errBusy
 				}
-				select {
-				case <-ctx.Done():
-					return nil, nil, ctx.Err()
-				case <-e.ctx.Done():
-					return nil, nil, context.Canceled
-				case <-time.After(claimPoll):
+				if err := e.pollWait(ctx); err != nil {
+					return nil, nil, err
 				}
 				continue
 			}
@@ -128,13 +124,22 @@ func (e *Engine) claim(ctx context.Context, d blob.Digest, size int64) (*stageFi
 		if time.Since(lastGrowth) > e.wait || time.Since(start) > claimMax {
 			return nil, nil, errBusy
 		}
-		select {
-		case <-ctx.Done():
-			return nil, nil, ctx.Err()
-		case <-e.ctx.Done():
-			return nil, nil, context.Canceled
-		case <-time.After(claimPoll):
+		if err := e.pollWait(ctx); err != nil {
+			return nil, nil, err
 		}
+	}
+}
+
+// pollWait waits claimPoll before a claim looks again, or until ctx or
+// the engine ends.
+func (e *Engine) pollWait(ctx context.Context) error {
+	select {
+	case <-ctx.Done():
+		return ctx.Err()
+	case <-e.ctx.Done():
+		return context.Canceled
+	case <-time.After(claimPoll):
+		return nil
 	}
 }
 

@@ -6,9 +6,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"io"
-	"net"
-	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -214,18 +211,8 @@ func TestFleetRestartInNotify(t *testing.T) {
 	if log := n.dmB.Stderr.String(); strings.Contains(log, "no control socket") || strings.Contains(log, "--listen") && strings.Contains(log, "level=ERROR") {
 		t.Fatalf("the restarted daemon did not take the sockets over:\n%s", log)
 	}
-	client := &http.Client{Timeout: 20 * time.Second, Transport: &http.Transport{
-		DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
-			return (&net.Dialer{}).DialContext(ctx, "unix", sock)
-		}}}
-	resp, err := client.Get("http://alkblobfs/metrics")
-	if err != nil {
-		t.Fatalf("GET /metrics from the restarted daemon: %v", err)
-	}
-	body, _ := io.ReadAll(resp.Body)
-	resp.Body.Close()
-	if !strings.Contains(string(body), "\nalkblobfs_mount_crash_restarts_total 1\n") {
-		t.Fatalf("GET /metrics from the restarted daemon: %s\n%.400s", resp.Status, body)
+	if code, body := clitest.UnixGet(t, sock, "/metrics"); code != 200 || !strings.Contains(body, "\nalkblobfs_mount_crash_restarts_total 1\n") {
+		t.Fatalf("GET /metrics from the restarted daemon: %d\n%.400s", code, body)
 	}
 	if out, err := exec.Command(clitest.Bin, "umount", n.mntB).CombinedOutput(); err != nil {
 		t.Fatalf("umount B: %v: %s", err, out)

@@ -4,9 +4,11 @@ package clitest
 
 import (
 	"bytes"
+	"context"
 	"encoding/json"
 	"errors"
 	"io"
+	"net"
 	"net/http"
 	"os"
 	"os/exec"
@@ -95,6 +97,27 @@ func StartServeAt(t *testing.T, c *CLI, servingURL *regexp.Regexp, args ...strin
 		return false
 	})
 	return s
+}
+
+// UnixGet is GET http://alkblobfs/PATH on the Unix socket sock: its
+// status and body.
+func UnixGet(t *testing.T, sock, path string) (int, string) {
+	t.Helper()
+	client := &http.Client{Timeout: 20 * time.Second, Transport: &http.Transport{
+		DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
+			return (&net.Dialer{}).DialContext(ctx, "unix", sock)
+		}}}
+	defer client.CloseIdleConnections()
+	resp, err := client.Get("http://alkblobfs" + path)
+	if err != nil {
+		t.Fatalf("GET %s on %s: %v", path, sock, err)
+	}
+	defer resp.Body.Close()
+	body, err := io.ReadAll(resp.Body)
+	if err != nil {
+		t.Fatalf("GET %s on %s: %v", path, sock, err)
+	}
+	return resp.StatusCode, string(body)
 }
 
 // ScrapeMetrics reads and parses url/metrics.
