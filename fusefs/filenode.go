@@ -318,20 +318,22 @@ func (n *fileNode) commitLocked(ctx context.Context, intent bool) ([]notice, err
 	if n.pub != nil {
 		prev = n.pub.intent
 	}
-	var rec namespaces.Intent
-	var hook store.LinkFunc
-	if intent {
-		hook = f.svc.PendFunc(n.ns.name, f.intents.pending(prev), &rec)
-	} else {
-		hook = f.svc.SettleFunc(n.ns.name, f.intents.pending(prev))
-	}
+	// rec is this version's intent, known before the commit: a failed
+	// commit's may have landed with its answer lost.
+	link, rec, err := f.closeLink(n.ns.name, intent, prev)
 	// A close waits for its publish: the client's signals must not cancel
 	// half of it (nor can the Go runtime's own SIGURG, for Go clients).
 	pctx := context.WithoutCancel(ctx)
 	// The pin is released as soon as the commit returns (below): the
 	// intent or the reference keeps the blob, so a small put need write
 	// no pin row (store.ReleasesPinAtOnce).
-	d, pin, err := up.Commit(pctx, n.want, store.WithLink(hook), store.ReleasesPinAtOnce())
+	var d blob.Digest
+	var pin *store.Pin
+	if err == nil {
+		d, pin, err = up.Commit(pctx, n.want, link, store.ReleasesPinAtOnce())
+	} else {
+		up.Discard()
+	}
 	if err != nil {
 		n.failed = err
 		n.stale = true
@@ -388,6 +390,21 @@ func (n *fileNode) commitLocked(ctx context.Context, intent bool) ([]notice, err
 	f.noteReceipt(n) // under n.mu: the list's lock is a leaf
 	n.scheduleExpiryLocked()
 	return nil, nil
+}
+
+// closeLink is the store option that commits what a close writes in
+// namespace ns with the file's version: an intent (intent, linked at the
+// last RELEASE: docs/publish.md) or the reference, either replacing the
+// intent of the version before (prev); and the intent it records, if
+// any.
+func (f *FS) closeLink(ns string, intent bool, prev namespaces.Intent) (store.PutOption, namespaces.Intent, error) {
+	p := f.intents.pending(prev)
+	if intent {
+		part, rec, err := f.svc.PendRows(ns, p)
+		return store.WithLink(f.svc, part), rec, err
+	}
+	part, err := f.svc.SettleRows(ns, p)
+	return store.WithLink(f.svc, part), 0, err
 }
 
 // settlement is a pending version taken off its file for the settle.

@@ -4,7 +4,6 @@ import (
 	"context"
 	"database/sql"
 	"errors"
-	"fmt"
 	"path/filepath"
 	"sync"
 	"testing"
@@ -18,6 +17,7 @@ import (
 	"github.com/alkblobfs/alkblobfs/engines/sqlite"
 	"github.com/alkblobfs/alkblobfs/gc"
 	"github.com/alkblobfs/alkblobfs/gc/gctest"
+	"github.com/alkblobfs/alkblobfs/meta"
 	"github.com/alkblobfs/alkblobfs/namespaces"
 	"github.com/alkblobfs/alkblobfs/namespaces/nstest"
 )
@@ -124,31 +124,28 @@ func TestSQLiteLinkTx(t *testing.T) {
 }
 
 // testLinkTx is the joint put+link contract on any SQL registry and the
-// TxPutter engine whose database it shares.
+// engine whose database it shares (meta.Putter): a put's namespace part,
+// bound to the registry (Join), commits with the entry or not at all.
 func testLinkTx(t *testing.T, r *namespaces.SQL, e interface {
 	engines.KV
-	engines.TxPutter
+	meta.Putter
 }) {
 	ctx := t.Context()
 	if err := r.Create(ctx, "a"); err != nil {
 		t.Fatal(err)
 	}
-
-	// The put fails after the link: neither the entry nor the link remain.
 	v := []byte("rolled back")
 	d := blob.Sum(v)
-	boom := errors.New("boom")
-	// The callback may run more than once (a put batch tries it on a
-	// probe first: engines/postgres/putfast.go), so it returns its
-	// failures rather than end the test from the batch's goroutine.
-	_, err := e.PutTx(ctx, d, v, func(ctx context.Context, tx *sql.Tx) error {
-		if linked, err := r.LinkTx(ctx, tx, "a", d, 0); err != nil || !linked {
-			return fmt.Errorf("LinkTx = %v, %w", linked, err)
-		}
-		return boom
-	})
-	if !errors.Is(err, boom) {
-		t.Fatalf("PutTx = %v, want boom", err)
+	put := func(part meta.NSRows) error {
+		_, err := e.PutRows(ctx, d, v, meta.Rows{NS: r.Join(part).For(d, int64(len(v)))})
+		return err
+	}
+
+	// The put fails after the link (its intent's namespace is absent):
+	// neither the entry nor the link remain.
+	err := put(meta.NSRows{Link: &meta.LinkRow{NS: "a"}, Intent: &meta.IntentRow{ID: 1, NS: "nope", Holder: "h", TTL: time.Minute}})
+	if !errors.Is(err, namespaces.ErrNotFound) {
+		t.Fatalf("put with a link and then a failing intent = %v, want ErrNotFound", err)
 	}
 	if _, ok, _ := r.Has(ctx, "a", d); ok {
 		t.Fatal("link survived the rolled-back put")
@@ -158,22 +155,15 @@ func testLinkTx(t *testing.T, r *namespaces.SQL, e interface {
 	}
 
 	// A link into an absent namespace fails the put as a whole.
-	_, err = e.PutTx(ctx, d, v, func(ctx context.Context, tx *sql.Tx) error {
-		_, err := r.LinkTx(ctx, tx, "nope", d, 0)
-		return err
-	})
-	if !errors.Is(err, namespaces.ErrNotFound) {
-		t.Fatalf("PutTx linking into an absent namespace = %v, want ErrNotFound", err)
+	if err := put(meta.NSRows{Link: &meta.LinkRow{NS: "nope"}}); !errors.Is(err, namespaces.ErrNotFound) {
+		t.Fatalf("put linking into an absent namespace = %v, want ErrNotFound", err)
 	}
 	if ok, _ := e.Has(ctx, d); ok {
 		t.Fatal("entry committed although its link failed")
 	}
 
 	// Success: both commit.
-	if _, err := e.PutTx(ctx, d, v, func(ctx context.Context, tx *sql.Tx) error {
-		_, err := r.LinkTx(ctx, tx, "a", d, 0)
-		return err
-	}); err != nil {
+	if err := put(meta.NSRows{Link: &meta.LinkRow{NS: "a"}}); err != nil {
 		t.Fatal(err)
 	}
 	if _, ok, _ := r.Has(ctx, "a", d); !ok {
