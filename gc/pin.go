@@ -339,8 +339,9 @@ func (p *Pin) Release() {
 // Clone mints a second, independent pin on the same digest (for handing a
 // reference to another owner without transferring this one). The digest is
 // pinned already, so this never touches the database: the clone protects
-// in other processes only what p does, and a pin of a linked BeginPublish protects
-// nothing there (its callers release it at once and never clone it).
+// in other processes only what p does, and the pin of a linked
+// BeginPublish protects nothing there (its callers release it at once and
+// never clone it).
 func (p *Pin) Clone() *Pin {
 	p.c.arb.RLock()
 	p.c.pins.add(p.d)
