@@ -215,10 +215,26 @@ func (s *Store) putRows(ctx context.Context, p meta.Putter, d Digest, b []byte, 
 		Pin: pinRow,                     // owner and TTL, or none
 		NS:  o.ns.For(d, int64(len(b))), // the link, intent or settle, or none
 	}
+	// Done runs on every path, a panic's included: engines.Batcher raises
+	// a job's panic again in its caller and net/http recovers a handler's,
+	// so a put that skipped Done would leave the collector's row lock
+	// read-held and d's row claim open, and the next renewal, pin of d or
+	// Close would wait for it forever. The panic itself goes on untouched.
+	done := false
+	defer func() {
+		if !done {
+			pub.Done(errPutRowsPanicked)
+		}
+	}()
 	inserted, err := p.PutRows(ctx, d, b, rows)
+	done = true
 	pin, err := pub.Done(err)
 	return pin, inserted, err
 }
+
+// errPutRowsPanicked is the outcome putRows gives its publish when the
+// kv engine's PutRows panicked: the row may not have committed.
+var errPutRowsPanicked = errors.New("the kv engine's put panicked")
 
 // putThenLink is a small put on a kv engine that cannot commit rows with
 // its entry (mem): pin first (its row, where the store keeps them, in a
