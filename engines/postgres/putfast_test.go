@@ -230,3 +230,50 @@ func TestPutBatchesOverlapFast(t *testing.T) {
 	}
 	usage(2*perHost+room, "after the quota race")
 }
+
+// TestPutReplacingIntentDropsTheOld: a put whose intent replaces the
+// writer's earlier one (a file closed again) commits in a transaction,
+// where the earlier intent is dropped before the new one is charged; the
+// one-statement batch, which records intents only, would keep both.
+func TestPutReplacingIntentDropsTheOld(t *testing.T) {
+	e := open(t, pgtest.DSN(t))
+	defer e.Close()
+	ctx := t.Context()
+	reg, err := namespaces.OpenSQL(ctx, e, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ns := fmt.Sprint("replace", time.Now().UnixNano())
+	if err := reg.Create(ctx, ns); err != nil {
+		t.Fatal(err)
+	}
+	put := func(v string, id, replaces int64) {
+		t.Helper()
+		d := blob.Sum([]byte(v))
+		part := meta.NSRows{Intent: &meta.IntentRow{ID: id, NS: ns, Holder: t.Name(), TTL: time.Minute}, Replaces: replaces}
+		if _, err := e.PutRows(ctx, d, []byte(v), meta.Rows{NS: reg.Join(part).For(d, int64(len(v)))}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	pending := func(id int64) int {
+		t.Helper()
+		var n int
+		if err := e.Pool().QueryRow(ctx, `SELECT count(*) FROM ns_pending WHERE id = $1`, id).Scan(&n); err != nil {
+			t.Fatal(err)
+		}
+		return n
+	}
+	first, second := meta.NewIntentID(), meta.NewIntentID()
+	put(ns+" version one", first, 0)
+	before := postgres.FastBatches(e)
+	put(ns+" version two", second, first)
+	if got := postgres.FastBatches(e) - before; got != 0 {
+		t.Errorf("a put whose intent replaces another went as a one-statement batch (%d)", got)
+	}
+	if n := pending(first); n != 0 {
+		t.Errorf("the replaced intent is still pending (%d rows)", n)
+	}
+	if n := pending(second); n != 1 {
+		t.Errorf("the replacing intent: %d rows pending; want 1", n)
+	}
+}
