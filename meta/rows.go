@@ -25,11 +25,14 @@ type Rows struct {
 	NS NSRows
 }
 
-// NSRows is the namespace part of a put: a reference (Link), or an
-// intent (Intent), which may replace the writer's earlier intent for the
-// same file (Replaces), or a settle: the file's final version linked in
-// the intent's namespace and its earlier one dropped, atomically
-// (Settle). Every row keeps its digest live to every process's
+// NSRows is the namespace part of a put, exactly one of: a reference
+// (Link alone); an intent (Intent), which may replace the writer's
+// earlier intent for the same file (Replaces); or a settle (Intent with
+// Settle, and Replaces): the file's final version linked in the intent's
+// namespace and its earlier one dropped, atomically. Its zero value
+// writes nothing. Both writers (WriteTx, namespaces.Service.CommitRows)
+// refuse any other combination (Check) rather than write one part and
+// drop another. Every row keeps its digest live to every process's
 // arbitration once committed (Links.LiveAmongTx).
 type NSRows struct {
 	// Link is a reference to add, charged to its namespace's usage and
@@ -58,6 +61,25 @@ type LinkRow struct {
 	NS   string
 	D    blob.Digest
 	Size int64
+}
+
+// ErrNSRowsMixed fails a put whose namespace part is none of the shapes
+// NSRows allows: a link beside an intent, a settle or a replaced intent,
+// or a settle or replaced intent without the intent.
+var ErrNSRowsMixed = errors.New("the namespace part of a put must be one link, one intent or one settle")
+
+// Check returns an error wrapping ErrNSRowsMixed when r is none of the
+// shapes NSRows allows.
+func (r NSRows) Check() error {
+	switch {
+	case r.Link != nil && (r.Intent != nil || r.Settle || r.Replaces != 0):
+		return fmt.Errorf("%w: a link into namespace %q with an intent, a settle or a replaced intent", ErrNSRowsMixed, r.Link.NS)
+	case r.Intent == nil && r.Settle:
+		return fmt.Errorf("%w: a settle without its intent", ErrNSRowsMixed)
+	case r.Intent == nil && r.Replaces != 0:
+		return fmt.Errorf("%w: intent %d replaced by no intent", ErrNSRowsMixed, r.Replaces)
+	}
+	return nil
 }
 
 // Empty reports whether r writes nothing.
@@ -108,6 +130,9 @@ var ErrNSRowsElsewhere = errors.New("the namespace registry cannot write in the 
 // that does not exist, with ErrNSNotFound. Nothing it wrote stays unless
 // tx commits.
 func (r NSRows) WriteTx(ctx context.Context, tx *sql.Tx) error {
+	if err := r.Check(); err != nil {
+		return err
+	}
 	if r.Empty() {
 		return nil
 	}

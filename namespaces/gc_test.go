@@ -202,7 +202,8 @@ func TestServiceLinkPinsAcrossCheck(t *testing.T) {
 }
 
 // TestServiceRefusesAbsent: a Service links only what the pool holds, and a
-// refusal changes nothing and leaks no pin.
+// refusal changes nothing and leaks no pin; CommitRows refuses a part
+// that mixes a link and an intent.
 func TestServiceRefusesAbsent(t *testing.T) {
 	forEachRegistry(t, func(t *testing.T, r namespaces.Registry) {
 		ctx := t.Context()
@@ -221,6 +222,11 @@ func TestServiceRefusesAbsent(t *testing.T) {
 		mustDo(t, err)
 		if err := svc.CommitRows(ctx, link.For(out, 0)); !errors.Is(err, blob.ErrMissing) {
 			t.Fatalf("CommitRows of a link to a digest not in the pool = %v, want ErrMissing", err)
+		}
+		mixed := link.For(in, 0)
+		mixed.Intent = &meta.IntentRow{ID: meta.NewIntentID(), NS: "a", D: in, Holder: "h", TTL: time.Minute}
+		if err := svc.CommitRows(ctx, mixed); !errors.Is(err, meta.ErrNSRowsMixed) {
+			t.Fatalf("CommitRows of a link with an intent = %v, want ErrNSRowsMixed", err)
 		}
 		if _, err := svc.Link(ctx, "bad/name", in); !errors.Is(err, namespaces.ErrBadName) {
 			t.Fatalf("Link with a bad name = %v", err)

@@ -146,20 +146,28 @@ func testPutQuota(t *testing.T, kv engines.KV, joint bool) {
 	}
 	usage(2, 100, "after settling it")
 
-	// A put whose transaction rolls back after its link was charged (here
-	// an intent into an absent namespace fails after the link; a kill -9
-	// before COMMIT is the same rollback) leaves the counters as they
-	// were: they are rows of the same transaction.
+	// A close refused over the quota after its transaction dropped the
+	// writer's earlier intent, freeing its charge (a kill -9 before
+	// COMMIT is the same rollback), leaves the counters as they were:
+	// they are rows of the same transaction.
 	if joint {
 		mustDo(t, svc.SetQuota(ctx, ns, namespaces.Quota{}))
-		rolled := content(30, "rolled back")
-		part := link()
-		part.Intent = &meta.IntentRow{ID: 1, NS: ns + "-absent", Holder: holder.Holder, TTL: time.Minute}
-		if _, err := put(rolled, part); !errors.Is(err, namespaces.ErrNotFound) {
-			t.Fatalf("a put whose intent fails after its link = %v; want ErrNotFound", err)
+		var earlier namespaces.Intent
+		if _, err := put(content(30, "earlier"), pend(&earlier)); err != nil {
+			t.Fatal(err)
 		}
-		refused(blob.Sum(rolled), "a put rolled back after its link")
-		usage(2, 100, "after a put rolled back after its link")
+		usage(3, 130, "after an intent without a limit")
+		mustDo(t, svc.SetQuota(ctx, ns, namespaces.Quota{Bytes: 130}))
+		rolled := content(31, "rolled back")
+		part, _, err := svc.PendRows(ns, namespaces.Pending{Holder: holder.Holder, TTL: holder.TTL, Replaces: earlier})
+		mustDo(t, err)
+		if _, err := put(rolled, part); !errors.Is(err, blob.ErrQuota) {
+			t.Fatalf("a close 1 byte over the quota once its earlier intent is dropped = %v; want ErrQuota", err)
+		}
+		refused(blob.Sum(rolled), "a close rolled back after dropping its earlier intent")
+		usage(3, 130, "after a close rolled back after dropping its earlier intent")
+		mustDo(t, svc.Cancel(ctx, earlier))
+		usage(2, 100, "after the earlier intent is cancelled")
 		mustDo(t, svc.SetQuota(ctx, ns, namespaces.Quota{Bytes: 100}))
 	}
 

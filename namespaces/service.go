@@ -255,8 +255,12 @@ func (s *Service) join(r meta.NSRows) meta.NSRows {
 // with Pend's; a settle records an intent replacing r.Replaces and then
 // settles it, two steps each atomic, so that a crash between them leaves
 // only the final version pending. The put's pin protects the entry
-// meanwhile.
+// meanwhile. A part that is none of meta.NSRows's shapes fails with
+// meta.ErrNSRowsMixed, writing nothing.
 func (s *Service) CommitRows(ctx context.Context, r meta.NSRows) error {
+	if err := r.Check(); err != nil {
+		return err
+	}
 	if k := r.Link; k != nil {
 		_, err := s.Link(ctx, k.NS, k.D)
 		return err

@@ -141,17 +141,62 @@ func testLinkTx(t *testing.T, r *namespaces.SQL, e interface {
 		return err
 	}
 
-	// The put fails after the link (its intent's namespace is absent):
-	// neither the entry nor the link remain.
-	err := put(meta.NSRows{Link: &meta.LinkRow{NS: "a"}, Intent: &meta.IntentRow{ID: 1, NS: "nope", Holder: "h", TTL: time.Minute}})
-	if !errors.Is(err, namespaces.ErrNotFound) {
-		t.Fatalf("put with a link and then a failing intent = %v, want ErrNotFound", err)
+	// A close that replaces the writer's earlier intent and is refused
+	// over the quota after dropping it (its charge freed first): neither
+	// the entry nor the drop remain, and the earlier intent keeps its
+	// digest and its charge.
+	intent := func(id int64) *meta.IntentRow {
+		return &meta.IntentRow{ID: id, NS: "a", Holder: "h", TTL: time.Minute}
 	}
-	if _, ok, _ := r.Has(ctx, "a", d); ok {
-		t.Fatal("link survived the rolled-back put")
+	earlier := []byte("earlier")
+	de := blob.Sum(earlier)
+	id := meta.NewIntentID()
+	if _, err := e.PutRows(ctx, de, earlier, meta.Rows{NS: r.Join(meta.NSRows{Intent: intent(id)}).For(de, int64(len(earlier)))}); err != nil {
+		t.Fatal(err)
+	}
+	if err := r.SetQuota(ctx, "a", namespaces.Quota{Bytes: int64(len(v)) - 1}); err != nil {
+		t.Fatal(err)
+	}
+	err := put(meta.NSRows{Intent: intent(meta.NewIntentID()), Replaces: id})
+	if !errors.Is(err, blob.ErrQuota) {
+		t.Fatalf("put of an intent replacing another, over the quota = %v, want ErrQuota", err)
+	}
+	if live, err := r.IsLive(ctx, de); err != nil || !live {
+		t.Fatalf("the earlier intent's digest: live = %v, %v after the rolled-back put; want live", live, err)
+	}
+	if u, err := r.Usage(ctx, "a"); err != nil || u.Blobs != 1 || u.Bytes != int64(len(earlier)) {
+		t.Fatalf("usage after the rolled-back put = %+v, %v; want the earlier intent's 1 blob, %d bytes", u, err, len(earlier))
 	}
 	if ok, _ := e.Has(ctx, d); ok {
 		t.Fatal("entry survived the rolled-back put")
+	}
+	if err := r.Cancel(ctx, namespaces.Intent(id)); err != nil {
+		t.Fatal(err)
+	}
+	if err := r.SetQuota(ctx, "a", namespaces.Quota{}); err != nil {
+		t.Fatal(err)
+	}
+
+	// A part that is none of NSRows's shapes is refused whole, not
+	// written in part.
+	for _, tc := range []struct {
+		what string
+		part meta.NSRows
+	}{
+		{"a link with an intent", meta.NSRows{Link: &meta.LinkRow{NS: "a"}, Intent: intent(meta.NewIntentID())}},
+		{"a link replacing an intent", meta.NSRows{Link: &meta.LinkRow{NS: "a"}, Replaces: id}},
+		{"a settle without its intent", meta.NSRows{Settle: true}},
+		{"a replaced intent alone", meta.NSRows{Replaces: id}},
+	} {
+		if err := put(tc.part); !errors.Is(err, meta.ErrNSRowsMixed) {
+			t.Fatalf("put of %s = %v, want ErrNSRowsMixed", tc.what, err)
+		}
+		if _, ok, _ := r.Has(ctx, "a", d); ok {
+			t.Fatalf("put of %s linked its digest", tc.what)
+		}
+		if ok, _ := e.Has(ctx, d); ok {
+			t.Fatalf("put of %s committed its entry", tc.what)
+		}
 	}
 
 	// A link into an absent namespace fails the put as a whole.
