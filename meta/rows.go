@@ -12,7 +12,7 @@ import (
 // Rows is what a put commits beside its blob entry, as a value: the pin
 // row that keeps the digest from every process's sweeps until the put's
 // pin is released, and the namespace part (a link, an intent, or a
-// settle). store.putSmall builds it (the pin from gc, the namespace part
+// settle). store.putRows builds it (the pin from gc, the namespace part
 // from namespaces.Service); the kv engine commits it with the entry
 // (Putter), or, where it cannot, the store publishes the entry first and
 // writes the namespace part after it, in a transaction of its own.
@@ -102,9 +102,12 @@ func (r NSRows) For(d blob.Digest, size int64) NSRows {
 }
 
 // Batchable reports whether a PostgreSQL put batch's one statement can
-// carry r (PGBatchIntents): nothing, or an intent that replaces none. A
-// link, and an intent that drops another, need the batch's transaction,
-// where WriteTx writes them.
+// carry r (PGBatchIntents): nothing, or an intent that replaces none and
+// is bound to rows in the kv engine's database (Links.Rows). A link, an
+// intent that drops another and a settle need the batch's transaction,
+// where WriteTx writes them; so does an unbound intent, which the
+// statement would record in a registry that is not its own: WriteTx
+// refuses it (ErrNSRowsElsewhere).
 func (r NSRows) Batchable() bool {
 	return r.Link == nil && r.Replaces == 0 && !r.Settle && (r.Intent == nil || r.links != nil)
 }
@@ -118,8 +121,9 @@ func (l *Links) Rows(r NSRows) NSRows {
 
 // ErrNSRowsElsewhere fails a put whose namespace part cannot commit in
 // the entry's transaction: its registry keeps its rows outside the kv
-// engine's database (in memory). Such a registry's part is written after
-// publish instead (store's Linker).
+// engine's database (in memory). Only on a kv engine that cannot join a
+// put's rows to its entry (mem) is such a part written after publish
+// (store's Linker); on one that can (Putter), the put fails.
 var ErrNSRowsElsewhere = errors.New("the namespace registry cannot write in the put's database transaction (open it with namespaces.Open on the kv engine)")
 
 // WriteTx writes r in tx, the transaction of a put's entry in the kv

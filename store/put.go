@@ -201,11 +201,12 @@ func (s *Store) putSmall(ctx context.Context, b []byte, want *Digest, o putOptio
 // putRows is a small put whose entry commits with its rows (the joint
 // put): what commits is one value, built here — the pin row from gc, the
 // namespace part from the caller — which the kv engine writes in the
-// entry's transaction, the pin row first, under its key lock
-// (meta.Putter). A link or intent in that transaction keeps d live by
-// itself where the host serializes arbitrations with transactions: when
-// the caller drops the pin at once (ReleasesPinAtOnce), gc hands out no
-// pin row there (Collector.BeginPublish).
+// entry's transaction, in its own order (meta.Putter: SQLite writes the
+// pin row first, PostgreSQL's transaction the namespace part first). A
+// link or intent in that transaction keeps d live by itself where the
+// host serializes arbitrations with transactions: when the caller drops
+// the pin at once (ReleasesPinAtOnce), gc hands out no pin row there
+// (Collector.BeginPublish).
 func (s *Store) putRows(ctx context.Context, p meta.Putter, d Digest, b []byte, o putOptions) (*Pin, bool, error) {
 	pub, pinRow, err := s.gc.BeginPublish(ctx, d, o.linker != nil && o.releasesPin)
 	if err != nil {
