@@ -54,7 +54,13 @@ func TestServerRestart(t *testing.T) {
 			return nil
 		})
 	}()
-	<-inArb
+	select {
+	case <-inArb:
+	case err := <-arbDone:
+		t.Fatalf("Arbitrate: %v", err)
+	case <-time.After(10 * time.Second):
+		t.Fatal("the arbitration never ran")
+	}
 	putDone := make(chan error, 1)
 	go func() {
 		rows := meta.Rows{
@@ -67,7 +73,11 @@ func TestServerRestart(t *testing.T) {
 	waitFor(t, "the put to wait for the arbitration lock", func() bool { return lockWaits(t, e) > 0 })
 	f.Restart(t)
 	close(release)
-	<-arbDone // cut by the restart too
+	select {
+	case <-arbDone: // cut by the restart too
+	case <-time.After(30 * time.Second):
+		t.Fatal("the arbitration cut by a restart never returned")
+	}
 	select {
 	case err = <-putDone:
 	case <-time.After(30 * time.Second):

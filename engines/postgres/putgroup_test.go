@@ -103,8 +103,13 @@ func TestPutGroupRerunsAlone(t *testing.T) {
 	put("bad", vbad, linked(dbad, len(vbad), ns+"-absent"))
 	waitFor(t, "four puts queued behind the held batches", func() bool { return postgres.QueuedPuts(e) == 4 })
 	letGo()
-	if err := <-arbDone; err != nil {
-		t.Fatal(err)
+	select {
+	case err := <-arbDone:
+		if err != nil {
+			t.Fatal(err)
+		}
+	case <-time.After(30 * time.Second):
+		t.Fatal("the arbitration still held 30 s after it was let go")
 	}
 	got := make(map[string]putResult)
 	for range 6 {
@@ -205,8 +210,13 @@ func TestPutGroupWaitsForArbitration(t *testing.T) {
 	default:
 	}
 	letGo()
-	if err := <-arbDone; err != nil {
-		t.Fatal(err)
+	select {
+	case err := <-arbDone:
+		if err != nil {
+			t.Fatal(err)
+		}
+	case <-time.After(30 * time.Second):
+		t.Fatal("the arbitration still held 30 s after it was let go")
 	}
 	select {
 	case r := <-putDone:
