@@ -116,17 +116,19 @@ func TestSQLitePersists(t *testing.T) {
 	}
 }
 
-// TestSQLiteLinkTx: a link made in a put's transaction commits and rolls
-// back with the put.
-func TestSQLiteLinkTx(t *testing.T) {
+// TestSQLiteNSRowsCommitWithEntry: a put's namespace part commits with its entry
+// or not at all (testNSRowsCommitWithEntry).
+func TestSQLiteNSRowsCommitWithEntry(t *testing.T) {
 	r, e := openSQLiteEngine(t, filepath.Join(t.TempDir(), "kv.db"), nil)
-	testLinkTx(t, r, e)
+	testNSRowsCommitWithEntry(t, r, e)
 }
 
-// testLinkTx is the joint put+link contract on any SQL registry and the
-// engine whose database it shares (meta.Putter): a put's namespace part,
-// bound to the registry (Join), commits with the entry or not at all.
-func testLinkTx(t *testing.T, r *namespaces.SQL, e interface {
+// testNSRowsCommitWithEntry is the joint put's contract on any SQL
+// registry and the engine whose database it shares (meta.Putter): a
+// put's namespace part, bound to the registry (Join), commits with the
+// entry or not at all, and a part of none of meta.NSRows's shapes is
+// refused whole.
+func testNSRowsCommitWithEntry(t *testing.T, r *namespaces.SQL, e interface {
 	engines.KV
 	meta.Putter
 }) {

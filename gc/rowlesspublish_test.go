@@ -26,12 +26,12 @@ func (h *dropSeen) DropOwner(ctx context.Context, owner string) error {
 	return h.SerialHost.DropOwner(ctx, owner)
 }
 
-// TestPinLinkedCloseWaits: a rowless put (BeginPublish, linked, on
+// TestRowlessPublishCloseWaits: a rowless put (BeginPublish, linked, on
 // SQLite) keeps the discipline of a put that writes its pin row: Close
 // waits for its transaction to end before it drops the owner's rows and
 // lets the store close the database under it, and a put after Close has
 // begun is refused.
-func TestPinLinkedCloseWaits(t *testing.T) {
+func TestRowlessPublishCloseWaits(t *testing.T) {
 	ctx := t.Context()
 	e, err := sqlite.Open(ctx, filepath.Join(t.TempDir(), "kv.db"))
 	if err != nil {
