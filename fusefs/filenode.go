@@ -347,8 +347,12 @@ func (n *fileNode) commitLocked(ctx context.Context, intent bool) ([]notice, err
 		// The version before, if pending, stays so: its close returned
 		// 0, and the last RELEASE links it (docs/publish.md). This one's
 		// intent may have committed with its answer lost: this close
-		// reports the failure, so it must not publish (Lease.Abandon).
-		f.intents.abandon(rec)
+		// reports the failure, so it must not publish (Lease.Abandon) —
+		// unless the commit was refused whole, when there is nothing to
+		// drop and the drop would cost a transaction at the next tick.
+		if !refusedWhole(err) {
+			f.intents.abandon(rec)
+		}
 		if n.want != nil {
 			n.ns.dropPending(n.name, n)
 			return []notice{{&n.ns.Inode, n.name}}, err
@@ -390,6 +394,18 @@ func (n *fileNode) commitLocked(ctx context.Context, intent bool) ([]notice, err
 	f.noteReceipt(n) // under n.mu: the list's lock is a leaf
 	n.scheduleExpiryLocked()
 	return nil, nil
+}
+
+// refusedWhole reports whether a close's failed commit wrote nothing,
+// so that its intent needs no drop: over the quota, into a namespace that
+// is gone, or content that does not hash to its name. The content check
+// runs before anything is written; the others fail the transaction that
+// would have recorded the intent, which rolls back (meta.NSRows.WriteTx,
+// namespaces.Service.Pend), and a put that ran again after a rollback
+// reports its last run's own error (engines.Batcher, PostgreSQL's put
+// batch). Any other error may be a COMMIT whose answer was lost.
+func refusedWhole(err error) bool {
+	return errors.Is(err, blob.ErrQuota) || errors.Is(err, namespaces.ErrNotFound) || errors.Is(err, blob.ErrVerification)
 }
 
 // closeLink is the store option that commits what a close writes in

@@ -224,7 +224,10 @@ func (s *Service) SettleRows(name string, p Pending) (meta.NSRows, error) {
 // charged the put's content length (p.Size is ignored) as a link is. It
 // returns the intent, whose id it chooses now (p.ID, if set): a caller
 // whose put failed drops it (Lease.Abandon), as the put's commit may have
-// landed with its answer lost.
+// landed with its answer lost — unless the put was refused over the
+// quota (blob.ErrQuota) or for its namespace (ErrNotFound): those come
+// from the transaction that would have recorded the intent, which then
+// rolled back, so there is nothing to drop.
 func (s *Service) PendRows(name string, p Pending) (meta.NSRows, Intent, error) {
 	if err := checkPend(context.Background(), name, p); err != nil {
 		return meta.NSRows{}, 0, wrap("pend", name, blob.Digest{}, err)
