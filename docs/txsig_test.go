@@ -36,23 +36,6 @@ func TestNoTxInExportedSignatures(t *testing.T) {
 // it (docs/architecture.md, "How one close commits"). The list only
 // shrinks.
 var txStill = map[string]string{
-	// A put's transaction, opened by the kv engine, carries the pin row
-	// and the link or intent through callbacks (step 3: a meta.Rows
-	// value instead).
-	"engines.TxPutter":                  "also of PutTx",
-	"engines/sqlite.Engine.PutTx":       "engines.TxPutter",
-	"engines/postgres.Engine.PutTx":     "engines.TxPutter",
-	"store.LinkFunc":                    "the close's link callback",
-	"gc.RowFunc":                        "the pin row's callback",
-	"namespaces.TxLinker":               "LinkTx, PendTx, CancelTx",
-	"namespaces.SQL.LinkTx":             "TxLinker",
-	"namespaces.SQL.PendTx":             "TxLinker",
-	"namespaces.SQL.CancelTx":           "TxLinker",
-	"namespaces.Service.LinkFunc":       "store.LinkFunc",
-	"namespaces.Service.SettleFunc":     "store.LinkFunc",
-	"namespaces.Service.PendFunc":       "store.LinkFunc",
-	"engines/postgres.Engine.DeferPend": "meta.PendDeferrer: the batch's intents (step 3: meta's fragment)",
-	"engines/postgres.Engine.InProbe":   "meta.PendDeferrer",
 	// A delete's arbitration: the collector reads the liveness sources
 	// and deletes the kv rows in meta's transaction (a later step: one
 	// operation of meta).

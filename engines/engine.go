@@ -164,7 +164,7 @@ type Ephemeral interface {
 
 // SQL is implemented by engines backed by database/sql. A namespace
 // registry keeps its tables in the same database, and the store can join a
-// namespace link to a kv put's transaction (see TxPutter).
+// namespace link to a kv put's commit (meta.Putter).
 type SQL interface {
 	DB() *sql.DB
 	// Dialect is "sqlite" or "postgres".
@@ -177,17 +177,6 @@ type SQL interface {
 // database use the same Batcher for their hot writes.
 type Batching interface {
 	Batcher() *Batcher
-}
-
-// TxPutter is a KV engine whose Put can run extra statements in the same
-// transaction as the entry's insert, so that publish, pin row and link
-// commit together. also runs first, before the insert: it takes the pin
-// row's arbitration lock (meta.Host.PinRows), and on PostgreSQL a dedup
-// insert (ON CONFLICT DO NOTHING) does not lock the row it finds, so the
-// lock must already be held for a concurrent delete of that row to wait.
-// If also or the insert fails, nothing commits.
-type TxPutter interface {
-	PutTx(ctx context.Context, d blob.Digest, value []byte, also func(ctx context.Context, tx *sql.Tx) error) (inserted bool, err error)
 }
 
 // ResidueCounter is implemented by Large engines so that tests can count

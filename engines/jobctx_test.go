@@ -14,8 +14,9 @@ import (
 // contexts (see Batcher.Do) where the compiler cannot: every function
 // that is given both a context and a transaction, and uses the
 // transaction, uses that context — names it and refers to it — rather
-// than one it captured. A Batcher job, an Arbitrate callback, a PutTx
-// hook and a LinkTx all have that shape; a job that dropped its context
+// than one it captured. A Batcher job, an Arbitrate callback and meta's
+// writers of a put's rows (NSRows.WriteTx) all have that shape; a job
+// that dropped its context
 // (func(_ context.Context, tx *sql.Tx)) and ran its statements under the
 // caller's let a canceled caller interrupt a statement of a transaction
 // other writers' jobs share, and SQLite then rolls all of them back.

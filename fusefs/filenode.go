@@ -318,20 +318,22 @@ func (n *fileNode) commitLocked(ctx context.Context, intent bool) ([]notice, err
 	if n.pub != nil {
 		prev = n.pub.intent
 	}
-	var rec namespaces.Intent
-	var hook store.LinkFunc
-	if intent {
-		hook = f.svc.PendFunc(n.ns.name, f.intents.pending(prev), &rec)
-	} else {
-		hook = f.svc.SettleFunc(n.ns.name, f.intents.pending(prev))
-	}
+	// rec is this version's intent, known before the commit: a failed
+	// commit's may have landed with its answer lost.
+	link, rec, err := f.closeLink(n.ns.name, intent, prev)
 	// A close waits for its publish: the client's signals must not cancel
 	// half of it (nor can the Go runtime's own SIGURG, for Go clients).
 	pctx := context.WithoutCancel(ctx)
 	// The pin is released as soon as the commit returns (below): the
 	// intent or the reference keeps the blob, so a small put need write
 	// no pin row (store.ReleasesPinAtOnce).
-	d, pin, err := up.Commit(pctx, n.want, store.WithLink(hook), store.ReleasesPinAtOnce())
+	var d blob.Digest
+	var pin *store.Pin
+	if err == nil {
+		d, pin, err = up.Commit(pctx, n.want, link, store.ReleasesPinAtOnce())
+	} else {
+		up.Discard()
+	}
 	if err != nil {
 		n.failed = err
 		n.stale = true
@@ -345,8 +347,12 @@ func (n *fileNode) commitLocked(ctx context.Context, intent bool) ([]notice, err
 		// The version before, if pending, stays so: its close returned
 		// 0, and the last RELEASE links it (docs/publish.md). This one's
 		// intent may have committed with its answer lost: this close
-		// reports the failure, so it must not publish (Lease.Abandon).
-		f.intents.abandon(rec)
+		// reports the failure, so it must not publish (Lease.Abandon) —
+		// unless the commit was refused whole, when there is nothing to
+		// drop and the drop would cost a transaction at the next tick.
+		if !refusedWhole(err) {
+			f.intents.abandon(rec)
+		}
 		if n.want != nil {
 			n.ns.dropPending(n.name, n)
 			return []notice{{&n.ns.Inode, n.name}}, err
@@ -388,6 +394,33 @@ func (n *fileNode) commitLocked(ctx context.Context, intent bool) ([]notice, err
 	f.noteReceipt(n) // under n.mu: the list's lock is a leaf
 	n.scheduleExpiryLocked()
 	return nil, nil
+}
+
+// refusedWhole reports whether a close's failed commit wrote nothing,
+// so that its intent needs no drop: over the quota, into a namespace that
+// is gone, or content that does not hash to its name. The content check
+// runs before anything is written; the others fail the transaction that
+// would have recorded the intent, which rolls back (meta.NSRows.WriteTx,
+// namespaces.Service.Pend), and a put that ran again after a rollback
+// reports its last run's own error (engines.Batcher, PostgreSQL's put
+// batch). Any other error may be a COMMIT whose answer was lost.
+func refusedWhole(err error) bool {
+	return errors.Is(err, blob.ErrQuota) || errors.Is(err, namespaces.ErrNotFound) || errors.Is(err, blob.ErrVerification)
+}
+
+// closeLink is the store option that commits what a close writes in
+// namespace ns with the file's version: an intent (intent, linked at the
+// last RELEASE: docs/publish.md) or the reference, either replacing the
+// intent of the version before (prev); and the intent it records, if
+// any.
+func (f *FS) closeLink(ns string, intent bool, prev namespaces.Intent) (store.PutOption, namespaces.Intent, error) {
+	p := f.intents.pending(prev)
+	if intent {
+		part, rec, err := f.svc.PendRows(ns, p)
+		return store.WithLink(f.svc, part), rec, err
+	}
+	part, err := f.svc.SettleRows(ns, p)
+	return store.WithLink(f.svc, part), 0, err
 }
 
 // settlement is a pending version taken off its file for the settle.

@@ -2,7 +2,6 @@ package gc
 
 import (
 	"context"
-	"database/sql"
 	"fmt"
 	"sync"
 	"sync/atomic"
@@ -143,6 +142,44 @@ func (p *pins) ensureRows(ctx context.Context, ds []blob.Digest, write func([]bl
 			return wrote, blob.Wrap("pin", "", blob.Digest{}, ctx.Err())
 		}
 	}
+}
+
+// claimRow is ensureRows for one digest whose row the caller commits
+// itself (a put's): it returns a claim on d's row, for the caller to end
+// with rowWritten, or nil when d has a committed row; it waits for another
+// pinner's write of it first. The caller holds a reference on d.
+func (p *pins) claimRow(ctx context.Context, d blob.Digest) (chan struct{}, error) {
+	for {
+		p.mu.Lock()
+		e := p.m[d]
+		if e.row {
+			p.mu.Unlock()
+			return nil, nil
+		}
+		wait := e.writing
+		if wait == nil {
+			ch := make(chan struct{})
+			e.writing = ch
+			p.mu.Unlock()
+			return ch, nil
+		}
+		p.mu.Unlock()
+		select {
+		case <-wait:
+		case <-ctx.Done():
+			return nil, blob.Wrap("pin", "", blob.Digest{}, ctx.Err())
+		}
+	}
+}
+
+// rowWritten ends the claim of claimRow: d's row committed (ok) or not.
+func (p *pins) rowWritten(d blob.Digest, claim chan struct{}, ok bool) {
+	p.mu.Lock()
+	e := p.m[d]
+	e.writing = nil
+	e.row = ok
+	close(claim)
+	p.mu.Unlock()
 }
 
 // released takes the digests whose row outlived their last reference and
@@ -302,8 +339,9 @@ func (p *Pin) Release() {
 // Clone mints a second, independent pin on the same digest (for handing a
 // reference to another owner without transferring this one). The digest is
 // pinned already, so this never touches the database: the clone protects
-// in other processes only what p does, and a pin from PinLinked protects
-// nothing there (its callers release it at once and never clone it).
+// in other processes only what p does, and the pin of a linked
+// BeginPublish protects nothing there (its callers release it at once and
+// never clone it).
 func (p *Pin) Clone() *Pin {
 	p.c.arb.RLock()
 	p.c.pins.add(p.d)
@@ -318,51 +356,68 @@ func ReleaseAll(ps []*Pin) {
 	}
 }
 
-// RowFunc writes the pin row of a put inside the put's transaction (see
-// Collector.PinPublish). It does nothing where the store keeps no rows.
-type RowFunc func(ctx context.Context, tx *sql.Tx) error
-
 // Pin mints a pin on d. Mint it before the entry it protects becomes
 // visible (pin-before-publish); pinning an absent digest is allowed. Where
 // the store keeps pin rows, the first pin of a digest in this process
 // commits a row before Pin returns, so another process's arbitration sees
 // it; later pins of a held digest cost no database write.
 func (c *Collector) Pin(ctx context.Context, d blob.Digest) (*Pin, error) {
-	return c.PinPublish(ctx, d, nil)
+	pub, row, err := c.BeginPublish(ctx, d, false)
+	if err != nil {
+		return nil, err
+	}
+	if row != nil {
+		err = c.rows.write(ctx, d)
+	}
+	return pub.Done(err)
 }
 
-// PinPublish mints a pin on d whose row commits in the same transaction as
-// the entry it protects (the joint put): publish runs the put, and calls
-// row inside its transaction before it inserts the entry. publish runs
-// exactly once; row is a no-op when this process already holds a row for d.
-// With publish nil, the row commits in a transaction of its own. If publish
-// (or the row) fails, no pin is held and the error is returned.
-func (c *Collector) PinPublish(ctx context.Context, d blob.Digest, publish func(row RowFunc) error) (*Pin, error) {
-	return c.pinPublish(ctx, d, publish, false)
+// Publish is a pin being minted with the put that publishes its digest
+// (BeginPublish), until Done.
+type Publish struct {
+	pin *Pin
+	// claim is closed by Done: the pin row this put commits, which other
+	// pinners of the digest wait for instead of writing it twice; nil
+	// when the put commits none.
+	claim chan struct{}
+	// locked: the put holds rowMu's read side until Done, so that a
+	// renewal tick never drops a row it writes, and Close waits for it.
+	locked bool
 }
 
-// pinPublish is PinPublish; with rowless, publish runs with no row to
-// write (PinLinked), under the same discipline: the pin counted first, the
-// put's transaction under rowMu's read side (Close waits for it) and
-// refused once the collector is closed.
-func (c *Collector) pinPublish(ctx context.Context, d blob.Digest, publish func(row RowFunc) error, rowless bool) (*Pin, error) {
+// BeginPublish mints a pin on d for a put that commits the pin's row in
+// its own transaction, with the entry it protects (the joint put): it
+// returns the row for the put to commit (meta.Rows.Pin), or nil where the
+// put needs none — this process holds a row for d already, or the store
+// keeps no rows. The caller runs the put and then calls Done exactly
+// once with its outcome.
+//
+// linked is the caller's promise that the put's transaction also writes
+// what keeps d live in every process (a namespace reference or intent,
+// which every arbitration reads in its own transaction: TxSource), and
+// that it releases the pin as soon as the put returns, neither keeping
+// nor cloning it (store.ReleasesPinAtOnce). Where the host serializes
+// arbitrations with whole write transactions (meta.SerialHost: SQLite),
+// the link then protects d from the moment the entry is visible, and the
+// put writes no pin row — on SQLite, two b-tree writes of every small
+// close and a delete of each at the next renewal (docs/gc.md, "What a
+// small close writes"). The pin is then this process's reference only,
+// for its own sweeps: it protects nothing in another process, so a caller
+// that hands it on (a pin token, a clone) must not pass linked. On
+// PostgreSQL the arbitration lock is per digest and taken by pin rows, so
+// linked changes nothing there.
+func (c *Collector) BeginPublish(ctx context.Context, d blob.Digest, linked bool) (*Publish, *meta.PinRow, error) {
 	if c.closed.Load() {
-		return nil, blob.Wrap("pin", "", d, blob.ErrClosed)
+		return nil, nil, blob.Wrap("pin", "", d, blob.ErrClosed)
 	}
 	// Counted under the arbitration lock's read side: an arbitration in
 	// this process either sees the reference or finishes its delete first.
 	c.arb.RLock()
 	c.pins.add(d)
 	c.arb.RUnlock()
-	pin := &Pin{c: c, d: d}
+	pub := &Publish{pin: &Pin{c: c, d: d}}
 	if c.host == nil {
-		if publish != nil {
-			if err := publish(noRow); err != nil {
-				pin.Release()
-				return nil, err
-			}
-		}
-		return pin, nil
+		return pub, nil, nil
 	}
 	// Row writes (and a rowless put's transaction) hold rowMu's read side,
 	// so that a renewal tick dropping released rows never deletes one
@@ -370,53 +425,43 @@ func (c *Collector) pinPublish(ctx context.Context, d blob.Digest, publish func(
 	c.rowMu.RLock()
 	if c.closed.Load() {
 		c.rowMu.RUnlock()
-		pin.Release()
-		return nil, blob.Wrap("pin", "", d, blob.ErrClosed)
+		pub.pin.Release()
+		return nil, nil, blob.Wrap("pin", "", d, blob.ErrClosed)
 	}
-	var wrote bool
-	var err error
-	if rowless {
-		wrote = true // publish runs here, once
-		err = publish(noRow)
-	} else {
-		wrote, err = c.pins.ensureRows(ctx, []blob.Digest{d}, func([]blob.Digest) error {
-			if publish == nil {
-				return c.rows.write(ctx, d)
-			}
-			return publish(func(ctx context.Context, tx *sql.Tx) error {
-				return c.host.PinRows(ctx, tx, c.owner, []blob.Digest{d}, c.ttl)
-			})
-		})
+	if sh, ok := c.host.(meta.SerialHost); linked && ok && sh.SerialArbitration() {
+		pub.locked = true
+		return pub, nil, nil
 	}
-	c.rowMu.RUnlock()
-	if err == nil && !wrote && publish != nil {
-		err = publish(noRow)
+	claim, err := c.pins.claimRow(ctx, d)
+	if err != nil || claim == nil {
+		c.rowMu.RUnlock()
+		if err != nil {
+			pub.pin.Release()
+			return nil, nil, err
+		}
+		return pub, nil, nil
 	}
-	if err != nil {
-		pin.Release()
-		return nil, err
-	}
-	return pin, nil
+	pub.claim, pub.locked = claim, true
+	return pub, &meta.PinRow{D: d, Owner: c.owner, TTL: c.ttl}, nil
 }
 
-func noRow(context.Context, *sql.Tx) error { return nil }
-
-// PinLinked is PinPublish for a put whose transaction also writes what
-// keeps d live in every process (a namespace reference or intent, which
-// every arbitration reads in its own transaction: TxSource) and whose
-// caller releases the pin as soon as the put returns, neither keeping nor
-// cloning it (store.ReleasesPinAtOnce). Where the host serializes
-// arbitrations with whole write transactions (meta.SerialHost:
-// SQLite), the link protects d from the moment the entry is visible, so
-// the put writes no pin row — on SQLite, two b-tree writes of every small
-// close and a delete of each at the next renewal (docs/gc.md, "What a
-// small close writes"). The pin is then this process's reference only,
-// for its own sweeps: it protects nothing in another process, so a caller
-// that hands it on (a pin token, a clone) must use PinPublish. Elsewhere
-// it is PinPublish.
-func (c *Collector) PinLinked(ctx context.Context, d blob.Digest, publish func(row RowFunc) error) (*Pin, error) {
-	sh, ok := c.host.(meta.SerialHost)
-	return c.pinPublish(ctx, d, publish, publish != nil && ok && sh.SerialArbitration())
+// Done ends the publish with the put's outcome err: nil, and the pin row
+// BeginPublish handed out is this process's, committed, so later pins of
+// the digest write none; an error, and no pin is held, and the next pin
+// of the digest writes its row. It returns the pin, or err.
+func (p *Publish) Done(err error) (*Pin, error) {
+	c := p.pin.c
+	if p.claim != nil {
+		c.pins.rowWritten(p.pin.d, p.claim, err == nil)
+	}
+	if p.locked {
+		c.rowMu.RUnlock()
+	}
+	if err != nil {
+		p.pin.Release()
+		return nil, err
+	}
+	return p.pin, nil
 }
 
 // PinMany mints a pin on each digest of ds, writing the rows this process

@@ -55,11 +55,13 @@
 //     [SerialHost]); on PostgreSQL a transaction-scoped advisory lock per
 //     digest, shared for pin rows and exclusive for arbitration, taken in
 //     key order so that nothing deadlocks.
-//   - Joint put: a put's pin row commits in the put's own transaction.
-//     On SQLite [Host.PinRows] runs in the transaction the engine's PutTx
-//     hands its also; on PostgreSQL the put batch's one statement carries
-//     the rows ([PGLockShared], [PGBatchPins], [PGPinArgs]), which
-//     PinRows defers to it ([PostgresConfig.Defer]).
+//   - Joint put: a put hands the kv engine its rows as a value ([Rows]:
+//     the pin row, the link or intent), which commit with its entry
+//     ([Putter]). On SQLite the engine has [SQLite.WriteRows] write them
+//     in the entry's transaction; on PostgreSQL the put batch's one
+//     statement carries the pin rows and the intents that replace none
+//     ([PGLockShared], [PGBatchPins], [PGPinArgs], [PGBatchIntents]),
+//     and [NSRows.WriteTx] writes the rest in the batch's transaction.
 //   - A deleted blob's window row leaves with it, in the same statement,
 //     on PostgreSQL ([PGWindowGone]); elsewhere the sweep removes it after
 //     the delete (Window.WindowRemove).
@@ -121,14 +123,10 @@
 //
 // # Still crossing packages (stage 2 of issue 36)
 //
-// A *sql.Tx still crosses this package's boundary in three places:
-// Host.Arbitrate's callback (the collector reads its TxSources and
-// deletes the kv rows in it), Host.PinRows's transaction (a put's, from
-// the engine's PutTx) and Links' LinkTx, PendTx and CancelTx (a put's,
-// through namespaces.Service's LinkFunc, SettleFunc and PendFunc). They
-// go when the close hands this package the rows it commits (the blob
-// entry, the pin or intent, the link) as a value (docs/architecture.md,
-// "How one close commits"). The PostgreSQL put batch already carries its
-// intents with this package's fragment (PGBatchIntents, ns_postgres.go),
-// as it does its pin rows.
+// A *sql.Tx still crosses this package's boundary at Host.Arbitrate's
+// callback (the collector reads its TxSources and deletes the kv rows in
+// it), until a delete's arbitration is one operation of this package
+// (docs/architecture.md, "How one close commits"). A close's rows cross
+// it as a value ([Rows]), and only an engine hands this package the
+// transaction they commit in ([SQLite.WriteRows], [NSRows.WriteTx]).
 package meta

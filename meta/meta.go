@@ -68,7 +68,7 @@ type Host interface {
 	// each digest's arbitration lock in shared mode first. An existing row
 	// keeps the later of its expiry and the new one. With tx nil it runs in
 	// a transaction of its own; otherwise in tx, which the caller commits
-	// (a put's transaction: engines.TxPutter's also).
+	// (a put's transaction: SQLite.WriteRows).
 	PinRows(ctx context.Context, tx *sql.Tx, owner string, ds []blob.Digest, ttl time.Duration) error
 	// RenewPins sets owner's rows that are unexpired now to now + ttl, in
 	// one statement (one reading of the clock), and returns the set of
@@ -111,7 +111,7 @@ type Host interface {
 // runs while the transaction is open: a put whose own transaction also
 // writes what keeps its digest live (a namespace reference or intent,
 // which arbitration reads in its transaction) needs no pin row
-// (gc.Collector.PinLinked). On PostgreSQL the lock is per digest and taken
+// (gc.Collector.BeginPublish, linked). On PostgreSQL the lock is per digest and taken
 // by pin rows only, so puts keep their rows there.
 type SerialHost interface {
 	Host

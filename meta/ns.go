@@ -63,9 +63,6 @@ type Links struct {
 	// noUsage: the tables have no usage columns (an older store on
 	// read-only media): Usage fails, and nothing can be written anyway.
 	noUsage bool
-	// pends, when the engine has it (PostgreSQL), carries the intents of
-	// puts into the put's own batch statement (PendTx).
-	pends PendDeferrer
 	// usageAdded: the open added the usage columns (NeedsRecount).
 	usageAdded bool
 }
@@ -74,7 +71,7 @@ type Links struct {
 type LinksConfig struct {
 	// Engine is the kv engine whose database keeps the rows: "sqlite"
 	// or "postgres". A SQLite engine must be an engines.RowClock, which
-	// times the intents; a PostgreSQL one may be a PendDeferrer.
+	// times the intents.
 	Engine engines.SQL
 	// Batch, if set, carries every write transaction (SQLite's Batcher).
 	Batch *engines.Batcher
@@ -96,27 +93,12 @@ type LinksConfig struct {
 // and it costs no round trip.
 const NSNotifyChannel = "alkblobfs_ns"
 
-// PendDeferrer is an engine whose puts' transactions can carry an intent
-// in the put's own statement (engines/postgres.Engine.DeferPend): it
-// reports false where tx is not such a transaction.
-type PendDeferrer interface {
-	DeferPend(tx *sql.Tx, id int64, ns string, d blob.Digest, holder string, ttl time.Duration, size int64) bool
-	// InProbe reports whether tx only probes what the batch's jobs ask
-	// for; a statement on it fails, and the batch then takes a
-	// transaction.
-	InProbe(tx *sql.Tx) bool
-}
-
 // The namespaces' sentinels; package namespaces exports them under its
 // own names (namespaces.ErrExists, ErrNotEmpty, ErrNotFound).
 var (
 	ErrNSExists   = errors.New("namespace exists")
 	ErrNSNotEmpty = errors.New("namespace not empty")
 	ErrNSNotFound = errors.New("namespace not found")
-	// ErrNeedsTx fails a link on a put batch's probe
-	// (PendDeferrer.InProbe): the link runs again in the batch's
-	// transaction.
-	ErrNeedsTx = errors.New("a link needs the put's transaction")
 )
 
 // errNoUsage: an older store opened on read-only media has no usage
@@ -142,6 +124,7 @@ type Sized struct {
 
 // NSIntent is an intent being recorded (namespaces.Pending).
 type NSIntent struct {
+	ID       int64 // chosen by the caller before the put; 0: NewIntentID
 	Holder   string
 	TTL      time.Duration
 	Replaces int64 // an intent this one replaces, dropped first; 0: none
@@ -175,7 +158,6 @@ func OpenLinks(ctx context.Context, cfg LinksConfig) (*Links, error) {
 		l.wall = time.Now
 	}
 	l.settles = &settleGroup{db: db}
-	l.pends, _ = cfg.Engine.(PendDeferrer)
 	if dialect == "sqlite" {
 		l.rows = rows
 	}

@@ -17,41 +17,26 @@ import (
 // reached the server and its answer been lost (a connection reset), so
 // the row may exist, and the caller drops it (namespaces' Lease.Abandon).
 func (l *Links) Pend(ctx context.Context, name string, d blob.Digest, p NSIntent) (int64, error) {
+	if err := l.writable(); err != nil {
+		return 0, err
+	}
 	var id int64
 	err := l.inTx(ctx, func(ctx context.Context, tx *sql.Tx) error {
 		var err error
-		id, err = l.PendTx(ctx, tx, name, d, p)
+		if p.Replaces != 0 {
+			// The replaced intent goes first, so that its charge is
+			// freed before this one's is admitted.
+			if err := l.cancelTx(ctx, tx, p.Replaces); err != nil {
+				return err
+			}
+		}
+		id, err = l.pendTx(ctx, tx, name, d, p)
 		return err
 	})
 	if err != nil && id == 0 {
 		return 0, err
 	}
 	return id, err
-}
-
-// PendTx records the intent in tx, charging p.Size if the namespace does
-// not hold d yet; it commits or rolls back with tx, and so does the
-// removal of the intent it replaces (p.Replaces), which goes first so
-// that its charge is freed before this one's is admitted. On a put
-// batch's transaction (PendDeferrer) an intent that replaces none is
-// carried by the batch's own statement, which fails as a whole (and runs
-// again with this statement) if the namespace is gone or the intent is
-// over its quota.
-func (l *Links) PendTx(ctx context.Context, tx *sql.Tx, name string, d blob.Digest, p NSIntent) (int64, error) {
-	if err := l.writable(); err != nil {
-		return 0, err
-	}
-	if p.Replaces == 0 && l.pends != nil {
-		if id := NewIntentID(); l.pends.DeferPend(tx, id, name, d, p.Holder, p.TTL, p.Size) {
-			return id, nil
-		}
-	}
-	if p.Replaces != 0 {
-		if err := l.cancelTx(ctx, tx, p.Replaces); err != nil {
-			return 0, err
-		}
-	}
-	return l.pendTx(ctx, tx, name, d, p)
 }
 
 // pendTx records the intent in tx, charging p.Size if the namespace does
@@ -70,7 +55,10 @@ func (l *Links) pendTx(ctx context.Context, tx *sql.Tx, name string, d blob.Dige
 			return 0, err
 		}
 	}
-	id := NewIntentID()
+	id := p.ID
+	if id == 0 {
+		id = NewIntentID()
+	}
 	res, err := l.txExec(ctx, tx, l.pendStmt, l.q.pend, l.args(id, name, d[:], p.Holder, nowArg{}, int64(p.TTL), p.Size, name)...)
 	var n int64
 	if err == nil {
@@ -131,21 +119,14 @@ func (l *Links) Settle(ctx context.Context, id int64) (bool, error) {
 	return linked, nil
 }
 
-// Cancel drops intent id, in a transaction of its own (CancelTx).
+// Cancel drops intent id, in a transaction of its own, and frees its
+// charge if nothing else of its namespace names its digest. An intent
+// already gone is not an error.
 func (l *Links) Cancel(ctx context.Context, id int64) error {
 	if err := l.writable(); err != nil {
 		return err
 	}
 	return l.inTx(ctx, func(ctx context.Context, tx *sql.Tx) error { return l.cancelTx(ctx, tx, id) })
-}
-
-// CancelTx drops intent id in tx and frees its charge if nothing else of
-// its namespace names its digest. An intent already gone is not an error.
-func (l *Links) CancelTx(ctx context.Context, tx *sql.Tx, id int64) error {
-	if err := l.writable(); err != nil {
-		return err
-	}
-	return l.cancelTx(ctx, tx, id)
 }
 
 // txExec runs a hot statement of a put's transaction: st, prepared once,

@@ -12,7 +12,9 @@ import (
 )
 
 // Link links d into the namespace in a transaction of its own, charging
-// size if the namespace does not hold d yet; see LinkTx.
+// size if the namespace does not hold d yet (linkTx). Over the
+// namespace's quota it fails with an error from QuotaError (wrapping
+// blob.ErrQuota) and writes nothing.
 func (l *Links) Link(ctx context.Context, name string, d blob.Digest, size int64) (bool, error) {
 	if err := l.writable(); err != nil {
 		return false, err
@@ -24,23 +26,6 @@ func (l *Links) Link(ctx context.Context, name string, d blob.Digest, size int64
 		return err
 	})
 	return linked, err
-}
-
-// LinkTx is Link inside the caller's transaction tx, which must belong to
-// the engine's database: the reference commits or rolls back with tx (a
-// kv put's transaction). linked reports whether it added the reference.
-// Over the namespace's quota it fails with an error from QuotaError (wrapping blob.ErrQuota) and writes
-// nothing.
-func (l *Links) LinkTx(ctx context.Context, tx *sql.Tx, name string, d blob.Digest, size int64) (bool, error) {
-	if err := l.writable(); err != nil {
-		return false, err
-	}
-	if l.pends != nil && l.pends.InProbe(tx) {
-		// Not an error of the link's: on the probe, linkTx's statement
-		// would fail and linkFailed would ask the server why.
-		return false, ErrNeedsTx
-	}
-	return l.linkTx(ctx, tx, name, d, size)
 }
 
 // linkTx links d in tx, charging size if the namespace does not hold d

@@ -8,14 +8,15 @@ import (
 )
 
 // The PostgreSQL put batch's intents: the engine's one statement for a
-// batch of puts (engines/postgres, putgroup.go) carries the intents its
-// puts deferred to it (PendDeferrer), as it carries their pin rows
-// (PGBatchPins). The statement is the engine's; its part that writes
-// ns_pending and ns is this package's, as are the tables.
+// batch of puts (engines/postgres, putgroup.go) carries the intents of
+// its puts' rows (Rows.NS, when NSRows.Batchable), as it carries their
+// pin rows (PGBatchPins). The statement is the engine's; its part that
+// writes ns_pending and ns is this package's, as are the tables.
 
-// IntentRow is an intent a put batch's statement writes
-// (PGBatchIntents): id in namespace NS for D, held by Holder, expiring
-// TTL after the statement's clock, charging Size to NS's usage.
+// IntentRow is an intent a put records (NSRows.Intent), which a put
+// batch's statement writes (PGBatchIntents) or NSRows.WriteTx: id in
+// namespace NS for D, held by Holder, expiring TTL after the row clock's
+// now, charging Size to NS's usage.
 type IntentRow struct {
 	ID     int64
 	NS     string

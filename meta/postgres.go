@@ -37,11 +37,10 @@ import (
 // a renewal or a reap is judged at one instant.
 type Postgres struct {
 	*PGWindow
-	pool      *pgxpool.Pool
-	db        *sql.DB
-	name      string
-	wrapD     Wrap
-	deferPins func(tx *sql.Tx, rows []PinRow) bool
+	pool  *pgxpool.Pool
+	db    *sql.DB
+	name  string
+	wrapD Wrap
 }
 
 var (
@@ -60,11 +59,6 @@ type PostgresConfig struct {
 	// in a put's transaction).
 	Pool *pgxpool.Pool
 	DB   *sql.DB
-	// Defer, when set, is asked first by PinRows in a caller's
-	// transaction: it takes the rows into the statement of the engine's
-	// put batch whose transaction tx is (PGBatchPins), and reports whether
-	// it did. Nil: PinRows always writes the rows itself.
-	Defer func(tx *sql.Tx, rows []PinRow) bool
 	// Wrap names the engine on errors (nil: blob.Wrap with Name).
 	Wrap Wrap
 }
@@ -95,7 +89,7 @@ const nowOnce = `(SELECT ` + engines.PGNow + `)`
 
 // OpenPostgres creates the state's tables in the database if needed.
 func OpenPostgres(ctx context.Context, cfg PostgresConfig) (*Postgres, error) {
-	p := &Postgres{pool: cfg.Pool, db: cfg.DB, name: cfg.Name, wrapD: cfg.Wrap, deferPins: cfg.Defer}
+	p := &Postgres{pool: cfg.Pool, db: cfg.DB, name: cfg.Name, wrapD: cfg.Wrap}
 	if p.wrapD == nil {
 		p.wrapD = func(op string, d blob.Digest, err error) error { return blob.Wrap(op, cfg.Name, d, err) }
 	}
@@ -197,8 +191,10 @@ func PGWindowGone(cte string) string {
 	return `w AS (DELETE FROM gc_window WHERE digest IN (SELECT digest FROM ` + cte + `))`
 }
 
-// PinRow is a pin row a put's transaction asks for (Host.PinRows), which
-// an engine's batch statement writes (PGBatchPins).
+// PinRow is the pin row of a put (Rows.Pin): D held by Owner until TTL
+// after the row clock's now when it commits. An engine writes it in the
+// put's transaction with Host.PinRows (SQLite's WriteRows), or in its
+// batch statement (PGBatchPins).
 type PinRow struct {
 	D     blob.Digest
 	Owner string
@@ -257,17 +253,6 @@ func (p *Postgres) PinRows(ctx context.Context, tx *sql.Tx, owner string, ds []b
 		return p.wrap("pin", err)
 	}
 	if tx != nil {
-		if p.deferPins != nil {
-			rows := make([]PinRow, len(ds))
-			for i, d := range ds {
-				rows[i] = PinRow{D: d, Owner: owner, TTL: ttl}
-			}
-			// A put's pin row: the batch's own statement writes it,
-			// under the same lock and in the same transaction.
-			if p.deferPins(tx, rows) {
-				return nil
-			}
-		}
 		return run(tx)
 	}
 	return engines.InTx(ctx, p.db, func(err error) error { return p.wrap("pin", err) }, run)

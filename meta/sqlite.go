@@ -220,6 +220,18 @@ func (s *SQLite) PinRows(ctx context.Context, tx *sql.Tx, owner string, ds []blo
 	return s.inTx(ctx, "pin", run)
 }
 
+// WriteRows writes rows in tx, the transaction of a put's entry (the
+// engine's Putter): the pin row first, which takes the arbitration lock
+// (here the write lock tx holds already), then the namespace part.
+func (s *SQLite) WriteRows(ctx context.Context, tx *sql.Tx, rows Rows) error {
+	if p := rows.Pin; p != nil {
+		if err := s.PinRows(ctx, tx, p.Owner, []blob.Digest{p.D}, p.TTL); err != nil {
+			return err
+		}
+	}
+	return rows.NS.WriteTx(ctx, tx)
+}
+
 // RenewPins implements Host.
 func (s *SQLite) RenewPins(ctx context.Context, owner string, ttl time.Duration) (map[blob.Digest]bool, error) {
 	var out map[blob.Digest]bool

@@ -56,7 +56,7 @@ func TestSQLiteReopen(t *testing.T) {
 }
 
 // The collector unlinks the large tier's blobs in ArbitrateAlone; the
-// collector's SQLite host is a serial one (PinLinked).
+// collector's SQLite host is a serial one (gc.Collector.BeginPublish, linked).
 var (
 	_ gc.AloneHost    = (*meta.SQLite)(nil)
 	_ meta.SerialHost = (*meta.SQLite)(nil)

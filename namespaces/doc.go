@@ -43,9 +43,11 @@
 // before checking, so that a concurrent sweep cannot delete it between the
 // check and the link: the sweep's delete-time arbitration sees the pin, and
 // after the link the registry itself reports the digest live.
-// [Service.LinkFunc] is the publish hook for store.WithLink: inside a kv
-// put's transaction it links with [SQL.LinkTx], so publish and link commit
-// together.
+// [Service.LinkRows], [Service.SettleRows] and [Service.PendRows] give a
+// put its namespace part as a value (meta.NSRows), for store.WithLink:
+// where the registry's rows are in the kv engine's database ([Joinable]),
+// the engine commits it with the put's entry; elsewhere the store
+// publishes first and [Service.CommitRows] writes it after.
 //
 // # Intents
 //

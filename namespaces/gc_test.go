@@ -2,7 +2,6 @@ package namespaces_test
 
 import (
 	"context"
-	"database/sql"
 	"errors"
 	"testing"
 	"time"
@@ -10,6 +9,7 @@ import (
 	"github.com/alkblobfs/alkblobfs/blob"
 	"github.com/alkblobfs/alkblobfs/gc"
 	"github.com/alkblobfs/alkblobfs/gc/gctest"
+	"github.com/alkblobfs/alkblobfs/meta"
 	"github.com/alkblobfs/alkblobfs/namespaces"
 )
 
@@ -202,7 +202,8 @@ func TestServiceLinkPinsAcrossCheck(t *testing.T) {
 }
 
 // TestServiceRefusesAbsent: a Service links only what the pool holds, and a
-// refusal changes nothing and leaks no pin.
+// refusal changes nothing and leaks no pin; CommitRows refuses a part
+// that mixes a link and an intent.
 func TestServiceRefusesAbsent(t *testing.T) {
 	forEachRegistry(t, func(t *testing.T, r namespaces.Registry) {
 		ctx := t.Context()
@@ -217,8 +218,15 @@ func TestServiceRefusesAbsent(t *testing.T) {
 		if _, err := svc.LinkMany(ctx, "a", []blob.Digest{in, out}); !errors.Is(err, blob.ErrMissing) {
 			t.Fatalf("LinkMany with a digest not in the pool = %v, want ErrMissing", err)
 		}
-		if err := svc.LinkFunc("a")(ctx, nil, out, 0); !errors.Is(err, blob.ErrMissing) {
-			t.Fatalf("LinkFunc(nil tx) of a digest not in the pool = %v, want ErrMissing", err)
+		link, err := svc.LinkRows("a")
+		mustDo(t, err)
+		if err := svc.CommitRows(ctx, link.For(out, 0)); !errors.Is(err, blob.ErrMissing) {
+			t.Fatalf("CommitRows of a link to a digest not in the pool = %v, want ErrMissing", err)
+		}
+		mixed := link.For(in, 0)
+		mixed.Intent = &meta.IntentRow{ID: meta.NewIntentID(), NS: "a", D: in, Holder: "h", TTL: time.Minute}
+		if err := svc.CommitRows(ctx, mixed); !errors.Is(err, meta.ErrNSRowsMixed) {
+			t.Fatalf("CommitRows of a link with an intent = %v, want ErrNSRowsMixed", err)
 		}
 		if _, err := svc.Link(ctx, "bad/name", in); !errors.Is(err, namespaces.ErrBadName) {
 			t.Fatalf("Link with a bad name = %v", err)
@@ -233,7 +241,7 @@ func TestServiceRefusesAbsent(t *testing.T) {
 		if linked, err := svc.Link(ctx, "a", in); err != nil || !linked {
 			t.Fatalf("Link of a pooled digest = %v, %v", linked, err)
 		}
-		mustDo(t, svc.LinkFunc("a")(ctx, nil, in, 0))
+		mustDo(t, svc.CommitRows(ctx, link.For(in, 0)))
 		if n, err := svc.LinkMany(ctx, "a", []blob.Digest{in}); err != nil || n != 0 {
 			t.Fatalf("LinkMany of a linked digest = %d, %v", n, err)
 		}
@@ -243,22 +251,26 @@ func TestServiceRefusesAbsent(t *testing.T) {
 	})
 }
 
-// TestLinkFuncNeedsTxLinker: a registry that cannot join the put's
-// transaction fails the put instead of linking outside it.
-func TestLinkFuncNeedsTxLinker(t *testing.T) {
+// TestLinkRowsNeedsJoinable: a registry that keeps its rows outside the
+// kv engine's database fails a put whose namespace part must commit with
+// the entry, instead of linking outside its transaction.
+func TestLinkRowsNeedsJoinable(t *testing.T) {
 	ctx := t.Context()
 	_, e := openSQLiteEngine(t, t.TempDir()+"/kv.db", nil)
 	r := namespaces.NewMem(nil)
 	mustDo(t, r.Create(ctx, "a"))
 	svc := namespaces.NewService(r, gctest.NewPool(gc.Options{}))
 	v := []byte("v")
-	_, err := e.PutTx(ctx, blob.Sum(v), v, func(ctx context.Context, tx *sql.Tx) error {
-		return svc.LinkFunc("a")(ctx, tx, blob.Sum(v), int64(len(v)))
-	})
-	if err == nil {
-		t.Fatal("LinkFunc with a tx and a Mem registry succeeded")
+	link, err := svc.LinkRows("a")
+	mustDo(t, err)
+	_, err = e.PutRows(ctx, blob.Sum(v), v, meta.Rows{NS: link.For(blob.Sum(v), int64(len(v)))})
+	if !errors.Is(err, meta.ErrNSRowsElsewhere) {
+		t.Fatalf("a put linking through a Mem registry = %v; want meta.ErrNSRowsElsewhere", err)
 	}
 	if n, _ := r.Count(ctx, "a"); n != 0 {
 		t.Fatal("linked outside the transaction")
+	}
+	if ok, _ := e.Has(ctx, blob.Sum(v)); ok {
+		t.Fatal("the entry committed although its link failed")
 	}
 }

@@ -137,7 +137,7 @@ func OpenLease(ctx context.Context, cfg LeaseConfig) (*Lease, error) {
 func (l *Lease) Holder() string { return l.holder }
 
 // Pending describes an intent to record under the lease (Registry.Pend,
-// Service.PendFunc): replaces is the same file's earlier intent, or 0.
+// Service.PendRows): replaces is the same file's earlier intent, or 0.
 func (l *Lease) Pending(replaces Intent) Pending {
 	return Pending{Holder: l.holder, TTL: l.cfg.TTL, Replaces: replaces}
 }
@@ -163,7 +163,7 @@ func (l *Lease) Cancel(ctx context.Context, i Intent) error {
 
 // Abandon drops i, an intent whose recording failed with its fate unknown:
 // the put that wrote it failed at or after its COMMIT, whose answer may
-// have been lost with the row committed (SQL.Pend, Service.PendFunc).
+// have been lost with the row committed (SQL.Pend, Service.PendRows).
 // Its writer reported the failure, so i must never be linked; left
 // pending, it would be renewed with the lease's others and linked at
 // Close. The cancel runs at the next tick, not now: by then the server is

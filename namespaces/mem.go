@@ -267,7 +267,10 @@ func (m *Mem) Pend(ctx context.Context, name string, d blob.Digest, p Pending) (
 			return 0, wrap("pend", name, d, err)
 		}
 	}
-	i := newIntent()
+	i := p.ID
+	if i == 0 {
+		i = newIntent()
+	}
 	m.addIntentLocked(i, memIntent{ns: name, d: d, holder: p.Holder, until: time.Since(m.base) + p.TTL}, p.Size)
 	return i, nil
 }

@@ -64,11 +64,11 @@ func TestPostgresPersists(t *testing.T) {
 	}
 }
 
-// TestPostgresLinkTx: a link made in a put's transaction commits and rolls
-// back with the put.
-func TestPostgresLinkTx(t *testing.T) {
+// TestPostgresNSRowsCommitWithEntry: a put's namespace part commits with its entry
+// or not at all (testNSRowsCommitWithEntry).
+func TestPostgresNSRowsCommitWithEntry(t *testing.T) {
 	r, e := openPostgres(t, pgtest.DSN(t), nil)
-	testLinkTx(t, r, e)
+	testNSRowsCommitWithEntry(t, r, e)
 }
 
 // TestPostgresUsage: two registries on one database, each with its own

@@ -1,8 +1,6 @@
 package namespaces_test
 
 import (
-	"context"
-	"database/sql"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -18,13 +16,14 @@ import (
 	"github.com/alkblobfs/alkblobfs/engines/postgres"
 	"github.com/alkblobfs/alkblobfs/engines/postgres/pgtest"
 	"github.com/alkblobfs/alkblobfs/engines/sqlite"
+	"github.com/alkblobfs/alkblobfs/meta"
 	"github.com/alkblobfs/alkblobfs/namespaces"
 	"github.com/alkblobfs/alkblobfs/store"
 )
 
-// TestPutQuota: puts into a namespace through the publish hooks the
-// surfaces use — store.WithLink with the Service's LinkFunc (the CLI's
-// put --ns, HTTP) and PendFunc (the mount's close) — are charged the
+// TestPutQuota: puts into a namespace through the namespace parts the
+// surfaces use — store.WithLink with the Service's LinkRows (the CLI's
+// put --ns, HTTP) and PendRows (the mount's close) — are charged the
 // content's size, and a put over the quota fails with blob.ErrQuota and
 // links nothing; where the kv engine joins the link to the put's
 // transaction (SQLite, PostgreSQL) it publishes nothing either. On
@@ -93,42 +92,52 @@ func testPutQuota(t *testing.T, kv engines.KV, joint bool) {
 			t.Fatalf("%s: the refused put published its blob (%v, %v) in the put's transaction", what, ok, err)
 		}
 	}
-	put := func(b []byte, hook store.LinkFunc) (blob.Digest, error) {
-		d, pin, err := st.PutBytes(ctx, b, store.WithLink(hook), store.ReleasesPinAtOnce())
+	put := func(b []byte, part meta.NSRows) (blob.Digest, error) {
+		d, pin, err := st.PutBytes(ctx, b, store.WithLink(svc, part), store.ReleasesPinAtOnce())
 		if err == nil {
 			pin.Release()
 		}
 		return d, err
 	}
 	holder := namespaces.Pending{Holder: "quota-test", TTL: time.Minute}
+	link := func() meta.NSRows {
+		part, err := svc.LinkRows(ns)
+		mustDo(t, err)
+		return part
+	}
+	pend := func(i *namespaces.Intent) meta.NSRows {
+		part, id, err := svc.PendRows(ns, holder)
+		mustDo(t, err)
+		*i = id
+		return part
+	}
 
-	// LinkFunc: under, then over.
+	// LinkRows: under, then over.
 	first := content(60, "first")
-	if _, err := put(first, svc.LinkFunc(ns)); err != nil {
+	if _, err := put(first, link()); err != nil {
 		t.Fatal(err)
 	}
 	usage(1, 60, "after a 60-byte put")
 	over := content(41, "over")
-	_, err = put(over, svc.LinkFunc(ns))
+	_, err = put(over, link())
 	if !errors.Is(err, blob.ErrQuota) {
 		t.Fatalf("a put 1 byte over the quota = %v; want ErrQuota", err)
 	}
-	refused(blob.Sum(over), "LinkFunc over the quota")
+	refused(blob.Sum(over), "LinkRows over the quota")
 	usage(1, 60, "after a refused put")
 
-	// PendFunc (the mount's close): over, then at.
+	// PendRows (the mount's close): over, then at.
 	var i namespaces.Intent
-	_, err = put(over, svc.PendFunc(ns, holder, &i))
+	_, err = put(over, pend(&i))
 	if !errors.Is(err, blob.ErrQuota) {
 		t.Fatalf("a close 1 byte over the quota = %v; want ErrQuota", err)
 	}
-	refused(blob.Sum(over), "PendFunc over the quota")
+	refused(blob.Sum(over), "PendRows over the quota")
 	if live, err := r.IsLive(ctx, blob.Sum(over)); err != nil || live {
 		t.Fatalf("a refused intent keeps its blob live (%v, %v)", live, err)
 	}
 	at := content(40, "at")
-	i = 0
-	if _, err := put(at, svc.PendFunc(ns, holder, &i)); err != nil || i == 0 {
+	if _, err := put(at, pend(&i)); err != nil || i == 0 {
 		t.Fatalf("a close at the quota = intent %d, %v", i, err)
 	}
 	usage(2, 100, "at the quota, by an intent")
@@ -137,29 +146,33 @@ func testPutQuota(t *testing.T, kv engines.KV, joint bool) {
 	}
 	usage(2, 100, "after settling it")
 
-	// A put whose transaction rolls back after its link was charged (here
-	// its hook fails after linking; a kill -9 before COMMIT is the same
-	// rollback) leaves the counters as they were: they are rows of the
-	// same transaction.
+	// A close refused over the quota after its transaction dropped the
+	// writer's earlier intent, freeing its charge (a kill -9 before
+	// COMMIT is the same rollback), leaves the counters as they were:
+	// they are rows of the same transaction.
 	if joint {
 		mustDo(t, svc.SetQuota(ctx, ns, namespaces.Quota{}))
-		rolled := content(30, "rolled back")
-		_, err := put(rolled, func(ctx context.Context, tx *sql.Tx, d blob.Digest, size int64) error {
-			if err := svc.LinkFunc(ns)(ctx, tx, d, size); err != nil {
-				return err
-			}
-			return errors.New("the put fails after its link")
-		})
-		if err == nil {
-			t.Fatal("a put whose hook failed succeeded")
+		var earlier namespaces.Intent
+		if _, err := put(content(30, "earlier"), pend(&earlier)); err != nil {
+			t.Fatal(err)
 		}
-		refused(blob.Sum(rolled), "a put rolled back after its link")
-		usage(2, 100, "after a put rolled back after its link")
+		usage(3, 130, "after an intent without a limit")
+		mustDo(t, svc.SetQuota(ctx, ns, namespaces.Quota{Bytes: 130}))
+		rolled := content(31, "rolled back")
+		part, _, err := svc.PendRows(ns, namespaces.Pending{Holder: holder.Holder, TTL: holder.TTL, Replaces: earlier})
+		mustDo(t, err)
+		if _, err := put(rolled, part); !errors.Is(err, blob.ErrQuota) {
+			t.Fatalf("a close 1 byte over the quota once its earlier intent is dropped = %v; want ErrQuota", err)
+		}
+		refused(blob.Sum(rolled), "a close rolled back after dropping its earlier intent")
+		usage(3, 130, "after a close rolled back after dropping its earlier intent")
+		mustDo(t, svc.Cancel(ctx, earlier))
+		usage(2, 100, "after the earlier intent is cancelled")
 		mustDo(t, svc.SetQuota(ctx, ns, namespaces.Quota{Bytes: 100}))
 	}
 
 	// A dedup at the limit costs nothing and is not refused.
-	if _, err := put(first, svc.LinkFunc(ns)); err != nil {
+	if _, err := put(first, link()); err != nil {
 		t.Fatalf("a dedup put at the quota: %v", err)
 	}
 	usage(2, 100, "after a dedup")
@@ -174,7 +187,7 @@ func testPutQuota(t *testing.T, kv engines.KV, joint bool) {
 	for w := range writers {
 		wg.Go(func() {
 			var i namespaces.Intent
-			_, err := put(content(size, fmt.Sprint("w", w)), svc.PendFunc(ns, holder, &i))
+			_, err := put(content(size, fmt.Sprint("w", w)), pend(&i))
 			switch {
 			case err == nil:
 				ok.Add(1)

@@ -2,7 +2,6 @@ package namespaces
 
 import (
 	"context"
-	"database/sql"
 	"iter"
 	"time"
 
@@ -162,17 +161,13 @@ type Registry interface {
 	Entries(ctx context.Context, name string, after blob.Digest) iter.Seq2[Ref, error]
 }
 
-// TxLinker is a registry that can link inside a caller's database
-// transaction, so that a kv put and its link commit together (see
-// engines.TxPutter and store.WithLink). *SQL implements it.
-type TxLinker interface {
-	// LinkTx is Registry.LinkSized inside tx: a link refused for quota
-	// fails, and the caller's transaction rolls back with it.
-	LinkTx(ctx context.Context, tx *sql.Tx, name string, d blob.Digest, size int64) (linked bool, err error)
-	// PendTx is Registry.Pend inside tx.
-	PendTx(ctx context.Context, tx *sql.Tx, name string, d blob.Digest, p Pending) (Intent, error)
-	// CancelTx is Registry.Cancel inside tx.
-	CancelTx(ctx context.Context, tx *sql.Tx, i Intent) error
+// Joinable is a registry whose rows are in the kv engine's database, so
+// that a put commits its namespace part with its entry (meta.Putter):
+// Service's LinkRows, SettleRows and PendRows bind their parts to it.
+// *SQL implements it.
+type Joinable interface {
+	// Join returns r written by this registry's rows (meta.Links.Rows).
+	Join(r meta.NSRows) meta.NSRows
 }
 
 // Intent names one pending link (Registry.Pend): a digest kept live but not
@@ -186,6 +181,10 @@ func newIntent() Intent { return Intent(meta.NewIntentID()) }
 
 // Pending describes an intent being recorded.
 type Pending struct {
+	// ID is the intent's id, chosen by the writer before the put
+	// (Service.PendRows), so that it knows the intent even when the put's
+	// answer is lost; 0: the registry chooses one.
+	ID Intent
 	// Holder names the life of the writer that records the intent (see
 	// Lease, which makes holders and decides when one is dead), so that
 	// its next life settles what it left and no other life settles what

@@ -2,7 +2,6 @@ package namespaces
 
 import (
 	"context"
-	"database/sql"
 	"errors"
 	"log/slog"
 	"sync"
@@ -10,6 +9,7 @@ import (
 
 	"github.com/alkblobfs/alkblobfs/blob"
 	"github.com/alkblobfs/alkblobfs/gc"
+	"github.com/alkblobfs/alkblobfs/meta"
 )
 
 // Pool is what a Service needs of the blob pool. *store.Store satisfies it.
@@ -191,95 +191,97 @@ func (s *Service) present(ctx context.Context, d blob.Digest) error {
 	return err
 }
 
-// LinkFunc returns a publish hook that links the put's digest into name,
-// shaped as store.LinkFunc so that store.WithLink(svc.LinkFunc(ns)) needs no
-// conversion (this package does not import store). size is the put's
-// content length, which the link charges to the namespace (LinkSized): a
-// link over the quota fails the put, and in the joint form nothing
-// commits.
-//
-// With tx set, the put is inserting d in that very transaction, so the
-// registry links in it (TxLinker) and skips the pool check: the reference
-// commits exactly when the entry does, and the put's own pin protects d
-// until then. A registry that cannot join a transaction fails the put
-// rather than link outside it. With tx nil (engines that cannot join), the
-// entry is already published and Link runs with its pool check.
-func (s *Service) LinkFunc(name string) func(ctx context.Context, tx *sql.Tx, d blob.Digest, size int64) error {
-	return func(ctx context.Context, tx *sql.Tx, d blob.Digest, size int64) error {
-		if tx == nil {
-			_, err := s.Link(ctx, name, d)
-			return err
-		}
-		tl, err := s.txLinker(name, d)
-		if err != nil {
-			return err
-		}
-		_, err = tl.LinkTx(ctx, tx, name, d, size)
-		return err
+// LinkRows is the namespace part of a put that links its digest into
+// name (store.WithLink): the reference, charged the put's content length
+// (meta.NSRows.For) against the namespace's usage and quota, judged in the
+// transaction that writes it. A link over the quota fails the put with
+// blob.ErrQuota, and where the registry's rows are in the kv engine's
+// database (Joinable) the put's entry then does not commit either.
+func (s *Service) LinkRows(name string) (meta.NSRows, error) {
+	if err := ValidName(name); err != nil {
+		return meta.NSRows{}, wrap("link", name, blob.Digest{}, err)
 	}
+	return s.join(meta.NSRows{Link: &meta.LinkRow{NS: name}}), nil
 }
 
-// SettleFunc is LinkFunc for a writer's final version: it links d and drops
-// the intent p.Replaces (the writer's earlier version) atomically. Inside
-// the put's transaction that is one link and one delete; without one it
-// records an intent replacing p.Replaces and settles it, two steps each
-// atomic, so a crash between them leaves only the final version pending.
-func (s *Service) SettleFunc(name string, p Pending) func(ctx context.Context, tx *sql.Tx, d blob.Digest, size int64) error {
+// SettleRows is LinkRows for a writer's final version: it links the
+// digest and drops the intent p.Replaces (the writer's earlier version)
+// atomically. The earlier version goes first, so that its charge is
+// freed before this one's is admitted against the quota: a file
+// rewritten near the limit is judged by what it will hold, not by both
+// versions at once.
+func (s *Service) SettleRows(name string, p Pending) (meta.NSRows, error) {
 	if p.Replaces == 0 {
-		return s.LinkFunc(name)
+		return s.LinkRows(name)
 	}
-	return func(ctx context.Context, tx *sql.Tx, d blob.Digest, size int64) error {
-		if tx == nil {
-			i, err := s.Pend(ctx, name, d, p)
-			if err != nil {
-				return err
-			}
-			_, err = s.Settle(ctx, i)
-			return err
-		}
-		tl, err := s.txLinker(name, d)
-		if err != nil {
-			return err
-		}
-		// The earlier version goes first, as in Pend, so that its
-		// charge is freed before this one's is admitted against the
-		// quota: a file rewritten near the limit is judged by what it
-		// will hold, not by both versions at once.
-		if err := tl.CancelTx(ctx, tx, p.Replaces); err != nil {
-			return err
-		}
-		_, err = tl.LinkTx(ctx, tx, name, d, size)
-		return err
+	if err := checkPend(context.Background(), name, p); err != nil {
+		return meta.NSRows{}, wrap("pend", name, blob.Digest{}, err)
 	}
+	return s.join(meta.NSRows{Intent: p.intentRow(name), Replaces: int64(p.Replaces), Settle: true}), nil
 }
 
-// PendFunc is LinkFunc for an intent (Registry.Pend): the publish records
-// p, and *out receives the intent once it is written — also when the put
-// then fails, as its transaction's COMMIT may have landed unanswered (or,
-// with tx nil, the intent's own: SQL.Pend). A caller whose put failed with
-// *out set drops it (Lease.Abandon).
-//
-// The intent is charged size, the put's content length (p.Size is
-// ignored): one over the namespace's quota fails the put with
-// blob.ErrQuota, and in the joint form the put's entry does not commit.
-func (s *Service) PendFunc(name string, p Pending, out *Intent) func(ctx context.Context, tx *sql.Tx, d blob.Digest, size int64) error {
-	return func(ctx context.Context, tx *sql.Tx, d blob.Digest, size int64) error {
-		p.Size = size
-		var i Intent
-		var err error
-		if tx == nil {
-			i, err = s.Pend(ctx, name, d, p)
-		} else {
-			var tl TxLinker
-			if tl, err = s.txLinker(name, d); err == nil {
-				i, err = tl.PendTx(ctx, tx, name, d, p)
-			}
-		}
-		if i != 0 {
-			*out = i
-		}
+// PendRows is LinkRows for an intent (Registry.Pend): the put records p,
+// charged the put's content length (p.Size is ignored) as a link is. It
+// returns the intent, whose id it chooses now (p.ID, if set): a caller
+// whose put failed drops it (Lease.Abandon), as the put's commit may have
+// landed with its answer lost — unless the put was refused over the
+// quota (blob.ErrQuota) or for its namespace (ErrNotFound): those come
+// from the transaction that would have recorded the intent, which then
+// rolled back, so there is nothing to drop.
+func (s *Service) PendRows(name string, p Pending) (meta.NSRows, Intent, error) {
+	if err := checkPend(context.Background(), name, p); err != nil {
+		return meta.NSRows{}, 0, wrap("pend", name, blob.Digest{}, err)
+	}
+	if p.ID == 0 {
+		p.ID = newIntent()
+	}
+	return s.join(meta.NSRows{Intent: p.intentRow(name), Replaces: int64(p.Replaces)}), p.ID, nil
+}
+
+// intentRow is p as a put's namespace part records it in namespace name.
+func (p Pending) intentRow(name string) *meta.IntentRow {
+	return &meta.IntentRow{ID: int64(p.ID), NS: name, Holder: p.Holder, TTL: p.TTL}
+}
+
+// join binds r to the registry's rows where they are in the kv engine's
+// database.
+func (s *Service) join(r meta.NSRows) meta.NSRows {
+	if j, ok := s.Registry.(Joinable); ok {
+		return j.Join(r)
+	}
+	return r
+}
+
+// CommitRows writes a put's namespace part r after the put published its
+// entry, where the two cannot commit together (an engine that cannot
+// join them, a large put): a link runs with Link's pool check; an intent
+// with Pend's; a settle records an intent replacing r.Replaces and then
+// settles it, two steps each atomic, so that a crash between them leaves
+// only the final version pending. The put's pin protects the entry
+// meanwhile. A part that is none of meta.NSRows's shapes fails with
+// meta.ErrNSRowsMixed, writing nothing.
+func (s *Service) CommitRows(ctx context.Context, r meta.NSRows) error {
+	if err := r.Check(); err != nil {
 		return err
 	}
+	if k := r.Link; k != nil {
+		_, err := s.Link(ctx, k.NS, k.D)
+		return err
+	}
+	i := r.Intent
+	if i == nil {
+		return nil
+	}
+	p := Pending{Holder: i.Holder, TTL: i.TTL, Replaces: Intent(r.Replaces)}
+	if !r.Settle {
+		p.ID = Intent(i.ID)
+	}
+	id, err := s.Pend(ctx, i.NS, i.D, p)
+	if err != nil || !r.Settle {
+		return err
+	}
+	_, err = s.Settle(ctx, id)
+	return err
 }
 
 // unsizedRows is a registry whose rows may lack sizes: a store made
@@ -331,13 +333,6 @@ func (s *Service) FillSizes(ctx context.Context) (int, error) {
 	}
 	_, err := s.Registry.Recount(ctx)
 	return filled, err
-}
-
-func (s *Service) txLinker(name string, d blob.Digest) (TxLinker, error) {
-	if tl, ok := s.Registry.(TxLinker); ok {
-		return tl, nil
-	}
-	return nil, wrap("link", name, d, errors.New("registry cannot link inside a database transaction (open it with namespaces.Open on the kv engine)"))
 }
 
 // SettleLapsed links the versions every lapsed intent stands for (Recover

@@ -16,7 +16,7 @@ import (
 
 // SQL is a Registry kept in the kv engine's database (see Open), so that
 // links survive restarts and can commit in the same transaction as a put
-// (LinkTx). Its rows — names, references, intents, usage counters — are
+// (Join). Its rows — names, references, intents, usage counters — are
 // package meta's (meta.Links: the tables, their migrations and every
 // statement, per dialect); SQL checks names and sizes, names the
 // operation on every error, pages the listings and watches for other
@@ -35,7 +35,7 @@ var (
 	_ Registry       = (*SQL)(nil)
 	_ gc.BatchSource = (*SQL)(nil)
 	_ gc.TxSource    = (*SQL)(nil)
-	_ TxLinker       = (*SQL)(nil)
+	_ Joinable       = (*SQL)(nil)
 )
 
 // OpenSQL creates the registry's tables in e's database if needed and
@@ -140,7 +140,8 @@ func (r *SQL) Names(ctx context.Context, after string) iter.Seq2[string, error] 
 	})
 }
 
-// Link implements Registry. It runs in its own transaction; see LinkTx.
+// Link implements Registry. It runs in its own transaction; a put's link
+// commits with the put's entry instead (Join).
 func (r *SQL) Link(ctx context.Context, name string, d blob.Digest) (bool, error) {
 	return r.LinkSized(ctx, name, d, 0)
 }
@@ -157,23 +158,9 @@ func (r *SQL) LinkSized(ctx context.Context, name string, d blob.Digest, size in
 	return linked, wrap("link", name, d, err)
 }
 
-// LinkTx is Link inside the caller's transaction tx, which must belong to
-// the registry's database: the reference commits or rolls back with tx.
-// This is how a kv put and its link become one (store.WithLink with
-// Service.LinkFunc).
-func (r *SQL) LinkTx(ctx context.Context, tx *sql.Tx, name string, d blob.Digest, size int64) (bool, error) {
-	if err := check(ctx, name); err != nil {
-		return false, wrap("link", name, d, err)
-	}
-	if err := checkSize(size); err != nil {
-		return false, wrap("link", name, d, err)
-	}
-	linked, err := r.l.LinkTx(ctx, tx, name, d, size)
-	if errors.Is(err, meta.ErrNeedsTx) {
-		return false, err // not the link's error: it runs again in the batch
-	}
-	return linked, wrap("link", name, d, err)
-}
+// Join implements Joinable: a put's namespace part (Service.LinkRows,
+// SettleRows, PendRows) written by meta in the put's transaction.
+func (r *SQL) Join(part meta.NSRows) meta.NSRows { return r.l.Rows(part) }
 
 // LinkMany implements Registry: one transaction (meta.Links.LinkMany).
 func (r *SQL) LinkMany(ctx context.Context, name string, ds []blob.Digest) (int, error) {
@@ -341,16 +328,6 @@ func (r *SQL) Pend(ctx context.Context, name string, d blob.Digest, p Pending) (
 	return Intent(i), wrap("pend", name, d, err)
 }
 
-// PendTx implements TxLinker: the intent commits or rolls back with tx,
-// and so does the removal of the one it replaces.
-func (r *SQL) PendTx(ctx context.Context, tx *sql.Tx, name string, d blob.Digest, p Pending) (Intent, error) {
-	if err := checkPend(ctx, name, p); err != nil {
-		return 0, wrap("pend", name, d, err)
-	}
-	i, err := r.l.PendTx(ctx, tx, name, d, p.row())
-	return Intent(i), wrap("pend", name, d, err)
-}
-
 // checkPend refuses an intent with a bad name, no holder or a negative
 // size.
 func checkPend(ctx context.Context, name string, p Pending) error {
@@ -365,7 +342,7 @@ func checkPend(ctx context.Context, name string, p Pending) error {
 
 // row is p as meta records it.
 func (p Pending) row() meta.NSIntent {
-	return meta.NSIntent{Holder: p.Holder, TTL: p.TTL, Replaces: int64(p.Replaces), Size: p.Size}
+	return meta.NSIntent{ID: int64(p.ID), Holder: p.Holder, TTL: p.TTL, Replaces: int64(p.Replaces), Size: p.Size}
 }
 
 // Settle implements Registry.
@@ -377,11 +354,6 @@ func (r *SQL) Settle(ctx context.Context, i Intent) (bool, error) {
 // Cancel implements Registry, in its own transaction.
 func (r *SQL) Cancel(ctx context.Context, i Intent) error {
 	return wrap("cancel", "", blob.Digest{}, r.l.Cancel(ctx, int64(i)))
-}
-
-// CancelTx implements TxLinker.
-func (r *SQL) CancelTx(ctx context.Context, tx *sql.Tx, i Intent) error {
-	return wrap("cancel", "", blob.Digest{}, r.l.CancelTx(ctx, tx, int64(i)))
 }
 
 // Renew implements Registry.

@@ -86,13 +86,16 @@ func TestSQLiteLinkedPutNeedsNoPinRow(t *testing.T) {
 	// a puts them again, one with an intent (a close in incoming/), one
 	// with a reference (put --ns), and lets go of its pins.
 	before := rows()
-	var i namespaces.Intent
-	di, pin, err := a.PutBytes(ctx, intent, store.WithLink(svcA.PendFunc("builds", namespaces.Pending{Holder: "h", TTL: time.Minute}, &i)), store.ReleasesPinAtOnce())
+	part, i, err := svcA.PendRows("builds", namespaces.Pending{Holder: "h", TTL: time.Minute})
+	if err != nil {
+		t.Fatal(err)
+	}
+	di, pin, err := a.PutBytes(ctx, intent, store.WithLink(svcA, part), store.ReleasesPinAtOnce())
 	if err != nil || i == 0 {
 		t.Fatalf("put with an intent: %v (intent %d)", err, i)
 	}
 	pin.Release()
-	dr, pin, err := a.PutBytes(ctx, ref, store.WithLink(svcA.LinkFunc("builds")), store.ReleasesPinAtOnce())
+	dr, pin, err := a.PutBytes(ctx, ref, linkTo(t, svcA, "builds"), store.ReleasesPinAtOnce())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -103,7 +106,7 @@ func TestSQLiteLinkedPutNeedsNoPinRow(t *testing.T) {
 	// Without that promise a linked put writes its row: its pin may be
 	// kept or handed on (an HTTP pin token), and must protect the blob in
 	// every process once no namespace links it.
-	_, pin, err = a.PutBytes(ctx, []byte("a pin kept"), store.WithLink(svcA.LinkFunc("builds")))
+	_, pin, err = a.PutBytes(ctx, []byte("a pin kept"), linkTo(t, svcA, "builds"))
 	if err != nil {
 		t.Fatal(err)
 	}

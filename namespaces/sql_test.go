@@ -4,7 +4,6 @@ import (
 	"context"
 	"database/sql"
 	"errors"
-	"fmt"
 	"path/filepath"
 	"sync"
 	"testing"
@@ -18,6 +17,7 @@ import (
 	"github.com/alkblobfs/alkblobfs/engines/sqlite"
 	"github.com/alkblobfs/alkblobfs/gc"
 	"github.com/alkblobfs/alkblobfs/gc/gctest"
+	"github.com/alkblobfs/alkblobfs/meta"
 	"github.com/alkblobfs/alkblobfs/namespaces"
 	"github.com/alkblobfs/alkblobfs/namespaces/nstest"
 )
@@ -116,64 +116,101 @@ func TestSQLitePersists(t *testing.T) {
 	}
 }
 
-// TestSQLiteLinkTx: a link made in a put's transaction commits and rolls
-// back with the put.
-func TestSQLiteLinkTx(t *testing.T) {
+// TestSQLiteNSRowsCommitWithEntry: a put's namespace part commits with its entry
+// or not at all (testNSRowsCommitWithEntry).
+func TestSQLiteNSRowsCommitWithEntry(t *testing.T) {
 	r, e := openSQLiteEngine(t, filepath.Join(t.TempDir(), "kv.db"), nil)
-	testLinkTx(t, r, e)
+	testNSRowsCommitWithEntry(t, r, e)
 }
 
-// testLinkTx is the joint put+link contract on any SQL registry and the
-// TxPutter engine whose database it shares.
-func testLinkTx(t *testing.T, r *namespaces.SQL, e interface {
+// testNSRowsCommitWithEntry is the joint put's contract on any SQL
+// registry and the engine whose database it shares (meta.Putter): a
+// put's namespace part, bound to the registry (Join), commits with the
+// entry or not at all, and a part of none of meta.NSRows's shapes is
+// refused whole.
+func testNSRowsCommitWithEntry(t *testing.T, r *namespaces.SQL, e interface {
 	engines.KV
-	engines.TxPutter
+	meta.Putter
 }) {
 	ctx := t.Context()
 	if err := r.Create(ctx, "a"); err != nil {
 		t.Fatal(err)
 	}
-
-	// The put fails after the link: neither the entry nor the link remain.
 	v := []byte("rolled back")
 	d := blob.Sum(v)
-	boom := errors.New("boom")
-	// The callback may run more than once (a put batch tries it on a
-	// probe first: engines/postgres/putfast.go), so it returns its
-	// failures rather than end the test from the batch's goroutine.
-	_, err := e.PutTx(ctx, d, v, func(ctx context.Context, tx *sql.Tx) error {
-		if linked, err := r.LinkTx(ctx, tx, "a", d, 0); err != nil || !linked {
-			return fmt.Errorf("LinkTx = %v, %w", linked, err)
-		}
-		return boom
-	})
-	if !errors.Is(err, boom) {
-		t.Fatalf("PutTx = %v, want boom", err)
+	put := func(part meta.NSRows) error {
+		_, err := e.PutRows(ctx, d, v, meta.Rows{NS: r.Join(part).For(d, int64(len(v)))})
+		return err
 	}
-	if _, ok, _ := r.Has(ctx, "a", d); ok {
-		t.Fatal("link survived the rolled-back put")
+
+	// A close that replaces the writer's earlier intent and is refused
+	// over the quota after dropping it (its charge freed first): neither
+	// the entry nor the drop remain, and the earlier intent keeps its
+	// digest and its charge.
+	intent := func(id int64) *meta.IntentRow {
+		return &meta.IntentRow{ID: id, NS: "a", Holder: "h", TTL: time.Minute}
+	}
+	earlier := []byte("earlier")
+	de := blob.Sum(earlier)
+	id := meta.NewIntentID()
+	if _, err := e.PutRows(ctx, de, earlier, meta.Rows{NS: r.Join(meta.NSRows{Intent: intent(id)}).For(de, int64(len(earlier)))}); err != nil {
+		t.Fatal(err)
+	}
+	if err := r.SetQuota(ctx, "a", namespaces.Quota{Bytes: int64(len(v)) - 1}); err != nil {
+		t.Fatal(err)
+	}
+	err := put(meta.NSRows{Intent: intent(meta.NewIntentID()), Replaces: id})
+	if !errors.Is(err, blob.ErrQuota) {
+		t.Fatalf("put of an intent replacing another, over the quota = %v, want ErrQuota", err)
+	}
+	if live, err := r.IsLive(ctx, de); err != nil || !live {
+		t.Fatalf("the earlier intent's digest: live = %v, %v after the rolled-back put; want live", live, err)
+	}
+	if u, err := r.Usage(ctx, "a"); err != nil || u.Blobs != 1 || u.Bytes != int64(len(earlier)) {
+		t.Fatalf("usage after the rolled-back put = %+v, %v; want the earlier intent's 1 blob, %d bytes", u, err, len(earlier))
 	}
 	if ok, _ := e.Has(ctx, d); ok {
 		t.Fatal("entry survived the rolled-back put")
 	}
+	if err := r.Cancel(ctx, namespaces.Intent(id)); err != nil {
+		t.Fatal(err)
+	}
+	if err := r.SetQuota(ctx, "a", namespaces.Quota{}); err != nil {
+		t.Fatal(err)
+	}
+
+	// A part that is none of NSRows's shapes is refused whole, not
+	// written in part.
+	for _, tc := range []struct {
+		what string
+		part meta.NSRows
+	}{
+		{"a link with an intent", meta.NSRows{Link: &meta.LinkRow{NS: "a"}, Intent: intent(meta.NewIntentID())}},
+		{"a link replacing an intent", meta.NSRows{Link: &meta.LinkRow{NS: "a"}, Replaces: id}},
+		{"a settle without its intent", meta.NSRows{Settle: true}},
+		{"a replaced intent alone", meta.NSRows{Replaces: id}},
+	} {
+		if err := put(tc.part); !errors.Is(err, meta.ErrNSRowsMixed) {
+			t.Fatalf("put of %s = %v, want ErrNSRowsMixed", tc.what, err)
+		}
+		if _, ok, _ := r.Has(ctx, "a", d); ok {
+			t.Fatalf("put of %s linked its digest", tc.what)
+		}
+		if ok, _ := e.Has(ctx, d); ok {
+			t.Fatalf("put of %s committed its entry", tc.what)
+		}
+	}
 
 	// A link into an absent namespace fails the put as a whole.
-	_, err = e.PutTx(ctx, d, v, func(ctx context.Context, tx *sql.Tx) error {
-		_, err := r.LinkTx(ctx, tx, "nope", d, 0)
-		return err
-	})
-	if !errors.Is(err, namespaces.ErrNotFound) {
-		t.Fatalf("PutTx linking into an absent namespace = %v, want ErrNotFound", err)
+	if err := put(meta.NSRows{Link: &meta.LinkRow{NS: "nope"}}); !errors.Is(err, namespaces.ErrNotFound) {
+		t.Fatalf("put linking into an absent namespace = %v, want ErrNotFound", err)
 	}
 	if ok, _ := e.Has(ctx, d); ok {
 		t.Fatal("entry committed although its link failed")
 	}
 
 	// Success: both commit.
-	if _, err := e.PutTx(ctx, d, v, func(ctx context.Context, tx *sql.Tx) error {
-		_, err := r.LinkTx(ctx, tx, "a", d, 0)
-		return err
-	}); err != nil {
+	if err := put(meta.NSRows{Link: &meta.LinkRow{NS: "a"}}); err != nil {
 		t.Fatal(err)
 	}
 	if _, ok, _ := r.Has(ctx, "a", d); !ok {

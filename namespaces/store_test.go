@@ -17,7 +17,7 @@ var _ namespaces.Pool = (*store.Store)(nil)
 
 // TestStorePublishAndLink wires a registry to a real store the way the
 // mount does: Open on the kv engine, the registry as a liveness source, and
-// puts that link through store.WithLink(svc.LinkFunc(ns)) — inside the put's
+// puts that link through linkTo: store.WithLink with svc.LinkRows(ns) — inside the put's
 // transaction on SQLite, right after publish on mem.
 func TestStorePublishAndLink(t *testing.T) {
 	for _, tc := range []struct {
@@ -50,7 +50,7 @@ func TestStorePublishAndLink(t *testing.T) {
 			svc := namespaces.NewService(r, st)
 			mustDo(t, svc.Create(ctx, "builds"))
 
-			d, pin, err := st.PutBytes(ctx, []byte("app.tar"), store.WithLink(svc.LinkFunc("builds")))
+			d, pin, err := st.PutBytes(ctx, []byte("app.tar"), linkTo(t, svc, "builds"))
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -60,7 +60,7 @@ func TestStorePublishAndLink(t *testing.T) {
 			}
 			// A put whose link fails publishes nothing (SQLite) or fails
 			// (mem); either way no reference appears.
-			_, _, err = st.PutBytes(ctx, []byte("orphan"), store.WithLink(svc.LinkFunc("nope")))
+			_, _, err = st.PutBytes(ctx, []byte("orphan"), linkTo(t, svc, "nope"))
 			if err == nil {
 				t.Fatal("put linking into an absent namespace succeeded")
 			}
@@ -83,4 +83,15 @@ func TestStorePublishAndLink(t *testing.T) {
 			}
 		})
 	}
+}
+
+// linkTo is the put option that links the put's digest into ns
+// (Service.LinkRows).
+func linkTo(t *testing.T, svc *namespaces.Service, ns string) store.PutOption {
+	t.Helper()
+	part, err := svc.LinkRows(ns)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return store.WithLink(svc, part)
 }

@@ -63,7 +63,11 @@ func (s *Server) put(w http.ResponseWriter, r *http.Request) error {
 	pb := &putBody{dl: deadlineReader{r: r.Body, rc: http.NewResponseController(w), d: s.body}}
 	pb.r = &pb.dl
 	body := &pb.bodyReader
-	link := store.WithLink(s.ns.LinkFunc(ns))
+	part, err := s.ns.LinkRows(ns)
+	if err != nil {
+		return err
+	}
+	link := store.WithLink(s.ns, part)
 	var d store.Digest
 	var pin *store.Pin
 	if want != nil {

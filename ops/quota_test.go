@@ -204,10 +204,10 @@ func (e *env) putStore(t *testing.T, s string) blob.Digest {
 
 // uniqueCounter counts the calls of Registry.Unique, the query over all of
 // a namespace's references, which only GET .../usage may run. It passes
-// TxLinker on, which a put's publication needs.
+// Joinable on, which a put's publication needs.
 type uniqueCounter struct {
 	namespaces.Registry
-	namespaces.TxLinker
+	namespaces.Joinable
 	calls atomic.Int64
 }
 
@@ -224,7 +224,7 @@ func TestUniqueOnlyWhenAsked(t *testing.T) {
 	ops.SetNamespaceInterval(t, 0)
 	e := newEnv(t, envOptions{})
 	ctx := t.Context()
-	reg := &uniqueCounter{Registry: e.svc.Registry, TxLinker: e.svc.Registry.(namespaces.TxLinker)}
+	reg := &uniqueCounter{Registry: e.svc.Registry, Joinable: e.svc.Registry.(namespaces.Joinable)}
 	srv := ops.New(ops.Config{Store: e.st, Namespaces: namespaces.NewService(reg, e.st), InsecureLoopback: true, Logger: slog.New(slog.DiscardHandler)})
 	hs := httptest.NewServer(srv.Handler())
 	t.Cleanup(func() { hs.Close(); srv.Close() })

@@ -3,7 +3,6 @@ package store
 import (
 	"bytes"
 	"context"
-	"database/sql"
 	"errors"
 	"fmt"
 	"io"
@@ -19,21 +18,22 @@ import (
 // Pin is an in-process reference that keeps a blob from being swept.
 type Pin = gc.Pin
 
-// LinkFunc runs when a put publishes. When the kv engine supports it
-// (engines.TxPutter), it runs inside the transaction that inserts the
-// entry, with tx set, so publish and link commit together; what it writes
-// there must keep d live to every process's sweeps (a namespace reference
-// or intent). Otherwise it runs right after publish with tx nil, while the
-// put's pin protects the entry. If it fails, the put fails (and, in the
-// joint form, nothing commits). size is the content's length, which a
-// namespace link charges to the namespace's usage and quota.
-type LinkFunc func(ctx context.Context, tx *sql.Tx, d Digest, size int64) error
+// Linker writes a put's namespace part (meta.NSRows) where the kv engine
+// cannot commit it with the entry — an engine that is no meta.Putter, or
+// a large put: after publish, in a transaction of its own, while the
+// put's pin protects the entry. *namespaces.Service is one (CommitRows).
+type Linker interface {
+	CommitRows(ctx context.Context, rows meta.NSRows) error
+}
 
 // PutOption adjusts one put.
 type PutOption func(*putOptions)
 
 type putOptions struct {
-	link LinkFunc
+	// ns is the put's namespace part, and linker what writes it apart
+	// from the entry (WithLink); nil: the put links nothing.
+	ns     meta.NSRows
+	linker Linker
 	// releasesPin: the caller releases the put's pin as soon as the put
 	// returns (ReleasesPinAtOnce).
 	releasesPin bool
@@ -42,14 +42,23 @@ type putOptions struct {
 	local *os.File
 }
 
-// WithLink runs link at publish (see LinkFunc).
-func WithLink(link LinkFunc) PutOption { return func(o *putOptions) { o.link = link } }
+// WithLink commits ns, a namespace part without its digest and size
+// (namespaces.Service's LinkRows, SettleRows, PendRows), with the put:
+// in the entry's transaction where the kv engine can join them
+// (meta.Putter), so that the entry and its link or intent commit
+// together or not at all; otherwise right after publish, through l. Its
+// rows must keep the digest live to every process's sweeps (a reference
+// or an intent). If they fail (a quota, a namespace removed), the put
+// fails, and in the joint form nothing commits.
+func WithLink(l Linker, ns meta.NSRows) PutOption {
+	return func(o *putOptions) { o.linker, o.ns = l, ns }
+}
 
 // ReleasesPinAtOnce is the caller's promise that it releases the put's pin
 // as soon as the put returns, neither keeping nor cloning it, and relies
 // on its link (WithLink) alone to keep the blob. A small put whose link
 // runs in its own transaction may then write no pin row where the link
-// protects the blob in every process (gc.Collector.PinLinked: SQLite), so
+// protects the blob in every process (gc.Collector.BeginPublish, linked: SQLite), so
 // the pin it returns protects the blob in this process only. Without this
 // option a put always writes its row, so that a pin it hands on (an HTTP
 // pin token) keeps the blob from every process's sweeps even once no
@@ -161,38 +170,14 @@ func (s *Store) putSmall(ctx context.Context, b []byte, want *Digest, o putOptio
 	if want != nil && d != *want {
 		return Digest{}, nil, blob.Wrap("put", s.kv.Name(), *want, fmt.Errorf("%w: content hashes to %s", ErrVerification, d))
 	}
-	// Design point (joint put): the pin row, the entry and the link commit
-	// in one transaction where the kv engine can join them; the row is
-	// written first in it, under its key lock (engines.TxPutter). A link
-	// in that transaction keeps d live by itself where the host serializes
-	// arbitrations with transactions: when the caller drops the pin at once
-	// (ReleasesPinAtOnce), PinLinked writes no row there.
+	var pin *Pin
 	var inserted bool
-	tp, joint := s.kv.(engines.TxPutter)
-	pinFn := s.gc.PinPublish
-	if joint && o.link != nil && o.releasesPin {
-		pinFn = s.gc.PinLinked
+	var err error
+	if p, joint := s.kv.(meta.Putter); joint && (o.linker != nil || s.gc.Shared()) {
+		pin, inserted, err = s.putRows(ctx, p, d, b, o)
+	} else {
+		pin, inserted, err = s.putThenLink(ctx, d, b, o)
 	}
-	pin, err := pinFn(ctx, d, func(row gc.RowFunc) error {
-		var err error
-		if joint && (o.link != nil || s.gc.Shared()) {
-			inserted, err = tp.PutTx(ctx, d, b, func(ctx context.Context, tx *sql.Tx) error {
-				if err := row(ctx, tx); err != nil {
-					return err
-				}
-				if o.link != nil {
-					return o.link(ctx, tx, d, int64(len(b)))
-				}
-				return nil
-			})
-		} else {
-			inserted, err = s.kv.Put(ctx, d, b)
-			if err == nil && o.link != nil {
-				err = o.link(ctx, nil, d, int64(len(b)))
-			}
-		}
-		return err
-	})
 	if err != nil {
 		return Digest{}, nil, putErr(s.kv.Name(), d, err)
 	}
@@ -211,6 +196,65 @@ func (s *Store) putSmall(ctx context.Context, b []byte, want *Digest, o putOptio
 	}
 	s.count(inserted, int64(len(b)))
 	return d, pin, nil
+}
+
+// putRows is a small put whose entry commits with its rows (the joint
+// put): what commits is one value, built here — the pin row from gc, the
+// namespace part from the caller — which the kv engine writes in the
+// entry's transaction, in its own order (meta.Putter: SQLite writes the
+// pin row first, PostgreSQL's transaction the namespace part first). A
+// link or intent in that transaction keeps d live by itself where the
+// host serializes arbitrations with transactions: when the caller drops
+// the pin at once (ReleasesPinAtOnce), gc hands out no pin row there
+// (Collector.BeginPublish).
+func (s *Store) putRows(ctx context.Context, p meta.Putter, d Digest, b []byte, o putOptions) (*Pin, bool, error) {
+	pub, pinRow, err := s.gc.BeginPublish(ctx, d, o.linker != nil && o.releasesPin)
+	if err != nil {
+		return nil, false, err
+	}
+	rows := meta.Rows{
+		Pin: pinRow,                     // owner and TTL, or none
+		NS:  o.ns.For(d, int64(len(b))), // the link, intent or settle, or none
+	}
+	// Done runs on every path, a panic's included: engines.Batcher raises
+	// a job's panic again in its caller and net/http recovers a handler's,
+	// so a put that skipped Done would leave the collector's row lock
+	// read-held and d's row claim open, and the next renewal, pin of d or
+	// Close would wait for it forever. The panic itself goes on untouched.
+	done := false
+	defer func() {
+		if !done {
+			pub.Done(errPutRowsPanicked)
+		}
+	}()
+	inserted, err := p.PutRows(ctx, d, b, rows)
+	done = true
+	pin, err := pub.Done(err)
+	return pin, inserted, err
+}
+
+// errPutRowsPanicked is the outcome putRows gives its publish when the
+// kv engine's PutRows panicked: the row may not have committed.
+var errPutRowsPanicked = errors.New("the kv engine's put panicked")
+
+// putThenLink is a small put on a kv engine that cannot commit rows with
+// its entry (mem): pin first (its row, where the store keeps them, in a
+// transaction of its own), publish, then the namespace part through the
+// caller's Linker, as a link of a stored blob is made.
+func (s *Store) putThenLink(ctx context.Context, d Digest, b []byte, o putOptions) (*Pin, bool, error) {
+	pin, err := s.gc.Pin(ctx, d)
+	if err != nil {
+		return nil, false, err
+	}
+	inserted, err := s.kv.Put(ctx, d, b)
+	if err == nil && o.linker != nil {
+		err = o.linker.CommitRows(ctx, o.ns.For(d, int64(len(b))))
+	}
+	if err != nil {
+		pin.Release()
+		return nil, false, err
+	}
+	return pin, inserted, nil
 }
 
 // repairing prepares a put of d, whose content the caller has hashed, to
@@ -303,8 +347,8 @@ func (s *Store) commitLarge(ctx context.Context, st engines.Stage, h *contentHas
 		return Digest{}, nil, blob.Wrap("commit", s.large.Name(), d, err)
 	}
 	s.repaired(ctx, d, mark)
-	if o.link != nil {
-		if err := o.link(ctx, nil, d, h.n); err != nil {
+	if o.linker != nil {
+		if err := o.linker.CommitRows(ctx, o.ns.For(d, h.n)); err != nil {
 			pin.Release()
 			return Digest{}, nil, blob.Wrap("link", s.large.Name(), d, err)
 		}

@@ -178,8 +178,8 @@ func Open(ctx context.Context, cfg Config) (*Store, error) {
 	// Pin rows need a writable kv database; a read-only large tier alone
 	// (a fleet reader host) still publishes its pins there.
 	if kvState.Host != nil && !kvReadOnly {
-		if _, ok := cfg.KV.(engines.TxPutter); !ok {
-			return nil, fmt.Errorf("store: kv engine %s hosts GC state but cannot join a put's transaction", cfg.KV.Name())
+		if _, ok := cfg.KV.(meta.Putter); !ok {
+			return nil, fmt.Errorf("store: kv engine %s hosts GC state but cannot commit a put's rows with its entry", cfg.KV.Name())
 		}
 		if _, ok := cfg.KV.(engines.TxDeleter); !ok {
 			return nil, fmt.Errorf("store: kv engine %s hosts GC state but cannot delete in its transaction", cfg.KV.Name())

@@ -78,7 +78,11 @@ later with "alkblobfs link NAME DIGEST", to keep them.`,
 				}
 				// putOne releases each put's pin as it returns: the
 				// link keeps the blob (store.ReleasesPinAtOnce).
-				opts = append(opts, store.WithLink(svc.LinkFunc(ns)), store.ReleasesPinAtOnce())
+				part, err := svc.LinkRows(ns)
+				if err != nil {
+					return err
+				}
+				opts = append(opts, store.WithLink(svc, part), store.ReleasesPinAtOnce())
 				quotaNS, quotaSvc = ns, svc
 			} else {
 				s, err := a.open(cmd)

@@ -12,6 +12,7 @@ import (
 
 	"github.com/alkblobfs/alkblobfs/blob"
 	"github.com/alkblobfs/alkblobfs/engines"
+	"github.com/alkblobfs/alkblobfs/meta"
 )
 
 // Run runs the conformance suite against engines made by open.
@@ -21,8 +22,7 @@ func Run(t *testing.T, open func(t *testing.T) engines.Engine) {
 	probe := s.engine(t)
 	_, isKV := probe.(engines.KV)
 	_, isLarge := probe.(engines.Large)
-	_, isTx := probe.(engines.TxPutter)
-	_, isSQL := probe.(engines.SQL)
+	_, isPutter := probe.(meta.Putter)
 	if !isKV && !isLarge {
 		t.Fatalf("%s implements neither engines.KV nor engines.Large: nothing can put into it", probe.Name())
 	}
@@ -46,8 +46,8 @@ func Run(t *testing.T, open func(t *testing.T) engines.Engine) {
 	if isLarge {
 		t.Run("Large", s.testLarge)
 	}
-	if isTx && isSQL {
-		t.Run("TxPutter", s.testTxPutter)
+	if isPutter {
+		t.Run("Putter", s.testPutter)
 	}
 	if _, ok := probe.(engines.BatchDeleter); ok {
 		t.Run("DeleteMany", s.testDeleteMany)

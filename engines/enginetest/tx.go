@@ -1,73 +1,69 @@
 package enginetest
 
 import (
-	"context"
-	"database/sql"
 	"errors"
 	"testing"
+	"time"
 
 	"github.com/alkblobfs/alkblobfs/blob"
-	"github.com/alkblobfs/alkblobfs/engines"
+	"github.com/alkblobfs/alkblobfs/meta"
 )
 
-// testTxPutter checks that PutTx's callback shares the insert's fate. The
-// SQL is dialect-neutral (no placeholders) so every SQL engine runs it.
-func (s *suite) testTxPutter(t *testing.T) {
+// testPutter checks that PutRows commits a put's rows with its entry, or
+// neither: a pin row (meta's gc_pins, which every engine that is a Putter
+// keeps) goes in with the entry, with a dedup's no-op insert too, and a
+// namespace part that fails takes the entry and the pin row with it.
+func (s *suite) testPutter(t *testing.T) {
 	e := s.engine(t)
-	tp := e.(engines.TxPutter)
-	db := e.(engines.SQL).DB()
+	p := e.(meta.Putter)
+	host := e.(meta.Holder).Meta().Host
+	if host == nil {
+		t.Fatalf("%s is a meta.Putter but keeps no pin rows (meta.State.Host)", e.Name())
+	}
 	ctx := t.Context()
-	if _, err := db.ExecContext(ctx, `CREATE TABLE IF NOT EXISTS enginetest_tx (k TEXT PRIMARY KEY)`); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { db.ExecContext(context.Background(), `DROP TABLE enginetest_tx`) })
-	insert := func(k string) func(context.Context, *sql.Tx) error {
-		return func(ctx context.Context, tx *sql.Tx) error {
-			_, err := tx.ExecContext(ctx, `INSERT INTO enginetest_tx (k) VALUES ('`+k+`')`)
-			return err
-		}
-	}
-	hasRow := func(k string) bool {
+	const owner = "enginetest-putter"
+	pinned := func() map[blob.Digest]bool {
 		t.Helper()
-		var n int
-		if err := db.QueryRowContext(ctx, `SELECT count(*) FROM enginetest_tx WHERE k = '`+k+`'`).Scan(&n); err != nil {
+		got, err := host.RenewPins(ctx, owner, time.Hour)
+		if err != nil {
 			t.Fatal(err)
 		}
-		return n == 1
+		return got
 	}
+	pin := func(d blob.Digest) *meta.PinRow { return &meta.PinRow{D: d, Owner: owner, TTL: time.Hour} }
 
 	v1, v2 := value(100, 1), value(100, 2)
 	d1, d2 := blob.Sum(v1), blob.Sum(v2)
-	if ins, err := tp.PutTx(ctx, d1, v1, insert("one")); !ins || err != nil {
-		t.Fatalf("PutTx = %v, %v; want true, nil", ins, err)
+	if ins, err := p.PutRows(ctx, d1, v1, meta.Rows{Pin: pin(d1)}); !ins || err != nil {
+		t.Fatalf("PutRows = %v, %v; want true, nil", ins, err)
 	}
-	if !hasRow("one") {
-		t.Fatal("PutTx committed the blob but not the callback's row")
+	if !pinned()[d1] {
+		t.Fatal("PutRows committed the blob but not its pin row")
 	}
 	checkContent(t, e, d1, v1)
 
-	boom := errors.New("boom")
-	_, err := tp.PutTx(ctx, d2, v2, func(ctx context.Context, tx *sql.Tx) error {
-		if err := insert("two")(ctx, tx); err != nil {
-			return err
-		}
-		return boom
-	})
-	if !errors.Is(err, boom) {
-		t.Fatalf("PutTx with a failing callback: err = %v; want it to wrap the callback's error", err)
+	// A namespace part that cannot be written (no registry in this
+	// database) fails the put: neither the entry nor the pin row commits.
+	orphan := meta.NSRows{Link: &meta.LinkRow{NS: "a"}}.For(d2, int64(len(v2)))
+	_, err := p.PutRows(ctx, d2, v2, meta.Rows{Pin: pin(d2), NS: orphan})
+	if !errors.Is(err, meta.ErrNSRowsElsewhere) {
+		t.Fatalf("PutRows with a failing namespace part: err = %v; want it to wrap meta.ErrNSRowsElsewhere", err)
 	}
 	checkAbsent(t, e, d2)
-	if hasRow("two") {
-		t.Fatal("a failed PutTx committed the callback's row")
+	if pinned()[d2] {
+		t.Fatal("a failed PutRows committed its pin row")
 	}
 
-	// A dedup still runs and commits the callback (publish-and-link of
-	// present content).
-	if ins, err := tp.PutTx(ctx, d1, v1, insert("three")); ins || err != nil {
-		t.Fatalf("dedup PutTx = %v, %v; want false, nil", ins, err)
+	// A dedup still commits its rows (a second owner's pin of stored
+	// content).
+	if err := host.DropOwner(ctx, owner); err != nil {
+		t.Fatal(err)
 	}
-	if !hasRow("three") {
-		t.Fatal("a dedup PutTx did not commit the callback's row")
+	if ins, err := p.PutRows(ctx, d1, v1, meta.Rows{Pin: pin(d1)}); ins || err != nil {
+		t.Fatalf("dedup PutRows = %v, %v; want false, nil", ins, err)
 	}
-	checkSQLIdle(t, e, "after PutTx")
+	if !pinned()[d1] {
+		t.Fatal("a dedup PutRows did not commit its pin row")
+	}
+	checkSQLIdle(t, e, "after PutRows")
 }

@@ -76,17 +76,15 @@ func notNil(b []byte) []byte {
 	return b
 }
 
-// PutTx implements engines.TxPutter: the insert (or the no-op insert of a
-// dedup) and also commit together or not at all, in a transaction shared
-// with the puts of other callers (putGroup). also runs in that
-// transaction with the group's context (the caller's without its
-// cancellation), and may run more than once (see putGroup).
-func (e *Engine) PutTx(ctx context.Context, d blob.Digest, value []byte, also func(ctx context.Context, tx *sql.Tx) error) (bool, error) {
-	j := &putJob{d: d, value: notNil(value), also: also, ctx: context.WithoutCancel(ctx), done: make(chan struct{})}
+// PutRows implements meta.Putter: the insert (or the no-op insert of a
+// dedup) and rows commit together or not at all, in a batch shared with
+// the puts of other callers (putGroup): its one statement carries the
+// pin row and an intent that replaces none; a batch with other rows
+// writes them with meta in its transaction (meta.NSRows.WriteTx), with
+// the group's context (the caller's without its cancellation).
+func (e *Engine) PutRows(ctx context.Context, d blob.Digest, value []byte, rows meta.Rows) (bool, error) {
+	j := &putJob{d: d, value: notNil(value), rows: rows, ctx: context.WithoutCancel(ctx), done: make(chan struct{})}
 	e.puts.do(j)
-	if j.panic != nil {
-		panic(j.panic)
-	}
 	if j.err != nil {
 		err := j.err
 		// The group's error names the put and the engine, for all its

@@ -23,14 +23,16 @@
 //     before yielding it: no connection, cursor or transaction is held
 //     while the caller's loop body runs.
 //   - [engines.SQL]: DB is a database/sql handle over the same pool
-//     (pgx stdlib), for namespace registries and [engines.TxPutter], whose
-//     PutTx runs the caller's statements in the insert's transaction, which
-//     concurrent puts share (group commit: one statement takes the
-//     arbitration locks, writes the pin rows and inserts the blobs of
-//     every put of it; see putGroup). The lock and the pin rows of that
-//     statement are meta's fragments ([meta.PGLockShared],
-//     [meta.PGBatchPins]); a put's pin rows reach the batch through meta's
-//     PinRows, which defers them to it.
+//     (pgx stdlib), for namespace registries. [meta.Putter]: PutRows
+//     commits a put's rows (its pin row, its link or intent) with its
+//     entry, in a batch that concurrent puts share (group commit: one
+//     statement takes the arbitration locks, writes the pin rows and
+//     intents and inserts the blobs of every put of it; see putGroup).
+//     The lock, the pin rows and the intents of that statement are meta's
+//     fragments ([meta.PGLockShared], [meta.PGBatchPins],
+//     [meta.PGBatchIntents]); a batch whose puts have rows the statement
+//     cannot carry (a link, an intent that replaces another) writes those
+//     with meta ([meta.NSRows.WriteTx]) in the batch's transaction.
 //   - [engines.TxDeleter]: DeleteManyTx deletes in the arbitration's
 //     transaction, and the deleted blobs' window rows in the same
 //     statement ([meta.PGWindowGone]).

@@ -6,9 +6,12 @@ import (
 	"errors"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/alkblobfs/alkblobfs/blob"
 	"github.com/alkblobfs/alkblobfs/engines/postgres/pgtest"
+	"github.com/alkblobfs/alkblobfs/meta"
+	"github.com/alkblobfs/alkblobfs/namespaces"
 )
 
 // TestServerRestart: a transaction open across a restart fails and leaves
@@ -30,19 +33,56 @@ func TestServerRestart(t *testing.T) {
 
 	v := []byte("in flight across the restart")
 	d := blob.Sum(v)
-	restarted := make(chan struct{})
-	_, err := e.PutTx(ctx, d, v, func(ctx context.Context, tx *sql.Tx) error {
-		// A statement of the job's own: the batch takes the transaction
-		// path (a batch of pin rows and intents only is one statement,
-		// with no transaction to cut; putfast.go).
-		if _, err := tx.ExecContext(ctx, `SELECT 1`); err != nil {
-			return err
+	// A put with a link takes the transaction path (a batch of pin rows
+	// and intents only is one statement, with no transaction to cut;
+	// putfast.go): its link is written, and its batch statement waits on
+	// the digest's arbitration lock, which an arbitration holds, when the
+	// server restarts.
+	reg, err := namespaces.OpenSQL(ctx, e, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := reg.Create(ctx, "a"); err != nil {
+		t.Fatal(err)
+	}
+	inArb, release := make(chan struct{}), make(chan struct{})
+	arbDone := make(chan error, 1)
+	go func() {
+		arbDone <- e.Meta().Host.Arbitrate(ctx, []blob.Digest{d}, func(context.Context, *sql.Tx) error {
+			close(inArb)
+			<-release
+			return nil
+		})
+	}()
+	select {
+	case <-inArb:
+	case err := <-arbDone:
+		t.Fatalf("Arbitrate: %v", err)
+	case <-time.After(10 * time.Second):
+		t.Fatal("the arbitration never ran")
+	}
+	putDone := make(chan error, 1)
+	go func() {
+		rows := meta.Rows{
+			Pin: &meta.PinRow{D: d, Owner: t.Name(), TTL: time.Minute},
+			NS:  reg.Join(meta.NSRows{Link: &meta.LinkRow{NS: "a"}}).For(d, int64(len(v))),
 		}
-		f.Restart(t) // the insert is done, the commit is yet to come
-		close(restarted)
-		return nil
-	})
-	<-restarted
+		_, err := e.PutRows(ctx, d, v, rows)
+		putDone <- err
+	}()
+	waitFor(t, "the put to wait for the arbitration lock", func() bool { return lockWaits(t, e) > 0 })
+	f.Restart(t)
+	close(release)
+	select {
+	case <-arbDone: // cut by the restart too
+	case <-time.After(30 * time.Second):
+		t.Fatal("the arbitration cut by a restart never returned")
+	}
+	select {
+	case err = <-putDone:
+	case <-time.After(30 * time.Second):
+		t.Fatal("the put cut by a restart never returned")
+	}
 	if err == nil {
 		t.Fatal("a put whose transaction was cut by a restart succeeded")
 	}

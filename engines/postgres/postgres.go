@@ -18,7 +18,7 @@ type Engine struct {
 	srv  Server
 	pool *pgxpool.Pool
 	db   *sql.DB
-	puts *putGroup // PutTx's group commit
+	puts *putGroup // PutRows's group commit
 	// meta is the pool's shared GC state in this database: pin rows,
 	// arbitration, the sweep lease, the delete window and the corrupt
 	// ledger (package meta owns their tables).
@@ -28,7 +28,7 @@ type Engine struct {
 var (
 	_ engines.KV           = (*Engine)(nil)
 	_ engines.SQL          = (*Engine)(nil)
-	_ engines.TxPutter     = (*Engine)(nil)
+	_ meta.Putter          = (*Engine)(nil)
 	_ engines.BatchDeleter = (*Engine)(nil)
 	_ engines.BatchSizer   = (*Engine)(nil)
 	_ engines.DeleteSafe   = (*Engine)(nil)
@@ -61,10 +61,8 @@ func Open(ctx context.Context, dsn string) (*Engine, error) {
 	}
 	e.db = stdlib.OpenDBFromPool(pool)
 	e.puts = newPutGroup(e)
-	e.meta, err = meta.OpenPostgres(ctx, meta.PostgresConfig{Name: e.name, Pool: pool, DB: e.db,
-		Defer: e.puts.deferPins, Wrap: e.wrapD})
+	e.meta, err = meta.OpenPostgres(ctx, meta.PostgresConfig{Name: e.name, Pool: pool, DB: e.db, Wrap: e.wrapD})
 	if err != nil {
-		e.puts.probe.Close()
 		e.db.Close()
 		pool.Close()
 		return nil, err
@@ -114,7 +112,6 @@ func (e *Engine) CursorsSurviveDelete() bool { return true }
 // Close closes the database/sql handle and the pool.
 func (e *Engine) Close() error {
 	e.puts.wait()
-	e.puts.probe.Close()
 	err := e.db.Close()
 	e.pool.Close()
 	return e.wrap("close", err)

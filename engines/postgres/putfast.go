@@ -2,10 +2,7 @@ package postgres
 
 import (
 	"context"
-	"database/sql"
-	"database/sql/driver"
 	"errors"
-	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
@@ -16,125 +13,42 @@ import (
 )
 
 // The one-statement batch. Most batches' puts ask for nothing the batch
-// statement cannot carry: a pin row (PinRows) and a namespace intent
-// (DeferPend). Such a batch needs no transaction of its own — no BEGIN, no
-// COMMIT, no statement per put: its statement alone is atomic, and it is
-// one round trip and one transaction for the whole batch (before: BEGIN,
-// an intent per put, the batch statement and COMMIT, a round trip each).
-//
-// To learn whether a batch is such a batch, its jobs run first against a
-// probe: a database/sql transaction on an in-process driver that runs no
-// statement. PinRows and DeferPend recognize the probe's transaction as the
-// batch's (batchOf) and add their rows to it; any statement a job runs on
-// it fails (errDeferOnly), and so does the job. A job that fails there,
-// for that or any reason, sends the whole batch to the transaction of
-// attempt, where it runs again from scratch, and alone after that if the
-// batch's transaction failed (putGroup): a job may run three times. So does a batch whose statement failed on the server (an
-// intent for a namespace just removed fails its foreign key): that
-// statement committed nothing. A statement that failed otherwise — the
-// connection reset, the op timeout — may have committed: every put of the
-// batch fails, as at a failed COMMIT, and nothing runs again.
-
-// errDeferOnly is what a statement run on the probe's transaction gets.
-var errDeferOnly = errors.New("postgres: a statement in a put's transaction that the batch statement cannot carry")
-
-// probeDB opens the probe: a database/sql pool over probeConn.
-func probeDB() *sql.DB {
-	db := sql.OpenDB(probeConn{})
-	db.SetMaxIdleConns(2 * putRunners)
-	return db
-}
-
-// probeConn is a driver connection, and its connector and transaction,
-// that runs nothing: Prepare fails, and database/sql prepares every
-// statement it runs on a connection that has no Exec or Query of its own.
-type probeConn struct{}
-
-func (probeConn) Connect(context.Context) (driver.Conn, error) { return probeConn{}, nil }
-func (probeConn) Driver() driver.Driver                        { return probeConn{} }
-func (probeConn) Open(string) (driver.Conn, error)             { return probeConn{}, nil }
-func (probeConn) Prepare(string) (driver.Stmt, error)          { return nil, errDeferOnly }
-func (probeConn) Close() error                                 { return nil }
-func (probeConn) Begin() (driver.Tx, error)                    { return probeConn{}, nil }
-func (probeConn) Commit() error                                { return nil }
-func (probeConn) Rollback() error                              { return nil }
-
-// meta.Links defers the intents of puts to the put batch's statement
-// through these two methods.
-var _ meta.PendDeferrer = (*Engine)(nil)
-
-// DeferPend adds an intent to the batch statement of tx, when tx is the
-// probe transaction of a put's batch (see above), and reports whether it
-// did: the intent (id, in namespace ns, for d, held by holder, expiring
-// ttl after the statement's clock) then commits with the put, or not at
-// all. Elsewhere it does nothing and reports false: the caller writes the
-// intent itself. The namespace must exist (ns_pending's foreign key): a
-// batch whose namespace is gone fails on the server and runs again in a
-// transaction, where the caller's own statement reports it.
-//
-// The statement also keeps the namespaces' usage as the registry does
-// (meta/ns_usage.go): size is charged to ns if no reference or
-// intent of ns named d before, within its quota, after the batch locked
-// ns's row (oneStatement). A batch over a quota fails on the server
-// likewise, and runs again in a transaction, where the registry's
-// statements charge, or refuse the intent over its quota alone.
-func (e *Engine) DeferPend(tx *sql.Tx, id int64, ns string, d blob.Digest, holder string, ttl time.Duration, size int64) bool {
-	b := e.puts.batchOf(tx)
-	if b == nil || !b.probe {
-		return false
-	}
-	b.pends = append(b.pends, meta.IntentRow{ID: id, NS: ns, D: d, Holder: holder, TTL: ttl, Size: size})
-	return true
-}
-
-// InProbe reports whether tx is the probe of a put's batch, on which any
-// statement fails: a caller about to run one (a link) can fail at once,
-// and spare the round trips it would spend making sense of that failure.
-func (e *Engine) InProbe(tx *sql.Tx) bool {
-	b := e.puts.batchOf(tx)
-	return b != nil && b.probe
-}
+// statement cannot carry: a pin row and a namespace intent that replaces
+// none (meta.NSRows.Batchable). Such a batch needs no transaction of its
+// own — no BEGIN, no COMMIT, no statement per put: its statement alone
+// is atomic, and it is one round trip and one transaction for the whole
+// batch (before: BEGIN, an intent per put, the batch statement and
+// COMMIT, a round trip each). Whether a batch is one is read off its
+// puts' rows, which are values. A batch whose statement failed on the
+// server (an intent for a namespace just removed fails its foreign key,
+// one over its quota the statement's guard) committed nothing: it runs
+// again in a transaction (attempt), and alone after that if the batch's
+// transaction failed (putGroup), where meta's own statements report each
+// put's error. A statement that failed otherwise — the connection reset,
+// the op timeout — may have committed: every put of the batch fails, as
+// at a failed COMMIT, and nothing runs again.
 
 // fast runs jobs as a one-statement batch. It reports false, having
-// changed nothing and left every job as it found it, when jobs need a
-// transaction; true when it is done with them: committed, or failed with
-// their fate unknown.
+// changed nothing, when jobs need a transaction; true when it is done
+// with them: committed, or failed with their fate unknown.
 func (g *putGroup) fast(jobs []*putJob) bool {
-	ctx := jobs[0].ctx
-	ptx, err := g.probe.BeginTx(ctx, nil)
-	if err != nil {
-		return false
-	}
-	b := &putBatch{probe: true}
-	g.txMu.Lock()
-	g.txs[ptx] = b
-	g.txMu.Unlock()
-	failed := false
+	var pends []meta.IntentRow
 	for _, j := range jobs {
-		if j.also == nil {
-			continue
+		if !j.rows.NS.Batchable() {
+			return false
 		}
-		if call(j, ptx); j.failed() {
-			failed = true
-			break
+		if i := j.rows.NS.Intent; i != nil {
+			pends = append(pends, *i)
 		}
 	}
-	g.txMu.Lock()
-	delete(g.txs, ptx)
-	g.txMu.Unlock()
-	ptx.Rollback()
-	if failed {
-		reset(jobs)
-		return false
-	}
-	inserted, err := g.e.insertBatch(ctx, nil, jobs, b.pins, b.pends)
+	ctx := jobs[0].ctx
+	inserted, err := g.e.insertBatch(ctx, nil, jobs, pinsOf(jobs), pends)
 	var pe *pgconn.PgError
 	switch {
 	case err == nil:
 	case errors.As(err, &pe) || pgconn.SafeToRetry(err):
 		// The server refused the statement, or it was never sent:
 		// nothing committed.
-		reset(jobs)
 		return false
 	default:
 		for _, j := range jobs {
@@ -199,7 +113,7 @@ func (e *Engine) oneStatement(ctx context.Context, q string, args []any, names [
 // reset readies jobs to run again from scratch.
 func reset(jobs []*putJob) {
 	for _, j := range jobs {
-		j.err, j.panic, j.inserted = nil, nil, false
+		j.err, j.inserted = nil, false
 	}
 }
 

@@ -2,7 +2,6 @@ package postgres_test
 
 import (
 	"context"
-	"database/sql"
 	"errors"
 	"fmt"
 	"net/url"
@@ -12,17 +11,17 @@ import (
 	"github.com/alkblobfs/alkblobfs/blob"
 	"github.com/alkblobfs/alkblobfs/engines/postgres"
 	"github.com/alkblobfs/alkblobfs/engines/postgres/pgtest"
+	"github.com/alkblobfs/alkblobfs/meta"
 	"github.com/alkblobfs/alkblobfs/namespaces"
 )
 
-// TestPutBatchOneStatement: a put whose callback asks only for a pin row
-// and a namespace intent commits as one statement (no transaction of its
-// own), with its blob, pin row and intent; one whose callback runs a
-// statement of its own commits in a transaction, as before. An intent for
-// an absent namespace fails its put with the registry's ErrNotFound and
-// commits nothing: the one-statement batch, refused by the server (the
-// foreign key), runs again in a transaction, where the registry's own
-// statement tells.
+// TestPutBatchOneStatement: a put whose rows are a pin row and a
+// namespace intent commits as one statement (no transaction of its own),
+// with its blob, pin row and intent; one with a link commits in a
+// transaction. An intent for an absent namespace fails its put with the
+// registry's ErrNotFound and commits nothing: the one-statement batch,
+// refused by the server (the foreign key), runs again in a transaction,
+// where meta's own statement tells.
 func TestPutBatchOneStatement(t *testing.T) {
 	e := open(t, pgtest.DSN(t))
 	defer e.Close()
@@ -37,15 +36,10 @@ func TestPutBatchOneStatement(t *testing.T) {
 	}
 	owner := t.Name()
 	defer e.Meta().Host.DropOwner(context.Background(), owner)
-	pend := func(name string, d blob.Digest, out *namespaces.Intent) func(context.Context, *sql.Tx) error {
-		return func(ctx context.Context, tx *sql.Tx) error {
-			if err := e.Meta().Host.PinRows(ctx, tx, owner, []blob.Digest{d}, time.Minute); err != nil {
-				return err
-			}
-			i, err := reg.PendTx(ctx, tx, name, d, namespaces.Pending{Holder: owner, TTL: time.Minute})
-			*out = i
-			return err
-		}
+	pend := func(name string, d blob.Digest, size int, out *namespaces.Intent) meta.Rows {
+		*out = namespaces.Intent(meta.NewIntentID())
+		ns := meta.NSRows{Intent: &meta.IntentRow{ID: int64(*out), NS: name, Holder: owner, TTL: time.Minute}}
+		return meta.Rows{Pin: &meta.PinRow{D: d, Owner: owner, TTL: time.Minute}, NS: reg.Join(ns).For(d, int64(size))}
 	}
 	counts := func(d blob.Digest, i namespaces.Intent) (blobs, pins, pending int) {
 		t.Helper()
@@ -62,7 +56,7 @@ func TestPutBatchOneStatement(t *testing.T) {
 	d := blob.Sum(v)
 	var i namespaces.Intent
 	before := postgres.FastBatches(e)
-	if ins, err := e.PutTx(ctx, d, v, pend(ns, d, &i)); err != nil || !ins {
+	if ins, err := e.PutRows(ctx, d, v, pend(ns, d, len(v), &i)); err != nil || !ins {
 		t.Fatalf("put = %v, %v", ins, err)
 	}
 	if got := postgres.FastBatches(e) - before; got != 1 {
@@ -72,29 +66,28 @@ func TestPutBatchOneStatement(t *testing.T) {
 		t.Fatalf("after the put: %d blobs, %d pin rows, %d intents; want one each", b, p, n)
 	}
 
-	// A callback with a statement of its own: a transaction.
-	v2 := []byte(owner + " own statement " + ns)
+	// A link: a transaction.
+	v2 := []byte(owner + " linked " + ns)
 	d2 := blob.Sum(v2)
 	before = postgres.FastBatches(e)
-	if _, err := e.PutTx(ctx, d2, v2, func(ctx context.Context, tx *sql.Tx) error {
-		if _, err := tx.ExecContext(ctx, `SELECT 1`); err != nil {
-			return err
-		}
-		return pend(ns, d2, &i)(ctx, tx)
-	}); err != nil {
+	link := reg.Join(meta.NSRows{Link: &meta.LinkRow{NS: ns}}).For(d2, int64(len(v2)))
+	if _, err := e.PutRows(ctx, d2, v2, meta.Rows{Pin: &meta.PinRow{D: d2, Owner: owner, TTL: time.Minute}, NS: link}); err != nil {
 		t.Fatal(err)
 	}
 	if got := postgres.FastBatches(e) - before; got != 0 {
-		t.Fatalf("a put whose callback runs a statement went as a one-statement batch (%d)", got)
+		t.Fatalf("a put with a link went as a one-statement batch (%d)", got)
 	}
-	if b, p, n := counts(d2, i); b != 1 || p != 1 || n != 1 {
-		t.Fatalf("after the put in a transaction: %d blobs, %d pin rows, %d intents; want one each", b, p, n)
+	if b, p, _ := counts(d2, 0); b != 1 || p != 1 {
+		t.Fatalf("after the put in a transaction: %d blobs, %d pin rows; want one each", b, p)
+	}
+	if _, ok, err := reg.Has(ctx, ns, d2); err != nil || !ok {
+		t.Fatalf("the put's link: Has = %v, %v; want true", ok, err)
 	}
 
 	// An absent namespace.
 	v3 := []byte(owner + " absent " + ns)
 	d3 := blob.Sum(v3)
-	_, err = e.PutTx(ctx, d3, v3, pend(ns+"-absent", d3, &i))
+	_, err = e.PutRows(ctx, d3, v3, pend(ns+"-absent", d3, len(v3), &i))
 	if !errors.Is(err, namespaces.ErrNotFound) {
 		t.Fatalf("a put with an intent for an absent namespace = %v; want ErrNotFound", err)
 	}
@@ -148,13 +141,8 @@ func TestPutBatchesOverlapFast(t *testing.T) {
 		v := fmt.Appendf(nil, "%-*s", size, fmt.Sprint(tag, " ", ns, " ", owner))[:size]
 		d := blob.Sum(v)
 		go func() {
-			_, err := h.e.PutTx(ctx, d, v, func(ctx context.Context, tx *sql.Tx) error {
-				if err := h.e.Meta().Host.PinRows(ctx, tx, owner, []blob.Digest{d}, time.Minute); err != nil {
-					return err
-				}
-				_, err := h.reg.PendTx(ctx, tx, ns, d, namespaces.Pending{Holder: owner, TTL: time.Minute, Size: size})
-				return err
-			})
+			pend := meta.NSRows{Intent: &meta.IntentRow{ID: meta.NewIntentID(), NS: ns, Holder: owner, TTL: time.Minute}}
+			_, err := h.e.PutRows(ctx, d, v, meta.Rows{Pin: &meta.PinRow{D: d, Owner: owner, TTL: time.Minute}, NS: h.reg.Join(pend).For(d, size)})
 			errs <- err
 		}()
 	}
@@ -241,4 +229,51 @@ func TestPutBatchesOverlapFast(t *testing.T) {
 		t.Fatalf("%d puts admitted racing for %d blobs of room", admitted, room)
 	}
 	usage(2*perHost+room, "after the quota race")
+}
+
+// TestPutReplacingIntentDropsTheOld: a put whose intent replaces the
+// writer's earlier one (a file closed again) commits in a transaction,
+// where the earlier intent is dropped before the new one is charged; the
+// one-statement batch, which records intents only, would keep both.
+func TestPutReplacingIntentDropsTheOld(t *testing.T) {
+	e := open(t, pgtest.DSN(t))
+	defer e.Close()
+	ctx := t.Context()
+	reg, err := namespaces.OpenSQL(ctx, e, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ns := fmt.Sprint("replace", time.Now().UnixNano())
+	if err := reg.Create(ctx, ns); err != nil {
+		t.Fatal(err)
+	}
+	put := func(v string, id, replaces int64) {
+		t.Helper()
+		d := blob.Sum([]byte(v))
+		part := meta.NSRows{Intent: &meta.IntentRow{ID: id, NS: ns, Holder: t.Name(), TTL: time.Minute}, Replaces: replaces}
+		if _, err := e.PutRows(ctx, d, []byte(v), meta.Rows{NS: reg.Join(part).For(d, int64(len(v)))}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	pending := func(id int64) int {
+		t.Helper()
+		var n int
+		if err := e.Pool().QueryRow(ctx, `SELECT count(*) FROM ns_pending WHERE id = $1`, id).Scan(&n); err != nil {
+			t.Fatal(err)
+		}
+		return n
+	}
+	first, second := meta.NewIntentID(), meta.NewIntentID()
+	put(ns+" version one", first, 0)
+	before := postgres.FastBatches(e)
+	put(ns+" version two", second, first)
+	if got := postgres.FastBatches(e) - before; got != 0 {
+		t.Errorf("a put whose intent replaces another went as a one-statement batch (%d)", got)
+	}
+	if n := pending(first); n != 0 {
+		t.Errorf("the replaced intent is still pending (%d rows)", n)
+	}
+	if n := pending(second); n != 1 {
+		t.Errorf("the replacing intent: %d rows pending; want 1", n)
+	}
 }

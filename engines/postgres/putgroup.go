@@ -4,8 +4,6 @@ import (
 	"context"
 	"database/sql"
 	"errors"
-	"fmt"
-	"runtime/debug"
 	"slices"
 	"sync"
 	"sync/atomic"
@@ -15,16 +13,17 @@ import (
 	"github.com/alkblobfs/alkblobfs/meta"
 )
 
-// Group commit of puts (PutTx). A small blob's put through a fleet mount
-// was about eleven round trips and two transactions: BEGIN, the pin row's
-// arbitration lock, the pin row, the namespace intent (prepared again on
-// every pooled connection, and deallocated after), the blob, COMMIT, and
-// the settle at RELEASE. Concurrent puts of one engine now share
-// transactions: each caller queues its put, and up to putRunners batches
+// Group commit of puts (PutRows). A small blob's put through a fleet
+// mount was about eleven round trips and two transactions: BEGIN, the pin
+// row's arbitration lock, the pin row, the namespace intent (prepared
+// again on every pooled connection, and deallocated after), the blob,
+// COMMIT, and the settle at RELEASE. Concurrent puts of one engine now
+// share them: each caller queues its put, and up to putRunners batches
 // run at once, each taking what has queued meanwhile (up to putMaxBatch
-// puts). A batch is BEGIN, each put's own statements (also: the intent),
-// then one statement for every put of the batch — the arbitration locks,
-// the pin rows and the blobs — and COMMIT.
+// puts). Most batches are one statement (putfast.go); the others are
+// BEGIN, each put's namespace part (meta.NSRows.WriteTx: a link, or an
+// intent that replaces another), then one statement for every put of the
+// batch — the arbitration locks, the pin rows and the blobs — and COMMIT.
 //
 // The order the GC needs holds in that statement: its pin rows and
 // entries commit together, after the shared arbitration lock of every
@@ -32,45 +31,36 @@ import (
 // takes them), so a delete's arbitration either commits before it — and
 // the put then inserts the content afresh, ON CONFLICT judging on the
 // latest committed rows — or waits for its COMMIT and sees its pin rows.
-// The pin rows a put's also writes with meta's PinRows inside the batch's
-// transaction are the ones deferred to that statement (deferPins): nothing
-// else reads them before it. The lock and the pin rows are meta's
-// fragments (meta.PGLockShared, meta.PGBatchPins): gc_pins is meta's
-// table, and this statement only carries its rows. A put's intent is written before the lock,
+// The lock and the pin rows are meta's fragments (meta.PGLockShared,
+// meta.PGBatchPins): gc_pins is meta's table, and this statement only
+// carries its rows. A put's namespace part is written before the lock,
 // which nothing requires: an arbitration that deletes the blob first is
 // undone by the put's insert, under the lock, in the same transaction as
-// the intent. Every batch takes its locks and inserts its rows in digest
-// order, so two batches never wait for each other in a cycle, nor a batch
-// and an arbitration (whose locks are in key order too). A one-statement
-// batch with intents locks its namespaces' rows before that, in name
-// order (oneStatement), as a registry transaction locks a namespace's row
-// before the batch statement's arbitration locks: namespaces, then
-// digests, everywhere.
+// the link or intent. Every batch takes its locks and inserts its rows in
+// digest order, so two batches never wait for each other in a cycle, nor
+// a batch and an arbitration (whose locks are in key order too). A
+// one-statement batch with intents locks its namespaces' rows before
+// that, in name order (oneStatement), as a namespace part locks its
+// namespace's row before the batch statement's arbitration locks:
+// namespaces, then digests, everywhere.
 //
-// A put's statements may fail (an intent for a namespace just removed, a
+// A put's namespace part may fail (a namespace just removed, a quota, a
 // server error), and PostgreSQL then aborts the whole transaction: the
 // batch rolls back, and each of its puts runs again alone, so that each
-// caller gets its own answer. A job may therefore run more than once (three
-// times with the probe of fast), as under engines.Batcher, whose rules it
-// follows: also starts from scratch each
-// time and uses the context it is given (the first caller's, without its
-// cancellation). A failed BEGIN of a batch of one, or any failed COMMIT,
-// fails every put of the batch; no caller is told its put committed before
-// the COMMIT returned.
+// caller gets its own answer. A put's rows are a value, written afresh
+// each time. A failed BEGIN of a batch of one, or any failed COMMIT,
+// fails every put of the batch; no caller is told its put committed
+// before the COMMIT returned.
 type putGroup struct {
-	e     *Engine
-	probe *sql.DB // see fast
+	e *Engine
 
 	mu      sync.Mutex
 	queue   []*putJob
 	running int
 	wg      sync.WaitGroup
 
-	txMu sync.Mutex
-	txs  map[*sql.Tx]*putBatch
-
 	fastBatches atomic.Int64 // batches committed by fast (tests)
-	txBatches   atomic.Int64 // batches fast handed to a transaction (tests)
+	txBatches   atomic.Int64 // batches that took a transaction (tests)
 }
 
 // putRunners is how many batches of one engine run at once, each on a
@@ -84,32 +74,18 @@ const putMaxBatch = 64
 type putJob struct {
 	d        blob.Digest
 	value    []byte
-	also     func(ctx context.Context, tx *sql.Tx) error
+	rows     meta.Rows
 	ctx      context.Context
 	inserted bool
 	err      error
-	panic    any
 	done     chan struct{}
 }
-
-func (j *putJob) failed() bool { return j.err != nil || j.panic != nil }
 
 // nowOnce is the server's clock read once per statement (see
 // engines.PGNow): the intents' expiries.
 const nowOnce = `(SELECT ` + engines.PGNow + `)`
 
-// putBatch is the state of one batch's transaction: the pin rows its puts
-// asked for (meta's PinRows, through deferPins), written by the batch's
-// last statement.
-type putBatch struct {
-	pins  []meta.PinRow
-	pends []meta.IntentRow // a probe's (see fast)
-	probe bool             // the probe's transaction, not the batch's (fast)
-}
-
-func newPutGroup(e *Engine) *putGroup {
-	return &putGroup{e: e, probe: probeDB(), txs: make(map[*sql.Tx]*putBatch)}
-}
+func newPutGroup(e *Engine) *putGroup { return &putGroup{e: e} }
 
 // do queues j and returns once its batch committed or failed.
 func (g *putGroup) do(j *putJob) {
@@ -172,14 +148,14 @@ func (g *putGroup) runBatch(jobs []*putJob) {
 }
 
 // attempt runs jobs in one transaction. It reports false when that rolled
-// back (a job, or the batch's statement, failed), leaving every job an
-// error; a failed COMMIT fails every job, and reports true: what
-// committed is unknown, and nothing runs again.
+// back (a put's namespace part, or the batch's statement, failed),
+// leaving every job an error; a failed COMMIT fails every job, and
+// reports true: what committed is unknown, and nothing runs again.
 func (g *putGroup) attempt(jobs []*putJob) bool {
 	ctx := jobs[0].ctx
 	fail := func(err error) {
 		for _, j := range jobs {
-			if !j.failed() {
+			if j.err == nil {
 				j.err = err
 			}
 		}
@@ -189,26 +165,14 @@ func (g *putGroup) attempt(jobs []*putJob) bool {
 		fail(err)
 		return false
 	}
-	b := &putBatch{}
-	g.txMu.Lock()
-	g.txs[tx] = b
-	g.txMu.Unlock()
-	defer func() {
-		g.txMu.Lock()
-		delete(g.txs, tx)
-		g.txMu.Unlock()
-	}()
 	for _, j := range jobs {
-		if j.also == nil {
-			continue
-		}
-		if call(j, tx); j.failed() {
+		if j.err = j.rows.NS.WriteTx(j.ctx, tx); j.err != nil {
 			tx.Rollback()
 			fail(errRolledBack)
 			return false
 		}
 	}
-	inserted, err := g.e.insertBatch(ctx, tx, jobs, b.pins, nil)
+	inserted, err := g.e.insertBatch(ctx, tx, jobs, pinsOf(jobs), nil)
 	if err != nil {
 		tx.Rollback()
 		fail(err)
@@ -226,34 +190,15 @@ func (g *putGroup) attempt(jobs []*putJob) bool {
 // another's failure, until they run again alone.
 var errRolledBack = errors.New("postgres: put rolled back with another of its batch")
 
-// call runs j's also in tx, keeping a panic for PutTx to raise again in
-// the caller's goroutine.
-func call(j *putJob, tx *sql.Tx) {
-	defer func() {
-		if r := recover(); r != nil {
-			j.panic = fmt.Sprintf("%v\n\n(in a batched put)\n%s", r, debug.Stack())
+// pinsOf is the pin rows of jobs, which the batch's statement writes.
+func pinsOf(jobs []*putJob) []meta.PinRow {
+	var pins []meta.PinRow
+	for _, j := range jobs {
+		if j.rows.Pin != nil {
+			pins = append(pins, *j.rows.Pin)
 		}
-	}()
-	j.err = j.also(j.ctx, tx)
-}
-
-// batchOf returns the batch whose transaction tx is, or nil.
-func (g *putGroup) batchOf(tx *sql.Tx) *putBatch {
-	g.txMu.Lock()
-	defer g.txMu.Unlock()
-	return g.txs[tx]
-}
-
-// deferPins is meta.PostgresConfig.Defer: a put's pin rows, asked for in
-// its batch's transaction (or probe), go into the batch's own statement,
-// under the same lock and in the same transaction.
-func (g *putGroup) deferPins(tx *sql.Tx, rows []meta.PinRow) bool {
-	b := g.batchOf(tx)
-	if b == nil {
-		return false
 	}
-	b.pins = append(b.pins, rows...)
-	return true
+	return pins
 }
 
 // batchPutSQL takes the shared arbitration lock of every digest of the
@@ -261,7 +206,7 @@ func (g *putGroup) deferPins(tx *sql.Tx, rows []meta.PinRow) bool {
 // blobs ($5-$7), both from rows joined with the lock's CTE, so that no
 // row goes in before every lock is granted. It returns the digests it
 // inserted (not those already stored: a dedup). batchPendSQL also inserts
-// the intents deferred to the batch ($8-$13, see fast) and keeps their
+// the intents of a one-statement batch ($8-$13, see fast) and keeps their
 // namespaces' usage, with meta's part of the statement
 // (meta.PGBatchIntents, which says how), after the namespaces' rows are
 // locked in the same transaction (oneStatement).

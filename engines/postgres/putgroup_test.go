@@ -5,7 +5,6 @@ import (
 	"database/sql"
 	"errors"
 	"fmt"
-	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -13,6 +12,8 @@ import (
 	"github.com/alkblobfs/alkblobfs/blob"
 	"github.com/alkblobfs/alkblobfs/engines/postgres"
 	"github.com/alkblobfs/alkblobfs/engines/postgres/pgtest"
+	"github.com/alkblobfs/alkblobfs/meta"
+	"github.com/alkblobfs/alkblobfs/namespaces"
 )
 
 // waitFor polls cond every 10 ms for up to 10 s.
@@ -33,60 +34,83 @@ type putResult struct {
 
 // TestPutGroupRerunsAlone: puts that queue behind busy batches share one
 // transaction; when one of them fails (and PostgreSQL aborts that
-// transaction), the others still commit — their blobs, the rows their
-// callbacks wrote and the pin rows they asked for — and the failing one
-// commits nothing. Two puts of one content in a batch insert it once.
+// transaction), the others still commit — their blobs, their links and
+// their pin rows — and the failing one commits nothing. Two puts of one
+// content in a batch insert it once.
 func TestPutGroupRerunsAlone(t *testing.T) {
 	e := open(t, pgtest.DSN(t))
 	defer e.Close()
 	ctx := t.Context()
-	if _, err := e.Pool().Exec(ctx, `CREATE TABLE IF NOT EXISTS putgroup_test (k TEXT PRIMARY KEY)`); err != nil {
+	reg, err := namespaces.OpenSQL(ctx, e, nil)
+	if err != nil {
 		t.Fatal(err)
 	}
 	tag := fmt.Sprintf("%s %d", t.Name(), time.Now().UnixNano())
+	ns := fmt.Sprint("rerun", time.Now().UnixNano())
+	if err := reg.Create(ctx, ns); err != nil {
+		t.Fatal(err)
+	}
 	results := make(chan putResult, 8)
-	put := func(name string, v []byte, also func(context.Context, *sql.Tx) error) {
+	put := func(name string, v []byte, rows meta.Rows) {
 		go func() {
-			ins, err := e.PutTx(ctx, blob.Sum(v), v, also)
+			ins, err := e.PutRows(ctx, blob.Sum(v), v, rows)
 			results <- putResult{name, ins, err}
 		}()
 	}
-	// Hold every batch runner inside a put of its own.
-	entered, hold := make(chan struct{}), make(chan struct{})
-	for i := range 2 {
-		put(fmt.Sprint("holder", i), []byte(fmt.Sprint(tag, " holder ", i)), func(context.Context, *sql.Tx) error {
-			entered <- struct{}{}
+	pinned := func(d blob.Digest) meta.Rows {
+		return meta.Rows{Pin: &meta.PinRow{D: d, Owner: "putter", TTL: time.Minute}}
+	}
+	// Hold every batch runner inside a put of its own: each holder's pin
+	// row waits on its digest's arbitration lock, which an arbitration
+	// holds until hold closes.
+	var holders []blob.Digest
+	for i := range postgres.PutRunners {
+		holders = append(holders, blob.Sum([]byte(fmt.Sprint(tag, " holder ", i))))
+	}
+	inArb, hold, arbDone := make(chan struct{}), make(chan struct{}), make(chan error, 1)
+	var once sync.Once
+	letGo := func() { once.Do(func() { close(hold) }) }
+	defer letGo() // before e.Close, which waits for the puts
+	go func() {
+		arbDone <- e.Meta().Host.Arbitrate(ctx, holders, func(context.Context, *sql.Tx) error {
+			close(inArb)
 			<-hold
 			return nil
 		})
-		select {
-		case <-entered:
-		case <-time.After(10 * time.Second):
-			t.Fatalf("holder %d never ran", i)
-		}
+	}()
+	select {
+	case <-inArb:
+	case err := <-arbDone:
+		t.Fatalf("Arbitrate: %v", err)
+	case <-time.After(10 * time.Second):
+		t.Fatal("the arbitration never ran")
 	}
-	good := func(k string, d blob.Digest) func(context.Context, *sql.Tx) error {
-		return func(ctx context.Context, tx *sql.Tx) error {
-			if _, err := tx.ExecContext(ctx, `INSERT INTO putgroup_test (k) VALUES ($1)`, k); err != nil {
-				return err
-			}
-			return e.Meta().Host.PinRows(ctx, tx, "putter", []blob.Digest{d}, time.Minute)
-		}
+	for i := range postgres.PutRunners {
+		v := []byte(fmt.Sprint(tag, " holder ", i))
+		put(fmt.Sprint("holder", i), v, pinned(blob.Sum(v)))
+		waitFor(t, fmt.Sprint("holder ", i, " to wait for its arbitration lock"), func() bool { return lockWaits(t, e) == i+1 })
+	}
+	linked := func(d blob.Digest, size int, name string) meta.Rows {
+		rows := pinned(d)
+		rows.NS = reg.Join(meta.NSRows{Link: &meta.LinkRow{NS: name}}).For(d, int64(size))
+		return rows
 	}
 	va, vb, vbad := []byte(tag+" a"), []byte(tag+" b"), []byte(tag+" bad")
 	da, db, dbad := blob.Sum(va), blob.Sum(vb), blob.Sum(vbad)
-	put("a", va, good(tag+" a", da))
-	put("b", vb, good(tag+" b", db))
-	put("b again", vb, good(tag+" b again", db))
-	put("bad", vbad, func(ctx context.Context, tx *sql.Tx) error {
-		if err := good(tag+" bad", dbad)(ctx, tx); err != nil {
-			return err
-		}
-		_, err := tx.ExecContext(ctx, `SELECT 1 / 0`)
-		return err
-	})
+	put("a", va, linked(da, len(va), ns))
+	put("b", vb, linked(db, len(vb), ns))
+	put("b again", vb, linked(db, len(vb), ns))
+	put("bad", vbad, linked(dbad, len(vbad), ns+"-absent"))
 	waitFor(t, "four puts queued behind the held batches", func() bool { return postgres.QueuedPuts(e) == 4 })
-	close(hold)
+	letGo()
+	select {
+	case err := <-arbDone:
+		if err != nil {
+			t.Fatal(err)
+		}
+	case <-time.After(30 * time.Second):
+		t.Fatal("the arbitration still held 30 s after it was let go")
+	}
 	got := make(map[string]putResult)
 	for range 6 {
 		select {
@@ -96,8 +120,8 @@ func TestPutGroupRerunsAlone(t *testing.T) {
 			t.Fatalf("puts still running after 30 s; returned: %v", got)
 		}
 	}
-	if r := got["bad"]; r.err == nil || !strings.Contains(r.err.Error(), "division by zero") {
-		t.Fatalf("the failing put = %v, %v; want its own division by zero", r.inserted, r.err)
+	if r := got["bad"]; !errors.Is(r.err, namespaces.ErrNotFound) {
+		t.Fatalf("the failing put = %v, %v; want its own ErrNotFound", r.inserted, r.err)
 	}
 	for _, n := range []string{"a", "b", "b again"} {
 		if got[n].err != nil {
@@ -112,11 +136,10 @@ func TestPutGroupRerunsAlone(t *testing.T) {
 			t.Fatalf("Has(%s) = %v, %v; want %v", d, ok, err, want)
 		}
 	}
-	var rows int
-	if err := e.Pool().QueryRow(ctx, `SELECT count(*) FROM putgroup_test WHERE k LIKE $1`, tag+"%").Scan(&rows); err != nil || rows != 3 {
-		t.Fatalf("callback rows = %d, %v; want those of a, b and b again", rows, err)
+	if n, err := reg.Count(ctx, ns); err != nil || n != 2 {
+		t.Fatalf("links = %d, %v; want those of a and b", n, err)
 	}
-	err := e.Meta().Host.Arbitrate(ctx, []blob.Digest{da, db, dbad}, func(ctx context.Context, tx *sql.Tx) error {
+	err = e.Meta().Host.Arbitrate(ctx, []blob.Digest{da, db, dbad}, func(ctx context.Context, tx *sql.Tx) error {
 		pinned, err := e.Meta().Host.PinnedAmong(ctx, tx, []blob.Digest{da, db, dbad}, "nobody")
 		if err == nil && (!pinned[da] || !pinned[db] || pinned[dbad]) {
 			err = fmt.Errorf("pinned = %v; want a and b only", pinned)
@@ -129,6 +152,19 @@ func TestPutGroupRerunsAlone(t *testing.T) {
 	if err := e.Meta().Host.DropOwner(ctx, "putter"); err != nil {
 		t.Fatal(err)
 	}
+}
+
+// lockWaits counts the advisory locks of this database that a session
+// waits for.
+func lockWaits(t *testing.T, e *postgres.Engine) int {
+	t.Helper()
+	var n int
+	err := e.Pool().QueryRow(t.Context(), `SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND NOT granted
+		AND database = (SELECT oid FROM pg_database WHERE datname = current_database())`).Scan(&n)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return n
 }
 
 // TestPutGroupWaitsForArbitration: a put of a blob that a delete's
@@ -164,25 +200,23 @@ func TestPutGroupWaitsForArbitration(t *testing.T) {
 	}
 	putDone := make(chan putResult, 1)
 	go func() {
-		ins, err := e.PutTx(ctx, d, v, func(ctx context.Context, tx *sql.Tx) error {
-			return e.Meta().Host.PinRows(ctx, tx, "putter", []blob.Digest{d}, time.Minute)
-		})
+		ins, err := e.PutRows(ctx, d, v, meta.Rows{Pin: &meta.PinRow{D: d, Owner: "putter", TTL: time.Minute}})
 		putDone <- putResult{"put", ins, err}
 	}()
-	waitFor(t, "the put to wait for the arbitration lock", func() bool {
-		var n int
-		err := e.Pool().QueryRow(ctx, `SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND NOT granted
-			AND database = (SELECT oid FROM pg_database WHERE datname = current_database())`).Scan(&n)
-		return err == nil && n > 0
-	})
+	waitFor(t, "the put to wait for the arbitration lock", func() bool { return lockWaits(t, e) > 0 })
 	select {
 	case r := <-putDone:
 		t.Fatalf("the put returned (%v, %v) while the arbitration held its lock", r.inserted, r.err)
 	default:
 	}
 	letGo()
-	if err := <-arbDone; err != nil {
-		t.Fatal(err)
+	select {
+	case err := <-arbDone:
+		if err != nil {
+			t.Fatal(err)
+		}
+	case <-time.After(30 * time.Second):
+		t.Fatal("the arbitration still held 30 s after it was let go")
 	}
 	select {
 	case r := <-putDone:

@@ -10,6 +10,7 @@ import (
 
 	"github.com/alkblobfs/alkblobfs/blob"
 	"github.com/alkblobfs/alkblobfs/engines"
+	"github.com/alkblobfs/alkblobfs/meta"
 )
 
 // Has implements engines.Engine.
@@ -61,11 +62,11 @@ func missing(err error) error {
 	return err
 }
 
-// Put implements engines.KV. On layout 2 it is PutTx: its two statements
-// commit together.
+// Put implements engines.KV. On layout 2 it is PutRows with no rows: its
+// two statements commit together.
 func (e *Engine) Put(ctx context.Context, d blob.Digest, value []byte) (bool, error) {
 	if e.layout == layoutSplit {
-		return e.PutTx(ctx, d, value, nil)
+		return e.PutRows(ctx, d, value, meta.Rows{})
 	}
 	res, err := e.put.ExecContext(ctx, d[:], len(value), value)
 	if err != nil {
@@ -74,15 +75,15 @@ func (e *Engine) Put(ctx context.Context, d blob.Digest, value []byte) (bool, er
 	return inserted(res, e.name, d)
 }
 
-// PutTx implements engines.TxPutter: the insert (or the no-op insert of a
-// dedup) and also commit together or not at all.
-func (e *Engine) PutTx(ctx context.Context, d blob.Digest, value []byte, also func(ctx context.Context, tx *sql.Tx) error) (bool, error) {
+// PutRows implements meta.Putter: in one write transaction of the group
+// commit (engines.Batcher), meta writes rows (the pin row, then the
+// namespace part) and the entry is inserted (or found: a dedup); all of
+// it commits, or none.
+func (e *Engine) PutRows(ctx context.Context, d blob.Digest, value []byte, rows meta.Rows) (bool, error) {
 	var ok bool
 	put := func(ctx context.Context, tx *sql.Tx) error {
-		if also != nil {
-			if err := also(ctx, tx); err != nil {
-				return err
-			}
+		if err := e.meta.WriteRows(ctx, tx, rows); err != nil {
+			return err
 		}
 		var err error
 		ok, err = e.putIn(ctx, tx, d, value)

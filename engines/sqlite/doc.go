@@ -36,8 +36,9 @@
 //     before yielding it, so it holds no connection, cursor or transaction
 //     while the caller's loop body runs.
 //   - [engines.SQL]: DB is the engine's pool; namespace registries keep
-//     their tables in the same file. [engines.TxPutter]: PutTx runs the
-//     caller's statements in the insert's transaction.
+//     their tables in the same file. [meta.Putter]: PutRows has meta
+//     write a put's rows (its pin row, its link or intent) in the
+//     insert's transaction, a job of the group commit (engines.Batcher).
 //   - [engines.TxDeleter]: DeleteManyTx deletes in the arbitration's
 //     transaction (meta.Host.Arbitrate).
 //

@@ -2,7 +2,6 @@ package sqlite_test
 
 import (
 	"bytes"
-	"context"
 	"database/sql"
 	"errors"
 	"fmt"
@@ -16,6 +15,7 @@ import (
 	"github.com/alkblobfs/alkblobfs/engines"
 	"github.com/alkblobfs/alkblobfs/engines/enginetest"
 	"github.com/alkblobfs/alkblobfs/engines/sqlite"
+	"github.com/alkblobfs/alkblobfs/meta"
 	"github.com/alkblobfs/alkblobfs/meta/metatest"
 )
 
@@ -360,8 +360,8 @@ func TestPutFailureLeavesNoOrphan(t *testing.T) {
 	if ok, err := e.Has(ctx, blob.Sum(bad)); err != nil || ok {
 		t.Fatalf("Has after the failed put = %v, %v", ok, err)
 	}
-	if _, err := e.PutTx(ctx, blob.Sum(bad), bad, func(ctx context.Context, tx *sql.Tx) error { return nil }); err == nil {
-		t.Fatal("PutTx of a failing value succeeded")
+	if _, err := e.PutRows(ctx, blob.Sum(bad), bad, meta.Rows{}); err == nil {
+		t.Fatal("PutRows of a failing value succeeded")
 	}
 	long := bytes.Repeat([]byte("k"), 7777)
 	if _, err := e.Put(ctx, blob.Sum(long), long); err == nil || !strings.Contains(err.Error(), "injected key failure") {
@@ -401,13 +401,13 @@ func TestPutFailureLeavesNoOrphan(t *testing.T) {
 		wantBlob(t, e, fmt.Appendf(nil, "ok %d", i))
 	}
 
-	// Dedup, by Put and by PutTx.
+	// Dedup, by Put and by PutRows.
 	v := []byte("ok 0")
 	if ok, err := e.Put(ctx, blob.Sum(v), v); err != nil || ok {
 		t.Fatalf("dedup Put = %v, %v", ok, err)
 	}
-	if ok, err := e.PutTx(ctx, blob.Sum(v), v, nil); err != nil || ok {
-		t.Fatalf("dedup PutTx = %v, %v", ok, err)
+	if ok, err := e.PutRows(ctx, blob.Sum(v), v, meta.Rows{}); err != nil || ok {
+		t.Fatalf("dedup PutRows = %v, %v", ok, err)
 	}
 	if got := count(t, db, `SELECT count(*) FROM blob_values`); got != n/2 {
 		t.Fatalf("after dedups, %d value rows; want %d", got, n/2)

@@ -26,7 +26,7 @@ type Engine struct {
 	path string // absolute path of the database file
 	db   *sql.DB
 	ro   bool // opened read-only (readOnly)
-	// batch commits PutTx and the registry's links in shared
+	// batch commits PutRows and the registry's links in shared
 	// transactions; nil when read-only.
 	batch *engines.Batcher
 	// syncs shares Sync's runs; wal is what they sync (sync.go).
@@ -53,7 +53,7 @@ var (
 	_ engines.KV           = (*Engine)(nil)
 	_ engines.ReadOnly     = (*Engine)(nil)
 	_ engines.SQL          = (*Engine)(nil)
-	_ engines.TxPutter     = (*Engine)(nil)
+	_ meta.Putter          = (*Engine)(nil)
 	_ engines.DeleteSafe   = (*Engine)(nil)
 	_ engines.BatchDeleter = (*Engine)(nil)
 	_ engines.BatchSizer   = (*Engine)(nil)

@@ -26,11 +26,12 @@ func (h *dropSeen) DropOwner(ctx context.Context, owner string) error {
 	return h.SerialHost.DropOwner(ctx, owner)
 }
 
-// TestPinLinkedCloseWaits: a rowless put (PinLinked on SQLite) keeps the
-// discipline of PinPublish's row writes: Close waits for its transaction
-// to end before it drops the owner's rows and lets the store close the
-// database under it, and a put after Close has begun is refused.
-func TestPinLinkedCloseWaits(t *testing.T) {
+// TestRowlessPublishCloseWaits: a rowless put (BeginPublish, linked, on
+// SQLite) keeps the discipline of a put that writes its pin row: Close
+// waits for its transaction to end before it drops the owner's rows and
+// lets the store close the database under it, and a put after Close has
+// begun is refused.
+func TestRowlessPublishCloseWaits(t *testing.T) {
 	ctx := t.Context()
 	e, err := sqlite.Open(ctx, filepath.Join(t.TempDir(), "kv.db"))
 	if err != nil {
@@ -43,11 +44,18 @@ func TestPinLinkedCloseWaits(t *testing.T) {
 	started, finish := make(chan struct{}), make(chan struct{})
 	put := make(chan error, 1)
 	go func() {
-		pin, err := c.PinLinked(ctx, dg(1), func(row gc.RowFunc) error {
+		pub, row, err := c.BeginPublish(ctx, dg(1), true)
+		if err == nil && row != nil {
+			err = errors.New("a linked put on SQLite was handed a pin row")
+		}
+		if err != nil {
 			close(started)
-			<-finish // the put's transaction, still running
-			return nil
-		})
+			put <- err
+			return
+		}
+		close(started)
+		<-finish // the put's transaction, still running
+		pin, err := pub.Done(nil)
 		pin.Release()
 		put <- err
 	}()
@@ -60,7 +68,11 @@ func TestPinLinkedCloseWaits(t *testing.T) {
 	probe := make(chan error, 1)
 	go func() {
 		for {
-			pin, err := c.PinLinked(ctx, dg(2), func(gc.RowFunc) error { return nil })
+			pub, _, err := c.BeginPublish(ctx, dg(2), true)
+			var pin *gc.Pin
+			if err == nil {
+				pin, err = pub.Done(nil)
+			}
 			if err != nil {
 				probe <- err
 				return
