@@ -42,6 +42,10 @@ func (e *Engine) Stage(ctx context.Context) (engines.Stage, error) {
 // the lock for a moment (and we start over) or it removes the file (it is
 // then no longer the one at its path, and we start over).
 func (e *Engine) createLocked(pattern string) (*os.File, error) {
+	// Locked before it has a name, where the filesystem can: no window.
+	if f, err := createLockedUnnamed(e.stageDir, pattern); !errors.Is(err, errNoTmpfile) {
+		return f, err
+	}
 	for range 8 {
 		f, err := os.CreateTemp(e.stageDir, pattern)
 		if err != nil {

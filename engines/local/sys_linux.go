@@ -2,9 +2,14 @@ package local
 
 import (
 	"errors"
+	"fmt"
 	"io"
 	"io/fs"
+	"math/rand/v2"
 	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
 
 	"golang.org/x/sys/unix"
 )
@@ -86,4 +91,40 @@ func seekData(f *os.File, off int64) (start, end int64, err error) {
 // metadata, no flush; not a durability point).
 func startWriteback(f *os.File, off, n int64) error {
 	return unix.SyncFileRange(int(f.Fd()), off, n, unix.SYNC_FILE_RANGE_WRITE)
+}
+
+// errNoTmpfile: the stage directory's filesystem cannot make an unnamed
+// file (O_TMPFILE); createLocked then names the file first.
+var errNoTmpfile = errors.New("no O_TMPFILE")
+
+// createLockedUnnamed makes a file in dir that is locked before it has a
+// name: an unnamed one (O_TMPFILE), locked, then linked under a name
+// from pattern (os.CreateTemp's). No other process's stale-stage sweep
+// can find it unlocked.
+func createLockedUnnamed(dir, pattern string) (*os.File, error) {
+	fd, err := unix.Open(dir, unix.O_TMPFILE|unix.O_RDWR|unix.O_CLOEXEC, 0o600)
+	if errors.Is(err, unix.EOPNOTSUPP) || errors.Is(err, unix.EISDIR) || errors.Is(err, unix.EINVAL) {
+		return nil, errNoTmpfile
+	}
+	if err != nil {
+		return nil, &os.PathError{Op: "open", Path: dir, Err: err}
+	}
+	if err := unix.Flock(fd, unix.LOCK_EX|unix.LOCK_NB); err != nil {
+		unix.Close(fd)
+		return nil, &os.PathError{Op: "flock", Path: dir, Err: err}
+	}
+	prefix, suffix, _ := strings.Cut(pattern, "*")
+	for range 16 {
+		path := filepath.Join(dir, prefix+strconv.FormatUint(rand.Uint64(), 36)+suffix)
+		err := unix.Linkat(unix.AT_FDCWD, "/proc/self/fd/"+strconv.Itoa(fd), unix.AT_FDCWD, path, unix.AT_SYMLINK_FOLLOW)
+		if err == nil {
+			return os.NewFile(uintptr(fd), path), nil
+		}
+		if !errors.Is(err, unix.EEXIST) {
+			unix.Close(fd)
+			return nil, &os.LinkError{Op: "link", Old: "O_TMPFILE", New: path, Err: err}
+		}
+	}
+	unix.Close(fd)
+	return nil, fmt.Errorf("name a stage file in %s: every name tried exists", dir)
 }

@@ -26,3 +26,7 @@ func seekData(f *os.File, off int64) (start, end int64, err error) {
 
 // startWriteback: no sync_file_range here; the fsync at Commit writes all.
 func startWriteback(f *os.File, off, n int64) error { return nil }
+
+var errNoTmpfile = errors.New("no O_TMPFILE")
+
+func createLockedUnnamed(dir, pattern string) (*os.File, error) { return nil, errNoTmpfile }
