@@ -2,8 +2,9 @@ package meta
 
 import "context"
 
-// NSQueries are the namespaces' statements by name, for the tests of
-// their plans and placeholders.
+// NSQueries are the namespaces' statements by name, every one that
+// reads or writes ns_refs or ns_pending (batches of two digests where the
+// size varies), for the tests of their plans and placeholders.
 func NSQueries(dialect string) map[string]string {
 	q := newNSQueries(dialect)
 	return map[string]string{
@@ -11,6 +12,14 @@ func NSQueries(dialect string) map[string]string {
 		"liveAmong2": liveAmongQuery(dialect, 2),
 		"held":       q.held, "pendHeld": q.pendHeld, "lockNS": q.lockNS, "takeRef": q.takeRef,
 		"linkRows": q.linkRows, "usage": q.usage,
+		"remove": q.remove, "linkIf": q.linkIf, "has": q.has,
+		"pend": q.pend, "renew": q.renew, "settleTake": q.settleTake, "settleLink": q.settleLink,
+		"recoverLink": q.recoverLink, "recoverTake": q.recoverTake,
+		"anyPending": q.anyPending, "intentNS": q.intentNS, "takeIntent": q.takeIntent,
+		"recount": q.recount, "unique": q.unique,
+		"unsized": q.unsized, "refsSetSize": q.refsSetSize, "pendingSetSize": q.pendingSetSize,
+		"refsAmong2": refsAmongQuery(dialect, 2), "pendingAmong2": pendingAmongQuery(dialect, 2),
+		"holders": holdersQuery,
 	}
 }
 

@@ -180,9 +180,12 @@ func (l *Links) Recover(ctx context.Context, holder string) (int, error) {
 	return int(n), err
 }
 
+// holdersQuery is Holders' statement.
+const holdersQuery = `SELECT DISTINCT holder FROM ns_pending`
+
 // Holders lists the holders that have intents.
 func (l *Links) Holders(ctx context.Context) ([]string, error) {
-	rows, err := l.db.QueryContext(ctx, `SELECT DISTINCT holder FROM ns_pending`)
+	rows, err := l.db.QueryContext(ctx, holdersQuery)
 	if err != nil {
 		return nil, err
 	}

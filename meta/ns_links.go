@@ -200,8 +200,7 @@ func (l *Links) chargeOfAdded(ctx context.Context, tx *sql.Tx, name string, adde
 		for _, a := range batch {
 			args = append(args, a.Digest[:])
 		}
-		rows, err := tx.QueryContext(ctx, rebindNS(l.dialect,
-			"SELECT DISTINCT digest FROM ns_pending WHERE ns = ? AND digest IN "+inList(len(batch))), args...)
+		rows, err := tx.QueryContext(ctx, pendingAmongQuery(l.dialect, len(batch)), args...)
 		if err != nil {
 			return 0, 0, err
 		}
@@ -282,7 +281,7 @@ func (l *Links) HasMany(ctx context.Context, name string, ds []blob.Digest) (map
 		for _, d := range batch {
 			args = append(args, d[:])
 		}
-		rows, err := l.db.QueryContext(ctx, rebindNS(l.dialect, "SELECT digest FROM ns_refs WHERE ns = ? AND digest IN "+inList(len(batch))), args...)
+		rows, err := l.db.QueryContext(ctx, refsAmongQuery(l.dialect, len(batch)), args...)
 		if err != nil {
 			return nil, err
 		}
@@ -401,9 +400,7 @@ func (l *Links) LivePage(ctx context.Context, after *blob.Digest, n int) ([]blob
 // (nil: from the start), that a reference or an intent made before sizes
 // were kept names.
 func (l *Links) UnsizedPage(ctx context.Context, after *blob.Digest, n int) ([]blob.Digest, error) {
-	q := rebindNS(l.dialect, `SELECT digest FROM ns_refs WHERE size IS NULL AND digest > ?
-		UNION SELECT digest FROM ns_pending WHERE size IS NULL AND digest > ? ORDER BY 1 LIMIT ?`)
-	rows, err := l.db.QueryContext(ctx, q, nsKey(after), nsKey(after), n)
+	rows, err := l.db.QueryContext(ctx, l.q.unsized, nsKey(after), nsKey(after), n)
 	if err != nil {
 		return nil, err
 	}
@@ -415,8 +412,8 @@ func (l *Links) UnsizedPage(ctx context.Context, after *blob.Digest, n int) ([]b
 // SetSize records d's size in the rows that lack it.
 func (l *Links) SetSize(ctx context.Context, d blob.Digest, size int64) error {
 	return l.inTx(ctx, func(ctx context.Context, tx *sql.Tx) error {
-		for _, table := range []string{"ns_refs", "ns_pending"} {
-			if _, err := tx.ExecContext(ctx, rebindNS(l.dialect, `UPDATE `+table+` SET size = ? WHERE digest = ? AND size IS NULL`), size, d[:]); err != nil {
+		for _, q := range []string{l.q.refsSetSize, l.q.pendingSetSize} {
+			if _, err := tx.ExecContext(ctx, q, size, d[:]); err != nil {
 				return err
 			}
 		}

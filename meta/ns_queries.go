@@ -21,6 +21,8 @@ type nsQueries struct {
 	unique, recount, setQuota, setUsage  string
 	linkRows                             string // linkBatch rows per INSERT
 	anyPending                           string
+	// sizes (FillSizes)
+	unsized, refsSetSize, pendingSetSize string
 }
 
 // linkBatch is how many rows one LinkMany INSERT carries: 1024 bind
@@ -61,6 +63,11 @@ func newNSQueries(dialect string) nsQueries {
 		// means to.
 		isLive: r(`SELECT 1 FROM ns_refs WHERE digest = ? UNION ALL SELECT 1 FROM ns_pending WHERE digest = ? LIMIT 1`),
 		live:   r(`SELECT digest FROM ns_refs WHERE digest > ? UNION SELECT digest FROM ns_pending WHERE digest > ? ORDER BY 1 LIMIT ?`),
+
+		unsized: r(`SELECT digest FROM ns_refs WHERE size IS NULL AND digest > ?
+			UNION SELECT digest FROM ns_pending WHERE size IS NULL AND digest > ? ORDER BY 1 LIMIT ?`),
+		refsSetSize:    r(`UPDATE ns_refs SET size = ? WHERE digest = ? AND size IS NULL`),
+		pendingSetSize: r(`UPDATE ns_pending SET size = ? WHERE digest = ? AND size IS NULL`),
 	}
 	if dialect == "postgres" {
 		// PostgreSQL sorts a whole UNION before its LIMIT: limit each
@@ -86,6 +93,17 @@ func newNSQueries(dialect string) nsQueries {
 	q.usageQueries(dialect)
 	q.linkRows = linkRowsQuery(dialect, linkBatch)
 	return q
+}
+
+// refsAmongQuery is which of n digests a namespace references (HasMany).
+func refsAmongQuery(dialect string, n int) string {
+	return rebindNS(dialect, "SELECT digest FROM ns_refs WHERE ns = ? AND digest IN "+inList(n))
+}
+
+// pendingAmongQuery is which of n digests a namespace holds by an intent
+// (chargeOfAdded: an intent already counted what a link adds).
+func pendingAmongQuery(dialect string, n int) string {
+	return rebindNS(dialect, "SELECT DISTINCT digest FROM ns_pending WHERE ns = ? AND digest IN "+inList(n))
 }
 
 func linkRowsQuery(dialect string, rows int) string {

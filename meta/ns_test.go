@@ -2,7 +2,10 @@ package meta_test
 
 import (
 	"context"
+	"errors"
 	"path/filepath"
+	"regexp"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -65,7 +68,7 @@ func TestNSSQLiteQueryPlans(t *testing.T) {
 		{"lockNS", q["lockNS"], []any{"a"}},
 		{"takeRef", q["takeRef"], []any{"a", k}},
 		// FillSizes at every open: the partial index, empty once filled.
-		{"unsized", "SELECT digest FROM ns_refs WHERE size IS NULL AND digest > ? ORDER BY digest LIMIT 10", []any{k}},
+		{"unsized", q["unsized"], []any{k, k, 10}},
 	} {
 		rows, err := e.DB().QueryContext(ctx, "EXPLAIN QUERY PLAN "+tc.q, tc.args...)
 		if err != nil {
@@ -93,6 +96,79 @@ func TestNSSQLiteQueryPlans(t *testing.T) {
 		}
 	}
 }
+
+// TestNSSQLiteIndexesRead: every index of the tables a small close
+// writes (ns_refs, ns_pending) is read by one of the namespaces'
+// statements. Each index costs every close a b-tree page in the WAL and
+// again at the checkpoint, so one that no statement reads is a cost with
+// no use: drop it (docs/gc.md, "What a small close writes"). The log says
+// which statements read each index.
+func TestNSSQLiteIndexesRead(t *testing.T) {
+	ctx := context.Background()
+	e, err := sqlite.Open(ctx, filepath.Join(t.TempDir(), "kv.db"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer e.Close()
+	if _, err := meta.OpenLinks(ctx, meta.LinksConfig{Engine: e}); err != nil {
+		t.Fatal(err)
+	}
+	k := make([]byte, 32)
+	readers := map[string][]string{}
+	for name, q := range meta.NSQueries("sqlite") {
+		args := make([]any, strings.Count(q, "?"))
+		for i := range args {
+			args[i] = k
+		}
+		rows, err := e.DB().QueryContext(ctx, "EXPLAIN QUERY PLAN "+q, args...)
+		if err != nil {
+			t.Fatalf("%s: %v", name, err)
+		}
+		for rows.Next() {
+			var id, parent, notused int
+			var detail string
+			if err := rows.Scan(&id, &parent, &notused, &detail); err != nil {
+				t.Fatal(err)
+			}
+			if m := planIndex.FindStringSubmatch(detail); m != nil && !slices.Contains(readers[m[1]], name) {
+				readers[m[1]] = append(readers[m[1]], name)
+			}
+		}
+		if err := errors.Join(rows.Err(), rows.Close()); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// sql IS NULL: the automatic index of a UNIQUE or PRIMARY KEY
+	// constraint, which enforces the constraint.
+	rows, err := e.DB().QueryContext(ctx, `SELECT name FROM sqlite_master
+		WHERE type = 'index' AND tbl_name IN ('ns_refs', 'ns_pending') AND sql IS NOT NULL ORDER BY name`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer rows.Close()
+	var n int
+	for rows.Next() {
+		var idx string
+		if err := rows.Scan(&idx); err != nil {
+			t.Fatal(err)
+		}
+		n++
+		slices.Sort(readers[idx])
+		t.Logf("%s: %s", idx, strings.Join(readers[idx], ", "))
+		if len(readers[idx]) == 0 {
+			t.Errorf("no statement reads the index %s, which every write of its table updates", idx)
+		}
+	}
+	if err := rows.Err(); err != nil {
+		t.Fatal(err)
+	}
+	if n == 0 {
+		t.Fatal("found no index on ns_refs or ns_pending: the check checks nothing")
+	}
+}
+
+// planIndex finds the index a step of EXPLAIN QUERY PLAN reads.
+var planIndex = regexp.MustCompile(`USING (?:COVERING )?INDEX (\w+)`)
 
 // TestNSSettleGroup: settles that go in one statement (PostgreSQL) link
 // each (namespace, digest) once, and each caller learns whether its own
