@@ -66,6 +66,7 @@ func mmapHelper(path string) int {
 }
 
 func TestMmap(t *testing.T) {
+	t.Parallel() // reads blobs, in a child: no file of incoming/ open here
 	for _, spec := range storeSpecs {
 		t.Run(spec.name, func(t *testing.T) { testMmap(t, spec) })
 	}
@@ -285,6 +286,7 @@ func TestPassthrough(t *testing.T) {
 // TestListing: a namespace larger than a registry page lists completely,
 // in order, and ls -l shows sizes.
 func TestListing(t *testing.T) {
+	t.Parallel() // puts through the store, forks ls: no file of incoming/ open here
 	e := mountStore(t, defaultSpec)
 	e.mkns("l")
 	ctx := context.Background()
