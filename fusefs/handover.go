@@ -482,11 +482,7 @@ func TakeOver(fd int, state []byte, files []*os.File, cfg Config) (*Server, erro
 		syscall.Close(fd)
 		return abandon(fmt.Errorf("restored %d of %d open handles: %v", res.Files, len(st.Table.Files), errors.Join(res.Skipped...)))
 	}
-	raw := bridge
-	if cfg.Observe != nil {
-		raw = &timedFS{RawFileSystem: raw, observe: cfg.Observe}
-	}
-	server, err := fuse.NewServerOnFD(raw, fd, st.Init, &opts.MountOptions)
+	server, err := fuse.NewServerOnFD(f.observed(bridge), fd, st.Init, &opts.MountOptions)
 	if err != nil {
 		return abandon(fmt.Errorf("option fixed at INIT: %w", err))
 	}
@@ -516,12 +512,17 @@ func TakeOver(fd int, state []byte, files []*os.File, cfg Config) (*Server, erro
 // would run twice (a second OPEN's handle and pin the kernel never
 // learns of, a second RELEASE of a handle slot already given to a new
 // open).
-func (m *Server) Serve() {
+func (m *Server) Serve() { m.serveResent("took over", "the old daemon") }
+
+// serveResent serves a connection another process served before (a
+// takeover's, a restart's): the kernel first resends what that process
+// read and never answered (predecessor names it in a warning).
+func (m *Server) serveResent(msg, predecessor string) {
 	if st := m.server.NotifyResend(); !st.Ok() {
-		m.fs.log.Warn("handover: NOTIFY_RESEND failed: requests the old daemon left unanswered may wait", "status", st)
+		m.fs.log.Warn("NOTIFY_RESEND failed: requests "+predecessor+" left unanswered may wait", "status", st)
 	}
 	go m.server.Serve()
-	m.start("took over")
+	m.start(msg)
 }
 
 // Abandon undoes TakeOver when the predecessor does not let go: the

@@ -73,11 +73,7 @@ func Mount(dir string, cfg Config) (*Server, error) {
 	f.intents.start(abs)
 	opts := f.nodeOptions()
 	bridge := gofs.NewNodeFS(f.root, opts)
-	raw := bridge
-	if cfg.Observe != nil {
-		raw = &timedFS{RawFileSystem: raw, observe: cfg.Observe}
-	}
-	server, err := fuse.NewServer(raw, abs, &opts.MountOptions)
+	server, err := fuse.NewServer(f.observed(bridge), abs, &opts.MountOptions)
 	if err != nil {
 		f.intents.close()
 		return nil, mountError(abs, err)
@@ -132,6 +128,15 @@ func (m *Server) start(msg string) {
 		server.Wait()
 		m.cleanup()
 	}()
+}
+
+// observed is the node table as the server calls it: timed, when the
+// mount's requests are observed (Config.Observe).
+func (f *FS) observed(bridge fuse.RawFileSystem) fuse.RawFileSystem {
+	if f.cfg.Observe == nil {
+		return bridge
+	}
+	return &timedFS{RawFileSystem: bridge, observe: f.cfg.Observe}
 }
 
 // nodeOptions are the mount's go-fuse options: a mount and a takeover

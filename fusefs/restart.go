@@ -144,22 +144,14 @@ func Restart(r *Restarted, cfg Config) (*Server, error) {
 		f.intents.close()
 		return nil, fmt.Errorf("restart: %w", err)
 	}
-	raw := bridge
-	if cfg.Observe != nil {
-		raw = &timedFS{RawFileSystem: raw, observe: cfg.Observe}
-	}
-	server, err := fuse.NewServerOnFD(raw, r.fd, r.init, &opts.MountOptions)
+	server, err := fuse.NewServerOnFD(f.observed(bridge), r.fd, r.init, &opts.MountOptions)
 	if err != nil {
 		f.intents.close()
 		return nil, fmt.Errorf("restart: %w", err)
 	}
 	m := &Server{fs: f, server: server, bridge: bridge, dir: dir, done: make(chan struct{})}
 	f.mount = m
-	if st := server.NotifyResend(); !st.Ok() {
-		f.log.Warn("restart: NOTIFY_RESEND failed: requests the dead daemon left unanswered may wait", "status", st)
-	}
-	go server.Serve()
-	m.start("restarted after a crash")
+	m.serveResent("restarted after a crash", "the dead daemon")
 	return m, nil
 }
 

@@ -26,14 +26,7 @@ func TestPutBatchOneStatement(t *testing.T) {
 	e := open(t, pgtest.DSN(t))
 	defer e.Close()
 	ctx := t.Context()
-	reg, err := namespaces.OpenSQL(ctx, e, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	ns := fmt.Sprint("fast", time.Now().UnixNano())
-	if err := reg.Create(ctx, ns); err != nil {
-		t.Fatal(err)
-	}
+	reg, ns := namespaceIn(t, e, "fast")
 	owner := t.Name()
 	defer e.Meta().Host.DropOwner(context.Background(), owner)
 	pend := func(name string, d blob.Digest, size int, out *namespaces.Intent) meta.Rows {
@@ -87,7 +80,7 @@ func TestPutBatchOneStatement(t *testing.T) {
 	// An absent namespace.
 	v3 := []byte(owner + " absent " + ns)
 	d3 := blob.Sum(v3)
-	_, err = e.PutRows(ctx, d3, v3, pend(ns+"-absent", d3, len(v3), &i))
+	_, err := e.PutRows(ctx, d3, v3, pend(ns+"-absent", d3, len(v3), &i))
 	if !errors.Is(err, namespaces.ErrNotFound) {
 		t.Fatalf("a put with an intent for an absent namespace = %v; want ErrNotFound", err)
 	}
@@ -239,14 +232,7 @@ func TestPutReplacingIntentDropsTheOld(t *testing.T) {
 	e := open(t, pgtest.DSN(t))
 	defer e.Close()
 	ctx := t.Context()
-	reg, err := namespaces.OpenSQL(ctx, e, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	ns := fmt.Sprint("replace", time.Now().UnixNano())
-	if err := reg.Create(ctx, ns); err != nil {
-		t.Fatal(err)
-	}
+	reg, ns := namespaceIn(t, e, "replace")
 	put := func(v string, id, replaces int64) {
 		t.Helper()
 		d := blob.Sum([]byte(v))
@@ -276,4 +262,19 @@ func TestPutReplacingIntentDropsTheOld(t *testing.T) {
 	if n := pending(second); n != 1 {
 		t.Errorf("the replacing intent: %d rows pending; want 1", n)
 	}
+}
+
+// namespaceIn opens e's namespace registry and creates a namespace of
+// its own in it, named prefix and the time.
+func namespaceIn(t *testing.T, e *postgres.Engine, prefix string) (*namespaces.SQL, string) {
+	t.Helper()
+	reg, err := namespaces.OpenSQL(t.Context(), e, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ns := fmt.Sprint(prefix, time.Now().UnixNano())
+	if err := reg.Create(t.Context(), ns); err != nil {
+		t.Fatal(err)
+	}
+	return reg, ns
 }
