@@ -22,7 +22,7 @@
 # of the same filesystem (the ratio is native ÷ mount, 1.0 is native
 # speed).
 #
-#   scripts/measure-small.sh [-n N] [-r REPS] [--tool cp|tar|rsync] [--base BIN|COMMIT] [--bin BIN] [--quota] [--profile DIR]
+#   scripts/measure-small.sh [-n N] [-r REPS] [--tool cp|tar|rsync] [--base BIN|COMMIT] [--bin BIN] [--quota] [--profile DIR] [--pages]
 #
 #   -n N            files per run (default 10000)
 #   -r REPS         repetitions (default 3); medians are printed
@@ -44,12 +44,20 @@
 #                   go tool pprof -sample_index=alloc_objects) into DIR as
 #                   LABEL.cpu.pprof and LABEL.heap.pprof, beside the
 #                   binary, LABEL.bin (LABEL is before or after)
+#   --pages         after the timed repetitions, one more copy per binary
+#                   (never timed) under strace, which records every page
+#                   the daemon writes to the kv database: WAL frames, and
+#                   the checkpoint's writes into the database file; each
+#                   page is then named by the b-tree (table or index) that
+#                   holds it (sqlite3's dbstat), and the pages per file of
+#                   each are printed: what sets KiB/file. Needs strace and
+#                   sqlite3.
 #
 # Needs root (mount(2)) and FUSE. Work happens in $SMALL_DIR (default
 # /var/tmp): sources, stores and the native target share one filesystem.
 set -euo pipefail
 
-n=10000 reps=3 base= bin= profile= tool=cp quota=
+n=10000 reps=3 base= bin= profile= tool=cp quota= pages=
 while (($#)); do
 	case $1 in
 	-n) n=$2; shift 2 ;;
@@ -59,6 +67,7 @@ while (($#)); do
 	--bin) bin=$2; shift 2 ;;
 	--profile) profile=$2; shift 2 ;;
 	--quota) quota=1; shift ;;
+	--pages) pages=1; shift ;;
 	-h | --help) sed -n '2,/^set -e/p' "$0" | sed '$d; s/^# \{0,1\}//'; exit 0 ;;
 	*) echo "measure-small.sh: unknown argument $1 (see --help)" >&2; exit 2 ;;
 	esac
@@ -67,6 +76,11 @@ done
 [[ $reps =~ ^[1-9][0-9]*$ ]] || { echo "measure-small.sh: -r wants a positive count, not $reps" >&2; exit 2; }
 case $tool in cp | tar | rsync) ;; *) echo "measure-small.sh: --tool wants cp, tar or rsync, not $tool" >&2; exit 2 ;; esac
 command -v "$tool" >/dev/null || { echo "measure-small.sh: $tool is not installed" >&2; exit 1; }
+if [[ -n $pages ]]; then
+	for c in strace sqlite3; do
+		command -v "$c" >/dev/null || { echo "measure-small.sh: --pages needs $c" >&2; exit 1; }
+	done
+fi
 [[ $(id -u) == 0 ]] || { echo "measure-small.sh: run as root (mount(2))" >&2; exit 1; }
 
 root=$(cd "$(dirname "$0")/.." && pwd)
@@ -218,5 +232,65 @@ awk -F'\t' "$MEDIAN_AWK"'
 			printf "  %-7s %14s %12s %14.3f %12.3f %14.3f %8.2f\n", k, (k == "native" ? "-" : sprintf("%.1f", mc)), (k == "native" ? "-" : sprintf("%.2f", mk)), mw, mw * 1000 / '"$n"', ml, nat / ml
 		}
 	}' "$results"
+# pages LABEL: one untimed copy with binary LABEL under strace, then the
+# pages it wrote to the kv database, by b-tree. A WAL frame is written as
+# its 24-byte header (the page number, big-endian, first) and then the
+# page; a checkpoint writes page P at offset (P-1) x page size of the
+# database file.
+pages() {
+	local label=$1 b=$work/$1 data=$work/pages-$1 mnt=$work/pmnt-$1 pid st trace=$work/pages-$1.trace psize got
+	mkdir -p "$data" && chmod 700 "$data"
+	"$b" --data "$data" ns create bench >/dev/null
+	mountfs "$b" "$mnt" --data "$data" mount
+	pid=$(<"$mnt.pid")
+	strace -f -qq -p "$pid" -e trace=pwrite64 -y -s 4 -xx -o "$trace" &
+	st=$!
+	# strace prints its attach only with -q off; wait for a first trace line
+	# instead: a put of its own, outside the copy.
+	printf probe >"$mnt/bench/incoming/probe"
+	for _ in $(seq 1 100); do [[ -s $trace ]] && break; sleep 0.05; done
+	[[ -s $trace ]] || { echo "$PROG: strace recorded nothing 5 s after attaching to $pid" >&2; exit 1; }
+	wc -l <"$trace" >"$trace.skip"
+	copy "$mnt/bench/incoming/s"
+	for _ in $(seq 1 600); do
+		got=$(listed "$b" "$data")
+		((got >= n + 1)) && break
+		sleep 0.05
+	done
+	kill "$st"; wait "$st" 2>/dev/null || true
+	umountfs "$mnt"
+	psize=$(sqlite3 "$data/kv.db" 'PRAGMA page_size')
+	tail -n +"$(($(<"$trace.skip") + 1))" "$trace" | python3 -c '
+import collections, re, subprocess, sys
+n, db, psize, label = int(sys.argv[1]), sys.argv[2], int(sys.argv[3]), sys.argv[4]
+owner = {}
+for line in subprocess.run(["sqlite3", db, "SELECT pageno, name, pagetype FROM dbstat"], capture_output=True, text=True, check=True).stdout.splitlines():
+    p, name, kind = line.split("|")
+    owner[int(p)] = name + " (" + kind + ")"
+call = re.compile(r"pwrite64\(\d+<((?:\\x[0-9a-f]{2})+)>, \"((?:\\x[0-9a-f]{2})*)\"(?:\.\.\.)?, (\d+), (\d+)\)")
+unhex = lambda h: bytes.fromhex(h.replace("\\x", ""))
+wal, chk = collections.Counter(), collections.Counter()
+for line in sys.stdin:
+    m = call.search(line)
+    if not m:
+        continue
+    path, head, size, off = unhex(m.group(1)).decode(), unhex(m.group(2)), int(m.group(3)), int(m.group(4))
+    if path.endswith(".db-wal") and size == 24:
+        wal[owner.get(int.from_bytes(head, "big"), "freed")] += 1
+    elif path.endswith(".db") and size == psize:
+        chk[owner.get(off // psize + 1, "freed")] += 1
+print(f"\n{label}: pages written per file, by b-tree ({n} files, {psize}-byte pages)")
+print("  %-40s %8s %11s" % ("b-tree", "WAL", "checkpoint"))
+for k in sorted(set(wal) | set(chk), key=lambda k: -(wal[k] + chk[k])):
+    print(f"  {k:40} {wal[k] / n:8.2f} {chk[k] / n:11.2f}")
+tw, tc = sum(wal.values()), sum(chk.values())
+print("  " + "total".ljust(40) + f" {tw / n:8.2f} {tc / n:11.2f}   = {(tw + tc) * psize / 1024 / n:.1f} KiB/file")
+' "$n" "$data/kv.db" "$psize" "$label"
+	rm -rf "$data" "$mnt"
+}
+if [[ -n $pages ]]; then
+	for l in "${labels[@]}"; do pages "$l"; done
+fi
+
 [[ -n $profile ]] && echo "profiles in $profile (go tool pprof -top $profile/after.bin $profile/after.cpu.pprof; -sample_index=alloc_objects for the heap ones)"
 exit 0
