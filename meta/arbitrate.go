@@ -23,8 +23,9 @@ const (
 // that holds their exclusive lock, and what nothing protects is deleted
 // before it commits.
 type Arbitration struct {
-	// Digests are the candidates. Repeats are allowed: each gets its own
-	// outcome.
+	// Digests are the candidates. Repeats are allowed, each with an
+	// outcome of its own: the kv rows go at the first, and a later one
+	// finds them gone (NotHeld).
 	Digests []blob.Digest
 	// Live are what keep digests live from tables of the host's own
 	// database (namespace links and intents, liveness tables), read after

@@ -23,8 +23,10 @@
 // out as a [State] ([Holder]); the store gives the kv engine's (or, for
 // the window alone, the large engine's) to the collector and its own
 // verdicts. Package gc and package store reach the state only through
-// [Host], [SerialHost], [Window], [Ledger] and [Lease], and engines keep
-// blob storage only. docs/architecture_test.go holds every other package
+// [Host] (a delete's arbitration: [Arbitration], [Liveness]),
+// [SerialHost], [Window], [Ledger] and [Lease], and engines keep blob
+// storage only, handing this package the statement that deletes a blob's
+// rows at open. docs/architecture_test.go holds every other package
 // to that: no non-test file outside meta names these tables in SQL.
 //
 // # Tables

@@ -16,8 +16,7 @@ import (
 
 // SQLite is the shared state in a SQLite database (the sqlite kv engine's
 // file): pins, arbitration and the sweep lease (Host, SerialHost), the
-// delete window, the corrupt ledger and the row clock
-// (sqlite_clock.go).
+// delete window, the corrupt ledger and the row clock (sqlite_clock.go).
 //
 // Its arbitration lock is the database's write lock: every transaction on
 // the database begins IMMEDIATE (the engine opens it with
