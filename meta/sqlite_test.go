@@ -218,7 +218,7 @@ func TestArbitrateCanceledCaller(t *testing.T) {
 	cancel()
 	time.Sleep(20 * time.Millisecond) // for the driver to see it
 	close(ch)
-	wg.Wait()
+	waitAll(t, &wg)
 	if otherErr != nil || arbErr != nil || len(arbOut) != 1 || arbOut[0] != 1 {
 		t.Errorf("other job: %v; arbitration: %v, %v (want x deleted, its size 1)", otherErr, arbOut, arbErr)
 	}
@@ -228,6 +228,18 @@ func TestArbitrateCanceledCaller(t *testing.T) {
 	var n, blobs int
 	if err := e.DB().QueryRow(`SELECT (SELECT count(*) FROM t), (SELECT count(*) FROM blobs)`).Scan(&n, &blobs); err != nil || n != 1 || blobs != 0 {
 		t.Errorf("%d rows of t and %d blob rows committed (%v); want the other job's, and x deleted", n, blobs, err)
+	}
+}
+
+// waitAll waits for wg, for at most a minute.
+func waitAll(t *testing.T, wg *sync.WaitGroup) {
+	t.Helper()
+	done := make(chan struct{})
+	go func() { wg.Wait(); close(done) }()
+	select {
+	case <-done:
+	case <-time.After(time.Minute):
+		t.Fatal("the Batcher's jobs had not all returned a minute after they were let go")
 	}
 }
 
@@ -330,7 +342,7 @@ func TestSQLiteArbitrationRerun(t *testing.T) {
 	})
 	awaitQueued(t, e, 3)
 	close(stop)
-	wg.Wait()
+	waitAll(t, &wg)
 	if unlinkRuns != 2 || endRuns != 1 {
 		t.Fatalf("the unlink ran %d times, the ending job %d: the test wants the shared transaction rolled back and the other jobs run again", unlinkRuns, endRuns)
 	}

@@ -100,7 +100,13 @@ func (a rerunArb) Arbitrate(ctx context.Context, arb meta.Arbitration) ([]int64,
 	})
 	queued(3)
 	close(stop)
-	wg.Wait()
+	done := make(chan struct{})
+	go func() { wg.Wait(); close(done) }()
+	select {
+	case <-done:
+	case <-time.After(time.Minute):
+		return nil, errors.New("test: the Batcher's jobs had not all returned a minute after they were let go")
+	}
 	return out, err
 }
 

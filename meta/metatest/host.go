@@ -14,8 +14,7 @@ import (
 
 // Host checks the meta.Host contract on the state of the engines share
 // opens: pin rows, their renewal and reaping, that a TTL counts on the
-// row clock, the arbitration transaction and its lock, and the sweep
-// lease. share opens the same storage on every call: two engines from it
+// row clock, a delete's arbitration and its lock, and the sweep lease. share opens the same storage on every call: two engines from it
 // stand for two processes sharing one pool.
 //
 // No test can move the row clock: rows that must be expired are written
@@ -400,11 +399,18 @@ func testArbitrationLock(t *testing.T, sweeper, pinner host) {
 	case <-time.After(300 * time.Millisecond):
 	}
 	close(release)
-	if err := <-done; err != nil {
-		t.Fatal(err)
-	}
-	if err := <-pinDone; err != nil {
-		t.Fatal(err)
+	for _, c := range []struct {
+		what string
+		ch   chan error
+	}{{"the arbitration", done}, {"the pin that waited for it", pinDone}} {
+		select {
+		case err := <-c.ch:
+			if err != nil {
+				t.Fatalf("%s: %v", c.what, err)
+			}
+		case <-time.After(time.Minute):
+			t.Fatalf("%s did not return in a minute after the lock was released", c.what)
+		}
 	}
 	if got := pinned(t, sweeper, []blob.Digest{d}); !got[d] {
 		t.Fatal("the pin row that waited for the lock is not seen by the next arbitration")
