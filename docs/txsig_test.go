@@ -36,21 +36,10 @@ func TestNoTxInExportedSignatures(t *testing.T) {
 // it (docs/architecture.md, "How one close commits"). The list only
 // shrinks.
 var txStill = map[string]string{
-	// A delete's arbitration: the collector reads the liveness sources
-	// and deletes the kv rows in meta's transaction (a later step: one
-	// operation of meta).
-	"engines.TxDeleter":                    "DeleteManyTx",
-	"engines/sqlite.Engine.DeleteManyTx":   "engines.TxDeleter",
-	"engines/postgres.Engine.DeleteManyTx": "engines.TxDeleter",
-	"gc.TxPool":                            "the store's pool as an engines.TxDeleter",
-	"gc.TxSource":                          "LiveAmongTx",
-	"gc.Table.LiveAmongTx":                 "gc.TxSource",
-	"gc.AloneHost":                         "meta.SQLite.ArbitrateAlone",
-	"namespaces.SQL.LiveAmongTx":           "gc.TxSource",
 	// SQLite's group commit, whose jobs are transactions (issue 36's
 	// "one group commit").
 	"engines.Batcher.Do":      "the group commit's job",
-	"engines.Batcher.DoAlone": "meta.SQLite.ArbitrateAlone's transaction",
+	"engines.Batcher.DoAlone": "meta.SQLite.Arbitrate's second hold (Arbitration.Outside)",
 	"engines.InTx":            "a transaction of one's own",
 	"engines.Write":           "Do, or InTx without a Batcher",
 	// Bulk loading of a store, many puts to a transaction

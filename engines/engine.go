@@ -219,14 +219,6 @@ type BatchDeleter interface {
 	DeleteMany(ctx context.Context, ds []blob.Digest) ([]int64, error)
 }
 
-// TxDeleter is the kv engine of a store whose collector arbitrates in the
-// engine's database (meta.Host): DeleteManyTx is BatchDeleter.DeleteMany
-// inside tx, the arbitration's transaction, so that a rollback of it
-// restores the rows.
-type TxDeleter interface {
-	DeleteManyTx(ctx context.Context, tx *sql.Tx, ds []blob.Digest) ([]int64, error)
-}
-
 // BatchSizer is an optional capability for engines where one round trip
 // per Size dominates a listing (SQL engines): SizeMany returns each
 // digest's size, or -1 for a digest the engine does not hold.

@@ -3,7 +3,6 @@ package gc
 import (
 	"context"
 	"crypto/rand"
-	"database/sql"
 	"encoding/hex"
 	"errors"
 	"fmt"
@@ -40,14 +39,15 @@ type BatchSource interface {
 	LiveAmong(ctx context.Context, ds []blob.Digest) (map[blob.Digest]bool, error)
 }
 
-// TxSource is a Source kept in the host's database (namespace links, an
-// embedder's liveness table). With a host, arbitration asks it inside the
-// arbitration transaction, after the key locks are held, so a reference
-// committed before the delete is always seen.
-type TxSource interface {
+// SharedSource is a Source kept in the host's database (namespace
+// links, an embedder's liveness table). With a host, arbitration has the
+// host read it inside the arbitration transaction, after the key locks
+// are held, so a reference committed before the delete is always seen.
+type SharedSource interface {
 	Source
-	// LiveAmongTx returns the digests of ds that are live, read in tx.
-	LiveAmongTx(ctx context.Context, tx *sql.Tx, ds []blob.Digest) (map[blob.Digest]bool, error)
+	// Shared is the source's table as the host reads it
+	// (meta.Arbitration.Live).
+	Shared() meta.Liveness
 }
 
 // Protect is the embedder's protect callback, consulted once per sweep (and
@@ -72,33 +72,19 @@ type BatchPool interface {
 	DeleteMany(ctx context.Context, ds []blob.Digest) ([]int64, error)
 }
 
-// TxPool is the Pool capability a collector with a host needs. Its deletes
-// are of two kinds, because the host's arbitration transaction may roll
-// back, and on SQLite run again (see arbitratedDeleteMany):
-//
-//   - DeleteManyTx deletes what a rollback of tx takes back: the rows of
-//     ds in the host's own database (the kv tier). It returns each
-//     digest's size, or -1 for one it does not hold.
-//   - DeleteOutside deletes ds from the tiers outside that database (the
-//     large tier: files, large objects, S3 objects), which no rollback
-//     restores. The collector calls it only once the transaction that
-//     decided ds has committed, in a second hold of the arbitration lock
-//     that checks ds again. Same sizes. Outside reports whether there is
-//     such a tier.
-type TxPool interface {
-	DeleteManyTx(ctx context.Context, tx *sql.Tx, ds []blob.Digest) ([]int64, error)
+// OutsidePool is the Pool capability a collector with a host needs. The
+// host deletes the kv tier's rows itself, in its arbitration transaction
+// (meta.Host.Arbitrate), which may roll back and, on SQLite, run again.
+// DeleteOutside deletes ds from the tiers outside the host's database (the
+// large tier: files, large objects, S3 objects), which no rollback
+// restores: the collector calls it only once the transaction that decided
+// ds has committed, in a second hold of the arbitration lock that checks
+// ds again (meta.Arbitration.Outside). It returns each digest's size, or
+// -1 for one no such tier holds. Outside reports whether there is such a
+// tier.
+type OutsidePool interface {
 	Outside() bool
 	DeleteOutside(ctx context.Context, ds []blob.Digest) ([]int64, error)
-}
-
-// AloneHost is a host whose Arbitrate may share its transaction with
-// other writers' work and run fn again after that transaction rolled back
-// (SQLite's, through its Batcher). ArbitrateAlone takes the same lock in a
-// transaction of its own, shared with nothing, and runs fn in it once: fn
-// then reads only committed work, and may do what no rollback undoes. A
-// host without it (PostgreSQL) runs every Arbitrate that way already.
-type AloneHost interface {
-	ArbitrateAlone(ctx context.Context, ds []blob.Digest, fn func(ctx context.Context, tx *sql.Tx) error) error
 }
 
 // Clock times what the collector does in its own process: how long a sweep
@@ -135,8 +121,9 @@ type Options struct {
 	// Host, when non-nil, holds the GC state every process and host of the
 	// pool shares: pins become gc_pins rows, deletes are arbitrated in its
 	// transactions under its arbitration lock, and sweeps take its lease.
-	// Nil keeps everything in this process (a mem store). The pool's
-	// deletes must then go through TxPool.
+	// Nil keeps everything in this process (a mem store). With a host,
+	// the host deletes the kv tier's rows, and the pool must be an
+	// OutsidePool.
 	Host meta.Host
 	// PinTTL is how long a pin row lives unless renewed; rows are renewed
 	// every PinTTL/3. 0 means DefaultPinTTL.
@@ -320,10 +307,11 @@ func consult(ctx context.Context, p Protect) (func(blob.Digest) bool, error) {
 	return pred, nil
 }
 
-// Outcomes of arbitratedDeleteMany besides a size.
+// Outcomes of arbitratedDeleteMany besides a size: the host's
+// (meta.Host.Arbitrate), whose answers the collector passes on as they are.
 const (
-	outcomeMissing   = -1
-	outcomeProtected = -2
+	outcomeMissing   = meta.NotHeld
+	outcomeProtected = meta.Protected
 )
 
 // arbitratedDeleteMany deletes each digest of ds that nothing protects at
@@ -333,12 +321,12 @@ const (
 //
 // Design point (two-domain composition): in-process first — pins, the
 // protect predicate and in-process sources, under the write side of arb,
-// cheap and without I/O — then, with a host, the shared domain inside one
-// host transaction that holds the key locks: every owner's unexpired pin
-// rows (this process's too, which it wrote before releasing arb), every
-// TxSource (namespace links, liveness tables), and the delete itself, so a
-// pin, link or put committed by any process is either seen or ordered
-// after the delete.
+// cheap and without I/O — then, with a host, the shared domain in one
+// operation of the host (meta.Host.Arbitrate), one transaction that holds
+// the key locks: every owner's unexpired pin rows (this process's too,
+// which it wrote before releasing arb), every SharedSource (namespace
+// links, liveness tables), and the delete itself, so a pin, link or put
+// committed by any process is either seen or ordered after the delete.
 func (c *Collector) arbitratedDeleteMany(ctx context.Context, ds []blob.Digest, sources []Source, protected func(blob.Digest) bool) ([]int64, error) {
 	out := make([]int64, len(ds))
 	c.arb.Lock()
@@ -356,10 +344,10 @@ func (c *Collector) arbitratedDeleteMany(ctx context.Context, ds []blob.Digest, 
 			idx = append(idx, i)
 		}
 	}
-	var txSources []TxSource
+	var shared []meta.Liveness
 	for _, s := range sources {
-		if ts, ok := s.(TxSource); ok && c.host != nil {
-			txSources = append(txSources, ts)
+		if ss, ok := s.(SharedSource); ok && c.host != nil {
+			shared = append(shared, ss.Shared())
 			continue
 		}
 		if len(idx) == 0 {
@@ -377,17 +365,17 @@ func (c *Collector) arbitratedDeleteMany(ctx context.Context, ds []blob.Digest, 
 	if c.host == nil {
 		return out, c.deleteIdx(ctx, ds, idx, out)
 	}
-	tp, ok := c.pool.(TxPool)
+	op, ok := c.pool.(OutsidePool)
 	if !ok {
-		return nil, errors.New("gc: the pool cannot delete inside the host's transaction (TxPool)")
+		return nil, errors.New("gc: the pool cannot say what it keeps outside the host's database (OutsidePool)")
 	}
 	batch := pick(ds, idx)
 	// Design point (leaving the in-process lock): this process's rows of
 	// candidates it no longer pins go now, still under arb; from here on
 	// any pin of a candidate, ours included, writes a row under the key
-	// lock, and the SQL check below counts every owner's rows. So arb
-	// need not be held while the large tier deletes: a large put waiting
-	// for arb holds a pglo connection that those deletes may need.
+	// lock, and the host's check counts every owner's rows. So arb need
+	// not be held while the large tier deletes: a large put waiting for
+	// arb holds a pglo connection that those deletes may need.
 	c.rowMu.Lock()
 	own := c.pins.takeReleased(batch)
 	err := c.host.DropPins(ctx, c.owner, own)
@@ -407,25 +395,21 @@ func (c *Collector) arbitratedDeleteMany(ctx context.Context, ds []blob.Digest, 
 	// Design point (what a rollback cannot take back): the first hold of
 	// the lock decides and deletes the kv rows, in a transaction the host
 	// may share with other writers' jobs and, when that one rolls back,
-	// run again alone (SQLite's Batcher) — so it deletes nothing a
-	// rollback does not restore, and each run starts afresh. A first run
-	// may have seen a link removal that then rolled back: a file unlinked
-	// on its strength was a linked blob lost. The files and objects of the
-	// large tier go only after that decision committed, in a second hold
-	// of the lock, alone and once, that checks the survivors again: a pin
-	// row committed in between (a put that found the file and deduped on
-	// it) or a link keeps the file. A crash between the two leaves
-	// unreferenced large-tier blobs, which the next sweeps queue and
-	// delete like any other.
-	res, err := c.arbitrateTx(actx, c.host.Arbitrate, batch, txSources, tp.DeleteManyTx)
+	// run again (SQLite's Batcher) — so it deletes nothing a rollback does
+	// not restore, and the host's answer is the run that committed. A
+	// first run may have seen a link removal that then rolled back: a file
+	// unlinked on its strength was a linked blob lost. The files and
+	// objects of the large tier go only after that decision committed, in
+	// a second hold of the lock (Arbitration.Outside), alone and once,
+	// that checks the survivors again: a pin row committed in between (a
+	// put that found the file and deduped on it) or a link keeps the
+	// file. A crash between the two leaves unreferenced large-tier blobs,
+	// which the next sweeps queue and delete like any other.
+	res, err := c.host.Arbitrate(actx, meta.Arbitration{Digests: batch, Live: shared})
 	if err != nil {
 		return nil, err
 	}
-	if tp.Outside() {
-		alone := c.host.Arbitrate
-		if ah, ok := c.host.(AloneHost); ok {
-			alone = ah.ArbitrateAlone
-		}
+	if op.Outside() {
 		var dead []int // of batch: the decided, whatever the kv tier held
 		for k, n := range res {
 			if n != outcomeProtected {
@@ -433,10 +417,7 @@ func (c *Collector) arbitratedDeleteMany(ctx context.Context, ds []blob.Digest, 
 			}
 		}
 		if len(dead) > 0 {
-			outside := func(ctx context.Context, _ *sql.Tx, ds []blob.Digest) ([]int64, error) {
-				return tp.DeleteOutside(ctx, ds)
-			}
-			got, err := c.arbitrateTx(actx, alone, pick(batch, dead), txSources, outside)
+			got, err := c.host.Arbitrate(actx, meta.Arbitration{Digests: pick(batch, dead), Live: shared, Outside: op.DeleteOutside})
 			if err != nil {
 				// The kv rows are gone, the large tier's blobs are not:
 				// they are unreferenced, and a later sweep deletes them.
@@ -459,58 +440,6 @@ func (c *Collector) arbitratedDeleteMany(ctx context.Context, ds []blob.Digest, 
 		out[i] = res[k]
 	}
 	return out, nil
-}
-
-// arbitrateTx runs one hold of the host's arbitration lock over ds through
-// run (the host's Arbitrate or ArbitrateAlone): in its transaction, every
-// owner's unexpired pin rows and every TxSource protect digests of ds, and
-// del deletes the rest. It returns res[k] = ds[k]'s size as del reports
-// it (-1: not held) or outcomeProtected, from the run that committed.
-func (c *Collector) arbitrateTx(ctx context.Context, run func(context.Context, []blob.Digest, func(context.Context, *sql.Tx) error) error,
-	ds []blob.Digest, txSources []TxSource, del func(context.Context, *sql.Tx, []blob.Digest) ([]int64, error)) ([]int64, error) {
-	var res []int64
-	err := run(ctx, ds, func(ctx context.Context, tx *sql.Tx) error {
-		// Afresh on every run: a host may run this again after its
-		// transaction rolled back, and what an earlier run decided is
-		// gone with it (a run that compacted a captured slice in place
-		// left the next one deciding, and reporting, on the wrong
-		// candidates).
-		got := make([]int64, len(ds))
-		rest := make([]int, len(ds))
-		for k := range rest {
-			rest[k] = k
-		}
-		pinned, err := c.host.PinnedAmong(ctx, tx, ds, "")
-		if err != nil {
-			return err
-		}
-		rest = keep(ds, rest, got, pinned)
-		for _, s := range txSources {
-			if len(rest) == 0 {
-				break
-			}
-			live, err := s.LiveAmongTx(ctx, tx, pick(ds, rest))
-			if err != nil {
-				return fmt.Errorf("liveness query: %w", err)
-			}
-			rest = keep(ds, rest, got, live)
-		}
-		if len(rest) > 0 {
-			sizes, err := del(ctx, tx, pick(ds, rest))
-			if err != nil {
-				return err
-			}
-			for k, i := range rest {
-				got[i] = sizes[k]
-			}
-		}
-		res = got
-		return nil
-	})
-	if err != nil {
-		return nil, err
-	}
-	return res, nil
 }
 
 // keep marks the live among idx protected in out and returns the rest, in

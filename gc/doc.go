@@ -51,16 +51,18 @@
 //     the rows whose last pin was released and renews the rest in one
 //     statement for the owner; an expired row is never renewed back to
 //     life. Close deletes the owner's rows.
-//   - A delete is arbitrated inside one host transaction that holds the
-//     digests' arbitration lock — SQLite's write lock, or a PostgreSQL
-//     advisory lock per digest that pin writes take in shared mode — and
-//     reads other owners' unexpired rows and every TxSource (namespace
-//     links, liveness Tables) before deleting the kv rows in the
-//     transaction. Large-tier files and objects, which no rollback brings
-//     back, go once that has committed, in a second hold of the lock,
-//     alone (AloneHost), that checks them again. A pin, link or put
-//     committed by any process is seen, or ordered after the delete (and
-//     then re-puts the content).
+//   - A delete is arbitrated by one operation of the host
+//     (meta.Host.Arbitrate), one transaction that holds the digests'
+//     arbitration lock — SQLite's write lock, or a PostgreSQL advisory lock
+//     per digest that pin writes take in shared mode — and reads every
+//     owner's unexpired rows and the table of every SharedSource
+//     (namespace links, liveness Tables) before deleting the kv rows in
+//     the transaction. No transaction reaches this package. Large-tier
+//     files and objects, which no rollback brings back, go once that has
+//     committed, in a second hold of the lock, alone and once
+//     (meta.Arbitration.Outside, through the pool's OutsidePool), that
+//     checks them again. A pin, link or put committed by any process is
+//     seen, or ordered after the delete (and then re-puts the content).
 //   - The sweep lease is the host's (an flock beside the SQLite database,
 //     a PostgreSQL session advisory lock), held for one sweep and checked
 //     before each delete batch; contention is an AbortSweeperLock report,

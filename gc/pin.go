@@ -394,7 +394,7 @@ type Publish struct {
 //
 // linked is the caller's promise that the put's transaction also writes
 // what keeps d live in every process (a namespace reference or intent,
-// which every arbitration reads in its own transaction: TxSource), and
+// which every arbitration reads in its own transaction: SharedSource), and
 // that it releases the pin as soon as the put returns, neither keeping
 // nor cloning it (store.ReleasesPinAtOnce). Where the host serializes
 // arbitrations with whole write transactions (meta.SerialHost: SQLite),

@@ -11,6 +11,9 @@
 //     database, and [PGWindow], the window alone, in pglo's.
 //   - mem (mem.go): [MemLedger], the corrupt ledger of a mem engine, in the
 //     process.
+//   - a delete's arbitration, both SQL dialects (arbitrate.go):
+//     [Arbitration], what it reads ([Liveness]; an embedder's liveness
+//     table, [LiveTable], in livetable.go) and its outcomes.
 //   - the namespaces' tables, both SQL dialects (ns_schema.go, ns*.go):
 //     [Links], which package namespaces opens on the kv engine's database
 //     ([OpenLinks]) and reaches its rows through; its mem registry keeps
@@ -20,8 +23,10 @@
 // out as a [State] ([Holder]); the store gives the kv engine's (or, for
 // the window alone, the large engine's) to the collector and its own
 // verdicts. Package gc and package store reach the state only through
-// [Host], [SerialHost], [Window], [Ledger] and [Lease], and engines keep
-// blob storage only. docs/architecture_test.go holds every other package
+// [Host] (a delete's arbitration: [Arbitration], [Liveness]),
+// [SerialHost], [Window], [Ledger] and [Lease], and engines keep blob
+// storage only, handing this package the statement that deletes a blob's
+// rows at open. docs/architecture_test.go holds every other package
 // to that: no non-test file outside meta names these tables in SQL.
 //
 // # Tables
@@ -46,15 +51,28 @@
 //
 // # Invariants
 //
-//   - Liveness is the collector's: this package stores rows and takes
-//     locks, and never decides what protects a digest.
+//   - Liveness is the collector's: this package stores rows, takes locks
+//     and carries out a delete's arbitration, and never decides what
+//     protects a digest beyond the one rule that an unexpired pin row of
+//     any owner, or a row of a table the collector names ([Liveness]:
+//     [Links], [LiveTable]), does.
+//   - A delete's arbitration is one operation ([Host.Arbitrate]): in one
+//     transaction that holds the digests' exclusive lock from before its
+//     first read to its commit, it reads every owner's unexpired pin rows,
+//     then each Liveness, and deletes the rest's kv rows with the
+//     statement the engine gave at open ([SQLiteConfig.BlobDelete],
+//     [PostgresConfig.BlobDelete]). The large tier's files and objects,
+//     which no rollback restores, go in a second hold that checks again
+//     and runs once, alone ([Arbitration.Outside]), after the first
+//     committed.
 //   - Arbitration lock (see Host): a pin row commits either before an
 //     arbitration of its digest takes the lock, and is seen by it, or after
 //     that arbitration committed. On SQLite it is the database's write
 //     lock (every transaction begins IMMEDIATE, so SQLite is a
 //     [SerialHost]); on PostgreSQL a transaction-scoped advisory lock per
 //     digest, shared for pin rows and exclusive for arbitration, taken in
-//     key order so that nothing deadlocks.
+//     key order so that nothing deadlocks. Arbitrate takes it before it
+//     reads anything.
 //   - Joint put: a put hands the kv engine its rows as a value ([Rows]:
 //     the pin row, the link or intent), which commit with its entry
 //     ([Putter]). On SQLite the engine has [SQLite.WriteRows] write them
@@ -66,9 +84,10 @@
 //     on PostgreSQL ([PGWindowGone]); elsewhere the sweep removes it after
 //     the delete (Window.WindowRemove).
 //   - Every transaction is ended on every path; on SQLite every write goes
-//     through the engine's Batcher, so fn of Arbitrate may run again after
-//     a shared transaction rolled back ([SQLite.ArbitrateAlone] runs once,
-//     alone).
+//     through the engine's Batcher, so an arbitration may run again after
+//     a shared transaction rolled back: each run decides afresh, and
+//     Arbitrate answers the run that committed (its Outside form runs
+//     once, alone: Batcher.DoAlone).
 //
 // # Row times
 //
@@ -123,10 +142,13 @@
 //
 // # Still crossing packages (stage 2 of issue 36)
 //
-// A *sql.Tx still crosses this package's boundary at Host.Arbitrate's
-// callback (the collector reads its TxSources and deletes the kv rows in
-// it), until a delete's arbitration is one operation of this package
-// (docs/architecture.md, "How one close commits"). A close's rows cross
-// it as a value ([Rows]), and only an engine hands this package the
-// transaction they commit in ([SQLite.WriteRows], [NSRows.WriteTx]).
+// No *sql.Tx crosses this package's boundary toward gc, store or
+// namespaces: a delete's arbitration is one operation of this package
+// ([Host.Arbitrate], which takes the tables that protect as [Liveness]
+// values and the large tier's deletes as a function of digests), and a
+// close's rows cross it as a value ([Rows]). Only an engine hands this
+// package the transaction a close's rows commit in ([SQLite.WriteRows],
+// [NSRows.WriteTx]), and the group commit's jobs are transactions
+// (engines.Batcher) until there is one group commit (docs/architecture.md,
+// "How one close commits").
 package meta

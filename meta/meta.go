@@ -38,9 +38,12 @@ type Holder interface {
 //
 //	gc_pins(digest, owner, expiry)    primary key (digest, owner)
 //
-// and the arbitration lock. It contributes rows and locks; the collector
-// (package gc) owns what they mean — which owner, how long a row lives,
-// what protects a key. Host never decides liveness.
+// and the arbitration lock, and carries out a delete's arbitration as one
+// operation (Arbitrate). It contributes rows, locks and that operation;
+// the collector (package gc) owns what they mean — which owner, how long a
+// row lives, which tables protect a key (Arbitration.Live). Host never
+// decides liveness: it applies the one rule that a pin row or a live row
+// protects.
 //
 // # The arbitration lock
 //
@@ -56,7 +59,7 @@ type Holder interface {
 //
 // An expiry is written and compared on the row clock (see "Row times" in
 // doc.go): PinRows and RenewPins take a TTL and store the clock's now plus
-// it; ReapPins, PinCount and PinnedAmong compare with the clock's now when
+// it; ReapPins, PinCount and Arbitrate compare with the clock's now when
 // they run. No method takes an instant, so no process's clock decides
 // whether another process's row has expired. A TTL <= 0 writes a row that
 // has already expired. Times are stored as unix nanoseconds.
@@ -85,19 +88,24 @@ type Host interface {
 	// tests).
 	PinCount(ctx context.Context) (int64, error)
 
-	// Arbitrate runs fn in one transaction that holds the exclusive
-	// arbitration lock of every digest of ds, and commits if fn succeeds.
-	// fn reads what protects the digests (PinnedAmong, and any table in the
-	// same database) and deletes the dead rows (engines.TxDeleter). The
-	// transaction may be shared with other writers' work and fn run again
-	// after it rolled back (SQLite's Batcher): fn starts afresh each run
-	// and does nothing a rollback does not undo (gc.AloneHost is the hold
-	// for that).
-	Arbitrate(ctx context.Context, ds []blob.Digest, fn func(ctx context.Context, tx *sql.Tx) error) error
-	// PinnedAmong returns the digests of ds that have a row unexpired now
-	// (read once, when the query runs: after fn's locks are held) whose
-	// owner is not except, read in tx.
-	PinnedAmong(ctx context.Context, tx *sql.Tx, ds []blob.Digest, except string) (map[blob.Digest]bool, error)
+	// Arbitrate holds the exclusive arbitration lock of every digest of
+	// a.Digests for the whole of one transaction, and in it reads what
+	// protects them — every owner's pin rows unexpired now (read once,
+	// after the locks are held), then each of a.Live — and deletes the
+	// rest: their kv rows, with the delete statement the engine gave
+	// when it opened this state (on PostgreSQL their window rows leave
+	// with them, PGWindowGone), or, with a.Outside set, through
+	// a.Outside. It returns out[i] = a.Digests[i]'s size, NotHeld or
+	// Protected, from the run that committed, and nothing on an error,
+	// when nothing of it committed (but what a.Outside did).
+	//
+	// The kv form's transaction may be shared with other writers' work
+	// and run again after it rolled back (SQLite's Batcher): each run
+	// decides afresh, and the answer is the committed run's. The Outside
+	// form runs once, in a transaction of its own that shares nothing, so
+	// that it reads only committed work: Outside does what no rollback
+	// undoes.
+	Arbitrate(ctx context.Context, a Arbitration) ([]int64, error)
 
 	// SweepLease takes the pool-wide sweep lease without waiting. held is
 	// false (and the lease nil) when another process holds it.

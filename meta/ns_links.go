@@ -346,10 +346,10 @@ func (l *Links) LiveAmong(ctx context.Context, ds []blob.Digest) (map[blob.Diges
 	return l.liveAmong(ctx, l.db, ds)
 }
 
-// LiveAmongTx is LiveAmong inside the collector's arbitration transaction
-// tx, so that a link committed by any process before the arbitration's
-// key locks were granted is seen.
-func (l *Links) LiveAmongTx(ctx context.Context, tx *sql.Tx, ds []blob.Digest) (map[blob.Digest]bool, error) {
+// liveAmongTx implements Liveness: LiveAmong inside an arbitration's
+// transaction tx (Host.Arbitrate), so that a link committed by any process
+// before the arbitration's key locks were granted is seen.
+func (l *Links) liveAmongTx(ctx context.Context, tx *sql.Tx, ds []blob.Digest) (map[blob.Digest]bool, error) {
 	return l.liveAmong(ctx, tx, ds)
 }
 

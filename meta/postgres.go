@@ -41,6 +41,9 @@ type Postgres struct {
 	db    *sql.DB
 	name  string
 	wrapD Wrap
+	// blobDel is PostgresConfig.BlobDelete with the window rows' CTE:
+	// deleteBlobsTx's statement; empty without one.
+	blobDel string
 }
 
 var (
@@ -61,6 +64,13 @@ type PostgresConfig struct {
 	DB   *sql.DB
 	// Wrap names the engine on errors (nil: blob.Wrap with Name).
 	Wrap Wrap
+	// BlobDelete is the engine's statement that deletes the blob rows of
+	// the digests $1 (a bytea[]) and returns each deleted row's digest
+	// and size: what Arbitrate deletes the dead with, in its transaction,
+	// as the CTE d of one statement that also takes their window rows
+	// (PGWindowGone). Empty: the database keeps no blobs, and Arbitrate
+	// deletes only through Arbitration.Outside.
+	BlobDelete string
 }
 
 const pgPinsSchema = `CREATE TABLE IF NOT EXISTS gc_pins (
@@ -90,6 +100,9 @@ const nowOnce = `(SELECT ` + engines.PGNow + `)`
 // OpenPostgres creates the state's tables in the database if needed.
 func OpenPostgres(ctx context.Context, cfg PostgresConfig) (*Postgres, error) {
 	p := &Postgres{pool: cfg.Pool, db: cfg.DB, name: cfg.Name, wrapD: cfg.Wrap}
+	if cfg.BlobDelete != "" {
+		p.blobDel = `WITH d AS (` + cfg.BlobDelete + `), ` + PGWindowGone("d") + ` SELECT digest, size FROM d`
+	}
 	if p.wrapD == nil {
 		p.wrapD = func(op string, d blob.Digest, err error) error { return blob.Wrap(op, cfg.Name, d, err) }
 	}
@@ -303,36 +316,71 @@ func (p *Postgres) PinCount(ctx context.Context) (int64, error) {
 	return n, p.wrap("count pins", err)
 }
 
-// Arbitrate implements Host.
+// Arbitrate implements Host: the exclusive advisory lock of every
+// digest, in key order, then arbitrateIn, in one transaction. PostgreSQL
+// never runs a transaction again, so both forms run the same way, once.
 //
 // Design point (transaction termination): catch, terminate, propagate —
 // every error path rolls the transaction back before returning, so no
 // connection goes back to the pool inside a transaction (a pooled session
 // left "idle in transaction" would hold its locks until reused).
-func (p *Postgres) Arbitrate(ctx context.Context, ds []blob.Digest, fn func(ctx context.Context, tx *sql.Tx) error) error {
-	return engines.InTx(ctx, p.db, func(err error) error { return p.wrap("arbitrate", err) }, func(tx *sql.Tx) error {
+func (p *Postgres) Arbitrate(ctx context.Context, a Arbitration) ([]int64, error) {
+	if a.Outside == nil && p.blobDel == "" && len(a.Digests) > 0 {
+		return nil, p.wrap("arbitrate", errors.New("the database keeps no blob rows to delete (no BlobDelete)"))
+	}
+	var out []int64
+	err := engines.InTx(ctx, p.db, func(err error) error { return p.wrap("arbitrate", err) }, func(tx *sql.Tx) error {
 		var n int64
-		if err := tx.QueryRowContext(ctx, lockExclusive, PGLockKeys(ds)).Scan(&n); err != nil {
+		if err := tx.QueryRowContext(ctx, lockExclusive, PGLockKeys(a.Digests)).Scan(&n); err != nil {
 			return p.wrap("arbitrate", err)
 		}
-		return fn(ctx, tx)
+		var err error
+		out, err = arbitrateIn(ctx, tx, p, a)
+		return err
 	})
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
 }
 
-// PinnedAmong implements Host.
-func (p *Postgres) PinnedAmong(ctx context.Context, tx *sql.Tx, ds []blob.Digest, except string) (map[blob.Digest]bool, error) {
+// pinnedTx implements arbitrator: the digests of ds with a row of any
+// owner unexpired on the server's clock, read in tx.
+func (p *Postgres) pinnedTx(ctx context.Context, tx *sql.Tx, ds []blob.Digest) (map[blob.Digest]bool, error) {
 	out := make(map[blob.Digest]bool)
-	if len(ds) == 0 {
-		return out, nil
-	}
 	rows, err := tx.QueryContext(ctx, `SELECT DISTINCT digest FROM gc_pins
-		WHERE digest = ANY($1::bytea[]) AND expiry > `+nowOnce+` AND owner <> $2`, byteas(ds), except)
+		WHERE digest = ANY($1::bytea[]) AND expiry > `+nowOnce, byteas(ds))
 	if err != nil {
 		return nil, p.wrap("pinned", err)
 	}
 	defer rows.Close()
 	err = engines.ScanDigests(rows, func(d blob.Digest) { out[d] = true })
 	return out, p.wrap("pinned", err)
+}
+
+// deleteBlobsTx implements arbitrator: one statement, the engine's
+// BlobDelete and the window rows of what it deleted (PGWindowGone).
+func (p *Postgres) deleteBlobsTx(ctx context.Context, tx *sql.Tx, ds []blob.Digest) ([]int64, error) {
+	sizes := make([]int64, len(ds))
+	for i := range sizes {
+		sizes[i] = NotHeld
+	}
+	rows, err := tx.QueryContext(ctx, p.blobDel, byteas(ds))
+	if err != nil {
+		return nil, p.wrap("delete", err)
+	}
+	defer rows.Close()
+	got := make(map[blob.Digest]int64, len(ds))
+	if err := engines.ScanSizes(rows, func(d blob.Digest, n int64) { got[d] = n }); err != nil {
+		return nil, p.wrap("delete", err)
+	}
+	for i, d := range ds {
+		if n, ok := got[d]; ok {
+			sizes[i] = n
+			delete(got, d) // a repeated digest was deleted once
+		}
+	}
+	return sizes, nil
 }
 
 // SweepLease implements Host with a session advisory lock held on a

@@ -33,7 +33,7 @@ type Rows struct {
 // writes nothing. Both writers (WriteTx, namespaces.Service.CommitRows)
 // refuse any other combination (Check) rather than write one part and
 // drop another. Every row keeps its digest live to every process's
-// arbitration once committed (Links.LiveAmongTx).
+// arbitration once committed (Links is a Liveness).
 type NSRows struct {
 	// Link is a reference to add, charged to its namespace's usage and
 	// quota if the namespace holds the digest through nothing else yet.

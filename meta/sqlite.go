@@ -15,9 +15,8 @@ import (
 )
 
 // SQLite is the shared state in a SQLite database (the sqlite kv engine's
-// file): pins, arbitration and the sweep lease (Host, SerialHost,
-// gc.AloneHost), the delete window, the corrupt ledger and the row clock
-// (sqlite_clock.go).
+// file): pins, arbitration and the sweep lease (Host, SerialHost), the
+// delete window, the corrupt ledger and the row clock (sqlite_clock.go).
 //
 // Its arbitration lock is the database's write lock: every transaction on
 // the database begins IMMEDIATE (the engine opens it with
@@ -38,6 +37,8 @@ type SQLite struct {
 	clock    rowClock
 
 	wStage, wDue, wRemove, wLen, pinUp, pinDel *sql.Stmt
+	// blobDel is SQLiteConfig.BlobDelete, prepared; nil without one.
+	blobDel *sql.Stmt
 }
 
 var (
@@ -65,6 +66,12 @@ type SQLiteConfig struct {
 	Boot Boot
 	// Wrap names the engine on errors (nil: blob.Wrap with Name).
 	Wrap Wrap
+	// BlobDelete is the engine's statement that deletes one blob's kv
+	// rows by its digest (the one parameter) and returns its size, no
+	// row when it holds none: what Arbitrate deletes the dead with, in
+	// its transaction. Empty: the database keeps no blobs, and Arbitrate
+	// deletes only through Arbitration.Outside.
+	BlobDelete string
 }
 
 // sqliteSchema is the GC's tables, the same in every layout of the
@@ -125,6 +132,13 @@ func OpenSQLite(ctx context.Context, cfg SQLiteConfig) (*SQLite, error) {
 		}
 		*st.stmt = p
 	}
+	if cfg.BlobDelete != "" {
+		var err error
+		if s.blobDel, err = s.db.PrepareContext(ctx, cfg.BlobDelete); err != nil {
+			s.Close()
+			return nil, s.wrap("open", fmt.Errorf("prepare %q: %w", cfg.BlobDelete, err))
+		}
+	}
 	if err := s.openClock(ctx, cfg.Boot, cfg.ReadOnly); err != nil {
 		s.Close()
 		return nil, err
@@ -135,7 +149,7 @@ func OpenSQLite(ctx context.Context, cfg SQLiteConfig) (*SQLite, error) {
 // Close closes the prepared statements.
 func (s *SQLite) Close() error {
 	var errs []error
-	for _, st := range []*sql.Stmt{s.wStage, s.wDue, s.wRemove, s.wLen, s.pinUp, s.pinDel} {
+	for _, st := range []*sql.Stmt{s.wStage, s.wDue, s.wRemove, s.wLen, s.pinUp, s.pinDel, s.blobDel} {
 		if st != nil {
 			errs = append(errs, st.Close())
 		}
@@ -287,20 +301,31 @@ func (s *SQLite) PinCount(ctx context.Context) (int64, error) {
 }
 
 // Arbitrate implements Host: the transaction begins IMMEDIATE, which is
-// the write lock of the whole database.
-func (s *SQLite) Arbitrate(ctx context.Context, ds []blob.Digest, fn func(ctx context.Context, tx *sql.Tx) error) error {
-	return s.inTx(ctx, "arbitrate", fn)
-}
-
-// ArbitrateAlone implements gc.AloneHost: Arbitrate (the write lock of
-// the whole database) in a transaction the Batcher shares with no other
-// job and never runs again (Batcher.DoAlone). The collector deletes the
-// large tier's blobs there, which no rollback restores: fn reads only
-// committed work, so nothing it decided on can roll back under it.
-func (s *SQLite) ArbitrateAlone(ctx context.Context, ds []blob.Digest, fn func(ctx context.Context, tx *sql.Tx) error) error {
+// the write lock of the whole database. The kv form is a Batcher job like
+// every write, which may share its transaction and run again after a
+// rollback (arbitrateIn starts afresh); the Outside form runs alone and
+// once (Batcher.DoAlone), so Outside acts only on committed work.
+func (s *SQLite) Arbitrate(ctx context.Context, a Arbitration) ([]int64, error) {
+	if a.Outside == nil && s.blobDel == nil && len(a.Digests) > 0 {
+		return nil, s.wrap("arbitrate", errors.New("the database keeps no blob rows to delete (no BlobDelete)"))
+	}
+	var out []int64
+	job := func(ctx context.Context, tx *sql.Tx) error {
+		got, err := arbitrateIn(ctx, tx, s, a)
+		if err == nil {
+			out = got // the committed run's, whatever an earlier one said
+		}
+		return err
+	}
+	if a.Outside == nil {
+		if err := s.inTx(ctx, "arbitrate", job); err != nil {
+			return nil, err
+		}
+		return out, nil
+	}
 	var ferr error
 	run := func(ctx context.Context, tx *sql.Tx) error {
-		ferr = fn(ctx, tx)
+		ferr = job(ctx, tx)
 		return ferr
 	}
 	var err error
@@ -309,35 +334,54 @@ func (s *SQLite) ArbitrateAlone(ctx context.Context, ds []blob.Digest, fn func(c
 	} else {
 		err = engines.InTx(ctx, s.db, nil, func(tx *sql.Tx) error { return run(ctx, tx) })
 	}
-	if err != nil && err != ferr {
+	switch {
+	case err == nil:
+		return out, nil
+	case err != ferr:
 		err = s.wrap("arbitrate", err)
 	}
-	return err
+	return nil, err
 }
 
-// inListBatch bounds the IN list of one PinnedAmong query.
+// inListBatch bounds the IN list of one pinnedTx query.
 const inListBatch = 500
 
-// PinnedAmong implements Host with IN-list queries on the primary key,
-// inListBatch digests at a time: a sweep asks for its arbitration batch's
-// candidates at once, and one query per digest was a sixth of a
-// million-entry sweep's delete pass.
-func (s *SQLite) PinnedAmong(ctx context.Context, tx *sql.Tx, ds []blob.Digest, except string) (map[blob.Digest]bool, error) {
+// pinnedTx implements arbitrator with IN-list queries on the primary
+// key, inListBatch digests at a time: a sweep asks for its arbitration
+// batch's candidates at once, and one query per digest was a sixth of a
+// million-entry sweep's delete pass. Rows of every owner count.
+func (s *SQLite) pinnedTx(ctx context.Context, tx *sql.Tx, ds []blob.Digest) (map[blob.Digest]bool, error) {
 	out := make(map[blob.Digest]bool)
 	now := s.clock.now() // one instant for every batch
 	for lo := 0; lo < len(ds); lo += inListBatch {
 		batch := ds[lo:min(len(ds), lo+inListBatch)]
-		args := make([]any, 0, len(batch)+2)
+		args := make([]any, 0, len(batch)+1)
 		for _, d := range batch {
 			args = append(args, d[:])
 		}
-		args = append(args, now, except)
-		q := "SELECT DISTINCT digest FROM gc_pins WHERE digest IN (?" + strings.Repeat(", ?", len(batch)-1) + ") AND expiry > ? AND owner <> ?"
+		args = append(args, now)
+		q := "SELECT DISTINCT digest FROM gc_pins WHERE digest IN (?" + strings.Repeat(", ?", len(batch)-1) + ") AND expiry > ?"
 		if err := scanDigestsTx(ctx, tx, q, args, out); err != nil {
 			return nil, s.wrap("pinned", err)
 		}
 	}
 	return out, nil
+}
+
+// deleteBlobsTx implements arbitrator: the engine's BlobDelete for each
+// digest, in tx.
+func (s *SQLite) deleteBlobsTx(ctx context.Context, tx *sql.Tx, ds []blob.Digest) ([]int64, error) {
+	del := tx.StmtContext(ctx, s.blobDel)
+	sizes := make([]int64, len(ds))
+	for i, d := range ds {
+		switch err := del.QueryRowContext(ctx, d[:]).Scan(&sizes[i]); {
+		case errors.Is(err, sql.ErrNoRows):
+			sizes[i] = NotHeld
+		case err != nil:
+			return nil, s.wrapD("delete", d, err)
+		}
+	}
+	return sizes, nil
 }
 
 // scanDigestsTx runs q in tx and adds every digest it returns to out.

@@ -4,10 +4,12 @@ import (
 	"context"
 	"database/sql"
 	"database/sql/driver"
+	"errors"
 	"fmt"
 	"net/url"
 	"os"
 	"path/filepath"
+	"slices"
 	"sync"
 	"testing"
 	"time"
@@ -17,7 +19,6 @@ import (
 	"github.com/alkblobfs/alkblobfs/blob"
 	"github.com/alkblobfs/alkblobfs/engines"
 	"github.com/alkblobfs/alkblobfs/engines/sqlite"
-	"github.com/alkblobfs/alkblobfs/gc"
 	"github.com/alkblobfs/alkblobfs/meta"
 	"github.com/alkblobfs/alkblobfs/meta/metatest"
 )
@@ -55,15 +56,12 @@ func TestSQLiteReopen(t *testing.T) {
 	metatest.Reopen(t, func(t *testing.T) engines.Engine { return openSQLiteEngine(t, path) })
 }
 
-// The collector unlinks the large tier's blobs in ArbitrateAlone; the
-// collector's SQLite host is a serial one (gc.Collector.BeginPublish, linked).
-var (
-	_ gc.AloneHost    = (*meta.SQLite)(nil)
-	_ meta.SerialHost = (*meta.SQLite)(nil)
-)
+// The collector's SQLite host is a serial one (gc.Collector.BeginPublish,
+// linked).
+var _ meta.SerialHost = (*meta.SQLite)(nil)
 
 // sqliteState is the SQLite dialect opened on its own, over a database
-// with no blob tables, as the engine opens it (IMMEDIATE transactions,
+// whose one blob table is blobs(digest, size), as the engine opens it (IMMEDIATE transactions,
 // WAL, a Batcher), for the cases that need the state's own hooks: the
 // boot clock a test moves, the Batcher a test holds.
 type sqliteState struct {
@@ -92,8 +90,13 @@ func openSQLiteState(t *testing.T, path string, b meta.Boot) *sqliteState {
 	if err != nil {
 		t.Fatal(err)
 	}
+	if _, err := db.Exec(`CREATE TABLE IF NOT EXISTS blobs (digest BLOB PRIMARY KEY, size INTEGER NOT NULL)`); err != nil {
+		db.Close()
+		t.Fatal(err)
+	}
 	batch := engines.NewBatcher(db)
-	m, err := meta.OpenSQLite(t.Context(), meta.SQLiteConfig{Name: "sqlite:" + path, Path: path, DB: db, Batch: batch, Boot: b})
+	m, err := meta.OpenSQLite(t.Context(), meta.SQLiteConfig{Name: "sqlite:" + path, Path: path, DB: db, Batch: batch, Boot: b,
+		BlobDelete: `DELETE FROM blobs WHERE digest = ? RETURNING size`})
 	if err != nil {
 		batch.Close()
 		db.Close()
@@ -153,7 +156,24 @@ func registerHold(t *testing.T) {
 func TestArbitrateCanceledCaller(t *testing.T) {
 	registerHold(t)
 	e := openSQLiteState(t, filepath.Join(t.TempDir(), "kv.db"), meta.HostBoot)
-	if _, err := e.DB().Exec(`CREATE TABLE t (k TEXT PRIMARY KEY)`); err != nil {
+	// The arbitration's liveness table is a view whose every row calls
+	// alkblobfs_test_hold: its read is the statement the test cancels
+	// midway.
+	x := blob.Sum([]byte("x"))
+	for _, q := range []string{
+		`CREATE TABLE t (k TEXT PRIMARY KEY)`,
+		`CREATE VIEW held AS WITH RECURSIVE c(x) AS (SELECT 1 UNION ALL SELECT x + 1 FROM c WHERE x < 5000)
+			SELECT CASE WHEN alkblobfs_test_hold(x) THEN zeroblob(32) END AS digest FROM c`,
+	} {
+		if _, err := e.DB().Exec(q); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if _, err := e.DB().Exec(`INSERT INTO blobs (digest, size) VALUES (?, 1)`, x[:]); err != nil {
+		t.Fatal(err)
+	}
+	held, err := meta.NewLiveTable(t.Context(), e.DB(), "sqlite", "held")
+	if err != nil {
 		t.Fatal(err)
 	}
 	insert := func(ctx context.Context, tx *sql.Tx, k string) error {
@@ -174,6 +194,7 @@ func TestArbitrateCanceledCaller(t *testing.T) {
 	<-started
 	otherCalls := 0
 	var otherErr, arbErr error
+	var arbOut []int64
 	wg.Go(func() {
 		otherErr = e.batch.Do(t.Context(), false, func(ctx context.Context, tx *sql.Tx) error {
 			otherCalls++
@@ -184,28 +205,41 @@ func TestArbitrateCanceledCaller(t *testing.T) {
 	sweep, cancel := context.WithCancel(t.Context())
 	defer cancel()
 	wg.Go(func() {
-		arbErr = e.Arbitrate(sweep, []blob.Digest{blob.Sum([]byte("x"))}, func(ctx context.Context, tx *sql.Tx) error {
-			_, err := tx.ExecContext(ctx, `WITH RECURSIVE c(x) AS (SELECT 1 UNION ALL SELECT x + 1 FROM c WHERE x < 5000)
-				INSERT INTO t (k) SELECT 'arb-' || x FROM c WHERE alkblobfs_test_hold(x)`)
-			return err
-		})
+		arbOut, arbErr = e.Arbitrate(sweep, meta.Arbitration{Digests: []blob.Digest{x}, Live: []meta.Liveness{held}})
 	})
 	awaitQueued(t, e, 2)
 	close(stop)
-	ch := <-holdCh // the arbitration's statement is midway
+	var ch chan struct{}
+	select {
+	case ch = <-holdCh: // the arbitration's statement is midway
+	case <-time.After(time.Minute):
+		t.Fatal("the arbitration's read of its liveness table did not start in a minute")
+	}
 	cancel()
 	time.Sleep(20 * time.Millisecond) // for the driver to see it
 	close(ch)
-	wg.Wait()
-	if otherErr != nil || arbErr != nil {
-		t.Errorf("other job: %v; arbitration: %v", otherErr, arbErr)
+	waitAll(t, &wg)
+	if otherErr != nil || arbErr != nil || len(arbOut) != 1 || arbOut[0] != 1 {
+		t.Errorf("other job: %v; arbitration: %v, %v (want x deleted, its size 1)", otherErr, arbOut, arbErr)
 	}
 	if otherCalls != 1 {
 		t.Errorf("the other job ran %d times: its work was rolled back with the canceled arbitration's", otherCalls)
 	}
-	var n int
-	if err := e.DB().QueryRow(`SELECT count(*) FROM t`).Scan(&n); err != nil || n != 5001 {
-		t.Errorf("%d rows committed (%v); want 5001", n, err)
+	var n, blobs int
+	if err := e.DB().QueryRow(`SELECT (SELECT count(*) FROM t), (SELECT count(*) FROM blobs)`).Scan(&n, &blobs); err != nil || n != 1 || blobs != 0 {
+		t.Errorf("%d rows of t and %d blob rows committed (%v); want the other job's, and x deleted", n, blobs, err)
+	}
+}
+
+// waitAll waits for wg, for at most a minute.
+func waitAll(t *testing.T, wg *sync.WaitGroup) {
+	t.Helper()
+	done := make(chan struct{})
+	go func() { wg.Wait(); close(done) }()
+	select {
+	case <-done:
+	case <-time.After(time.Minute):
+		t.Fatal("the Batcher's jobs had not all returned a minute after they were let go")
 	}
 }
 
@@ -228,4 +262,101 @@ func mustRead(t *testing.T, path string) string {
 		t.Fatal(err)
 	}
 	return string(b)
+}
+
+// TestSQLiteArbitrationRerun: an arbitration that the Batcher runs again
+// after its shared transaction rolled back answers what the run that
+// committed did. Its first run shares a transaction after another
+// writer's job that removed a link, and deletes the linked blob's row on
+// its strength; a later job then ends that transaction (SQLite does on a
+// full disk: everything in it rolls back), and the arbitration runs
+// again alone, where the link is back, the other job's own run alone
+// having failed too (the disk is still full). The collector unlinks
+// large-tier files on what the answer says was deleted: an answer from
+// the rolled-back run lost a linked blob.
+func TestSQLiteArbitrationRerun(t *testing.T) {
+	e := openSQLiteState(t, filepath.Join(t.TempDir(), "kv.db"), meta.HostBoot)
+	if _, err := e.DB().Exec(`CREATE TABLE refs (digest BLOB NOT NULL)`); err != nil {
+		t.Fatal(err)
+	}
+	var ds []blob.Digest
+	for i := range 4 {
+		d := blob.Sum([]byte{byte(i)})
+		ds = append(ds, d)
+		if _, err := e.DB().Exec(`INSERT INTO blobs (digest, size) VALUES (?, ?)`, d[:], 10+i); err != nil {
+			t.Fatal(err)
+		}
+	}
+	linked, lost := ds[1], ds[2]
+	for _, d := range []blob.Digest{linked, lost} {
+		if _, err := e.DB().Exec(`INSERT INTO refs (digest) VALUES (?)`, d[:]); err != nil {
+			t.Fatal(err)
+		}
+	}
+	refs, err := meta.NewLiveTable(t.Context(), e.DB(), "sqlite", "refs")
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Hold the Batcher's loop so that the three jobs below share the next
+	// transaction, in queue order.
+	started, stop := make(chan struct{}), make(chan struct{})
+	var wg sync.WaitGroup
+	wg.Go(func() {
+		e.batch.Do(t.Context(), false, func(context.Context, *sql.Tx) error {
+			close(started)
+			<-stop
+			return nil
+		})
+	})
+	select {
+	case <-started:
+	case <-time.After(time.Minute):
+		t.Fatal("the Batcher did not start the holding job in a minute")
+	}
+	var unlinkRuns, endRuns int // the ending job keeps its error: it runs once
+	errFull := errors.New("test: the disk is still full")
+	wg.Go(func() {
+		e.batch.Do(t.Context(), false, func(ctx context.Context, tx *sql.Tx) error {
+			if unlinkRuns++; unlinkRuns > 1 {
+				return errFull
+			}
+			_, err := tx.ExecContext(ctx, `DELETE FROM refs WHERE digest = ?`, lost[:])
+			return err
+		})
+	})
+	awaitQueued(t, e, 1)
+	var out []int64
+	var arbErr error
+	wg.Go(func() {
+		out, arbErr = e.Arbitrate(t.Context(), meta.Arbitration{Digests: ds, Live: []meta.Liveness{refs}})
+	})
+	awaitQueued(t, e, 2)
+	wg.Go(func() {
+		e.batch.Do(t.Context(), false, func(ctx context.Context, tx *sql.Tx) error {
+			endRuns++
+			// What SQLite does on a full disk: the whole transaction ends,
+			// whatever the savepoints.
+			_, err := tx.ExecContext(ctx, `ROLLBACK`)
+			return err
+		})
+	})
+	awaitQueued(t, e, 3)
+	close(stop)
+	waitAll(t, &wg)
+	if unlinkRuns != 2 || endRuns != 1 {
+		t.Fatalf("the unlink ran %d times, the ending job %d: the test wants the shared transaction rolled back and the other jobs run again", unlinkRuns, endRuns)
+	}
+	want := []int64{10, meta.Protected, meta.Protected, 13}
+	if arbErr != nil || !slices.Equal(out, want) {
+		t.Errorf("Arbitrate = %v, %v; want %v, what the committed run did", out, arbErr, want)
+	}
+	for i, d := range ds {
+		var n int
+		if err := e.DB().QueryRow(`SELECT count(*) FROM blobs WHERE digest = ?`, d[:]).Scan(&n); err != nil {
+			t.Fatal(err)
+		}
+		if kept := i == 1 || i == 2; (n == 1) != kept {
+			t.Errorf("blob %d: %d rows; want it kept=%v", i, n, kept)
+		}
+	}
 }

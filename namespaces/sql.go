@@ -32,10 +32,10 @@ type SQL struct {
 }
 
 var (
-	_ Registry       = (*SQL)(nil)
-	_ gc.BatchSource = (*SQL)(nil)
-	_ gc.TxSource    = (*SQL)(nil)
-	_ Joinable       = (*SQL)(nil)
+	_ Registry        = (*SQL)(nil)
+	_ gc.BatchSource  = (*SQL)(nil)
+	_ gc.SharedSource = (*SQL)(nil)
+	_ Joinable        = (*SQL)(nil)
 )
 
 // OpenSQL creates the registry's tables in e's database if needed and
@@ -294,13 +294,11 @@ func (r *SQL) LiveAmong(ctx context.Context, ds []blob.Digest) (map[blob.Digest]
 	return live, wrap("islive", "", blob.Digest{}, err)
 }
 
-// LiveAmongTx implements gc.TxSource: the same query inside the
-// collector's arbitration transaction, so that a link committed by any
-// process before the arbitration's key locks were granted is seen.
-func (r *SQL) LiveAmongTx(ctx context.Context, tx *sql.Tx, ds []blob.Digest) (map[blob.Digest]bool, error) {
-	live, err := r.l.LiveAmongTx(ctx, tx, ds)
-	return live, wrap("islive", "", blob.Digest{}, err)
-}
+// Shared implements gc.SharedSource: the references and intents, which
+// the host reads inside its arbitration transaction (meta.Links), so that
+// a link committed by any process before the arbitration's key locks
+// were granted is seen.
+func (r *SQL) Shared() meta.Liveness { return r.l }
 
 // Live implements gc.Source: the digests references and intents name,
 // paged by key.

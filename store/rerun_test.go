@@ -6,6 +6,7 @@ import (
 	"errors"
 	"log/slog"
 	"path/filepath"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -18,53 +19,95 @@ import (
 	"github.com/alkblobfs/alkblobfs/store"
 )
 
-// rerunHost is the SQLite engine whose next Arbitrate runs fn the way the
-// Batcher may when it shares the transaction: first in a transaction
-// where another writer's job came before it (and removed the link of
-// unlink), then a later job ends that transaction (SQLite does on a full
-// disk: everything in it rolls back), and fn runs again alone — where the
-// link is back, the other job's own run alone having failed too (the disk
-// is still full).
+// rerunHost is the SQLite engine whose next kv arbitration the Batcher
+// runs the way it does when SQLite ends a shared transaction: first in a
+// transaction where another writer's job came before it (and removed the
+// link of unlink), then a later job ends that transaction (SQLite does
+// on a full disk: everything in it rolls back), and the arbitration runs
+// again alone — where the link is back, the other job's own run alone
+// having failed too (the disk is still full).
 type rerunHost struct {
 	*sqlite.Engine
-	armed  atomic.Bool
-	unlink blob.Digest
-	runs   atomic.Int32 // runs of fn, both kinds
+	t       *testing.T
+	armed   atomic.Bool
+	unlink  blob.Digest
+	unlinks atomic.Int32 // runs of the other writer's job
 }
-
-var errLost = errors.New("test: a later job of the shared transaction ended it")
 
 // Meta is the engine's state with the host's Arbitrate rerun.
 func (h *rerunHost) Meta() meta.State {
 	st := h.Engine.Meta()
-	st.Host = rerunArb{SQLite: st.Host.(*meta.SQLite), h: h}
+	st.Host = rerunArb{Host: st.Host, h: h}
 	return st
 }
 
 type rerunArb struct {
-	*meta.SQLite
+	meta.Host
 	h *rerunHost
 }
 
-func (a rerunArb) Arbitrate(ctx context.Context, ds []blob.Digest, fn func(ctx context.Context, tx *sql.Tx) error) error {
+var errFull = errors.New("test: the disk is still full")
+
+func (a rerunArb) Arbitrate(ctx context.Context, arb meta.Arbitration) ([]int64, error) {
 	h := a.h
-	if h.armed.CompareAndSwap(true, false) {
-		err := a.SQLite.Arbitrate(ctx, ds, func(ctx context.Context, tx *sql.Tx) error {
-			if _, err := tx.ExecContext(ctx, `DELETE FROM refs WHERE digest = ?`, h.unlink[:]); err != nil {
-				return err
+	if arb.Outside != nil || !h.armed.CompareAndSwap(true, false) {
+		return a.Host.Arbitrate(ctx, arb)
+	}
+	b := h.Batcher()
+	queued := func(n int) {
+		for deadline := time.Now().Add(time.Minute); b.Queued() != n; time.Sleep(time.Millisecond) {
+			if time.Now().After(deadline) {
+				h.t.Errorf("the Batcher holds %d queued jobs after a minute, want %d", b.Queued(), n)
+				return
 			}
-			h.runs.Add(1)
-			if err := fn(ctx, tx); err != nil {
-				return err
-			}
-			return errLost
-		})
-		if !errors.Is(err, errLost) {
-			return err
 		}
 	}
-	h.runs.Add(1)
-	return a.SQLite.Arbitrate(ctx, ds, fn)
+	// Hold the Batcher's loop, so that the three jobs below share its next
+	// transaction, in queue order.
+	started, stop := make(chan struct{}), make(chan struct{})
+	var wg sync.WaitGroup
+	wg.Go(func() {
+		b.Do(ctx, false, func(context.Context, *sql.Tx) error {
+			close(started)
+			<-stop
+			return nil
+		})
+	})
+	select {
+	case <-started:
+	case <-time.After(time.Minute):
+		return nil, errors.New("test: the Batcher did not start the holding job in a minute")
+	}
+	wg.Go(func() {
+		b.Do(ctx, false, func(ctx context.Context, tx *sql.Tx) error {
+			if h.unlinks.Add(1) > 1 {
+				return errFull
+			}
+			_, err := tx.ExecContext(ctx, `DELETE FROM refs WHERE digest = ?`, h.unlink[:])
+			return err
+		})
+	})
+	queued(1)
+	var out []int64
+	var err error
+	wg.Go(func() { out, err = a.Host.Arbitrate(ctx, arb) })
+	queued(2)
+	wg.Go(func() {
+		b.Do(ctx, false, func(ctx context.Context, tx *sql.Tx) error {
+			_, err := tx.ExecContext(ctx, `ROLLBACK`) // all of it, savepoints or not
+			return err
+		})
+	})
+	queued(3)
+	close(stop)
+	done := make(chan struct{})
+	go func() { wg.Wait(); close(done) }()
+	select {
+	case <-done:
+	case <-time.After(time.Minute):
+		return nil, errors.New("test: the Batcher's jobs had not all returned a minute after they were let go")
+	}
+	return out, err
 }
 
 // TestSQLiteArbitrationRerun: an arbitration run again after its shared
@@ -82,7 +125,7 @@ func TestSQLiteArbitrationRerun(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	h := &rerunHost{Engine: kv}
+	h := &rerunHost{Engine: kv, t: t}
 	s := openWith(t, store.Config{KV: h, Large: large})
 	if _, err := kv.DB().Exec(`CREATE TABLE refs (digest BLOB NOT NULL)`); err != nil {
 		t.Fatal(err)
@@ -108,8 +151,8 @@ func TestSQLiteArbitrationRerun(t *testing.T) {
 	h.unlink = lost
 	h.armed.Store(true)
 	r := sweep(t, s)
-	if h.runs.Load() < 2 {
-		t.Fatalf("the arbitration ran %d times; the test wants it run again", h.runs.Load())
+	if n := h.unlinks.Load(); n != 2 {
+		t.Fatalf("the other writer's job ran %d times; the test wants its shared transaction rolled back and it run again", n)
 	}
 	gone := 0
 	for i, d := range ds {
@@ -152,13 +195,14 @@ type betweenHost struct {
 	b *between
 }
 
-func (h betweenHost) ArbitrateAlone(ctx context.Context, ds []blob.Digest, fn func(ctx context.Context, tx *sql.Tx) error) error {
-	if h.b.hook != nil {
+// Arbitrate runs the hook before the second hold (the Outside form).
+func (h betweenHost) Arbitrate(ctx context.Context, a meta.Arbitration) ([]int64, error) {
+	if h.b.hook != nil && a.Outside != nil {
 		if err := h.b.hook(ctx); err != nil {
-			return err
+			return nil, err
 		}
 	}
-	return h.SQLite.ArbitrateAlone(ctx, ds, fn)
+	return h.SQLite.Arbitrate(ctx, a)
 }
 
 func openBetween(t *testing.T) (*store.Store, *between) {

@@ -2,7 +2,6 @@ package store
 
 import (
 	"context"
-	"database/sql"
 	"errors"
 	"fmt"
 	"iter"
@@ -180,9 +179,6 @@ func Open(ctx context.Context, cfg Config) (*Store, error) {
 	if kvState.Host != nil && !kvReadOnly {
 		if _, ok := cfg.KV.(meta.Putter); !ok {
 			return nil, fmt.Errorf("store: kv engine %s hosts GC state but cannot commit a put's rows with its entry", cfg.KV.Name())
-		}
-		if _, ok := cfg.KV.(engines.TxDeleter); !ok {
-			return nil, fmt.Errorf("store: kv engine %s hosts GC state but cannot delete in its transaction", cfg.KV.Name())
 		}
 		host = kvState.Host
 	}
@@ -515,12 +511,12 @@ func (s *Store) Close() error {
 	return errors.Join(errs...)
 }
 
-// pool adapts the store to gc.Pool and gc.BatchPool.
+// pool adapts the store to gc.Pool, gc.BatchPool and gc.OutsidePool.
 type pool struct{ s *Store }
 
 var (
-	_ gc.BatchPool = pool{}
-	_ gc.TxPool    = pool{}
+	_ gc.BatchPool   = pool{}
+	_ gc.OutsidePool = pool{}
 )
 
 func (p pool) List(ctx context.Context) iter.Seq2[engines.Entry, error] { return p.s.List(ctx) }
@@ -581,22 +577,13 @@ func addSizes(sizes, got []int64) {
 	}
 }
 
-// DeleteManyTx implements gc.TxPool: the kv engine (the collector's host)
-// deletes its rows in tx, and nothing else happens there: tx may roll
-// back, and the large tier's deletes would not.
-func (p pool) DeleteManyTx(ctx context.Context, tx *sql.Tx, ds []Digest) ([]int64, error) {
-	kv, ok := p.s.kv.(engines.TxDeleter)
-	if !ok {
-		return nil, errors.New("store: DeleteManyTx without a GC host")
-	}
-	return kv.DeleteManyTx(ctx, tx, ds)
-}
-
-// Outside implements gc.TxPool: the large tier is outside the host's
-// transactions.
+// Outside implements gc.OutsidePool: the large tier is outside the host's
+// transactions. The kv tier's rows are the host's to delete: it is the kv
+// engine's state (meta.Host.Arbitrate deletes them with the statement the
+// engine gave it).
 func (p pool) Outside() bool { return p.s.large != nil }
 
-// DeleteOutside implements gc.TxPool: the large tier's deletes, which the
+// DeleteOutside implements gc.OutsidePool: the large tier's deletes, which the
 // collector runs once the kv rows' delete has committed, under the
 // arbitration lock again.
 func (p pool) DeleteOutside(ctx context.Context, ds []Digest) ([]int64, error) {

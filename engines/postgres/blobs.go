@@ -165,20 +165,17 @@ func readPage(ctx context.Context, after blob.Digest, page []engines.Entry, quer
 	return page, rows.Err()
 }
 
-// DeleteMany implements engines.BatchDeleter: DeleteManyTx in a
-// transaction of its own.
-func (e *Engine) DeleteMany(ctx context.Context, ds []blob.Digest) (sizes []int64, err error) {
-	err = e.inTx(ctx, "delete", func(tx *sql.Tx) error {
-		sizes, err = e.DeleteManyTx(ctx, tx, ds)
-		return err
-	})
-	return sizes, err
-}
+// blobsDeleteSQL deletes the blobs of the digests $1 and returns each
+// deleted one's digest and size. The GC's arbitration deletes the dead
+// with it, in package meta's transaction (meta.PostgresConfig.BlobDelete),
+// and so does DeleteMany.
+const blobsDeleteSQL = `DELETE FROM blobs WHERE digest = ANY($1::bytea[]) RETURNING digest, size`
 
-// DeleteManyTx implements engines.TxDeleter: one statement that deletes
-// the blobs and, with them, their rows in the delete window (the window
-// is package meta's: its CTE, meta.PGWindowGone, says why).
-func (e *Engine) DeleteManyTx(ctx context.Context, tx *sql.Tx, ds []blob.Digest) ([]int64, error) {
+// DeleteMany implements engines.BatchDeleter: one statement, in a
+// transaction of its own, that deletes the blobs and, with them, their
+// rows in the delete window (the window is package meta's: its CTE,
+// meta.PGWindowGone, says why).
+func (e *Engine) DeleteMany(ctx context.Context, ds []blob.Digest) ([]int64, error) {
 	sizes := make([]int64, len(ds))
 	for i := range sizes {
 		sizes[i] = -1
@@ -190,15 +187,20 @@ func (e *Engine) DeleteManyTx(ctx context.Context, tx *sql.Tx, ds []blob.Digest)
 	for i := range ds {
 		keys[i] = ds[i][:]
 	}
-	rows, err := tx.QueryContext(ctx, `WITH d AS (DELETE FROM blobs WHERE digest = ANY($1::bytea[]) RETURNING digest, size), `+
-		meta.PGWindowGone("d")+` SELECT digest, size FROM d`, keys)
-	if err != nil {
-		return nil, e.wrap("delete", err)
-	}
-	defer rows.Close()
 	got := make(map[blob.Digest]int64, len(ds))
-	if err := engines.ScanSizes(rows, func(d blob.Digest, n int64) { got[d] = n }); err != nil {
-		return nil, e.wrap("delete", err)
+	err := e.inTx(ctx, "delete", func(tx *sql.Tx) error {
+		rows, err := tx.QueryContext(ctx, `WITH d AS (`+blobsDeleteSQL+`), `+meta.PGWindowGone("d")+` SELECT digest, size FROM d`, keys)
+		if err != nil {
+			return e.wrap("delete", err)
+		}
+		defer rows.Close()
+		if err := engines.ScanSizes(rows, func(d blob.Digest, n int64) { got[d] = n }); err != nil {
+			return e.wrap("delete", err)
+		}
+		return nil
+	})
+	if err != nil {
+		return nil, err
 	}
 	for i, d := range ds {
 		if n, ok := got[d]; ok {

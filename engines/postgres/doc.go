@@ -33,9 +33,11 @@
 //     [meta.PGBatchIntents]); a batch whose puts have rows the statement
 //     cannot carry (a link, an intent that replaces another) writes those
 //     with meta ([meta.NSRows.WriteTx]) in the batch's transaction.
-//   - [engines.TxDeleter]: DeleteManyTx deletes in the arbitration's
-//     transaction, and the deleted blobs' window rows in the same
-//     statement ([meta.PGWindowGone]).
+//   - A delete's arbitration is meta's ([meta.Host.Arbitrate]): Open
+//     gives it the engine's blob delete statement
+//     ([meta.PostgresConfig.BlobDelete]), which meta runs in the
+//     arbitration's transaction with the deleted blobs' window rows in
+//     the same statement ([meta.PGWindowGone]), as DeleteMany does.
 //
 // # Connections and failures
 //

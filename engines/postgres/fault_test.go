@@ -2,7 +2,6 @@ package postgres_test
 
 import (
 	"context"
-	"database/sql"
 	"errors"
 	"strings"
 	"testing"
@@ -48,7 +47,7 @@ func TestServerRestart(t *testing.T) {
 	inArb, release := make(chan struct{}), make(chan struct{})
 	arbDone := make(chan error, 1)
 	go func() {
-		arbDone <- e.Meta().Host.Arbitrate(ctx, []blob.Digest{d}, func(context.Context, *sql.Tx) error {
+		arbDone <- holdArbitration(ctx, e, []blob.Digest{d}, func(context.Context, []blob.Digest) error {
 			close(inArb)
 			<-release
 			return nil

@@ -32,7 +32,6 @@ var (
 	_ engines.BatchDeleter = (*Engine)(nil)
 	_ engines.BatchSizer   = (*Engine)(nil)
 	_ engines.DeleteSafe   = (*Engine)(nil)
-	_ engines.TxDeleter    = (*Engine)(nil)
 	_ engines.Locator      = (*Engine)(nil)
 	_ meta.Holder          = (*Engine)(nil)
 )
@@ -61,7 +60,8 @@ func Open(ctx context.Context, dsn string) (*Engine, error) {
 	}
 	e.db = stdlib.OpenDBFromPool(pool)
 	e.puts = newPutGroup(e)
-	e.meta, err = meta.OpenPostgres(ctx, meta.PostgresConfig{Name: e.name, Pool: pool, DB: e.db, Wrap: e.wrapD})
+	e.meta, err = meta.OpenPostgres(ctx, meta.PostgresConfig{Name: e.name, Pool: pool, DB: e.db, Wrap: e.wrapD,
+		BlobDelete: blobsDeleteSQL})
 	if err != nil {
 		e.db.Close()
 		pool.Close()

@@ -2,7 +2,6 @@ package postgres_test
 
 import (
 	"context"
-	"database/sql"
 	"errors"
 	"fmt"
 	"sync"
@@ -72,7 +71,7 @@ func TestPutGroupRerunsAlone(t *testing.T) {
 	letGo := func() { once.Do(func() { close(hold) }) }
 	defer letGo() // before e.Close, which waits for the puts
 	go func() {
-		arbDone <- e.Meta().Host.Arbitrate(ctx, holders, func(context.Context, *sql.Tx) error {
+		arbDone <- holdArbitration(ctx, e, holders, func(context.Context, []blob.Digest) error {
 			close(inArb)
 			<-hold
 			return nil
@@ -139,19 +138,43 @@ func TestPutGroupRerunsAlone(t *testing.T) {
 	if n, err := reg.Count(ctx, ns); err != nil || n != 2 {
 		t.Fatalf("links = %d, %v; want those of a and b", n, err)
 	}
-	err = e.Meta().Host.Arbitrate(ctx, []blob.Digest{da, db, dbad}, func(ctx context.Context, tx *sql.Tx) error {
-		pinned, err := e.Meta().Host.PinnedAmong(ctx, tx, []blob.Digest{da, db, dbad}, "nobody")
-		if err == nil && (!pinned[da] || !pinned[db] || pinned[dbad]) {
-			err = fmt.Errorf("pinned = %v; want a and b only", pinned)
-		}
-		return err
-	})
-	if err != nil {
-		t.Fatal(err)
+	if pinned := pinnedNow(t, e, da, db, dbad); !pinned[da] || !pinned[db] || pinned[dbad] {
+		t.Fatalf("pinned = %v; want a and b only", pinned)
 	}
 	if err := e.Meta().Host.DropOwner(ctx, "putter"); err != nil {
 		t.Fatal(err)
 	}
+}
+
+// holdArbitration arbitrates ds and runs fn under the arbitration lock
+// with the digests nothing protects (meta.Arbitration.Outside), which it
+// deletes nothing of.
+func holdArbitration(ctx context.Context, e *postgres.Engine, ds []blob.Digest, fn func(ctx context.Context, ds []blob.Digest) error) error {
+	_, err := e.Meta().Host.Arbitrate(ctx, meta.Arbitration{Digests: ds, Outside: func(ctx context.Context, ds []blob.Digest) ([]int64, error) {
+		sizes := make([]int64, len(ds))
+		for i := range sizes {
+			sizes[i] = meta.NotHeld
+		}
+		return sizes, fn(ctx, ds)
+	}})
+	return err
+}
+
+// pinnedNow returns which of ds a pin row protects now, as an arbitration
+// reads them.
+func pinnedNow(t *testing.T, e *postgres.Engine, ds ...blob.Digest) map[blob.Digest]bool {
+	t.Helper()
+	out, err := e.Meta().Host.Arbitrate(t.Context(), meta.Arbitration{Digests: ds, Outside: func(_ context.Context, ds []blob.Digest) ([]int64, error) {
+		return make([]int64, len(ds)), nil
+	}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := make(map[blob.Digest]bool)
+	for i, n := range out {
+		got[ds[i]] = n == meta.Protected
+	}
+	return got
 }
 
 // lockWaits counts the advisory locks of this database that a session
@@ -184,8 +207,9 @@ func TestPutGroupWaitsForArbitration(t *testing.T) {
 	letGo := func() { once.Do(func() { close(release) }) }
 	defer letGo() // before e.Close, which waits for the put
 	go func() {
-		arbDone <- e.Meta().Host.Arbitrate(ctx, []blob.Digest{d}, func(ctx context.Context, tx *sql.Tx) error {
-			_, err := e.DeleteManyTx(ctx, tx, []blob.Digest{d})
+		// The arbitration deletes the blob under its lock, and holds it.
+		arbDone <- holdArbitration(ctx, e, []blob.Digest{d}, func(ctx context.Context, ds []blob.Digest) error {
+			_, err := e.DeleteMany(ctx, ds)
 			close(inArb)
 			<-release
 			return err
@@ -226,15 +250,8 @@ func TestPutGroupWaitsForArbitration(t *testing.T) {
 	case <-time.After(10 * time.Second):
 		t.Fatal("the put never returned after the arbitration committed")
 	}
-	checkPinned := func(tx *sql.Tx) error {
-		pinned, err := e.Meta().Host.PinnedAmong(ctx, tx, []blob.Digest{d}, "nobody")
-		if err == nil && !pinned[d] {
-			err = errors.New("the put's pin row is missing")
-		}
-		return err
-	}
-	if err := e.Meta().Host.Arbitrate(ctx, []blob.Digest{d}, func(_ context.Context, tx *sql.Tx) error { return checkPinned(tx) }); err != nil {
-		t.Fatal(err)
+	if !pinnedNow(t, e, d)[d] {
+		t.Fatal("the put's pin row is missing")
 	}
 	if ok, err := e.Has(ctx, d); !ok || err != nil {
 		t.Fatalf("Has after the put = %v, %v", ok, err)

@@ -39,8 +39,9 @@
 //     their tables in the same file. [meta.Putter]: PutRows has meta
 //     write a put's rows (its pin row, its link or intent) in the
 //     insert's transaction, a job of the group commit (engines.Batcher).
-//   - [engines.TxDeleter]: DeleteManyTx deletes in the arbitration's
-//     transaction (meta.Host.Arbitrate).
+//   - A delete's arbitration is meta's (meta.Host.Arbitrate): Open gives
+//     it the engine's blob delete statement (meta.SQLiteConfig.BlobDelete),
+//     which meta runs in the arbitration's transaction.
 //
 // # Durability
 //

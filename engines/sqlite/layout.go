@@ -47,7 +47,7 @@ import (
 // key went in, in one transaction: a dedup writes no value row, and a put
 // that fails midway rolls both back. The trigger deletes a key's value in
 // the statement that deletes the key, whoever deletes it (the engine, the
-// collector's DeleteManyTx, a tool by SQL).
+// GC's arbitration in package meta, a tool by SQL).
 //
 // On a table of 20 000 blobs (medians of 3, layout 1 with its size index
 // against layout 2), a 1 KiB put alone in its transaction appends 6.00

@@ -414,8 +414,9 @@ func TestPutFailureLeavesNoOrphan(t *testing.T) {
 	}
 }
 
-// TestDeleteTakesValue: every way a key goes — Delete, DeleteMany (the
-// collector's DeleteManyTx), a DELETE by SQL — takes its value row.
+// TestDeleteTakesValue: every way a key goes — Delete, DeleteMany (whose
+// statement the GC's arbitration runs too), a DELETE by SQL — takes its
+// value row.
 func TestDeleteTakesValue(t *testing.T) {
 	ctx := t.Context()
 	e := open(t, filepath.Join(t.TempDir(), "kv.db"))

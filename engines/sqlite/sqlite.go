@@ -57,7 +57,6 @@ var (
 	_ engines.DeleteSafe   = (*Engine)(nil)
 	_ engines.BatchDeleter = (*Engine)(nil)
 	_ engines.BatchSizer   = (*Engine)(nil)
-	_ engines.TxDeleter    = (*Engine)(nil)
 	_ engines.Locator      = (*Engine)(nil)
 	_ meta.Holder          = (*Engine)(nil)
 	_ engines.Batching     = (*Engine)(nil)
@@ -141,7 +140,7 @@ func OpenLog(ctx context.Context, path string, log *slog.Logger) (*Engine, error
 		return nil, err
 	}
 	e.meta, err = meta.OpenSQLite(ctx, meta.SQLiteConfig{Name: e.name, Path: abs, DB: db, Batch: e.batch,
-		ReadOnly: e.ro, Boot: meta.HostBoot, Wrap: e.wrapD})
+		ReadOnly: e.ro, Boot: meta.HostBoot, Wrap: e.wrapD, BlobDelete: delRetSQL})
 	if err != nil {
 		return fail(err)
 	}
@@ -185,9 +184,7 @@ func (e *Engine) init(ctx context.Context, log *slog.Logger) error {
 	}{
 		{&e.has, e.hasSQL()},
 		{&e.size, e.sizeSQL()},
-		// On layout 2 the trigger blobs_value_delete deletes the value in
-		// the same statement.
-		{&e.delRet, `DELETE FROM blobs WHERE digest = ? RETURNING size`},
+		{&e.delRet, delRetSQL},
 		{&e.get, get},
 		{&e.put, put},
 		{&e.putValue, putValue},

@@ -2,8 +2,8 @@ package metatest
 
 import (
 	"context"
-	"database/sql"
 	"errors"
+	"slices"
 	"testing"
 	"time"
 
@@ -14,8 +14,7 @@ import (
 
 // Host checks the meta.Host contract on the state of the engines share
 // opens: pin rows, their renewal and reaping, that a TTL counts on the
-// row clock, the arbitration transaction and its lock, and the sweep
-// lease. share opens the same storage on every call: two engines from it
+// row clock, a delete's arbitration and its lock, and the sweep lease. share opens the same storage on every call: two engines from it
 // stand for two processes sharing one pool.
 //
 // No test can move the row clock: rows that must be expired are written
@@ -55,16 +54,34 @@ const (
 	expired = -time.Second
 )
 
-func pinned(t *testing.T, h host, ds []blob.Digest, except string) map[blob.Digest]bool {
+// pinned returns which of ds a pin row protects: an arbitration of ds
+// whose Outside deletes nothing (the kv rows are not touched either).
+func pinned(t *testing.T, h host, ds []blob.Digest) map[blob.Digest]bool {
 	t.Helper()
-	var got map[blob.Digest]bool
-	err := h.Arbitrate(t.Context(), ds, func(ctx context.Context, tx *sql.Tx) error {
-		var err error
-		got, err = h.PinnedAmong(ctx, tx, ds, except)
-		return err
-	})
+	out, err := h.Arbitrate(t.Context(), meta.Arbitration{Digests: ds, Outside: deleteNothing})
 	if err != nil {
 		t.Fatal(err)
+	}
+	return protected(ds, out)
+}
+
+// deleteNothing is an Arbitration.Outside that holds none of ds.
+func deleteNothing(_ context.Context, ds []blob.Digest) ([]int64, error) {
+	sizes := make([]int64, len(ds))
+	for i := range sizes {
+		sizes[i] = meta.NotHeld
+	}
+	return sizes, nil
+}
+
+// protected returns the digests of ds whose outcome in out is
+// meta.Protected.
+func protected(ds []blob.Digest, out []int64) map[blob.Digest]bool {
+	got := make(map[blob.Digest]bool)
+	for i, n := range out {
+		if n == meta.Protected {
+			got[ds[i]] = true
+		}
 	}
 	return got
 }
@@ -82,17 +99,13 @@ func testPinRows(t *testing.T, h host) {
 	pinRows(t, h, "A", live, a, b)
 	pinRows(t, h, "B", live, b)
 	all := []blob.Digest{a, b, c}
-	if got := pinned(t, h, all, "nobody"); !got[a] || !got[b] || got[c] {
+	if got := pinned(t, h, all); !got[a] || !got[b] || got[c] {
 		t.Fatalf("pinned = %v; want a and b", got)
-	}
-	// Rows of the excepted owner do not count; another owner's do.
-	if got := pinned(t, h, all, "A"); got[a] || !got[b] {
-		t.Fatalf("pinned except A = %v; want b alone (B's row)", got)
 	}
 	// A TTL of zero or less writes a row that has already expired.
 	pinRows(t, h, "C", 0, c)
 	pinRows(t, h, "D", expired, c)
-	if got := pinned(t, h, []blob.Digest{c}, "nobody"); got[c] {
+	if got := pinned(t, h, []blob.Digest{c}); got[c] {
 		t.Fatal("a row with a TTL of 0 protects its digest (expiry is exclusive)")
 	}
 	if err := h.DropOwner(ctx, "C"); err != nil {
@@ -104,7 +117,7 @@ func testPinRows(t *testing.T, h host) {
 	// The upsert keeps the later expiry; a re-pin by the same owner is
 	// one row.
 	pinRows(t, h, "A", expired, a)
-	if got := pinned(t, h, []blob.Digest{a}, "nobody"); !got[a] {
+	if got := pinned(t, h, []blob.Digest{a}); !got[a] {
 		t.Fatal("a re-pin with an earlier expiry shortened the row")
 	}
 	if n, err := h.PinCount(ctx); n != 3 || err != nil {
@@ -113,8 +126,9 @@ func testPinRows(t *testing.T, h host) {
 	if err := h.DropPins(ctx, "A", []blob.Digest{b}); err != nil {
 		t.Fatal(err)
 	}
-	if got := pinned(t, h, all, "B"); !got[a] || got[b] {
-		t.Fatalf("after dropping A's b: pinned except B = %v; want a", got)
+	// Every owner's rows count: B's row still protects b.
+	if got := pinned(t, h, all); !got[a] || !got[b] {
+		t.Fatalf("after dropping A's b: pinned = %v; want a, and b by B's row", got)
 	}
 	if err := h.DropPins(ctx, "A", nil); err != nil {
 		t.Fatal(err)
@@ -128,34 +142,45 @@ func testPinRows(t *testing.T, h host) {
 	if n, err := h.PinCount(ctx); n != 1 || err != nil {
 		t.Fatalf("PinCount after dropping all of A = %d, %v; want B's row", n, err)
 	}
+	if got := pinned(t, h, all); got[a] || !got[b] {
+		t.Fatalf("after dropping all of A: pinned = %v; want b alone", got)
+	}
 	// Many digests at once, as a sweep's batches ask.
 	many := make([]blob.Digest, 1200)
 	for i := range many {
 		many[i] = blob.Sum([]byte{byte(i), byte(i >> 8), 'm'})
 	}
 	pinRows(t, h, "M", live, append(many[:1100:1100], many[0])...) // a repeat too
-	if got := pinned(t, h, many, "nobody"); len(got) != 1100 || got[many[1150]] {
-		t.Fatalf("PinnedAmong over %d digests found %d; want the 1100 pinned", len(many), len(got))
+	if got := pinned(t, h, many); len(got) != 1100 || got[many[1150]] {
+		t.Fatalf("an arbitration of %d digests found %d pinned; want the 1100 pinned", len(many), len(got))
 	}
 	if err := h.DropOwner(ctx, "M"); err != nil {
 		t.Fatal(err)
 	}
-	// Inside a caller's transaction, the row commits with it or not at all.
-	err := h.Arbitrate(ctx, []blob.Digest{c}, func(ctx context.Context, tx *sql.Tx) error {
-		if err := h.PinRows(ctx, tx, "C", []blob.Digest{c}, live); err != nil {
-			return err
+	// Inside a caller's transaction (a put's), the row commits with it or
+	// not at all.
+	for _, commit := range []bool{false, true} {
+		tx, err := h.e.(engines.SQL).DB().BeginTx(ctx, nil)
+		if err != nil {
+			t.Fatal(err)
 		}
-		return errRollback
-	})
-	if !errors.Is(err, errRollback) {
-		t.Fatalf("Arbitrate = %v; want fn's error", err)
-	}
-	if got := pinned(t, h, []blob.Digest{c}, "nobody"); got[c] {
-		t.Fatal("a pin row written in a rolled-back transaction survived")
+		if err := h.PinRows(ctx, tx, "C", []blob.Digest{c}, live); err != nil {
+			tx.Rollback()
+			t.Fatal(err)
+		}
+		if commit {
+			err = tx.Commit()
+		} else {
+			err = tx.Rollback()
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := pinned(t, h, []blob.Digest{c}); got[c] != commit {
+			t.Fatalf("a pin row written in a transaction that committed=%v protects its digest: %v", commit, got[c])
+		}
 	}
 }
-
-var errRollback = errors.New("roll back")
 
 func testRenew(t *testing.T, h host) {
 	ctx := t.Context()
@@ -168,7 +193,7 @@ func testRenew(t *testing.T, h host) {
 	if len(moved) != 1 || !moved[kept] || err != nil {
 		t.Fatalf("RenewPins = %v, %v; want the live row alone", moved, err)
 	}
-	if got := pinned(t, h, []blob.Digest{kept, dead}, "nobody"); !got[kept] || got[dead] {
+	if got := pinned(t, h, []blob.Digest{kept, dead}); !got[kept] || got[dead] {
 		t.Fatalf("pinned after renewal = %v; want the renewed row only (an expired row is never revived)", got)
 	}
 	// Renewing no rows moves none.
@@ -188,7 +213,7 @@ func testReap(t *testing.T, h host) {
 	if n != 3 || err != nil {
 		t.Fatalf("ReapPins = %d, %v; want exactly the 3 expired rows", n, err)
 	}
-	if got := pinned(t, h, []blob.Digest{k1, k2}, "nobody"); !got[k1] || got[k2] {
+	if got := pinned(t, h, []blob.Digest{k1, k2}); !got[k1] || got[k2] {
 		t.Fatalf("after reaping: %v; want k1's live row to remain", got)
 	}
 	if n, err := h.PinCount(ctx); n != 1 || err != nil {
@@ -212,7 +237,7 @@ func testTTLCounts(t *testing.T, a, b host) {
 	start := time.Now()
 	pinRows(t, a, "A", ttl, d)
 	pinRows(t, a, "B", ttl, other)
-	if got := pinned(t, b, []blob.Digest{d, other}, "nobody"); !got[d] || !got[other] {
+	if got := pinned(t, b, []blob.Digest{d, other}); !got[d] || !got[other] {
 		t.Fatalf("pinned right after pinning with a TTL of %s = %v; want both", ttl, got)
 	}
 	time.Sleep(ttl / 4)
@@ -225,7 +250,7 @@ func testTTLCounts(t *testing.T, a, b host) {
 	lapsed := func(x blob.Digest, from time.Time, what string) {
 		t.Helper()
 		for deadline := from.Add(ttl + 10*time.Second); ; time.Sleep(20 * time.Millisecond) {
-			if !pinned(t, b, []blob.Digest{x}, "nobody")[x] {
+			if !pinned(t, b, []blob.Digest{x})[x] {
 				if d := time.Since(from); d < ttl {
 					t.Fatalf("%s lapsed %s after it was written; want no sooner than its TTL, %s", what, d, ttl)
 				}
@@ -243,43 +268,100 @@ func testTTLCounts(t *testing.T, a, b host) {
 	}
 }
 
+// testArbitrate: one arbitration reads every owner's pin rows and each
+// Liveness, deletes the kv rows of the rest, and answers per digest; its
+// Outside form deletes through Outside instead, once, with the survivors
+// alone.
 func testArbitrate(t *testing.T, h host) {
 	ctx := t.Context()
 	kv, ok := h.e.(engines.KV)
 	if !ok {
 		t.Skip("not a kv engine")
 	}
-	del, ok := h.e.(engines.TxDeleter)
-	if !ok {
-		t.Fatalf("%s keeps a meta.Host but cannot delete in its transaction (engines.TxDeleter)", h.e.Name())
-	}
-	d := put(t, kv, []byte("arbitrated"))
+	d, p, l := put(t, kv, []byte("arbitrated")), put(t, kv, []byte("pinned")), put(t, kv, []byte("listed"))
 	missing := blob.Sum([]byte("never stored"))
-	// A failing fn rolls the delete back.
-	err := h.Arbitrate(ctx, []blob.Digest{d}, func(ctx context.Context, tx *sql.Tx) error {
-		if _, err := del.DeleteManyTx(ctx, tx, []blob.Digest{d}); err != nil {
-			return err
+	pinRows(t, h, "another process", live, p)
+	listed := liveTable(t, h, l)
+	ds := []blob.Digest{d, p, l, missing, d}
+	out, err := h.Arbitrate(ctx, meta.Arbitration{Digests: ds, Live: []meta.Liveness{listed}})
+	want := []int64{int64(len("arbitrated")), meta.Protected, meta.Protected, meta.NotHeld, meta.NotHeld}
+	if err != nil || !slices.Equal(out, want) {
+		t.Fatalf("Arbitrate = %v, %v; want %v (a repeat finds the row gone)", out, err, want)
+	}
+	for _, c := range []struct {
+		d    blob.Digest
+		held bool
+	}{{d, false}, {p, true}, {l, true}} {
+		if ok, err := kv.Has(ctx, c.d); ok != c.held || err != nil {
+			t.Fatalf("Has(%s) after the arbitration = %v, %v; want %v", c.d.Short(), ok, err, c.held)
 		}
-		return errRollback
-	})
-	if !errors.Is(err, errRollback) {
-		t.Fatalf("Arbitrate = %v; want fn's error", err)
 	}
-	if ok, err := kv.Has(ctx, d); !ok || err != nil {
-		t.Fatalf("Has after a rolled-back delete = %v, %v; want the blob", ok, err)
+
+	// The Outside form: the survivors go to Outside, once; no kv row goes.
+	o := put(t, kv, []byte("outside"))
+	var calls [][]blob.Digest
+	outside := func(_ context.Context, ds []blob.Digest) ([]int64, error) {
+		calls = append(calls, slices.Clone(ds))
+		return []int64{7}, nil
 	}
-	var sizes []int64
-	err = h.Arbitrate(ctx, []blob.Digest{d, missing}, func(ctx context.Context, tx *sql.Tx) error {
-		var err error
-		sizes, err = del.DeleteManyTx(ctx, tx, []blob.Digest{d, missing})
-		return err
-	})
-	if err != nil || len(sizes) != 2 || sizes[0] != int64(len("arbitrated")) || sizes[1] != -1 {
-		t.Fatalf("DeleteManyTx = %v, %v; want [%d -1]", sizes, err, len("arbitrated"))
+	out, err = h.Arbitrate(ctx, meta.Arbitration{Digests: []blob.Digest{p, o, l}, Live: []meta.Liveness{listed}, Outside: outside})
+	if want := []int64{meta.Protected, 7, meta.Protected}; err != nil || !slices.Equal(out, want) {
+		t.Fatalf("Arbitrate with Outside = %v, %v; want %v", out, err, want)
 	}
-	if ok, err := kv.Has(ctx, d); ok || err != nil {
-		t.Fatalf("Has after a committed delete = %v, %v", ok, err)
+	if len(calls) != 1 || !slices.Equal(calls[0], []blob.Digest{o}) {
+		t.Fatalf("Outside was called with %v; want once, with the one survivor", calls)
 	}
+	if ok, err := kv.Has(ctx, o); !ok || err != nil {
+		t.Fatalf("Has after an arbitration with Outside = %v, %v; want the kv row kept", ok, err)
+	}
+	// Outside's error is the arbitration's.
+	errOutside := errors.New("outside failed")
+	_, err = h.Arbitrate(ctx, meta.Arbitration{Digests: []blob.Digest{o}, Outside: func(context.Context, []blob.Digest) ([]int64, error) {
+		return nil, errOutside
+	}})
+	if !errors.Is(err, errOutside) {
+		t.Fatalf("Arbitrate = %v; want Outside's error", err)
+	}
+	// Nothing protected and nothing to delete: Outside is not called.
+	calls = nil
+	if _, err := h.Arbitrate(ctx, meta.Arbitration{Digests: []blob.Digest{p}, Outside: outside}); err != nil || calls != nil {
+		t.Fatalf("Arbitrate of a pinned digest alone = %v; Outside called with %v, want not at all", err, calls)
+	}
+	// A Liveness that fails fails the arbitration, which deletes nothing.
+	gone := liveTable(t, h)
+	if _, err := h.e.(engines.SQL).DB().ExecContext(ctx, `DROP TABLE metatest_live`); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := h.Arbitrate(ctx, meta.Arbitration{Digests: []blob.Digest{o}, Live: []meta.Liveness{gone}}); err == nil {
+		t.Fatal("an arbitration whose liveness table is gone succeeded")
+	}
+	if ok, err := kv.Has(ctx, o); !ok || err != nil {
+		t.Fatalf("Has after a failed arbitration = %v, %v; want the kv row kept", ok, err)
+	}
+}
+
+// liveTable makes metatest_live in h's database afresh, with a row for
+// each of ds, and returns it as a Liveness.
+func liveTable(t *testing.T, h host, ds ...blob.Digest) *meta.LiveTable {
+	t.Helper()
+	ctx := t.Context()
+	e := h.e.(engines.SQL)
+	typ := map[string]string{"sqlite": "BLOB", "postgres": "BYTEA"}[e.Dialect()]
+	for _, q := range []string{`DROP TABLE IF EXISTS metatest_live`, `CREATE TABLE metatest_live (digest ` + typ + ` NOT NULL)`} {
+		if _, err := e.DB().ExecContext(ctx, q); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for _, d := range ds {
+		if _, err := e.DB().ExecContext(ctx, engines.Rebind(e.Dialect(), `INSERT INTO metatest_live (digest) VALUES (?)`), d[:]); err != nil {
+			t.Fatal(err)
+		}
+	}
+	lt, err := meta.NewLiveTable(ctx, e.DB(), e.Dialect(), "metatest_live")
+	if err != nil {
+		t.Fatal(err)
+	}
+	return lt
 }
 
 // testArbitrationLock: a pin row of a digest cannot commit while another
@@ -292,17 +374,22 @@ func testArbitrationLock(t *testing.T, sweeper, pinner host) {
 	release := make(chan struct{})
 	done := make(chan error, 1)
 	go func() {
-		done <- sweeper.Arbitrate(ctx, []blob.Digest{d}, func(ctx context.Context, tx *sql.Tx) error {
-			got, err := sweeper.PinnedAmong(ctx, tx, []blob.Digest{d}, "sweeper")
-			if err == nil && got[d] {
-				err = errors.New("pinned before the pinner ran")
-			}
+		// Outside runs under the lock, with the digests nothing protects:
+		// it holds the lock until the test releases it.
+		_, err := sweeper.Arbitrate(ctx, meta.Arbitration{Digests: []blob.Digest{d}, Outside: func(ctx context.Context, ds []blob.Digest) ([]int64, error) {
 			close(inside)
 			<-release
-			return err
-		})
+			return deleteNothing(ctx, ds)
+		}})
+		done <- err
 	}()
-	<-inside
+	select {
+	case <-inside:
+	case err := <-done:
+		t.Fatalf("the arbitration ended (%v) without holding the lock over an unpinned digest", err)
+	case <-time.After(time.Minute):
+		t.Fatal("the arbitration did not reach its delete in a minute")
+	}
 	pinDone := make(chan error, 1)
 	go func() { pinDone <- pinner.PinRows(ctx, nil, "pinner", []blob.Digest{d}, live) }()
 	select {
@@ -312,13 +399,20 @@ func testArbitrationLock(t *testing.T, sweeper, pinner host) {
 	case <-time.After(300 * time.Millisecond):
 	}
 	close(release)
-	if err := <-done; err != nil {
-		t.Fatal(err)
+	for _, c := range []struct {
+		what string
+		ch   chan error
+	}{{"the arbitration", done}, {"the pin that waited for it", pinDone}} {
+		select {
+		case err := <-c.ch:
+			if err != nil {
+				t.Fatalf("%s: %v", c.what, err)
+			}
+		case <-time.After(time.Minute):
+			t.Fatalf("%s did not return in a minute after the lock was released", c.what)
+		}
 	}
-	if err := <-pinDone; err != nil {
-		t.Fatal(err)
-	}
-	if got := pinned(t, sweeper, []blob.Digest{d}, "sweeper"); !got[d] {
+	if got := pinned(t, sweeper, []blob.Digest{d}); !got[d] {
 		t.Fatal("the pin row that waited for the lock is not seen by the next arbitration")
 	}
 }

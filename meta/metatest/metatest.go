@@ -3,8 +3,9 @@
 // (engines/sqlite, engines/postgres, engines/pglo's window, engines/mem's
 // ledger), and against the collector's in-process window (Window):
 //
-//   - Host: pin rows, renewal, reaping, TTLs on the row clock, the
-//     arbitration transaction and its lock across two processes, the
+//   - Host: pin rows, renewal, reaping, TTLs on the row clock, a delete's
+//     arbitration (pin rows of every owner, a liveness table, the kv rows'
+//     delete, the Outside form) and its lock across two processes, the
 //     sweep lease.
 //   - Window, WindowEngine: the delete window's contract, and that it is
 //     independent of the pool.
