@@ -31,7 +31,7 @@ func NSDDL(dialect string) []string { return nsDDL[dialect] }
 func SettleGroup(l *Links, ids []int64, now int64) (linked []bool, errs []error) {
 	var jobs []*settleJob
 	for _, id := range ids {
-		jobs = append(jobs, &settleJob{id: id, now: now, ctx: context.Background(), done: make(chan struct{})})
+		jobs = append(jobs, &settleJob{id: id, now: now, ctx: context.Background()})
 	}
 	l.settles.settle(jobs)
 	for _, j := range jobs {

@@ -157,7 +157,7 @@ func OpenLinks(ctx context.Context, cfg LinksConfig) (*Links, error) {
 	if l.wall == nil {
 		l.wall = time.Now
 	}
-	l.settles = &settleGroup{db: db}
+	l.settles = newSettleGroup(db)
 	if dialect == "sqlite" {
 		l.rows = rows
 	}
