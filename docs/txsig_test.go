@@ -47,15 +47,6 @@ var txStill = map[string]string{
 	"gc.Table.LiveAmongTx":                 "gc.TxSource",
 	"gc.AloneHost":                         "meta.SQLite.ArbitrateAlone",
 	"namespaces.SQL.LiveAmongTx":           "gc.TxSource",
-	// SQLite's group commit, whose jobs are transactions (issue 36's
-	// "one group commit").
-	"engines.Batcher.Do":      "the group commit's job",
-	"engines.Batcher.DoAlone": "meta.SQLite.ArbitrateAlone's transaction",
-	"engines.InTx":            "a transaction of one's own",
-	"engines.Write":           "Do, or InTx without a Batcher",
-	// Bulk loading of a store, many puts to a transaction
-	// (scripts/mkpool): a tool's, kept.
-	"engines/sqlite.Engine.PutIn": "scripts/mkpool's bulk puts",
 }
 
 // txSignatures returns, in file order, the exported declarations of the

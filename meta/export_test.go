@@ -39,3 +39,10 @@ func SettleGroup(l *Links, ids []int64, now int64) (linked []bool, errs []error)
 	}
 	return linked, errs
 }
+
+// RegisterHold and HoldCh are batch_test.go's alkblobfs_test_hold, for
+// the external tests: one registration per test binary.
+var (
+	RegisterHold = registerHold
+	HoldCh       = holdCh
+)

@@ -255,7 +255,7 @@ func (p *Postgres) PinRows(ctx context.Context, tx *sql.Tx, owner string, ds []b
 	if tx != nil {
 		return run(tx)
 	}
-	return engines.InTx(ctx, p.db, func(err error) error { return p.wrap("pin", err) }, run)
+	return InTx(ctx, p.db, func(err error) error { return p.wrap("pin", err) }, run)
 }
 
 // RenewPins implements Host.
@@ -310,7 +310,7 @@ func (p *Postgres) PinCount(ctx context.Context) (int64, error) {
 // connection goes back to the pool inside a transaction (a pooled session
 // left "idle in transaction" would hold its locks until reused).
 func (p *Postgres) Arbitrate(ctx context.Context, ds []blob.Digest, fn func(ctx context.Context, tx *sql.Tx) error) error {
-	return engines.InTx(ctx, p.db, func(err error) error { return p.wrap("arbitrate", err) }, func(tx *sql.Tx) error {
+	return InTx(ctx, p.db, func(err error) error { return p.wrap("arbitrate", err) }, func(tx *sql.Tx) error {
 		var n int64
 		if err := tx.QueryRowContext(ctx, lockExclusive, PGLockKeys(ds)).Scan(&n); err != nil {
 			return p.wrap("arbitrate", err)

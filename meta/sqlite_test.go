@@ -3,7 +3,6 @@ package meta_test
 import (
 	"context"
 	"database/sql"
-	"database/sql/driver"
 	"fmt"
 	"net/url"
 	"os"
@@ -12,7 +11,7 @@ import (
 	"testing"
 	"time"
 
-	sqlitedrv "modernc.org/sqlite" // also registers the "sqlite" driver
+	_ "modernc.org/sqlite" // registers the "sqlite" driver
 
 	"github.com/alkblobfs/alkblobfs/blob"
 	"github.com/alkblobfs/alkblobfs/engines"
@@ -69,7 +68,7 @@ var (
 type sqliteState struct {
 	*meta.SQLite
 	db    *sql.DB
-	batch *engines.Batcher
+	batch *meta.Batcher
 	once  sync.Once
 }
 
@@ -92,7 +91,7 @@ func openSQLiteState(t *testing.T, path string, b meta.Boot) *sqliteState {
 	if err != nil {
 		t.Fatal(err)
 	}
-	batch := engines.NewBatcher(db)
+	batch := meta.NewBatcher(db)
 	m, err := meta.OpenSQLite(t.Context(), meta.SQLiteConfig{Name: "sqlite:" + path, Path: path, DB: db, Batch: batch, Boot: b})
 	if err != nil {
 		batch.Close()
@@ -122,36 +121,12 @@ func TestSQLiteLeaseFile(t *testing.T) {
 	}
 }
 
-var (
-	holdOnce sync.Once
-	holdCh   = make(chan chan struct{}, 1)
-)
-
-// registerHold registers alkblobfs_test_hold(x), true for every x: at
-// x = 1 it hands the test a channel on holdCh and waits until the test
-// closes it, so that a test can act while a statement is midway.
-func registerHold(t *testing.T) {
-	holdOnce.Do(func() {
-		err := sqlitedrv.RegisterScalarFunction("alkblobfs_test_hold", 1, func(_ *sqlitedrv.FunctionContext, args []driver.Value) (driver.Value, error) {
-			if x, _ := args[0].(int64); x == 1 {
-				ch := make(chan struct{})
-				holdCh <- ch
-				<-ch
-			}
-			return int64(1), nil
-		})
-		if err != nil {
-			t.Fatal(err)
-		}
-	})
-}
-
 // TestArbitrateCanceledCaller: a sweep canceled while its arbitration's
 // statement runs, in a transaction the Batcher shares with another
 // writer's job, neither interrupts that statement nor rolls back the
 // other job's work (which the Batcher would then run a second time).
 func TestArbitrateCanceledCaller(t *testing.T) {
-	registerHold(t)
+	meta.RegisterHold(t)
 	e := openSQLiteState(t, filepath.Join(t.TempDir(), "kv.db"), meta.HostBoot)
 	if _, err := e.DB().Exec(`CREATE TABLE t (k TEXT PRIMARY KEY)`); err != nil {
 		t.Fatal(err)
@@ -192,7 +167,7 @@ func TestArbitrateCanceledCaller(t *testing.T) {
 	})
 	awaitQueued(t, e, 2)
 	close(stop)
-	ch := <-holdCh // the arbitration's statement is midway
+	ch := <-meta.HoldCh // the arbitration's statement is midway
 	cancel()
 	time.Sleep(20 * time.Millisecond) // for the driver to see it
 	close(ch)

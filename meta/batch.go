@@ -1,4 +1,4 @@
-package engines
+package meta
 
 import (
 	"context"
@@ -46,6 +46,12 @@ import (
 // that goes after Do returns, once the decision has committed, or in
 // DoAlone when it needs the write lock. Every job gets the Batcher's
 // context as its parameter and must use it, never the caller's (see Do).
+//
+// It is meta's because a transaction is: meta owns the database's shared
+// state, and no exported signature outside meta takes a *sql.Tx
+// (docs/txsig_test.go). The engine opens it (NewBatcher) and hands it its
+// blob statements as jobs; meta's own writes (SQLite, Links) go through
+// the same one.
 //
 // Every write transaction of a process on the database should go through
 // its Batcher: its runner begins the next transaction as soon as one
@@ -244,4 +250,47 @@ func (b *Batcher) call(j *batchJob, tx *sql.Tx) {
 		}
 	}()
 	j.err = j.fn(j.ctx, tx)
+}
+
+// Batching is an SQL engine whose short write transactions share commits
+// (Batcher): SQLite, whose writers take turns on one lock, so that a
+// commit per small file is the cost of ingest. Registries in the engine's
+// database use the same Batcher for their hot writes.
+type Batching interface {
+	Batcher() *Batcher
+}
+
+// InTx runs fn in a transaction of db and commits it. An error of fn rolls
+// the transaction back and is returned as it is; an error beginning or
+// committing goes through wrap (the engine's error wrapper; nil: none)
+// first. A panic in fn rolls the transaction back too, then goes on up
+// as it was: a transaction never ended keeps its connection out of the
+// pool and its locks held (SQLite's write lock, PostgreSQL's row and
+// advisory locks) until its context ends, for ever under a Background
+// one, and a caller that recovers (the mount answers EIO and goes on)
+// would be left with a database no one can write.
+func InTx(ctx context.Context, db *sql.DB, wrap func(error) error, fn func(tx *sql.Tx) error) error {
+	if wrap == nil {
+		wrap = func(err error) error { return err }
+	}
+	tx, err := db.BeginTx(ctx, nil)
+	if err != nil {
+		return wrap(err)
+	}
+	done := false
+	defer func() {
+		if !done {
+			tx.Rollback() // fn panicked: the panic goes on up as it was
+		}
+	}()
+	err = fn(tx)
+	done = true
+	if err != nil {
+		tx.Rollback() // fn's error is the one to report
+		return err
+	}
+	if err := tx.Commit(); err != nil {
+		return wrap(err)
+	}
+	return nil
 }
