@@ -66,7 +66,11 @@ type Commit[J any] struct {
 	mu      sync.Mutex
 	linger  time.Duration
 	queue   []*entry[J]
-	running int
+	running int // runners started and not ended, idle ones included
+	// idle is how many runners wait for work (park); work wakes one
+	// each (capacity: runners, so a send under mu never blocks).
+	idle int
+	work chan struct{}
 	// changed is closed when a lingering runner should look at the queue
 	// again (an eager job, a Hurry, Close); nil while none lingers.
 	changed chan struct{}
@@ -86,7 +90,8 @@ type entry[J any] struct {
 // it), and must settle every job's result before it returns; a panic in
 // it is raised again in every caller of the batch.
 func New[J any](o Options, run func(batch []J)) *Commit[J] {
-	return &Commit[J]{run: run, runners: max(o.Runners, 1), maxBatch: o.MaxBatch, linger: o.Linger}
+	n := max(o.Runners, 1)
+	return &Commit[J]{run: run, runners: n, maxBatch: o.MaxBatch, linger: o.Linger, work: make(chan struct{}, n)}
 }
 
 // ErrClosed is the error of a job queued after Close.
@@ -108,11 +113,17 @@ func (c *Commit[J]) Do(ctx context.Context, j J, k Kind) error {
 		attach(h, c, e)
 	}
 	c.queue = append(c.queue, e)
-	start := c.running < c.runners
-	if start {
+	start := false
+	switch {
+	case c.idle > 0:
+		c.idle--
+		c.work <- struct{}{}
+	case c.running < c.runners:
+		start = true
 		c.running++
 		c.wg.Add(1)
-	} else if e.kind != Lazy {
+	}
+	if e.kind != Lazy {
 		c.changedLocked()
 	}
 	c.mu.Unlock()
@@ -150,6 +161,9 @@ func (c *Commit[J]) Close() {
 	c.mu.Lock()
 	c.closed = true
 	c.changedLocked()
+	for ; c.idle > 0; c.idle-- {
+		c.work <- struct{}{}
+	}
 	c.mu.Unlock()
 	c.wg.Wait()
 }
@@ -162,35 +176,72 @@ func (c *Commit[J]) changedLocked() {
 	}
 }
 
-// runner runs batches until the queue is empty. A batch of lazy jobs
-// only waits for company once, when the runner starts: the jobs that
-// queue while a batch runs have waited for it, and go in the next at
-// once.
+// runner runs batches until the queue is empty, then waits up to
+// runnerIdle for more before it ends. A batch of lazy jobs only waits
+// for company when the runner starts or wakes: the jobs that queue while
+// a batch runs have waited for it, and go in the next at once.
 func (c *Commit[J]) runner() {
 	defer c.wg.Done()
+	idle := time.NewTimer(runnerIdle)
+	defer idle.Stop()
 	c.mu.Lock()
-	if !c.ready() && c.linger > 0 {
-		c.lingerLocked()
-	}
-	for len(c.queue) > 0 {
-		n := min(len(c.queue), c.batchMax())
-		// A job that runs alone ends the batch before it, in queue
-		// order, or is a batch of its own.
-		switch k := slices.IndexFunc(c.queue[:n], func(e *entry[J]) bool { return e.kind == Alone }); k {
-		case -1:
-		case 0:
-			n = 1
-		default:
-			n = k
+	for {
+		if len(c.queue) > 0 && !c.ready() && c.linger > 0 {
+			c.lingerLocked()
 		}
-		es := c.queue[:n:n]
-		c.queue = c.queue[n:]
-		c.mu.Unlock()
-		c.runBatch(es)
-		c.mu.Lock()
+		for len(c.queue) > 0 {
+			n := min(len(c.queue), c.batchMax())
+			// A job that runs alone ends the batch before it, in queue
+			// order, or is a batch of its own.
+			switch k := slices.IndexFunc(c.queue[:n], func(e *entry[J]) bool { return e.kind == Alone }); k {
+			case -1:
+			case 0:
+				n = 1
+			default:
+				n = k
+			}
+			es := c.queue[:n:n]
+			c.queue = c.queue[n:]
+			c.mu.Unlock()
+			c.runBatch(es)
+			c.mu.Lock()
+		}
+		if c.closed || !c.parkLocked(idle) {
+			c.running--
+			c.mu.Unlock()
+			return
+		}
 	}
-	c.running--
+}
+
+// runnerIdle is how long a runner waits for work before it ends. A
+// runner that stays keeps its goroutine's grown stack (a SQLite
+// statement's is deep): a sequential writer's next job, 100–300 µs later
+// in a cp -r, reuses it instead of growing a fresh goroutine's again.
+const runnerIdle = time.Second
+
+// parkLocked waits, c.mu held, until Do or Close hands the runner work,
+// and reports whether one did (false: runnerIdle passed, and the runner
+// is no longer counted idle).
+func (c *Commit[J]) parkLocked(timer *time.Timer) bool {
+	c.idle++
 	c.mu.Unlock()
+	timer.Reset(runnerIdle)
+	select {
+	case <-c.work:
+		timer.Stop()
+		c.mu.Lock()
+		return true
+	case <-timer.C:
+	}
+	c.mu.Lock()
+	select {
+	case <-c.work: // handed work as the timer fired
+		return true
+	default:
+		c.idle--
+		return false
+	}
 }
 
 // lingerLocked waits, c.mu held, until the queue is ready or Linger has
