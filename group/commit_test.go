@@ -280,6 +280,17 @@ func TestCommitClose(t *testing.T) {
 	if got := r.seen(); len(got) != 1 {
 		t.Errorf("batches %v, want the queued job's", got)
 	}
+
+	// A runner waiting for work (runnerIdle) ends at Close, at once.
+	c = New(Options{}, r.run)
+	if err := c.Do(t.Context(), &job{key: "then idle"}, Eager); err != nil {
+		t.Fatal(err)
+	}
+	start := time.Now()
+	c.Close()
+	if d := time.Since(start); d > runnerIdle/2 {
+		t.Errorf("Close with an idle runner took %v: it waited out the runner's idle time (%v)", d, runnerIdle)
+	}
 }
 
 // TestCommitHurry: a lazy job whose context carries a Hurry runs as soon
