@@ -3,7 +3,7 @@ package docs
 import (
 	"go/ast"
 	"go/token"
-	"maps"
+	"os"
 	"path/filepath"
 	"slices"
 	"strconv"
@@ -12,39 +12,16 @@ import (
 
 // TestNoTxInExportedSignatures: outside package meta, no exported
 // function, method, type or field of a non-test file names *sql.Tx —
-// neither as a parameter nor inside a callback's type — but for the
-// ones txStill lists (issue 36, stage 2: "Rows, not transactions"). A
-// close hands meta the rows it commits as a value; only the engines,
-// which open the transaction of a blob's row, and meta, which writes
-// the shared rows in it, see a transaction.
+// neither as a parameter nor inside a callback's type (issue 36: "Rows,
+// not transactions"). A close hands meta the rows it commits as a value,
+// a delete's arbitration is one operation of meta, and SQLite's writer,
+// whose jobs are transactions, is meta's: only meta, the owner of the
+// shared state, hands out a transaction, and an engine sees one only as
+// the job it gave meta's writer.
 func TestNoTxInExportedSignatures(t *testing.T) {
-	found := txSignatures(t, "..")
-	for _, name := range found {
-		if _, ok := txStill[name]; !ok {
-			t.Errorf("%s has *sql.Tx in an exported signature: hand meta a value instead (docs/architecture.md, \"How one close commits\")", name)
-		}
+	for _, name := range txSignatures(t, "..") {
+		t.Errorf("%s has *sql.Tx in an exported signature: hand meta a value instead (docs/architecture.md, \"How one close commits\")", name)
 	}
-	for _, name := range slices.Sorted(maps.Keys(txStill)) {
-		if !slices.Contains(found, name) {
-			t.Errorf("%s no longer has *sql.Tx in an exported signature: remove it from txStill", name)
-		}
-	}
-}
-
-// txStill are the exported names outside meta that still take or hand
-// out a *sql.Tx, each until the step of issue 36, stage 2 that removes
-// it (docs/architecture.md, "How one close commits"). The list only
-// shrinks.
-var txStill = map[string]string{
-	// SQLite's group commit, whose jobs are transactions (issue 36's
-	// "one group commit").
-	"engines.Batcher.Do":      "the group commit's job",
-	"engines.Batcher.DoAlone": "meta.SQLite.Arbitrate's second hold (Arbitration.Outside)",
-	"engines.InTx":            "a transaction of one's own",
-	"engines.Write":           "Do, or InTx without a Batcher",
-	// Bulk loading of a store, many puts to a transaction
-	// (scripts/mkpool): a tool's, kept.
-	"engines/sqlite.Engine.PutIn": "scripts/mkpool's bulk puts",
 }
 
 // txSignatures returns, in file order, the exported declarations of the
@@ -152,5 +129,47 @@ func receiverName(typ ast.Expr) string {
 		default:
 			return ""
 		}
+	}
+}
+
+// TestTxSignaturesFinds: the check sees a *sql.Tx wherever an exported
+// signature can carry one — a parameter, a callback's parameter, a
+// method's, an exported field, under another name for database/sql — and
+// not in meta, unexported names or tests.
+func TestTxSignaturesFinds(t *testing.T) {
+	root := t.TempDir()
+	files := map[string]string{
+		"store/a.go": `package store
+import "database/sql"
+func Put(tx *sql.Tx) {}
+func With(fn func(*sql.Tx) error) {}
+func unexported(tx *sql.Tx) {}
+type Pool struct{}
+func (Pool) Delete(tx *sql.Tx) {}
+func (Pool) hidden(tx *sql.Tx) {}
+type Job struct{ Tx *sql.Tx; tx *sql.Tx }
+type job struct{ Tx *sql.Tx }
+`,
+		"gc/b.go": `package gc
+import dbsql "database/sql"
+type Runner interface{ Run(func(*dbsql.Tx)) }
+`,
+		"meta/c.go":       "package meta\nimport \"database/sql\"\nfunc Own(tx *sql.Tx) {}\n",
+		"store/a_test.go": "package store\nimport \"database/sql\"\nfunc InTest(tx *sql.Tx) {}\n",
+	}
+	for name, src := range files {
+		p := filepath.Join(root, name)
+		if err := os.MkdirAll(filepath.Dir(p), 0o755); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(p, []byte(src), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	got := txSignatures(t, root)
+	slices.Sort(got)
+	want := []string{"gc.Runner", "store.Job", "store.Pool.Delete", "store.Put", "store.With"}
+	if !slices.Equal(got, want) {
+		t.Errorf("txSignatures = %q, want %q", got, want)
 	}
 }

@@ -171,14 +171,6 @@ type SQL interface {
 	Dialect() string
 }
 
-// Batching is an SQL engine whose short write transactions share commits
-// (Batcher): SQLite, whose writers take turns on one lock, so that a
-// commit per small file is the cost of ingest. Registries in the engine's
-// database use the same Batcher for their hot writes.
-type Batching interface {
-	Batcher() *Batcher
-}
-
 // ResidueCounter is implemented by Large engines so that tests can count
 // what failed or abandoned stages leave behind: the local engine counts stage
 // files, mem counts open stages, a large-object engine counts orphan
@@ -256,41 +248,6 @@ func Writable(dir string) bool {
 // TABLE IF NOT EXISTS of one table can fail with a unique violation in the
 // catalog.
 const PGSchemaLock int64 = 0x616c6b626c6f62 // "alkblob"
-
-// InTx runs fn in a transaction of db and commits it. An error of fn rolls
-// the transaction back and is returned as it is; an error beginning or
-// committing goes through wrap (the engine's error wrapper; nil: none)
-// first. A panic in fn rolls the transaction back too, then goes on up
-// as it was: a transaction never ended keeps its connection out of the
-// pool and its locks held (SQLite's write lock, PostgreSQL's row and
-// advisory locks) until its context ends, for ever under a Background
-// one, and a caller that recovers (the mount answers EIO and goes on)
-// would be left with a database no one can write.
-func InTx(ctx context.Context, db *sql.DB, wrap func(error) error, fn func(tx *sql.Tx) error) error {
-	if wrap == nil {
-		wrap = func(err error) error { return err }
-	}
-	tx, err := db.BeginTx(ctx, nil)
-	if err != nil {
-		return wrap(err)
-	}
-	done := false
-	defer func() {
-		if !done {
-			tx.Rollback() // fn panicked: the panic goes on up as it was
-		}
-	}()
-	err = fn(tx)
-	done = true
-	if err != nil {
-		tx.Rollback() // fn's error is the one to report
-		return err
-	}
-	if err := tx.Commit(); err != nil {
-		return wrap(err)
-	}
-	return nil
-}
 
 // Querier is what *sql.DB and *sql.Tx share: a statement that runs on
 // its own, or inside a transaction the caller holds.

@@ -402,7 +402,7 @@ func (n *fileNode) commitLocked(ctx context.Context, intent bool) ([]notice, err
 // runs before anything is written; the others fail the transaction that
 // would have recorded the intent, which rolls back (meta.NSRows.WriteTx,
 // namespaces.Service.Pend), and a put that ran again after a rollback
-// reports its last run's own error (engines.Batcher, PostgreSQL's put
+// reports its last run's own error (meta.Batcher, PostgreSQL's put
 // batch). Any other error may be a COMMIT whose answer was lost.
 func refusedWhole(err error) bool {
 	return errors.Is(err, blob.ErrQuota) || errors.Is(err, namespaces.ErrNotFound) || errors.Is(err, blob.ErrVerification)

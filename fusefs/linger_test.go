@@ -10,11 +10,11 @@ import (
 	"testing"
 	"time"
 
-	"github.com/alkblobfs/alkblobfs/engines"
+	poolmeta "github.com/alkblobfs/alkblobfs/meta"
 )
 
 // The settle at a file's last RELEASE is a lazy job of SQLite's Batcher:
-// it lingers (engines.Linger) for the next close to share its
+// it lingers (meta.Linger) for the next close to share its
 // transaction. Nothing a program waits for may wait that linger out: not
 // the stat, chmod, utimes and rename rsync sends right after each close
 // (those need no settle), nor a lookup or listing of the namespace (those
@@ -31,7 +31,7 @@ const (
 // Batcher) with a linger of longLinger.
 func mountLongLinger(t *testing.T) *env {
 	e := mountStore(t, defaultSpec)
-	b, ok := e.kv.(engines.Batching)
+	b, ok := e.kv.(poolmeta.Batching)
 	if !ok || b.Batcher() == nil {
 		t.Fatalf("%T has no Batcher", e.kv)
 	}

@@ -170,7 +170,7 @@ type Collector struct {
 	// rowMu orders row writes (read side) against a renewal tick's drop of
 	// released rows (write side).
 	rowMu     sync.RWMutex
-	rows      rowWriter
+	rows      *rowWriter
 	stopRenew chan struct{}
 	renewDone chan struct{}
 	lapsed    atomic.Int64
@@ -215,7 +215,7 @@ func New(pool Pool, o Options) *Collector {
 	if c.ttl <= 0 {
 		c.ttl = DefaultPinTTL
 	}
-	c.rows.c = c
+	c.rows = newRowWriter(c)
 	if c.host != nil {
 		c.stopRenew, c.renewDone = make(chan struct{}), make(chan struct{})
 		go c.renewLoop(c.stopRenew, c.renewDone)

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/alkblobfs/alkblobfs/blob"
+	"github.com/alkblobfs/alkblobfs/group"
 	"github.com/alkblobfs/alkblobfs/meta"
 )
 
@@ -661,7 +662,7 @@ func (c *Collector) Close() error {
 	<-c.renewDone
 	// Row writes in flight hold rowMu's read side; later ones see closed.
 	c.rowMu.Lock()
-	c.rows.wg.Wait()
+	c.rows.group.Close()
 	c.rowMu.Unlock()
 	ctx, cancel := context.WithTimeout(context.Background(), closeTimeout)
 	defer cancel()
@@ -673,58 +674,46 @@ func (c *Collector) Close() error {
 
 // rowWriter commits the rows of first pins (Pin without a put), coalescing
 // the pins that arrive while a commit is in flight into the next one: a
-// group commit. Readers opening many blobs at once (ls | xargs cat -P4)
-// then share transactions instead of queueing one each on the database's
-// write lock.
+// group commit (group.Commit). Readers opening many blobs at once
+// (ls | xargs cat -P4) then share transactions instead of queueing one
+// each on the database's write lock.
 type rowWriter struct {
-	c       *Collector
-	mu      sync.Mutex
-	pending []rowReq
-	busy    bool           // a flush goroutine is running
-	wg      sync.WaitGroup // flush goroutines, for Close
+	c     *Collector
+	group *group.Commit[*rowReq]
 }
 
 type rowReq struct {
-	d    blob.Digest
-	done chan error
+	d   blob.Digest
+	ctx context.Context
+	err error
+}
+
+func newRowWriter(c *Collector) *rowWriter {
+	w := &rowWriter{c: c}
+	w.group = group.New(group.Options{Runners: 1}, w.flush)
+	return w
 }
 
 // write returns once d's row is committed, or the commit failed.
 func (w *rowWriter) write(ctx context.Context, d blob.Digest) error {
-	r := rowReq{d: d, done: make(chan error, 1)}
-	w.mu.Lock()
-	w.pending = append(w.pending, r)
-	if !w.busy {
-		w.busy = true
-		w.wg.Add(1)
-		go w.flush(context.WithoutCancel(ctx))
-	}
-	w.mu.Unlock()
 	// Not abandoned on ctx: the row may commit regardless, and the caller
 	// must know whether it did.
-	return <-r.done
+	r := &rowReq{d: d, ctx: context.WithoutCancel(ctx)}
+	if err := w.group.Do(ctx, r, group.Eager); err != nil {
+		return err
+	}
+	return r.err
 }
 
-// flush commits what is pending, again and again, until nothing is.
-func (w *rowWriter) flush(ctx context.Context) {
-	defer w.wg.Done()
-	for {
-		w.mu.Lock()
-		batch := w.pending
-		w.pending = nil
-		if len(batch) == 0 {
-			w.busy = false
-			w.mu.Unlock()
-			return
-		}
-		w.mu.Unlock()
-		ds := make([]blob.Digest, len(batch))
-		for i, r := range batch {
-			ds[i] = r.d
-		}
-		err := w.c.host.PinRows(ctx, nil, w.c.owner, ds, w.c.ttl)
-		for _, r := range batch {
-			r.done <- err
-		}
+// flush commits the rows of one batch, with its first caller's context:
+// the group's run function.
+func (w *rowWriter) flush(batch []*rowReq) {
+	ds := make([]blob.Digest, len(batch))
+	for i, r := range batch {
+		ds[i] = r.d
+	}
+	err := w.c.host.PinRows(batch[0].ctx, nil, w.c.owner, ds, w.c.ttl)
+	for _, r := range batch {
+		r.err = err
 	}
 }

@@ -140,6 +140,15 @@
 // the pool, which the server drops when the session ends — Check reports
 // that loss, and the sweeper stops deleting.
 //
+// # Transactions
+//
+// A transaction is this package's: the SQLite database's writer, which
+// every write transaction of a process on it goes through ([Batcher], a
+// group.Commit of transactions: the engine opens it and hands it its
+// blob statements as jobs), and the one helper for a transaction of
+// one's own ([InTx]). No exported signature outside this package takes
+// a *sql.Tx (docs/txsig_test.go), but for those the next section names.
+//
 // # Still crossing packages (stage 2 of issue 36)
 //
 // No *sql.Tx crosses this package's boundary toward gc, store or

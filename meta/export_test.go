@@ -31,7 +31,7 @@ func NSDDL(dialect string) []string { return nsDDL[dialect] }
 func SettleGroup(l *Links, ids []int64, now int64) (linked []bool, errs []error) {
 	var jobs []*settleJob
 	for _, id := range ids {
-		jobs = append(jobs, &settleJob{id: id, now: now, ctx: context.Background(), done: make(chan struct{})})
+		jobs = append(jobs, &settleJob{id: id, now: now, ctx: context.Background()})
 	}
 	l.settles.settle(jobs)
 	for _, j := range jobs {
@@ -39,3 +39,10 @@ func SettleGroup(l *Links, ids []int64, now int64) (linked []bool, errs []error)
 	}
 	return linked, errs
 }
+
+// RegisterHold and HoldCh are batch_test.go's alkblobfs_test_hold, for
+// the external tests: one registration per test binary.
+var (
+	RegisterHold = registerHold
+	HoldCh       = holdCh
+)

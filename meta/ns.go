@@ -54,7 +54,7 @@ type Links struct {
 	chargeStmt                                 *sql.Stmt
 	// batch, when the engine has one (SQLite), carries the write
 	// transactions (write), settles lazily.
-	batch *engines.Batcher
+	batch *Batcher
 	// settles groups concurrent settles in one statement (PostgreSQL).
 	settles *settleGroup
 	// noPerm: the ns table has no permission columns (an older store on
@@ -74,7 +74,7 @@ type LinksConfig struct {
 	// times the intents.
 	Engine engines.SQL
 	// Batch, if set, carries every write transaction (SQLite's Batcher).
-	Batch *engines.Batcher
+	Batch *Batcher
 	// Wall stamps linked_at and created_at; nil means time.Now.
 	Wall func() time.Time
 	// Origin, on PostgreSQL, makes every statement that commits a change
@@ -157,7 +157,7 @@ func OpenLinks(ctx context.Context, cfg LinksConfig) (*Links, error) {
 	if l.wall == nil {
 		l.wall = time.Now
 	}
-	l.settles = &settleGroup{db: db}
+	l.settles = newSettleGroup(db)
 	if dialect == "sqlite" {
 		l.rows = rows
 	}

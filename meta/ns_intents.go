@@ -4,11 +4,10 @@ import (
 	"context"
 	"database/sql"
 	"errors"
-	"slices"
-	"sync"
 	"time"
 
 	"github.com/alkblobfs/alkblobfs/blob"
+	"github.com/alkblobfs/alkblobfs/group"
 )
 
 // Pend records an intent for d in the namespace, in a transaction of its
@@ -209,18 +208,16 @@ func (l *Links) AnyPending(ctx context.Context, name string) (bool, error) {
 }
 
 // settleGroup settles the intents of concurrent callers in one statement
-// on PostgreSQL (settleManySQL): a cp -r of small files settles one per
-// file at its RELEASE, and a statement each was a round trip and a
-// transaction each. One statement runs at a time; the settles that arrive
-// meanwhile go together in the next. The statement is one transaction, so
-// it links every intent of the group or none: a failure is every caller's,
-// and each retries (namespaces' Lease).
+// on PostgreSQL (settleManySQL), through a group commit (group.Commit): a
+// cp -r of small files settles one per file at its RELEASE, and a
+// statement each was a round trip and a transaction each. One statement
+// runs at a time; the settles that arrive meanwhile go together in the
+// next. The statement is one transaction, so it links every intent of
+// the group or none: a failure is every caller's, and each retries
+// (namespaces' Lease).
 type settleGroup struct {
-	db *sql.DB
-
-	mu      sync.Mutex
-	queue   []*settleJob
-	running bool
+	db    *sql.DB
+	group *group.Commit[*settleJob]
 }
 
 type settleJob struct {
@@ -229,11 +226,16 @@ type settleJob struct {
 	ctx    context.Context
 	linked bool
 	err    error
-	done   chan struct{}
 }
 
 // settleGroupMax bounds the intents of one statement.
 const settleGroupMax = 256
+
+func newSettleGroup(db *sql.DB) *settleGroup {
+	g := &settleGroup{db: db}
+	g.group = group.New(group.Options{Runners: 1, MaxBatch: settleGroupMax}, g.settle)
+	return g
+}
 
 // settleManySQL takes the intents $1 and links their (namespace, digest)
 // pairs, inserted in key order (two hosts' groups never wait for each
@@ -255,41 +257,15 @@ const settleManySQL = `WITH k AS (SELECT name FROM ns WHERE name IN (SELECT ns F
 // statement runs with the context of the group's first caller, without
 // its cancellation: it is the other callers' statement too.
 func (g *settleGroup) do(ctx context.Context, id, now int64) (bool, error) {
-	j := &settleJob{id: id, now: now, ctx: context.WithoutCancel(ctx), done: make(chan struct{})}
-	g.mu.Lock()
-	g.queue = append(g.queue, j)
-	start := !g.running
-	g.running = true
-	g.mu.Unlock()
-	if start {
-		go g.run()
+	j := &settleJob{id: id, now: now, ctx: context.WithoutCancel(ctx)}
+	if err := g.group.Do(ctx, j, group.Eager); err != nil {
+		return false, err
 	}
-	<-j.done
 	return j.linked, j.err
 }
 
-func (g *settleGroup) run() {
-	for {
-		g.mu.Lock()
-		if len(g.queue) == 0 {
-			g.running = false
-			g.mu.Unlock()
-			return
-		}
-		n := min(len(g.queue), settleGroupMax)
-		jobs := slices.Clone(g.queue[:n])
-		g.queue = slices.Delete(g.queue, 0, n)
-		g.mu.Unlock()
-		g.settle(jobs)
-	}
-}
-
+// settle runs one group's statement: the group's run function.
 func (g *settleGroup) settle(jobs []*settleJob) {
-	defer func() {
-		for _, j := range jobs {
-			close(j.done)
-		}
-	}()
 	ids := make([]int64, len(jobs))
 	for k, j := range jobs {
 		ids[k] = j.id

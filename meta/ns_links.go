@@ -214,15 +214,15 @@ func (l *Links) chargeOfAdded(ctx context.Context, tx *sql.Tx, name string, adde
 
 // inTx is write, eager. f gets the context to use, which on SQLite is the
 // Batcher's: a caller canceled midway must not interrupt a statement of a
-// transaction other writers share (engines.Batcher).
+// transaction other writers share (Batcher).
 func (l *Links) inTx(ctx context.Context, f func(ctx context.Context, tx *sql.Tx) error) error {
 	return l.write(ctx, false, f)
 }
 
-// write runs fn in a write transaction (engines.Write: through the
+// write runs fn in a write transaction (Write: through the
 // engine's Batcher when it has one, lazily if asked).
 func (l *Links) write(ctx context.Context, lazy bool, fn func(ctx context.Context, tx *sql.Tx) error) error {
-	return engines.Write(ctx, l.batch, l.db, lazy, fn)
+	return Write(ctx, l.batch, l.db, lazy, fn)
 }
 
 // Unlink drops the namespace's reference to d and frees its charge unless

@@ -210,7 +210,7 @@ func createNSSchema(ctx context.Context, db *sql.DB, dialect string, stmts []str
 			return nil
 		}
 	}
-	return engines.InTx(ctx, db, nil, func(tx *sql.Tx) error {
+	return InTx(ctx, db, nil, func(tx *sql.Tx) error {
 		if _, err := tx.ExecContext(ctx, `SELECT pg_advisory_xact_lock($1)`, engines.PGSchemaLock); err != nil {
 			return err
 		}
@@ -242,7 +242,7 @@ func addPermColumns(ctx context.Context, db *sql.DB, dialect string) (ok bool, e
 	if err := db.QueryRowContext(ctx, q).Scan(&n); err != nil || n == 3 {
 		return err == nil, err
 	}
-	err = engines.InTx(ctx, db, nil, func(tx *sql.Tx) error {
+	err = InTx(ctx, db, nil, func(tx *sql.Tx) error {
 		if dialect == "postgres" {
 			if _, err := tx.ExecContext(ctx, `SELECT pg_advisory_xact_lock($1)`, engines.PGSchemaLock); err != nil {
 				return err
@@ -353,7 +353,7 @@ func addUsageColumns(ctx context.Context, db *sql.DB, dialect string) (added, ok
 	if err != nil || len(need) == 0 {
 		return false, err == nil, err
 	}
-	err = engines.InTx(ctx, db, nil, func(tx *sql.Tx) error {
+	err = InTx(ctx, db, nil, func(tx *sql.Tx) error {
 		added = false
 		if dialect == "postgres" {
 			if _, err := tx.ExecContext(ctx, `SELECT pg_advisory_xact_lock($1)`, engines.PGSchemaLock); err != nil {

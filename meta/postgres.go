@@ -268,7 +268,7 @@ func (p *Postgres) PinRows(ctx context.Context, tx *sql.Tx, owner string, ds []b
 	if tx != nil {
 		return run(tx)
 	}
-	return engines.InTx(ctx, p.db, func(err error) error { return p.wrap("pin", err) }, run)
+	return InTx(ctx, p.db, func(err error) error { return p.wrap("pin", err) }, run)
 }
 
 // RenewPins implements Host.
@@ -329,7 +329,7 @@ func (p *Postgres) Arbitrate(ctx context.Context, a Arbitration) ([]int64, error
 		return nil, p.wrap("arbitrate", errors.New("the database keeps no blob rows to delete (no BlobDelete)"))
 	}
 	var out []int64
-	err := engines.InTx(ctx, p.db, func(err error) error { return p.wrap("arbitrate", err) }, func(tx *sql.Tx) error {
+	err := InTx(ctx, p.db, func(err error) error { return p.wrap("arbitrate", err) }, func(tx *sql.Tx) error {
 		var n int64
 		if err := tx.QueryRowContext(ctx, lockExclusive, PGLockKeys(a.Digests)).Scan(&n); err != nil {
 			return p.wrap("arbitrate", err)

@@ -30,7 +30,7 @@ type SQLite struct {
 	name  string
 	path  string // the database file; the lease file is beside it
 	db    *sql.DB
-	batch *engines.Batcher // nil: read-only
+	batch *Batcher // nil: read-only
 	wrapD Wrap
 	// noLedger: read-only, and the database predates gc_corrupt.
 	noLedger bool
@@ -58,7 +58,7 @@ type SQLiteConfig struct {
 	DB *sql.DB
 	// Batch is the engine's Batcher, which every write transaction of the
 	// database goes through; nil when the database is read-only.
-	Batch *engines.Batcher
+	Batch *Batcher
 	// ReadOnly: the database is on read-only media. Nothing is created or
 	// written; a ledger the database predates reads as empty.
 	ReadOnly bool
@@ -188,7 +188,7 @@ func (s *SQLite) initLedger(ctx context.Context, ro bool) error {
 // inTx runs fn in a write transaction (write) and commits it, rolling
 // back on any error. fn's error comes back as it is; a failed BEGIN or
 // COMMIT is wrapped with op. fn is a Batcher job: it must use the context
-// it is given, which no caller can cancel midway (see engines.Batcher),
+// it is given, which no caller can cancel midway (see Batcher),
 // and be safe to run twice.
 func (s *SQLite) inTx(ctx context.Context, op string, fn func(ctx context.Context, tx *sql.Tx) error) error {
 	var ferr error
@@ -202,10 +202,10 @@ func (s *SQLite) inTx(ctx context.Context, op string, fn func(ctx context.Contex
 	return err
 }
 
-// write runs fn in a write transaction, eager (engines.Write: through the
+// write runs fn in a write transaction, eager (Write: through the
 // engine's Batcher when the database is writable).
 func (s *SQLite) write(ctx context.Context, fn func(ctx context.Context, tx *sql.Tx) error) error {
-	return engines.Write(ctx, s.batch, s.db, false, fn)
+	return Write(ctx, s.batch, s.db, false, fn)
 }
 
 // SerialArbitration implements SerialHost: Arbitrate's lock is the
@@ -332,7 +332,7 @@ func (s *SQLite) Arbitrate(ctx context.Context, a Arbitration) ([]int64, error) 
 	if s.batch != nil {
 		err = s.batch.DoAlone(ctx, run)
 	} else {
-		err = engines.InTx(ctx, s.db, nil, func(tx *sql.Tx) error { return run(ctx, tx) })
+		err = InTx(ctx, s.db, nil, func(tx *sql.Tx) error { return run(ctx, tx) })
 	}
 	switch {
 	case err == nil:

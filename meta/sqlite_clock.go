@@ -124,7 +124,7 @@ func (s *SQLite) openClock(ctx context.Context, b Boot, ro bool) error {
 		s.clock.epoch = b.Wall() - nanos
 		return nil
 	}
-	return engines.InTx(ctx, s.db, func(err error) error { return s.wrap("open", fmt.Errorf("row clock: %w", err)) }, func(tx *sql.Tx) error {
+	return InTx(ctx, s.db, func(err error) error { return s.wrap("open", fmt.Errorf("row clock: %w", err)) }, func(tx *sql.Tx) error {
 		if _, err := tx.ExecContext(ctx, clockSchema); err != nil {
 			return s.wrap("open", fmt.Errorf("create gc_clock: %w", err))
 		}

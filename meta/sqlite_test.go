@@ -3,7 +3,6 @@ package meta_test
 import (
 	"context"
 	"database/sql"
-	"database/sql/driver"
 	"errors"
 	"fmt"
 	"net/url"
@@ -14,7 +13,7 @@ import (
 	"testing"
 	"time"
 
-	sqlitedrv "modernc.org/sqlite" // also registers the "sqlite" driver
+	_ "modernc.org/sqlite" // registers the "sqlite" driver
 
 	"github.com/alkblobfs/alkblobfs/blob"
 	"github.com/alkblobfs/alkblobfs/engines"
@@ -67,7 +66,7 @@ var _ meta.SerialHost = (*meta.SQLite)(nil)
 type sqliteState struct {
 	*meta.SQLite
 	db    *sql.DB
-	batch *engines.Batcher
+	batch *meta.Batcher
 	once  sync.Once
 }
 
@@ -94,7 +93,7 @@ func openSQLiteState(t *testing.T, path string, b meta.Boot) *sqliteState {
 		db.Close()
 		t.Fatal(err)
 	}
-	batch := engines.NewBatcher(db)
+	batch := meta.NewBatcher(db)
 	m, err := meta.OpenSQLite(t.Context(), meta.SQLiteConfig{Name: "sqlite:" + path, Path: path, DB: db, Batch: batch, Boot: b,
 		BlobDelete: `DELETE FROM blobs WHERE digest = ? RETURNING size`})
 	if err != nil {
@@ -125,36 +124,12 @@ func TestSQLiteLeaseFile(t *testing.T) {
 	}
 }
 
-var (
-	holdOnce sync.Once
-	holdCh   = make(chan chan struct{}, 1)
-)
-
-// registerHold registers alkblobfs_test_hold(x), true for every x: at
-// x = 1 it hands the test a channel on holdCh and waits until the test
-// closes it, so that a test can act while a statement is midway.
-func registerHold(t *testing.T) {
-	holdOnce.Do(func() {
-		err := sqlitedrv.RegisterScalarFunction("alkblobfs_test_hold", 1, func(_ *sqlitedrv.FunctionContext, args []driver.Value) (driver.Value, error) {
-			if x, _ := args[0].(int64); x == 1 {
-				ch := make(chan struct{})
-				holdCh <- ch
-				<-ch
-			}
-			return int64(1), nil
-		})
-		if err != nil {
-			t.Fatal(err)
-		}
-	})
-}
-
 // TestArbitrateCanceledCaller: a sweep canceled while its arbitration's
 // statement runs, in a transaction the Batcher shares with another
 // writer's job, neither interrupts that statement nor rolls back the
 // other job's work (which the Batcher would then run a second time).
 func TestArbitrateCanceledCaller(t *testing.T) {
-	registerHold(t)
+	meta.RegisterHold(t)
 	e := openSQLiteState(t, filepath.Join(t.TempDir(), "kv.db"), meta.HostBoot)
 	// The arbitration's liveness table is a view whose every row calls
 	// alkblobfs_test_hold: its read is the statement the test cancels
@@ -211,7 +186,7 @@ func TestArbitrateCanceledCaller(t *testing.T) {
 	close(stop)
 	var ch chan struct{}
 	select {
-	case ch = <-holdCh: // the arbitration's statement is midway
+	case ch = <-meta.HoldCh: // the arbitration's statement is midway
 	case <-time.After(time.Minute):
 		t.Fatal("the arbitration's read of its liveness table did not start in a minute")
 	}

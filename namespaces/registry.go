@@ -238,8 +238,8 @@ const pageSize = 1000
 // gets the in-memory registry.
 func Open(ctx context.Context, kv engines.Engine, clock Clock) (Registry, error) {
 	if s, ok := kv.(engines.SQL); ok {
-		var batch *engines.Batcher
-		if b, ok := kv.(engines.Batching); ok {
+		var batch *meta.Batcher
+		if b, ok := kv.(meta.Batching); ok {
 			batch = b.Batcher()
 		}
 		return openSQL(ctx, s, clock, batch)

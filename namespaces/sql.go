@@ -52,7 +52,7 @@ func OpenSQL(ctx context.Context, e engines.SQL, clock Clock) (*SQL, error) {
 // open, when the usage columns were just added: eager Batcher jobs, which
 // may share a transaction with other writers' and run again after a
 // rollback; the recount is idempotent (it sets every counter afresh).
-func openSQL(ctx context.Context, e engines.SQL, clock Clock, batch *engines.Batcher) (*SQL, error) {
+func openSQL(ctx context.Context, e engines.SQL, clock Clock, batch *meta.Batcher) (*SQL, error) {
 	r := &SQL{db: e.DB()}
 	r.watchOpen(e)
 	l, err := meta.OpenLinks(ctx, meta.LinksConfig{Engine: e, Batch: batch, Wall: orWall(clock).Now, Origin: r.origin})

@@ -9,6 +9,7 @@ import (
 
 	"github.com/alkblobfs/alkblobfs/engines"
 	"github.com/alkblobfs/alkblobfs/gc"
+	"github.com/alkblobfs/alkblobfs/group"
 )
 
 // The collector's types that the surfaces use, re-exported so that they
@@ -29,13 +30,13 @@ type (
 	// Clock is the GC's in-process clock (gc.Clock).
 	Clock = gc.Clock
 	// Hurry ends the linger of a lazy commit (a settle) for whoever waits
-	// on it (engines.Hurry).
-	Hurry = engines.Hurry
+	// on it (group.Hurry).
+	Hurry = group.Hurry
 )
 
 // WithHurry returns ctx carrying h, for a call whose commit may linger
-// (engines.WithHurry).
-func WithHurry(ctx context.Context, h *Hurry) context.Context { return engines.WithHurry(ctx, h) }
+// (group.WithHurry).
+func WithHurry(ctx context.Context, h *Hurry) context.Context { return group.WithHurry(ctx, h) }
 
 // RealClock is the wall clock.
 var RealClock = gc.RealClock

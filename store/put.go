@@ -216,7 +216,7 @@ func (s *Store) putRows(ctx context.Context, p meta.Putter, d Digest, b []byte, 
 		Pin: pinRow,                     // owner and TTL, or none
 		NS:  o.ns.For(d, int64(len(b))), // the link, intent or settle, or none
 	}
-	// Done runs on every path, a panic's included: engines.Batcher raises
+	// Done runs on every path, a panic's included: meta.Batcher raises
 	// a job's panic again in its caller and net/http recovers a handler's,
 	// so a put that skipped Done would leave the collector's row lock
 	// read-held and d's row claim open, and the next renewal, pin of d or

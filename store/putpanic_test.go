@@ -15,7 +15,7 @@ import (
 )
 
 // panickingKV is a SQLite engine whose joint put panics while panics is
-// set, as engines.Batcher raises a job's panic again in its caller.
+// set, as meta.Batcher raises a job's panic again in its caller.
 type panickingKV struct {
 	*sqlite.Engine
 	panics atomic.Bool

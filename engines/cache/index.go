@@ -13,6 +13,7 @@ import (
 
 	"github.com/alkblobfs/alkblobfs/blob"
 	"github.com/alkblobfs/alkblobfs/engines"
+	"github.com/alkblobfs/alkblobfs/meta"
 )
 
 // index is the host's record of the cache, index.db in the cache
@@ -59,7 +60,7 @@ func now() int64 { return time.Now().UnixNano() }
 // blobs, and in sizes too, which no reconcile rewrites from the files, so
 // that a copy truncated or replaced since is told by its size (openHit).
 func (x *index) add(ctx context.Context, d blob.Digest, size int64) error {
-	return engines.InTx(ctx, x.db, nil, func(tx *sql.Tx) error {
+	return meta.InTx(ctx, x.db, nil, func(tx *sql.Tx) error {
 		if _, err := tx.ExecContext(ctx, `INSERT INTO blobs (digest, size, atime) VALUES (?, ?, ?)
 		ON CONFLICT (digest) DO UPDATE SET size = excluded.size, atime = excluded.atime`, d[:], size, now()); err != nil {
 			return err
@@ -84,7 +85,7 @@ func (x *index) learnSizes(ctx context.Context, es []engines.Entry) error {
 	if len(es) == 0 {
 		return nil
 	}
-	return engines.InTx(ctx, x.db, nil, func(tx *sql.Tx) error {
+	return meta.InTx(ctx, x.db, nil, func(tx *sql.Tx) error {
 		for _, e := range es {
 			if _, err := tx.ExecContext(ctx, `INSERT INTO sizes (digest, size) VALUES (?, ?) ON CONFLICT (digest) DO NOTHING`, e.Digest[:], e.Size); err != nil {
 				return err
@@ -123,7 +124,7 @@ func (x *index) touch(ctx context.Context, at map[blob.Digest]int64) error {
 		return err
 	}
 	var wrote int64
-	err := engines.InTx(ctx, x.db, nil, func(tx *sql.Tx) error {
+	err := meta.InTx(ctx, x.db, nil, func(tx *sql.Tx) error {
 		wrote = 0
 		for d, t := range at {
 			res, err := tx.ExecContext(ctx, `UPDATE blobs SET atime = ? WHERE digest = ? AND atime < ?`,
@@ -168,7 +169,7 @@ func (x *index) addCounters(ctx context.Context, c engines.CacheCounters) error 
 	for k, v := range c.FillErrors {
 		vals["fill_error."+k] = v
 	}
-	return engines.InTx(ctx, x.db, nil, func(tx *sql.Tx) error {
+	return meta.InTx(ctx, x.db, nil, func(tx *sql.Tx) error {
 		for k, v := range vals {
 			if v == 0 {
 				continue
@@ -263,7 +264,7 @@ func (x *index) reconcile(ctx context.Context, files func(yield func(engines.Ent
 		return 0, 0, nil
 	}
 	t := now()
-	err = engines.InTx(ctx, x.db, nil, func(tx *sql.Tx) error {
+	err = meta.InTx(ctx, x.db, nil, func(tx *sql.Tx) error {
 		for _, e := range add {
 			if _, err := tx.ExecContext(ctx, `INSERT INTO blobs (digest, size, atime) VALUES (?, ?, ?)
 				ON CONFLICT (digest) DO UPDATE SET size = excluded.size`, e.Digest[:], e.Size, t); err != nil {

@@ -83,7 +83,7 @@ func notNil(b []byte) []byte {
 // writes them with meta in its transaction (meta.NSRows.WriteTx), with
 // the group's context (the caller's without its cancellation).
 func (e *Engine) PutRows(ctx context.Context, d blob.Digest, value []byte, rows meta.Rows) (bool, error) {
-	j := &putJob{d: d, value: notNil(value), rows: rows, ctx: context.WithoutCancel(ctx), done: make(chan struct{})}
+	j := &putJob{d: d, value: notNil(value), rows: rows, ctx: context.WithoutCancel(ctx)}
 	e.puts.do(j)
 	if j.err != nil {
 		err := j.err

@@ -2,11 +2,7 @@ package postgres
 
 // QueuedPuts is how many puts wait for a batch (tests: to know that the
 // puts they started queued behind batches they hold).
-func QueuedPuts(e *Engine) int {
-	e.puts.mu.Lock()
-	defer e.puts.mu.Unlock()
-	return len(e.puts.queue)
-}
+func QueuedPuts(e *Engine) int { return e.puts.group.Queued() }
 
 // FastBatches is how many put batches committed as one statement, with no
 // transaction of their own (putfast.go).

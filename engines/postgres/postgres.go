@@ -86,7 +86,7 @@ func (e *Engine) PoolSize() int { return int(e.pool.Config().MaxConns) }
 // connection goes back to the pool inside a transaction (a pooled session
 // left "idle in transaction" would hold its locks until reused).
 func (e *Engine) inTx(ctx context.Context, op string, fn func(tx *sql.Tx) error) error {
-	return engines.InTx(ctx, e.db, func(err error) error { return e.wrap(op, err) }, fn)
+	return meta.InTx(ctx, e.db, func(err error) error { return e.wrap(op, err) }, fn)
 }
 
 // Name implements engines.Engine: postgres://user@host:port/database.

@@ -5,11 +5,11 @@ import (
 	"database/sql"
 	"errors"
 	"slices"
-	"sync"
 	"sync/atomic"
 
 	"github.com/alkblobfs/alkblobfs/blob"
 	"github.com/alkblobfs/alkblobfs/engines"
+	"github.com/alkblobfs/alkblobfs/group"
 	"github.com/alkblobfs/alkblobfs/meta"
 )
 
@@ -18,9 +18,9 @@ import (
 // row's arbitration lock, the pin row, the namespace intent (prepared
 // again on every pooled connection, and deallocated after), the blob,
 // COMMIT, and the settle at RELEASE. Concurrent puts of one engine now
-// share them: each caller queues its put, and up to putRunners batches
-// run at once, each taking what has queued meanwhile (up to putMaxBatch
-// puts). Most batches are one statement (putfast.go); the others are
+// share them, through a group commit (group.Commit): each caller queues
+// its put, and up to putRunners batches run at once, each taking what has
+// queued meanwhile (up to putMaxBatch puts). Most batches are one statement (putfast.go); the others are
 // BEGIN, each put's namespace part (meta.NSRows.WriteTx: a link, or an
 // intent that replaces another), then one statement for every put of the
 // batch — the arbitration locks, the pin rows and the blobs — and COMMIT.
@@ -52,12 +52,8 @@ import (
 // fails every put of the batch; no caller is told its put committed
 // before the COMMIT returned.
 type putGroup struct {
-	e *Engine
-
-	mu      sync.Mutex
-	queue   []*putJob
-	running int
-	wg      sync.WaitGroup
+	e     *Engine
+	group *group.Commit[*putJob]
 
 	fastBatches atomic.Int64 // batches committed by fast (tests)
 	txBatches   atomic.Int64 // batches that took a transaction (tests)
@@ -78,59 +74,31 @@ type putJob struct {
 	ctx      context.Context
 	inserted bool
 	err      error
-	done     chan struct{}
 }
 
 // nowOnce is the server's clock read once per statement (see
 // engines.PGNow): the intents' expiries.
 const nowOnce = `(SELECT ` + engines.PGNow + `)`
 
-func newPutGroup(e *Engine) *putGroup { return &putGroup{e: e} }
+func newPutGroup(e *Engine) *putGroup {
+	g := &putGroup{e: e}
+	g.group = group.New(group.Options{Runners: putRunners, MaxBatch: putMaxBatch}, g.runBatch)
+	return g
+}
 
 // do queues j and returns once its batch committed or failed.
 func (g *putGroup) do(j *putJob) {
-	g.mu.Lock()
-	g.queue = append(g.queue, j)
-	start := g.running < putRunners
-	if start {
-		g.running++
-		g.wg.Add(1)
-	}
-	g.mu.Unlock()
-	if start {
-		go g.run()
-	}
-	<-j.done
-}
-
-// wait returns once no batch runs (Close).
-func (g *putGroup) wait() { g.wg.Wait() }
-
-// run commits batches until the queue is empty.
-func (g *putGroup) run() {
-	defer g.wg.Done()
-	for {
-		g.mu.Lock()
-		if len(g.queue) == 0 {
-			g.running--
-			g.mu.Unlock()
-			return
-		}
-		n := min(len(g.queue), putMaxBatch)
-		jobs := slices.Clone(g.queue[:n])
-		g.queue = slices.Delete(g.queue, 0, n)
-		g.mu.Unlock()
-		g.runBatch(jobs)
+	if err := g.group.Do(j.ctx, j, group.Eager); err != nil {
+		j.err = err
 	}
 }
 
-// runBatch commits jobs and tells their callers.
+// wait runs what is queued and returns once no batch runs (Close): a put
+// after it fails with group.ErrClosed.
+func (g *putGroup) wait() { g.group.Close() }
+
+// runBatch commits jobs: the group's run function.
 func (g *putGroup) runBatch(jobs []*putJob) {
-	defer func() {
-		for _, j := range jobs {
-			close(j.done)
-		}
-	}()
 	// Digest order: the batch's statements take locks and insert rows in
 	// the order every other batch and arbitration does.
 	slices.SortStableFunc(jobs, func(a, b *putJob) int { return a.d.Compare(b.d) })

@@ -76,7 +76,7 @@ func (e *Engine) Put(ctx context.Context, d blob.Digest, value []byte) (bool, er
 }
 
 // PutRows implements meta.Putter: in one write transaction of the group
-// commit (engines.Batcher), meta writes rows (the pin row, then the
+// commit (meta.Batcher), meta writes rows (the pin row, then the
 // namespace part) and the entry is inserted (or found: a dedup); all of
 // it commits, or none.
 func (e *Engine) PutRows(ctx context.Context, d blob.Digest, value []byte, rows meta.Rows) (bool, error) {
@@ -93,6 +93,36 @@ func (e *Engine) PutRows(ctx context.Context, d blob.Digest, value []byte, rows 
 		return false, e.wrapD("put", d, err)
 	}
 	return ok, nil
+}
+
+// PutMany puts the blobs ds, values[i] the value of ds[i], in one write
+// transaction with no rows of the shared state, and returns how many it
+// inserted (the others were there): the bulk load of a store that no
+// pin or namespace uses yet (scripts/mkpool), many puts to a commit
+// instead of one each. In digest order, the inserts are near-appends to
+// the key B-tree. All of them commit, or none.
+func (e *Engine) PutMany(ctx context.Context, ds []blob.Digest, values [][]byte) (int, error) {
+	if len(ds) != len(values) {
+		return 0, e.wrap("put", fmt.Errorf("%d digests for %d values", len(ds), len(values)))
+	}
+	var n int
+	err := e.inTx(ctx, "put", func(ctx context.Context, tx *sql.Tx) error {
+		n = 0 // a job may run twice
+		for i, d := range ds {
+			ok, err := e.putIn(ctx, tx, d, values[i])
+			if err != nil {
+				return e.wrapD("put", d, err)
+			}
+			if ok {
+				n++
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		return 0, err
+	}
+	return n, nil
 }
 
 func inserted(res sql.Result, name string, d blob.Digest) (bool, error) {

@@ -38,7 +38,7 @@
 //   - [engines.SQL]: DB is the engine's pool; namespace registries keep
 //     their tables in the same file. [meta.Putter]: PutRows has meta
 //     write a put's rows (its pin row, its link or intent) in the
-//     insert's transaction, a job of the group commit (engines.Batcher).
+//     insert's transaction, a job of the group commit (meta.Batcher).
 //   - A delete's arbitration is meta's (meta.Host.Arbitrate): Open gives
 //     it the engine's blob delete statement (meta.SQLiteConfig.BlobDelete),
 //     which meta runs in the arbitration's transaction.
@@ -66,7 +66,7 @@
 //
 // Connections wait up to 10 s for a lock (busy timeout). Every
 // write transaction of the engine, and the registry's puts' links and
-// settles, go through one [engines.Batcher], which commits concurrent ones
+// settles, go through one [meta.Batcher], which commits concurrent ones
 // in one transaction. Readers run in parallel on the pool's connections;
 // writers serialize on SQLite's write lock. Every transaction begins
 // IMMEDIATE (_txlock=immediate), taking the write lock up front: a

@@ -258,18 +258,6 @@ func (e *Engine) putIn(ctx context.Context, tx *sql.Tx, d blob.Digest, value []b
 	return true, nil
 }
 
-// PutIn puts d inside tx, a write transaction of the caller's on e's
-// database (scripts/mkpool fills a store that way, many puts to a
-// transaction): inserted is false when d was there. The caller commits,
-// or rolls back, the put with the rest of tx.
-func (e *Engine) PutIn(ctx context.Context, tx *sql.Tx, d blob.Digest, value []byte) (bool, error) {
-	ok, err := e.putIn(ctx, tx, d, value)
-	if err != nil {
-		return false, e.wrapD("put", d, err)
-	}
-	return ok, nil
-}
-
 // FlipValueBit flips the lowest bit of the first byte of d's stored value
 // in the SQLite database db, by SQL past any engine, as disk rot would:
 // what tests of the store's verification use, on either layout.

@@ -28,7 +28,7 @@ type Engine struct {
 	ro   bool // opened read-only (readOnly)
 	// batch commits PutRows and the registry's links in shared
 	// transactions; nil when read-only.
-	batch *engines.Batcher
+	batch *meta.Batcher
 	// syncs shares Sync's runs; wal is what they sync (sync.go).
 	syncs syncGroup
 	wal   walSync
@@ -59,7 +59,7 @@ var (
 	_ engines.BatchSizer   = (*Engine)(nil)
 	_ engines.Locator      = (*Engine)(nil)
 	_ meta.Holder          = (*Engine)(nil)
-	_ engines.Batching     = (*Engine)(nil)
+	_ meta.Batching        = (*Engine)(nil)
 	_ engines.Syncer       = (*Engine)(nil)
 	_ engines.RowClock     = (*Engine)(nil)
 )
@@ -126,7 +126,7 @@ func OpenLog(ctx context.Context, path string, log *slog.Logger) (*Engine, error
 	}
 	if !e.ro {
 		// Before the state opens: its writes go through the Batcher.
-		e.batch = engines.NewBatcher(db)
+		e.batch = meta.NewBatcher(db)
 	}
 	fail := func(err error) (*Engine, error) {
 		if e.batch != nil {
@@ -222,8 +222,8 @@ func (e *Engine) Dialect() string { return "sqlite" }
 // CursorsSurviveDelete implements engines.DeleteSafe: cursors hold a copy.
 func (e *Engine) CursorsSurviveDelete() bool { return true }
 
-// Batcher implements engines.Batching; nil on a read-only database.
-func (e *Engine) Batcher() *engines.Batcher { return e.batch }
+// Batcher implements meta.Batching; nil on a read-only database.
+func (e *Engine) Batcher() *meta.Batcher { return e.batch }
 
 // Meta implements meta.Holder: every part of the shared state.
 func (e *Engine) Meta() meta.State { return e.meta.Meta() }
@@ -241,7 +241,7 @@ func (e *Engine) PoolSize() int { return e.db.Stats().MaxOpenConnections }
 // inTx runs fn in a write transaction (write) and commits it, rolling
 // back on any error. fn's error comes back as it is; a failed BEGIN or
 // COMMIT is wrapped with op. fn is a Batcher job: it must use the context
-// it is given, which no caller can cancel midway (see engines.Batcher),
+// it is given, which no caller can cancel midway (see meta.Batcher),
 // and be safe to run twice.
 func (e *Engine) inTx(ctx context.Context, op string, fn func(ctx context.Context, tx *sql.Tx) error) error {
 	var ferr error
@@ -255,10 +255,10 @@ func (e *Engine) inTx(ctx context.Context, op string, fn func(ctx context.Contex
 	return err
 }
 
-// write runs fn in a write transaction, eager (engines.Write: through the
+// write runs fn in a write transaction, eager (meta.Write: through the
 // Batcher when the database is writable).
 func (e *Engine) write(ctx context.Context, fn func(ctx context.Context, tx *sql.Tx) error) error {
-	return engines.Write(ctx, e.batch, e.db, false, fn)
+	return meta.Write(ctx, e.batch, e.db, false, fn)
 }
 
 // Close commits what is batched, and closes the statements and the pool.

@@ -213,6 +213,11 @@ func syncDir(dir string) error {
 // needs a run that starts after it arrived: it joins the run queued
 // behind the running one, or, when none is queued, queues one and runs it
 // itself once the running one ended. Runs never overlap.
+//
+// It is not a group.Commit: a run commits nothing of its callers (each
+// caller's work committed before it asked), so a caller that joined may
+// stop waiting when its context ends, and no runner goroutine or batch of
+// jobs is needed — the caller that queued the run runs it.
 type syncGroup struct {
 	mu     sync.Mutex
 	last   *syncRun // the newest run (queued, running or done); nil: none yet

@@ -6,9 +6,9 @@
 //
 // Blob i holds the 16 bytes "mkpool" + i, so its digest is sha256 of that.
 // Puts one by one would each be a transaction; instead the rows go in
-// through the SQLite kv engine's PutIn, the statements of its Put for the
-// database's layout, in transactions of -batch rows on its DB(), in digest
-// order (near-appends to the key B-tree). That bypasses only the store
+// through the SQLite kv engine's PutMany, the statements of its Put for
+// the database's layout, in transactions of -batch rows, in digest order
+// (near-appends to the key B-tree). That bypasses only the store
 // facade (no pins: nothing else runs). The links go through the namespaces
 // registry's LinkMany. Opening the engine creates the schema first.
 //
@@ -23,7 +23,6 @@ package main
 import (
 	"context"
 	"crypto/sha256"
-	"database/sql"
 	"encoding/binary"
 	"flag"
 	"fmt"
@@ -34,7 +33,6 @@ import (
 	"time"
 
 	"github.com/alkblobfs/alkblobfs/blob"
-	"github.com/alkblobfs/alkblobfs/engines"
 	"github.com/alkblobfs/alkblobfs/engines/sqlite"
 	"github.com/alkblobfs/alkblobfs/namespaces"
 )
@@ -92,17 +90,12 @@ func run(ctx context.Context, data string, n int, frac float64, ns string, batch
 	}
 	slices.SortFunc(es, func(a, b entry) int { return a.d.Compare(b.d) })
 
-	db := e.DB()
 	for chunk := range slices.Chunk(es, batch) {
-		err := engines.InTx(ctx, db, nil, func(tx *sql.Tx) error {
-			for _, x := range chunk {
-				if _, err := e.PutIn(ctx, tx, x.d, content(x.i)); err != nil {
-					return err
-				}
-			}
-			return nil
-		})
-		if err != nil {
+		ds, values := make([]blob.Digest, len(chunk)), make([][]byte, len(chunk))
+		for k, x := range chunk {
+			ds[k], values[k] = x.d, content(x.i)
+		}
+		if _, err := e.PutMany(ctx, ds, values); err != nil {
 			return err
 		}
 	}

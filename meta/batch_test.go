@@ -1,4 +1,4 @@
-package engines
+package meta
 
 import (
 	"context"
@@ -79,7 +79,7 @@ func TestBatcherIsolatesJobs(t *testing.T) {
 	db := openBatchDB(t)
 	b := NewBatcher(db)
 	defer b.Close()
-	b.linger = time.Second // every lazy job below lands in one batch
+	b.SetLinger(time.Second) // every lazy job below lands in one batch
 	bad := errors.New("job failed")
 	jobs := map[string]func(ctx context.Context, tx *sql.Tx) error{
 		"a": insert("a"),
@@ -137,52 +137,12 @@ func TestBatcherGroupsConcurrent(t *testing.T) {
 	t.Logf("%d calls, %d transactions", n, b.batches.Load())
 }
 
-// TestBatcherLazyRidesWithEager: a lazy job waits for company; an eager
-// job that comes within the linger commits with it, at once.
-func TestBatcherLazyRidesWithEager(t *testing.T) {
-	db := openBatchDB(t)
-	b := NewBatcher(db)
-	defer b.Close()
-	b.linger = 5 * time.Second
-	lazy := make(chan error, 1)
-	go func() { lazy <- b.Do(t.Context(), true, insert("lazy")) }()
-	queued(t, b, 1)
-	time.Sleep(50 * time.Millisecond) // lingering: a commit now would be early
-	select {
-	case err := <-lazy:
-		t.Fatalf("a lazy job alone committed before its linger: %v", err)
-	default:
-	}
-	start := time.Now()
-	if err := b.Do(t.Context(), false, insert("eager")); err != nil {
-		t.Fatal(err)
-	}
-	if err := <-lazy; err != nil {
-		t.Fatal(err)
-	}
-	if d := time.Since(start); d > time.Second {
-		t.Errorf("the eager job waited %v for the lazy one's linger", d)
-	}
-	if n := b.batches.Load(); n != 1 {
-		t.Errorf("%d transactions; want the two jobs in one", n)
-	}
-
-	// Alone, a lazy job commits once its linger is over.
-	b.linger = 20 * time.Millisecond
-	if err := b.Do(t.Context(), true, insert("alone")); err != nil {
-		t.Fatal(err)
-	}
-	if got := rows(t, db); len(got) != 3 {
-		t.Errorf("committed %v", got)
-	}
-}
-
 // TestBatcherClose: Close commits what is queued without waiting out a
 // linger, and refuses jobs after it.
 func TestBatcherClose(t *testing.T) {
 	db := openBatchDB(t)
 	b := NewBatcher(db)
-	b.linger = time.Hour
+	b.SetLinger(time.Hour)
 	done := make(chan error, 1)
 	go func() { done <- b.Do(t.Context(), true, insert("queued")) }()
 	queued(t, b, 1)
@@ -226,7 +186,7 @@ func TestBatcherTransactionLost(t *testing.T) {
 	}
 	b := NewBatcher(db)
 	defer b.Close()
-	b.linger = time.Second
+	b.SetLinger(time.Second)
 	big := make([]byte, 1<<20)
 	jobs := map[string]func(ctx context.Context, tx *sql.Tx) error{
 		"a": insert("a"),
@@ -251,7 +211,7 @@ func TestBatcherPanic(t *testing.T) {
 	db := openBatchDB(t)
 	b := NewBatcher(db)
 	defer b.Close()
-	b.linger = time.Second
+	b.SetLinger(time.Second)
 	var wg sync.WaitGroup
 	var okErr error
 	var recovered any
@@ -299,9 +259,7 @@ func hold(t *testing.T, b *Batcher) (release func()) {
 func queued(t *testing.T, b *Batcher, n int) {
 	t.Helper()
 	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(time.Millisecond) {
-		b.mu.Lock()
-		k := len(b.queue)
-		b.mu.Unlock()
+		k := b.Queued()
 		if k >= n {
 			return
 		}
@@ -317,7 +275,7 @@ func TestBatcherAlone(t *testing.T) {
 	db := openBatchDB(t)
 	b := NewBatcher(db)
 	defer b.Close()
-	b.linger = time.Second
+	b.SetLinger(time.Second)
 	release := hold(t, b)
 	var wg sync.WaitGroup
 	errs := make([]error, 3)
@@ -459,66 +417,5 @@ func TestBatcherCanceledMidStatement(t *testing.T) {
 				t.Errorf("%d rows committed; want other and midway's 5000", len(got))
 			}
 		})
-	}
-}
-
-// TestBatcherHurry: a lazy job whose context carries a Hurry commits as
-// soon as Hurry.Now is called, queued already or not, instead of waiting
-// out its linger; a lazy job without one still lingers.
-func TestBatcherHurry(t *testing.T) {
-	db := openBatchDB(t)
-	b := NewBatcher(db)
-	defer b.Close()
-	b.SetLinger(time.Hour)
-	lazy := func(key string, h *Hurry) chan error {
-		ctx := t.Context()
-		if h != nil {
-			ctx = WithHurry(ctx, h)
-		}
-		done := make(chan error, 1)
-		go func() { done <- b.Do(ctx, true, insert(key)) }()
-		return done
-	}
-	await := func(what string, done chan error) {
-		t.Helper()
-		select {
-		case err := <-done:
-			if err != nil {
-				t.Fatalf("%s: %v", what, err)
-			}
-		case <-time.After(10 * time.Second):
-			t.Fatalf("%s: still lingering 10 s after Hurry.Now (linger 1 h)", what)
-		}
-	}
-
-	var queuedFirst Hurry
-	done := lazy("queued", &queuedFirst)
-	queued(t, b, 1)
-	queuedFirst.Now()
-	await("hurried once queued", done)
-
-	var nowFirst Hurry
-	nowFirst.Now()
-	await("hurried before it was queued", lazy("now first", &nowFirst))
-
-	// A fresh Batcher for the job without a Hurry: b's loop may still be
-	// in the turn that ran "now first", and a job queued then joins that
-	// turn's next batch at once, linger or not.
-	b.Close()
-	b = NewBatcher(db)
-	defer b.Close()
-	b.SetLinger(time.Hour)
-	plain := lazy("plain", nil)
-	queued(t, b, 1)
-	queuedFirst.Now() // spent: it hurries no other job
-	select {
-	case err := <-plain:
-		t.Fatalf("a lazy job without a Hurry committed before its linger: %v", err)
-	case <-time.After(50 * time.Millisecond):
-	}
-	b.Close()
-	await("closing", plain)
-	if got := rows(t, db); len(got) != 3 {
-		t.Errorf("committed %v", got)
 	}
 }

@@ -1,20 +1,20 @@
-package engines
+package meta
 
 import (
 	"context"
 	"database/sql"
 	"fmt"
 	"runtime/debug"
-	"slices"
-	"sync"
 	"sync/atomic"
 	"time"
 
 	"github.com/alkblobfs/alkblobfs/blob"
+	"github.com/alkblobfs/alkblobfs/group"
 )
 
 // Batcher commits the short write transactions of concurrent callers on
-// one database as one transaction (group commit). SQLite has one writer at
+// one database as one transaction: a group commit (group.Commit) whose
+// batches are transactions and whose jobs are functions of one. SQLite has one writer at
 // a time, and each transaction pays a BEGIN, a COMMIT and a WAL append of
 // every page it touched: a cp -r of small files into incoming/ paid two per
 // file (the publish at close, the link at the last RELEASE). Batched, the
@@ -47,24 +47,25 @@ import (
 // DoAlone when it needs the write lock. Every job gets the Batcher's
 // context as its parameter and must use it, never the caller's (see Do).
 //
+// It is meta's because a transaction is: meta owns the database's shared
+// state, and no exported signature outside meta takes a *sql.Tx
+// (docs/txsig_test.go). The engine opens it (NewBatcher) and hands it its
+// blob statements as jobs; meta's own writes (SQLite, Links) go through
+// the same one.
+//
 // Every write transaction of a process on the database should go through
-// its Batcher: the loop begins its next transaction as soon as one
+// its Batcher: its runner begins the next transaction as soon as one
 // commits, and a writer outside it, polling for SQLite's lock with
 // backoff, waits far longer than one in the queue.
 //
 // A lazy job's linger is for throughput only: when someone comes to need
 // its commit (a lookup of the file whose RELEASE it links), the caller
-// that queued it can have given its context a Hurry (WithHurry), and the
-// one who needs it calls Hurry.Now, which makes the job eager.
+// that queued it can have given its context a group.Hurry
+// (group.WithHurry), and the one who needs it calls its Now, which makes
+// the job eager.
 type Batcher struct {
-	db     *sql.DB
-	linger time.Duration
-
-	mu      sync.Mutex
-	queue   []*batchJob
-	kick    chan struct{} // the loop is told of a job (capacity 1)
-	closed  bool
-	stopped chan struct{}
+	db    *sql.DB
+	group *group.Commit[*batchJob]
 
 	batches atomic.Int64 // transactions begun (tests read it)
 }
@@ -79,11 +80,7 @@ const Linger = 2 * time.Millisecond
 // SetLinger changes how long lazy jobs wait for company, from the next
 // linger on (Linger by default). Tests make it long, to show that nothing
 // a program waits for waits it out.
-func (b *Batcher) SetLinger(d time.Duration) {
-	b.mu.Lock()
-	b.linger = d
-	b.mu.Unlock()
-}
+func (b *Batcher) SetLinger(d time.Duration) { b.group.SetLinger(d) }
 
 // maxBatch bounds the jobs of one transaction, so that one batch holds
 // SQLite's write lock for milliseconds, not seconds.
@@ -92,20 +89,18 @@ const maxBatch = 256
 type batchJob struct {
 	fn    func(ctx context.Context, tx *sql.Tx) error
 	ctx   context.Context
-	lazy  bool
-	alone bool // DoAlone: never shares a transaction, never runs again
 	err   error
 	panic any // recovered from fn, raised again by Do
-	done  chan struct{}
 }
 
 // failed reports whether fn returned an error or panicked.
 func (j *batchJob) failed() bool { return j.err != nil || j.panic != nil }
 
-// NewBatcher starts the loop that commits db's batches; Close stops it.
+// NewBatcher starts the group commit of db's write transactions: one
+// runner, since SQLite has one writer; Close stops it.
 func NewBatcher(db *sql.DB) *Batcher {
-	b := &Batcher{db: db, linger: Linger, kick: make(chan struct{}, 1), stopped: make(chan struct{})}
-	go b.loop()
+	b := &Batcher{db: db}
+	b.group = group.New(group.Options{Runners: 1, MaxBatch: maxBatch, Linger: Linger}, b.run)
 	return b
 }
 
@@ -119,7 +114,11 @@ var ErrBatcherClosed = fmt.Errorf("batched transaction: %w", blob.ErrClosed)
 // work too, so the context fn sees carries ctx's values without its
 // cancellation. fn must not wait for anything another batch would do.
 func (b *Batcher) Do(ctx context.Context, lazy bool, fn func(ctx context.Context, tx *sql.Tx) error) error {
-	return b.do(&batchJob{fn: fn, ctx: context.WithoutCancel(ctx), lazy: lazy, done: make(chan struct{})})
+	k := group.Eager
+	if lazy {
+		k = group.Lazy
+	}
+	return b.do(ctx, fn, k)
 }
 
 // Write runs fn in a write transaction of db: through b when there is
@@ -145,22 +144,14 @@ func Write(ctx context.Context, b *Batcher, db *sql.DB, lazy bool, fn func(ctx c
 // COMMIT) is returned with that outside work done. fn gets the Batcher's
 // context, as in Do.
 func (b *Batcher) DoAlone(ctx context.Context, fn func(ctx context.Context, tx *sql.Tx) error) error {
-	return b.do(&batchJob{fn: fn, ctx: context.WithoutCancel(ctx), alone: true, done: make(chan struct{})})
+	return b.do(ctx, fn, group.Alone)
 }
 
-func (b *Batcher) do(j *batchJob) error {
-	b.mu.Lock()
-	if b.closed {
-		b.mu.Unlock()
+func (b *Batcher) do(ctx context.Context, fn func(ctx context.Context, tx *sql.Tx) error, k group.Kind) error {
+	j := &batchJob{fn: fn, ctx: context.WithoutCancel(ctx)}
+	if err := b.group.Do(ctx, j, k); err != nil {
 		return ErrBatcherClosed
 	}
-	if h, _ := j.ctx.Value(hurryKey{}).(*Hurry); h != nil && j.lazy {
-		h.attach(b, j)
-	}
-	b.queue = append(b.queue, j)
-	b.mu.Unlock()
-	b.wake()
-	<-j.done
 	if j.panic != nil {
 		panic(j.panic)
 	}
@@ -169,149 +160,15 @@ func (b *Batcher) do(j *batchJob) error {
 
 // Queued reports how many jobs wait for a transaction (not those of the
 // batch running now): for stats, and for tests that order their callers.
-func (b *Batcher) Queued() int {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return len(b.queue)
-}
+func (b *Batcher) Queued() int { return b.group.Queued() }
 
-// Hurry lets whoever needs a lazy job's commit end its linger: the caller
-// of Do passes a context carrying h (WithHurry), and Now makes that job
-// eager, whether it is queued yet or not (a Now before the Do makes the
-// job eager from the start). One Hurry is for one job; its zero value is
-// ready to use.
-type Hurry struct {
-	mu  sync.Mutex
-	now bool
-	b   *Batcher // the job's batcher, once queued and until Now
-	j   *batchJob
-}
+// Close runs what is queued and stops. Jobs queued after it fail with
+// ErrBatcherClosed.
+func (b *Batcher) Close() { b.group.Close() }
 
-type hurryKey struct{}
-
-// WithHurry returns ctx carrying h, for a lazy Do (or a call that reaches
-// one) that someone may later need committed at once.
-func WithHurry(ctx context.Context, h *Hurry) context.Context {
-	return context.WithValue(ctx, hurryKey{}, h)
-}
-
-// Now makes h's job eager: its batch starts at once instead of lingering.
-func (h *Hurry) Now() {
-	h.mu.Lock()
-	if h.now {
-		h.mu.Unlock()
-		return
-	}
-	h.now = true
-	b, j := h.b, h.j
-	h.b, h.j = nil, nil
-	h.mu.Unlock()
-	if b == nil {
-		return // not queued yet: it will be queued eager
-	}
-	b.mu.Lock()
-	j.lazy = false // harmless when its batch has run already
-	b.mu.Unlock()
-	b.wake()
-}
-
-// attach ties h to j as b queues it (under b.mu).
-func (h *Hurry) attach(b *Batcher, j *batchJob) {
-	h.mu.Lock()
-	if h.now {
-		j.lazy = false
-	} else {
-		h.b, h.j = b, j
-	}
-	h.mu.Unlock()
-}
-
-// Close runs what is queued and stops the loop. Jobs queued after it
-// fail with ErrBatcherClosed.
-func (b *Batcher) Close() {
-	b.mu.Lock()
-	if b.closed {
-		b.mu.Unlock()
-		<-b.stopped
-		return
-	}
-	b.closed = true
-	b.mu.Unlock()
-	b.wake()
-	<-b.stopped
-}
-
-// wake tells the loop that the queue or the state changed.
-func (b *Batcher) wake() {
-	select {
-	case b.kick <- struct{}{}:
-	default: // the loop has been told already
-	}
-}
-
-func (b *Batcher) loop() {
-	defer close(b.stopped)
-	timer := time.NewTimer(time.Hour)
-	timer.Stop()
-	for {
-		<-b.kick
-		b.mu.Lock()
-		if len(b.queue) > 0 && !b.ready() {
-			// Only lazy jobs: give an eager one Linger to join.
-			deadline := time.Now().Add(b.linger)
-			for !b.ready() {
-				wait := time.Until(deadline)
-				if wait <= 0 {
-					break
-				}
-				b.mu.Unlock()
-				timer.Reset(wait) // Go 1.23 timers: no stale tick to drain
-				select {
-				case <-timer.C:
-				case <-b.kick:
-					timer.Stop()
-				}
-				b.mu.Lock()
-			}
-		}
-		for len(b.queue) > 0 {
-			n := min(len(b.queue), maxBatch)
-			// A job that runs alone ends the batch before it, in queue
-			// order, or is a batch of its own.
-			switch k := slices.IndexFunc(b.queue[:n], func(j *batchJob) bool { return j.alone }); k {
-			case -1:
-			case 0:
-				n = 1
-			default:
-				n = k
-			}
-			jobs := b.queue[:n:n]
-			b.queue = b.queue[n:]
-			b.mu.Unlock()
-			b.run(jobs)
-			b.mu.Lock()
-		}
-		closed := b.closed
-		b.mu.Unlock()
-		if closed {
-			return
-		}
-	}
-}
-
-// ready reports whether the queued jobs should start now: an eager job
-// waits, the batch is full, or the batcher is closing.
-func (b *Batcher) ready() bool {
-	return b.closed || len(b.queue) >= maxBatch || slices.ContainsFunc(b.queue, func(j *batchJob) bool { return !j.lazy })
-}
-
-// run commits one batch and tells its callers.
+// run commits one batch: the group's run function. A job that runs alone
+// (group.Alone) is a batch of one.
 func (b *Batcher) run(jobs []*batchJob) {
-	defer func() {
-		for _, j := range jobs {
-			close(j.done)
-		}
-	}()
 	if len(jobs) == 1 {
 		b.runAlone(jobs[0])
 		return
@@ -393,4 +250,47 @@ func (b *Batcher) call(j *batchJob, tx *sql.Tx) {
 		}
 	}()
 	j.err = j.fn(j.ctx, tx)
+}
+
+// Batching is an SQL engine whose short write transactions share commits
+// (Batcher): SQLite, whose writers take turns on one lock, so that a
+// commit per small file is the cost of ingest. Registries in the engine's
+// database use the same Batcher for their hot writes.
+type Batching interface {
+	Batcher() *Batcher
+}
+
+// InTx runs fn in a transaction of db and commits it. An error of fn rolls
+// the transaction back and is returned as it is; an error beginning or
+// committing goes through wrap (the engine's error wrapper; nil: none)
+// first. A panic in fn rolls the transaction back too, then goes on up
+// as it was: a transaction never ended keeps its connection out of the
+// pool and its locks held (SQLite's write lock, PostgreSQL's row and
+// advisory locks) until its context ends, for ever under a Background
+// one, and a caller that recovers (the mount answers EIO and goes on)
+// would be left with a database no one can write.
+func InTx(ctx context.Context, db *sql.DB, wrap func(error) error, fn func(tx *sql.Tx) error) error {
+	if wrap == nil {
+		wrap = func(err error) error { return err }
+	}
+	tx, err := db.BeginTx(ctx, nil)
+	if err != nil {
+		return wrap(err)
+	}
+	done := false
+	defer func() {
+		if !done {
+			tx.Rollback() // fn panicked: the panic goes on up as it was
+		}
+	}()
+	err = fn(tx)
+	done = true
+	if err != nil {
+		tx.Rollback() // fn's error is the one to report
+		return err
+	}
+	if err := tx.Commit(); err != nil {
+		return wrap(err)
+	}
+	return nil
 }
