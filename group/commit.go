@@ -27,11 +27,11 @@ import (
 
 // Options shape a group.
 type Options struct {
-	// Runners is how many batches run at once, each in a goroutine of
-	// its own that the group starts when jobs queue and that ends once
-	// the queue has been empty for a while (runnerIdle) or at Close (0:
-	// one). With more than one, batches may
-	// commit out of queue order, and Alone orders nothing.
+	// Runners is how many batches run at once (0: one), each in a
+	// goroutine of its own that the group starts when jobs queue and
+	// that ends once the queue has been empty for a while (runnerIdle)
+	// or at Close. With more than one, batches may commit out of queue
+	// order, and Alone orders nothing.
 	Runners int
 	// MaxBatch bounds the jobs of one batch (0: no bound).
 	MaxBatch int

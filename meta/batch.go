@@ -14,8 +14,8 @@ import (
 
 // Batcher commits the short write transactions of concurrent callers on
 // one database as one transaction: a group commit (group.Commit) whose
-// batches are transactions and whose jobs are functions of one. SQLite has one writer at
-// a time, and each transaction pays a BEGIN, a COMMIT and a WAL append of
+// batches are transactions and whose jobs are functions of one. SQLite
+// has one writer at a time, and each transaction pays a BEGIN, a COMMIT and a WAL append of
 // every page it touched: a cp -r of small files into incoming/ paid two per
 // file (the publish at close, the link at the last RELEASE). Batched, the
 // link of one file commits with the publish of the next.

@@ -147,17 +147,11 @@
 // group.Commit of transactions: the engine opens it and hands it its
 // blob statements as jobs), and the one helper for a transaction of
 // one's own ([InTx]). No exported signature outside this package takes
-// a *sql.Tx (docs/txsig_test.go), but for those the next section names.
-//
-// # Still crossing packages (stage 2 of issue 36)
-//
-// No *sql.Tx crosses this package's boundary toward gc, store or
-// namespaces: a delete's arbitration is one operation of this package
-// ([Host.Arbitrate], which takes the tables that protect as [Liveness]
-// values and the large tier's deletes as a function of digests), and a
-// close's rows cross it as a value ([Rows]). Only an engine hands this
-// package the transaction a close's rows commit in ([SQLite.WriteRows],
-// [NSRows.WriteTx]), and the group commit's jobs are transactions
-// (engines.Batcher) until there is one group commit (docs/architecture.md,
-// "How one close commits").
+// a *sql.Tx (docs/txsig_test.go): a delete's arbitration is one
+// operation of this package ([Host.Arbitrate], which takes the tables
+// that protect as [Liveness] values and the large tier's deletes as a
+// function of digests), and a close's rows cross it as a value ([Rows]).
+// An engine sees a transaction only as the job it gave the writer, in
+// which it has this package write a close's rows ([SQLite.WriteRows],
+// [NSRows.WriteTx]).
 package meta

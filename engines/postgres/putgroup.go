@@ -20,10 +20,10 @@ import (
 // COMMIT, and the settle at RELEASE. Concurrent puts of one engine now
 // share them, through a group commit (group.Commit): each caller queues
 // its put, and up to putRunners batches run at once, each taking what has
-// queued meanwhile (up to putMaxBatch puts). Most batches are one statement (putfast.go); the others are
-// BEGIN, each put's namespace part (meta.NSRows.WriteTx: a link, or an
-// intent that replaces another), then one statement for every put of the
-// batch — the arbitration locks, the pin rows and the blobs — and COMMIT.
+// queued meanwhile (up to putMaxBatch puts). Most batches are one
+// statement (putfast.go); the others are BEGIN, each put's namespace part
+// (meta.NSRows.WriteTx: a link, or an intent that replaces another), then
+// one statement for every put of the batch — the arbitration locks, the pin rows and the blobs — and COMMIT.
 //
 // The order the GC needs holds in that statement: its pin rows and
 // entries commit together, after the shared arbitration lock of every

@@ -99,8 +99,10 @@ func (e *Engine) PutRows(ctx context.Context, d blob.Digest, value []byte, rows 
 // transaction with no rows of the shared state, and returns how many it
 // inserted (the others were there): the bulk load of a store that no
 // pin or namespace uses yet (scripts/mkpool), many puts to a commit
-// instead of one each. In digest order, the inserts are near-appends to
-// the key B-tree. All of them commit, or none.
+// instead of one each. All of them commit, or none. One call holds the
+// database's writer for its whole slice, so a caller bounds it (mkpool
+// puts 100 000 at a time, in digest order, so that the inserts are
+// near-appends to the key B-tree).
 func (e *Engine) PutMany(ctx context.Context, ds []blob.Digest, values [][]byte) (int, error) {
 	if len(ds) != len(values) {
 		return 0, e.wrap("put", fmt.Errorf("%d digests for %d values", len(ds), len(values)))
