@@ -42,7 +42,7 @@ type Postgres struct {
 	name  string
 	wrapD Wrap
 	// blobDel is PostgresConfig.BlobDelete with the window rows' CTE:
-	// deleteBlobsTx's statement; empty without one.
+	// deleteBlobsTx's statement.
 	blobDel string
 }
 
@@ -68,8 +68,8 @@ type PostgresConfig struct {
 	// the digests $1 (a bytea[]) and returns each deleted row's digest
 	// and size: what Arbitrate deletes the dead with, in its transaction,
 	// as the CTE d of one statement that also takes their window rows
-	// (PGWindowGone). Empty: the database keeps no blobs, and Arbitrate
-	// deletes only through Arbitration.Outside.
+	// (PGWindowGone). Required: every database with this state keeps the
+	// engine's blobs (a large engine's, pglo, keeps only a PGWindow).
 	BlobDelete string
 }
 
@@ -100,12 +100,13 @@ const nowOnce = `(SELECT ` + engines.PGNow + `)`
 // OpenPostgres creates the state's tables in the database if needed.
 func OpenPostgres(ctx context.Context, cfg PostgresConfig) (*Postgres, error) {
 	p := &Postgres{pool: cfg.Pool, db: cfg.DB, name: cfg.Name, wrapD: cfg.Wrap}
-	if cfg.BlobDelete != "" {
-		p.blobDel = `WITH d AS (` + cfg.BlobDelete + `), ` + PGWindowGone("d") + ` SELECT digest, size FROM d`
-	}
 	if p.wrapD == nil {
 		p.wrapD = func(op string, d blob.Digest, err error) error { return blob.Wrap(op, cfg.Name, d, err) }
 	}
+	if cfg.BlobDelete == "" {
+		return nil, p.wrap("open", errNoBlobDelete)
+	}
+	p.blobDel = `WITH d AS (` + cfg.BlobDelete + `), ` + PGWindowGone("d") + ` SELECT digest, size FROM d`
 	if err := CreatePGSchema(ctx, cfg.Pool, pgPinsSchema, pgPinsOwnerIndex, pgCorruptSchema, pgWindowSchema); err != nil {
 		return nil, p.wrap("open", err)
 	}
@@ -325,9 +326,6 @@ func (p *Postgres) PinCount(ctx context.Context) (int64, error) {
 // connection goes back to the pool inside a transaction (a pooled session
 // left "idle in transaction" would hold its locks until reused).
 func (p *Postgres) Arbitrate(ctx context.Context, a Arbitration) ([]int64, error) {
-	if a.Outside == nil && p.blobDel == "" && len(a.Digests) > 0 {
-		return nil, p.wrap("arbitrate", errors.New("the database keeps no blob rows to delete (no BlobDelete)"))
-	}
 	var out []int64
 	err := engines.InTx(ctx, p.db, func(err error) error { return p.wrap("arbitrate", err) }, func(tx *sql.Tx) error {
 		var n int64

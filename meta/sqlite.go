@@ -37,7 +37,7 @@ type SQLite struct {
 	clock    rowClock
 
 	wStage, wDue, wRemove, wLen, pinUp, pinDel *sql.Stmt
-	// blobDel is SQLiteConfig.BlobDelete, prepared; nil without one.
+	// blobDel is SQLiteConfig.BlobDelete, prepared.
 	blobDel *sql.Stmt
 }
 
@@ -69,8 +69,8 @@ type SQLiteConfig struct {
 	// BlobDelete is the engine's statement that deletes one blob's kv
 	// rows by its digest (the one parameter) and returns its size, no
 	// row when it holds none: what Arbitrate deletes the dead with, in
-	// its transaction. Empty: the database keeps no blobs, and Arbitrate
-	// deletes only through Arbitration.Outside.
+	// its transaction. Required: every database with this state keeps
+	// the engine's blobs.
 	BlobDelete string
 }
 
@@ -107,6 +107,9 @@ func OpenSQLite(ctx context.Context, cfg SQLiteConfig) (*SQLite, error) {
 	if s.wrapD == nil {
 		s.wrapD = func(op string, d blob.Digest, err error) error { return blob.Wrap(op, cfg.Name, d, err) }
 	}
+	if cfg.BlobDelete == "" {
+		return nil, s.wrap("open", errNoBlobDelete)
+	}
 	if _, err := s.db.ExecContext(ctx, sqliteSchema); err != nil {
 		return nil, s.wrap("open", fmt.Errorf("create schema: %w", err))
 	}
@@ -132,12 +135,10 @@ func OpenSQLite(ctx context.Context, cfg SQLiteConfig) (*SQLite, error) {
 		}
 		*st.stmt = p
 	}
-	if cfg.BlobDelete != "" {
-		var err error
-		if s.blobDel, err = s.db.PrepareContext(ctx, cfg.BlobDelete); err != nil {
-			s.Close()
-			return nil, s.wrap("open", fmt.Errorf("prepare %q: %w", cfg.BlobDelete, err))
-		}
+	var err error
+	if s.blobDel, err = s.db.PrepareContext(ctx, cfg.BlobDelete); err != nil {
+		s.Close()
+		return nil, s.wrap("open", fmt.Errorf("prepare %q: %w", cfg.BlobDelete, err))
 	}
 	if err := s.openClock(ctx, cfg.Boot, cfg.ReadOnly); err != nil {
 		s.Close()
@@ -306,9 +307,6 @@ func (s *SQLite) PinCount(ctx context.Context) (int64, error) {
 // rollback (arbitrateIn starts afresh); the Outside form runs alone and
 // once (Batcher.DoAlone), so Outside acts only on committed work.
 func (s *SQLite) Arbitrate(ctx context.Context, a Arbitration) ([]int64, error) {
-	if a.Outside == nil && s.blobDel == nil && len(a.Digests) > 0 {
-		return nil, s.wrap("arbitrate", errors.New("the database keeps no blob rows to delete (no BlobDelete)"))
-	}
 	var out []int64
 	job := func(ctx context.Context, tx *sql.Tx) error {
 		got, err := arbitrateIn(ctx, tx, s, a)

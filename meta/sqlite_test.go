@@ -10,6 +10,7 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -105,6 +106,25 @@ func openSQLiteState(t *testing.T, path string, b meta.Boot) *sqliteState {
 	s := &sqliteState{SQLite: m, db: db, batch: batch}
 	t.Cleanup(func() { s.Close() })
 	return s
+}
+
+// TestSQLiteOpenNeedsBlobDelete: a Host opened without the engine's blob
+// delete could delete no dead blob; the open says what is missing.
+func TestSQLiteOpenNeedsBlobDelete(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "kv.db")
+	db, err := sql.Open("sqlite", "file:"+(&url.URL{Path: path}).EscapedPath())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer db.Close()
+	m, err := meta.OpenSQLite(t.Context(), meta.SQLiteConfig{Name: "sqlite:" + path, Path: path, DB: db, Boot: meta.HostBoot})
+	if err == nil {
+		m.Close()
+		t.Fatal("OpenSQLite without BlobDelete succeeded")
+	}
+	if !strings.Contains(err.Error(), "no BlobDelete") || !strings.Contains(err.Error(), path) {
+		t.Fatalf("OpenSQLite without BlobDelete = %v; want an error naming the database and what is missing", err)
+	}
 }
 
 // TestSQLiteLeaseFile: a held lease's file beside the database names the
