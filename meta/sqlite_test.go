@@ -127,6 +127,34 @@ func TestSQLiteOpenNeedsBlobDelete(t *testing.T) {
 	}
 }
 
+// TestSQLiteLinksLiveFails: the namespaces' liveness read failing in an
+// arbitration fails it, deleting nothing, with an error that names the
+// engine and the operation (no registry wraps it on this path).
+func TestSQLiteLinksLiveFails(t *testing.T) {
+	ctx := t.Context()
+	e := openSQLiteEngine(t, filepath.Join(t.TempDir(), "kv.db"))
+	defer e.Close()
+	l, err := meta.OpenLinks(ctx, meta.LinksConfig{Engine: e.(engines.SQL)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	v := []byte("live read fails")
+	d := blob.Sum(v)
+	if _, err := e.(engines.KV).Put(ctx, d, v); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := e.(engines.SQL).DB().ExecContext(ctx, `ALTER TABLE ns_pending RENAME TO ns_pending_gone`); err != nil {
+		t.Fatal(err)
+	}
+	_, err = e.(meta.Holder).Meta().Host.Arbitrate(ctx, meta.Arbitration{Digests: []blob.Digest{d}, Live: []meta.Liveness{l}})
+	if err == nil || !strings.Contains(err.Error(), "namespaces of "+e.Name()+": islive") || !strings.Contains(err.Error(), "ns_pending") {
+		t.Fatalf("Arbitrate with the intents' table gone = %v; want an error naming the engine, the operation and the table", err)
+	}
+	if ok, err := e.Has(ctx, d); !ok || err != nil {
+		t.Fatalf("Has after the failed arbitration = %v, %v; want the blob kept", ok, err)
+	}
+}
+
 // TestSQLiteLeaseFile: a held lease's file beside the database names the
 // holder's pid, for the message another process prints.
 func TestSQLiteLeaseFile(t *testing.T) {
