@@ -145,8 +145,9 @@
 // No *sql.Tx crosses this package's boundary toward gc, store or
 // namespaces: a delete's arbitration is one operation of this package
 // ([Host.Arbitrate], which takes the tables that protect as [Liveness]
-// values and the large tier's deletes as a function of digests), and a
-// close's rows cross it as a value ([Rows]). Only an engine hands this
+// values and the large tier's deletes as a function of digests), a
+// close's rows cross it as a value ([Rows]), and [Host.PinRows] runs in
+// a transaction of its own (a put's pin row is one of its [Rows]). Only an engine hands this
 // package the transaction a close's rows commit in ([SQLite.WriteRows],
 // [NSRows.WriteTx]), and the group commit's jobs are transactions
 // (engines.Batcher) until there is one group commit (docs/architecture.md,

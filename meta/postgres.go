@@ -58,8 +58,8 @@ type PostgresConfig struct {
 	// Name is the engine's name, for messages.
 	Name string
 	// Pool is the engine's pool; DB a database/sql handle over it, for
-	// the transactions that cross into the collector (Arbitrate, PinRows
-	// in a put's transaction).
+	// this state's transactions of several statements (Arbitrate,
+	// PinRows).
 	Pool *pgxpool.Pool
 	DB   *sql.DB
 	// Wrap names the engine on errors (nil: blob.Wrap with Name).
@@ -207,7 +207,7 @@ func PGWindowGone(cte string) string {
 
 // PinRow is the pin row of a put (Rows.Pin): D held by Owner until TTL
 // after the row clock's now when it commits. An engine writes it in the
-// put's transaction with Host.PinRows (SQLite's WriteRows), or in its
+// put's transaction (SQLite's WriteRows), or in its
 // batch statement (PGBatchPins).
 type PinRow struct {
 	D     blob.Digest
@@ -244,7 +244,7 @@ func byteas(ds []blob.Digest) [][]byte {
 }
 
 // PinRows implements Host.
-func (p *Postgres) PinRows(ctx context.Context, tx *sql.Tx, owner string, ds []blob.Digest, ttl time.Duration) error {
+func (p *Postgres) PinRows(ctx context.Context, owner string, ds []blob.Digest, ttl time.Duration) error {
 	if len(ds) == 0 {
 		return nil
 	}
@@ -253,7 +253,7 @@ func (p *Postgres) PinRows(ctx context.Context, tx *sql.Tx, owner string, ds []b
 	ds = slices.Clone(ds)
 	slices.SortFunc(ds, blob.Digest.Compare)
 	ds = slices.Compact(ds)
-	run := func(tx *sql.Tx) error {
+	return engines.InTx(ctx, p.db, func(err error) error { return p.wrap("pin", err) }, func(tx *sql.Tx) error {
 		var n int64
 		if err := tx.QueryRowContext(ctx, PGLockShared, PGLockKeys(ds)).Scan(&n); err != nil {
 			return p.wrap("pin", err)
@@ -265,11 +265,7 @@ func (p *Postgres) PinRows(ctx context.Context, tx *sql.Tx, owner string, ds []b
 			ON CONFLICT (digest, owner) DO UPDATE SET expiry = greatest(gc_pins.expiry, excluded.expiry)`,
 			byteas(ds), owner, int64(ttl))
 		return p.wrap("pin", err)
-	}
-	if tx != nil {
-		return run(tx)
-	}
-	return engines.InTx(ctx, p.db, func(err error) error { return p.wrap("pin", err) }, run)
+	})
 }
 
 // RenewPins implements Host.

@@ -215,24 +215,24 @@ func (s *SQLite) write(ctx context.Context, fn func(ctx context.Context, tx *sql
 func (s *SQLite) SerialArbitration() bool { return true }
 
 // PinRows implements Host.
-func (s *SQLite) PinRows(ctx context.Context, tx *sql.Tx, owner string, ds []blob.Digest, ttl time.Duration) error {
+func (s *SQLite) PinRows(ctx context.Context, owner string, ds []blob.Digest, ttl time.Duration) error {
 	if len(ds) == 0 {
 		return nil
 	}
-	run := func(ctx context.Context, tx *sql.Tx) error {
-		st := tx.StmtContext(ctx, s.pinUp)
-		expiry := addNanos(s.clock.now(), ttl)
-		for _, d := range ds {
-			if _, err := st.ExecContext(ctx, d[:], owner, expiry); err != nil {
-				return s.wrapD("pin", d, err)
-			}
+	return s.inTx(ctx, "pin", func(ctx context.Context, tx *sql.Tx) error { return s.pinRowsTx(ctx, tx, owner, ds, ttl) })
+}
+
+// pinRowsTx is PinRows in tx, which the caller commits: the write lock
+// tx holds is the arbitration lock.
+func (s *SQLite) pinRowsTx(ctx context.Context, tx *sql.Tx, owner string, ds []blob.Digest, ttl time.Duration) error {
+	st := tx.StmtContext(ctx, s.pinUp)
+	expiry := addNanos(s.clock.now(), ttl)
+	for _, d := range ds {
+		if _, err := st.ExecContext(ctx, d[:], owner, expiry); err != nil {
+			return s.wrapD("pin", d, err)
 		}
-		return nil
 	}
-	if tx != nil {
-		return run(ctx, tx)
-	}
-	return s.inTx(ctx, "pin", run)
+	return nil
 }
 
 // WriteRows writes rows in tx, the transaction of a put's entry (the
@@ -240,7 +240,7 @@ func (s *SQLite) PinRows(ctx context.Context, tx *sql.Tx, owner string, ds []blo
 // (here the write lock tx holds already), then the namespace part.
 func (s *SQLite) WriteRows(ctx context.Context, tx *sql.Tx, rows Rows) error {
 	if p := rows.Pin; p != nil {
-		if err := s.PinRows(ctx, tx, p.Owner, []blob.Digest{p.D}, p.TTL); err != nil {
+		if err := s.pinRowsTx(ctx, tx, p.Owner, []blob.Digest{p.D}, p.TTL); err != nil {
 			return err
 		}
 	}

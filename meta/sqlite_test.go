@@ -155,6 +155,41 @@ func TestSQLiteLinksLiveFails(t *testing.T) {
 	}
 }
 
+// TestSQLiteWriteRowsPin: a put's pin row, written by WriteRows in the
+// put's transaction, commits with it or not at all.
+func TestSQLiteWriteRowsPin(t *testing.T) {
+	ctx := t.Context()
+	s := openSQLiteState(t, filepath.Join(t.TempDir(), "kv.db"), meta.HostBoot)
+	d := blob.Sum([]byte("pinned by a put"))
+	for _, commit := range []bool{false, true} {
+		tx, err := s.DB().BeginTx(ctx, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := s.WriteRows(ctx, tx, meta.Rows{Pin: &meta.PinRow{D: d, Owner: "put", TTL: time.Hour}}); err != nil {
+			tx.Rollback()
+			t.Fatal(err)
+		}
+		if commit {
+			err = tx.Commit()
+		} else {
+			err = tx.Rollback()
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+		out, err := s.Arbitrate(ctx, meta.Arbitration{Digests: []blob.Digest{d}, Outside: func(_ context.Context, ds []blob.Digest) ([]int64, error) {
+			return make([]int64, len(ds)), nil
+		}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := out[0] == meta.Protected; got != commit {
+			t.Fatalf("a pin row written in a transaction that committed=%v protects its digest: %v", commit, got)
+		}
+	}
+}
+
 // TestSQLiteLeaseFile: a held lease's file beside the database names the
 // holder's pid, for the message another process prints.
 func TestSQLiteLeaseFile(t *testing.T) {

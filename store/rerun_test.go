@@ -240,7 +240,7 @@ func TestSQLiteUnlinkChecksAgain(t *testing.T) {
 		t.Fatalf("sweep 1: %+v", r)
 	}
 	h.hook = func(ctx context.Context) error {
-		return h.Engine.Meta().Host.PinRows(ctx, nil, "another-process", []blob.Digest{ds[1]}, time.Hour)
+		return h.Engine.Meta().Host.PinRows(ctx, "another-process", []blob.Digest{ds[1]}, time.Hour)
 	}
 	r := sweep(t, s)
 	if ok, err := s.Has(t.Context(), ds[1]); err != nil || !ok {

@@ -93,7 +93,7 @@ func protected(ds []blob.Digest, out []int64) map[blob.Digest]bool {
 
 func pinRows(t *testing.T, h host, owner string, ttl time.Duration, ds ...blob.Digest) {
 	t.Helper()
-	if err := h.PinRows(t.Context(), nil, owner, ds, ttl); err != nil {
+	if err := h.PinRows(t.Context(), owner, ds, ttl); err != nil {
 		t.Fatal(err)
 	}
 }
@@ -161,29 +161,6 @@ func testPinRows(t *testing.T, h host) {
 	}
 	if err := h.DropOwner(ctx, "M"); err != nil {
 		t.Fatal(err)
-	}
-	// Inside a caller's transaction (a put's), the row commits with it or
-	// not at all.
-	for _, commit := range []bool{false, true} {
-		tx, err := h.e.(engines.SQL).DB().BeginTx(ctx, nil)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if err := h.PinRows(ctx, tx, "C", []blob.Digest{c}, live); err != nil {
-			tx.Rollback()
-			t.Fatal(err)
-		}
-		if commit {
-			err = tx.Commit()
-		} else {
-			err = tx.Rollback()
-		}
-		if err != nil {
-			t.Fatal(err)
-		}
-		if got := pinned(t, h, []blob.Digest{c}); got[c] != commit {
-			t.Fatalf("a pin row written in a transaction that committed=%v protects its digest: %v", commit, got[c])
-		}
 	}
 }
 
@@ -469,7 +446,7 @@ func testArbitrationLock(t *testing.T, sweeper, pinner host) {
 		t.Fatal("the arbitration did not reach its delete in a minute")
 	}
 	pinDone := make(chan error, 1)
-	go func() { pinDone <- pinner.PinRows(ctx, nil, "pinner", []blob.Digest{d}, live) }()
+	go func() { pinDone <- pinner.PinRows(ctx, "pinner", []blob.Digest{d}, live) }()
 	select {
 	case err := <-pinDone:
 		close(release)
