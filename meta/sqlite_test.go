@@ -62,9 +62,10 @@ func TestSQLiteReopen(t *testing.T) {
 var _ meta.SerialHost = (*meta.SQLite)(nil)
 
 // sqliteState is the SQLite dialect opened on its own, over a database
-// whose one blob table is blobs(digest, size), as the engine opens it (IMMEDIATE transactions,
-// WAL, a Batcher), for the cases that need the state's own hooks: the
-// boot clock a test moves, the Batcher a test holds.
+// whose one blob table is blobs(digest, size), as the engine opens it
+// (IMMEDIATE transactions, WAL, a Batcher), for the cases that need the
+// state's own hooks: the boot clock a test moves, the Batcher a test
+// holds.
 type sqliteState struct {
 	*meta.SQLite
 	db    *sql.DB
