@@ -352,6 +352,26 @@ func (p *Postgres) pinnedTx(ctx context.Context, tx *sql.Tx, ds []blob.Digest) (
 	return out, p.wrap("pinned", err)
 }
 
+// DeleteBlobs deletes the kv rows of ds and their window rows with the
+// arbitration's statement, outside any arbitration, in a transaction of
+// its own, and returns each one's size or NotHeld: the engine's
+// engines.BatchDeleter, so that the statement is built in one place.
+func (p *Postgres) DeleteBlobs(ctx context.Context, ds []blob.Digest) ([]int64, error) {
+	if len(ds) == 0 {
+		return []int64{}, nil
+	}
+	var sizes []int64
+	err := engines.InTx(ctx, p.db, func(err error) error { return p.wrap("delete", err) }, func(tx *sql.Tx) error {
+		var err error
+		sizes, err = p.deleteBlobsTx(ctx, tx, ds)
+		return err
+	})
+	if err != nil {
+		return nil, err
+	}
+	return sizes, nil
+}
+
 // deleteBlobsTx implements arbitrator: one statement, the engine's
 // BlobDelete and the window rows of what it deleted (PGWindowGone).
 func (p *Postgres) deleteBlobsTx(ctx context.Context, tx *sql.Tx, ds []blob.Digest) ([]int64, error) {

@@ -366,6 +366,25 @@ func (s *SQLite) pinnedTx(ctx context.Context, tx *sql.Tx, ds []blob.Digest) (ma
 	return out, nil
 }
 
+// DeleteBlobs deletes the kv rows of ds with the engine's BlobDelete,
+// outside any arbitration, in a write transaction of its own, and returns
+// each one's size or NotHeld: the engine's engines.BatchDeleter, so that
+// the delete loop is this one, the arbitration's.
+func (s *SQLite) DeleteBlobs(ctx context.Context, ds []blob.Digest) ([]int64, error) {
+	var sizes []int64
+	err := s.inTx(ctx, "delete", func(ctx context.Context, tx *sql.Tx) error {
+		got, err := s.deleteBlobsTx(ctx, tx, ds)
+		if err == nil {
+			sizes = got // the committed run's (a Batcher job may run twice)
+		}
+		return err
+	})
+	if err != nil {
+		return nil, err
+	}
+	return sizes, nil
+}
+
 // deleteBlobsTx implements arbitrator: the engine's BlobDelete for each
 // digest, in tx.
 func (s *SQLite) deleteBlobsTx(ctx context.Context, tx *sql.Tx, ds []blob.Digest) ([]int64, error) {
