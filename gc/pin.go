@@ -490,7 +490,7 @@ func (c *Collector) PinMany(ctx context.Context, ds []blob.Digest) ([]*Pin, erro
 		return nil, blob.Wrap("pin", "", blob.Digest{}, blob.ErrClosed)
 	}
 	_, err := c.pins.ensureRows(ctx, ds, func(need []blob.Digest) error {
-		return c.host.PinRows(ctx, nil, c.owner, need, c.ttl)
+		return c.host.PinRows(ctx, c.owner, need, c.ttl)
 	})
 	if err != nil {
 		ReleaseAll(ps)
@@ -604,7 +604,7 @@ func (c *Collector) Renew(ctx context.Context) error {
 		"owner", c.owner, "lapsed", len(lapsed), "held", len(held))
 	c.rowMu.RLock()
 	defer c.rowMu.RUnlock()
-	if err := c.host.PinRows(ctx, nil, c.owner, lapsed, c.ttl); err != nil {
+	if err := c.host.PinRows(ctx, c.owner, lapsed, c.ttl); err != nil {
 		c.pins.forgetRows(lapsed) // the next pin of each writes its row
 		return fmt.Errorf("re-pin %d digests: %w", len(lapsed), err)
 	}
@@ -712,7 +712,7 @@ func (w *rowWriter) flush(batch []*rowReq) {
 	for i, r := range batch {
 		ds[i] = r.d
 	}
-	err := w.c.host.PinRows(batch[0].ctx, nil, w.c.owner, ds, w.c.ttl)
+	err := w.c.host.PinRows(batch[0].ctx, w.c.owner, ds, w.c.ttl)
 	for _, r := range batch {
 		r.err = err
 	}

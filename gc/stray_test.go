@@ -2,7 +2,6 @@ package gc_test
 
 import (
 	"context"
-	"database/sql"
 	"errors"
 	"log/slog"
 	"strings"
@@ -26,8 +25,8 @@ type lostAnswer struct {
 	lose atomic.Bool
 }
 
-func (h *lostAnswer) PinRows(ctx context.Context, tx *sql.Tx, owner string, ds []blob.Digest, ttl time.Duration) error {
-	if err := h.Host.PinRows(ctx, tx, owner, ds, ttl); err != nil {
+func (h *lostAnswer) PinRows(ctx context.Context, owner string, ds []blob.Digest, ttl time.Duration) error {
+	if err := h.Host.PinRows(ctx, owner, ds, ttl); err != nil {
 		return err
 	}
 	if h.lose.Load() {

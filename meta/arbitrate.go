@@ -3,6 +3,7 @@ package meta
 import (
 	"context"
 	"database/sql"
+	"errors"
 	"fmt"
 
 	"github.com/alkblobfs/alkblobfs/blob"
@@ -53,6 +54,11 @@ var (
 	_ Liveness = (*Links)(nil)
 	_ Liveness = (*LiveTable)(nil)
 )
+
+// errNoBlobDelete refuses to open a Host without the engine's statement
+// that deletes a blob's kv rows (SQLiteConfig.BlobDelete,
+// PostgresConfig.BlobDelete): Arbitrate could delete no dead blob.
+var errNoBlobDelete = errors.New("no BlobDelete: the engine's statement that deletes a blob's kv rows, which a delete's arbitration runs, is required")
 
 // arbitrator is what a dialect gives arbitrateIn: its pin rows' query
 // and its kv rows' delete, both in the arbitration's transaction.

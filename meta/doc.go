@@ -150,7 +150,9 @@
 // a *sql.Tx (docs/txsig_test.go): a delete's arbitration is one
 // operation of this package ([Host.Arbitrate], which takes the tables
 // that protect as [Liveness] values and the large tier's deletes as a
-// function of digests), and a close's rows cross it as a value ([Rows]).
+// function of digests), a close's rows cross it as a value ([Rows]), and
+// [Host.PinRows] runs in a transaction of its own (a put's pin row is one
+// of its [Rows]).
 // An engine sees a transaction only as the job it gave the writer, in
 // which it has this package write a close's rows ([SQLite.WriteRows],
 // [NSRows.WriteTx]).

@@ -2,7 +2,6 @@ package meta
 
 import (
 	"context"
-	"database/sql"
 	"fmt"
 	"math"
 	"time"
@@ -67,12 +66,12 @@ type Holder interface {
 // Every method ends its transaction on every path: no connection goes back
 // to a pool inside a transaction.
 type Host interface {
-	// PinRows upserts a row (d, owner, now + ttl) for each d of ds, taking
-	// each digest's arbitration lock in shared mode first. An existing row
-	// keeps the later of its expiry and the new one. With tx nil it runs in
-	// a transaction of its own; otherwise in tx, which the caller commits
-	// (a put's transaction: SQLite.WriteRows).
-	PinRows(ctx context.Context, tx *sql.Tx, owner string, ds []blob.Digest, ttl time.Duration) error
+	// PinRows upserts a row (d, owner, now + ttl) for each d of ds, in a
+	// transaction of its own, taking each digest's arbitration lock in
+	// shared mode first. An existing row keeps the later of its expiry
+	// and the new one. A put's pin row commits in the put's transaction
+	// instead, handed to the engine as a value (Rows.Pin).
+	PinRows(ctx context.Context, owner string, ds []blob.Digest, ttl time.Duration) error
 	// RenewPins sets owner's rows that are unexpired now to now + ttl, in
 	// one statement (one reading of the clock), and returns the set of
 	// digests it moved. A row expired now is never revived.

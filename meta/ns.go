@@ -41,6 +41,7 @@ import (
 type Links struct {
 	db      *sql.DB
 	dialect string
+	name    string // the engine's (else the dialect), for messages
 	wall    func() time.Time
 	// rows is the row clock on SQLite; nil on PostgreSQL, whose
 	// statements read the server's.
@@ -152,10 +153,13 @@ func OpenLinks(ctx context.Context, cfg LinksConfig) (*Links, error) {
 	if err != nil {
 		return nil, fmt.Errorf("open %s: %w", dialect, err)
 	}
-	l := &Links{db: db, dialect: dialect, wall: cfg.Wall, q: newNSQueries(dialect), batch: cfg.Batch,
+	l := &Links{db: db, dialect: dialect, name: dialect, wall: cfg.Wall, q: newNSQueries(dialect), batch: cfg.Batch,
 		noPerm: !schema.Perm, noUsage: !schema.Usage, usageAdded: schema.UsageAdded}
 	if l.wall == nil {
 		l.wall = time.Now
+	}
+	if e, ok := cfg.Engine.(engines.Engine); ok {
+		l.name = e.Name()
 	}
 	l.settles = newSettleGroup(db)
 	if dialect == "sqlite" {

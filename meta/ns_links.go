@@ -4,6 +4,7 @@ import (
 	"context"
 	"database/sql"
 	"errors"
+	"fmt"
 	"slices"
 	"time"
 
@@ -349,8 +350,15 @@ func (l *Links) LiveAmong(ctx context.Context, ds []blob.Digest) (map[blob.Diges
 // liveAmongTx implements Liveness: LiveAmong inside an arbitration's
 // transaction tx (Host.Arbitrate), so that a link committed by any process
 // before the arbitration's key locks were granted is seen.
+// Its errors name the engine and the operation, as namespaces.SQL's
+// (which wraps LiveAmong's) do: no registry stands between it and the
+// collector.
 func (l *Links) liveAmongTx(ctx context.Context, tx *sql.Tx, ds []blob.Digest) (map[blob.Digest]bool, error) {
-	return l.liveAmong(ctx, tx, ds)
+	live, err := l.liveAmong(ctx, tx, ds)
+	if err != nil {
+		return nil, fmt.Errorf("namespaces of %s: islive (references and intents of %d digests): %w", l.name, len(ds), err)
+	}
+	return live, nil
 }
 
 func (l *Links) liveAmong(ctx context.Context, q engines.Querier, ds []blob.Digest) (map[blob.Digest]bool, error) {

@@ -42,7 +42,7 @@ type Postgres struct {
 	name  string
 	wrapD Wrap
 	// blobDel is PostgresConfig.BlobDelete with the window rows' CTE:
-	// deleteBlobsTx's statement; empty without one.
+	// deleteBlobsTx's statement.
 	blobDel string
 }
 
@@ -58,8 +58,8 @@ type PostgresConfig struct {
 	// Name is the engine's name, for messages.
 	Name string
 	// Pool is the engine's pool; DB a database/sql handle over it, for
-	// the transactions that cross into the collector (Arbitrate, PinRows
-	// in a put's transaction).
+	// this state's transactions of several statements (Arbitrate,
+	// PinRows).
 	Pool *pgxpool.Pool
 	DB   *sql.DB
 	// Wrap names the engine on errors (nil: blob.Wrap with Name).
@@ -68,8 +68,8 @@ type PostgresConfig struct {
 	// the digests $1 (a bytea[]) and returns each deleted row's digest
 	// and size: what Arbitrate deletes the dead with, in its transaction,
 	// as the CTE d of one statement that also takes their window rows
-	// (PGWindowGone). Empty: the database keeps no blobs, and Arbitrate
-	// deletes only through Arbitration.Outside.
+	// (PGWindowGone). Required: every database with this state keeps the
+	// engine's blobs (a large engine's, pglo, keeps only a PGWindow).
 	BlobDelete string
 }
 
@@ -100,12 +100,13 @@ const nowOnce = `(SELECT ` + engines.PGNow + `)`
 // OpenPostgres creates the state's tables in the database if needed.
 func OpenPostgres(ctx context.Context, cfg PostgresConfig) (*Postgres, error) {
 	p := &Postgres{pool: cfg.Pool, db: cfg.DB, name: cfg.Name, wrapD: cfg.Wrap}
-	if cfg.BlobDelete != "" {
-		p.blobDel = `WITH d AS (` + cfg.BlobDelete + `), ` + PGWindowGone("d") + ` SELECT digest, size FROM d`
-	}
 	if p.wrapD == nil {
 		p.wrapD = func(op string, d blob.Digest, err error) error { return blob.Wrap(op, cfg.Name, d, err) }
 	}
+	if cfg.BlobDelete == "" {
+		return nil, p.wrap("open", errNoBlobDelete)
+	}
+	p.blobDel = `WITH d AS (` + cfg.BlobDelete + `), ` + PGWindowGone("d") + ` SELECT digest, size FROM d`
 	if err := CreatePGSchema(ctx, cfg.Pool, pgPinsSchema, pgPinsOwnerIndex, pgCorruptSchema, pgWindowSchema); err != nil {
 		return nil, p.wrap("open", err)
 	}
@@ -206,7 +207,7 @@ func PGWindowGone(cte string) string {
 
 // PinRow is the pin row of a put (Rows.Pin): D held by Owner until TTL
 // after the row clock's now when it commits. An engine writes it in the
-// put's transaction with Host.PinRows (SQLite's WriteRows), or in its
+// put's transaction (SQLite's WriteRows), or in its
 // batch statement (PGBatchPins).
 type PinRow struct {
 	D     blob.Digest
@@ -243,7 +244,7 @@ func byteas(ds []blob.Digest) [][]byte {
 }
 
 // PinRows implements Host.
-func (p *Postgres) PinRows(ctx context.Context, tx *sql.Tx, owner string, ds []blob.Digest, ttl time.Duration) error {
+func (p *Postgres) PinRows(ctx context.Context, owner string, ds []blob.Digest, ttl time.Duration) error {
 	if len(ds) == 0 {
 		return nil
 	}
@@ -252,7 +253,7 @@ func (p *Postgres) PinRows(ctx context.Context, tx *sql.Tx, owner string, ds []b
 	ds = slices.Clone(ds)
 	slices.SortFunc(ds, blob.Digest.Compare)
 	ds = slices.Compact(ds)
-	run := func(tx *sql.Tx) error {
+	return InTx(ctx, p.db, func(err error) error { return p.wrap("pin", err) }, func(tx *sql.Tx) error {
 		var n int64
 		if err := tx.QueryRowContext(ctx, PGLockShared, PGLockKeys(ds)).Scan(&n); err != nil {
 			return p.wrap("pin", err)
@@ -264,11 +265,7 @@ func (p *Postgres) PinRows(ctx context.Context, tx *sql.Tx, owner string, ds []b
 			ON CONFLICT (digest, owner) DO UPDATE SET expiry = greatest(gc_pins.expiry, excluded.expiry)`,
 			byteas(ds), owner, int64(ttl))
 		return p.wrap("pin", err)
-	}
-	if tx != nil {
-		return run(tx)
-	}
-	return InTx(ctx, p.db, func(err error) error { return p.wrap("pin", err) }, run)
+	})
 }
 
 // RenewPins implements Host.
@@ -325,9 +322,6 @@ func (p *Postgres) PinCount(ctx context.Context) (int64, error) {
 // connection goes back to the pool inside a transaction (a pooled session
 // left "idle in transaction" would hold its locks until reused).
 func (p *Postgres) Arbitrate(ctx context.Context, a Arbitration) ([]int64, error) {
-	if a.Outside == nil && p.blobDel == "" && len(a.Digests) > 0 {
-		return nil, p.wrap("arbitrate", errors.New("the database keeps no blob rows to delete (no BlobDelete)"))
-	}
 	var out []int64
 	err := InTx(ctx, p.db, func(err error) error { return p.wrap("arbitrate", err) }, func(tx *sql.Tx) error {
 		var n int64
@@ -356,6 +350,26 @@ func (p *Postgres) pinnedTx(ctx context.Context, tx *sql.Tx, ds []blob.Digest) (
 	defer rows.Close()
 	err = engines.ScanDigests(rows, func(d blob.Digest) { out[d] = true })
 	return out, p.wrap("pinned", err)
+}
+
+// DeleteBlobs deletes the kv rows of ds and their window rows with the
+// arbitration's statement, outside any arbitration, in a transaction of
+// its own, and returns each one's size or NotHeld: the engine's
+// engines.BatchDeleter, so that the statement is built in one place.
+func (p *Postgres) DeleteBlobs(ctx context.Context, ds []blob.Digest) ([]int64, error) {
+	if len(ds) == 0 {
+		return []int64{}, nil
+	}
+	var sizes []int64
+	err := InTx(ctx, p.db, func(err error) error { return p.wrap("delete", err) }, func(tx *sql.Tx) error {
+		var err error
+		sizes, err = p.deleteBlobsTx(ctx, tx, ds)
+		return err
+	})
+	if err != nil {
+		return nil, err
+	}
+	return sizes, nil
 }
 
 // deleteBlobsTx implements arbitrator: one statement, the engine's

@@ -9,6 +9,7 @@ import (
 	"github.com/alkblobfs/alkblobfs/engines/pglo"
 	"github.com/alkblobfs/alkblobfs/engines/postgres"
 	"github.com/alkblobfs/alkblobfs/engines/postgres/pgtest"
+	"github.com/alkblobfs/alkblobfs/meta"
 	"github.com/alkblobfs/alkblobfs/meta/metatest"
 )
 
@@ -36,6 +37,17 @@ func openPglo(t *testing.T, dsn string) *pglo.Engine {
 func TestPostgresHost(t *testing.T) {
 	dsn := pgtest.DSN(t)
 	metatest.Host(t, func(t *testing.T) engines.Engine { return openPG(t, dsn) })
+}
+
+// TestPostgresOpenNeedsBlobDelete: a Host opened without the engine's
+// blob delete could delete no dead blob; the open says what is missing.
+func TestPostgresOpenNeedsBlobDelete(t *testing.T) {
+	e := openPG(t, pgtest.DSN(t))
+	defer e.Close()
+	_, err := meta.OpenPostgres(t.Context(), meta.PostgresConfig{Name: e.Name(), Pool: e.Pool(), DB: e.DB()})
+	if err == nil || !strings.Contains(err.Error(), "no BlobDelete") || !strings.Contains(err.Error(), e.Name()) {
+		t.Fatalf("OpenPostgres without BlobDelete = %v; want an error naming the engine and what is missing", err)
+	}
 }
 
 func TestPostgresWindow(t *testing.T) {

@@ -37,7 +37,7 @@ type SQLite struct {
 	clock    rowClock
 
 	wStage, wDue, wRemove, wLen, pinUp, pinDel *sql.Stmt
-	// blobDel is SQLiteConfig.BlobDelete, prepared; nil without one.
+	// blobDel is SQLiteConfig.BlobDelete, prepared.
 	blobDel *sql.Stmt
 }
 
@@ -69,8 +69,8 @@ type SQLiteConfig struct {
 	// BlobDelete is the engine's statement that deletes one blob's kv
 	// rows by its digest (the one parameter) and returns its size, no
 	// row when it holds none: what Arbitrate deletes the dead with, in
-	// its transaction. Empty: the database keeps no blobs, and Arbitrate
-	// deletes only through Arbitration.Outside.
+	// its transaction. Required: every database with this state keeps
+	// the engine's blobs.
 	BlobDelete string
 }
 
@@ -107,6 +107,9 @@ func OpenSQLite(ctx context.Context, cfg SQLiteConfig) (*SQLite, error) {
 	if s.wrapD == nil {
 		s.wrapD = func(op string, d blob.Digest, err error) error { return blob.Wrap(op, cfg.Name, d, err) }
 	}
+	if cfg.BlobDelete == "" {
+		return nil, s.wrap("open", errNoBlobDelete)
+	}
 	if _, err := s.db.ExecContext(ctx, sqliteSchema); err != nil {
 		return nil, s.wrap("open", fmt.Errorf("create schema: %w", err))
 	}
@@ -132,12 +135,10 @@ func OpenSQLite(ctx context.Context, cfg SQLiteConfig) (*SQLite, error) {
 		}
 		*st.stmt = p
 	}
-	if cfg.BlobDelete != "" {
-		var err error
-		if s.blobDel, err = s.db.PrepareContext(ctx, cfg.BlobDelete); err != nil {
-			s.Close()
-			return nil, s.wrap("open", fmt.Errorf("prepare %q: %w", cfg.BlobDelete, err))
-		}
+	var err error
+	if s.blobDel, err = s.db.PrepareContext(ctx, cfg.BlobDelete); err != nil {
+		s.Close()
+		return nil, s.wrap("open", fmt.Errorf("prepare %q: %w", cfg.BlobDelete, err))
 	}
 	if err := s.openClock(ctx, cfg.Boot, cfg.ReadOnly); err != nil {
 		s.Close()
@@ -214,24 +215,24 @@ func (s *SQLite) write(ctx context.Context, fn func(ctx context.Context, tx *sql
 func (s *SQLite) SerialArbitration() bool { return true }
 
 // PinRows implements Host.
-func (s *SQLite) PinRows(ctx context.Context, tx *sql.Tx, owner string, ds []blob.Digest, ttl time.Duration) error {
+func (s *SQLite) PinRows(ctx context.Context, owner string, ds []blob.Digest, ttl time.Duration) error {
 	if len(ds) == 0 {
 		return nil
 	}
-	run := func(ctx context.Context, tx *sql.Tx) error {
-		st := tx.StmtContext(ctx, s.pinUp)
-		expiry := addNanos(s.clock.now(), ttl)
-		for _, d := range ds {
-			if _, err := st.ExecContext(ctx, d[:], owner, expiry); err != nil {
-				return s.wrapD("pin", d, err)
-			}
+	return s.inTx(ctx, "pin", func(ctx context.Context, tx *sql.Tx) error { return s.pinRowsTx(ctx, tx, owner, ds, ttl) })
+}
+
+// pinRowsTx is PinRows in tx, which the caller commits: the write lock
+// tx holds is the arbitration lock.
+func (s *SQLite) pinRowsTx(ctx context.Context, tx *sql.Tx, owner string, ds []blob.Digest, ttl time.Duration) error {
+	st := tx.StmtContext(ctx, s.pinUp)
+	expiry := addNanos(s.clock.now(), ttl)
+	for _, d := range ds {
+		if _, err := st.ExecContext(ctx, d[:], owner, expiry); err != nil {
+			return s.wrapD("pin", d, err)
 		}
-		return nil
 	}
-	if tx != nil {
-		return run(ctx, tx)
-	}
-	return s.inTx(ctx, "pin", run)
+	return nil
 }
 
 // WriteRows writes rows in tx, the transaction of a put's entry (the
@@ -239,7 +240,7 @@ func (s *SQLite) PinRows(ctx context.Context, tx *sql.Tx, owner string, ds []blo
 // (here the write lock tx holds already), then the namespace part.
 func (s *SQLite) WriteRows(ctx context.Context, tx *sql.Tx, rows Rows) error {
 	if p := rows.Pin; p != nil {
-		if err := s.PinRows(ctx, tx, p.Owner, []blob.Digest{p.D}, p.TTL); err != nil {
+		if err := s.pinRowsTx(ctx, tx, p.Owner, []blob.Digest{p.D}, p.TTL); err != nil {
 			return err
 		}
 	}
@@ -306,9 +307,6 @@ func (s *SQLite) PinCount(ctx context.Context) (int64, error) {
 // rollback (arbitrateIn starts afresh); the Outside form runs alone and
 // once (Batcher.DoAlone), so Outside acts only on committed work.
 func (s *SQLite) Arbitrate(ctx context.Context, a Arbitration) ([]int64, error) {
-	if a.Outside == nil && s.blobDel == nil && len(a.Digests) > 0 {
-		return nil, s.wrap("arbitrate", errors.New("the database keeps no blob rows to delete (no BlobDelete)"))
-	}
 	var out []int64
 	job := func(ctx context.Context, tx *sql.Tx) error {
 		got, err := arbitrateIn(ctx, tx, s, a)
@@ -366,6 +364,25 @@ func (s *SQLite) pinnedTx(ctx context.Context, tx *sql.Tx, ds []blob.Digest) (ma
 		}
 	}
 	return out, nil
+}
+
+// DeleteBlobs deletes the kv rows of ds with the engine's BlobDelete,
+// outside any arbitration, in a write transaction of its own, and returns
+// each one's size or NotHeld: the engine's engines.BatchDeleter, so that
+// the delete loop is this one, the arbitration's.
+func (s *SQLite) DeleteBlobs(ctx context.Context, ds []blob.Digest) ([]int64, error) {
+	var sizes []int64
+	err := s.inTx(ctx, "delete", func(ctx context.Context, tx *sql.Tx) error {
+		got, err := s.deleteBlobsTx(ctx, tx, ds)
+		if err == nil {
+			sizes = got // the committed run's (a Batcher job may run twice)
+		}
+		return err
+	})
+	if err != nil {
+		return nil, err
+	}
+	return sizes, nil
 }
 
 // deleteBlobsTx implements arbitrator: the engine's BlobDelete for each

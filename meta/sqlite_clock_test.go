@@ -43,7 +43,7 @@ func TestRowClockIgnoresTheWallClock(t *testing.T) {
 		t.Fatalf("two processes of one boot disagree on the row clock: %d and %d", a, c)
 	}
 	d := blob.Sum([]byte("pinned"))
-	if err := first.PinRows(t.Context(), nil, "A", []blob.Digest{d}, time.Minute); err != nil {
+	if err := first.PinRows(t.Context(), "A", []blob.Digest{d}, time.Minute); err != nil {
 		t.Fatal(err)
 	}
 	b.advance(59 * time.Second)
@@ -77,7 +77,7 @@ func TestRowClockOnReboot(t *testing.T) {
 		t.Fatal(err)
 	}
 	pinned, soon, later, past := blob.Sum([]byte("pinned")), blob.Sum([]byte("soon")), blob.Sum([]byte("later")), blob.Sum([]byte("past"))
-	if err := e.PinRows(ctx, nil, "A", []blob.Digest{pinned}, time.Hour); err != nil {
+	if err := e.PinRows(ctx, "A", []blob.Digest{pinned}, time.Hour); err != nil {
 		t.Fatal(err)
 	}
 	// past is due before the reboot; soon has 10 s left at the last
@@ -144,7 +144,7 @@ func TestRowClockOnReboot(t *testing.T) {
 
 	// A second process of the new boot changes nothing.
 	b.advance(time.Minute)
-	if err := e.PinRows(ctx, nil, "B", []blob.Digest{pinned}, time.Hour); err != nil {
+	if err := e.PinRows(ctx, "B", []blob.Digest{pinned}, time.Hour); err != nil {
 		t.Fatal(err)
 	}
 	again := openOnBoot(t, path, "boot-2", b, wall)

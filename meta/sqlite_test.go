@@ -9,6 +9,7 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -60,9 +61,10 @@ func TestSQLiteReopen(t *testing.T) {
 var _ meta.SerialHost = (*meta.SQLite)(nil)
 
 // sqliteState is the SQLite dialect opened on its own, over a database
-// whose one blob table is blobs(digest, size), as the engine opens it (IMMEDIATE transactions,
-// WAL, a Batcher), for the cases that need the state's own hooks: the
-// boot clock a test moves, the Batcher a test holds.
+// whose one blob table is blobs(digest, size), as the engine opens it
+// (IMMEDIATE transactions, WAL, a Batcher), for the cases that need the
+// state's own hooks: the boot clock a test moves, the Batcher a test
+// holds.
 type sqliteState struct {
 	*meta.SQLite
 	db    *sql.DB
@@ -104,6 +106,88 @@ func openSQLiteState(t *testing.T, path string, b meta.Boot) *sqliteState {
 	s := &sqliteState{SQLite: m, db: db, batch: batch}
 	t.Cleanup(func() { s.Close() })
 	return s
+}
+
+// TestSQLiteOpenNeedsBlobDelete: a Host opened without the engine's blob
+// delete could delete no dead blob; the open says what is missing.
+func TestSQLiteOpenNeedsBlobDelete(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "kv.db")
+	db, err := sql.Open("sqlite", "file:"+(&url.URL{Path: path}).EscapedPath())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer db.Close()
+	m, err := meta.OpenSQLite(t.Context(), meta.SQLiteConfig{Name: "sqlite:" + path, Path: path, DB: db, Boot: meta.HostBoot})
+	if err == nil {
+		m.Close()
+		t.Fatal("OpenSQLite without BlobDelete succeeded")
+	}
+	if !strings.Contains(err.Error(), "no BlobDelete") || !strings.Contains(err.Error(), path) {
+		t.Fatalf("OpenSQLite without BlobDelete = %v; want an error naming the database and what is missing", err)
+	}
+}
+
+// TestSQLiteLinksLiveFails: the namespaces' liveness read failing in an
+// arbitration fails it, deleting nothing, with an error that names the
+// engine and the operation (no registry wraps it on this path).
+func TestSQLiteLinksLiveFails(t *testing.T) {
+	ctx := t.Context()
+	e := openSQLiteEngine(t, filepath.Join(t.TempDir(), "kv.db"))
+	defer e.Close()
+	l, err := meta.OpenLinks(ctx, meta.LinksConfig{Engine: e.(engines.SQL)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	v := []byte("live read fails")
+	d := blob.Sum(v)
+	if _, err := e.(engines.KV).Put(ctx, d, v); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := e.(engines.SQL).DB().ExecContext(ctx, `ALTER TABLE ns_pending RENAME TO ns_pending_gone`); err != nil {
+		t.Fatal(err)
+	}
+	_, err = e.(meta.Holder).Meta().Host.Arbitrate(ctx, meta.Arbitration{Digests: []blob.Digest{d}, Live: []meta.Liveness{l}})
+	if err == nil || !strings.Contains(err.Error(), "namespaces of "+e.Name()+": islive") || !strings.Contains(err.Error(), "ns_pending") {
+		t.Fatalf("Arbitrate with the intents' table gone = %v; want an error naming the engine, the operation and the table", err)
+	}
+	if ok, err := e.Has(ctx, d); !ok || err != nil {
+		t.Fatalf("Has after the failed arbitration = %v, %v; want the blob kept", ok, err)
+	}
+}
+
+// TestSQLiteWriteRowsPin: a put's pin row, written by WriteRows in the
+// put's transaction, commits with it or not at all.
+func TestSQLiteWriteRowsPin(t *testing.T) {
+	ctx := t.Context()
+	s := openSQLiteState(t, filepath.Join(t.TempDir(), "kv.db"), meta.HostBoot)
+	d := blob.Sum([]byte("pinned by a put"))
+	for _, commit := range []bool{false, true} {
+		tx, err := s.DB().BeginTx(ctx, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := s.WriteRows(ctx, tx, meta.Rows{Pin: &meta.PinRow{D: d, Owner: "put", TTL: time.Hour}}); err != nil {
+			tx.Rollback()
+			t.Fatal(err)
+		}
+		if commit {
+			err = tx.Commit()
+		} else {
+			err = tx.Rollback()
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+		out, err := s.Arbitrate(ctx, meta.Arbitration{Digests: []blob.Digest{d}, Outside: func(_ context.Context, ds []blob.Digest) ([]int64, error) {
+			return make([]int64, len(ds)), nil
+		}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := out[0] == meta.Protected; got != commit {
+			t.Fatalf("a pin row written in a transaction that committed=%v protects its digest: %v", commit, got)
+		}
+	}
 }
 
 // TestSQLiteLeaseFile: a held lease's file beside the database names the

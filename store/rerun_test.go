@@ -30,7 +30,7 @@ type rerunHost struct {
 	*sqlite.Engine
 	t       *testing.T
 	armed   atomic.Bool
-	unlink  blob.Digest
+	unlink  []blob.Digest
 	unlinks atomic.Int32 // runs of the other writer's job
 }
 
@@ -83,8 +83,12 @@ func (a rerunArb) Arbitrate(ctx context.Context, arb meta.Arbitration) ([]int64,
 			if h.unlinks.Add(1) > 1 {
 				return errFull
 			}
-			_, err := tx.ExecContext(ctx, `DELETE FROM refs WHERE digest = ?`, h.unlink[:])
-			return err
+			for _, d := range h.unlink {
+				if _, err := tx.ExecContext(ctx, `DELETE FROM refs WHERE digest = ?`, d[:]); err != nil {
+					return err
+				}
+			}
+			return nil
 		})
 	})
 	queued(1)
@@ -114,7 +118,10 @@ func (a rerunArb) Arbitrate(ctx context.Context, arb meta.Arbitration) ([]int64,
 // transaction rolled back reports what it did — deleted is what is gone,
 // cancelled what is still there — and no large-tier blob is unlinked on
 // the strength of work that rolled back: a link whose removal rolled back
-// still has its blob.
+// still has its blob. The kv blob whose link the other job removes is
+// deleted by the first run and restored by the rollback: only the
+// committed run's answer counts it right (the large one's unlink rechecks
+// in a hold of its own, whatever the first run said).
 func TestSQLiteArbitrationRerun(t *testing.T) {
 	dir := t.TempDir()
 	kv, err := sqlite.Open(t.Context(), filepath.Join(dir, "kv.db"))
@@ -140,9 +147,9 @@ func TestSQLiteArbitrationRerun(t *testing.T) {
 		t.Fatalf("sweep 1: %+v", r)
 	}
 	// Linked after the mark, so arbitration must cancel them: a kv blob,
-	// a large one, and a large one whose link the other job removes.
-	lost := ds[5]
-	linked := map[blob.Digest]bool{ds[2]: true, ds[3]: true, lost: true}
+	// a large one, and one of each whose link the other job removes.
+	lost := []blob.Digest{ds[4], ds[5]}
+	linked := map[blob.Digest]bool{ds[2]: true, ds[3]: true, lost[0]: true, lost[1]: true}
 	for d := range linked {
 		if _, err := kv.DB().Exec(`INSERT INTO refs (digest) VALUES (?)`, d[:]); err != nil {
 			t.Fatal(err)
@@ -233,7 +240,7 @@ func TestSQLiteUnlinkChecksAgain(t *testing.T) {
 		t.Fatalf("sweep 1: %+v", r)
 	}
 	h.hook = func(ctx context.Context) error {
-		return h.Engine.Meta().Host.PinRows(ctx, nil, "another-process", []blob.Digest{ds[1]}, time.Hour)
+		return h.Engine.Meta().Host.PinRows(ctx, "another-process", []blob.Digest{ds[1]}, time.Hour)
 	}
 	r := sweep(t, s)
 	if ok, err := s.Has(t.Context(), ds[1]); err != nil || !ok {

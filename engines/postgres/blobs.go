@@ -2,7 +2,6 @@ package postgres
 
 import (
 	"context"
-	"database/sql"
 	"errors"
 	"fmt"
 	"iter"
@@ -166,49 +165,17 @@ func readPage(ctx context.Context, after blob.Digest, page []engines.Entry, quer
 }
 
 // blobsDeleteSQL deletes the blobs of the digests $1 and returns each
-// deleted one's digest and size. The GC's arbitration deletes the dead
-// with it, in package meta's transaction (meta.PostgresConfig.BlobDelete),
-// and so does DeleteMany.
+// deleted one's digest and size. Package meta runs it
+// (meta.PostgresConfig.BlobDelete), with the deleted blobs' window rows
+// in the same statement: in a delete's arbitration, and for DeleteMany.
 const blobsDeleteSQL = `DELETE FROM blobs WHERE digest = ANY($1::bytea[]) RETURNING digest, size`
 
 // DeleteMany implements engines.BatchDeleter: one statement, in a
 // transaction of its own, that deletes the blobs and, with them, their
-// rows in the delete window (the window is package meta's: its CTE,
-// meta.PGWindowGone, says why).
+// rows in the delete window (the window is package meta's, and so is the
+// statement's other half: meta.Postgres.DeleteBlobs, meta.PGWindowGone).
 func (e *Engine) DeleteMany(ctx context.Context, ds []blob.Digest) ([]int64, error) {
-	sizes := make([]int64, len(ds))
-	for i := range sizes {
-		sizes[i] = -1
-	}
-	if len(ds) == 0 {
-		return sizes, nil
-	}
-	keys := make([][]byte, len(ds))
-	for i := range ds {
-		keys[i] = ds[i][:]
-	}
-	got := make(map[blob.Digest]int64, len(ds))
-	err := e.inTx(ctx, "delete", func(tx *sql.Tx) error {
-		rows, err := tx.QueryContext(ctx, `WITH d AS (`+blobsDeleteSQL+`), `+meta.PGWindowGone("d")+` SELECT digest, size FROM d`, keys)
-		if err != nil {
-			return e.wrap("delete", err)
-		}
-		defer rows.Close()
-		if err := engines.ScanSizes(rows, func(d blob.Digest, n int64) { got[d] = n }); err != nil {
-			return e.wrap("delete", err)
-		}
-		return nil
-	})
-	if err != nil {
-		return nil, err
-	}
-	for i, d := range ds {
-		if n, ok := got[d]; ok {
-			sizes[i] = n
-			delete(got, d) // a repeated digest was deleted once
-		}
-	}
-	return sizes, nil
+	return e.meta.DeleteBlobs(ctx, ds)
 }
 
 // SizeMany implements engines.BatchSizer: one query with digest = ANY($1).

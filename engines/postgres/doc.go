@@ -37,7 +37,8 @@
 //     gives it the engine's blob delete statement
 //     ([meta.PostgresConfig.BlobDelete]), which meta runs in the
 //     arbitration's transaction with the deleted blobs' window rows in
-//     the same statement ([meta.PGWindowGone]), as DeleteMany does.
+//     the same statement ([meta.PGWindowGone]); DeleteMany runs the same
+//     statement, built once, through meta ([meta.Postgres.DeleteBlobs]).
 //
 // # Connections and failures
 //

@@ -190,9 +190,11 @@ func lockWaits(t *testing.T, e *postgres.Engine) int {
 	return n
 }
 
-// TestPutGroupWaitsForArbitration: a put of a blob that a delete's
-// arbitration holds waits for the arbitration's commit on the digest's
-// lock, then stores the content afresh, with its pin row.
+// TestPutGroupWaitsForArbitration: a put of a blob whose delete's
+// arbitration has deleted its row and not yet committed waits for the
+// commit on the digest's lock, then stores the content afresh, with its
+// pin row: its insert judges on the latest committed rows (ON CONFLICT),
+// not on its statement's snapshot, taken while the row was still there.
 func TestPutGroupWaitsForArbitration(t *testing.T) {
 	e := open(t, pgtest.DSN(t))
 	defer e.Close()
@@ -202,45 +204,67 @@ func TestPutGroupWaitsForArbitration(t *testing.T) {
 	if _, err := e.Put(ctx, d, v); err != nil {
 		t.Fatal(err)
 	}
-	inArb, release, arbDone := make(chan struct{}), make(chan struct{}), make(chan error, 1)
-	var once sync.Once
-	letGo := func() { once.Do(func() { close(release) }) }
-	defer letGo() // before e.Close, which waits for the put
-	go func() {
-		// The arbitration deletes the blob under its lock, and holds it.
-		arbDone <- holdArbitration(ctx, e, []blob.Digest{d}, func(ctx context.Context, ds []blob.Digest) error {
-			_, err := e.DeleteMany(ctx, ds)
-			close(inArb)
-			<-release
-			return err
-		})
-	}()
-	select {
-	case <-inArb:
-	case err := <-arbDone:
-		t.Fatalf("Arbitrate: %v", err)
-	case <-time.After(10 * time.Second):
-		t.Fatal("the arbitration never ran")
+	// The arbitration's delete waits, uncommitted and under the digest's
+	// exclusive lock, in a trigger on the deleted row for an advisory lock
+	// this test holds. Its key is a pair of ints, a space of keys apart
+	// from the arbitration locks' bigints.
+	hold, err := e.Pool().Acquire(ctx)
+	if err != nil {
+		t.Fatal(err)
 	}
+	defer hold.Release()
+	if _, err := hold.Exec(ctx, `SELECT pg_advisory_lock(36, 4)`); err != nil {
+		t.Fatal(err)
+	}
+	var once sync.Once
+	letGo := func() {
+		once.Do(func() {
+			if _, err := hold.Exec(context.Background(), `SELECT pg_advisory_unlock(36, 4)`); err != nil {
+				t.Error(err)
+			}
+		})
+	}
+	defer letGo() // before e.Close, which waits for the put
+	for _, q := range []string{
+		`CREATE FUNCTION test_hold_delete() RETURNS trigger LANGUAGE plpgsql AS $$
+		BEGIN PERFORM pg_advisory_xact_lock(36, 4); RETURN OLD; END $$`,
+		`CREATE TRIGGER test_hold_delete AFTER DELETE ON blobs FOR EACH ROW EXECUTE FUNCTION test_hold_delete()`,
+	} {
+		if _, err := e.DB().ExecContext(ctx, q); err != nil {
+			t.Fatal(err)
+		}
+	}
+	type arbResult struct {
+		out []int64
+		err error
+	}
+	arbDone := make(chan arbResult, 1)
+	go func() {
+		out, err := e.Meta().Host.Arbitrate(ctx, meta.Arbitration{Digests: []blob.Digest{d}})
+		arbDone <- arbResult{out, err}
+	}()
+	waitFor(t, "the arbitration's delete to wait in the trigger", func() bool { return lockWaits(t, e) == 1 })
 	putDone := make(chan putResult, 1)
 	go func() {
 		ins, err := e.PutRows(ctx, d, v, meta.Rows{Pin: &meta.PinRow{D: d, Owner: "putter", TTL: time.Minute}})
 		putDone <- putResult{"put", ins, err}
 	}()
-	waitFor(t, "the put to wait for the arbitration lock", func() bool { return lockWaits(t, e) > 0 })
+	waitFor(t, "the put to wait for the arbitration lock", func() bool { return lockWaits(t, e) == 2 })
 	select {
 	case r := <-putDone:
 		t.Fatalf("the put returned (%v, %v) while the arbitration held its lock", r.inserted, r.err)
+	case r := <-arbDone:
+		t.Fatalf("the arbitration returned (%v, %v) while its delete waited", r.out, r.err)
 	default:
 	}
 	letGo()
 	select {
-	case err := <-arbDone:
-		if err != nil {
-			t.Fatal(err)
+	case r := <-arbDone:
+		if r.err != nil || len(r.out) != 1 || r.out[0] != int64(len(v)) {
+			t.Fatalf("Arbitrate = %v, %v; want the blob deleted (%d bytes)", r.out, r.err, len(v))
 		}
 	case <-time.After(30 * time.Second):
-		t.Fatal("the arbitration still held 30 s after it was let go")
+		t.Fatal("the arbitration had not returned 30 s after its delete was let go")
 	}
 	select {
 	case r := <-putDone:

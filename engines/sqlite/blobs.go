@@ -198,30 +198,16 @@ func (e *Engine) page(ctx context.Context, after blob.Digest, page []engines.Ent
 }
 
 // delRetSQL deletes one blob's rows and returns its size: on layout 2 the
-// trigger blobs_value_delete deletes the value in the same statement. It
-// is also the statement the GC's arbitration deletes the dead with, in
-// package meta's transaction (meta.SQLiteConfig.BlobDelete).
+// trigger blobs_value_delete deletes the value in the same statement.
+// Package meta runs it (meta.SQLiteConfig.BlobDelete): in a delete's
+// arbitration, and for DeleteMany.
 const delRetSQL = `DELETE FROM blobs WHERE digest = ? RETURNING size`
 
-// DeleteMany implements engines.BatchDeleter: one transaction, one
-// DELETE … RETURNING size per digest.
+// DeleteMany implements engines.BatchDeleter: one write transaction, one
+// DELETE … RETURNING size per digest (meta.SQLite.DeleteBlobs, the loop
+// the GC's arbitration runs).
 func (e *Engine) DeleteMany(ctx context.Context, ds []blob.Digest) ([]int64, error) {
-	var sizes []int64
-	err := e.inTx(ctx, "delete", func(ctx context.Context, tx *sql.Tx) error {
-		del := tx.StmtContext(ctx, e.delRet)
-		got := make([]int64, len(ds)) // afresh: a Batcher job may run twice
-		for i, d := range ds {
-			switch err := del.QueryRowContext(ctx, d[:]).Scan(&got[i]); {
-			case errors.Is(err, sql.ErrNoRows):
-				got[i] = -1
-			case err != nil:
-				return blob.Wrap("delete", e.name, d, err)
-			}
-		}
-		sizes = got
-		return nil
-	})
-	return sizes, err
+	return e.meta.DeleteBlobs(ctx, ds)
 }
 
 // sizeManyBatch bounds the IN list of one SizeMany query.

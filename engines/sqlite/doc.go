@@ -41,7 +41,8 @@
 //     insert's transaction, a job of the group commit (meta.Batcher).
 //   - A delete's arbitration is meta's (meta.Host.Arbitrate): Open gives
 //     it the engine's blob delete statement (meta.SQLiteConfig.BlobDelete),
-//     which meta runs in the arbitration's transaction.
+//     which meta runs in the arbitration's transaction, and DeleteMany
+//     is meta's loop of it too (meta.SQLite.DeleteBlobs).
 //
 // # Durability
 //

@@ -34,8 +34,8 @@ type Engine struct {
 	wal   walSync
 	ckpt  *checkpointer // background checkpoints (checkpoint.go); nil read-only
 
-	has, size, get, put, del, delRet, list *sql.Stmt
-	putValue                               *sql.Stmt // layout 2's second put statement
+	has, size, get, put, del, list *sql.Stmt
+	putValue                       *sql.Stmt // layout 2's second put statement
 	// meta is the pool's shared GC state in this database: pin rows,
 	// arbitration, the sweep lease, the delete window, the corrupt ledger
 	// and the row clock (package meta owns their tables).
@@ -184,7 +184,6 @@ func (e *Engine) init(ctx context.Context, log *slog.Logger) error {
 	}{
 		{&e.has, e.hasSQL()},
 		{&e.size, e.sizeSQL()},
-		{&e.delRet, delRetSQL},
 		{&e.get, get},
 		{&e.put, put},
 		{&e.putValue, putValue},
@@ -277,7 +276,7 @@ func (e *Engine) Close() error {
 
 func (e *Engine) closeStmts() []error {
 	var errs []error
-	for _, st := range []*sql.Stmt{e.has, e.size, e.delRet, e.get, e.put, e.putValue, e.del, e.list} {
+	for _, st := range []*sql.Stmt{e.has, e.size, e.get, e.put, e.putValue, e.del, e.list} {
 		if st != nil {
 			errs = append(errs, st.Close())
 		}

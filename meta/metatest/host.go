@@ -2,8 +2,10 @@ package metatest
 
 import (
 	"context"
+	"encoding/hex"
 	"errors"
 	"slices"
+	"strings"
 	"testing"
 	"time"
 
@@ -14,8 +16,10 @@ import (
 
 // Host checks the meta.Host contract on the state of the engines share
 // opens: pin rows, their renewal and reaping, that a TTL counts on the
-// row clock, a delete's arbitration and its lock, and the sweep lease. share opens the same storage on every call: two engines from it
-// stand for two processes sharing one pool.
+// row clock, a delete's arbitration (and that one which fails commits
+// nothing) and its lock, and the sweep lease. share opens the same
+// storage on every call: two engines from it stand for two processes
+// sharing one pool.
 //
 // No test can move the row clock: rows that must be expired are written
 // with a TTL <= 0 (expired on arrival), rows that must live with an hour,
@@ -44,6 +48,7 @@ func Host(t *testing.T, share func(t *testing.T) engines.Engine) {
 	t.Run("Reap", func(t *testing.T) { testReap(t, host(t)) })
 	t.Run("TTLCounts", func(t *testing.T) { testTTLCounts(t, host(t), host(t)) })
 	t.Run("Arbitrate", func(t *testing.T) { testArbitrate(t, host(t)) })
+	t.Run("ArbitrateFailsWhole", func(t *testing.T) { testArbitrateFails(t, host(t)) })
 	t.Run("ArbitrationLock", func(t *testing.T) { testArbitrationLock(t, host(t), host(t)) })
 	t.Run("SweepLease", func(t *testing.T) { testSweepLease(t, host(t), host(t)) })
 }
@@ -88,7 +93,7 @@ func protected(ds []blob.Digest, out []int64) map[blob.Digest]bool {
 
 func pinRows(t *testing.T, h host, owner string, ttl time.Duration, ds ...blob.Digest) {
 	t.Helper()
-	if err := h.PinRows(t.Context(), nil, owner, ds, ttl); err != nil {
+	if err := h.PinRows(t.Context(), owner, ds, ttl); err != nil {
 		t.Fatal(err)
 	}
 }
@@ -156,29 +161,6 @@ func testPinRows(t *testing.T, h host) {
 	}
 	if err := h.DropOwner(ctx, "M"); err != nil {
 		t.Fatal(err)
-	}
-	// Inside a caller's transaction (a put's), the row commits with it or
-	// not at all.
-	for _, commit := range []bool{false, true} {
-		tx, err := h.e.(engines.SQL).DB().BeginTx(ctx, nil)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if err := h.PinRows(ctx, tx, "C", []blob.Digest{c}, live); err != nil {
-			tx.Rollback()
-			t.Fatal(err)
-		}
-		if commit {
-			err = tx.Commit()
-		} else {
-			err = tx.Rollback()
-		}
-		if err != nil {
-			t.Fatal(err)
-		}
-		if got := pinned(t, h, []blob.Digest{c}); got[c] != commit {
-			t.Fatalf("a pin row written in a transaction that committed=%v protects its digest: %v", commit, got[c])
-		}
 	}
 }
 
@@ -340,6 +322,79 @@ func testArbitrate(t *testing.T, h host) {
 	}
 }
 
+// testArbitrateFails: an arbitration that fails after a row was deleted
+// commits nothing of it, and says what failed: a delete refused on the
+// second digest (a trigger that raises, after the first digest's row
+// went), and an Outside that answers for more digests than it was given.
+func testArbitrateFails(t *testing.T, h host) {
+	ctx := t.Context()
+	kv, ok := h.e.(engines.KV)
+	if !ok {
+		t.Skip("not a kv engine")
+	}
+	first, second := put(t, kv, []byte("deleted, then restored")), put(t, kv, []byte("refused"))
+	refuseDelete(t, h, second)
+	out, err := h.Arbitrate(ctx, meta.Arbitration{Digests: []blob.Digest{first, second}})
+	if err == nil || !strings.Contains(err.Error(), "metatest refuses") || !strings.Contains(err.Error(), "delete") {
+		t.Fatalf("Arbitrate with the second delete refused = %v, %v; want an error naming the delete and the trigger's message", out, err)
+	}
+	if out != nil {
+		t.Fatalf("Arbitrate failed and answered %v; want no answer", out)
+	}
+	for _, d := range []blob.Digest{first, second} {
+		if ok, err := kv.Has(ctx, d); !ok || err != nil {
+			t.Fatalf("Has(%s) after a failed arbitration = %v, %v; want the row kept (nothing of it commits)", d.Short(), ok, err)
+		}
+	}
+
+	// Outside's answer has one size per survivor, or the arbitration fails.
+	out, err = h.Arbitrate(ctx, meta.Arbitration{Digests: []blob.Digest{first}, Outside: func(context.Context, []blob.Digest) ([]int64, error) {
+		return []int64{1, 2}, nil
+	}})
+	if err == nil || !strings.Contains(err.Error(), "2 sizes for 1") || out != nil {
+		t.Fatalf("Arbitrate with 2 sizes from Outside for 1 digest = %v, %v; want an error that counts them", out, err)
+	}
+	if ok, err := kv.Has(ctx, first); !ok || err != nil {
+		t.Fatalf("Has after a failed arbitration with Outside = %v, %v; want the kv row kept", ok, err)
+	}
+}
+
+// refuseDelete makes the delete of d's blob row fail in h's database, in
+// a trigger that raises after the row is gone, until the test ends.
+func refuseDelete(t *testing.T, h host, d blob.Digest) {
+	t.Helper()
+	e := h.e.(engines.SQL)
+	var qs, undo []string
+	switch x := hex.EncodeToString(d[:]); e.Dialect() {
+	case "sqlite":
+		qs = []string{`CREATE TRIGGER metatest_refuse AFTER DELETE ON blobs WHEN OLD.digest = X'` + x + `'
+			BEGIN SELECT RAISE(ABORT, 'metatest refuses this delete'); END`}
+		undo = []string{`DROP TRIGGER metatest_refuse`}
+	case "postgres":
+		qs = []string{
+			`CREATE FUNCTION metatest_refuse() RETURNS trigger LANGUAGE plpgsql AS $$
+			BEGIN RAISE EXCEPTION 'metatest refuses this delete'; END $$`,
+			`CREATE TRIGGER metatest_refuse AFTER DELETE ON blobs FOR EACH ROW
+			WHEN (OLD.digest = '\x` + x + `'::bytea) EXECUTE FUNCTION metatest_refuse()`,
+		}
+		undo = []string{`DROP TRIGGER metatest_refuse ON blobs`, `DROP FUNCTION metatest_refuse()`}
+	default:
+		t.Fatalf("no trigger for dialect %q", e.Dialect())
+	}
+	for _, q := range qs {
+		if _, err := e.DB().ExecContext(t.Context(), q); err != nil {
+			t.Fatal(err)
+		}
+	}
+	t.Cleanup(func() {
+		for _, q := range undo {
+			if _, err := e.DB().ExecContext(context.Background(), q); err != nil {
+				t.Error(err)
+			}
+		}
+	})
+}
+
 // liveTable makes metatest_live in h's database afresh, with a row for
 // each of ds, and returns it as a Liveness.
 func liveTable(t *testing.T, h host, ds ...blob.Digest) *meta.LiveTable {
@@ -391,7 +446,7 @@ func testArbitrationLock(t *testing.T, sweeper, pinner host) {
 		t.Fatal("the arbitration did not reach its delete in a minute")
 	}
 	pinDone := make(chan error, 1)
-	go func() { pinDone <- pinner.PinRows(ctx, nil, "pinner", []blob.Digest{d}, live) }()
+	go func() { pinDone <- pinner.PinRows(ctx, "pinner", []blob.Digest{d}, live) }()
 	select {
 	case err := <-pinDone:
 		close(release)

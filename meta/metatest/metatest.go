@@ -5,8 +5,8 @@
 //
 //   - Host: pin rows, renewal, reaping, TTLs on the row clock, a delete's
 //     arbitration (pin rows of every owner, a liveness table, the kv rows'
-//     delete, the Outside form) and its lock across two processes, the
-//     sweep lease.
+//     delete, the Outside form; a failure after a delete commits nothing)
+//     and its lock across two processes, the sweep lease.
 //   - Window, WindowEngine: the delete window's contract, and that it is
 //     independent of the pool.
 //   - Ledger: the corrupt ledger, and that a second process reads it.

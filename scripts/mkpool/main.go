@@ -142,7 +142,7 @@ func writePins(ctx context.Context, e *sqlite.Engine, n, batch int) error {
 	slices.SortFunc(ds, blob.Digest.Compare)
 	const ttl = 10 * 365 * 24 * time.Hour
 	for chunk := range slices.Chunk(ds, batch) {
-		if err := e.Meta().Host.PinRows(ctx, nil, pinOwner, chunk, ttl); err != nil {
+		if err := e.Meta().Host.PinRows(ctx, pinOwner, chunk, ttl); err != nil {
 			return err
 		}
 	}

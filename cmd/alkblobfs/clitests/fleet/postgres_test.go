@@ -110,7 +110,7 @@ func TestPostgresSweepLease(t *testing.T) {
 	}
 	// A foreign process's unexpired pin row refuses rm.
 	dg := blob.MustParse(d)
-	if err := other.Meta().Host.PinRows(t.Context(), nil, "other-host:1:x", []blob.Digest{dg}, time.Hour); err != nil {
+	if err := other.Meta().Host.PinRows(t.Context(), "other-host:1:x", []blob.Digest{dg}, time.Hour); err != nil {
 		t.Fatal(err)
 	}
 	c.Fail(1, "protected", "rm", d)
