@@ -357,7 +357,7 @@ func (c *Collector) arbitratedDeleteMany(ctx context.Context, ds []blob.Digest, 
 		if err != nil {
 			return nil, fmt.Errorf("liveness query: %w", err)
 		}
-		idx = keep(ds, idx, out, live)
+		idx = meta.KeepLive(ds, idx, out, live)
 	}
 	if len(idx) == 0 {
 		return out, nil
@@ -369,7 +369,7 @@ func (c *Collector) arbitratedDeleteMany(ctx context.Context, ds []blob.Digest, 
 	if !ok {
 		return nil, errors.New("gc: the pool cannot say what it keeps outside the host's database (OutsidePool)")
 	}
-	batch := pick(ds, idx)
+	batch := meta.Pick(ds, idx)
 	// Design point (leaving the in-process lock): this process's rows of
 	// candidates it no longer pins go now, still under arb; from here on
 	// any pin of a candidate, ours included, writes a row under the key
@@ -417,7 +417,7 @@ func (c *Collector) arbitratedDeleteMany(ctx context.Context, ds []blob.Digest, 
 			}
 		}
 		if len(dead) > 0 {
-			got, err := c.host.Arbitrate(actx, meta.Arbitration{Digests: pick(batch, dead), Live: shared, Outside: op.DeleteOutside})
+			got, err := c.host.Arbitrate(actx, meta.Arbitration{Digests: meta.Pick(batch, dead), Live: shared, Outside: op.DeleteOutside})
 			if err != nil {
 				// The kv rows are gone, the large tier's blobs are not:
 				// they are unreferenced, and a later sweep deletes them.
@@ -442,32 +442,10 @@ func (c *Collector) arbitratedDeleteMany(ctx context.Context, ds []blob.Digest, 
 	return out, nil
 }
 
-// keep marks the live among idx protected in out and returns the rest, in
-// a slice of its own: idx is left as it was.
-func keep(ds []blob.Digest, idx []int, out []int64, live map[blob.Digest]bool) []int {
-	kept := make([]int, 0, len(idx))
-	for _, i := range idx {
-		if live[ds[i]] {
-			out[i] = outcomeProtected
-		} else {
-			kept = append(kept, i)
-		}
-	}
-	return kept
-}
-
-func pick(ds []blob.Digest, idx []int) []blob.Digest {
-	out := make([]blob.Digest, len(idx))
-	for k, i := range idx {
-		out[k] = ds[i]
-	}
-	return out
-}
-
 // deleteIdx deletes ds[idx] through the pool, in-process form.
 func (c *Collector) deleteIdx(ctx context.Context, ds []blob.Digest, idx []int, out []int64) error {
 	if bp, ok := c.pool.(BatchPool); ok {
-		sizes, err := bp.DeleteMany(ctx, pick(ds, idx))
+		sizes, err := bp.DeleteMany(ctx, meta.Pick(ds, idx))
 		if err != nil {
 			return err
 		}
@@ -492,7 +470,7 @@ func (c *Collector) deleteIdx(ctx context.Context, ds []blob.Digest, idx []int, 
 
 func liveAmong(ctx context.Context, s Source, ds []blob.Digest, idx []int) (map[blob.Digest]bool, error) {
 	if bs, ok := s.(BatchSource); ok {
-		return bs.LiveAmong(ctx, pick(ds, idx))
+		return bs.LiveAmong(ctx, meta.Pick(ds, idx))
 	}
 	live := make(map[blob.Digest]bool)
 	for _, i := range idx {

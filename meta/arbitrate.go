@@ -87,21 +87,21 @@ func arbitrateIn(ctx context.Context, tx *sql.Tx, ar arbitrator, a Arbitration) 
 	if err != nil {
 		return nil, err
 	}
-	rest = keepLive(ds, rest, out, pinned)
+	rest = KeepLive(ds, rest, out, pinned)
 	for _, l := range a.Live {
 		if len(rest) == 0 {
 			break
 		}
-		live, err := l.liveAmongTx(ctx, tx, pick(ds, rest))
+		live, err := l.liveAmongTx(ctx, tx, Pick(ds, rest))
 		if err != nil {
 			return nil, fmt.Errorf("liveness query: %w", err)
 		}
-		rest = keepLive(ds, rest, out, live)
+		rest = KeepLive(ds, rest, out, live)
 	}
 	if len(rest) == 0 {
 		return out, nil
 	}
-	survivors := pick(ds, rest)
+	survivors := Pick(ds, rest)
 	var sizes []int64
 	if a.Outside != nil {
 		sizes, err = a.Outside(ctx, survivors)
@@ -120,9 +120,11 @@ func arbitrateIn(ctx context.Context, tx *sql.Tx, ar arbitrator, a Arbitration) 
 	return out, nil
 }
 
-// keepLive marks the live among idx Protected in out and returns the
-// rest, in a slice of its own.
-func keepLive(ds []blob.Digest, idx []int, out []int64, live map[blob.Digest]bool) []int {
+// KeepLive marks the live among ds[idx] Protected in out and returns the
+// rest of idx, in a slice of its own (idx is left as it was): the
+// bookkeeping of an arbitration's outcomes, here and in the collector's
+// in-process domain, which reports the same outcomes.
+func KeepLive(ds []blob.Digest, idx []int, out []int64, live map[blob.Digest]bool) []int {
 	kept := make([]int, 0, len(idx))
 	for _, i := range idx {
 		if live[ds[i]] {
@@ -134,7 +136,8 @@ func keepLive(ds []blob.Digest, idx []int, out []int64, live map[blob.Digest]boo
 	return kept
 }
 
-func pick(ds []blob.Digest, idx []int) []blob.Digest {
+// Pick returns ds[idx], in idx's order.
+func Pick(ds []blob.Digest, idx []int) []blob.Digest {
 	out := make([]blob.Digest, len(idx))
 	for k, i := range idx {
 		out[k] = ds[i]
