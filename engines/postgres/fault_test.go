@@ -82,24 +82,33 @@ func TestServerRestart(t *testing.T) {
 	case <-time.After(30 * time.Second):
 		t.Fatal("the put cut by a restart never returned")
 	}
-	if err == nil {
-		t.Fatal("a put whose transaction was cut by a restart succeeded")
-	}
-	t.Logf("in-flight put: %v", err)
-	if !strings.Contains(err.Error(), e.Name()) {
-		t.Errorf("error does not name the engine: %v", err)
+	// The restart ends every session, but in no set order: when the
+	// arbitration's ends first, its lock goes with it, and the put's
+	// statement and COMMIT may go through before the put's own session is
+	// ended (a few runs in forty here). Either way the put's answer is the
+	// truth: an error naming the engine and nothing stored, or success and
+	// its blob stored.
+	putErr := err
+	cut := putErr != nil
+	if cut {
+		t.Logf("in-flight put: %v", putErr)
+		if !strings.Contains(putErr.Error(), e.Name()) {
+			t.Errorf("error does not name the engine: %v", putErr)
+		}
+	} else {
+		t.Log("the put committed before the restart ended its session")
 	}
 
 	// Each of these is the first use of a pooled connection since the
 	// restart; none may fail.
-	if ok, err := e.Has(ctx, d); ok || err != nil {
-		t.Fatalf("Has(cut put) = %v, %v; want false, nil", ok, err)
+	if ok, err := e.Has(ctx, d); ok == cut || err != nil {
+		t.Fatalf("Has(put across the restart) = %v, %v; want %v, nil (the put's answer: %v)", ok, err, !cut, putErr)
 	}
 	if n, err := e.Size(ctx, blob.Sum(old)); err != nil || n != int64(len(old)) {
 		t.Fatalf("Size after restart = %d, %v", n, err)
 	}
-	if ins, err := e.Put(ctx, d, v); !ins || err != nil {
-		t.Fatalf("Put after restart = %v, %v", ins, err)
+	if ins, err := e.Put(ctx, d, v); ins != cut || err != nil {
+		t.Fatalf("Put after restart = %v, %v; want %v, nil", ins, err, cut)
 	}
 	var n int
 	if err := e.DB().QueryRowContext(ctx, `SELECT count(*) FROM blobs`).Scan(&n); err != nil || n != 2 {
