@@ -241,16 +241,8 @@ func TestArbitrateCanceledCaller(t *testing.T) {
 	}
 	// Hold the Batcher's loop so that the two jobs below share the next
 	// transaction, the other writer's first.
-	started, stop := make(chan struct{}), make(chan struct{})
+	release := holdWriter(t, e)
 	var wg sync.WaitGroup
-	wg.Go(func() {
-		e.batch.Do(t.Context(), false, func(context.Context, *sql.Tx) error {
-			close(started)
-			<-stop
-			return nil
-		})
-	})
-	<-started
 	otherCalls := 0
 	var otherErr, arbErr error
 	var arbOut []int64
@@ -267,7 +259,7 @@ func TestArbitrateCanceledCaller(t *testing.T) {
 		arbOut, arbErr = e.Arbitrate(sweep, meta.Arbitration{Digests: []blob.Digest{x}, Live: []meta.Liveness{held}})
 	})
 	awaitQueued(t, e, 2)
-	close(stop)
+	release()
 	var ch chan struct{}
 	select {
 	case ch = <-meta.HoldCh: // the arbitration's statement is midway
@@ -288,6 +280,17 @@ func TestArbitrateCanceledCaller(t *testing.T) {
 	if err := e.DB().QueryRow(`SELECT (SELECT count(*) FROM t), (SELECT count(*) FROM blobs)`).Scan(&n, &blobs); err != nil || n != 1 || blobs != 0 {
 		t.Errorf("%d rows of t and %d blob rows committed (%v); want the other job's, and x deleted", n, blobs, err)
 	}
+}
+
+// holdWriter holds e's writer (metatest.HoldWriter); the test fails if it
+// cannot.
+func holdWriter(t *testing.T, e *sqliteState) (release func()) {
+	t.Helper()
+	release, err := metatest.HoldWriter(t.Context(), e.batch)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return release
 }
 
 // waitAll waits for wg, for at most a minute.
@@ -358,20 +361,8 @@ func TestSQLiteArbitrationRerun(t *testing.T) {
 	}
 	// Hold the Batcher's loop so that the three jobs below share the next
 	// transaction, in queue order.
-	started, stop := make(chan struct{}), make(chan struct{})
+	release := holdWriter(t, e)
 	var wg sync.WaitGroup
-	wg.Go(func() {
-		e.batch.Do(t.Context(), false, func(context.Context, *sql.Tx) error {
-			close(started)
-			<-stop
-			return nil
-		})
-	})
-	select {
-	case <-started:
-	case <-time.After(time.Minute):
-		t.Fatal("the Batcher did not start the holding job in a minute")
-	}
 	var unlinkRuns, endRuns int // the ending job keeps its error: it runs once
 	errFull := errors.New("test: the disk is still full")
 	wg.Go(func() {
@@ -400,7 +391,7 @@ func TestSQLiteArbitrationRerun(t *testing.T) {
 		})
 	})
 	awaitQueued(t, e, 3)
-	close(stop)
+	release()
 	waitAll(t, &wg)
 	if unlinkRuns != 2 || endRuns != 1 {
 		t.Fatalf("the unlink ran %d times, the ending job %d: the test wants the shared transaction rolled back and the other jobs run again", unlinkRuns, endRuns)

@@ -16,6 +16,7 @@ import (
 	"github.com/alkblobfs/alkblobfs/engines/sqlite"
 	"github.com/alkblobfs/alkblobfs/gc"
 	"github.com/alkblobfs/alkblobfs/meta"
+	"github.com/alkblobfs/alkblobfs/meta/metatest"
 	"github.com/alkblobfs/alkblobfs/store"
 )
 
@@ -64,20 +65,11 @@ func (a rerunArb) Arbitrate(ctx context.Context, arb meta.Arbitration) ([]int64,
 	}
 	// Hold the Batcher's loop, so that the three jobs below share its next
 	// transaction, in queue order.
-	started, stop := make(chan struct{}), make(chan struct{})
-	var wg sync.WaitGroup
-	wg.Go(func() {
-		b.Do(ctx, false, func(context.Context, *sql.Tx) error {
-			close(started)
-			<-stop
-			return nil
-		})
-	})
-	select {
-	case <-started:
-	case <-time.After(time.Minute):
-		return nil, errors.New("test: the Batcher did not start the holding job in a minute")
+	release, err := metatest.HoldWriter(ctx, b)
+	if err != nil {
+		return nil, err
 	}
+	var wg sync.WaitGroup
 	wg.Go(func() {
 		b.Do(ctx, false, func(ctx context.Context, tx *sql.Tx) error {
 			if h.unlinks.Add(1) > 1 {
@@ -93,7 +85,6 @@ func (a rerunArb) Arbitrate(ctx context.Context, arb meta.Arbitration) ([]int64,
 	})
 	queued(1)
 	var out []int64
-	var err error
 	wg.Go(func() { out, err = a.Host.Arbitrate(ctx, arb) })
 	queued(2)
 	wg.Go(func() {
@@ -103,7 +94,7 @@ func (a rerunArb) Arbitrate(ctx context.Context, arb meta.Arbitration) ([]int64,
 		})
 	})
 	queued(3)
-	close(stop)
+	release()
 	done := make(chan struct{})
 	go func() { wg.Wait(); close(done) }()
 	select {
