@@ -35,6 +35,21 @@ func TestNSRebind(t *testing.T) {
 	}
 }
 
+// openNSTables opens a SQLite engine with the namespaces' tables, closed
+// when t ends.
+func openNSTables(t *testing.T) *sqlite.Engine {
+	t.Helper()
+	e, err := sqlite.Open(t.Context(), filepath.Join(t.TempDir(), "kv.db"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { e.Close() })
+	if _, err := meta.OpenLinks(t.Context(), meta.LinksConfig{Engine: e}); err != nil {
+		t.Fatal(err)
+	}
+	return e
+}
+
 // TestNSSQLiteQueryPlans: the hot queries use the indexes rather than a scan
 // and a sort — what keeps IsLive and an arbitration batch (liveAmong)
 // probes and Live and Entries streaming at millions of rows, ns_pending
@@ -42,14 +57,7 @@ func TestNSRebind(t *testing.T) {
 // its RELEASEs makes it large.
 func TestNSSQLiteQueryPlans(t *testing.T) {
 	ctx := context.Background()
-	e, err := sqlite.Open(ctx, filepath.Join(t.TempDir(), "kv.db"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer e.Close()
-	if _, err := meta.OpenLinks(ctx, meta.LinksConfig{Engine: e}); err != nil {
-		t.Fatal(err)
-	}
+	e := openNSTables(t)
 	q := meta.NSQueries("sqlite")
 	k := make([]byte, 32)
 	for _, tc := range []struct {
@@ -105,14 +113,7 @@ func TestNSSQLiteQueryPlans(t *testing.T) {
 // which statements read each index.
 func TestNSSQLiteIndexesRead(t *testing.T) {
 	ctx := context.Background()
-	e, err := sqlite.Open(ctx, filepath.Join(t.TempDir(), "kv.db"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer e.Close()
-	if _, err := meta.OpenLinks(ctx, meta.LinksConfig{Engine: e}); err != nil {
-		t.Fatal(err)
-	}
+	e := openNSTables(t)
 	k := make([]byte, 32)
 	readers := map[string][]string{}
 	for name, q := range meta.NSQueries("sqlite") {

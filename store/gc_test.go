@@ -5,15 +5,12 @@ import (
 	"context"
 	"errors"
 	"iter"
-	"path/filepath"
 	"slices"
 	"sync"
 	"testing"
 	"time"
 
 	"github.com/alkblobfs/alkblobfs/blob"
-	"github.com/alkblobfs/alkblobfs/engines/local"
-	"github.com/alkblobfs/alkblobfs/engines/sqlite"
 	"github.com/alkblobfs/alkblobfs/gc"
 	"github.com/alkblobfs/alkblobfs/store"
 )
@@ -76,14 +73,7 @@ func (c *clock) advance(d time.Duration) {
 
 func openDurable(t *testing.T, dir string, delay time.Duration, c gc.Clock) *store.Store {
 	t.Helper()
-	kv, err := sqlite.Open(t.Context(), filepath.Join(dir, "kv.db"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	large, err := local.Open(t.Context(), filepath.Join(dir, "large"), nil)
-	if err != nil {
-		t.Fatal(err)
-	}
+	kv, large := sqliteKV(t, dir), localLarge(t, dir)
 	return openWith(t, store.Config{KV: kv, Large: large, GCDelay: delay, Clock: c})
 }
 

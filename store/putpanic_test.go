@@ -2,13 +2,11 @@ package store_test
 
 import (
 	"context"
-	"path/filepath"
 	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/alkblobfs/alkblobfs/blob"
-	"github.com/alkblobfs/alkblobfs/engines/local"
 	"github.com/alkblobfs/alkblobfs/engines/sqlite"
 	"github.com/alkblobfs/alkblobfs/meta"
 	"github.com/alkblobfs/alkblobfs/store"
@@ -34,14 +32,7 @@ func (e *panickingKV) PutRows(ctx context.Context, d blob.Digest, value []byte, 
 // writes its row, and Close returns.
 func TestPutRowsPanicEndsPublish(t *testing.T) {
 	dir := t.TempDir()
-	db, err := sqlite.Open(t.Context(), filepath.Join(dir, "kv.db"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	large, err := local.Open(t.Context(), filepath.Join(dir, "large"), nil)
-	if err != nil {
-		t.Fatal(err)
-	}
+	db, large := sqliteKV(t, dir), localLarge(t, dir)
 	kv := &panickingKV{Engine: db}
 	s, err := store.Open(t.Context(), store.Config{KV: kv, Large: large, Threshold: threshold})
 	if err != nil {

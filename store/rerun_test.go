@@ -5,14 +5,12 @@ import (
 	"database/sql"
 	"errors"
 	"log/slog"
-	"path/filepath"
 	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/alkblobfs/alkblobfs/blob"
-	"github.com/alkblobfs/alkblobfs/engines/local"
 	"github.com/alkblobfs/alkblobfs/engines/sqlite"
 	"github.com/alkblobfs/alkblobfs/gc"
 	"github.com/alkblobfs/alkblobfs/meta"
@@ -115,14 +113,7 @@ func (a rerunArb) Arbitrate(ctx context.Context, arb meta.Arbitration) ([]int64,
 // in a hold of its own, whatever the first run said).
 func TestSQLiteArbitrationRerun(t *testing.T) {
 	dir := t.TempDir()
-	kv, err := sqlite.Open(t.Context(), filepath.Join(dir, "kv.db"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	large, err := local.Open(t.Context(), filepath.Join(dir, "large"), nil)
-	if err != nil {
-		t.Fatal(err)
-	}
+	kv, large := sqliteKV(t, dir), localLarge(t, dir)
 	h := &rerunHost{Engine: kv, t: t}
 	s := openWith(t, store.Config{KV: h, Large: large})
 	if _, err := kv.DB().Exec(`CREATE TABLE refs (digest BLOB NOT NULL)`); err != nil {
@@ -206,14 +197,7 @@ func (h betweenHost) Arbitrate(ctx context.Context, a meta.Arbitration) ([]int64
 func openBetween(t *testing.T) (*store.Store, *between) {
 	t.Helper()
 	dir := t.TempDir()
-	kv, err := sqlite.Open(t.Context(), filepath.Join(dir, "kv.db"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	large, err := local.Open(t.Context(), filepath.Join(dir, "large"), nil)
-	if err != nil {
-		t.Fatal(err)
-	}
+	kv, large := sqliteKV(t, dir), localLarge(t, dir)
 	h := &between{Engine: kv}
 	s := openWith(t, store.Config{KV: h, Large: large, Logger: slog.New(slog.DiscardHandler)})
 	s.GC().Register(&refs{m: map[blob.Digest]bool{}})

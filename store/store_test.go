@@ -30,7 +30,7 @@ type layout struct {
 	kv    bool
 }
 
-func sqliteKV(t testing.TB, dir string) engines.KV {
+func sqliteKV(t testing.TB, dir string) *sqlite.Engine {
 	t.Helper()
 	e, err := sqlite.Open(t.Context(), filepath.Join(dir, "kv.db"))
 	if err != nil {
