@@ -104,11 +104,26 @@ var ErrClosed = fmt.Errorf("group commit: %w", blob.ErrClosed)
 // owner put in j (as a rule the caller's context without its
 // cancellation: a statement is every job's of its batch).
 func (c *Commit[J]) Do(ctx context.Context, j J, k Kind) error {
+	wait, err := c.Start(ctx, j, k)
+	if err != nil {
+		return err
+	}
+	wait()
+	return nil
+}
+
+// Start queues j as Do does and returns at once; wait returns once the
+// batch that held j ran (raising again a panic of run, as Do does). Jobs
+// queued by one goroutine's Starts keep its order, so a caller that must
+// not wait for its job (meta's close journal, whose records apply in the
+// order they were written) queues them in order and waits later, or
+// never.
+func (c *Commit[J]) Start(ctx context.Context, j J, k Kind) (wait func(), err error) {
 	e := &entry[J]{job: j, kind: k, done: make(chan struct{})}
 	c.mu.Lock()
 	if c.closed {
 		c.mu.Unlock()
-		return ErrClosed
+		return nil, ErrClosed
 	}
 	if h, _ := ctx.Value(hurryKey{}).(*Hurry); h != nil && k == Lazy {
 		attach(h, c, e)
@@ -131,11 +146,12 @@ func (c *Commit[J]) Do(ctx context.Context, j J, k Kind) error {
 	if start {
 		go c.runner()
 	}
-	<-e.done
-	if e.panic != nil {
-		panic(e.panic)
-	}
-	return nil
+	return func() {
+		<-e.done
+		if e.panic != nil {
+			panic(e.panic)
+		}
+	}, nil
 }
 
 // SetLinger changes how long lazy jobs wait for company, from the next

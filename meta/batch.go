@@ -66,6 +66,10 @@ import (
 type Batcher struct {
 	db    *sql.DB
 	group *group.Commit[*batchJob]
+	// journal is the database's close journal (journal.go), whose puts
+	// return before their job ran; nil: none (a database opened without
+	// one, and every Batcher a test makes by hand).
+	journal *Journal
 
 	batches atomic.Int64 // transactions begun (tests read it)
 }
@@ -91,6 +95,11 @@ type batchJob struct {
 	ctx   context.Context
 	err   error
 	panic any // recovered from fn, raised again by Do
+	// after, if set, is told the job's outcome (nil: it committed) once
+	// its transaction ended, on the runner's goroutine, in queue order,
+	// before the next batch begins: for a job nobody waits for (the
+	// close journal's).
+	after func(err error)
 }
 
 // failed reports whether fn returned an error or panicked.
@@ -169,6 +178,7 @@ func (b *Batcher) Close() { b.group.Close() }
 // run commits one batch: the group's run function. A job that runs alone
 // (group.Alone) is a batch of one.
 func (b *Batcher) run(jobs []*batchJob) {
+	defer tell(jobs)
 	if len(jobs) == 1 {
 		b.runAlone(jobs[0])
 		return
@@ -206,6 +216,32 @@ func (b *Batcher) run(jobs []*batchJob) {
 			}
 		}
 	}
+}
+
+// tell gives each job that has one its after, in queue order.
+func tell(jobs []*batchJob) {
+	for _, j := range jobs {
+		if j.after == nil {
+			continue
+		}
+		err := j.err
+		if j.panic != nil {
+			err = fmt.Errorf("panicked: %v", j.panic)
+		}
+		j.after(err)
+	}
+}
+
+// Visible returns once every job queued before it in this process has
+// committed or failed, if the database's close journal has puts not yet
+// applied (at once otherwise): a read of this process must see what a
+// put it made returned for, even one that returned before its
+// transaction ran (journal.go). nil b: nothing to wait for.
+func (b *Batcher) Visible(ctx context.Context) error {
+	if b == nil || b.journal == nil || b.journal.unapplied.Load() == 0 {
+		return nil
+	}
+	return b.Do(ctx, false, func(context.Context, *sql.Tx) error { return nil })
 }
 
 // runAlone runs j in a transaction of its own.

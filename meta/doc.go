@@ -35,6 +35,7 @@
 //	gc_window(digest PRIMARY KEY, visible_after)
 //	gc_corrupt(digest PRIMARY KEY, file, reason, marked)
 //	gc_clock(id = 1, boot_id, epoch, seen)          SQLite only
+//	journal_marks(segment PRIMARY KEY, applied)    SQLite only: the close journal's (journal.go)
 //	ns(name PRIMARY KEY, created_at, uid, gid, mode, blobs, bytes, quota_blobs, quota_bytes)
 //	ns_refs(ns, digest, linked_at, size)           PRIMARY KEY (ns, digest); index ns_refs_digest (digest)
 //	ns_pending(id PRIMARY KEY, ns, digest, holder, expiry, size)   index ns_pending_digest (digest)
@@ -83,6 +84,13 @@
 //   - A deleted blob's window row leaves with it, in the same statement,
 //     on PostgreSQL ([PGWindowGone]); elsewhere the sweep removes it after
 //     the delete (Window.WindowRemove).
+//   - Close journal (SQLite, journal.go): a put taken by the journal
+//     returns once its record (value and rows) is written; the record
+//     applies as a job of the Batcher, once, in its segment's order
+//     (journal_marks), by this process or, after its death, whoever
+//     settles intents next. A record carries its content, so a delete
+//     before it applied loses nothing; every read of rows a record writes
+//     waits for this process's records first (Batcher.Visible).
 //   - Every transaction is ended on every path; on SQLite every write goes
 //     through the engine's Batcher, so an arbitration may run again after
 //     a shared transaction rolled back: each run decides afresh, and

@@ -53,6 +53,7 @@ type Links struct {
 	settleTakeStmt, settleLinkStmt             *sql.Stmt
 	lockStmt, heldStmt, pendHeldStmt           *sql.Stmt
 	chargeStmt                                 *sql.Stmt
+	quotaStmt                                  *sql.Stmt // unlimited's, SQLite only
 	// batch, when the engine has one (SQLite), carries the write
 	// transactions (write), settles lazily.
 	batch *Batcher
@@ -130,6 +131,8 @@ type NSIntent struct {
 	TTL      time.Duration
 	Replaces int64 // an intent this one replaces, dropped first; 0: none
 	Size     int64
+	// admitted: the quota was judged already (linkTx)
+	admitted bool
 }
 
 // NewIntentID returns a random non-zero intent id.
@@ -176,6 +179,9 @@ func OpenLinks(ctx context.Context, cfg LinksConfig) (*Links, error) {
 	if err := retryDeadlock(func() error { return l.prepare(ctx) }); err != nil {
 		return nil, fmt.Errorf("open %s: prepare: %w", dialect, err)
 	}
+	if cfg.Batch != nil && cfg.Batch.journal != nil {
+		cfg.Batch.journal.links.Store(l)
+	}
 	return l, nil
 }
 
@@ -206,6 +212,9 @@ func (l *Links) prepare(ctx context.Context) error {
 			stmt{&l.linkStmt, l.q.linkIf}, stmt{&l.pendStmt, l.q.pend}, stmt{&l.unpendStmt, l.q.takeIntent},
 			stmt{&l.settleTakeStmt, l.q.settleTake}, stmt{&l.settleLinkStmt, l.q.settleLink},
 			stmt{&l.lockStmt, l.q.lockNS}, stmt{&l.heldStmt, l.q.held}, stmt{&l.pendHeldStmt, l.q.pendHeld}, stmt{&l.chargeStmt, l.q.charge})
+		if l.dialect == "sqlite" {
+			stmts = append(stmts, stmt{&l.quotaStmt, `SELECT quota_blobs, quota_bytes FROM ns WHERE name = ?`})
+		}
 	}
 	var prepared []*sql.Stmt
 	for _, p := range stmts {
@@ -334,7 +343,23 @@ func (l *Links) updateNS(ctx context.Context, query string, args ...any) error {
 
 // Remove deletes the namespace if it has no reference and no intent:
 // ErrNSNotFound if it is absent, ErrNSNotEmpty if it holds something.
+//
+// With a close journal (journal_guard.go), it first waits until every
+// close any process journaled before it is written, so that a namespace
+// a close was acknowledged into is not empty to it.
 func (l *Links) Remove(ctx context.Context, name string) error {
+	return l.journal().Guard(ctx, true, func() error { return l.remove(ctx, name) })
+}
+
+// journal is the database's close journal, nil without one.
+func (l *Links) journal() *Journal {
+	if l.batch == nil {
+		return nil
+	}
+	return l.batch.journal
+}
+
+func (l *Links) remove(ctx context.Context, name string) error {
 	res, err := l.db.ExecContext(ctx, l.q.remove, name, name, name)
 	var n int64
 	if err == nil {

@@ -49,7 +49,7 @@ func (l *Links) pendTx(ctx context.Context, tx *sql.Tx, name string, d blob.Dige
 	if err != nil {
 		return 0, err
 	}
-	if !held {
+	if !held && !p.admitted {
 		if err := u.admit(1, p.Size); err != nil {
 			return 0, err
 		}
@@ -89,6 +89,10 @@ func (l *Links) Settle(ctx context.Context, id int64) (bool, error) {
 	now := l.wall().UnixNano()
 	if l.dialect == "postgres" {
 		return l.settles.do(ctx, id, now)
+	}
+	if l.journal().settle(id) {
+		// Its record has not applied yet: it applies as the link.
+		return true, nil
 	}
 	var linked bool
 	settle := func(ctx context.Context, tx *sql.Tx) error {
@@ -156,6 +160,9 @@ func (l *Links) Renew(ctx context.Context, holder string, ttl time.Duration) err
 // them; it returns how many intents it took. One transaction (one
 // statement on PostgreSQL).
 func (l *Links) Recover(ctx context.Context, holder string) (int, error) {
+	if err := l.replayJournals(ctx); err != nil {
+		return 0, err
+	}
 	linkedAt := l.wall().UnixNano()
 	var n int64
 	var err error
@@ -179,11 +186,27 @@ func (l *Links) Recover(ctx context.Context, holder string) (int, error) {
 	return int(n), err
 }
 
+// replayJournals applies what dead processes left in the database's close
+// journal (Journal.ReplayDead), and waits for this process's: so that
+// what Recover and Holders read includes every close that returned 0.
+func (l *Links) replayJournals(ctx context.Context) error {
+	if l.batch == nil || l.batch.journal == nil {
+		return nil
+	}
+	if _, err := l.batch.journal.ReplayDead(ctx); err != nil {
+		return err
+	}
+	return l.batch.Visible(ctx)
+}
+
 // holdersQuery is Holders' statement.
 const holdersQuery = `SELECT DISTINCT holder FROM ns_pending`
 
 // Holders lists the holders that have intents.
 func (l *Links) Holders(ctx context.Context) ([]string, error) {
+	if err := l.replayJournals(ctx); err != nil {
+		return nil, err
+	}
 	rows, err := l.db.QueryContext(ctx, holdersQuery)
 	if err != nil {
 		return nil, err

@@ -23,7 +23,7 @@ func (l *Links) Link(ctx context.Context, name string, d blob.Digest, size int64
 	var linked bool
 	err := l.inTx(ctx, func(ctx context.Context, tx *sql.Tx) error {
 		var err error
-		linked, err = l.linkTx(ctx, tx, name, d, size)
+		linked, err = l.linkTx(ctx, tx, name, d, size, false)
 		return err
 	})
 	return linked, err
@@ -31,8 +31,9 @@ func (l *Links) Link(ctx context.Context, name string, d blob.Digest, size int64
 
 // linkTx links d in tx, charging size if the namespace does not hold d
 // yet (ns_usage.go): lock the namespace's row, look, admit, insert,
-// count.
-func (l *Links) linkTx(ctx context.Context, tx *sql.Tx, name string, d blob.Digest, size int64) (bool, error) {
+// count. admitted: the quota was judged already (a journaled put's,
+// when the namespace had none: journal.go), and is not judged again.
+func (l *Links) linkTx(ctx context.Context, tx *sql.Tx, name string, d blob.Digest, size int64, admitted bool) (bool, error) {
 	u, err := l.lockNS(ctx, tx, name)
 	if err != nil {
 		return false, l.linkFailed(ctx, name, err)
@@ -41,7 +42,7 @@ func (l *Links) linkTx(ctx context.Context, tx *sql.Tx, name string, d blob.Dige
 	if err != nil {
 		return false, err
 	}
-	if !held {
+	if !held && !admitted {
 		if err := u.admit(1, size); err != nil {
 			return false, err
 		}
@@ -257,6 +258,9 @@ func (l *Links) Unlink(ctx context.Context, name string, d blob.Digest) error {
 // Has returns the namespace's reference to d; ok is false when there is
 // none (whether or not the namespace exists: see Exists).
 func (l *Links) Has(ctx context.Context, name string, d blob.Digest) (Ref, bool, error) {
+	if err := l.batch.Visible(ctx); err != nil {
+		return Ref{}, false, err
+	}
 	var at int64
 	err := l.db.QueryRowContext(ctx, l.q.has, name, d[:]).Scan(&at)
 	switch {
@@ -274,6 +278,9 @@ const hasManyBatch = 500
 // HasMany returns which digests of ds the namespace references, with
 // IN-list queries of up to hasManyBatch digests.
 func (l *Links) HasMany(ctx context.Context, name string, ds []blob.Digest) (map[blob.Digest]bool, error) {
+	if err := l.batch.Visible(ctx); err != nil {
+		return nil, err
+	}
 	found := make(map[blob.Digest]bool, len(ds))
 	for lo := 0; lo < len(ds); lo += hasManyBatch {
 		batch := ds[lo:min(len(ds), lo+hasManyBatch)]
@@ -297,6 +304,9 @@ func (l *Links) HasMany(ctx context.Context, name string, ds []blob.Digest) (map
 // Count counts the namespace's references: its primary-key range,
 // O(references).
 func (l *Links) Count(ctx context.Context, name string) (int64, error) {
+	if err := l.batch.Visible(ctx); err != nil {
+		return 0, err
+	}
 	var n int64
 	err := l.db.QueryRowContext(ctx, l.q.count, name).Scan(&n)
 	return n, err
@@ -305,6 +315,9 @@ func (l *Links) Count(ctx context.Context, name string) (int64, error) {
 // EntriesPage returns up to n of the namespace's references in ascending
 // digest order, after *after (nil: from the start).
 func (l *Links) EntriesPage(ctx context.Context, name string, after *blob.Digest, n int) ([]Ref, error) {
+	if err := l.batch.Visible(ctx); err != nil {
+		return nil, err
+	}
 	rows, err := l.db.QueryContext(ctx, l.q.entries, name, nsKey(after), n)
 	if err != nil {
 		return nil, err
@@ -330,6 +343,9 @@ func (l *Links) EntriesPage(ctx context.Context, name string, after *blob.Digest
 // probe on ns_refs(digest) and, if that misses, one on
 // ns_pending(digest).
 func (l *Links) IsLive(ctx context.Context, d blob.Digest) (bool, error) {
+	if err := l.batch.Visible(ctx); err != nil {
+		return false, err
+	}
 	var one int
 	err := l.db.QueryRowContext(ctx, l.q.isLive, d[:], d[:]).Scan(&one)
 	switch {
@@ -344,6 +360,9 @@ func (l *Links) IsLive(ctx context.Context, d blob.Digest) (bool, error) {
 // LiveAmong returns which of ds a reference or an intent names, in one
 // query.
 func (l *Links) LiveAmong(ctx context.Context, ds []blob.Digest) (map[blob.Digest]bool, error) {
+	if err := l.batch.Visible(ctx); err != nil {
+		return nil, err
+	}
 	return l.liveAmong(ctx, l.db, ds)
 }
 
@@ -393,6 +412,9 @@ func liveAmongQuery(dialect string, n int) string {
 // start), that a reference or an intent names: the union of the
 // ns_refs(digest) and ns_pending(digest) indexes, by key.
 func (l *Links) LivePage(ctx context.Context, after *blob.Digest, n int) ([]blob.Digest, error) {
+	if err := l.batch.Visible(ctx); err != nil {
+		return nil, err
+	}
 	from := nsKey(after)
 	rows, err := l.db.QueryContext(ctx, l.q.live, from, from, n)
 	if err != nil {

@@ -193,6 +193,9 @@ func (l *Links) Usage(ctx context.Context, name string) (Usage, error) {
 	if l.noUsage {
 		return Usage{}, errNoUsage
 	}
+	if err := l.batch.Visible(ctx); err != nil {
+		return Usage{}, err
+	}
 	var u Usage
 	err := l.db.QueryRowContext(ctx, l.q.usage, name).Scan(&u.Blobs, &u.Bytes, &u.Quota.Blobs, &u.Quota.Bytes)
 	if errors.Is(err, sql.ErrNoRows) {
@@ -219,7 +222,9 @@ func (l *Links) SetQuota(ctx context.Context, name string, q Quota) error {
 	if l.noUsage {
 		return errNoUsage
 	}
-	return l.updateNS(ctx, l.q.setQuota, q.Blobs, q.Bytes, name)
+	// The close journal judges its puts' quotas when it takes them: every
+	// put taken after this returns sees the new quota (journal_guard.go).
+	return l.journal().Guard(ctx, false, func() error { return l.updateNS(ctx, l.q.setQuota, q.Blobs, q.Bytes, name) })
 }
 
 // Recount fixes one namespace's counters from its rows, in one
@@ -252,4 +257,19 @@ func (l *Links) Recount(ctx context.Context, name string) (fixed bool, err error
 		return nil
 	})
 	return fixed, err
+}
+
+// unlimited reports whether the namespace exists and has no quota, read
+// outside any transaction: what lets the close journal take a put into it
+// (journal.go). Not for PostgreSQL, which has no journal.
+func (l *Links) unlimited(ctx context.Context, name string) (bool, error) {
+	if l.noUsage || l.dialect != "sqlite" {
+		return false, nil
+	}
+	var q Quota
+	err := l.quotaStmt.QueryRowContext(ctx, name).Scan(&q.Blobs, &q.Bytes)
+	if errors.Is(err, sql.ErrNoRows) {
+		return false, nil
+	}
+	return err == nil && q == Quota{}, err
 }

@@ -54,6 +54,10 @@ type NSRows struct {
 	// nil for a registry that keeps its rows elsewhere (in memory), whose
 	// part a put cannot commit in the entry's transaction.
 	links *Links
+	// admitted: the close journal judged the quota when it took the put
+	// (the namespace had none), and the rows are not judged again when
+	// they are applied: that close returned 0 (journal.go).
+	admitted bool
 }
 
 // LinkRow is a reference a put adds: NS links D, a blob of Size bytes.
@@ -153,16 +157,16 @@ func (r NSRows) WriteTx(ctx context.Context, tx *sql.Tx) error {
 		}
 	}
 	if k := r.Link; k != nil {
-		if _, err := l.linkTx(ctx, tx, k.NS, k.D, k.Size); err != nil {
+		if _, err := l.linkTx(ctx, tx, k.NS, k.D, k.Size, r.admitted); err != nil {
 			return fmt.Errorf("link into namespace %q: %w", k.NS, err)
 		}
 	}
 	if i := r.Intent; i != nil && r.Settle {
-		if _, err := l.linkTx(ctx, tx, i.NS, i.D, i.Size); err != nil {
+		if _, err := l.linkTx(ctx, tx, i.NS, i.D, i.Size, r.admitted); err != nil {
 			return fmt.Errorf("link into namespace %q: %w", i.NS, err)
 		}
 	} else if i != nil {
-		p := NSIntent{ID: i.ID, Holder: i.Holder, TTL: i.TTL, Size: i.Size}
+		p := NSIntent{ID: i.ID, Holder: i.Holder, TTL: i.TTL, Size: i.Size, admitted: r.admitted}
 		if _, err := l.pendTx(ctx, tx, i.NS, i.D, p); err != nil {
 			return fmt.Errorf("record an intent in namespace %q: %w", i.NS, err)
 		}

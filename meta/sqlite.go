@@ -5,6 +5,7 @@ import (
 	"database/sql"
 	"errors"
 	"fmt"
+	"log/slog"
 	"os"
 	"strings"
 	"syscall"
@@ -39,6 +40,8 @@ type SQLite struct {
 	wStage, wDue, wRemove, wLen, pinUp, pinDel *sql.Stmt
 	// blobDel is SQLiteConfig.BlobDelete, prepared.
 	blobDel *sql.Stmt
+	// journal is the close journal (journal.go); nil without one.
+	journal *Journal
 }
 
 var (
@@ -72,6 +75,13 @@ type SQLiteConfig struct {
 	// its transaction. Required: every database with this state keeps
 	// the engine's blobs.
 	BlobDelete string
+	// BlobPut is the engine's insert of a blob in a transaction: with it
+	// (and Batch), small puts into a namespace go through the close
+	// journal (journal.go), which applies a record's blob with it. nil:
+	// no journal; every put commits before it returns.
+	BlobPut BlobPut
+	// Log is where the journal says what it could not do (nil: nowhere).
+	Log *slog.Logger
 }
 
 // sqliteSchema is the GC's tables, the same in every layout of the
@@ -144,8 +154,17 @@ func OpenSQLite(ctx context.Context, cfg SQLiteConfig) (*SQLite, error) {
 		s.Close()
 		return nil, err
 	}
+	if cfg.BlobPut != nil && cfg.Batch != nil && !cfg.ReadOnly {
+		if s.journal, err = openJournal(ctx, cfg.Path, cfg.Batch, cfg.DB, cfg.BlobPut, cfg.Log); err != nil {
+			s.Close()
+			return nil, s.wrap("open", err)
+		}
+	}
 	return s, nil
 }
+
+// Journal is the database's close journal, nil without one.
+func (s *SQLite) Journal() *Journal { return s.journal }
 
 // Close closes the prepared statements.
 func (s *SQLite) Close() error {

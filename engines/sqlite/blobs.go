@@ -15,6 +15,9 @@ import (
 
 // Has implements engines.Engine.
 func (e *Engine) Has(ctx context.Context, d blob.Digest) (bool, error) {
+	if err := e.batch.Visible(ctx); err != nil {
+		return false, blob.Wrap("has", e.name, d, err)
+	}
 	var one int
 	switch err := e.has.QueryRowContext(ctx, d[:]).Scan(&one); {
 	case errors.Is(err, sql.ErrNoRows):
@@ -27,6 +30,9 @@ func (e *Engine) Has(ctx context.Context, d blob.Digest) (bool, error) {
 
 // Size implements engines.Engine from the size column.
 func (e *Engine) Size(ctx context.Context, d blob.Digest) (int64, error) {
+	if err := e.batch.Visible(ctx); err != nil {
+		return 0, blob.Wrap("size", e.name, d, err)
+	}
 	var n int64
 	if err := e.size.QueryRowContext(ctx, d[:]).Scan(&n); err != nil {
 		return 0, blob.Wrap("size", e.name, d, missing(err))
@@ -36,6 +42,9 @@ func (e *Engine) Size(ctx context.Context, d blob.Digest) (int64, error) {
 
 // Open implements engines.Engine: the value is read whole into the cursor.
 func (e *Engine) Open(ctx context.Context, d blob.Digest) (engines.Cursor, error) {
+	if err := e.batch.Visible(ctx); err != nil {
+		return nil, blob.Wrap("open", e.name, d, err)
+	}
 	var n int64
 	var v []byte
 	found := true // layout 2 says whether the key's value row exists
@@ -79,7 +88,24 @@ func (e *Engine) Put(ctx context.Context, d blob.Digest, value []byte) (bool, er
 // commit (meta.Batcher), meta writes rows (the pin row, then the
 // namespace part) and the entry is inserted (or found: a dedup); all of
 // it commits, or none.
+//
+// A put the database's close journal takes (meta.Journal: a namespace
+// part, no pin row, a namespace without a quota) returns once its record
+// is written, before its transaction; inserted then says whether the
+// digest was stored when the put was taken.
 func (e *Engine) PutRows(ctx context.Context, d blob.Digest, value []byte, rows meta.Rows) (bool, error) {
+	if j := e.meta.Journal(); j != nil {
+		stored := func() bool {
+			var one int
+			return e.has.QueryRowContext(ctx, d[:]).Scan(&one) == nil
+		}
+		if taken, had, err := j.Put(ctx, d, value, rows, stored); taken {
+			if err != nil {
+				return false, e.wrapD("put", d, err)
+			}
+			return !had, nil
+		}
+	}
 	var ok bool
 	put := func(ctx context.Context, tx *sql.Tx) error {
 		if err := e.meta.WriteRows(ctx, tx, rows); err != nil {
@@ -156,6 +182,10 @@ func (e *Engine) Delete(ctx context.Context, d blob.Digest) error {
 // body runs with no connection held: it may write to this database.
 func (e *Engine) List(ctx context.Context, after blob.Digest) iter.Seq2[engines.Entry, error] {
 	return func(yield func(engines.Entry, error) bool) {
+		if err := e.batch.Visible(ctx); err != nil {
+			yield(engines.Entry{}, blob.Wrap("list", e.name, after, err))
+			return
+		}
 		cur := after
 		page := make([]engines.Entry, 0, listPage)
 		for {
@@ -216,6 +246,9 @@ const sizeManyBatch = 500
 // SizeMany implements engines.BatchSizer with IN-list queries on the size
 // index (sizeindex.go).
 func (e *Engine) SizeMany(ctx context.Context, ds []blob.Digest) ([]int64, error) {
+	if err := e.batch.Visible(ctx); err != nil {
+		return nil, e.wrap("size", err)
+	}
 	sizes := make([]int64, len(ds))
 	idx := make(map[blob.Digest][]int, len(ds))
 	for i, d := range ds {

@@ -140,7 +140,7 @@ func OpenLog(ctx context.Context, path string, log *slog.Logger) (*Engine, error
 		return nil, err
 	}
 	e.meta, err = meta.OpenSQLite(ctx, meta.SQLiteConfig{Name: e.name, Path: abs, DB: db, Batch: e.batch,
-		ReadOnly: e.ro, Boot: meta.HostBoot, Wrap: e.wrapD, BlobDelete: delRetSQL})
+		ReadOnly: e.ro, Boot: meta.HostBoot, Wrap: e.wrapD, BlobDelete: delRetSQL, BlobPut: e.putIn, Log: log})
 	if err != nil {
 		return fail(err)
 	}
@@ -265,6 +265,9 @@ func (e *Engine) write(ctx context.Context, fn func(ctx context.Context, tx *sql
 // syncs, when the last connection to the database closes).
 func (e *Engine) Close() error {
 	if e.batch != nil {
+		if j := e.meta.Journal(); j != nil {
+			j.Close(context.Background())
+		}
 		e.batch.Close()
 	}
 	e.syncs.close()
