@@ -107,7 +107,13 @@ var ErrBusy = errors.New("files open in incoming/")
 // that keep a handover from starting, each with why (notCarriedLocked):
 // puts by path, failed uploads, and links being committed. Empty when
 // none.
-func (m *Server) Blockers() []string {
+func (m *Server) Blockers() []string { return m.blockers(true) }
+
+// blockers is Blockers; settling false leaves out the links being
+// committed at a RELEASE, which end by themselves within milliseconds:
+// BeginHandover waits for them once it has stopped reading, so that an
+// upgrade run while files are being copied in does not fail for them.
+func (m *Server) blockers(settling bool) []string {
 	var out []string
 	for _, d := range m.fs.nsDirs() {
 		d.mu.Lock()
@@ -138,7 +144,10 @@ func (m *Server) Blockers() []string {
 		for n := range t.owed {
 			files = append(files, n)
 		}
-		settling := len(t.settling)
+		settlingN := 0
+		if settling {
+			settlingN = len(t.settling)
+		}
 		t.mu.Unlock()
 		if d.inited.Load() {
 			walkIncoming(d.inc.EmbeddedInode(), func(n *fileNode) {
@@ -168,7 +177,7 @@ func (m *Server) Blockers() []string {
 			}
 			out = append(out, p+" ("+why+")")
 		}
-		for range settling {
+		for range settlingN {
 			out = append(out, d.name+"/"+incomingName+"/(a link being committed)")
 		}
 	}
@@ -222,7 +231,7 @@ type Handover struct {
 // that reads the state, formatVersion), or another for tests of the
 // successor's refusal. On an error the mount serves on.
 func (m *Server) BeginHandover(stopTimeout time.Duration, version int) (*Handover, error) {
-	if b := m.Blockers(); len(b) > 0 {
+	if b := m.blockers(false); len(b) > 0 {
 		return nil, busyError(b)
 	}
 	if !m.server.SupportsResend() {
@@ -237,6 +246,13 @@ func (m *Server) BeginHandover(stopTimeout time.Duration, version int) (*Handove
 			err = fmt.Errorf("%w; resuming: %v", err, rerr)
 		}
 		return nil, err
+	}
+	// The links that RELEASEs read before the stop are committing: they
+	// need no request, only the database, so they end while nothing is
+	// read (hurried: nothing more will share their transaction).
+	until := time.Now().Add(settleWait)
+	for _, d := range m.fs.nsDirs() {
+		d.tree.awaitSettled(until)
 	}
 	// A file opened between the check and the stop.
 	if b := m.Blockers(); len(b) > 0 {
@@ -542,7 +558,7 @@ func (f *FS) abandonTakeover() {
 // CheckHandover is BeginHandover's first check, without stopping: nil
 // when nothing in incoming/ keeps a handover from starting.
 func (m *Server) CheckHandover() error {
-	if b := m.Blockers(); len(b) > 0 {
+	if b := m.blockers(false); len(b) > 0 {
 		return busyError(b)
 	}
 	return nil

@@ -174,6 +174,39 @@ func (t *incTree) awaitRelease(ctx context.Context, d *blob.Digest) {
 	}
 }
 
+// awaitSettled waits until no link of a RELEASE is being committed, or
+// until; it hurries those it waits for.
+func (t *incTree) awaitSettled(until time.Time) {
+	for {
+		t.mu.Lock()
+		if len(t.settling) == 0 || !time.Now().Before(until) {
+			t.mu.Unlock()
+			return
+		}
+		var hurry []*store.Hurry
+		for _, o := range t.settling {
+			if o.hurry != nil {
+				hurry = append(hurry, o.hurry)
+			}
+		}
+		ch := t.changed
+		t.waiters++
+		t.mu.Unlock()
+		for _, h := range hurry {
+			h.Now()
+		}
+		timer := time.NewTimer(time.Until(until))
+		select {
+		case <-ch:
+		case <-timer.C:
+		}
+		timer.Stop()
+		t.mu.Lock()
+		t.waiters--
+		t.mu.Unlock()
+	}
+}
+
 func (t *incTree) addLive(n *fileNode) {
 	t.mu.Lock()
 	t.live[n] = struct{}{}
