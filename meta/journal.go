@@ -58,24 +58,27 @@ import (
 //     writes (the engine's reads of blobs, Links' of references,
 //     intents and usage) first waits for what is journaled
 //     (Batcher.Visible); other processes see it once its transaction
-//     committed, which the group commit starts at once (the records are
-//     eager jobs) and a backlog bounds (maxBacklog).
+//     committed: a record is a lazy job, which waits Linger (2 ms) for
+//     the next records to share its transaction, and a backlog bounds
+//     how many wait (maxBacklog).
 //   - Its errors were reported: a record is taken only where nothing
 //     the transaction would judge can refuse it. The namespace exists
-//     and has no quota (read at the put; the rows are then applied as
-//     admitted, without judging a quota set since); the put carries no
-//     pin row; the write of the record succeeded. A namespace removed
+//     and has no quota (judged when the put is taken, under the guard's
+//     shared lock: journal_guard.go; the rows are then applied as
+//     admitted); the write of the record succeeded. A namespace removed
 //     before its record applied drops the record (the removal came
-//     after the close). Any other failure to apply (the database full,
-//     an I/O error) keeps the record and every later one, in order, and
+//     after the put). Any other failure to apply (the database full, an
+//     I/O error) keeps the record and every later one, in order, and
 //     retries them; puts fail meanwhile, with that error.
 //   - It keeps its content from the GC: the record holds the content and
 //     applies it with the rows (an insert that dedups), so a sweep that
-//     deletes the digest before the record applies changes nothing.
+//     deletes the digest before the record applies changes nothing; a
+//     pin row the put carries (an HTTP put's, whose token outlives the
+//     link) is applied with it, and this process's renewals and drops
+//     of it are jobs queued after it.
 //
-// Only puts that carry a namespace part and no pin row are journaled
-// (the mount's closes, HTTP puts into a namespace); the others commit as
-// before.
+// Only puts that carry a namespace part are journaled (the mount's
+// closes, HTTP puts and put --ns); the others commit as before.
 
 // journalMarks is the table of the segments' applied offsets.
 const journalMarks = `CREATE TABLE IF NOT EXISTS journal_marks (
@@ -110,7 +113,8 @@ type BlobPut func(ctx context.Context, tx *sql.Tx, d blob.Digest, value []byte) 
 // Journal is a database's close journal: this process's segment, and the
 // replay of dead processes'. Its zero value is not usable: openJournal.
 type Journal struct {
-	dir   string // <database>-closes
+	dir   string  // <database>-closes
+	s     *SQLite // the pin rows' writer
 	b     *Batcher
 	db    *sql.DB
 	put   BlobPut
@@ -161,6 +165,7 @@ type journalRec struct {
 	start, end int64
 	d          blob.Digest
 	value      []byte
+	pin        *PinRow // nil: none
 	ns         NSRows
 	// settled: the intent's file was released before the record applied,
 	// so it applies as a link (Settle); under pmu.
@@ -171,14 +176,14 @@ type journalRec struct {
 // cannot be applied: it wraps the error of the first that failed.
 var ErrJournalStuck = errors.New("closes already acknowledged wait to be written to the database")
 
-func openJournal(ctx context.Context, path string, b *Batcher, db *sql.DB, put BlobPut, log *slog.Logger) (*Journal, error) {
+func openJournal(ctx context.Context, s *SQLite, path string, b *Batcher, db *sql.DB, put BlobPut, log *slog.Logger) (*Journal, error) {
 	if _, err := db.ExecContext(ctx, journalMarks); err != nil {
 		return nil, fmt.Errorf("create the close journal's table: %w", err)
 	}
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
-	j := &Journal{dir: path + "-closes", b: b, db: db, put: put, log: log}
+	j := &Journal{dir: path + "-closes", s: s, b: b, db: db, put: put, log: log}
 	var err error
 	if j.markGet, err = db.PrepareContext(ctx, `SELECT applied FROM journal_marks WHERE segment = ?`); err != nil {
 		return nil, fmt.Errorf("close journal: %w", err)
@@ -205,11 +210,11 @@ func (j *Journal) segmentPath(id string) string { return filepath.Join(j.dir, id
 // queued: whether d was stored already (a dedup).
 func (j *Journal) Put(ctx context.Context, d blob.Digest, value []byte, rows Rows, stored func() bool) (taken, had bool, err error) {
 	ns := rows.NS
-	if rows.Pin != nil || ns.links == nil || ns.Empty() || ns.Check() != nil || len(value) > maxRecordValue {
+	if ns.links == nil || ns.Empty() || ns.Check() != nil || len(value) > maxRecordValue {
 		return false, false, nil
 	}
 	ns.admitted = true
-	r := &journalRec{d: d, value: value, ns: ns}
+	r := &journalRec{d: d, value: value, pin: rows.Pin, ns: ns}
 	had = stored()
 	j.mu.Lock()
 	if j.closed.Load() {
@@ -423,16 +428,16 @@ func (j *Journal) apply(ctx context.Context, tx *sql.Tx, r *journalRec) error {
 		j.pmu.Unlock()
 	}
 	// A link, an intent and a settle find their namespace gone before
-	// they write anything (lockNS is their first statement); dropping an
-	// earlier intent (Replaces) writes first, so it gets a savepoint to
-	// undo it by.
-	saved := r.ns.Replaces != 0
+	// they write anything (lockNS is their first statement); a pin row
+	// and dropping an earlier intent (Replaces) write first, so they get
+	// a savepoint to undo them by.
+	saved := r.ns.Replaces != 0 || r.pin != nil
 	if saved {
 		if _, err := tx.ExecContext(ctx, `SAVEPOINT record`); err != nil {
 			return err
 		}
 	}
-	err = r.ns.WriteTx(ctx, tx)
+	err = j.s.WriteRows(ctx, tx, Rows{Pin: r.pin, NS: r.ns})
 	if err == nil {
 		_, err = j.put(ctx, tx, r.d, r.value)
 	}
@@ -650,13 +655,15 @@ func (j *Journal) replay(ctx context.Context, l *Links, seg string) (int, error)
 	return len(rs), nil
 }
 
-// Record bodies: a version byte, a flags byte (link, intent, settle), the
-// digest, the link (namespace, size) or the intent (namespace, id,
-// holder, TTL, size), the intent it replaces, then the value.
+// Record bodies: a version byte, a flags byte (link, intent, settle,
+// pin), the digest, the pin row (owner, TTL), the link (namespace, size)
+// or the intent (namespace, id, holder, TTL, size), the intent it
+// replaces, then the value.
 const (
 	recLink = 1 << iota
 	recIntent
 	recSettle
+	recPin
 )
 
 // encodeRecord appends r's header room and body to b.
@@ -672,11 +679,18 @@ func encodeRecord(b []byte, r *journalRec) []byte {
 	if r.ns.Settle {
 		flags |= recSettle
 	}
+	if r.pin != nil {
+		flags |= recPin
+	}
 	b = append(b, recordVersion, flags)
 	b = append(b, r.d[:]...)
 	str := func(s string) {
 		b = binary.AppendUvarint(b, uint64(len(s)))
 		b = append(b, s...)
+	}
+	if p := r.pin; p != nil {
+		str(p.Owner)
+		b = binary.AppendVarint(b, int64(p.TTL))
 	}
 	if k := r.ns.Link; k != nil {
 		str(k.NS)
@@ -762,6 +776,11 @@ func decodeBody(b []byte, l *Links) (*journalRec, bool) {
 	flags := head[1]
 	r := &journalRec{}
 	copy(r.d[:], take(len(r.d)))
+	if flags&recPin != 0 {
+		r.pin = &PinRow{D: r.d}
+		r.pin.Owner = str()
+		r.pin.TTL = time.Duration(varint())
+	}
 	if flags&recLink != 0 {
 		r.ns.Link = &LinkRow{D: r.d}
 		r.ns.Link.NS = str()

@@ -155,7 +155,7 @@ func OpenSQLite(ctx context.Context, cfg SQLiteConfig) (*SQLite, error) {
 		return nil, err
 	}
 	if cfg.BlobPut != nil && cfg.Batch != nil && !cfg.ReadOnly {
-		if s.journal, err = openJournal(ctx, cfg.Path, cfg.Batch, cfg.DB, cfg.BlobPut, cfg.Log); err != nil {
+		if s.journal, err = openJournal(ctx, s, cfg.Path, cfg.Batch, cfg.DB, cfg.BlobPut, cfg.Log); err != nil {
 			s.Close()
 			return nil, s.wrap("open", err)
 		}

@@ -150,6 +150,14 @@ func journalChild(spec string) int {
 		if _, err := s.link("j", []byte("link")); err != nil {
 			return t.fail(err)
 		}
+		// As an HTTP put: its pin outlives the link, so it has a row.
+		rows, err = s.svc.LinkRows("j")
+		if err != nil {
+			return t.fail(err)
+		}
+		if _, _, err := s.st.PutBytes(ctx, []byte("pinned"), store.WithLink(s.svc, rows)); err != nil {
+			return t.fail(err)
+		}
 	case "slow":
 		s.kv.Batcher().SetLinger(time.Second)
 		if _, err := s.link("j", []byte("slow")); err != nil {
@@ -227,7 +235,8 @@ func startChild(t *testing.T, path, mode string) (kill func()) {
 // applied when their process was killed are applied by the next process
 // that settles intents (Recover), each once: a reference applied before
 // the kill and unlinked since stays unlinked; the intent is recorded
-// under its dead holder and the reference linked; the segment goes. A
+// under its dead holder, the reference linked, and a put's pin row (an
+// HTTP put's, whose token outlives the link) written; the segment goes. A
 // torn record at the segment's end (a write the kill cut short) is
 // dropped.
 func TestJournalSurvivesKill9(t *testing.T) {
@@ -266,10 +275,14 @@ func TestJournalSurvivesKill9(t *testing.T) {
 			t.Errorf("%s: linked %v, %v; want %v", c.what, ok, err, c.want)
 		}
 	}
-	for _, d := range []blob.Digest{held, link} {
+	pinned := blob.Sum([]byte("pinned"))
+	for _, d := range []blob.Digest{held, link, pinned} {
 		if ok, err := s.st.Has(ctx, d); !ok || err != nil {
 			t.Errorf("blob %s after the replay: %v, %v", d, ok, err)
 		}
+	}
+	if n := rawCount(t, path, `SELECT count(*) FROM gc_pins WHERE digest = ?`, pinned[:]); n != 1 {
+		t.Errorf("the pinned put's pin rows after the replay: %d; want its row", n)
 	}
 	if segs := segments(t, path); len(segs) != 0 {
 		t.Errorf("segments after the replay: %v", segs)
