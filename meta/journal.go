@@ -13,6 +13,7 @@ import (
 	"log/slog"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -53,7 +54,8 @@ import (
 //     the order they were written, each once, whoever applies them.
 //   - It survives a power loss once synced: Sync (the engine's, the sync
 //     timer's, an fsync's) first waits for every record to be applied,
-//     then syncs the WAL, as before.
+//     then syncs the WAL, as before; records the database refuses for
+//     now (retained, below) are synced where they are, in the segment.
 //   - This process sees it at once: every read of the rows a record
 //     writes (the engine's reads of blobs, Links' of references,
 //     intents and usage) first waits for what is journaled
@@ -69,7 +71,9 @@ import (
 //     before its record applied drops the record (the removal came
 //     after the put). Any other failure to apply (the database full, an
 //     I/O error) keeps the record and every later one, in order, and
-//     retries them; puts fail meanwhile, with that error.
+//     retries them; puts fail meanwhile, with that error, and a settle
+//     or cancel of a kept record's intent marks the record instead of
+//     running before it.
 //   - It keeps its content from the GC: the record holds the content and
 //     applies it with the rows (an insert that dedups), so a sweep that
 //     deletes the digest before the record applies changes nothing; a
@@ -167,9 +171,13 @@ type journalRec struct {
 	value      []byte
 	pin        *PinRow // nil: none
 	ns         NSRows
-	// settled: the intent's file was released before the record applied,
-	// so it applies as a link (Settle); under pmu.
-	settled bool
+	// Under pmu: started, its job has run (it may still fail: done is
+	// closed once it applied or was retained, failed); settled or
+	// cancelled, the intent's settle or cancel came before the record
+	// applied, and it applies as a link, or without its intent.
+	started, failed     bool
+	settled, cancelled bool
+	done                chan struct{}
 }
 
 // ErrJournalStuck is the error of a put while the close journal's records
@@ -225,23 +233,27 @@ func (j *Journal) Put(ctx context.Context, d blob.Digest, value []byte, rows Row
 		j.mu.Unlock()
 		return true, false, fmt.Errorf("%w: %w", ErrJournalStuck, err)
 	}
-	// From the namespace's check to the record's write, no process
-	// removes the namespace or changes its quota (journal_guard.go).
-	if err := j.shareLocked(); err != nil {
+	// From the namespace's check until the record is queued and counted
+	// (so that a removal's drain waits for it), no process removes the
+	// namespace or changes its quota (journal_guard.go). While one does,
+	// the put commits directly, judged in its transaction.
+	if !j.shareLocked() {
 		j.mu.Unlock()
 		return false, false, nil
 	}
-	if !j.unlimitedLocked(ctx, ns.links, ns.namespace()) {
+	leave := func() {
 		j.unshareLocked()
 		j.mu.Unlock()
+	}
+	if !j.unlimitedLocked(ctx, ns.links, ns.namespace()) {
+		leave()
 		return false, false, nil // the transaction judges it, and reports what it finds
 	}
-	err = j.appendLocked(r)
-	j.unshareLocked()
-	if err != nil {
-		j.mu.Unlock()
+	if err := j.appendLocked(r); err != nil {
+		leave()
 		return true, false, err
 	}
+	r.done = make(chan struct{})
 	if i := ns.Intent; i != nil && !ns.Settle {
 		j.pmu.Lock()
 		if j.pending == nil {
@@ -258,12 +270,12 @@ func (j *Journal) Put(ctx context.Context, d blob.Digest, value []byte, rows Row
 		j.unpend(r)
 		j.off = r.start
 		j.f.Truncate(r.start)
-		j.mu.Unlock()
+		leave()
 		return true, false, ErrBatcherClosed
 	}
 	n, bytes := j.unapplied.Add(1), j.unappliedBytes.Add(int64(len(value)))
 	rotate := j.off > segmentMax
-	j.mu.Unlock()
+	leave()
 	if n > maxBacklog || bytes > maxBacklogBytes || rotate {
 		// Its outcome is not this put's: the record is written, and a
 		// failure to apply it is retried (retained).
@@ -275,22 +287,48 @@ func (j *Journal) Put(ctx context.Context, d blob.Digest, value []byte, rows Row
 	return true, had, nil
 }
 
-// settle settles intent id if its record has not applied yet, and
-// reports whether it did: the record then applies as a link. The record
-// itself still says intent, so a crash before it applied leaves the
-// intent, which the writer's recovery settles.
+// settle settles intent id if its record has not applied, and reports
+// whether it did: the record then applies as a link. The record itself
+// still says intent, so a crash before it applied leaves the intent,
+// which the writer's recovery settles. false: the intent is in the
+// database (or never was journaled), and the caller settles it there.
 func (j *Journal) settle(id int64) bool {
+	return j.takeIntent(id, func(r *journalRec) { r.settled = true })
+}
+
+// cancel is settle for a cancel: the record applies without its intent
+// (what it replaces still goes).
+func (j *Journal) cancel(id int64) bool {
+	return j.takeIntent(id, func(r *journalRec) { r.cancelled = true })
+}
+
+// takeIntent marks intent id's record with mark if the record has not
+// applied: before its job ran, or once it is retained (failed), waiting
+// for the outcome of a job that is running.
+func (j *Journal) takeIntent(id int64, mark func(*journalRec)) bool {
 	if j == nil {
 		return false
 	}
 	j.pmu.Lock()
-	defer j.pmu.Unlock()
 	r, ok := j.pending[id]
-	if ok {
-		r.settled = true
-		delete(j.pending, id)
+	if !ok {
+		j.pmu.Unlock()
+		return false
 	}
-	return ok
+	if r.started && !r.failed {
+		// Its transaction is running: whether it commits decides.
+		j.pmu.Unlock()
+		<-r.done
+		j.pmu.Lock()
+		if _, still := j.pending[id]; !still || !r.failed {
+			j.pmu.Unlock()
+			return false // applied: the intent is in the database
+		}
+	}
+	mark(r)
+	delete(j.pending, id)
+	j.pmu.Unlock()
+	return true
 }
 
 // unpend forgets r's intent, whose record was not queued.
@@ -355,14 +393,22 @@ func (j *Journal) openSegmentLocked() error {
 	var id [12]byte
 	rand.Read(id[:])
 	seg := hex.EncodeToString(id[:])
-	f, err := os.OpenFile(j.segmentPath(seg), os.O_RDWR|os.O_CREATE|os.O_EXCL, 0o600)
+	// Locked under a name no replay looks at, then renamed: a replay
+	// that found it unlocked would take it for a dead process's.
+	tmp := filepath.Join(j.dir, seg+".new")
+	f, err := os.OpenFile(tmp, os.O_RDWR|os.O_CREATE|os.O_EXCL, 0o600)
 	if err != nil {
 		return fmt.Errorf("close journal: %w", err)
 	}
 	if err := unix.Flock(int(f.Fd()), unix.LOCK_EX|unix.LOCK_NB); err != nil {
 		f.Close()
-		os.Remove(f.Name())
-		return fmt.Errorf("close journal: lock %s: %w", f.Name(), err)
+		os.Remove(tmp)
+		return fmt.Errorf("close journal: lock %s: %w", tmp, err)
+	}
+	if err := os.Rename(tmp, j.segmentPath(seg)); err != nil {
+		f.Close()
+		os.Remove(tmp)
+		return fmt.Errorf("close journal: %w", err)
 	}
 	j.f, j.seg, j.off = f, seg, 0
 	j.own.Store(seg)
@@ -418,26 +464,37 @@ func (j *Journal) apply(ctx context.Context, tx *sql.Tx, r *journalRec) error {
 	if mark != r.start {
 		return fmt.Errorf("close journal %s at %d: %w (applied to %d)", r.seg, r.start, errOutOfOrder, mark)
 	}
-	if r.ns.Intent != nil && !r.ns.Settle {
-		j.pmu.Lock()
-		if r.settled {
-			// Released before it applied: a link, with no intent between.
-			r.ns.Settle = true
+	ns := r.ns
+	j.pmu.Lock()
+	r.started = true
+	switch {
+	case r.settled:
+		// Released before it applied: a link, with no intent between.
+		ns.Settle = true
+	case r.cancelled:
+		ns.Intent = nil
+	}
+	j.pmu.Unlock()
+	if ns.Intent == nil && ns.Link == nil {
+		// A cancelled intent: what it replaced still goes.
+		if ns.Replaces != 0 {
+			if err := ns.links.cancelTx(ctx, tx, ns.Replaces); err != nil {
+				return err
+			}
 		}
-		delete(j.pending, r.ns.Intent.ID)
-		j.pmu.Unlock()
+		ns = NSRows{}
 	}
 	// A link, an intent and a settle find their namespace gone before
 	// they write anything (lockNS is their first statement); a pin row
 	// and dropping an earlier intent (Replaces) write first, so they get
 	// a savepoint to undo them by.
-	saved := r.ns.Replaces != 0 || r.pin != nil
+	saved := ns.Replaces != 0 || r.pin != nil
 	if saved {
 		if _, err := tx.ExecContext(ctx, `SAVEPOINT record`); err != nil {
 			return err
 		}
 	}
-	err = j.s.WriteRows(ctx, tx, Rows{Pin: r.pin, NS: r.ns})
+	err = j.s.WriteRows(ctx, tx, Rows{Pin: r.pin, NS: ns})
 	if err == nil {
 		_, err = j.put(ctx, tx, r.d, r.value)
 	}
@@ -468,12 +525,12 @@ func (j *Journal) apply(ctx context.Context, tx *sql.Tx, r *journalRec) error {
 func (j *Journal) applied(r *journalRec) func(error) {
 	return func(err error) {
 		if err == nil {
+			j.resolved(r, nil)
 			j.unapplied.Add(-1)
 			j.unappliedBytes.Add(-int64(len(r.value)))
 			return
 		}
 		j.smu.Lock()
-		defer j.smu.Unlock()
 		if j.stuck == nil {
 			j.stuck = err
 			j.log.Error("closes already acknowledged could not be written to the database; they stay in the close journal and are retried, and closes fail until they are written",
@@ -484,24 +541,44 @@ func (j *Journal) applied(r *journalRec) func(error) {
 			j.retrying = true
 			go j.retry()
 		}
+		j.smu.Unlock()
+		j.resolved(r, err)
 	}
+}
+
+// resolved records r's outcome for takeIntent: applied (err nil), its
+// intent is in the database; else retained.
+func (j *Journal) resolved(r *journalRec, err error) {
+	j.pmu.Lock()
+	if err == nil && r.ns.Intent != nil && j.pending[r.ns.Intent.ID] == r {
+		delete(j.pending, r.ns.Intent.ID)
+	}
+	r.failed = err != nil
+	if r.done != nil {
+		select {
+		case <-r.done:
+		default:
+			close(r.done)
+		}
+	}
+	j.pmu.Unlock()
 }
 
 // retry applies the retained records, all in one transaction, once every
 // record taken has either applied or been retained, backing off between
-// tries; puts are refused meanwhile (stuck).
+// tries; puts are refused meanwhile (stuck). Records retained while a
+// try runs are kept for the next.
 func (j *Journal) retry() {
 	wait := 50 * time.Millisecond
 	for {
 		time.Sleep(wait)
 		wait = min(2*wait, 5*time.Second)
 		j.smu.Lock()
-		rs := j.retained
+		rs := slices.Clone(j.retained)
+		j.smu.Unlock()
 		if int64(len(rs)) != j.unapplied.Load() {
-			j.smu.Unlock()
 			continue // records still on their way to the retained
 		}
-		j.smu.Unlock()
 		err := j.b.Do(context.Background(), false, func(ctx context.Context, tx *sql.Tx) error {
 			for _, r := range rs {
 				if err := j.apply(ctx, tx, r); err != nil {
@@ -510,10 +587,11 @@ func (j *Journal) retry() {
 			}
 			return nil
 		})
-		j.smu.Lock()
 		if err != nil {
-			j.smu.Unlock()
 			if j.closed.Load() {
+				j.smu.Lock()
+				j.retrying = false
+				j.smu.Unlock()
 				return // they stay in the segment, for the next process
 			}
 			j.log.Debug("close journal: retry failed", "records", len(rs), "err", err)
@@ -522,14 +600,59 @@ func (j *Journal) retry() {
 		var bytes int64
 		for _, r := range rs {
 			bytes += int64(len(r.value))
+			j.resolved(r, nil)
 		}
 		j.unapplied.Add(-int64(len(rs)))
 		j.unappliedBytes.Add(-bytes)
-		j.retained, j.stuck, j.retrying = nil, nil, false
+		j.smu.Lock()
+		j.retained = j.retained[len(rs):]
+		done := len(j.retained) == 0
+		if done {
+			j.retained, j.stuck, j.retrying = nil, nil, false
+		}
 		j.smu.Unlock()
-		j.log.Info("closes held in the close journal were written to the database", "records", len(rs))
+		if done {
+			j.log.Info("closes held in the close journal were written to the database", "records", len(rs))
+			return
+		}
+	}
+}
+
+// Applied waits for every record this process journaled to be applied,
+// as Visible does, and fails while some are retained (the database
+// refuses them): what a removal's drain needs.
+func (j *Journal) Applied(ctx context.Context) error {
+	if err := j.b.Visible(ctx); err != nil {
+		return err
+	}
+	if err := j.stuckErr(); err != nil {
+		return fmt.Errorf("%w: %w", ErrJournalStuck, err)
+	}
+	return nil
+}
+
+// SyncRetained makes the retained records durable where they are, in
+// this process's segment (fdatasync): a Sync while the database refuses
+// them cannot put them in the WAL. Nothing to do when none is retained.
+func (j *Journal) SyncRetained() error {
+	if j == nil || j.stuckErr() == nil {
+		return nil
+	}
+	j.mu.Lock()
+	defer j.mu.Unlock()
+	if j.f == nil {
+		return nil
+	}
+	return unix.Fdatasync(int(j.f.Fd()))
+}
+
+// closeStmts closes the prepared statements (the engine's last step).
+func (j *Journal) closeStmts() {
+	if j == nil {
 		return
 	}
+	j.markGet.Close()
+	j.markSet.Close()
 }
 
 // Close applies what is journaled and removes this process's segment;
@@ -542,6 +665,12 @@ func (j *Journal) Close(ctx context.Context) {
 	j.b.Visible(ctx)
 	j.mu.Lock()
 	defer j.mu.Unlock()
+	defer func() {
+		if j.nsf != nil {
+			j.nsf.Close()
+			j.nsf = nil
+		}
+	}()
 	if j.f == nil {
 		return
 	}
@@ -626,7 +755,12 @@ func (j *Journal) replay(ctx context.Context, l *Links, seg string) (int, error)
 	if err != nil {
 		return 0, fmt.Errorf("close journal %s: %w", path, err)
 	}
-	rs, rest := decodeRecords(data, seg, mark, l)
+	rs, rest, err := decodeRecords(data, seg, mark, l)
+	if err != nil {
+		// A whole record this build cannot read (a newer build's): keep
+		// the segment for one that can.
+		return 0, fmt.Errorf("close journal %s: %w; the segment is kept", path, err)
+	}
 	if rest > 0 {
 		j.log.Warn("close journal: a torn record at the end of a dead process's segment is dropped (its close had not returned)",
 			"segment", path, "bytes", rest)
@@ -709,13 +843,16 @@ func encodeRecord(b []byte, r *journalRec) []byte {
 
 // decodeRecords parses the records of data, which starts at offset base
 // of segment seg, binding their rows to l; rest is how many bytes at the
-// end are not a whole, valid record (a write a crash tore).
-func decodeRecords(data []byte, seg string, base int64, l *Links) (rs []*journalRec, rest int) {
+// end are not a whole record with its checksum (a write a crash tore).
+// A whole record that does not decode is an error: it is no tear.
+func decodeRecords(data []byte, seg string, base int64, l *Links) (rs []*journalRec, rest int, err error) {
 	off := 0
 	for len(data)-off >= recordHeader {
 		n := int(binary.LittleEndian.Uint32(data[off:]))
 		sum := binary.LittleEndian.Uint32(data[off+4:])
-		if n > len(data)-off-recordHeader {
+		if n > len(data)-off-recordHeader || n < 2+len(blob.Digest{}) {
+			// Short: torn. Too small to be a record: zeros a power loss
+			// left where the file grew (the CRC of nothing is 0).
 			break
 		}
 		body := data[off+recordHeader : off+recordHeader+n]
@@ -724,13 +861,13 @@ func decodeRecords(data []byte, seg string, base int64, l *Links) (rs []*journal
 		}
 		r, ok := decodeBody(body, l)
 		if !ok {
-			break
+			return nil, 0, fmt.Errorf("the record at %d does not decode (version %d)", base+int64(off), body[0])
 		}
 		r.seg, r.start, r.end = seg, base+int64(off), base+int64(off+recordHeader+n)
 		rs = append(rs, r)
 		off += recordHeader + n
 	}
-	return rs, len(data) - off
+	return rs, len(data) - off, nil
 }
 
 // decodeBody is encodeRecord's inverse.

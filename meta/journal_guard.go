@@ -49,19 +49,21 @@ type nsGen struct {
 func (j *Journal) nsPath() string { return filepath.Join(j.dir, "namespaces") }
 
 // shareLocked takes the shared lock (j.mu held), opening the file first
-// if needed.
-func (j *Journal) shareLocked() error {
+// if needed, and reports whether it did: false while a removal or a
+// quota change holds the lock (or the file cannot be had), and the put
+// then commits directly, judged in its own transaction.
+func (j *Journal) shareLocked() bool {
 	if j.nsf == nil {
 		if err := os.MkdirAll(j.dir, 0o700); err != nil {
-			return err
+			return false
 		}
 		f, err := os.OpenFile(j.nsPath(), os.O_RDWR|os.O_CREATE, 0o600)
 		if err != nil {
-			return err
+			return false
 		}
 		j.nsf = f
 	}
-	return flock(j.nsf, unix.LOCK_SH)
+	return flock(j.nsf, unix.LOCK_SH|unix.LOCK_NB) == nil
 }
 
 // unshareLocked releases it.
@@ -101,9 +103,10 @@ func (j *Journal) unlimitedLocked(ctx context.Context, l *Links, name string) bo
 
 // Guard runs change (a namespace's removal, or its quota's change) under
 // the exclusive lock, after every journaled record written before it is
-// applied when drain is set, and then moves the generation on, so that
-// puts taken after it judge the namespace afresh. Without a journal it
-// runs change alone.
+// applied when drain is set (a removal must find what they link; a new
+// quota must count what they charge), and moves the generation on, so
+// that puts taken after it judge the namespace afresh. Without a journal
+// it runs change alone.
 func (j *Journal) Guard(ctx context.Context, drain bool, change func() error) error {
 	if j == nil {
 		return change()
@@ -125,7 +128,10 @@ func (j *Journal) Guard(ctx context.Context, drain bool, change func() error) er
 		if !errors.Is(err, unix.EWOULDBLOCK) && !errors.Is(err, unix.EINTR) {
 			return fmt.Errorf("close journal: lock %s: %w", f.Name(), err)
 		}
-		if time.Now().After(deadline) || ctx.Err() != nil {
+		if err := ctx.Err(); err != nil {
+			return err
+		}
+		if time.Now().After(deadline) {
 			return fmt.Errorf("close journal: %s stayed locked by puts for %v", f.Name(), guardWait)
 		}
 		time.Sleep(time.Millisecond)
@@ -136,20 +142,20 @@ func (j *Journal) Guard(ctx context.Context, drain bool, change func() error) er
 			return err
 		}
 	}
-	err = change()
-	// The generation moves on whatever change did: a cache may only be
-	// too fresh to need it, never stale.
-	if _, werr := f.Write([]byte{'.'}); werr != nil && err == nil {
-		err = fmt.Errorf("close journal: %w", werr)
+	// The generation moves on before the change, whatever it does: no put
+	// judges a namespace while the lock is held, and a crash after the
+	// change committed must not leave a cache that predates it.
+	if _, err := f.Write([]byte{'.'}); err != nil {
+		return fmt.Errorf("close journal: %w", err)
 	}
-	return err
+	return change()
 }
 
 // drain waits until every record written so far, by any process, is
 // applied: this process's (Visible), a dead one's (replayed), a live
 // one's (its segment's mark at its end).
 func (j *Journal) drain(ctx context.Context, deadline time.Time) error {
-	if err := j.b.Visible(ctx); err != nil {
+	if err := j.Applied(ctx); err != nil {
 		return err
 	}
 	if _, err := j.ReplayDead(ctx); err != nil {

@@ -129,6 +129,9 @@ func (l *Links) Cancel(ctx context.Context, id int64) error {
 	if err := l.writable(); err != nil {
 		return err
 	}
+	if l.journal().cancel(id) {
+		return nil // its record has not applied: it applies without it
+	}
 	return l.inTx(ctx, func(ctx context.Context, tx *sql.Tx) error { return l.cancelTx(ctx, tx, id) })
 }
 

@@ -222,9 +222,11 @@ func (l *Links) SetQuota(ctx context.Context, name string, q Quota) error {
 	if l.noUsage {
 		return errNoUsage
 	}
-	// The close journal judges its puts' quotas when it takes them: every
-	// put taken after this returns sees the new quota (journal_guard.go).
-	return l.journal().Guard(ctx, false, func() error { return l.updateNS(ctx, l.q.setQuota, q.Blobs, q.Bytes, name) })
+	// The close journal judges its puts' quotas when it takes them: the
+	// records taken before count in the usage the quota applies to, and
+	// every put taken after this returns sees the new quota
+	// (journal_guard.go).
+	return l.journal().Guard(ctx, true, func() error { return l.updateNS(ctx, l.q.setQuota, q.Blobs, q.Bytes, name) })
 }
 
 // Recount fixes one namespace's counters from its rows, in one

@@ -168,6 +168,7 @@ func (s *SQLite) Journal() *Journal { return s.journal }
 
 // Close closes the prepared statements.
 func (s *SQLite) Close() error {
+	s.journal.closeStmts()
 	var errs []error
 	for _, st := range []*sql.Stmt{s.wStage, s.wDue, s.wRemove, s.wLen, s.pinUp, s.pinDel, s.blobDel} {
 		if st != nil {

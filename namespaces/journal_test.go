@@ -3,8 +3,10 @@ package namespaces_test
 import (
 	"bufio"
 	"context"
+	"encoding/binary"
 	"errors"
 	"fmt"
+	"hash/crc32"
 	"io"
 	"log/slog"
 	"os"
@@ -12,6 +14,7 @@ import (
 	"path/filepath"
 	"slices"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -477,5 +480,128 @@ func TestJournalVisibleToOthers(t *testing.T) {
 	t.Logf("another connection saw each put after %v (median), %v (max)", med, lags[n-1])
 	if os.Getenv("ALKBLOBFS_LONG") != "" && med > 10*time.Millisecond {
 		t.Errorf("median wait %v; publish.md promises 10 ms", med)
+	}
+}
+
+// TestJournalStuckIntents: while a record is kept (the database refuses
+// it), a settle or a cancel of its intent waits for it, not for the
+// database: the retry applies the settled one as a reference and the
+// cancelled one without its intent. A Sync still returns (the kept
+// records are synced in the journal), and removing the namespace fails
+// rather than find it empty.
+func TestJournalStuckIntents(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "kv.db")
+	s := openJStack(t, path)
+	ctx := t.Context()
+	mustDo(t, s.reg.Create(ctx, "j"))
+	first, second := []byte("refused for a while"), []byte("settled while kept")
+	db := s.kv.DB()
+	if _, err := db.ExecContext(ctx, fmt.Sprintf(`CREATE TRIGGER refuse BEFORE INSERT ON blobs WHEN NEW.digest = x'%x'
+		BEGIN SELECT RAISE(ABORT, 'refused by the test'); END`, blobBytes(first))); err != nil {
+		t.Fatal(err)
+	}
+	d1, i1 := s.pend(t, "j", "h", first)
+	d2, i2 := s.pend(t, "j", "h", second)
+	if err := s.st.Sync(ctx); err != nil {
+		t.Fatalf("Sync while records are kept: %v", err)
+	}
+	if linked, err := s.reg.Settle(ctx, i2); !linked || err != nil {
+		t.Fatalf("Settle of a kept record's intent = %v, %v; want true", linked, err)
+	}
+	mustDo(t, s.reg.Cancel(ctx, i1))
+	if err := s.reg.Remove(ctx, "j"); err == nil {
+		t.Fatal("Remove succeeded while closes into the namespace are kept")
+	}
+	if _, err := db.ExecContext(ctx, `DROP TRIGGER refuse`); err != nil {
+		t.Fatal(err)
+	}
+	deadline := time.Now().Add(30 * time.Second)
+	for rawCount(t, path, `SELECT count(*) FROM blobs WHERE digest = ?`, d1[:]) != 1 {
+		if time.Now().After(deadline) {
+			t.Fatal("the kept records were not applied 30 s after the database took them again")
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	if n := rawCount(t, path, `SELECT count(*) FROM ns_pending`); n != 0 {
+		t.Errorf("%d intents after the retry; want none (one settled, one cancelled)", n)
+	}
+	if _, ok, _ := s.reg.Has(ctx, "j", d2); !ok {
+		t.Error("the settled intent is not linked after the retry")
+	}
+	if _, ok, _ := s.reg.Has(ctx, "j", d1); ok {
+		t.Error("the cancelled intent was linked")
+	}
+}
+
+// TestJournalQuotaCountsOthers: a quota set while another process has
+// puts journaled into the namespace counts them: the next put is judged
+// against a usage that includes them.
+func TestJournalQuotaCountsOthers(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "kv.db")
+	s := openJStack(t, path)
+	ctx := t.Context()
+	mustDo(t, s.reg.Create(ctx, "j"))
+	startChild(t, path, "slow")
+	mustDo(t, s.reg.SetQuota(ctx, "j", namespaces.Quota{Blobs: 1}))
+	if _, err := s.link("j", []byte("one blob too many")); !errors.Is(err, blob.ErrQuota) {
+		t.Fatalf("a put over a quota that another process's journaled put fills: %v; want ErrQuota", err)
+	}
+}
+
+// TestJournalPutWhileGuarded: a put while a removal or a quota change
+// holds the journal's lock does not wait for it: it commits directly.
+func TestJournalPutWhileGuarded(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "kv.db")
+	s := openJStack(t, path)
+	ctx := t.Context()
+	mustDo(t, s.reg.Create(ctx, "j"))
+	f, err := os.OpenFile(path+"-closes/namespaces", os.O_RDWR|os.O_CREATE, 0o600)
+	if os.IsNotExist(err) {
+		os.MkdirAll(path+"-closes", 0o700)
+		f, err = os.OpenFile(path+"-closes/namespaces", os.O_RDWR|os.O_CREATE, 0o600)
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	if err := syscall.Flock(int(f.Fd()), syscall.LOCK_EX); err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan error, 1)
+	go func() { _, err := s.link("j", []byte("while guarded")); done <- err }()
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Fatal(err)
+		}
+	case <-time.After(30 * time.Second):
+		t.Fatal("a put waited 30 s for the journal's lock")
+	}
+	if n := rawCount(t, path, `SELECT count(*) FROM ns_refs`); n != 1 {
+		t.Errorf("%d references right after the put; want it committed directly", n)
+	}
+}
+
+// TestJournalUnreadableRecordKept: a whole record that does not decode
+// (a newer build's) is no torn write: the replay fails, naming it, and
+// keeps the segment.
+func TestJournalUnreadableRecordKept(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "kv.db")
+	s := openJStack(t, path)
+	ctx := t.Context()
+	mustDo(t, s.reg.Create(ctx, "j"))
+	seg := path + "-closes/0123456789abcdef01234567.log"
+	body := append([]byte{99, 0}, make([]byte, 40)...) // version 99
+	rec := binary.LittleEndian.AppendUint32(nil, uint32(len(body)))
+	rec = binary.LittleEndian.AppendUint32(rec, crc32.Checksum(body, crc32.MakeTable(crc32.Castagnoli)))
+	os.MkdirAll(filepath.Dir(seg), 0o700)
+	if err := os.WriteFile(seg, append(rec, body...), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.reg.Recover(ctx, ""); err == nil || !strings.Contains(err.Error(), "does not decode") {
+		t.Fatalf("Recover with an unreadable record: %v; want its error", err)
+	}
+	if _, err := os.Stat(seg); err != nil {
+		t.Fatalf("the segment after a failed replay: %v; want it kept", err)
 	}
 }

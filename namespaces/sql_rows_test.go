@@ -48,6 +48,11 @@ func TestSQLiteLinkedPutNeedsNoPinRow(t *testing.T) {
 	mustDo(t, svcA.Create(ctx, "builds"))
 
 	rows := func() int {
+		// A put the close journal took commits after it returned: count
+		// once it has.
+		if err := kv.Batcher().Visible(ctx); err != nil {
+			t.Fatal(err)
+		}
 		var n int
 		if err := kv.DB().QueryRowContext(ctx, `SELECT count(*) FROM gc_pins`).Scan(&n); err != nil {
 			t.Fatal(err)

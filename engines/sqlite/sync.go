@@ -50,8 +50,12 @@ func (e *Engine) Sync(ctx context.Context) error {
 	if e.ro {
 		return nil // nothing is written through a read-only engine
 	}
-	// What the close journal took must be in the WAL first.
+	// What the close journal took must be in the WAL first, or, for
+	// records the database refuses for now, synced in the journal.
 	if err := e.batch.Visible(ctx); err != nil {
+		return e.wrap("sync", err)
+	}
+	if err := e.meta.Journal().SyncRetained(); err != nil {
 		return e.wrap("sync", err)
 	}
 	return e.syncs.do(ctx, func() error { return e.wal.sync(ctx) })

@@ -72,6 +72,9 @@ func TestCrashRecoveryIgnoresReusedPID(t *testing.T) {
 		other.Process.Kill()
 		other.Wait()
 	})
+	// The closes the dead daemon journaled reach the database with the
+	// next command that writes the store (publish.md), as its intents.
+	c.OK("ns", "create", "other")
 	holders := rewriteHolderPid(t, filepath.Join(c.Data, "kv.db"), dm.Cmd.Process.Pid, other.Process.Pid)
 	if len(holders) != 1 {
 		t.Fatalf("holders of pending links after the crash: %v; want the dead daemon's", holders)
