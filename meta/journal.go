@@ -175,9 +175,9 @@ type journalRec struct {
 	// closed once it applied or was retained, failed); settled or
 	// cancelled, the intent's settle or cancel came before the record
 	// applied, and it applies as a link, or without its intent.
-	started, failed     bool
+	started, failed    bool
 	settled, cancelled bool
-	done                chan struct{}
+	done               chan struct{}
 }
 
 // ErrJournalStuck is the error of a put while the close journal's records
