@@ -163,9 +163,12 @@ func (j *Journal) drain(ctx context.Context, deadline time.Time) error {
 	}
 	own, _ := j.own.Load().(string)
 	for {
-		behind, err := j.behind(ctx, own)
+		behind, dead, err := j.behind(ctx, own)
 		if err != nil || behind == "" {
 			return err
+		}
+		if dead {
+			return fmt.Errorf("close journal: %s holds closes a dead process acknowledged that cannot be applied (see the log)", behind)
 		}
 		if time.Now().After(deadline) || ctx.Err() != nil {
 			return fmt.Errorf("close journal: the closes another process acknowledged (%s) are not written to the database after %v", behind, guardWait)
@@ -175,11 +178,12 @@ func (j *Journal) drain(ctx context.Context, deadline time.Time) error {
 }
 
 // behind names a segment other than own whose mark is short of its end,
-// "" if none is.
-func (j *Journal) behind(ctx context.Context, own string) (string, error) {
+// "" if none is, and whether its process is dead (nobody holds its
+// lock): ReplayDead ran before, so such a segment is one it kept.
+func (j *Journal) behind(ctx context.Context, own string) (path string, dead bool, err error) {
 	ents, err := os.ReadDir(j.dir)
 	if err != nil {
-		return "", fmt.Errorf("close journal: %w", err)
+		return "", false, fmt.Errorf("close journal: %w", err)
 	}
 	for _, e := range ents {
 		seg, ok := strings.CutSuffix(e.Name(), ".log")
@@ -191,15 +195,31 @@ func (j *Journal) behind(ctx context.Context, own string) (string, error) {
 			continue
 		}
 		if err != nil {
-			return "", err
+			return "", false, err
 		}
 		var mark int64
 		if err := j.markGet.QueryRowContext(ctx, seg).Scan(&mark); err != nil && !errors.Is(err, sql.ErrNoRows) {
-			return "", err
+			return "", false, err
 		}
 		if mark < info.Size() {
-			return filepath.Join(j.dir, e.Name()), nil
+			p := filepath.Join(j.dir, e.Name())
+			return p, unlocked(p), nil
 		}
 	}
-	return "", nil
+	return "", false, nil
+}
+
+// unlocked reports whether nobody holds path's lock (a test lock, let go
+// at once).
+func unlocked(path string) bool {
+	f, err := os.Open(path)
+	if err != nil {
+		return false
+	}
+	defer f.Close()
+	if unix.Flock(int(f.Fd()), unix.LOCK_EX|unix.LOCK_NB) != nil {
+		return false
+	}
+	unix.Flock(int(f.Fd()), unix.LOCK_UN)
+	return true
 }

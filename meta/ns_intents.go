@@ -129,8 +129,8 @@ func (l *Links) Cancel(ctx context.Context, id int64) error {
 	if err := l.writable(); err != nil {
 		return err
 	}
-	if l.journal().cancel(id) {
-		return nil // its record has not applied: it applies without it
+	if err := l.journal().cancel(id); err != nil {
+		return err
 	}
 	return l.inTx(ctx, func(ctx context.Context, tx *sql.Tx) error { return l.cancelTx(ctx, tx, id) })
 }

@@ -161,6 +161,20 @@ func journalChild(spec string) int {
 		if _, _, err := s.st.PutBytes(ctx, []byte("pinned"), store.WithLink(s.svc, rows)); err != nil {
 			return t.fail(err)
 		}
+	case "cancel":
+		// A close whose version is then dropped (a failed later close's
+		// Abandon, a handover's): cancelled before its record applied.
+		s.kv.Batcher().SetLinger(time.Hour)
+		rows, i, err := s.svc.PendRows("j", namespaces.Pending{Holder: "dead", TTL: time.Minute})
+		if err != nil {
+			return t.fail(err)
+		}
+		if _, _, err := s.st.PutBytes(ctx, []byte("cancelled"), store.WithLink(s.svc, rows), store.ReleasesPinAtOnce()); err != nil {
+			return t.fail(err)
+		}
+		if err := s.reg.Cancel(ctx, i); err != nil {
+			return t.fail(err)
+		}
 	case "slow":
 		s.kv.Batcher().SetLinger(time.Second)
 		if _, err := s.link("j", []byte("slow")); err != nil {
@@ -484,11 +498,11 @@ func TestJournalVisibleToOthers(t *testing.T) {
 }
 
 // TestJournalStuckIntents: while a record is kept (the database refuses
-// it), a settle or a cancel of its intent waits for it, not for the
-// database: the retry applies the settled one as a reference and the
-// cancelled one without its intent. A Sync still returns (the kept
-// records are synced in the journal), and removing the namespace fails
-// rather than find it empty.
+// it), a settle of its intent marks it, and the retry applies it as the
+// reference; a cancel, which must be durable when it returns, fails
+// until the record is written, and then works. A Sync still returns
+// (the kept records are synced in the journal), and removing the
+// namespace fails rather than find it empty.
 func TestJournalStuckIntents(t *testing.T) {
 	path := filepath.Join(t.TempDir(), "kv.db")
 	s := openJStack(t, path)
@@ -508,7 +522,9 @@ func TestJournalStuckIntents(t *testing.T) {
 	if linked, err := s.reg.Settle(ctx, i2); !linked || err != nil {
 		t.Fatalf("Settle of a kept record's intent = %v, %v; want true", linked, err)
 	}
-	mustDo(t, s.reg.Cancel(ctx, i1))
+	if err := s.reg.Cancel(ctx, i1); !errors.Is(err, meta.ErrJournalStuck) {
+		t.Fatalf("Cancel of a kept record's intent: %v; want ErrJournalStuck", err)
+	}
 	if err := s.reg.Remove(ctx, "j"); err == nil {
 		t.Fatal("Remove succeeded while closes into the namespace are kept")
 	}
@@ -519,6 +535,16 @@ func TestJournalStuckIntents(t *testing.T) {
 	for rawCount(t, path, `SELECT count(*) FROM blobs WHERE digest = ?`, d1[:]) != 1 {
 		if time.Now().After(deadline) {
 			t.Fatal("the kept records were not applied 30 s after the database took them again")
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	for {
+		if err := s.reg.Cancel(ctx, i1); !errors.Is(err, meta.ErrJournalStuck) {
+			mustDo(t, err)
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("Cancel still refused 30 s after the database took the records again")
 		}
 		time.Sleep(10 * time.Millisecond)
 	}
@@ -583,8 +609,9 @@ func TestJournalPutWhileGuarded(t *testing.T) {
 }
 
 // TestJournalUnreadableRecordKept: a whole record that does not decode
-// (a newer build's) is no torn write: the replay fails, naming it, and
-// keeps the segment.
+// (a newer build's) is no torn write: the replay keeps the segment (the
+// recovery that ran it goes on), and a removal, which must see every
+// acknowledged close, refuses at once, naming it.
 func TestJournalUnreadableRecordKept(t *testing.T) {
 	path := filepath.Join(t.TempDir(), "kv.db")
 	s := openJStack(t, path)
@@ -598,10 +625,34 @@ func TestJournalUnreadableRecordKept(t *testing.T) {
 	if err := os.WriteFile(seg, append(rec, body...), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := s.reg.Recover(ctx, ""); err == nil || !strings.Contains(err.Error(), "does not decode") {
-		t.Fatalf("Recover with an unreadable record: %v; want its error", err)
+	if _, err := s.reg.Recover(ctx, ""); err != nil {
+		t.Fatalf("Recover with an unreadable segment: %v; want it to go on without it", err)
 	}
 	if _, err := os.Stat(seg); err != nil {
 		t.Fatalf("the segment after a failed replay: %v; want it kept", err)
+	}
+	start := time.Now()
+	if err := s.reg.Remove(ctx, "j"); err == nil || !strings.Contains(err.Error(), seg) {
+		t.Fatalf("Remove with a dead process's closes unreadable: %v; want an error naming %s", err, seg)
+	}
+	if d := time.Since(start); d > 5*time.Second {
+		t.Errorf("the removal refused after %v; want at once", d)
+	}
+}
+
+// TestJournalCancelSurvivesKill9: a cancel that returned holds after a
+// kill -9, though the intent's record had not applied when it was
+// cancelled: the recovery does not link the cancelled version.
+func TestJournalCancelSurvivesKill9(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "kv.db")
+	s := openJStack(t, path)
+	mustDo(t, s.reg.Create(t.Context(), "j"))
+	kill := startChild(t, path, "cancel")
+	kill()
+	if _, err := s.reg.Recover(t.Context(), "dead"); err != nil {
+		t.Fatal(err)
+	}
+	if _, ok, err := s.reg.Has(t.Context(), "j", blob.Sum([]byte("cancelled"))); ok || err != nil {
+		t.Fatalf("the cancelled version after the kill and the recovery: linked %v, %v; want not linked", ok, err)
 	}
 }
