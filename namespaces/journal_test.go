@@ -40,23 +40,52 @@ type jstack struct {
 
 func openJStack(t *testing.T, path string) *jstack {
 	t.Helper()
-	ctx := t.Context()
-	kv, err := sqlite.Open(ctx, path)
+	s, err := openStack(t.Context(), path)
 	if err != nil {
 		t.Fatal(err)
+	}
+	t.Cleanup(func() { s.st.Close() })
+	return s
+}
+
+// newJStack opens a fresh store with namespace "j", and returns the path
+// of its database.
+func newJStack(t *testing.T) (*jstack, string) {
+	t.Helper()
+	path := filepath.Join(t.TempDir(), "kv.db")
+	s := openJStack(t, path)
+	mustDo(t, s.reg.Create(t.Context(), "j"))
+	return s, path
+}
+
+// openStack opens the store at path with its namespaces, as a mount does.
+func openStack(ctx context.Context, path string) (*jstack, error) {
+	kv, err := sqlite.Open(ctx, path)
+	if err != nil {
+		return nil, err
 	}
 	st, err := store.Open(ctx, store.Config{KV: kv, Logger: slog.New(slog.DiscardHandler)})
 	if err != nil {
 		kv.Close()
-		t.Fatal(err)
+		return nil, err
 	}
-	t.Cleanup(func() { st.Close() })
 	reg, err := namespaces.Open(ctx, kv, nil)
 	if err != nil {
-		t.Fatal(err)
+		st.Close()
+		return nil, err
 	}
 	st.Register(reg)
-	return &jstack{kv: kv, st: st, reg: reg, svc: namespaces.NewService(reg, st)}
+	return &jstack{kv: kv, st: st, reg: reg, svc: namespaces.NewService(reg, st)}, nil
+}
+
+// refuse makes the database refuse to store content (a trigger; a full
+// disk in life), until the trigger is dropped.
+func refuse(t *testing.T, s *jstack, content []byte) {
+	t.Helper()
+	if _, err := s.kv.DB().ExecContext(t.Context(), fmt.Sprintf(`CREATE TRIGGER refuse BEFORE INSERT ON blobs WHEN NEW.digest = x'%x'
+		BEGIN SELECT RAISE(ABORT, 'refused by the test'); END`, blobBytes(content))); err != nil {
+		t.Fatal(err)
+	}
 }
 
 // pend puts b as a close does: an intent of holder, the put's pin
@@ -132,8 +161,11 @@ func TestMain(m *testing.M) {
 func journalChild(spec string) int {
 	path, mode, _ := strings.Cut(spec, " ")
 	t := &childT{}
-	s := openChild(path)
 	ctx := context.Background()
+	s, err := openStack(ctx, path)
+	if err != nil {
+		return t.fail(err)
+	}
 	switch mode {
 	case "crash":
 		if _, err := s.link("j", []byte("applied")); err != nil {
@@ -192,24 +224,6 @@ type childT struct{}
 
 func (childT) fail(err error) int { fmt.Fprintln(os.Stderr, "journal child:", err); return 1 }
 
-func openChild(path string) *jstack {
-	ctx := context.Background()
-	kv, err := sqlite.Open(ctx, path)
-	if err != nil {
-		panic(err)
-	}
-	st, err := store.Open(ctx, store.Config{KV: kv, Logger: slog.New(slog.DiscardHandler)})
-	if err != nil {
-		panic(err)
-	}
-	reg, err := namespaces.Open(ctx, kv, nil)
-	if err != nil {
-		panic(err)
-	}
-	st.Register(reg)
-	return &jstack{kv: kv, st: st, reg: reg, svc: namespaces.NewService(reg, st)}
-}
-
 // startChild runs journalChild and waits for its JOURNALED; kill ends it.
 func startChild(t *testing.T, path, mode string) (kill func()) {
 	t.Helper()
@@ -257,9 +271,7 @@ func startChild(t *testing.T, path, mode string) (kill func()) {
 // torn record at the segment's end (a write the kill cut short) is
 // dropped.
 func TestJournalSurvivesKill9(t *testing.T) {
-	path := filepath.Join(t.TempDir(), "kv.db")
-	s := openJStack(t, path)
-	mustDo(t, s.reg.Create(t.Context(), "j"))
+	s, path := newJStack(t)
 	kill := startChild(t, path, "crash")
 	kill()
 	ctx := t.Context()
@@ -313,10 +325,8 @@ func TestJournalSurvivesKill9(t *testing.T) {
 // own reads at once (the store's and the registry's), while another
 // process's connection does not see it until it applies.
 func TestJournalReadsOwnPuts(t *testing.T) {
-	path := filepath.Join(t.TempDir(), "kv.db")
-	s := openJStack(t, path)
+	s, path := newJStack(t)
 	ctx := t.Context()
-	mustDo(t, s.reg.Create(ctx, "j"))
 	s.kv.Batcher().SetLinger(time.Hour)
 	d, err := s.link("j", []byte("mine"))
 	if err != nil {
@@ -339,10 +349,8 @@ func TestJournalReadsOwnPuts(t *testing.T) {
 // TestJournalSettleBeforeApply: an intent settled before its record
 // applied is applied as the reference: no intent row is ever written.
 func TestJournalSettleBeforeApply(t *testing.T) {
-	path := filepath.Join(t.TempDir(), "kv.db")
-	s := openJStack(t, path)
+	s, path := newJStack(t)
 	ctx := t.Context()
-	mustDo(t, s.reg.Create(ctx, "j"))
 	s.kv.Batcher().SetLinger(time.Hour)
 	d, i := s.pend(t, "j", "h", []byte("closed and released"))
 	if linked, err := s.reg.Settle(ctx, i); !linked || err != nil {
@@ -363,10 +371,8 @@ func TestJournalSettleBeforeApply(t *testing.T) {
 // TestJournalRemoveWaits: removing a namespace waits for the puts another
 // live process journaled into it: they make it not empty.
 func TestJournalRemoveWaits(t *testing.T) {
-	path := filepath.Join(t.TempDir(), "kv.db")
-	s := openJStack(t, path)
+	s, path := newJStack(t)
 	ctx := t.Context()
-	mustDo(t, s.reg.Create(ctx, "j"))
 	startChild(t, path, "slow")
 	if n := rawCount(t, path, `SELECT count(*) FROM ns_refs`); n != 0 {
 		t.Fatalf("the child's put applied before the removal: the test shows nothing")
@@ -396,16 +402,11 @@ func TestJournalQuotaAtOnce(t *testing.T) {
 // disk in life) is kept, with every record after it, and retried in
 // order; puts fail meanwhile, and none is applied out of order.
 func TestJournalStuck(t *testing.T) {
-	path := filepath.Join(t.TempDir(), "kv.db")
-	s := openJStack(t, path)
+	s, path := newJStack(t)
 	ctx := t.Context()
-	mustDo(t, s.reg.Create(ctx, "j"))
 	bad, next := []byte("refused for a while"), []byte("after it")
 	db := s.kv.DB()
-	if _, err := db.ExecContext(ctx, fmt.Sprintf(`CREATE TRIGGER refuse BEFORE INSERT ON blobs WHEN NEW.digest = x'%x'
-		BEGIN SELECT RAISE(ABORT, 'refused by the test'); END`, blobBytes(bad))); err != nil {
-		t.Fatal(err)
-	}
+	refuse(t, s, bad)
 	s.kv.Batcher().SetLinger(time.Hour)
 	if _, err := s.link("j", bad); err != nil {
 		t.Fatal(err)
@@ -457,10 +458,8 @@ func blobBytes(b []byte) []byte {
 // another connection on its own, within a bound a loaded machine keeps;
 // with ALKBLOBFS_LONG set, that the median wait is within 10 ms.
 func TestJournalVisibleToOthers(t *testing.T) {
-	path := filepath.Join(t.TempDir(), "kv.db")
-	s := openJStack(t, path)
+	s, path := newJStack(t)
 	ctx := t.Context()
-	mustDo(t, s.reg.Create(ctx, "j"))
 	other, err := sqlite.Open(ctx, path)
 	if err != nil {
 		t.Fatal(err)
@@ -504,16 +503,11 @@ func TestJournalVisibleToOthers(t *testing.T) {
 // (the kept records are synced in the journal), and removing the
 // namespace fails rather than find it empty.
 func TestJournalStuckIntents(t *testing.T) {
-	path := filepath.Join(t.TempDir(), "kv.db")
-	s := openJStack(t, path)
+	s, path := newJStack(t)
 	ctx := t.Context()
-	mustDo(t, s.reg.Create(ctx, "j"))
 	first, second := []byte("refused for a while"), []byte("settled while kept")
 	db := s.kv.DB()
-	if _, err := db.ExecContext(ctx, fmt.Sprintf(`CREATE TRIGGER refuse BEFORE INSERT ON blobs WHEN NEW.digest = x'%x'
-		BEGIN SELECT RAISE(ABORT, 'refused by the test'); END`, blobBytes(first))); err != nil {
-		t.Fatal(err)
-	}
+	refuse(t, s, first)
 	d1, i1 := s.pend(t, "j", "h", first)
 	d2, i2 := s.pend(t, "j", "h", second)
 	if err := s.st.Sync(ctx); err != nil {
@@ -563,10 +557,8 @@ func TestJournalStuckIntents(t *testing.T) {
 // puts journaled into the namespace counts them: the next put is judged
 // against a usage that includes them.
 func TestJournalQuotaCountsOthers(t *testing.T) {
-	path := filepath.Join(t.TempDir(), "kv.db")
-	s := openJStack(t, path)
+	s, path := newJStack(t)
 	ctx := t.Context()
-	mustDo(t, s.reg.Create(ctx, "j"))
 	startChild(t, path, "slow")
 	mustDo(t, s.reg.SetQuota(ctx, "j", namespaces.Quota{Blobs: 1}))
 	if _, err := s.link("j", []byte("one blob too many")); !errors.Is(err, blob.ErrQuota) {
@@ -577,10 +569,7 @@ func TestJournalQuotaCountsOthers(t *testing.T) {
 // TestJournalPutWhileGuarded: a put while a removal or a quota change
 // holds the journal's lock does not wait for it: it commits directly.
 func TestJournalPutWhileGuarded(t *testing.T) {
-	path := filepath.Join(t.TempDir(), "kv.db")
-	s := openJStack(t, path)
-	ctx := t.Context()
-	mustDo(t, s.reg.Create(ctx, "j"))
+	s, path := newJStack(t)
 	f, err := os.OpenFile(path+"-closes/namespaces", os.O_RDWR|os.O_CREATE, 0o600)
 	if os.IsNotExist(err) {
 		os.MkdirAll(path+"-closes", 0o700)
@@ -613,10 +602,8 @@ func TestJournalPutWhileGuarded(t *testing.T) {
 // recovery that ran it goes on), and a removal, which must see every
 // acknowledged close, refuses at once, naming it.
 func TestJournalUnreadableRecordKept(t *testing.T) {
-	path := filepath.Join(t.TempDir(), "kv.db")
-	s := openJStack(t, path)
+	s, path := newJStack(t)
 	ctx := t.Context()
-	mustDo(t, s.reg.Create(ctx, "j"))
 	seg := path + "-closes/0123456789abcdef01234567.log"
 	body := append([]byte{99, 0}, make([]byte, 40)...) // version 99
 	rec := binary.LittleEndian.AppendUint32(nil, uint32(len(body)))
@@ -644,9 +631,7 @@ func TestJournalUnreadableRecordKept(t *testing.T) {
 // kill -9, though the intent's record had not applied when it was
 // cancelled: the recovery does not link the cancelled version.
 func TestJournalCancelSurvivesKill9(t *testing.T) {
-	path := filepath.Join(t.TempDir(), "kv.db")
-	s := openJStack(t, path)
-	mustDo(t, s.reg.Create(t.Context(), "j"))
+	s, path := newJStack(t)
 	kill := startChild(t, path, "cancel")
 	kill()
 	if _, err := s.reg.Recover(t.Context(), "dead"); err != nil {
