@@ -8,16 +8,11 @@ import (
 	"errors"
 	"fmt"
 	"hash/crc32"
-	"io"
-	"io/fs"
 	"log/slog"
 	"os"
 	"path/filepath"
-	"slices"
-	"strings"
 	"sync"
 	"sync/atomic"
-	"time"
 
 	"crypto/rand"
 
@@ -294,8 +289,30 @@ func (j *Journal) Put(ctx context.Context, d blob.Digest, value []byte, rows Row
 // still says intent, so a crash before it applied leaves the intent,
 // which the writer's recovery settles. false: the intent is in the
 // database (or never was journaled), and the caller settles it there.
+// A record whose transaction is running decides by its outcome: retained
+// (failed), it is marked; applied, it is the caller's.
 func (j *Journal) settle(id int64) bool {
-	return j.takeIntent(id, func(r *journalRec) { r.settled = true })
+	if j == nil {
+		return false
+	}
+	j.pmu.Lock()
+	defer j.pmu.Unlock()
+	r, ok := j.pending[id]
+	if !ok {
+		return false
+	}
+	for r.started && !r.failed {
+		done := r.done
+		j.pmu.Unlock()
+		<-done
+		j.pmu.Lock()
+		if j.pending[id] != r {
+			return false // applied: the intent is in the database
+		}
+	}
+	r.settled = true
+	delete(j.pending, id)
+	return true
 }
 
 // cancel is settle for a cancel, which must be durable when it returns:
@@ -324,36 +341,6 @@ func (j *Journal) cancel(id int64) error {
 		return fmt.Errorf("%w: the intent's record is not written yet", ErrJournalStuck)
 	}
 	return nil
-}
-
-// takeIntent marks intent id's record with mark if the record has not
-// applied: before its job ran, or once it is retained (failed), waiting
-// for the outcome of a job that is running.
-func (j *Journal) takeIntent(id int64, mark func(*journalRec)) bool {
-	if j == nil {
-		return false
-	}
-	j.pmu.Lock()
-	r, ok := j.pending[id]
-	if !ok {
-		j.pmu.Unlock()
-		return false
-	}
-	for r.started && !r.failed {
-		// Its transaction is running: whether it commits decides.
-		done := r.done
-		j.pmu.Unlock()
-		<-done
-		j.pmu.Lock()
-		if j.pending[id] != r {
-			j.pmu.Unlock()
-			return false // applied: the intent is in the database
-		}
-	}
-	mark(r)
-	delete(j.pending, id)
-	j.pmu.Unlock()
-	return true
 }
 
 // unpend forgets r's intent, whose record was not queued.
@@ -406,8 +393,6 @@ func (j *Journal) appendLocked(r *journalRec) error {
 	j.off = r.end
 	return nil
 }
-
-var castagnoli = crc32.MakeTable(crc32.Castagnoli)
 
 // openSegmentLocked starts a segment of this process: a new file, locked
 // for the process's life.
@@ -463,6 +448,12 @@ func (j *Journal) endSegmentLocked(ctx context.Context) {
 	j.f.Close()
 	j.f, j.seg, j.off = nil, "", 0
 	j.own.Store("")
+	j.dropMark(ctx, seg)
+}
+
+// dropMark deletes the mark of segment seg, whose file is gone. A failure
+// leaves one row nothing reads again.
+func (j *Journal) dropMark(ctx context.Context, seg string) {
 	err := j.b.Do(ctx, false, func(ctx context.Context, tx *sql.Tx) error {
 		_, err := tx.ExecContext(ctx, `DELETE FROM journal_marks WHERE segment = ?`, seg)
 		return err
@@ -470,218 +461,6 @@ func (j *Journal) endSegmentLocked(ctx context.Context) {
 	if err != nil {
 		j.log.Debug("close journal: could not remove a finished segment's mark", "segment", seg, "err", err)
 	}
-}
-
-// errOutOfOrder is the error of a record whose segment's mark does not end
-// at its start: an earlier record of the segment was not applied.
-var errOutOfOrder = errors.New("an earlier record of its segment is not applied yet")
-
-// apply writes r's rows and blob in tx and moves its segment's mark past
-// it, if the mark ends where r starts (else errOutOfOrder, and nothing is
-// written). A namespace removed since the put drops r: the mark moves on
-// and nothing else is written.
-func (j *Journal) apply(ctx context.Context, tx *sql.Tx, r *journalRec) error {
-	var mark int64
-	err := tx.StmtContext(ctx, j.markGet).QueryRowContext(ctx, r.seg).Scan(&mark)
-	if err != nil && !errors.Is(err, sql.ErrNoRows) {
-		return err
-	}
-	if mark != r.start {
-		return fmt.Errorf("close journal %s at %d: %w (applied to %d)", r.seg, r.start, errOutOfOrder, mark)
-	}
-	ns := r.ns
-	j.pmu.Lock()
-	if r.failed {
-		// A retry: its outcome is pending again.
-		r.failed, r.done = false, make(chan struct{})
-	}
-	r.started = true
-	if r.settled {
-		// Released before it applied: a link, with no intent between.
-		ns.Settle = true
-	}
-	j.pmu.Unlock()
-	// A link, an intent and a settle find their namespace gone before
-	// they write anything (lockNS is their first statement); a pin row
-	// and dropping an earlier intent (Replaces) write first, so they get
-	// a savepoint to undo them by.
-	saved := ns.Replaces != 0 || r.pin != nil
-	if saved {
-		if _, err := tx.ExecContext(ctx, `SAVEPOINT record`); err != nil {
-			return err
-		}
-	}
-	err = j.s.WriteRows(ctx, tx, Rows{Pin: r.pin, NS: ns})
-	if err == nil {
-		_, err = j.put(ctx, tx, r.d, r.value)
-	}
-	switch {
-	case err != nil && !errors.Is(err, ErrNSNotFound):
-		return err
-	case err != nil:
-		if saved {
-			if _, err := tx.ExecContext(ctx, `ROLLBACK TO record`); err != nil {
-				return err
-			}
-		}
-		j.log.Warn("a closed file's namespace was removed before its close was written to the database; the file is not published",
-			"namespace", r.ns.namespace(), "digest", r.d.String())
-	}
-	if saved {
-		if _, err := tx.ExecContext(ctx, `RELEASE record`); err != nil {
-			return err
-		}
-	}
-	_, err = tx.StmtContext(ctx, j.markSet).ExecContext(ctx, r.seg, r.end)
-	return err
-}
-
-// applied is the after of r's job: an applied record leaves the backlog;
-// one that failed is retained, with every record after it, until a retry
-// applies them.
-func (j *Journal) applied(r *journalRec) func(error) {
-	return func(err error) {
-		if err == nil {
-			j.resolved(r, nil)
-			j.unapplied.Add(-1)
-			j.unappliedBytes.Add(-int64(len(r.value)))
-			return
-		}
-		j.smu.Lock()
-		if j.stuck == nil {
-			j.stuck = err
-			j.log.Error("closes already acknowledged could not be written to the database; they stay in the close journal and are retried, and closes fail until they are written",
-				"journal", j.dir, "err", err)
-		}
-		j.retained = append(j.retained, r)
-		if !j.retrying {
-			j.retrying = true
-			go j.retry()
-		}
-		j.smu.Unlock()
-		j.resolved(r, err)
-	}
-}
-
-// resolved records r's outcome for takeIntent: applied (err nil), its
-// intent is in the database; else retained.
-func (j *Journal) resolved(r *journalRec, err error) {
-	j.pmu.Lock()
-	if err == nil && r.ns.Intent != nil && j.pending[r.ns.Intent.ID] == r {
-		delete(j.pending, r.ns.Intent.ID)
-	}
-	r.failed = err != nil
-	if r.done != nil {
-		select {
-		case <-r.done:
-		default:
-			close(r.done)
-		}
-	}
-	j.pmu.Unlock()
-}
-
-// retry applies the retained records, all in one transaction, once every
-// record taken has either applied or been retained, backing off between
-// tries; puts are refused meanwhile (stuck). Records retained while a
-// try runs are kept for the next.
-func (j *Journal) retry() {
-	wait := 50 * time.Millisecond
-	for {
-		time.Sleep(wait)
-		wait = min(2*wait, 5*time.Second)
-		j.smu.Lock()
-		rs := slices.Clone(j.retained)
-		j.smu.Unlock()
-		if int64(len(rs)) != j.unapplied.Load() {
-			continue // records still on their way to the retained
-		}
-		err := j.b.Do(context.Background(), false, func(ctx context.Context, tx *sql.Tx) error {
-			for _, r := range rs {
-				if err := j.apply(ctx, tx, r); err != nil {
-					return err
-				}
-			}
-			return nil
-		})
-		if err != nil {
-			if j.closed.Load() {
-				for _, r := range rs {
-					j.resolved(r, err)
-				}
-				j.smu.Lock()
-				j.retrying = false
-				j.smu.Unlock()
-				return // they stay in the segment, for the next process
-			}
-			for _, r := range rs {
-				j.resolved(r, err)
-			}
-			j.log.Debug("close journal: retry failed", "records", len(rs), "err", err)
-			continue
-		}
-		var bytes int64
-		for _, r := range rs {
-			bytes += int64(len(r.value))
-			j.resolved(r, nil)
-		}
-		j.unapplied.Add(-int64(len(rs)))
-		j.unappliedBytes.Add(-bytes)
-		j.smu.Lock()
-		j.retained = j.retained[len(rs):]
-		done := len(j.retained) == 0
-		if done {
-			j.retained, j.stuck, j.retrying = nil, nil, false
-		}
-		j.smu.Unlock()
-		if done {
-			j.log.Info("closes held in the close journal were written to the database", "records", len(rs))
-			return
-		}
-	}
-}
-
-// Applied waits for every record this process journaled to be applied,
-// as Visible does, and fails while some are retained (the database
-// refuses them): what a removal's drain needs.
-func (j *Journal) Applied(ctx context.Context) error {
-	if err := j.b.Visible(ctx); err != nil {
-		return err
-	}
-	if err := j.stuckErr(); err != nil {
-		return fmt.Errorf("%w: %w", ErrJournalStuck, err)
-	}
-	return nil
-}
-
-// SyncRetained makes the retained records durable where they are, in
-// this process's segment (fdatasync): a Sync while the database refuses
-// them cannot put them in the WAL. Nothing to do when none is retained.
-func (j *Journal) SyncRetained() error {
-	if j == nil || j.stuckErr() == nil {
-		return nil
-	}
-	j.mu.Lock()
-	defer j.mu.Unlock()
-	if j.syncErr != nil {
-		return j.syncErr // a failed fdatasync is final (see the engine's Sync)
-	}
-	if j.f == nil {
-		return nil
-	}
-	err := unix.Fdatasync(int(j.f.Fd()))
-	if err == nil {
-		// The segment's name too: it was renamed into place.
-		var d *os.File
-		if d, err = os.Open(j.dir); err == nil {
-			err = d.Sync()
-			d.Close()
-		}
-	}
-	if err != nil {
-		j.syncErr = fmt.Errorf("close journal: sync %s: %w", j.f.Name(), err)
-	}
-	return j.syncErr
 }
 
 // closeStmts closes the prepared statements (the engine's last step).
@@ -720,279 +499,4 @@ func (j *Journal) Close(ctx context.Context) {
 		return
 	}
 	j.endSegmentLocked(ctx)
-}
-
-// ReplayDead applies what dead processes left in their segments, and
-// returns how many records it applied. A segment whose process lives is
-// locked, and skipped.
-func (j *Journal) ReplayDead(ctx context.Context) (int, error) {
-	if j == nil {
-		return 0, nil
-	}
-	l := j.links.Load()
-	if l == nil {
-		return 0, nil // nothing to bind a record's rows to
-	}
-	j.replayMu.Lock()
-	defer j.replayMu.Unlock()
-	ents, err := os.ReadDir(j.dir)
-	if errors.Is(err, fs.ErrNotExist) {
-		return 0, nil
-	}
-	if err != nil {
-		return 0, fmt.Errorf("close journal: %w", err)
-	}
-	own, _ := j.own.Load().(string)
-	total := 0
-	for _, e := range ents {
-		if strings.HasSuffix(e.Name(), ".new") {
-			// A segment a crash caught between its creation and its
-			// rename: it never held a record. A live one is that young
-			// for microseconds.
-			if info, err := e.Info(); err == nil && time.Since(info.ModTime()) > time.Minute {
-				os.Remove(filepath.Join(j.dir, e.Name()))
-			}
-			continue
-		}
-		seg, ok := strings.CutSuffix(e.Name(), ".log")
-		if !ok || seg == own || e.IsDir() {
-			continue
-		}
-		n, err := j.replay(ctx, l, seg)
-		total += n
-		if err != nil {
-			if ctx.Err() != nil {
-				return total, ctx.Err()
-			}
-			// Kept, for a later replay (or a build that reads it): the
-			// recoveries that called this go on without it; a removal's
-			// drain refuses while it is kept (behind).
-			j.log.Error("closes a dead process acknowledged cannot be applied yet; its journal segment is kept", "err", err)
-		}
-	}
-	if total > 0 {
-		j.log.Info("applied closes a process acknowledged before it stopped", "records", total)
-	}
-	return total, nil
-}
-
-// replay applies what is left of dead segment seg, in one transaction,
-// then removes it.
-func (j *Journal) replay(ctx context.Context, l *Links, seg string) (int, error) {
-	path := j.segmentPath(seg)
-	f, err := os.Open(path)
-	if errors.Is(err, fs.ErrNotExist) {
-		return 0, nil
-	}
-	if err != nil {
-		return 0, fmt.Errorf("close journal: %w", err)
-	}
-	defer f.Close()
-	if err := unix.Flock(int(f.Fd()), unix.LOCK_EX|unix.LOCK_NB); err != nil {
-		return 0, nil // its process lives, or another replays it
-	}
-	// Locked: but the file may have been finished and removed between our
-	// open and the lock, its mark with it. Only the file at the path now
-	// is the segment.
-	var held, now unix.Stat_t
-	if unix.Fstat(int(f.Fd()), &held) != nil || unix.Stat(path, &now) != nil || held.Ino != now.Ino || held.Dev != now.Dev {
-		return 0, nil
-	}
-	var mark int64
-	err = j.markGet.QueryRowContext(ctx, seg).Scan(&mark)
-	if err != nil && !errors.Is(err, sql.ErrNoRows) {
-		return 0, fmt.Errorf("close journal %s: %w", path, err)
-	}
-	data, err := io.ReadAll(io.NewSectionReader(f, mark, 1<<62))
-	if err != nil {
-		return 0, fmt.Errorf("close journal %s: %w", path, err)
-	}
-	rs, rest, err := decodeRecords(data, seg, mark, l)
-	if err != nil {
-		// A whole record this build cannot read (a newer build's): keep
-		// the segment for one that can.
-		return 0, fmt.Errorf("close journal %s: %w; the segment is kept", path, err)
-	}
-	if rest > 0 {
-		j.log.Warn("close journal: a torn record at the end of a dead process's segment is dropped (its close had not returned)",
-			"segment", path, "bytes", rest)
-	}
-	if len(rs) > 0 {
-		err = j.b.Do(ctx, false, func(ctx context.Context, tx *sql.Tx) error {
-			for _, r := range rs {
-				if err := j.apply(ctx, tx, r); err != nil {
-					return err
-				}
-			}
-			return nil
-		})
-		if err != nil {
-			return 0, fmt.Errorf("close journal %s: apply a dead process's closes: %w", path, err)
-		}
-	}
-	os.Remove(path)
-	err = j.b.Do(ctx, false, func(ctx context.Context, tx *sql.Tx) error {
-		_, err := tx.ExecContext(ctx, `DELETE FROM journal_marks WHERE segment = ?`, seg)
-		return err
-	})
-	if err != nil {
-		j.log.Debug("close journal: could not remove a replayed segment's mark", "segment", seg, "err", err)
-	}
-	return len(rs), nil
-}
-
-// Record bodies: a version byte, a flags byte (link, intent, settle,
-// pin), the digest, the pin row (owner, TTL), the link (namespace, size)
-// or the intent (namespace, id, holder, TTL, size), the intent it
-// replaces, then the value.
-const (
-	recLink = 1 << iota
-	recIntent
-	recSettle
-	recPin
-)
-
-// encodeRecord appends r's header room and body to b.
-func encodeRecord(b []byte, r *journalRec) []byte {
-	b = append(b, make([]byte, recordHeader)...)
-	var flags byte
-	if r.ns.Link != nil {
-		flags |= recLink
-	}
-	if r.ns.Intent != nil {
-		flags |= recIntent
-	}
-	if r.ns.Settle {
-		flags |= recSettle
-	}
-	if r.pin != nil {
-		flags |= recPin
-	}
-	b = append(b, recordVersion, flags)
-	b = append(b, r.d[:]...)
-	str := func(s string) {
-		b = binary.AppendUvarint(b, uint64(len(s)))
-		b = append(b, s...)
-	}
-	if p := r.pin; p != nil {
-		str(p.Owner)
-		b = binary.AppendVarint(b, int64(p.TTL))
-	}
-	if k := r.ns.Link; k != nil {
-		str(k.NS)
-		b = binary.AppendVarint(b, k.Size)
-	}
-	if i := r.ns.Intent; i != nil {
-		str(i.NS)
-		b = binary.LittleEndian.AppendUint64(b, uint64(i.ID))
-		str(i.Holder)
-		b = binary.AppendVarint(b, int64(i.TTL))
-		b = binary.AppendVarint(b, i.Size)
-	}
-	b = binary.AppendVarint(b, r.ns.Replaces)
-	return append(b, r.value...)
-}
-
-// decodeRecords parses the records of data, which starts at offset base
-// of segment seg, binding their rows to l; rest is how many bytes at the
-// end are not a whole record with its checksum (a write a crash tore).
-// A whole record that does not decode is an error: it is no tear.
-func decodeRecords(data []byte, seg string, base int64, l *Links) (rs []*journalRec, rest int, err error) {
-	off := 0
-	for len(data)-off >= recordHeader {
-		n := int(binary.LittleEndian.Uint32(data[off:]))
-		sum := binary.LittleEndian.Uint32(data[off+4:])
-		if n > len(data)-off-recordHeader || n < 2+len(blob.Digest{}) {
-			// Short: torn. Too small to be a record: zeros a power loss
-			// left where the file grew (the CRC of nothing is 0).
-			break
-		}
-		body := data[off+recordHeader : off+recordHeader+n]
-		if crc32.Checksum(body, castagnoli) != sum {
-			break
-		}
-		r, ok := decodeBody(body, l)
-		if !ok {
-			return nil, 0, fmt.Errorf("the record at %d does not decode (version %d)", base+int64(off), body[0])
-		}
-		r.seg, r.start, r.end = seg, base+int64(off), base+int64(off+recordHeader+n)
-		rs = append(rs, r)
-		off += recordHeader + n
-	}
-	return rs, len(data) - off, nil
-}
-
-// decodeBody is encodeRecord's inverse.
-func decodeBody(b []byte, l *Links) (*journalRec, bool) {
-	bad := false
-	take := func(n int) []byte {
-		if bad || n < 0 || n > len(b) {
-			bad = true
-			return nil
-		}
-		v := b[:n]
-		b = b[n:]
-		return v
-	}
-	varint := func() int64 {
-		if bad {
-			return 0
-		}
-		v, n := binary.Varint(b)
-		if n <= 0 {
-			bad = true
-			return 0
-		}
-		b = b[n:]
-		return v
-	}
-	str := func() string {
-		if bad {
-			return ""
-		}
-		v, n := binary.Uvarint(b)
-		if n <= 0 {
-			bad = true
-			return ""
-		}
-		b = b[n:]
-		return string(take(int(v)))
-	}
-	head := take(2)
-	if bad || head[0] != recordVersion {
-		return nil, false
-	}
-	flags := head[1]
-	r := &journalRec{}
-	copy(r.d[:], take(len(r.d)))
-	if flags&recPin != 0 {
-		r.pin = &PinRow{D: r.d}
-		r.pin.Owner = str()
-		r.pin.TTL = time.Duration(varint())
-	}
-	if flags&recLink != 0 {
-		r.ns.Link = &LinkRow{D: r.d}
-		r.ns.Link.NS = str()
-		r.ns.Link.Size = varint()
-	}
-	if flags&recIntent != 0 {
-		i := &IntentRow{D: r.d}
-		i.NS = str()
-		if id := take(8); !bad {
-			i.ID = int64(binary.LittleEndian.Uint64(id))
-		}
-		i.Holder = str()
-		i.TTL = time.Duration(varint())
-		i.Size = varint()
-		r.ns.Intent = i
-	}
-	r.ns.Settle = flags&recSettle != 0
-	r.ns.Replaces = varint()
-	if bad {
-		return nil, false
-	}
-	r.value = b
-	r.ns = l.Rows(r.ns)
-	r.ns.admitted = true
-	return r, r.ns.Check() == nil
 }
